@@ -1,0 +1,165 @@
+"""Base class for frozen kernel configurations.
+
+A config names one compiled kernel: everything that is baked in at compile time
+(tile sizes, head dim, dtype, arch...).  Runtime sizes such as batch, sequence
+length or number of pages are *not* part of it: kernels are compiled once per
+config with symbolic dims.
+
+Subclasses are ``@dataclass(frozen=True)``, set the class attribute
+``kernel_name`` and extend :meth:`KernelConfig.can_implement`::
+
+    @dataclass(frozen=True)
+    class MyConfig(KernelConfig):
+        kernel_name: ClassVar[str] = "my_kernel"
+        head_dim: int = 128
+
+        def can_implement(self) -> str | None:
+            if (reason := super().can_implement()) is not None:
+                return reason
+            if self.head_dim % 8:
+                return f"head_dim={self.head_dim} must be a multiple of 8"
+            return None
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .arch import SUPPORTED_ARCHS
+
+_KEY_TYPES = (str, int, float, bool, type(None))
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Frozen, hashable description of one kernel build."""
+
+    arch: str
+
+    #: Short stable name of the kernel, set by each subclass.
+    kernel_name: ClassVar[str] = ""
+
+    def can_implement(self) -> str | None:
+        """None when this config can be built, else a readable reason why not."""
+        if not type(self).kernel_name:
+            return f"{type(self).__name__} does not set the class attribute kernel_name"
+        if self.arch not in SUPPORTED_ARCHS:
+            return (
+                f"arch={self.arch!r} is not supported; use one of "
+                f"{', '.join(repr(a) for a in SUPPORTED_ARCHS)}"
+            )
+        return None
+
+    def cache_key(self) -> str:
+        """Stable string over the kernel name and every field (sorted by name).
+
+        Only plain values (str/int/float/bool/None and tuples of them) are
+        allowed so the key never depends on object identity or ``repr`` quirks.
+        """
+        parts = []
+        for f in sorted(dataclasses.fields(self), key=lambda f: f.name):
+            parts.append(f"{f.name}={_key_value(getattr(self, f.name), f.name)}")
+        return f"{type(self).kernel_name}({','.join(parts)})"
+
+    def __str__(self) -> str:
+        return self.cache_key()
+
+
+def _key_value(value: object, name: str) -> str:
+    if isinstance(value, tuple):
+        return "(" + ",".join(_key_value(v, name) for v in value) + ")"
+    if not isinstance(value, _KEY_TYPES):
+        raise TypeError(
+            f"config field {name!r} has type {type(value).__name__}; "
+            "only str/int/float/bool/None and tuples of them are allowed"
+        )
+    return repr(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Paged attention kernels
+# ---------------------------------------------------------------------------------------------
+PAGED_KINDS = ("gqa_paged_prefill", "gqa_paged_decode", "mla_paged_prefill")
+_GQA_HEAD_DIMS = (64, 128, 256)
+_MLA_DIMS = (576, 512)  # (ckv + kpe, ckv)
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+@dataclass(frozen=True)
+class PagedAttentionConfig(KernelConfig):
+    """One paged-attention kernel build: the definition's constants plus the tile geometry.
+
+    Packed GQA rows: the ``group = num_qo_heads // num_kv_heads`` query heads of a KV head are rows of
+    one M tile (``tile_q_rows``), so every K/V tile load serves the whole group.
+    """
+
+    kernel_name: ClassVar[str] = "paged_attention"
+
+    kind: str = "gqa_paged_prefill"
+    num_qo_heads: int = 32
+    num_kv_heads: int = 4
+    head_dim_qk: int = 128
+    head_dim_v: int = 128
+    page_size: int = 64
+    causal: bool = True
+    tile_q_rows: int = 128
+    kv_tile: int = 128
+    ctas_per_sm: int = 1
+
+    @property
+    def group_size(self) -> int:
+        return self.num_qo_heads // self.num_kv_heads
+
+    def plan_config(self, num_ctas: int):
+        from .plan import PlanConfig  # plan.py is numpy-only; keep config importable without it
+
+        return PlanConfig(
+            num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads, causal=self.causal,
+            tile_q_rows=self.tile_q_rows, kv_tile=self.kv_tile, num_ctas=num_ctas,
+        )
+
+    def can_implement(self) -> str | None:
+        if (reason := super().can_implement()) is not None:
+            return reason
+        if self.kind not in PAGED_KINDS:
+            return f"kind={self.kind!r} is not one of {', '.join(PAGED_KINDS)}"
+        if self.num_kv_heads < 1 or self.num_qo_heads % self.num_kv_heads:
+            return f"num_qo_heads={self.num_qo_heads} must be a positive multiple of num_kv_heads={self.num_kv_heads}"
+        if self.kind == "mla_paged_prefill":
+            if (self.head_dim_qk, self.head_dim_v) != _MLA_DIMS:
+                return f"MLA head dims (qk, v) must be {_MLA_DIMS}, got {(self.head_dim_qk, self.head_dim_v)}"
+            if self.num_kv_heads != 1 or self.page_size != 1:
+                return "MLA prefill shares one latent KV head over a page-size-1 cache"
+        else:
+            if self.head_dim_qk != self.head_dim_v or self.head_dim_qk not in _GQA_HEAD_DIMS:
+                return f"GQA head_dim must be one of {_GQA_HEAD_DIMS} for q, k and v, got {(self.head_dim_qk, self.head_dim_v)}"
+            if not _is_pow2(self.page_size) or self.page_size > 128:
+                return f"page_size={self.page_size} must be a power of two <= 128"
+        if self.tile_q_rows not in (64, 128):
+            return f"tile_q_rows={self.tile_q_rows} must be 64 or 128 (one or two MMA warpgroups of 64 rows)"
+        if not _is_pow2(self.kv_tile) or not 16 <= self.kv_tile <= 256:
+            return f"kv_tile={self.kv_tile} must be a power of two in 16..256"
+        if self.kind == "gqa_paged_decode" and self.group_size > self.tile_q_rows:
+            return f"decode packs the group ({self.group_size}) into one M tile of {self.tile_q_rows} rows"
+        if self.ctas_per_sm < 1:
+            return f"ctas_per_sm={self.ctas_per_sm} must be >= 1"
+        return None
+
+
+def default_paged_config(kind: str, *, arch: str, num_qo_heads: int, num_kv_heads: int, head_dim_qk: int,
+                         head_dim_v: int, page_size: int, causal: bool) -> PagedAttentionConfig:
+    """The tuned tile geometry for a problem (a table that the tuning notebooks will grow)."""
+    tiles = {
+        "gqa_paged_prefill": dict(tile_q_rows=128, kv_tile=128),
+        "gqa_paged_decode": dict(tile_q_rows=64, kv_tile=128),
+        "mla_paged_prefill": dict(tile_q_rows=64, kv_tile=64),
+    }.get(kind, {})
+    return PagedAttentionConfig(
+        arch=arch, kind=kind, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim_qk=head_dim_qk,
+        head_dim_v=head_dim_v, page_size=page_size, causal=causal, **tiles,
+    )

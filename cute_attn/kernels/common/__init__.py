@@ -1,0 +1,1 @@
+"""Arch-independent building blocks shared by the sm_90a and sm_100a kernels."""

@@ -1,0 +1,289 @@
+"""Every rule a caller can break, each with an error that names the argument and the rule.
+
+Called by every public entry before any planning or launch. Shape, dtype, device and stride rules read
+only tensor metadata. The rules on index *values* (indptr starts at 0 and never decreases, page ids in
+range, last-page lengths) read device memory and so synchronise with the GPU; they run when
+``check_indices=True`` (the default). Engines that build their index tensors themselves can pass
+``check_indices=False``; the API also skips them when the same, unmodified index tensors were already
+checked (see ``api.py``).
+
+Errors: ``TypeError`` for a wrong kind of object or dtype, ``ValueError`` for a wrong shape, device,
+layout or value.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = [
+    "PagedProblem",
+    "HostIndices",
+    "check_gqa_paged_prefill",
+    "check_gqa_paged_decode",
+    "check_mla_paged_prefill",
+    "check_sm_scale",
+]
+
+
+@dataclass(frozen=True)
+class PagedProblem:
+    """What the validated arguments say about the problem (metadata only)."""
+
+    batch_size: int
+    total_q: int
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim_qk: int
+    head_dim_v: int
+    page_size: int
+    num_pages: int
+    device: torch.device
+
+    @property
+    def group_size(self) -> int:
+        return self.num_qo_heads // self.num_kv_heads
+
+
+@dataclass(frozen=True)
+class HostIndices:
+    """Host copies of the index tensors, read once by the value checks and reused by the planner."""
+
+    qo_indptr: np.ndarray  # int64 [batch + 1]
+    kv_indptr: np.ndarray  # int64 [batch + 1], in pages
+    kv_lens: np.ndarray  # int64 [batch], in tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# Metadata rules
+# ---------------------------------------------------------------------------------------------
+def _tensor(name: str, x, dtype: torch.dtype, ndim: int) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {dtype}, got {x.dtype}")
+    if x.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(x.shape)}")
+    if not x.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (row-major), got strides {x.stride()}")
+    return x
+
+
+def _dim(name: str, x: torch.Tensor, axis: int, expected: int, what: str) -> None:
+    if x.shape[axis] != expected:
+        raise ValueError(f"{name}.shape[{axis}] must equal {what} ({expected}), got shape {tuple(x.shape)}")
+
+
+def _same_device(named: dict[str, torch.Tensor]) -> torch.device:
+    devices = {name: t.device for name, t in named.items()}
+    first_name, first = next(iter(devices.items()))
+    for name, dev in devices.items():
+        if dev != first:
+            raise ValueError(f"all tensors must be on one device: {first_name} is on {first}, {name} on {dev}")
+    return first
+
+
+def check_sm_scale(sm_scale) -> float:
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
+        raise TypeError(f"sm_scale must be a real number (Python float), got {type(sm_scale).__name__}")
+    value = float(sm_scale)
+    if not math.isfinite(value) or value <= 0.0:
+        raise ValueError(f"sm_scale must be finite and > 0, got {value}")
+    return value
+
+
+def _check_outputs(output, lse, total_q: int, num_heads: int, head_dim_v: int, device) -> None:
+    if output is None and lse is None:
+        return
+    if output is None or lse is None:
+        raise ValueError("output and lse must be passed together (destination-passing) or both omitted")
+    _tensor("output", output, torch.bfloat16, 3)
+    _tensor("lse", lse, torch.float32, 2)
+    if tuple(output.shape) != (total_q, num_heads, head_dim_v):
+        raise ValueError(f"output must have shape {(total_q, num_heads, head_dim_v)}, got {tuple(output.shape)}")
+    if tuple(lse.shape) != (total_q, num_heads):
+        raise ValueError(f"lse must have shape {(total_q, num_heads)}, got {tuple(lse.shape)}")
+    if output.device != device or lse.device != device:
+        raise ValueError(f"output and lse must be on the inputs' device ({device})")
+
+
+def _check_heads(num_qo_heads: int, num_kv_heads: int) -> None:
+    if num_kv_heads < 1 or num_qo_heads < 1:
+        raise ValueError(f"head counts must be >= 1, got {num_qo_heads} query and {num_kv_heads} kv heads")
+    if num_qo_heads % num_kv_heads:
+        raise ValueError(
+            f"query heads ({num_qo_heads}) must be a multiple of kv heads ({num_kv_heads}) for GQA"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Value rules (read device memory)
+# ---------------------------------------------------------------------------------------------
+def _host(x: torch.Tensor) -> np.ndarray:
+    return x.detach().to("cpu").numpy().astype(np.int64)
+
+
+def _check_indptr(name: str, values: np.ndarray) -> None:
+    if values.size == 0:
+        raise ValueError(f"{name} must have batch_size + 1 >= 1 entries")
+    if values[0] != 0:
+        raise ValueError(f"{name}[0] must be 0, got {values[0]}")
+    steps = np.diff(values)
+    if (steps < 0).any():
+        b = int(np.nonzero(steps < 0)[0][0])
+        raise ValueError(f"{name} must be non-decreasing: {name}[{b + 1}]={values[b + 1]} < {name}[{b}]={values[b]}")
+
+
+def _check_page_ids(name: str, ids: torch.Tensor, num_pages: int, unit: str) -> None:
+    if ids.numel() == 0:
+        return
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= num_pages:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"{name} holds {unit} id {bad}, outside [0, {num_pages}) of the cache")
+
+
+def _paged_indices(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages, total_q) -> HostIndices:
+    qo = _host(qo_indptr) if qo_indptr is not None else None
+    kvp = _host(kv_indptr)
+    last = _host(kv_last_page_len)
+    if qo is not None:
+        _check_indptr("qo_indptr", qo)
+        if qo[-1] != total_q:
+            raise ValueError(f"qo_indptr[-1] ({qo[-1]}) must equal total_q = q.shape[0] ({total_q})")
+    _check_indptr("kv_indptr", kvp)
+    if kvp[-1] != kv_indices.numel():
+        raise ValueError(f"kv_indptr[-1] ({kvp[-1]}) must equal len(kv_indices) ({kv_indices.numel()})")
+    _check_page_ids("kv_indices", kv_indices, num_pages, "page")
+    pages = np.diff(kvp)
+    has_pages = pages > 0
+    lowest = np.where(has_pages, 1, 0)
+    bad = (last < lowest) | (last > page_size)
+    if bad.any():
+        b = int(np.nonzero(bad)[0][0])
+        raise ValueError(
+            f"kv_last_page_len[{b}] = {last[b]} must be in 1..page_size ({page_size}) for a request with pages "
+            f"(0..page_size for one with none)"
+        )
+    kv_lens = np.where(has_pages, (pages - 1) * page_size + last, 0)
+    if qo is None:
+        qo = np.arange(kvp.size, dtype=np.int64)
+    return HostIndices(qo_indptr=qo, kv_indptr=kvp, kv_lens=kv_lens)
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry rules
+# ---------------------------------------------------------------------------------------------
+def _check_paged_gqa_common(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len):
+    _tensor("q", q, torch.bfloat16, 3)
+    _tensor("k_cache", k_cache, torch.bfloat16, 4)
+    _tensor("v_cache", v_cache, torch.bfloat16, 4)
+    if tuple(k_cache.shape) != tuple(v_cache.shape):
+        raise ValueError(f"k_cache and v_cache must have one shape, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    num_pages, page_size, num_kv_heads, head_dim = k_cache.shape
+    if page_size < 1:
+        raise ValueError(f"k_cache.shape[1] (page_size) must be >= 1, got {page_size}")
+    _dim("q", q, 2, head_dim, "the caches' head_dim")
+    _check_heads(q.shape[1], num_kv_heads)
+    _tensor("kv_indptr", kv_indptr, torch.int32, 1)
+    _tensor("kv_indices", kv_indices, torch.int32, 1)
+    _tensor("kv_last_page_len", kv_last_page_len, torch.int32, 1)
+    batch = kv_indptr.shape[0] - 1
+    if batch < 0:
+        raise ValueError("kv_indptr must have batch_size + 1 >= 1 entries")
+    _dim("kv_last_page_len", kv_last_page_len, 0, batch, "batch_size = len(kv_indptr) - 1")
+    return batch, num_pages, page_size, num_kv_heads, head_dim
+
+
+def check_gqa_paged_prefill(
+    q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
+    output=None, lse=None, *, check_indices: bool = True,
+) -> tuple[PagedProblem, HostIndices | None]:
+    """Rules of ``gqa_paged_prefill``; returns the problem and, when index values were read, their host copies."""
+    batch, num_pages, page_size, num_kv_heads, head_dim = _check_paged_gqa_common(
+        q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len
+    )
+    _tensor("qo_indptr", qo_indptr, torch.int32, 1)
+    _dim("qo_indptr", qo_indptr, 0, batch + 1, "len(kv_indptr)")
+    check_sm_scale(sm_scale)
+    device = _same_device(dict(q=q, k_cache=k_cache, v_cache=v_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+                               kv_indices=kv_indices, kv_last_page_len=kv_last_page_len))
+    total_q, num_qo_heads = q.shape[0], q.shape[1]
+    _check_outputs(output, lse, total_q, num_qo_heads, head_dim, device)
+    problem = PagedProblem(batch, total_q, num_qo_heads, num_kv_heads, head_dim, head_dim, page_size, num_pages, device)
+    host = None
+    if check_indices:
+        host = _paged_indices(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages, total_q)
+    return problem, host
+
+
+def check_gqa_paged_decode(
+    q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
+    output=None, lse=None, *, check_indices: bool = True,
+) -> tuple[PagedProblem, HostIndices | None]:
+    """Rules of ``gqa_paged_decode``: one query per request, so ``q.shape[0]`` is the batch size."""
+    batch, num_pages, page_size, num_kv_heads, head_dim = _check_paged_gqa_common(
+        q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len
+    )
+    _dim("q", q, 0, batch, "batch_size = len(kv_indptr) - 1")
+    check_sm_scale(sm_scale)
+    device = _same_device(dict(q=q, k_cache=k_cache, v_cache=v_cache, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                               kv_last_page_len=kv_last_page_len))
+    num_qo_heads = q.shape[1]
+    _check_outputs(output, lse, batch, num_qo_heads, head_dim, device)
+    problem = PagedProblem(batch, batch, num_qo_heads, num_kv_heads, head_dim, head_dim, page_size, num_pages, device)
+    host = None
+    if check_indices:
+        host = _paged_indices(None, kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages, batch)
+    return problem, host
+
+
+def check_mla_paged_prefill(
+    q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale,
+    output=None, lse=None, *, check_indices: bool = True,
+) -> tuple[PagedProblem, HostIndices | None]:
+    """Rules of ``mla_paged_prefill``: page size 1, one latent KV (``ckv``) shared by every head."""
+    _tensor("q_nope", q_nope, torch.bfloat16, 3)
+    _tensor("q_pe", q_pe, torch.bfloat16, 3)
+    _tensor("ckv_cache", ckv_cache, torch.bfloat16, 3)
+    _tensor("kpe_cache", kpe_cache, torch.bfloat16, 3)
+    total_q, num_heads, ckv_dim = q_nope.shape
+    if tuple(q_pe.shape[:2]) != (total_q, num_heads):
+        raise ValueError(f"q_pe.shape[:2] must equal q_nope.shape[:2] {(total_q, num_heads)}, got {tuple(q_pe.shape)}")
+    kpe_dim = q_pe.shape[2]
+    num_pages = ckv_cache.shape[0]
+    if ckv_cache.shape[1] != 1:
+        raise ValueError(f"ckv_cache.shape[1] (page_size) must be 1 for MLA paged prefill, got {ckv_cache.shape[1]}")
+    _dim("ckv_cache", ckv_cache, 2, ckv_dim, "q_nope's head dim")
+    if tuple(kpe_cache.shape) != (num_pages, 1, kpe_dim):
+        raise ValueError(f"kpe_cache must have shape {(num_pages, 1, kpe_dim)}, got {tuple(kpe_cache.shape)}")
+    if num_heads < 1:
+        raise ValueError(f"q_nope must have >= 1 head, got {num_heads}")
+    _tensor("qo_indptr", qo_indptr, torch.int32, 1)
+    _tensor("kv_indptr", kv_indptr, torch.int32, 1)
+    _tensor("kv_indices", kv_indices, torch.int32, 1)
+    batch = qo_indptr.shape[0] - 1
+    if batch < 0:
+        raise ValueError("qo_indptr must have batch_size + 1 >= 1 entries")
+    _dim("kv_indptr", kv_indptr, 0, batch + 1, "len(qo_indptr)")
+    check_sm_scale(sm_scale)
+    device = _same_device(dict(q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache,
+                               qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices))
+    _check_outputs(output, lse, total_q, num_heads, ckv_dim, device)
+    problem = PagedProblem(batch, total_q, num_heads, 1, ckv_dim + kpe_dim, ckv_dim, 1, num_pages, device)
+    host = None
+    if check_indices:
+        qo, kvp = _host(qo_indptr), _host(kv_indptr)
+        _check_indptr("qo_indptr", qo)
+        if qo[-1] != total_q:
+            raise ValueError(f"qo_indptr[-1] ({qo[-1]}) must equal total_q = q_nope.shape[0] ({total_q})")
+        _check_indptr("kv_indptr", kvp)
+        if kvp[-1] != kv_indices.numel():
+            raise ValueError(f"kv_indptr[-1] ({kvp[-1]}) must equal len(kv_indices) ({kv_indices.numel()})")
+        _check_page_ids("kv_indices", kv_indices, num_pages, "token row")
+        host = HostIndices(qo_indptr=qo, kv_indptr=kvp, kv_lens=np.diff(kvp))
+    return problem, host

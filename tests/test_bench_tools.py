@@ -1,0 +1,271 @@
+"""CPU tier for tools/bench*.py: labels, counting formulas, record schema, check/normalise helpers,
+trace parsing and the no-GPU path of the CLI. Nothing here needs a GPU or a peer library."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
+sys.path.insert(0, TOOLS)
+
+import bench  # noqa: E402
+import bench_peers as bp  # noqa: E402
+import bench_timing as bt  # noqa: E402
+import bench_workloads as bw  # noqa: E402
+
+
+# ----------------------------------------------------------------------------- workloads
+
+
+def test_labels_unique_and_stable():
+    wl = bw.all_workloads()
+    keys = [(w.kernel, w.label) for w in wl]
+    assert len(keys) == len(set(keys))
+    labels = {w.label for w in wl}
+    # The spec's names: seeds and the larger points must keep these exact spellings.
+    for name in ("n1_q992_kv992", "n4_q992_kv992", "n8_q992_kv992", "n16_q992_kv992", "n32_q992_kv992",
+                 "n4_q512_kv4096", "n8_q128_kv2048", "n1_kv3232", "n16_kv2048", "n64_kv2048",
+                 "n128_kv4096", "n1_q1028_kv1038", "n28_q1954_kv2044", "n20_q3842_kv3916",
+                 "n1_q16384_kv16387"):
+        assert name in labels, name
+    # A second build gives the same lists (MLA splits come from crc32 of the label, not hash()).
+    assert [(w.label, w.q_lens, w.kv_lens) for w in bw.all_workloads()] == \
+           [(w.label, w.q_lens, w.kv_lens) for w in wl]
+
+
+def test_labels_match_lengths():
+    for w in bw.all_workloads():
+        if w.kernel == bw.PREFILL:
+            assert w.label == bw.prefill_label(w.batch, w.q_lens[0], w.kv_lens[0])
+        elif w.kernel == bw.DECODE:
+            assert set(w.q_lens) == {1}
+            assert w.label == bw.decode_label(w.batch, w.kv_lens[0])
+        else:
+            assert w.label == bw.mla_label(w.batch, sum(w.q_lens), sum(w.kv_lens))
+            assert all(kv >= q >= 1 for q, kv in zip(w.q_lens, w.kv_lens))
+
+
+def test_decode_seed_is_51_pages():
+    (w,) = bw.select_workloads("decode", ["n1_kv3232"])
+    assert bw.pages_of(w.kv_lens[0], 64) == 51 and w.kv_lens[0] - 50 * 64 == 32
+
+
+def test_select_filters():
+    assert {w.kernel for w in bw.select_workloads("mla")} == {bw.MLA}
+    assert [w.label for w in bw.select_workloads("decode", ["n64_kv2048"])] == ["n64_kv2048"]
+    quick = bw.select_workloads("all", quick=True)
+    assert quick and all(w.quick for w in quick)
+    assert {w.kernel for w in quick} == {bw.PREFILL, bw.DECODE, bw.MLA}
+
+
+@pytest.mark.parametrize("b,tq,tkv", [(1, 43, 46), (28, 1954, 2044), (22, 22, 17759), (5, 5, 5)])
+def test_mla_split(b, tq, tkv):
+    q, kv = bw.split_mla_lengths(b, tq, tkv, seed=7)
+    assert len(q) == len(kv) == b and sum(q) == tq and sum(kv) == tkv
+    assert all(k >= x >= 1 for x, k in zip(q, kv))
+    assert (q, kv) == bw.split_mla_lengths(b, tq, tkv, seed=7)
+
+
+# ----------------------------------------------------------------------------- counting
+
+
+def test_visible_pairs_by_hand():
+    assert bw.visible_pairs(2, 3) == 2 + 3  # row 0 sees keys 0..1, row 1 sees 0..2
+    assert bw.visible_pairs(3, 1) == 0 + 0 + 1  # bottom-right: only the last row sees the key
+    assert bw.visible_pairs(4, 4) == 1 + 2 + 3 + 4
+    assert bw.visible_pairs(1, 5) == 5
+    assert bw.visible_pairs(0, 5) == 0
+    assert bw.visible_pairs(2, 3, causal=False) == 6
+
+
+def test_prefill_flops_bytes_by_hand():
+    w = bw.Workload(bw.PREFILL, "t", (2,), (3,))
+    assert bw.workload_flops(w) == 2 * 32 * (128 + 128) * 5
+    q = out = 2 * 32 * 128 * 2
+    lse = 2 * 32 * 4
+    kv = 3 * 4 * 128 * 2 * 2
+    idx = (2 + 1 + 1 + 2) * 4  # kv_indptr, 1 page, last_page_len, qo_indptr
+    assert bw.workload_bytes(w) == q + out + lse + kv + idx == 39192
+
+
+def test_decode_flops_bytes_by_hand():
+    w = bw.Workload(bw.DECODE, "t", (1,), (3,))
+    assert bw.workload_flops(w) == 2 * 20 * 256 * 3
+    assert bw.workload_bytes(w) == 5120 + 5120 + 80 + 3 * 4 * 128 * 4 + (2 + 1 + 1) * 4 == 16480
+
+
+def test_mla_flops_bytes_by_hand():
+    w = bw.Workload(bw.MLA, "t", (2,), (3,))
+    assert bw.workload_flops(w) == 2 * 16 * (576 + 512) * 5
+    q = 2 * 16 * 576 * 2
+    out = 2 * 16 * 512 * 2
+    lse = 2 * 16 * 4
+    kv = 3 * 576 * 2
+    idx = (2 + 2 + 3) * 4
+    assert bw.workload_bytes(w) == q + out + lse + kv + idx == 73244
+
+
+def test_rates():
+    r = bt.rates(2_000_000, 4_000_000, 1.0)  # per µs -> per s
+    assert math.isclose(r["tflops"], 2.0) and math.isclose(r["tbps"], 4.0)
+    assert bt.rates(1, 1, None) == {"tflops": None, "tbps": None}
+
+
+# ----------------------------------------------------------------------------- records
+
+
+def test_record_schema_and_ratios():
+    recs = [
+        bench.make_record(bw.DECODE, "n1_kv3232", "cute_attn", gpu_us=10.0, wall_us=15.0,
+                          flops=10**7, nbytes=10**7, passed=True),
+        bench.make_record(bw.DECODE, "n1_kv3232", "flashinfer_tc", gpu_us=20.0, wall_us=30.0,
+                          flops=10**7, nbytes=10**7, passed=True),
+        bench.make_record(bw.DECODE, "n1_kv3232", "fa4", gpu_us=5.0, wall_us=9.0,
+                          flops=10**7, nbytes=10**7, passed=False),  # fastest but wrong
+        bench.make_record(bw.DECODE, "n1_kv3232", "flashinfer_cuda_cores", status="skipped",
+                          note="skipped: group size 5"),
+    ]
+    bench.add_peer_ratios(recs)
+    back = json.loads(json.dumps(recs))
+    for r in back:
+        assert set(bench.RECORD_KEYS) <= set(r)
+        assert isinstance(r["passed"], bool)
+        assert r["kernel"] == bw.DECODE and r["workload"] == "n1_kv3232"
+    assert math.isclose(back[0]["tflops"], 1.0)  # 1e7 FLOP in 10 µs
+    assert math.isclose(back[0]["vs_best_peer"], 2.0)  # best *passing* peer is flashinfer_tc
+    assert back[3]["gpu_us"] is None and "vs_best_peer" not in back[3]
+    assert back[3]["note"].startswith("skipped")
+
+
+# ----------------------------------------------------------------------------- check / normalise
+
+
+def _prefill_case():
+    from cute_attn.testing import make_gqa_prefill_case
+
+    return make_gqa_prefill_case([3, 5], [70, 5], num_qo_heads=8, num_kv_heads=2, head_dim=64,
+                                 page_size=64, device="cpu", seed=1)
+
+
+def test_check_accepts_reference_and_rejects_nan():
+    case = _prefill_case()
+    ref = bp.reference(bw.PREFILL, case)
+    assert bp.check(ref, ref) == (True, "")
+    out = ref[0].clone()
+    out[0, 0, 0] = float("nan")
+    ok, why = bp.check((out, ref[1]), ref)
+    assert not ok and "non-finite" in why
+    lse = ref[1].clone() + 0.5
+    ok, why = bp.check((ref[0], lse), ref)
+    assert not ok and why.startswith("lse")
+    small = ref[1].clone() + 1e-3  # inside the absolute tolerance
+    assert bp.check((ref[0], small), ref)[0]
+
+
+def test_page_table_and_finite_tails():
+    case = _prefill_case()
+    table, counts = bp._page_table(case.kv_indptr, case.kv_indices)
+    assert table.dtype == torch.int32 and counts.tolist() == [2, 1]
+    assert table[0].tolist() == case.kv_indices[:2].tolist()
+    assert table[1, 0].item() == case.kv_indices[2].item()
+    k = bp._finite_tails(case.k_cache, case.kv_indptr, case.kv_indices, case.kv_last_page_len)
+    for b in range(2):
+        last = case.kv_indices[case.kv_indptr[b + 1] - 1].item()
+        n = case.kv_last_page_len[b].item()
+        assert torch.isfinite(k[last]).all()
+        assert (k[last, n:] == 0).all()
+        assert torch.equal(k[last, :n], case.k_cache[last, :n])
+    assert torch.isnan(case.k_cache).any()  # the case itself is untouched
+
+
+def test_fa4_lse_normalisation():
+    lse_ln = torch.tensor([[0.0, math.log(2.0), 1.0], [math.log(4.0), 1.0, 0.0]])  # [H=2, T=3], natural
+    conv = bp.fa4_lse_to_base2(lse_ln, heads_first=True)
+    assert conv.shape == (3, 2)
+    assert torch.allclose(conv, torch.tensor([[0.0, 2.0], [1.0, 1 / math.log(2.0)], [1 / math.log(2.0), 0.0]]))
+    assert torch.allclose(bp.fa4_lse_to_base2(lse_ln, heads_first=False), lse_ln / math.log(2.0))
+
+
+def test_bench_workload_rows_with_fake_runners(monkeypatch):
+    """The per-workload loop on CPU: a correct runner, a wrong one, a skipped one, a crashing one."""
+    w = bw.Workload(bw.PREFILL, "n2_tiny", (3, 5), (70, 5))
+    monkeypatch.setattr(bw.Workload, "build_case", lambda self, device, seed=0: _prefill_case())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(bt, "measure", lambda prep, flush, iters, warmup: bt.Timing(10.0, 9.0, 12.0, 1, "ok"))
+
+    def good(case):
+        ref = case.reference()
+        return bp.Prepared(lambda: ref)
+
+    def wrong(case):
+        out, lse = case.reference()
+        return bp.Prepared(lambda: (out + 1, lse))
+
+    def skipped(case):
+        raise bp.Unavailable("skipped: not installed")
+
+    def broken(case):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(bp, "runners_for", lambda k: [("cute_attn", good), ("peer_a", wrong),
+                                                      ("peer_b", skipped), ("peer_c", broken)])
+    args = bench.parse_args(["--iters", "1", "--warmup", "0"])
+    rows = {r["impl"]: r for r in bench.bench_workload(w, args, flush=lambda: None)}
+    assert rows["cute_attn"]["passed"] is True and rows["cute_attn"]["gpu_us"] == 10.0
+    assert rows["peer_a"]["passed"] is False and rows["peer_a"]["note"].startswith("out:")
+    assert rows["peer_b"]["status"] == "skipped" and rows["peer_b"]["gpu_us"] is None
+    assert rows["peer_c"]["status"] == "error" and "boom" in rows["peer_c"]["note"]
+    for r in rows.values():
+        assert set(bench.RECORD_KEYS) <= set(r) and r["flops"] == bw.workload_flops(w)
+
+
+# ----------------------------------------------------------------------------- trace parsing
+
+
+def test_iteration_spans_exclude_flush():
+    ev = [
+        {"cat": "user_annotation", "name": "bench_iter_0", "ts": 100.0, "dur": 50.0},
+        {"cat": "user_annotation", "name": "bench_iter_1", "ts": 300.0, "dur": 50.0},
+        # flush before each iteration: launched outside the ranges
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 90.0, "args": {"correlation": 1}},
+        {"cat": "kernel", "name": "fill", "ts": 91.0, "dur": 8.0, "args": {"correlation": 1}},
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 101.0, "args": {"correlation": 2}},
+        {"cat": "cuda_driver", "name": "cuLaunchKernelEx", "ts": 102.0, "args": {"correlation": 3}},
+        {"cat": "kernel", "name": "attn", "ts": 110.0, "dur": 20.0, "args": {"correlation": 2}},
+        {"cat": "kernel", "name": "merge", "ts": 132.0, "dur": 5.0, "args": {"correlation": 3}},
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 290.0, "args": {"correlation": 4}},
+        {"cat": "kernel", "name": "fill", "ts": 291.0, "dur": 8.0, "args": {"correlation": 4}},
+        # iteration 1: no launch record (fallback: GPU records inside the range)
+        {"cat": "kernel", "name": "attn", "ts": 305.0, "dur": 21.0, "args": {"correlation": 9}},
+    ]
+    spans = bt._iteration_spans(ev)
+    assert spans[0] == {"span": 27.0, "sum": 25.0, "n": 2}
+    assert spans[1] == {"span": 21.0, "sum": 21.0, "n": 1}
+
+
+# ----------------------------------------------------------------------------- CLI, no GPU
+
+
+def _run_cli(*args, timeout=180):
+    return subprocess.run([sys.executable, os.path.join(TOOLS, "bench.py"), *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_no_gpu_path_exits_zero():
+    p = _run_cli("--cpu", "--no-compile")
+    assert p.returncode == 0, p.stderr
+    assert "No CUDA GPU" in p.stdout
+    assert "[plan]" in p.stdout
+
+
+def test_cli_plan_only_and_list():
+    p = _run_cli("--plan-only")
+    assert p.returncode == 0, p.stderr
+    assert "[plan]" in p.stdout
+    p = _run_cli("--list", "--kernel", "decode")
+    assert p.returncode == 0 and "n1_kv3232" in p.stdout and "n1_q992_kv992" not in p.stdout

@@ -1,0 +1,158 @@
+"""Planner properties: exact coverage, executor == reference, capacity, balance."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from cute_attn import reference, testing
+from cute_attn.plan import ItemField as F
+from cute_attn.plan import PlanCapacity, PlanConfig, plan_work
+from cute_attn.plan_executor import execute_plan, plan_coverage
+
+
+@st.composite
+def plan_configs(draw, causal=None):
+    num_kv = draw(st.sampled_from([1, 2, 4]))
+    group = draw(st.sampled_from([1, 2, 5, 8]))
+    return PlanConfig(
+        num_qo_heads=num_kv * group, num_kv_heads=num_kv,
+        causal=draw(st.booleans()) if causal is None else causal,
+        tile_q_rows=draw(st.sampled_from([4, 8, 16])), kv_tile=draw(st.sampled_from([2, 4, 8])),
+        num_ctas=draw(st.integers(1, 12)), item_overhead_keys=draw(st.sampled_from([0, 4, 16])),
+    )
+
+
+def visible_keys(q_len, kv_len, causal):
+    """[Lq, Lkv] mask of the definition: bottom-right causal."""
+    i = np.arange(q_len)[:, None]
+    j = np.arange(kv_len)[None, :]
+    return (j <= i + kv_len - q_len) if causal else np.ones((q_len, kv_len), dtype=bool)
+
+
+@given(cfg=plan_configs(), batch=testing.ragged_batches(max_batch=5, max_q=12, max_kv=40, kv_at_least_q=False))
+def test_every_visible_key_is_covered_exactly_once(cfg, batch):
+    q_lens, kv_lens = batch
+    plan = plan_work(cfg, q_lens, kv_lens)
+    counts = plan_coverage(plan, q_lens, kv_lens)
+    for b, (lq, lk) in enumerate(zip(q_lens, kv_lens)):
+        want = np.broadcast_to(visible_keys(lq, lk, cfg.causal), counts[b].shape).astype(np.int32)
+        assert np.array_equal(counts[b], want), f"request {b}: coverage differs from the visible set"
+
+
+@given(cfg=plan_configs(), batch=testing.ragged_batches(max_batch=5, max_q=12, max_kv=40, kv_at_least_q=False))
+def test_every_query_row_is_written_exactly_once(cfg, batch):
+    """Rows that see no key must still be written (0, -inf): exactly one final writer per row."""
+    q_lens, kv_lens = batch
+    plan = plan_work(cfg, q_lens, kv_lens)
+    writes = [np.zeros((cfg.num_qo_heads, lq), dtype=np.int32) for lq in q_lens]
+    g = cfg.group_size
+
+    def mark(b, h, r0, nr):
+        rows = np.arange(r0, r0 + nr)
+        writes[b][h * g + rows % g, rows // g] += 1
+
+    for it in plan.valid_items():
+        if it[F.PARTIAL_SLOT] < 0:
+            mark(*(int(x) for x in it[:4]))
+    for m in plan.valid_merges():
+        mark(*(int(x) for x in m[:4]))
+    for w in writes:
+        assert (w == 1).all()
+
+
+@given(cfg=plan_configs(), batch=testing.ragged_batches(max_batch=4, max_q=10, max_kv=30, kv_at_least_q=False),
+       seed=st.integers(0, 1000))
+def test_executing_the_plan_reproduces_the_reference(cfg, batch, seed):
+    q_lens, kv_lens = batch
+    case = testing.make_gqa_prefill_case(q_lens, kv_lens, num_qo_heads=cfg.num_qo_heads,
+                                         num_kv_heads=cfg.num_kv_heads, head_dim=8, page_size=4, seed=seed)
+    kvp = case.kv_indptr.tolist()
+    k_rows = [reference.gather_paged_kv(case.k_cache, case.kv_indices[kvp[b]:kvp[b + 1]], n) for b, n in enumerate(kv_lens)]
+    v_rows = [reference.gather_paged_kv(case.v_cache, case.kv_indices[kvp[b]:kvp[b + 1]], n) for b, n in enumerate(kv_lens)]
+    plan = plan_work(cfg, q_lens, kv_lens)
+    out, lse = execute_plan(plan, case.q, k_rows, v_rows, case.qo_indptr.tolist(), case.sm_scale)
+    want_out, want_lse = reference.gqa_paged_prefill_ref(*case.inputs(), causal=cfg.causal)
+    # compare in fp32 against the fp32 result before the reference's final bf16 cast
+    qo = case.qo_indptr.tolist()
+    for b in range(len(q_lens)):
+        rows = slice(qo[b], qo[b + 1])
+        kk, vv = k_rows[b], v_rows[b]
+        ref_o, ref_l = reference.attend(case.q[rows], kk, vv, case.sm_scale,
+                                        causal_offset=(kv_lens[b] - q_lens[b]) if cfg.causal else None)
+        torch.testing.assert_close(out[rows], ref_o, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(lse[rows], ref_l, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.to(torch.bfloat16).float(), want_out.float(), rtol=1e-2, atol=1e-2)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(want_lse))
+
+
+@given(cfg=plan_configs(), max_batch=st.integers(1, 6), max_total_q=st.integers(0, 40), data=st.data())
+def test_capacity_for_limits_holds_every_batch_within_them(cfg, max_batch, max_total_q, data):
+    batch = data.draw(st.integers(1, max_batch))
+    q_lens = data.draw(st.lists(st.integers(0, max_total_q), min_size=batch, max_size=batch))
+    assume(sum(q_lens) <= max_total_q)
+    kv_lens = data.draw(st.lists(st.integers(0, 200), min_size=batch, max_size=batch))
+    cap = PlanCapacity.for_limits(cfg, max_batch=max_batch, max_total_q=max_total_q)
+    plan = plan_work(cfg, q_lens, kv_lens, capacity=cap)
+    assert plan.num_items <= cap.max_items and plan.num_partials <= cap.max_partials
+    assert plan.num_merges <= cap.max_merges
+    assert plan.items.shape[0] == cap.max_items and plan.merges.shape[0] == cap.max_merges
+    assert plan.work_indptr.shape[0] == cfg.num_ctas + 1 and plan.work_indptr[-1] == plan.num_items
+
+
+def test_too_small_capacity_is_a_clear_error():
+    cfg = PlanConfig(8, 2, True, 16, 16, 4)
+    with pytest.raises(ValueError, match="plan exceeds capacity"):
+        plan_work(cfg, [64, 64], [64, 64], capacity=PlanCapacity(max_items=3, max_partials=0, max_merges=0))
+
+
+@given(cfg=plan_configs(), batch=testing.ragged_batches(max_batch=12, max_q=64, max_kv=2000))
+def test_balanced_when_there_is_more_work_than_ctas(cfg, batch):
+    """max CTA cost / mean <= 1.3 once the mean CTA load is several split granules (a granule = one
+    kv_tile chunk plus the item overhead: no schedule can balance below that grain)."""
+    q_lens, kv_lens = batch
+    plan = plan_work(cfg, q_lens, kv_lens)
+    loads = plan.cta_cost
+    granule = cfg.kv_tile + cfg.item_overhead_keys
+    assume(loads.mean() >= 4 * granule and plan.num_items >= cfg.num_ctas)
+    # the q-tile grain is not splittable along q: the largest unsplittable tile bounds the balance too
+    assert loads.max() / loads.mean() <= 1.3
+
+
+def test_seed_prefill_workloads_need_no_split_and_fill_the_gpu():
+    cfg = PlanConfig(num_qo_heads=32, num_kv_heads=4, causal=True, tile_q_rows=128, kv_tile=128, num_ctas=132)
+    for n in (4, 8, 16, 32):
+        plan = plan_work(cfg, [992] * n, [992] * n)
+        assert plan.num_partials == 0 and plan.num_ctas == 132
+        assert plan.cta_cost.max() / plan.cta_cost.mean() <= 1.05
+
+
+def test_batch_one_decode_is_split_across_the_gpu():
+    cfg = PlanConfig(num_qo_heads=20, num_kv_heads=4, causal=False, tile_q_rows=64, kv_tile=64, num_ctas=132)
+    plan = plan_work(cfg, [1], [3232])
+    assert plan.num_merges == 4  # one per kv head
+    assert plan.num_ctas >= 100
+    # a large batch fills the GPU alone: no split
+    plan = plan_work(cfg, [1] * 128, [4096] * 128)
+    assert plan.num_partials == 0
+
+
+def test_empty_batch_and_empty_requests():
+    cfg = PlanConfig(8, 2, True, 16, 16, 4)
+    plan = plan_work(cfg, [0, 0], [5, 0])
+    assert plan.num_items == 0 and plan.num_ctas == 0 and plan.work_indptr[-1] == 0
+    plan = plan_work(cfg, [3], [0])
+    assert plan.num_items == 2 and (plan.valid_items()[:, F.KV_END] == 0).all()
+
+
+def test_bad_config_and_lengths_are_rejected():
+    with pytest.raises(ValueError, match="num_qo_heads .* multiple of num_kv_heads"):
+        PlanConfig(7, 2, True, 16, 16, 4)
+    with pytest.raises(ValueError, match="num_ctas must be >= 1"):
+        PlanConfig(8, 2, True, 16, 16, 0)
+    cfg = PlanConfig(8, 2, True, 16, 16, 4)
+    with pytest.raises(ValueError, match="one entry per request"):
+        plan_work(cfg, [1, 2], [3])
+    with pytest.raises(ValueError, match=">= 0"):
+        plan_work(cfg, [-1], [3])

@@ -1,0 +1,363 @@
+#!/usr/bin/env python
+"""Benchmark cute_attn against FlashInfer and FlashAttention-4 on the three target definitions.
+
+    python tools/bench.py                       # everything, GPU needed for timings
+    python tools/bench.py --kernel decode --quick --json out.json
+    python tools/bench.py --plan-only           # planner timing only (runs on CPU)
+
+Each (workload, implementation) is checked against the float32 reference before it is timed;
+a failing implementation is still timed and marked. Timing follows FlashInfer-Bench: cold L2,
+CUPTI span of the call's kernels, plus CUDA-event wall time; medians of --iters runs.
+Without a GPU only the CPU parts run (kernel compile, planner timing) and the exit code is 0.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Dict, List, Optional
+
+_TOOLS = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _TOOLS)  # sibling helper modules
+sys.path.insert(0, os.path.dirname(_TOOLS))  # the repo root, for cute_attn without installing
+
+import bench_timing  # noqa: E402
+import bench_workloads as bw  # noqa: E402
+
+# Measured H200 peaks the percentages refer to (dense bf16 MMA, HBM3e read bandwidth).
+PEAK_TFLOPS = 790.0
+PEAK_TBPS = 4.3
+PLANNER_BUDGET_MS = 5.0  # planning 4096 decode requests must stay below this
+RECORD_KEYS = ("kernel", "workload", "impl", "gpu_us", "wall_us", "tflops", "tbps", "passed")
+SHORT = {bw.PREFILL: "prefill", bw.DECODE: "decode", bw.MLA: "mla"}
+
+
+def make_record(kernel: str, workload: str, impl: str, *, gpu_us=None, wall_us=None,
+                flops: int = 0, nbytes: int = 0, passed: bool = False, **extra) -> Dict:
+    """One JSON row. The 8 schema keys always exist; rates derive from the GPU span."""
+    r = bench_timing.rates(flops, nbytes, gpu_us)
+    rec = {"kernel": kernel, "workload": workload, "impl": impl, "gpu_us": gpu_us,
+           "wall_us": wall_us, "tflops": r["tflops"], "tbps": r["tbps"], "passed": bool(passed)}
+    rec.update({k: v for k, v in extra.items() if v is not None and v != ""})
+    return rec
+
+
+def add_peer_ratios(records: List[Dict]) -> None:
+    """vs_best_peer = best peer GPU time / this GPU time (> 1: faster than every peer).
+    Best = fastest peer that passed; if none passed, the fastest timed peer."""
+    groups: Dict[tuple, List[Dict]] = {}
+    for r in records:
+        groups.setdefault((r["kernel"], r["workload"]), []).append(r)
+    for rows in groups.values():
+        peers = [r for r in rows if r["impl"] != "cute_attn" and r.get("gpu_us")]
+        good = [r for r in peers if r["passed"]] or peers
+        if not good:
+            continue
+        best = min(r["gpu_us"] for r in good)
+        for r in rows:
+            if r.get("gpu_us"):
+                r["vs_best_peer"] = best / r["gpu_us"]
+
+
+# ----------------------------------------------------------------------------- CPU-only parts
+
+
+def run_compile_only(archs: Optional[List[str]] = None) -> None:
+    """Compile every registered kernel config (what tools/compile_all.py does), if wired up."""
+    try:
+        from cute_attn.arch import SUPPORTED_ARCHS, resolve_arch
+        from cute_attn.compile import compile_kernel, registered_configs
+    except ImportError as exc:
+        print(f"[compile] skipped: cute_attn.compile/arch not importable ({exc})")
+        return
+    if not archs:
+        try:
+            archs = [resolve_arch(None)]  # $CUTE_ATTN_ARCH (or the GPU, if already initialised)
+        except ValueError:
+            archs = list(SUPPORTED_ARCHS)
+    for arch in archs:
+        try:
+            configs = list(registered_configs(arch))
+        except Exception as exc:
+            print(f"[compile] {arch}: registered_configs failed: {type(exc).__name__}: {exc}")
+            continue
+        print(f"[compile] {arch}: {len(configs)} registered config(s)")
+        ok = 0
+        for cfg in configs:
+            t0 = time.perf_counter()
+            try:
+                compile_kernel(cfg)
+                ok += 1
+                print(f"[compile]   ok    {time.perf_counter() - t0:7.2f} s  {cfg}")
+            except Exception as exc:
+                print(f"[compile]   FAIL  {time.perf_counter() - t0:7.2f} s  {cfg}: {type(exc).__name__}: {exc}")
+        print(f"[compile] {arch}: {ok}/{len(configs)} compiled")
+
+
+# Decode work shape the planner is timed on: Hopper wgmma M tile (64 packed rows, holds the
+# 5 heads of a token) and 128-key steps; 132 persistent CTAs = one per H200 SM.
+PLANNER_TILE_Q_ROWS = 64
+PLANNER_KV_TILE = 128
+PLANNER_NUM_CTAS = 132
+
+
+def planner_inputs(batch: int = 4096, seed: int = 0):
+    """(q_lens, kv_lens) of a decode batch: 1 query each, 1..16K keys (the sibling sets' range)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return np.ones(batch, dtype=np.int64), rng.integers(1, 16 * 1024, size=batch).astype(np.int64)
+
+
+def run_planner_timing(iters: int = 50) -> Optional[float]:
+    try:
+        from cute_attn.plan import PlanConfig, plan_work
+    except ImportError as exc:
+        print(f"[plan] skipped: cute_attn.plan has no PlanConfig/plan_work yet ({exc})")
+        return None
+    batch = 4096
+    c = bw.GQA_DECODE_HEADS
+    try:
+        config = PlanConfig(num_qo_heads=c["num_qo_heads"], num_kv_heads=c["num_kv_heads"], causal=False,
+                            tile_q_rows=PLANNER_TILE_Q_ROWS, kv_tile=PLANNER_KV_TILE,
+                            num_ctas=PLANNER_NUM_CTAS)
+        q_lens, kv_lens = planner_inputs(batch)
+        ms = bench_timing.median_ms(lambda: plan_work(config, q_lens, kv_lens), iters=iters)
+    except Exception as exc:  # a signature change must not take the bench down
+        print(f"[plan] plan_work failed: {type(exc).__name__}: {exc}")
+        return None
+    verdict = "OK" if ms < PLANNER_BUDGET_MS else "TOO SLOW"
+    print(f"[plan] plan_work, {batch} decode requests (h20/kv4, tile {PLANNER_TILE_Q_ROWS} rows x "
+          f"{PLANNER_KV_TILE} keys, {PLANNER_NUM_CTAS} CTAs): median {ms:.3f} ms over {iters} runs "
+          f"(budget {PLANNER_BUDGET_MS} ms): {verdict}")
+    return ms
+
+
+# ----------------------------------------------------------------------------- GPU bench
+
+
+def bench_workload(w: bw.Workload, args, flush) -> List[Dict]:
+    import torch
+
+    import bench_peers as bp
+
+    flops, nbytes = bw.workload_flops(w), bw.workload_bytes(w)
+    rows: List[Dict] = []
+
+    def row(impl, **kw):
+        rec = make_record(w.kernel, w.label, impl, flops=flops, nbytes=nbytes, **kw)
+        rec["flops"], rec["bytes"] = flops, nbytes
+        rows.append(rec)
+        print(f"  {impl:22s} {_brief(rec)}", flush=True)
+
+    try:
+        case = w.build_case("cuda", seed=args.seed)
+    except Exception as exc:
+        row("*", status="error", note=f"case build failed: {type(exc).__name__}: {exc}")
+        return rows
+    try:
+        ref = bp.reference(w.kernel, case)
+        torch.cuda.synchronize()
+        ref_note = ""
+    except Exception as exc:  # e.g. out of memory on the 16K-token MLA case
+        ref, ref_note = None, f"no reference: {type(exc).__name__}: {exc}"
+    for impl, setup in bp.runners_for(w.kernel):
+        if args.impls and impl not in args.impls:
+            continue
+        try:
+            prep = setup(case)
+            result = prep()
+            torch.cuda.synchronize()
+        except bp.Unavailable as exc:
+            row(impl, status="skipped", note=str(exc))
+            continue
+        except NotImplementedError as exc:
+            row(impl, status="not available", note=f"not available: {exc}")
+            continue
+        except Exception as exc:
+            row(impl, status="error", note=f"{type(exc).__name__}: {exc}")
+            if args.verbose:
+                traceback.print_exc()
+            continue
+        if ref is not None:
+            try:
+                passed, why = bp.check(prep.normalize(result), ref)
+            except Exception as exc:
+                passed, why = False, f"check crashed: {type(exc).__name__}: {exc}"
+        else:
+            passed, why = False, ref_note
+        try:
+            t = bench_timing.measure(prep, flush, iters=args.iters, warmup=args.warmup)
+        except Exception as exc:
+            row(impl, passed=passed, status="error", note=f"timing: {type(exc).__name__}: {exc}")
+            continue
+        note = "; ".join(x for x in (why, prep.note,
+                                     "" if t.status == "ok" else t.status) if x)
+        row(impl, gpu_us=t.gpu_us, wall_us=t.wall_us, passed=passed, status="ok", note=note,
+            gpu_sum_us=t.gpu_sum_us, n_kernels=t.n_kernels)
+    del case, ref
+    torch.cuda.empty_cache()
+    return rows
+
+
+def _fmt(x, spec):
+    return format(x, spec) if isinstance(x, (int, float)) and x is not None else "-"
+
+
+def _brief(r: Dict) -> str:
+    if r.get("status") not in (None, "ok"):
+        return f"{r.get('status')}: {r.get('note', '')}"
+    return (f"gpu {_fmt(r['gpu_us'], '.1f')} us  wall {_fmt(r['wall_us'], '.1f')} us  "
+            f"{_fmt(r['tflops'], '.1f')} TFLOP/s  {_fmt(r['tbps'], '.2f')} TB/s  "
+            f"{'PASS' if r['passed'] else 'FAIL'}  {r.get('note', '')}")
+
+
+def _row_note(r: Dict) -> str:
+    status, note = r.get("status", "ok"), r.get("note", "")
+    if status == "ok" or note.startswith(status):
+        return note
+    return f"{status}: {note}" if note else status
+
+
+def print_table(records: List[Dict]) -> None:
+    hdr = (f"{'kernel':8s} {'workload':22s} {'impl':22s} {'gpu_us':>9s} {'wall_us':>9s} {'TFLOP/s':>8s} "
+           f"{'TB/s':>6s} {'%peakF':>6s} {'%peakB':>6s} {'x best':>6s} {'pass':>5s}  note")
+    print("\n" + hdr + "\n" + "-" * len(hdr))
+    for r in records:
+        tf, tb = r.get("tflops"), r.get("tbps")
+        print(f"{SHORT.get(r['kernel'], r['kernel']):8s} {r['workload']:22s} {r['impl']:22s} "
+              f"{_fmt(r.get('gpu_us'), '9.1f'):>9s} {_fmt(r.get('wall_us'), '9.1f'):>9s} "
+              f"{_fmt(tf, '8.1f'):>8s} {_fmt(tb, '6.2f'):>6s} "
+              f"{_fmt(tf and 100 * tf / PEAK_TFLOPS, '6.1f'):>6s} {_fmt(tb and 100 * tb / PEAK_TBPS, '6.1f'):>6s} "
+              f"{_fmt(r.get('vs_best_peer'), '6.2f'):>6s} {('yes' if r['passed'] else 'no'):>5s}  "
+              f"{_row_note(r)}".rstrip())
+    print("x best = best peer GPU time / this GPU time (> 1: faster than every peer); "
+          f"peaks: {PEAK_TFLOPS} TFLOP/s, {PEAK_TBPS} TB/s (H200, measured)")
+
+
+def write_png(records: List[Dict], path: str) -> None:
+    """Grouped bars per workload, one panel per kernel: TFLOP/s for prefill (compute bound),
+    TB/s for decode (bandwidth bound). Kept < 100 KB."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("[png] matplotlib not installed: no chart")
+        return
+    metric = {bw.PREFILL: ("tflops", "TFLOP/s"), bw.DECODE: ("tbps", "TB/s"), bw.MLA: ("tflops", "TFLOP/s")}
+    kernels = [k for k in SHORT if any(r["kernel"] == k and r.get(metric[k][0]) for r in records)]
+    if not kernels:
+        print("[png] nothing timed: no chart")
+        return
+    fig, axes = plt.subplots(len(kernels), 1, figsize=(9, 2.8 * len(kernels)), squeeze=False)
+    for ax, k in zip(axes[:, 0], kernels):
+        key, unit = metric[k]
+        rows = [r for r in records if r["kernel"] == k]
+        wls = list(dict.fromkeys(r["workload"] for r in rows))
+        impls = list(dict.fromkeys(r["impl"] for r in rows if r.get(key)))
+        width = 0.8 / max(len(impls), 1)
+        for i, impl in enumerate(impls):
+            vals = [next((r[key] or 0 for r in rows if r["workload"] == wl and r["impl"] == impl), 0)
+                    for wl in wls]
+            hatch = None if all(r["passed"] for r in rows if r["impl"] == impl and r.get(key)) else "//"
+            ax.bar([x + i * width for x in range(len(wls))], vals, width, label=impl, hatch=hatch)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(wls))])
+        ax.set_xticklabels(wls, fontsize=7)
+        ax.set_ylabel(unit, fontsize=8)
+        ax.set_title(f"{k}  (hatched: failed the check)", fontsize=9)
+        ax.legend(fontsize=6, ncol=len(impls), loc="lower center", bbox_to_anchor=(0.5, 1.08), frameon=False)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    for dpi in (80, 60, 45):  # step down until the file is small enough for the repo
+        fig.savefig(path, dpi=dpi)
+        if os.path.getsize(path) < 100 * 1024:
+            break
+    plt.close(fig)
+    print(f"[png] wrote {path} ({os.path.getsize(path) // 1024} KB)")
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kernel", choices=["prefill", "decode", "mla", "all"], default="all")
+    p.add_argument("--workloads", nargs="+", help="labels (or substrings), e.g. n1_kv3232")
+    p.add_argument("--impls", nargs="+", help="only these implementations, e.g. cute_attn fa4")
+    p.add_argument("--quick", action="store_true", help="small subset (2 workloads per kernel)")
+    p.add_argument("--iters", type=int, default=50, help="timed runs (median), >= 50 recommended")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", metavar="PATH", help="write the records as a JSON list")
+    p.add_argument("--png", metavar="PATH", default="docs/perf/bench.png", help="bar chart ('' = none)")
+    p.add_argument("--plan-only", action="store_true", help="only the planner timing")
+    p.add_argument("--no-compile", action="store_true", help="no-GPU path: skip compiling kernels")
+    p.add_argument("--arch", nargs="+", help="no-GPU compile: archs (default $CUTE_ATTN_ARCH, else all)")
+    p.add_argument("--cpu", action="store_true", help="behave as if there were no GPU")
+    p.add_argument("--list", action="store_true", help="print the selected workloads and exit")
+    p.add_argument("-v", "--verbose", action="store_true", help="tracebacks for errors")
+    return p.parse_args(argv)
+
+
+def _write_json(records: List[Dict], path: str, quiet: bool = False) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(records, f, indent=1)
+    os.replace(path + ".tmp", path)
+    if not quiet:
+        print(f"[json] wrote {len(records)} records to {path}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    workloads = bw.select_workloads(args.kernel, args.workloads, args.quick)
+    if args.list:
+        for w in workloads:
+            print(f"{SHORT[w.kernel]:8s} {w.label:22s} flops={bw.workload_flops(w):.3e} "
+                  f"bytes={bw.workload_bytes(w):.3e}")
+        return 0
+    if args.plan_only:
+        run_planner_timing()
+        return 0
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available() and not args.cpu
+    except ImportError:
+        has_gpu = False
+    if not has_gpu:
+        print("No CUDA GPU available (torch.cuda.is_available() is False or --cpu): no kernel can be "
+              "timed or checked here, so only the CPU parts run: compile-only and the planner timing.")
+        if not args.no_compile:
+            run_compile_only(args.arch)
+        run_planner_timing()
+        return 0
+    if not workloads:
+        print("no workload matches the filters (see --list)")
+        return 0
+    print(f"GPU: {torch.cuda.get_device_name()}  iters={args.iters} warmup={args.warmup}")
+    flush = bench_timing.make_l2_flusher()
+    records: List[Dict] = []
+    for w in workloads:
+        print(f"\n== {SHORT[w.kernel]} {w.label}  (batch {w.batch}, total q {sum(w.q_lens)}, "
+              f"total kv {sum(w.kv_lens)})", flush=True)
+        records.extend(bench_workload(w, args, flush))
+        if args.json:  # after every workload, so a run cut short by a time limit still leaves its rows
+            _write_json(records, args.json, quiet=True)
+    add_peer_ratios(records)
+    print_table(records)
+    run_planner_timing()
+    if args.json:
+        _write_json(records, args.json)
+    if args.png:
+        write_png(records, args.png)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
