@@ -268,6 +268,7 @@ def plan_work(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity | None
 
 
 def _assemble(config, capacity, tiles, tile_id, start, end, n_chunks, costs, cta, loads) -> WorkPlan:
+    F = ItemField
     m = config.num_ctas
     num_items = tile_id.size
     split = n_chunks[tile_id] > 1
@@ -290,12 +291,17 @@ def _assemble(config, capacity, tiles, tile_id, start, end, n_chunks, costs, cta
         merge_indptr[num_merges + 1 :] = merge_indptr[num_merges]
         merges[:num_merges] = tiles[split_tiles][:, [0, 1, 2, 3]]
 
-    t = tiles[tile_id]
-    rows = np.stack([t[:, 0], t[:, 1], t[:, 2], t[:, 3], start, end, slot, t[:, 5]], axis=1)
     # CTA-major; inside a CTA, longest first so the tail of the schedule holds the short items
-    order = np.lexsort((-costs, cta))
+    top = int(costs.max()) + 1 if num_items else 1
+    order = np.argsort(cta * top + (top - 1 - costs), kind="stable")
+    t = tiles[tile_id[order]]
     items = np.zeros((capacity.max_items, len(ItemField)), dtype=np.int32)
-    items[:num_items] = rows[order]
+    valid = items[:num_items]
+    valid[:, [F.REQUEST, F.KV_HEAD, F.Q_ROW_START, F.Q_ROW_COUNT]] = t[:, :4]
+    valid[:, F.KV_START] = start[order]
+    valid[:, F.KV_END] = end[order]
+    valid[:, F.PARTIAL_SLOT] = slot[order]
+    valid[:, F.CAUSAL_OFFSET] = t[:, 5]
     counts = np.bincount(cta, minlength=m)
     work_indptr = np.zeros(m + 1, dtype=np.int32)
     work_indptr[1:] = np.cumsum(counts)

@@ -7,17 +7,50 @@ import the kernel modules (that pulls in the DSL); use
 ``cute_attn.compile.import_all_kernels()`` or import a module directly.
 """
 
-from collections.abc import Callable
-
-# (kind, arch) -> launcher(device_plan, *inputs, output, lse, natural_lse=...); attention kernel modules
-# register themselves here. Empty until the first attention kernel lands.
-_LAUNCHERS: dict[tuple[str, str], Callable] = {}
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 
-def register_launcher(kind: str, arch: str, launcher: Callable) -> None:
-    _LAUNCHERS[(kind, arch)] = launcher
+@dataclass(frozen=True)
+class PagedKernel:
+    """One attention kernel family member for one arch (a ``PagedAttentionConfig`` kind).
+
+    ``build(config) -> (jit_fn, fake_args)`` for the compile path; ``launch(device_plan, *inputs, output,
+    lse, natural_lse=...)`` runs it (compiling through ``compile.compile_kernel``); ``configs(arch)`` lists
+    the configs ``tools/compile_all.py`` builds.
+    """
+
+    build: Callable
+    launch: Callable
+    configs: Callable[[str], Iterable]
+
+
+_PAGED: dict[tuple[str, str], PagedKernel] = {}
+
+
+def _build_paged(config):
+    return _PAGED[(config.kind, config.arch)].build(config)
+
+
+def _paged_configs(arch: str) -> list:
+    return [c for (kind, a), k in sorted(_PAGED.items()) if a == arch for c in k.configs(arch)]
+
+
+def register_paged_kernel(kind: str, arch: str, *, build: Callable, launch: Callable,
+                          configs: Callable[[str], Iterable]) -> None:
+    """Called by each attention kernel module at import."""
+    from ..compile import register_kernel
+    from ..config import PagedAttentionConfig
+
+    _PAGED[(kind, arch)] = PagedKernel(build, launch, configs)
+    register_kernel(PagedAttentionConfig, _build_paged, configs=_paged_configs)
 
 
 def find_launcher(config) -> Callable | None:
     """The launcher for a ``PagedAttentionConfig``'s kind and arch, or None when there is none yet."""
-    return _LAUNCHERS.get((config.kind, config.arch))
+    if not _PAGED:
+        from ..compile import import_all_kernels
+
+        import_all_kernels()
+    kernel = _PAGED.get((config.kind, config.arch))
+    return None if kernel is None else kernel.launch
