@@ -61,6 +61,7 @@ class MergeField(IntEnum):
     KV_HEAD = 1
     Q_ROW_START = 2
     Q_ROW_COUNT = 3
+    TOKEN_START = 4  # global row of the request's first query token (qo_indptr[request])
 
 
 NOT_CAUSAL_OFFSET = np.iinfo(np.int32).max // 2
@@ -264,10 +265,11 @@ def plan_work(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity | None
                 best = (key, cand, c_costs, c_cta, c_loads)
         if best[0][0] < int(loads.max()) or _balance(loads) > config.balance_limit:
             _, (tile_id, start, end, n_chunks), costs, cta, loads = best
-    return _assemble(config, capacity, tiles, tile_id, start, end, n_chunks, costs, cta, loads)
+    token_start = np.cumsum(q_lens) - q_lens
+    return _assemble(config, capacity, tiles, token_start, tile_id, start, end, n_chunks, costs, cta, loads)
 
 
-def _assemble(config, capacity, tiles, tile_id, start, end, n_chunks, costs, cta, loads) -> WorkPlan:
+def _assemble(config, capacity, tiles, token_start, tile_id, start, end, n_chunks, costs, cta, loads) -> WorkPlan:
     F = ItemField
     m = config.num_ctas
     num_items = tile_id.size
@@ -289,7 +291,8 @@ def _assemble(config, capacity, tiles, tile_id, start, end, n_chunks, costs, cta
     if num_merges:
         merge_indptr[1 : num_merges + 1] = np.cumsum(n_chunks[split_tiles])
         merge_indptr[num_merges + 1 :] = merge_indptr[num_merges]
-        merges[:num_merges] = tiles[split_tiles][:, [0, 1, 2, 3]]
+        merges[:num_merges, :4] = tiles[split_tiles][:, [0, 1, 2, 3]]
+        merges[:num_merges, MergeField.TOKEN_START] = token_start[tiles[split_tiles][:, 0]]
 
     # CTA-major; inside a CTA, longest first so the tail of the schedule holds the short items
     top = int(costs.max()) + 1 if num_items else 1

@@ -1,0 +1,165 @@
+"""LSE combine: fold split-KV partials into the final output (shared by every kernel and both arches).
+
+Roles / pipeline: one CTA per merge entry of the plan (grid = ``max_merges`` so a CUDA graph replays any
+plan that fits; merges past ``num_merges`` have no slots and exit). For each of the merge's packed rows,
+every thread reads the row's partial LSEs (a handful of scalars), computes the merged base-2 LSE
+``L = m + log2(sum 2^(lse_i - m))`` and the weights ``2^(lse_i - L)``, then accumulates its share of the
+head dimension ``o = sum_i w_i * partial_out[slot_i, row, :]`` and stores it as bf16; thread 0 writes
+``lse = L * lse_out_scale``. A row whose partials are all ``-inf`` (it saw no key) gets 0 and ``-inf``.
+
+Packed row ``r`` of (request ``b``, KV head ``h``) is token ``TOKEN_START + r // group`` and query head
+``h * group + r % group`` (``docs/kernel-contract.md``).
+
+Memory-light by design: partials are small (only split items write them) and read once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+
+from ...compile import compile_kernel, register_kernel
+from ...config import KernelConfig, PagedAttentionConfig
+from ...plan import MergeField
+
+NUM_THREADS = 128
+
+
+@dataclass(frozen=True)
+class CombineConfig(KernelConfig):
+    """Compile-time shape of the partial buffers and the output heads."""
+
+    kernel_name: ClassVar[str] = "lse_combine"
+
+    tile_q_rows: int = 128
+    head_dim_v: int = 128
+    num_qo_heads: int = 32
+    group_size: int = 8
+
+    @staticmethod
+    def for_paged(config: PagedAttentionConfig) -> "CombineConfig":
+        return CombineConfig(arch=config.arch, tile_q_rows=config.tile_q_rows, head_dim_v=config.head_dim_v,
+                             num_qo_heads=config.num_qo_heads, group_size=config.group_size)
+
+    def can_implement(self) -> str | None:
+        if (reason := super().can_implement()) is not None:
+            return reason
+        if self.head_dim_v % NUM_THREADS and NUM_THREADS % self.head_dim_v:
+            return f"head_dim_v={self.head_dim_v} must divide or be a multiple of {NUM_THREADS}"
+        if self.group_size < 1 or self.num_qo_heads % self.group_size:
+            return f"num_qo_heads={self.num_qo_heads} must be a multiple of group_size={self.group_size}"
+        return None
+
+
+class LseCombine:
+    def __init__(self, config: CombineConfig) -> None:
+        self.config = config
+        self.head_dim_v = config.head_dim_v
+        self.group = config.group_size
+        self.dims_per_thread = max(1, config.head_dim_v // NUM_THREADS)
+        self.active_threads = min(NUM_THREADS, config.head_dim_v)
+
+    def __repr__(self) -> str:
+        c = self.config
+        return f"LseCombine_R{c.tile_q_rows}_D{c.head_dim_v}_H{c.num_qo_heads}_G{c.group_size}"
+
+    @cute.jit
+    def __call__(
+        self,
+        partial_out: cute.Tensor,  # [slots, tile_q_rows, head_dim_v] fp32
+        partial_lse: cute.Tensor,  # [slots, tile_q_rows] fp32
+        merge_indptr: cute.Tensor,  # [max_merges + 1] int32
+        merges: cute.Tensor,  # [max_merges, len(MergeField)] int32
+        output: cute.Tensor,  # [total_q, num_qo_heads, head_dim_v] bf16
+        lse: cute.Tensor,  # [total_q, num_qo_heads] fp32
+        lse_out_scale: cutlass.Float32,
+        stream: cuda.CUstream,
+    ):
+        self.kernel(partial_out, partial_lse, merge_indptr, merges, output, lse, lse_out_scale).launch(
+            grid=(merges.shape[0], 1, 1), block=(NUM_THREADS, 1, 1), stream=stream
+        )
+
+    @cute.kernel
+    def kernel(self, partial_out, partial_lse, merge_indptr, merges, output, lse, lse_out_scale: cutlass.Float32):
+        tidx, _, _ = cute.arch.thread_idx()
+        m, _, _ = cute.arch.block_idx()
+        slot_begin = merge_indptr[m]
+        slot_end = merge_indptr[m + 1]
+        kv_head = merges[m, MergeField.KV_HEAD]
+        row_start = merges[m, MergeField.Q_ROW_START]
+        row_count = merges[m, MergeField.Q_ROW_COUNT]
+        token_start = merges[m, MergeField.TOKEN_START]
+        if slot_end <= slot_begin:
+            row_count = 0
+        neg_inf = -cutlass.Float32.inf
+        for r in range(row_count):
+            packed = row_start + r
+            token = token_start + packed // self.group
+            head = kv_head * self.group + packed % self.group
+            row_max = neg_inf
+            for s in range(slot_begin, slot_end):
+                row_max = cute.arch.fmax(row_max, partial_lse[s, r])
+            total = cutlass.Float32(0.0)
+            safe_max = row_max if row_max != neg_inf else cutlass.Float32(0.0)
+            for s in range(slot_begin, slot_end):
+                total = total + cute.math.exp2(partial_lse[s, r] - safe_max, fastmath=True)
+            merged_lse = neg_inf
+            if total > 0.0:
+                merged_lse = safe_max + cute.math.log2(total, fastmath=True)
+            if tidx < self.active_threads:
+                for i in cutlass.range_constexpr(self.dims_per_thread):
+                    d = tidx + i * NUM_THREADS
+                    acc = cutlass.Float32(0.0)
+                    if total > 0.0:
+                        for s in range(slot_begin, slot_end):
+                            part_lse = partial_lse[s, r]
+                            if part_lse != neg_inf:  # a chunk that saw no key adds nothing, whatever its o
+                                acc = acc + cute.math.exp2(part_lse - merged_lse, fastmath=True) * partial_out[s, r, d]
+                    output[token, head, d] = acc.to(cutlass.BFloat16)
+            if tidx == 0:
+                lse[token, head] = merged_lse * lse_out_scale
+
+
+def build(config: CombineConfig) -> tuple[Any, tuple[Any, ...]]:
+    slots = cute.sym_int(symbol="slots")
+    num_merges = cute.sym_int(symbol="max_merges")
+    merge_ptr_len = cute.sym_int(symbol="max_merges_plus_1")
+    total_q = cute.sym_int(symbol="total_q")
+    rows, dv, hq = config.tile_q_rows, config.head_dim_v, config.num_qo_heads
+    fake = cute.runtime.make_fake_compact_tensor
+    args = (
+        fake(cutlass.Float32, (slots, rows, dv), stride_order=(2, 1, 0), assumed_align=16),
+        fake(cutlass.Float32, (slots, rows), stride_order=(1, 0), assumed_align=16),
+        fake(cutlass.Int32, (merge_ptr_len,)),
+        fake(cutlass.Int32, (num_merges, len(MergeField)), stride_order=(1, 0)),
+        fake(cutlass.BFloat16, (total_q, hq, dv), stride_order=(2, 1, 0), assumed_align=16),
+        fake(cutlass.Float32, (total_q, hq), stride_order=(1, 0)),
+        cutlass.Float32(1.0),
+        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
+    )
+    return LseCombine(config), args
+
+
+def default_configs(arch: str) -> list[CombineConfig]:
+    """The combine steps of the three definitions' default tile geometry."""
+    return [
+        CombineConfig(arch=arch, tile_q_rows=128, head_dim_v=128, num_qo_heads=32, group_size=8),
+        CombineConfig(arch=arch, tile_q_rows=64, head_dim_v=128, num_qo_heads=20, group_size=5),
+        CombineConfig(arch=arch, tile_q_rows=64, head_dim_v=512, num_qo_heads=16, group_size=16),
+    ]
+
+
+register_kernel(CombineConfig, build, configs=default_configs)
+
+
+def launch_combine(device_plan, output, lse, lse_out_scale: float) -> None:
+    """Fold ``device_plan``'s partial slots into ``output``/``lse`` (no-op when the plan has no merges)."""
+    if device_plan.plan.num_merges == 0:
+        return
+    fn = compile_kernel(CombineConfig.for_paged(device_plan.config))
+    fn(device_plan.partial_out, device_plan.partial_lse, device_plan.merge_indptr, device_plan.merges,
+       output, lse, float(lse_out_scale))

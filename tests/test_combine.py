@@ -1,0 +1,74 @@
+"""LSE combine kernel: compile-only for both arches (CPU) and element-wise vs the reference merge (GPU)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from cute_attn import api, reference, testing
+from cute_attn.compile import compile_kernel_with_info, compile_to_ptx
+from cute_attn.config import default_paged_config
+from cute_attn.kernels.common.combine import CombineConfig, default_configs, launch_combine
+from cute_attn.plan import MergeField as MF
+from cute_attn.plan import plan_work
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUTE_ATTN_CACHE_DIR", str(tmp_path))
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_combine_compiles_for_both_arches(arch):
+    for config in default_configs(arch):
+        assert compile_kernel_with_info(config).fn is not None
+        ptx = compile_to_ptx(config)
+        assert f".target {arch}" in ptx and "ex2.approx" in ptx and "lg2.approx" in ptx
+
+
+def test_combine_rejects_a_head_dim_it_cannot_split():
+    assert "head_dim_v=96" in CombineConfig(arch="sm_90a", head_dim_v=96).can_implement()
+
+
+def _split_plan(kind, q_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim, causal, num_ctas=132):
+    cfg = default_paged_config(kind, arch="sm_90a", num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+                               head_dim_qk=head_dim, head_dim_v=head_dim, page_size=64, causal=causal)
+    plan = plan_work(cfg.plan_config(num_ctas), q_lens, kv_lens)
+    assert plan.num_merges > 0
+    return cfg, plan
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind,q_lens,kv_lens,heads,causal", [
+    ("gqa_paged_decode", [1], [3232], (20, 4), False),
+    ("gqa_paged_decode", [1] * 7, [5000, 0, 1, 64, 9000, 130, 2048], (20, 4), False),
+    ("gqa_paged_prefill", [3], [40000], (32, 4), True),
+])
+def test_combine_matches_reference_merge(kind, q_lens, kv_lens, heads, causal):
+    cfg, plan = _split_plan(kind, q_lens, kv_lens, *heads, 128, causal)
+    dp = api.DevicePlan.upload(cfg, plan, "cuda")
+    g = torch.Generator(device="cuda").manual_seed(1)
+    dp.partial_out.copy_(torch.randn(dp.partial_out.shape, generator=g, device="cuda"))
+    plse = torch.randn(dp.partial_lse.shape, generator=g, device="cuda") * 4
+    plse[::3, ::4] = -math.inf  # chunks whose rows saw no key
+    dp.partial_lse.copy_(plse)
+    dp.partial_out[::3, ::4] = math.nan  # ... and whose o must then be ignored
+    total_q = sum(q_lens)
+    out = torch.full((total_q, heads[0], 128), math.nan, dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((total_q, heads[0]), math.nan, dtype=torch.float32, device="cuda")
+    launch_combine(dp, out, lse, 1.0)
+    torch.cuda.synchronize()
+    group = heads[0] // heads[1]
+    written = torch.zeros(total_q, heads[0], dtype=torch.bool)
+    for m in range(plan.num_merges):
+        b, h, r0, nr, tok0 = (int(x) for x in plan.merges[m])
+        slots = range(int(plan.merge_indptr[m]), int(plan.merge_indptr[m + 1]))
+        o_parts = [torch.where(plse[s, :nr, None].isneginf(), 0.0, dp.partial_out[s, :nr]).cpu() for s in slots]
+        want_o, want_lse = reference.merge_partials(o_parts, [plse[s, :nr].cpu() for s in slots])
+        rows = np.arange(r0, r0 + nr)
+        tokens, hq = tok0 + rows // group, h * group + rows % group
+        testing.assert_close_benchmark(out[tokens, hq].cpu(), want_o.to(torch.bfloat16), "combined output")
+        testing.assert_close_benchmark(lse[tokens, hq].cpu(), want_lse, "combined lse")
+        written[tokens, hq] = True
+    assert torch.isnan(lse.cpu()[~written]).all(), "the combine wrote rows that no merge owns"
