@@ -25,7 +25,7 @@ import torch
 from . import validate
 from .arch import resolve_arch, sm_count
 from .config import PagedAttentionConfig, default_paged_config
-from .plan import WorkPlan, plan_work
+from .plan import ItemField, MergeField, PlanCapacity, WorkPlan, plan_work
 
 __all__ = [
     "DevicePlan",
@@ -39,32 +39,59 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@dataclass
 class DevicePlan:
-    """A :class:`WorkPlan` with its arrays uploaded once to the device, plus the partial buffers."""
+    """A :class:`WorkPlan`'s arrays on the device, plus the partial buffers, sized by its capacity.
+
+    CUDA graphs: allocate once for the largest batch (``DevicePlan.allocate(config, capacity, num_ctas,
+    device)`` with ``PlanCapacity.for_limits``), capture, then before each replay ``refresh(new_plan)``
+    copies the new plan into the same buffers; the kernels' grids depend only on the capacity.
+    """
 
     config: PagedAttentionConfig
-    plan: WorkPlan
+    plan: WorkPlan | None
     work_indptr: torch.Tensor
     items: torch.Tensor
     merge_indptr: torch.Tensor
     merges: torch.Tensor
-    partial_out: torch.Tensor  # [max_partials, tile_q_rows, head_dim_v] fp32
-    partial_lse: torch.Tensor  # [max_partials, tile_q_rows] fp32
+    partial_out: torch.Tensor  # [max(max_partials, 1), tile_q_rows, head_dim_v] fp32
+    partial_lse: torch.Tensor  # [max(max_partials, 1), tile_q_rows] fp32
 
     @staticmethod
-    def upload(config: PagedAttentionConfig, plan: WorkPlan, device) -> "DevicePlan":
-        def put(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(a)).to(device, non_blocking=False)
+    def allocate(config: PagedAttentionConfig, capacity: PlanCapacity, num_ctas: int, device) -> "DevicePlan":
+        slots = max(capacity.max_partials, 1)
 
-        slots = max(plan.capacity.max_partials, 1)
+        def ints(*shape):
+            return torch.zeros(shape, dtype=torch.int32, device=device)
+
         return DevicePlan(
-            config=config, plan=plan,
-            work_indptr=put(plan.work_indptr), items=put(plan.items),
-            merge_indptr=put(plan.merge_indptr), merges=put(plan.merges),
+            config=config, plan=None,
+            work_indptr=ints(num_ctas + 1), items=ints(capacity.max_items, len(ItemField)),
+            merge_indptr=ints(capacity.max_merges + 1), merges=ints(capacity.max_merges, len(MergeField)),
             partial_out=torch.empty(slots, config.tile_q_rows, config.head_dim_v, dtype=torch.float32, device=device),
             partial_lse=torch.empty(slots, config.tile_q_rows, dtype=torch.float32, device=device),
         )
+
+    def refresh(self, plan: WorkPlan) -> None:
+        """Copy ``plan`` into these buffers in place (its capacity and CTA count must match them)."""
+        if plan.items.shape != tuple(self.items.shape) or plan.merges.shape != tuple(self.merges.shape) \
+                or plan.work_indptr.shape != tuple(self.work_indptr.shape) \
+                or max(plan.capacity.max_partials, 1) != self.partial_out.shape[0]:
+            raise ValueError(
+                f"plan capacity {plan.capacity} with {plan.work_indptr.size - 1} CTAs does not match these "
+                f"buffers ({self.items.shape[0]} items, {self.merges.shape[0]} merges, "
+                f"{self.work_indptr.shape[0] - 1} CTAs): plan with the capacity they were allocated for"
+            )
+        for dst, src in ((self.work_indptr, plan.work_indptr), (self.items, plan.items),
+                         (self.merge_indptr, plan.merge_indptr), (self.merges, plan.merges)):
+            dst.copy_(torch.from_numpy(np.ascontiguousarray(src)))
+        self.plan = plan
+
+    @staticmethod
+    def upload(config: PagedAttentionConfig, plan: WorkPlan, device) -> "DevicePlan":
+        device_plan = DevicePlan.allocate(config, plan.capacity, plan.work_indptr.size - 1, device)
+        device_plan.refresh(plan)
+        return device_plan
 
 
 # ---------------------------------------------------------------------------------------------

@@ -127,3 +127,22 @@ def test_plan_cache_never_returns_a_plan_for_a_recycled_id():
     cache.entries[key] = ([lambda: None], "old")  # as if the tensor died and its id() was reused
     assert cache.get("cfg", (t,)) is None and key not in cache.entries
     del ref_list
+
+
+def test_device_plan_refresh_reuses_buffers_for_graph_replay():
+    cfg = api.default_paged_config("gqa_paged_decode", arch="sm_90a", num_qo_heads=20, num_kv_heads=4,
+                                   head_dim_qk=128, head_dim_v=128, page_size=64, causal=False)
+    pcfg = cfg.plan_config(16)
+    capacity = cute_attn.PlanCapacity.for_limits(pcfg, max_batch=8, max_total_q=8)
+    dp = api.DevicePlan.allocate(cfg, capacity, 16, "cpu")
+    pointers = [t.data_ptr() for t in (dp.items, dp.work_indptr, dp.merges, dp.merge_indptr, dp.partial_out)]
+    for kv_lens in ([3000], [5, 70, 1, 4096, 9, 9, 9, 9]):
+        plan = cute_attn.plan_work(pcfg, [1] * len(kv_lens), kv_lens, capacity=capacity)
+        dp.refresh(plan)
+        assert torch.equal(dp.items, torch.from_numpy(plan.items))
+        assert torch.equal(dp.merges, torch.from_numpy(plan.merges))
+        assert torch.equal(dp.work_indptr, torch.from_numpy(plan.work_indptr))
+    assert pointers == [t.data_ptr() for t in (dp.items, dp.work_indptr, dp.merges, dp.merge_indptr, dp.partial_out)]
+    other = cute_attn.plan_work(pcfg, [1], [10])  # its own (smaller) capacity
+    with pytest.raises(ValueError, match="does not match these buffers"):
+        dp.refresh(other)
