@@ -15,6 +15,7 @@ Plans
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -141,16 +142,27 @@ def _require_cuda(device: torch.device) -> None:
         raise ValueError(f"cute_attn kernels run on a CUDA device; the inputs are on {device}")
 
 
+@functools.lru_cache(maxsize=None)
+def _device_sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _num_ctas(config: PagedAttentionConfig, device: torch.device, num_sms: int | None) -> int:
-    if num_sms is None:
-        num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
+    if num_sms is None and device.type == "cuda":
+        num_sms = _device_sm_count(device)
     return sm_count(num_sms if num_sms is not None else config.arch) * config.ctas_per_sm
 
 
 def _make_config(kind: str, problem: validate.PagedProblem, arch: str | None, causal: bool) -> PagedAttentionConfig:
+    return _config_for(kind, problem.num_qo_heads, problem.num_kv_heads, problem.head_dim_qk, problem.head_dim_v,
+                       problem.page_size, resolve_arch(arch), causal)
+
+
+@functools.lru_cache(maxsize=256)  # host overhead: one config per problem shape, built once
+def _config_for(kind, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size, arch, causal):
     config = default_paged_config(
-        kind, arch=resolve_arch(arch), num_qo_heads=problem.num_qo_heads, num_kv_heads=problem.num_kv_heads,
-        head_dim_qk=problem.head_dim_qk, head_dim_v=problem.head_dim_v, page_size=problem.page_size, causal=causal,
+        kind, arch=arch, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+        head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, page_size=page_size, causal=causal,
     )
     reason = config.can_implement()
     if reason is not None:

@@ -269,3 +269,15 @@ def test_cli_plan_only_and_list():
     assert "[plan]" in p.stdout
     p = _run_cli("--list", "--kernel", "decode")
     assert p.returncode == 0 and "n1_kv3232" in p.stdout and "n1_q992_kv992" not in p.stdout
+
+
+def test_plan_inspect_cli_runs():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tool = Path(__file__).resolve().parents[1] / "tools" / "plan_inspect.py"
+    out = subprocess.run([sys.executable, str(tool), "decode", "--kv", "3232", "--items", "2"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "merges 4" in out.stdout and "partial_slot" in out.stdout
