@@ -1,0 +1,590 @@
+"""GQA paged decode for Blackwell (sm_100a): tcgen05 MMAs with TMEM accumulators, TMA page loads.
+
+Definition: ``gqa_paged_decode_h20_kv4_d128_ps64`` (and the same family with other head counts);
+contract: ``docs/kernel-contract.md``. Compiled and inspected only (no Blackwell GPU in this project).
+
+Work
+    Persistent grid (``num_ctas`` from the plan): CTA ``c`` runs items ``work_indptr[c] ..
+    work_indptr[c+1]-1`` in order. An item is (request b, KV head h, packed rows, keys
+    [KV_START, KV_END), partial slot). Its ``group`` query heads are the rows of one 128-row MMA tile
+    (decode: row r is head ``h*group + Q_ROW_START + r`` of token b; rows >= Q_ROW_COUNT are padding,
+    never stored).
+    The plan's ``tile_q_rows`` (64 by default) only bounds Q_ROW_COUNT: the MMA always uses M = 128,
+    whose TMEM accumulator maps row r to lane r (one softmax thread per row). KV steps are one page
+    (``page_size`` = 64 keys); KV_START is a multiple of ``kv_tile`` (a multiple of the page size).
+    Same contract, roles and item loop as the Hopper twin ``kernels/sm90/gqa_decode.py``; only the
+    MMA (tcgen05, TMEM accumulators, its own warp) and the pipeline differ. The shared softmax/mask
+    helpers (``kernels/common``) work on wgmma register fragments, so this file keeps its own
+    row-per-thread versions.
+
+Warp roles (192 threads)
+    warps 0-3  softmax + correction + epilogue (thread t owns row t): tcgen05.ld S, scale by
+               ``sm_scale*log2(e)``, mask keys >= KV_END to -inf, online softmax with exp2, P -> TMEM
+               (bf16, tcgen05.st); correction: wait for the previous P.V, rescale O in TMEM; on the
+               last tile of an item zero the V rows >= KV_END in smem (pool tails are NaN). Epilogue:
+               O / l -> bf16 ``output`` and ``lse * lse_out_scale``, or fp32 partial_out/partial_lse.
+               (Correction shares these warps: decode has few KV steps per row, and this keeps the
+               TMEM hand-offs to one barrier per step; a separate correction warpgroup is the next
+               step if profiling shows the rescale on the critical path.)
+    warp 4     MMA: owns TMEM (tcgen05.alloc / dealloc); per item waits Q, then S_0 = Q.K_0^T, and per
+               step t issues S_{t+1} (double-buffered) before O += P_t.V_t; tcgen05.commit signals
+               s_full / o_full / kv_empty / q_empty.
+    warp 5     TMA producer: Q tile (128 rows x head_dim from the item's first head; rows past
+               num_qo_heads are zero-filled by the TMA, rows of other heads are finite padding), then
+               per page the K and V tiles (64 tokens x 128 dims of one KV head; page id from
+               ``kv_indices[kv_indptr[b] + page]`` is the TMA coordinate) into the smem ring. Each tile
+               is 2 TMA boxes of 64 x 64: the 128B swizzle caps a box's inner extent at 64 bf16.
+
+TMEM columns (512 allocated, 288 used): S0 [0, 64), S1 [64, 128), P [128, 160) (64 bf16 keys packed
+in 32 columns), O [256, 384).
+
+Shared memory (bf16, 128B swizzle): Q 128x128 = 32 KiB, ring of ``KV_STAGES`` = 4 stages of
+K + V pages (2 x 16 KiB) = 128 KiB, mbarriers + TMEM address; see :func:`smem_bytes` (~160 KiB).
+
+Pipeline (mbarriers; phases from running counters that carry across items)
+    kv_full[s] / kv_empty[s]  TMA -> MMA (and softmax, for the V tail) / PV commit -> TMA
+    q_full / q_empty          TMA -> MMA / last S MMA of the item -> TMA
+    s_full[2]                 S MMA -> softmax (S buffer = global step % 2)
+    p_full (128 arrivals)     softmax (P stored, O rescaled, V tail zeroed) -> MMA
+    o_full                    PV commit -> softmax (rescale before the next P, epilogue)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.blackwell_helpers as sm100_utils
+from cutlass._mlir.dialects import nvvm
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
+from cutlass.memory import SmemAllocator
+
+from ...compile import compile_kernel
+from ...config import PagedAttentionConfig, default_paged_config
+from ...plan import ItemField
+from .. import register_paged_kernel
+from ..common.combine import launch_combine
+
+ARCH = "sm_100a"
+MMA_M = 128  # tcgen05 M (cta_group 1): TMEM lane r = packed row r
+KV_STAGES = 4
+ELEM = 2  # bf16 bytes
+SMEM_LIMIT_BYTES = 227 * 1024
+TMEM_ALLOC_COLS = 512
+S_COLS = (0, 64)  # two S buffers (page_size fp32 columns each)
+P_COL = 128
+O_COL = 256
+SOFTMAX_WARPS = 4
+MMA_WARP = 4
+LOAD_WARP = 5
+NUM_THREADS = 32 * 6
+LOG2_E = math.log2(math.e)
+# mbarrier slots after the 2 * KV_STAGES ring barriers
+Q_FULL, Q_EMPTY, S_FULL, P_FULL, O_FULL = 0, 1, 2, 4, 5
+NUM_BARRIERS = 2 * KV_STAGES + 6
+
+
+def check_config(config: PagedAttentionConfig) -> str | None:
+    """None when this Blackwell kernel can run ``config``, else why not (on top of ``can_implement``)."""
+    if (reason := config.can_implement()) is not None:
+        return reason
+    if config.kind != "gqa_paged_decode" or config.arch != ARCH:
+        return f"this kernel is gqa_paged_decode for {ARCH}, not {config.kind} for {config.arch}"
+    if config.causal:
+        return "decode attends every key of its request (causal=False)"
+    if config.page_size != 64 or config.head_dim_qk != 128 or config.head_dim_v != 128:
+        return "the sm_100a decode kernel is built for page_size 64 and head_dim 128 (one TMA box per page)"
+    if config.kv_tile % config.page_size:
+        return f"kv_tile={config.kv_tile} must be a multiple of page_size={config.page_size}"
+    if config.group_size > MMA_M or config.tile_q_rows > MMA_M:
+        return f"group {config.group_size} / tile_q_rows {config.tile_q_rows} exceed the {MMA_M}-row MMA tile"
+    if config.ctas_per_sm != 1:
+        return "one CTA per SM: each CTA allocates all 512 TMEM columns"
+    if smem_bytes(config) > SMEM_LIMIT_BYTES:
+        return f"shared memory {smem_bytes(config)} B exceeds {SMEM_LIMIT_BYTES} B"
+    return None
+
+
+def smem_bytes(config: PagedAttentionConfig) -> int:
+    """Dynamic shared memory of one CTA, as the kernel allocates it (1024 B alignment per tile buffer)."""
+    q = MMA_M * config.head_dim_qk * ELEM
+    kv_stage = config.page_size * (config.head_dim_qk + config.head_dim_v) * ELEM
+    barriers = 8 * NUM_BARRIERS + 4
+    return q + KV_STAGES * kv_stage + barriers + 3 * 1024  # worst-case alignment padding of 3 buffers
+
+
+def tmem_columns(config: PagedAttentionConfig) -> tuple[int, int]:
+    """(columns used, columns allocated)."""
+    used = 2 * config.page_size + config.page_size // 2 + config.head_dim_v
+    assert O_COL + config.head_dim_v <= TMEM_ALLOC_COLS and P_COL + config.page_size // 2 <= O_COL
+    return used, TMEM_ALLOC_COLS
+
+
+def _fence_before_sync():
+    nvvm.tcgen05_fence(nvvm.Tcgen05FenceKind.BEFORE_THREAD_SYNC)
+
+
+def _fence_after_sync():
+    nvvm.tcgen05_fence(nvvm.Tcgen05FenceKind.AFTER_THREAD_SYNC)
+
+
+class GqaDecodeSm100:
+    """The kernel object: compile-time constants live on ``self``."""
+
+    def __init__(self, config: PagedAttentionConfig) -> None:
+        self.config = config
+        self.group = config.group_size
+        self.num_qo_heads = config.num_qo_heads
+        self.head_dim = config.head_dim_qk
+        self.head_dim_v = config.head_dim_v
+        self.page = config.page_size
+        self.qk_tiler = (MMA_M, self.page, self.head_dim)
+        self.pv_tiler = (MMA_M, self.head_dim_v, self.page)
+        self.q_bytes = MMA_M * self.head_dim * ELEM
+        self.kv_bytes = self.page * (self.head_dim + self.head_dim_v) * ELEM
+
+    def __repr__(self) -> str:
+        c = self.config
+        return f"GqaDecodeSm100_H{c.num_qo_heads}_KV{c.num_kv_heads}_D{c.head_dim_qk}_P{c.page_size}"
+
+    @cute.jit
+    def __call__(
+        self,
+        q: cute.Tensor,  # [batch, num_qo_heads, head_dim] bf16
+        k_cache: cute.Tensor,  # [num_pages, page_size, num_kv_heads, head_dim] bf16
+        v_cache: cute.Tensor,
+        kv_indptr: cute.Tensor,  # [batch + 1] int32 (pages)
+        kv_indices: cute.Tensor,  # [kv_indptr[-1]] int32
+        work_indptr: cute.Tensor,  # [num_ctas + 1] int32
+        items: cute.Tensor,  # [max_items, 8] int32
+        output: cute.Tensor,  # [batch, num_qo_heads, head_dim_v] bf16
+        lse: cute.Tensor,  # [batch, num_qo_heads] fp32
+        partial_out: cute.Tensor,  # [slots, tile_q_rows, head_dim_v] fp32
+        partial_lse: cute.Tensor,  # [slots, tile_q_rows] fp32
+        scale_log2: cutlass.Float32,  # sm_scale * log2(e)
+        lse_out_scale: cutlass.Float32,
+        stream: cuda.CUstream,
+    ):
+        bf16 = cutlass.BFloat16
+        one = tcgen05.CtaGroup.ONE
+        qk_mma = sm100_utils.make_trivial_tiled_mma(
+            bf16, bf16, OperandMajorMode.K, OperandMajorMode.K, cutlass.Float32, one, self.qk_tiler[:2])
+        pv_mma = sm100_utils.make_trivial_tiled_mma(
+            bf16, bf16, OperandMajorMode.K, OperandMajorMode.MN, cutlass.Float32, one, self.pv_tiler[:2],
+            tcgen05.OperandSource.TMEM)
+        q_layout = sm100_utils.make_smem_layout_a(qk_mma, self.qk_tiler, bf16, 1)
+        k_layout = sm100_utils.make_smem_layout_b(qk_mma, self.qk_tiler, bf16, KV_STAGES)
+        v_layout = sm100_utils.make_smem_layout_b(pv_mma, self.pv_tiler, bf16, KV_STAGES)
+        p_layout = sm100_utils.make_smem_layout_a(pv_mma, self.pv_tiler, bf16, 1)
+
+        # Global views in (rows, contiguous, batch...) order for the TMA atoms.
+        q_view = cute.make_tensor(q.iterator, cute.select(q.layout, mode=[1, 2, 0]))  # (Hq, D, B)
+        k_sel = cute.select(k_cache.layout, mode=[1, 3, 2, 0])  # (slot, D, Hkv, page)
+        k_view = cute.make_tensor(k_cache.iterator, cute.group_modes(k_sel, 2, 4))
+        v_sel = cute.select(v_cache.layout, mode=[3, 1, 2, 0])  # (D, slot, Hkv, page): MN-major B
+        v_view = cute.make_tensor(v_cache.iterator, cute.group_modes(v_sel, 2, 4))
+
+        op = cpasync.CopyBulkTensorTileG2SOp(one)
+        tma_q, m_q = cute.nvgpu.make_tiled_tma_atom_A(
+            op, q_view, cute.select(q_layout, mode=[0, 1, 2]), self.qk_tiler, qk_mma)
+        tma_k, m_k = cute.nvgpu.make_tiled_tma_atom_B(
+            op, k_view, cute.select(k_layout, mode=[0, 1, 2]), self.qk_tiler, qk_mma)
+        tma_v, m_v = cute.nvgpu.make_tiled_tma_atom_B(
+            op, v_view, cute.select(v_layout, mode=[0, 1, 2]), self.pv_tiler, pv_mma)
+
+        self.kernel(
+            qk_mma, pv_mma, tma_q, m_q, tma_k, m_k, tma_v, m_v, kv_indptr, kv_indices, work_indptr, items,
+            output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
+            q_layout, k_layout, v_layout, p_layout,
+        ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream)
+
+    @cute.kernel
+    def kernel(
+        self, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma,
+        tma_q: cute.CopyAtom, m_q: cute.Tensor, tma_k: cute.CopyAtom, m_k: cute.Tensor,
+        tma_v: cute.CopyAtom, m_v: cute.Tensor,
+        kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor, items: cute.Tensor,
+        output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor,
+        scale_log2: cutlass.Float32, lse_out_scale: cutlass.Float32,
+        q_layout: cute.ComposedLayout, k_layout: cute.ComposedLayout, v_layout: cute.ComposedLayout,
+        p_layout: cute.ComposedLayout,
+    ):
+        bf16 = cutlass.BFloat16
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+
+        smem = SmemAllocator()
+        s_q = smem.allocate_tensor(bf16, q_layout.outer, byte_alignment=1024, swizzle=q_layout.inner)
+        s_k = smem.allocate_tensor(bf16, k_layout.outer, byte_alignment=1024, swizzle=k_layout.inner)
+        s_v = smem.allocate_tensor(bf16, v_layout.outer, byte_alignment=1024, swizzle=v_layout.inner)
+        bars = smem.allocate_array(cutlass.Int64, NUM_BARRIERS, byte_alignment=8)
+        tmem_holder = smem.allocate_array(cutlass.Int32, 1, byte_alignment=4)
+        kv_full = bars
+        kv_empty = bars + KV_STAGES
+        misc = bars + 2 * KV_STAGES
+
+        if warp == LOAD_WARP:
+            cpasync.prefetch_descriptor(tma_q)
+            cpasync.prefetch_descriptor(tma_k)
+            cpasync.prefetch_descriptor(tma_v)
+            with cute.arch.elect_one():
+                for s in cutlass.range_constexpr(KV_STAGES):
+                    cute.arch.mbarrier_init(kv_full + s, 1)
+                    cute.arch.mbarrier_init(kv_empty + s, 1)
+                cute.arch.mbarrier_init(misc + Q_FULL, 1)
+                cute.arch.mbarrier_init(misc + Q_EMPTY, 1)
+                cute.arch.mbarrier_init(misc + S_FULL, 1)
+                cute.arch.mbarrier_init(misc + S_FULL + 1, 1)
+                cute.arch.mbarrier_init(misc + P_FULL, 32 * SOFTMAX_WARPS)
+                cute.arch.mbarrier_init(misc + O_FULL, 1)
+            cute.arch.mbarrier_init_fence()
+        if warp == MMA_WARP:
+            cute.arch.alloc_tmem(TMEM_ALLOC_COLS, tmem_holder)
+        _fence_before_sync()
+        cute.arch.sync_threads()
+        _fence_after_sync()
+        tmem_ptr = cute.arch.retrieve_tmem_ptr(cutlass.Float32, 16, tmem_holder)
+
+        qk_thr = qk_mma.get_slice(0)
+        pv_thr = pv_mma.get_slice(0)
+        item_begin = work_indptr[cta]
+        item_end = work_indptr[cta + 1]
+
+        if warp == LOAD_WARP:
+            self.load_role(qk_thr, pv_thr, tma_q, m_q, tma_k, m_k, tma_v, m_v, s_q, s_k, s_v,
+                           kv_indptr, kv_indices, items, item_begin, item_end, kv_full, kv_empty, misc)
+        if warp == MMA_WARP:
+            self.mma_role(qk_mma, pv_mma, qk_thr, pv_thr, s_q, s_k, s_v, p_layout, tmem_ptr,
+                          items, item_begin, item_end, kv_full, kv_empty, misc)
+        if warp < SOFTMAX_WARPS:
+            self.softmax_role(qk_thr, pv_thr, s_v, tmem_ptr, tidx, items, item_begin, item_end,
+                              partial_out, partial_lse, output, lse, scale_log2, lse_out_scale, kv_full, misc)
+
+        # Every TMEM access has completed (softmax waited for the last PV and its loads) before this.
+        _fence_before_sync()
+        cute.arch.sync_threads()
+        if warp == MMA_WARP:
+            _fence_after_sync()
+            cute.arch.relinquish_tmem_alloc_permit()
+            cute.arch.dealloc_tmem(tmem_ptr, TMEM_ALLOC_COLS)
+
+    # ------------------------------------------------------------------------------------------ helpers
+    @cute.jit
+    def item_steps(self, items: cute.Tensor, it):
+        """(kv_start, kv_end, number of page steps) of item ``it``."""
+        kv_start = items[it, ItemField.KV_START]
+        kv_end = items[it, ItemField.KV_END]
+        steps = cutlass.Int32(0)
+        if kv_end > kv_start:
+            steps = (kv_end - kv_start + self.page - 1) // self.page
+        return kv_start, kv_end, steps
+
+    # ------------------------------------------------------------------------------------------ TMA warp
+    @cute.jit
+    def load_role(self, qk_thr, pv_thr, tma_q, m_q, tma_k, m_k, tma_v, m_v, s_q, s_k, s_v,
+                  kv_indptr, kv_indices, items, item_begin, item_end, kv_full, kv_empty, misc):
+        # K: (slot, D, (Hkv, page)) tiles of one page; V: (D, slot, (Hkv, page)).
+        t_k_s, t_k_g = cpasync.tma_partition(
+            tma_k, 0, cute.make_layout(1), cute.group_modes(s_k, 0, 3),
+            cute.group_modes(qk_thr.partition_B(cute.flat_divide(m_k, (self.page, self.head_dim))), 0, 3))
+        t_v_s, t_v_g = cpasync.tma_partition(
+            tma_v, 0, cute.make_layout(1), cute.group_modes(s_v, 0, 3),
+            cute.group_modes(pv_thr.partition_B(cute.flat_divide(m_v, (self.head_dim_v, self.page))), 0, 3))
+        step = cutlass.Int32(0)  # global page step: ring slot step % KV_STAGES
+        q_count = cutlass.Int32(0)
+        for it in cutlass.range(item_begin, item_end, unroll=1):
+            kv_start, kv_end, steps = self.item_steps(items, it)
+            if steps > 0:
+                b = items[it, ItemField.REQUEST]
+                h = items[it, ItemField.KV_HEAD]
+                first_head = h * self.group + items[it, ItemField.Q_ROW_START]
+                # Q rows = heads first_head + r of token b: offset the coordinate tensor; rows past Hq are
+                # zero-filled by the TMA, rows of other heads are finite padding (never stored).
+                m_q_item = cute.domain_offset((first_head, 0, 0), m_q)
+                t_q_s, t_q_g = cpasync.tma_partition(
+                    tma_q, 0, cute.make_layout(1), cute.group_modes(s_q, 0, 3),
+                    cute.group_modes(qk_thr.partition_A(cute.flat_divide(m_q_item, (MMA_M, self.head_dim))), 0, 3))
+                if q_count > 0:
+                    cute.arch.mbarrier_wait(misc + Q_EMPTY, (q_count - 1) % 2)
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive_and_expect_tx(misc + Q_FULL, self.q_bytes)
+                cute.copy(tma_q, t_q_g[None, 0, 0, b], t_q_s[None, 0], tma_bar_ptr=misc + Q_FULL)
+                q_count += 1
+                first_page = kv_indptr[b] + kv_start // self.page
+                for t in cutlass.range(steps, unroll=1):
+                    stage = step % KV_STAGES
+                    cute.arch.mbarrier_wait(kv_empty + stage, ((step // KV_STAGES) % 2) ^ 1)
+                    page = kv_indices[first_page + t]
+                    with cute.arch.elect_one():
+                        cute.arch.mbarrier_arrive_and_expect_tx(kv_full + stage, self.kv_bytes)
+                    cute.copy(tma_k, t_k_g[None, 0, 0, (h, page)], t_k_s[None, stage], tma_bar_ptr=kv_full + stage)
+                    cute.copy(tma_v, t_v_g[None, 0, 0, (h, page)], t_v_s[None, stage], tma_bar_ptr=kv_full + stage)
+                    step += 1
+
+    # ------------------------------------------------------------------------------------------ MMA warp
+    @cute.jit
+    def mma_role(self, qk_mma, pv_mma, qk_thr, pv_thr, s_q, s_k, s_v, p_layout, tmem_ptr,
+                 items, item_begin, item_end, kv_full, kv_empty, misc):
+        t_s_q = qk_thr.make_fragment_A(s_q)
+        t_s_k = qk_thr.make_fragment_B(s_k)
+        t_o_v = pv_thr.make_fragment_B(s_v)
+        s_acc = qk_thr.make_fragment_C(qk_thr.partition_shape_C(self.qk_tiler[:2]))
+        o_acc = pv_thr.make_fragment_C(pv_thr.partition_shape_C(self.pv_tiler[:2]))
+        t_o = cute.make_tensor(tmem_ptr + O_COL, o_acc.layout)
+        p_frag = pv_thr.make_fragment_A(cute.make_tensor(tmem_ptr, p_layout.outer))[None, None, None, 0]
+        t_p = cute.make_tensor(cute.recast_ptr(tmem_ptr + P_COL, dtype=p_frag.element_type), p_frag.layout)
+        num_k_qk = cute.size(t_s_q, mode=[2])
+        num_k_pv = cute.size(t_p, mode=[2])
+
+        s_step = cutlass.Int32(0)  # next S to issue (global page step)
+        pv_step = cutlass.Int32(0)  # next PV to issue
+        q_count = cutlass.Int32(0)
+        for it in cutlass.range(item_begin, item_end, unroll=1):
+            kv_start, kv_end, steps = self.item_steps(items, it)
+            if steps > 0:
+                cute.arch.mbarrier_wait(misc + Q_FULL, q_count % 2)
+                q_count += 1
+                for t in cutlass.range(steps + 1, unroll=1):
+                    # S_t (issued one step ahead of PV_{t-1}, so softmax overlaps the PV)
+                    if t < steps:
+                        stage = s_step % KV_STAGES
+                        buf = s_step % 2
+                        cute.arch.mbarrier_wait(kv_full + stage, (s_step // KV_STAGES) % 2)
+                        t_s = cute.make_tensor(tmem_ptr + buf * self.page, s_acc.layout)
+                        for kb in cutlass.range_constexpr(num_k_qk):
+                            qk_mma.set(tcgen05.Field.ACCUMULATE, kb != 0)
+                            cute.gemm(qk_mma, t_s, t_s_q[None, None, kb, 0], t_s_k[None, None, kb, stage], t_s)
+                        with cute.arch.elect_one():
+                            tcgen05.commit(misc + S_FULL + buf)
+                            if t == steps - 1:
+                                tcgen05.commit(misc + Q_EMPTY)  # the item's last read of Q
+                        s_step += 1
+                    # O += P_{t-1} . V_{t-1}
+                    if t > 0:
+                        stage = pv_step % KV_STAGES
+                        cute.arch.mbarrier_wait(misc + P_FULL, pv_step % 2)
+                        _fence_after_sync()
+                        for kb in cutlass.range_constexpr(num_k_pv):
+                            if cutlass.const_expr(kb == 0):
+                                pv_mma.set(tcgen05.Field.ACCUMULATE, t > 1)
+                            else:
+                                pv_mma.set(tcgen05.Field.ACCUMULATE, True)
+                            cute.gemm(pv_mma, t_o, t_p[None, None, kb], t_o_v[None, None, kb, stage], t_o)
+                        with cute.arch.elect_one():
+                            tcgen05.commit(kv_empty + stage)
+                            tcgen05.commit(misc + O_FULL)
+                        pv_step += 1
+
+    # ------------------------------------------------------------------------------------------ softmax WG
+    @cute.jit
+    def softmax_role(self, qk_thr, pv_thr, s_v, tmem_ptr, tidx, items, item_begin, item_end,
+                     partial_out, partial_lse, output, lse, scale_log2, lse_out_scale, kv_full, misc):
+        f32 = cutlass.Float32
+        neg_inf = -cutlass.Float32.inf
+        # S: one tcgen05.ld 32x32b.x64 per row; P: one tcgen05.st 32x32b.x32 (bf16 pairs).
+        s_acc = qk_thr.make_fragment_C(qk_thr.partition_shape_C(self.qk_tiler[:2]))
+        t_s0 = cute.make_tensor(tmem_ptr + S_COLS[0], s_acc.layout)
+        ld_s = tcgen05.make_tmem_copy(
+            cute.make_copy_atom(tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(self.page)), f32), t_s0)
+        thr_ld_s = ld_s.get_slice(tidx)
+        t_ld_s = thr_ld_s.partition_S(t_s0)
+        c_s = qk_thr.partition_C(cute.make_identity_tensor(self.qk_tiler[:2]))
+        t_c_s = thr_ld_s.partition_D(c_s)
+        r_s = cute.make_rmem_tensor(t_c_s.shape, f32)
+
+        p_cols = self.page // 2
+        t_p = cute.make_tensor(tmem_ptr + P_COL, cute.composition(t_s0.layout, cute.make_layout((MMA_M, p_cols))))
+        c_p = cute.make_tensor(c_s.iterator, cute.composition(c_s.layout, cute.make_layout((MMA_M, p_cols))))
+        st_p = tcgen05.make_tmem_copy(
+            cute.make_copy_atom(tcgen05.copy.St32x32bOp(tcgen05.copy.Repetition(p_cols)), f32), t_p)
+        thr_st_p = st_p.get_slice(tidx)
+        t_st_p = thr_st_p.partition_D(t_p)
+        r_p = cute.make_rmem_tensor(thr_st_p.partition_S(c_p).shape, f32)
+        r_p_bf16 = cute.make_tensor(cute.recast_ptr(r_p.iterator, dtype=cutlass.BFloat16), r_s.layout)
+
+        # O in chunks of 32 columns.
+        o_chunk = 32
+        o_acc = pv_thr.make_fragment_C(pv_thr.partition_shape_C(self.pv_tiler[:2]))
+        t_o = cute.make_tensor(tmem_ptr + O_COL, cute.composition(o_acc.layout, cute.make_layout((MMA_M, o_chunk))))
+        c_o = pv_thr.partition_C(cute.make_identity_tensor(self.pv_tiler[:2]))
+        c_o = cute.make_tensor(c_o.iterator, cute.composition(c_o.layout, cute.make_layout((MMA_M, o_chunk))))
+        ld_o = tcgen05.make_tmem_copy(
+            cute.make_copy_atom(tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(o_chunk)), f32), t_o)
+        st_o = tcgen05.make_tmem_copy(
+            cute.make_copy_atom(tcgen05.copy.St32x32bOp(tcgen05.copy.Repetition(o_chunk)), f32), t_o)
+        t_ld_o = ld_o.get_slice(tidx).partition_S(t_o)
+        t_st_o = st_o.get_slice(tidx).partition_D(t_o)
+        r_o = cute.make_rmem_tensor(ld_o.get_slice(tidx).partition_D(c_o).shape, f32)
+        num_o_chunks = self.head_dim_v // o_chunk
+
+        step = cutlass.Int32(0)  # global page step (S buffer, ring slot, p_full/o_full phases)
+        for it in cutlass.range(item_begin, item_end, unroll=1):
+            kv_start, kv_end, steps = self.item_steps(items, it)
+            row_max = neg_inf
+            row_sum = f32(0.0)
+            for t in cutlass.range(steps, unroll=1):
+                buf = step % 2
+                cute.arch.mbarrier_wait(misc + S_FULL + buf, (step // 2) % 2)
+                cute.copy(ld_s, cute.make_tensor(t_ld_s.iterator + buf * self.page, t_ld_s.layout), r_s)
+                cute.arch.fence_view_async_tmem_load()
+                key0 = kv_start + t * self.page
+                tile_max = neg_inf
+                for i in cutlass.range_constexpr(cute.size(r_s)):
+                    x = r_s[i] * scale_log2
+                    if key0 + t_c_s[i][1] >= kv_end:
+                        x = neg_inf
+                    r_s[i] = x
+                    tile_max = cute.arch.fmax(tile_max, x)
+                new_max = cute.arch.fmax(row_max, tile_max)
+                safe_max = new_max
+                if new_max == neg_inf:
+                    safe_max = f32(0.0)
+                alpha = cute.math.exp2(row_max - safe_max, fastmath=True)  # 0 while row_max is -inf
+                tile_sum = f32(0.0)
+                for i in cutlass.range_constexpr(cute.size(r_s)):
+                    p = cute.math.exp2(r_s[i] - safe_max, fastmath=True)
+                    r_s[i] = p
+                    tile_sum = tile_sum + p
+                row_sum = row_sum * alpha + tile_sum
+                row_max = new_max
+                r_p_bf16.store(r_s.load().to(cutlass.BFloat16))
+
+                if t > 0:  # correction: O holds P_{t-1}.V_{t-1}; rescale before PV_t accumulates
+                    cute.arch.mbarrier_wait(misc + O_FULL, (step - 1) % 2)
+                    _fence_after_sync()
+                    if cute.arch.vote_any_sync(alpha != 1.0):  # warp-uniform: TMEM ld/st are warp-collective
+                        for c in cutlass.range_constexpr(num_o_chunks):
+                            cute.copy(ld_o, cute.make_tensor(t_ld_o.iterator + c * o_chunk, t_ld_o.layout), r_o)
+                            cute.arch.fence_view_async_tmem_load()
+                            for i in cutlass.range_constexpr(cute.size(r_o)):
+                                r_o[i] = r_o[i] * alpha
+                            cute.copy(st_o, r_o, cute.make_tensor(t_st_o.iterator + c * o_chunk, t_st_o.layout))
+                if key0 + self.page > kv_end:  # last page: zero V rows >= KV_END (NaN poison)
+                    stage = step % KV_STAGES
+                    cute.arch.mbarrier_wait(kv_full + stage, (step // KV_STAGES) % 2)
+                    self.zero_v_tail(s_v, stage, kv_end - key0, tidx)
+                cute.copy(st_p, r_p, t_st_p)
+                cute.arch.fence_view_async_tmem_store()
+                _fence_before_sync()
+                cute.arch.mbarrier_arrive(misc + P_FULL)
+                step += 1
+
+            self.epilogue(items, it, steps, step, row_max, row_sum, tidx, ld_o, t_ld_o, r_o, num_o_chunks,
+                          o_chunk, partial_out, partial_lse, output, lse, lse_out_scale, misc)
+
+    @cute.jit
+    def zero_v_tail(self, s_v, stage, valid, tidx):
+        """Zero keys ``valid..page-1`` of ring slot ``stage`` of V (thread = head-dim column), then make
+        the generic-proxy stores visible to the tensor core (async proxy)."""
+        if tidx < self.head_dim_v:
+            zero = cutlass.BFloat16(0.0)
+            for j in cutlass.range(valid, self.page, unroll=1):
+                s_v[((tidx, j % 16), 0, j // 16, stage)] = zero
+        cute.arch.fence_proxy("async.shared", space="cta")
+
+    @cute.jit
+    def epilogue(self, items, it, steps, step, row_max, row_sum, tidx, ld_o, t_ld_o, r_o, num_o_chunks, o_chunk,
+                 partial_out, partial_lse, output, lse, lse_out_scale, misc):
+        """Final normalisation and stores of row ``tidx`` (0 and -inf for a row that saw no key)."""
+        f32 = cutlass.Float32
+        neg_inf = -cutlass.Float32.inf
+        rows = items[it, ItemField.Q_ROW_COUNT]
+        b = items[it, ItemField.REQUEST]  # decode: packed row r is head h*group + Q_ROW_START + r of token b
+        head = items[it, ItemField.KV_HEAD] * self.group + items[it, ItemField.Q_ROW_START] + tidx
+        slot = items[it, ItemField.PARTIAL_SLOT]
+        if steps > 0:
+            cute.arch.mbarrier_wait(misc + O_FULL, (step - 1) % 2)
+            _fence_after_sync()
+        inv_sum = f32(0.0)
+        row_lse = neg_inf
+        if row_sum > 0.0:
+            inv_sum = 1.0 / row_sum
+            row_lse = row_max + cute.math.log2(row_sum, fastmath=True)
+        for c in cutlass.range_constexpr(num_o_chunks):
+            if steps > 0:  # tcgen05.ld is warp-collective: every row loads, only real rows store
+                cute.copy(ld_o, cute.make_tensor(t_ld_o.iterator + c * o_chunk, t_ld_o.layout), r_o)
+                cute.arch.fence_view_async_tmem_load()
+            if tidx < rows:
+                for i in cutlass.range_constexpr(cute.size(r_o)):
+                    o = f32(0.0)
+                    if steps > 0:
+                        o = r_o[i] * inv_sum
+                    if slot < 0:
+                        output[b, head, c * o_chunk + i] = o.to(cutlass.BFloat16)
+                    else:
+                        partial_out[slot, tidx, c * o_chunk + i] = o
+        if tidx < rows:
+            if slot < 0:
+                lse[b, head] = row_lse * lse_out_scale
+            else:
+                partial_lse[slot, tidx] = row_lse
+        _fence_before_sync()
+
+
+# ---------------------------------------------------------------------------------------------- API
+def build(config: PagedAttentionConfig) -> tuple[Any, tuple[Any, ...]]:
+    """``(jit_fn, fake_args)`` for :func:`cute_attn.compile.compile_kernel` (symbolic batch/pages/items)."""
+    reason = check_config(config)
+    if reason is not None:
+        raise ValueError(f"{config.cache_key()}: {reason}")
+    bf16 = cutlass.BFloat16
+    hq, hkv, d, dv, p = config.num_qo_heads, config.num_kv_heads, config.head_dim_qk, config.head_dim_v, config.page_size
+    batch = cute.sym_int(symbol="batch")
+    num_pages = cute.sym_int(symbol="num_pages")
+    slots = cute.sym_int(symbol="slots")
+    fake = cute.runtime.make_fake_compact_tensor
+    # 16-byte aligned page strides: k_cache / v_cache may be strided views of one kv tensor.
+    k_stride = cute.sym_int64(divisibility=16 // ELEM, symbol="k_page_stride")
+    v_stride = cute.sym_int64(divisibility=16 // ELEM, symbol="v_page_stride")
+    args = (
+        fake(bf16, (batch, hq, d), stride_order=(2, 1, 0), assumed_align=16),
+        cute.runtime.make_fake_tensor(bf16, (num_pages, p, hkv, d), stride=(k_stride, hkv * d, d, 1), assumed_align=16),
+        cute.runtime.make_fake_tensor(bf16, (num_pages, p, hkv, dv), stride=(v_stride, hkv * dv, dv, 1),
+                                      assumed_align=16),
+        fake(cutlass.Int32, (cute.sym_int(symbol="batch_plus_1"),)),
+        fake(cutlass.Int32, (cute.sym_int(symbol="num_indices"),)),
+        fake(cutlass.Int32, (cute.sym_int(symbol="num_ctas_plus_1"),)),
+        fake(cutlass.Int32, (cute.sym_int(symbol="max_items"), len(ItemField)), stride_order=(1, 0)),
+        fake(bf16, (batch, hq, dv), stride_order=(2, 1, 0), assumed_align=16),
+        fake(cutlass.Float32, (batch, hq), stride_order=(1, 0)),
+        fake(cutlass.Float32, (slots, config.tile_q_rows, dv), stride_order=(2, 1, 0), assumed_align=16),
+        fake(cutlass.Float32, (slots, config.tile_q_rows), stride_order=(1, 0)),
+        cutlass.Float32(1.0),
+        cutlass.Float32(1.0),
+        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
+    )
+    return GqaDecodeSm100(config), args
+
+
+def launch(device_plan, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output, lse,
+           natural_lse: bool = False) -> None:
+    """Run the plan's items (``kv_last_page_len`` is already folded into the items' KV_END), then the combine."""
+    config = device_plan.config
+    reason = check_config(config)
+    if reason is not None:
+        raise ValueError(f"{config.cache_key()}: {reason}")
+    lse_out_scale = math.log(2.0) if natural_lse else 1.0
+    fn = compile_kernel(config)
+    fn(q, k_cache, v_cache, kv_indptr, kv_indices, device_plan.work_indptr, device_plan.items, output, lse,
+       device_plan.partial_out, device_plan.partial_lse, float(sm_scale) * LOG2_E, lse_out_scale)
+    if device_plan.plan is not None and device_plan.plan.num_merges:
+        launch_combine(device_plan, output, lse, lse_out_scale)
+
+
+def configs(arch: str) -> list[PagedAttentionConfig]:
+    """The definition's config (h20/kv4, d128, page 64) and one family member (h32/kv8), as on sm_90a."""
+    if arch != ARCH:
+        return []
+
+    def decode(hq, hkv):
+        return default_paged_config("gqa_paged_decode", arch=ARCH, num_qo_heads=hq, num_kv_heads=hkv,
+                                    head_dim_qk=128, head_dim_v=128, page_size=64, causal=False)
+
+    return [decode(20, 4), decode(32, 8)]
+
+
+register_paged_kernel("gqa_paged_decode", ARCH, build=build, launch=launch, configs=configs)
