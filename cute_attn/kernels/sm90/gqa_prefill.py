@@ -1,0 +1,473 @@
+"""sm_90a causal GQA paged prefill, driven by the planner's work list (docs/kernel-contract.md).
+
+Grid: one persistent CTA per plan CTA slot (``work_indptr.shape[0] - 1``); CTA ``c`` runs items
+``work_indptr[c] .. work_indptr[c+1]-1`` in order. An item is (request, KV head, up to
+``tile_q_rows`` packed query rows, a key range ``[KV_START, KV_END)``).
+
+Warp roles (384 threads = 3 warpgroups):
+
+* WG0, warp 0 -- producer (``setmaxnreg`` 24). Per item: TMA-loads the packed Q tile (one box over q
+  viewed as ``((group, total_q), head_dim, kv_heads)``: the block ``q[t0:t0+tile_m/group, gh:gh+group]``;
+  rows past the request are loaded but never stored), then per ``kv_tile`` keys the K pages and the V
+  pages (one TMA box per page of one KV head, page ids from ``kv_indices``; a page wholly past
+  ``KV_END`` gets coordinate -1, which TMA zero-fills). Warps 1-3 of WG0 exit at once.
+* WG1, WG2 -- consumers (``setmaxnreg`` 240), 64 packed rows each. Per key tile: wgmma
+  ``S = Q K^T`` (smem x smem), causal / sequence-end mask only on tiles that need it, online softmax
+  in base 2 (``common/softmax.py``), P converted to bf16 in registers, wgmma ``O += P V``
+  (registers x smem). On the last tile of an item whose ``KV_END`` is not tile aligned, both
+  consumer warpgroups zero the V rows ``>= KV_END`` in shared memory first (the pool's page tails
+  are NaN), then meet at a named barrier.
+* Epilogue (consumers): ``O / rowsum`` and ``lse = (max * scale_log2 + log2 sum)``; final items write
+  bf16 ``output`` and ``lse * lse_out_scale`` with predicated stores (rows < Q_ROW_COUNT), split items
+  write fp32 ``partial_out[slot]`` / base-2 ``partial_lse[slot]``. The combine kernel merges those.
+
+Pipelines (mbarriers, ``cutlass.pipeline.PipelineTmaAsync``): Q has 2 stages (released after the
+item's last QK GEMM, so the next item's Q and first K/V tiles load during this item's tail and
+epilogue), K and V have ``num_stages`` stages each; K and V of one key tile share a stage index.
+
+Consumer ping-pong (FA3): named barriers 2 and 3 give the two consumer warpgroups alternate GEMM
+turns (wait on your own before issuing a GEMM, arrive on the other's after issuing the QK GEMM and
+at the end of an item), so one warpgroup's softmax overlaps the other's tensor-core work.
+
+Shared memory: Q ``2 x tile_m x d``, K and V ``num_stages x kv_tile x d`` each, 128B-swizzled K-major
+tiles (one page is the box ``page_size x d`` of a stage).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, Int64
+from cutlass import pipeline as cpipe
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.memory import SmemAllocator
+from cutlass.tensor_utils import LayoutEnum
+
+from ...config import PagedAttentionConfig, default_paged_config
+from ...plan import ItemField as F
+from .. import register_paged_kernel
+from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
+from ..common.softmax import (LOG2_E, acc_mn_view, acc_to_mma_a_view, make_softmax_state, rescale_rows,
+                              softmax_finalize, softmax_reset, softmax_update)
+
+KIND = "gqa_paged_prefill"
+ARCH = "sm_90a"
+SMEM_LIMIT_BYTES = 227 * 1024
+NUM_STAGES = 2
+Q_STAGES = 2  # the next item's Q (and its first K/V) load while the current item finishes
+_SUPPORTED_HEAD_DIMS = (64, 128)
+_ZERO_V_BARRIER = 1  # named barrier id used by the two consumer warpgroups
+_SCHED_BARRIER = 2  # ids 2, 3: consumer warpgroup w waits on 2 + w before issuing its GEMMs
+
+
+def smem_bytes(config: PagedAttentionConfig, num_stages: int = NUM_STAGES) -> int:
+    """Shared memory of one CTA: Q tile, K and V stages, mbarriers (plus alignment slack)."""
+    tile = 2 * config.head_dim_qk
+    return (Q_STAGES * config.tile_q_rows * tile + 2 * num_stages * config.kv_tile * tile
+            + 8 * (2 * Q_STAGES + 4 * num_stages) + 3 * 1024)
+
+
+def check_config(config: PagedAttentionConfig) -> str | None:
+    """None when this kernel can run ``config``, else a readable reason."""
+    if config.kind != KIND or config.arch != ARCH:
+        return f"this kernel is {KIND} on {ARCH}, not {config.kind} on {config.arch}"
+    if (reason := config.can_implement()) is not None:
+        return reason
+    if not config.causal:
+        return "the sm_90a prefill kernel is built causal (the definition); causal=False is not built"
+    if config.head_dim_qk not in _SUPPORTED_HEAD_DIMS or config.head_dim_v != config.head_dim_qk:
+        return f"head_dim {config.head_dim_qk} is not built yet (supported: {_SUPPORTED_HEAD_DIMS})"
+    if config.tile_q_rows != 128:
+        return f"tile_q_rows={config.tile_q_rows}: the kernel runs two 64-row consumer warpgroups (128 rows)"
+    if config.kv_tile not in (64, 128):
+        return f"kv_tile={config.kv_tile} must be 64 or 128"
+    if config.tile_q_rows % config.group_size:
+        return (f"group size {config.group_size} must divide tile_q_rows={config.tile_q_rows}: the packed Q "
+                "tile is one TMA box of whole tokens (non-power-of-two groups need a gather Q load)")
+    if config.page_size < 8 or config.page_size > config.kv_tile or config.kv_tile % config.page_size:
+        return (f"page_size={config.page_size} must be a power of two in 8..kv_tile={config.kv_tile}: a page "
+                "is one TMA box of whole 8-row swizzle atoms inside a key tile")
+    if smem_bytes(config) > SMEM_LIMIT_BYTES:
+        return f"needs {smem_bytes(config)} bytes of shared memory, more than {SMEM_LIMIT_BYTES}"
+    return None
+
+
+class GqaPagedPrefillSm90:
+    """The kernel object: compile-time constants live on ``self``."""
+
+    def __init__(self, config: PagedAttentionConfig):
+        reason = check_config(config)
+        if reason is not None:
+            raise ValueError(reason)
+        self.num_qo_heads = config.num_qo_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.group = config.group_size
+        self.head_dim = config.head_dim_qk
+        self.page_size = config.page_size
+        self.tile_m = config.tile_q_rows
+        self.tile_n = config.kv_tile
+        self.pages_per_tile = self.tile_n // self.page_size
+        self.num_stages = NUM_STAGES
+        self.num_mma_wg = self.tile_m // 64
+        self.num_mma_threads = 128 * self.num_mma_wg
+        self.num_threads = 128 + self.num_mma_threads
+        self.dtype = cutlass.BFloat16
+
+    def __repr__(self) -> str:  # shows in the kernel symbol
+        return (f"GqaPagedPrefillSm90_H{self.num_qo_heads}_KV{self.num_kv_heads}_D{self.head_dim}"
+                f"_P{self.page_size}_M{self.tile_m}_N{self.tile_n}")
+
+    # ------------------------------------------------------------------------------- host side
+    @cute.jit
+    def __call__(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, qo_indptr: cute.Tensor,
+                 kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor, items: cute.Tensor,
+                 output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor,
+                 sm_scale: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
+        G, D, H = self.group, self.head_dim, self.num_qo_heads
+        # packed Q: ((group, total_q), d, kv_heads); row (g, t) is token t, head kv_head * group + g
+        m_q = cute.make_tensor(q.iterator, cute.make_layout(
+            ((G, q.shape[0]), D, self.num_kv_heads), stride=((D, H * D), 1, G * D)))
+        # K/V as (slot, d, kv_head, page): a page of one head is the TMA box
+        m_k = cute.make_tensor(k_cache.iterator, cute.select(k_cache.layout, mode=[1, 3, 2, 0]))
+        m_v = cute.make_tensor(v_cache.iterator, cute.select(v_cache.layout, mode=[1, 3, 2, 0]))
+
+        atom = warpgroup.make_smem_layout_atom(
+            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, D), self.dtype)
+        s_q_layout = cute.tile_to_shape(atom, (self.tile_m, D, Q_STAGES), (0, 1, 2))
+        s_kv_layout = cute.tile_to_shape(atom, (self.tile_n, D, self.num_stages), (0, 1, 2))
+        # one page = the first page_size rows of a stage (same strides as inside the stage)
+        s_page_layout = cute.composition(
+            cute.select(s_kv_layout, mode=[0, 1]),
+            cute.make_layout((self.page_size, D), stride=(1, self.tile_n)))
+
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_atom_q, tma_q = cpasync.make_tiled_tma_atom(g2s, m_q, cute.select(s_q_layout, mode=[0, 1]),
+                                                        ((G, self.tile_m // G), D))
+        tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(g2s, m_k, s_page_layout, (self.page_size, D))
+        tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(g2s, m_v, s_page_layout, (self.page_size, D))
+
+        tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
+            atom_layout_mnk=(self.num_mma_wg, 1, 1), tiler_mn=(64, self.tile_n))
+        tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
+            atom_layout_mnk=(self.num_mma_wg, 1, 1), tiler_mn=(64, D), a_source=warpgroup.OperandSource.RMEM)
+
+        scale_log2 = sm_scale * Float32(LOG2_E)
+        self.kernel(
+            tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v,
+            qo_indptr, kv_indptr, kv_indices, work_indptr, items, output, lse, partial_out, partial_lse,
+            scale_log2, lse_out_scale, s_q_layout, s_kv_layout, s_page_layout, tiled_mma_qk, tiled_mma_pv,
+        ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(self.num_threads, 1, 1), stream=stream,
+                 min_blocks_per_mp=1)
+
+    # ------------------------------------------------------------------------------- device side
+    @cute.kernel
+    def kernel(self, tma_atom_q: cute.CopyAtom, tma_q: cute.Tensor, tma_atom_k: cute.CopyAtom, tma_k: cute.Tensor,
+               tma_atom_v: cute.CopyAtom, tma_v: cute.Tensor, qo_indptr: cute.Tensor, kv_indptr: cute.Tensor,
+               kv_indices: cute.Tensor, work_indptr: cute.Tensor, items: cute.Tensor, output: cute.Tensor,
+               lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor, scale_log2: Float32,
+               lse_out_scale: Float32, s_q_layout: cute.ComposedLayout, s_kv_layout: cute.ComposedLayout,
+               s_page_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma):
+        tidx, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            cpasync.prefetch_descriptor(tma_atom_q)
+            cpasync.prefetch_descriptor(tma_atom_k)
+            cpasync.prefetch_descriptor(tma_atom_v)
+
+        smem = SmemAllocator()
+        s_q = smem.allocate_tensor(self.dtype, s_q_layout.outer, 1024, s_q_layout.inner)
+        s_k = smem.allocate_tensor(self.dtype, s_kv_layout.outer, 1024, s_kv_layout.inner)
+        s_v = smem.allocate_tensor(self.dtype, s_kv_layout.outer, 1024, s_kv_layout.inner)
+        mbar_q = smem.allocate_array(Int64, 2 * Q_STAGES, byte_alignment=8)
+        mbar_k = smem.allocate_array(Int64, 2 * self.num_stages, byte_alignment=8)
+        mbar_v = smem.allocate_array(Int64, 2 * self.num_stages, byte_alignment=8)
+
+        producer = cpipe.CooperativeGroup(cpipe.Agent.Thread, 1)
+        consumers = cpipe.CooperativeGroup(cpipe.Agent.Thread, self.num_mma_threads // 32)
+        tile_bytes = self.tile_n * self.head_dim * 2
+        pipe_q = cpipe.PipelineTmaAsync.create(
+            barrier_storage=mbar_q, num_stages=Q_STAGES, producer_group=producer, consumer_group=consumers,
+            tx_count=self.tile_m * self.head_dim * 2, defer_sync=True)
+        pipe_k = cpipe.PipelineTmaAsync.create(
+            barrier_storage=mbar_k, num_stages=self.num_stages, producer_group=producer, consumer_group=consumers,
+            tx_count=tile_bytes, defer_sync=True)
+        pipe_v = cpipe.PipelineTmaAsync.create(
+            barrier_storage=mbar_v, num_stages=self.num_stages, producer_group=producer, consumer_group=consumers,
+            tx_count=tile_bytes, defer_sync=True)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        item_begin = work_indptr[cta]
+        item_end = work_indptr[cta + 1]
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(24)
+            if warp_idx == 0:
+                self.produce(tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v, s_q, s_k, s_v,
+                             qo_indptr, kv_indptr, kv_indices, items, item_begin, item_end, pipe_q, pipe_k, pipe_v)
+        else:
+            cute.arch.setmaxregister_increase(240)
+            self.consume(tidx - 128, s_q, s_k, s_v, qo_indptr, items, item_begin, item_end, output, lse,
+                         partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv,
+                         pipe_q, pipe_k, pipe_v)
+
+    @cute.jit
+    def produce(self, tma_atom_q: cute.CopyAtom, tma_q: cute.Tensor, tma_atom_k: cute.CopyAtom, tma_k: cute.Tensor,
+                tma_atom_v: cute.CopyAtom, tma_v: cute.Tensor, s_q: cute.Tensor, s_k: cute.Tensor,
+                s_v: cute.Tensor, qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor,
+                items: cute.Tensor, item_begin: Int32, item_end: Int32, pipe_q, pipe_k, pipe_v):
+        G, P, npg = self.group, self.page_size, self.pages_per_tile
+        # smem pages: (page box, page in tile, 1, stage)
+        t_ks, t_kg = cpasync.tma_partition(
+            tma_atom_k, 0, cute.make_layout(1),
+            cute.group_modes(cute.flat_divide(s_k, (P, self.head_dim)), 0, 2), cute.group_modes(tma_k, 0, 2))
+        t_vs, t_vg = cpasync.tma_partition(
+            tma_atom_v, 0, cute.make_layout(1),
+            cute.group_modes(cute.flat_divide(s_v, (P, self.head_dim)), 0, 2), cute.group_modes(tma_v, 0, 2))
+        q_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, Q_STAGES)
+        kv_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages)
+        page_ids = cute.make_rmem_tensor(npg, Int32)
+        for it in cutlass.range(item_begin, item_end, unroll=1):
+            b = items[it, int(F.REQUEST)]
+            h = items[it, int(F.KV_HEAD)]
+            r0 = items[it, int(F.Q_ROW_START)]
+            kv_start = items[it, int(F.KV_START)]
+            kv_end = items[it, int(F.KV_END)]
+            token0 = qo_indptr[b] + r0 // G
+            # Q: tile_m packed rows starting at token0 of KV head h
+            g_q = cute.local_tile(cute.domain_offset(((0, token0), 0), tma_q[None, None, h]),
+                                  (self.tile_m, self.head_dim), (0, 0))
+            t_qs, t_qg = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1), cute.group_modes(s_q, 0, 2),
+                                               cute.group_modes(g_q, 0, 2))
+            pipe_q.producer_acquire(q_state)
+            cute.copy(tma_atom_q, t_qg, t_qs[None, q_state.index], tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+            q_state.advance()
+
+            page_base = kv_indptr[b]
+            num_tiles = cute.ceil_div(kv_end - kv_start, self.tile_n) if kv_end > kv_start else 0
+            for t in cutlass.range(num_tiles, unroll=1):
+                kv_base = kv_start + t * self.tile_n
+                for i in cutlass.range_constexpr(npg):
+                    pid = Int32(-1)  # a page wholly past kv_end: TMA zero-fills the OOB box
+                    if kv_base + i * P < kv_end:
+                        pid = kv_indices[page_base + kv_base // P + i]
+                    page_ids[i] = pid
+                pipe_k.producer_acquire(kv_state)
+                for i in cutlass.range_constexpr(npg):
+                    cute.copy(tma_atom_k, t_kg[None, h, page_ids[i]], t_ks[None, i, 0, kv_state.index],
+                              tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                pipe_v.producer_acquire(kv_state)
+                for i in cutlass.range_constexpr(npg):
+                    cute.copy(tma_atom_v, t_vg[None, h, page_ids[i]], t_vs[None, i, 0, kv_state.index],
+                              tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+                kv_state.advance()
+
+    @cute.jit
+    def consume(self, ctid: Int32, s_q: cute.Tensor, s_k: cute.Tensor, s_v: cute.Tensor, qo_indptr: cute.Tensor,
+                items: cute.Tensor, item_begin: Int32, item_end: Int32, output: cute.Tensor, lse: cute.Tensor,
+                partial_out: cute.Tensor, partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32,
+                tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, pipe_q, pipe_k, pipe_v):
+        G, D = self.group, self.head_dim
+        wg = cute.arch.make_warp_uniform(ctid // 128)
+        thr_qk = tiled_mma_qk.get_slice(ctid)
+        thr_pv = tiled_mma_pv.get_slice(ctid)
+        wg_qk = tiled_mma_qk.get_slice(wg * 128)
+        wg_pv = tiled_mma_pv.get_slice(wg * 128)
+        # V^T view (d, keys, stage) for the second GEMM's B operand
+        s_vt = cute.composition(s_v, cute.make_ordered_layout((D, self.tile_n, self.num_stages), order=(1, 0, 2)))
+
+        t_sq = wg_qk.make_fragment_A(wg_qk.partition_A(s_q))
+        t_sk = wg_qk.make_fragment_B(wg_qk.partition_B(s_k))
+        t_op = wg_pv.make_fragment_A(wg_pv.partition_shape_A((self.tile_m, self.tile_n)))
+        t_ovt = wg_pv.make_fragment_B(wg_pv.partition_B(s_vt))
+        acc_s = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        acc_o = cute.make_rmem_tensor(tiled_mma_pv.partition_shape_C((self.tile_m, D)), Float32)
+        c_s = thr_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+        c_o = thr_pv.partition_C(cute.make_identity_tensor((self.tile_m, D)))
+
+        row_max, row_sum = make_softmax_state(cute.size(acc_mn_view(acc_s), mode=[0]))
+        q_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, Q_STAGES)
+        if wg == 0:  # warpgroup 0 issues first: pre-arrive on its own scheduler barrier
+            cute.arch.barrier_arrive(barrier_id=_SCHED_BARRIER, number_of_threads=self.num_mma_threads)
+        kv_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, self.num_stages)
+        for it in cutlass.range(item_begin, item_end, unroll=1):
+            b = items[it, int(F.REQUEST)]
+            h = items[it, int(F.KV_HEAD)]
+            r0 = items[it, int(F.Q_ROW_START)]
+            row_count = items[it, int(F.Q_ROW_COUNT)]
+            kv_start = items[it, int(F.KV_START)]
+            kv_end = items[it, int(F.KV_END)]
+            slot = items[it, int(F.PARTIAL_SLOT)]
+            causal_offset = items[it, int(F.CAUSAL_OFFSET)]
+            first_token = r0 // G
+            softmax_reset(row_max, row_sum)
+            acc_o.fill(0.0)
+            pipe_q.consumer_wait(q_state)
+            t_sq_cur = t_sq[None, None, None, q_state.index]
+            self.sched_wait(wg)
+            num_tiles = cute.ceil_div(kv_end - kv_start, self.tile_n) if kv_end > kv_start else 0
+            for t in cutlass.range(num_tiles, unroll=1):
+                kv_base = kv_start + t * self.tile_n
+                stage = kv_state.index
+                pipe_k.consumer_wait(kv_state)
+                _gemm(tiled_mma_qk, acc_s, t_sq_cur, t_sk[None, None, None, stage], True, wait=False)
+                self.sched_arrive(wg)
+                warpgroup.wait_group(0)
+                pipe_k.consumer_release(kv_state)
+                if tile_needs_mask(kv_base, self.tile_n, kv_end, first_token, causal_offset):
+                    apply_causal_seqend_mask(acc_s, c_s, r0, G, kv_base, kv_end, causal_offset)
+                row_scale = softmax_update(acc_s, row_max, row_sum, scale_log2)
+                rescale_rows(acc_o, row_scale)
+                t_op.store(acc_to_mma_a_view(acc_s).load().to(self.dtype))
+                pipe_v.consumer_wait(kv_state)
+                if kv_base + self.tile_n > kv_end:
+                    self.zero_v_tail(s_v, stage, kv_end - kv_base, ctid)
+                self.sched_wait(wg)
+                _gemm(tiled_mma_pv, acc_o, t_op, t_ovt[None, None, None, stage], False)
+                pipe_v.consumer_release(kv_state)
+                kv_state.advance()
+            pipe_q.consumer_release(q_state)
+            q_state.advance()
+            self.sched_arrive(wg)
+
+            o_scale, row_lse = softmax_finalize(row_max, row_sum, scale_log2)
+            rescale_rows(acc_o, o_scale)
+            self.store(acc_o, c_o, row_lse, b, h, r0, row_count, slot, qo_indptr, output, lse, partial_out,
+                       partial_lse, lse_out_scale)
+
+    def sched_wait(self, wg: Int32):
+        """Wait for this warpgroup's GEMM turn (FA3 ping-pong: one warpgroup's softmax hides the other's GEMMs)."""
+        cute.arch.barrier(barrier_id=_SCHED_BARRIER + wg, number_of_threads=self.num_mma_threads)
+
+    def sched_arrive(self, wg: Int32):
+        """Hand the GEMM turn to the other consumer warpgroup."""
+        cute.arch.barrier_arrive(barrier_id=_SCHED_BARRIER + 1 - wg, number_of_threads=self.num_mma_threads)
+
+    @cute.jit
+    def zero_v_tail(self, s_v: cute.Tensor, stage: Int32, first_row: Int32, ctid: Int32):
+        """Zero V rows ``[first_row, tile_n)`` of ``stage`` (NaN page tails), visible to wgmma in both WGs."""
+        D = self.head_dim
+        for e in cutlass.range(ctid + first_row * D, self.tile_n * D, self.num_mma_threads, unroll=1):
+            s_v[e // D, e % D, stage] = self.dtype(0.0)
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=_ZERO_V_BARRIER, number_of_threads=self.num_mma_threads)
+
+    @cute.jit
+    def store(self, acc_o: cute.Tensor, c_o: cute.Tensor, row_lse: cute.Tensor, b: Int32, h: Int32, r0: Int32,
+              row_count: Int32, slot: Int32, qo_indptr: cute.Tensor, output: cute.Tensor, lse: cute.Tensor,
+              partial_out: cute.Tensor, partial_lse: cute.Tensor, lse_out_scale: Float32):
+        G = self.group
+        o_mn = acc_mn_view(acc_o)
+        c_mn = acc_mn_view(c_o)
+        q_start = qo_indptr[b]
+        if slot < 0:
+            o_bf = cute.make_rmem_tensor(acc_o.layout, self.dtype)
+            o_bf.store(acc_o.load().to(self.dtype))
+            ob_mn = acc_mn_view(o_bf)
+            for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
+                row = c_mn[r, 0][0]
+                if row < row_count:
+                    token = q_start + (r0 + row) // G
+                    head = h * G + (r0 + row) % G
+                    for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+                        output[token, head, c_mn[r, c][1]] = ob_mn[r, c]
+                    if c_mn[r, 0][1] == 0:
+                        lse[token, head] = row_lse[r] * lse_out_scale
+        else:
+            for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
+                row = c_mn[r, 0][0]
+                if row < row_count:
+                    for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+                        partial_out[slot, row, c_mn[r, c][1]] = o_mn[r, c]
+                    if c_mn[r, 0][1] == 0:
+                        partial_lse[slot, row] = row_lse[r]
+
+
+@cute.jit
+def _gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, t_a: cute.Tensor, t_b: cute.Tensor,
+          zero_init: cutlass.Constexpr[bool], wait: cutlass.Constexpr[bool] = True):
+    """acc (+)= A @ B over the k blocks of one warpgroup MMA; waits for completion unless ``wait=False``."""
+    warpgroup.fence()
+    atom = cute.make_mma_atom(tiled_mma.op)
+    atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+    for k in cutlass.range_constexpr(cute.size(t_a.shape[2])):
+        cute.gemm(atom, acc, t_a[None, None, k], t_b[None, None, k], acc)
+        atom.set(warpgroup.Field.ACCUMULATE, True)
+    warpgroup.commit_group()
+    if cutlass.const_expr(wait):
+        warpgroup.wait_group(0)
+
+
+# ----------------------------------------------------------------------------------- registration
+def build(config: PagedAttentionConfig) -> tuple[Any, tuple[Any, ...]]:
+    """``(jit_fn, fake_args)`` for :func:`cute_attn.compile.compile_kernel`."""
+    H, Hkv, D, P = config.num_qo_heads, config.num_kv_heads, config.head_dim_qk, config.page_size
+    bf16 = cutlass.BFloat16
+    total_q = cute.sym_int(symbol="total_q")
+    num_pages = cute.sym_int(symbol="num_pages")
+    k_stride = cute.sym_int64(divisibility=8, symbol="k_page_stride")
+    v_stride = cute.sym_int64(divisibility=8, symbol="v_page_stride")
+    batch1 = cute.sym_int(symbol="batch_plus_1")
+    nnz = cute.sym_int(symbol="nnz_pages")
+    ctas1 = cute.sym_int(symbol="ctas_plus_1")
+    max_items = cute.sym_int(symbol="max_items")
+    slots = cute.sym_int(symbol="partial_slots")
+    q = cute.runtime.make_fake_compact_tensor(bf16, (total_q, H, D), stride_order=(2, 1, 0), assumed_align=16)
+    k_cache = cute.runtime.make_fake_tensor(bf16, (num_pages, P, Hkv, D), stride=(k_stride, Hkv * D, D, 1),
+                                            assumed_align=16)
+    v_cache = cute.runtime.make_fake_tensor(bf16, (num_pages, P, Hkv, D), stride=(v_stride, Hkv * D, D, 1),
+                                            assumed_align=16)
+    i32 = cutlass.Int32
+    qo_indptr = cute.runtime.make_fake_compact_tensor(i32, (batch1,))
+    kv_indptr = cute.runtime.make_fake_compact_tensor(i32, (batch1,))
+    kv_indices = cute.runtime.make_fake_compact_tensor(i32, (nnz,))
+    work_indptr = cute.runtime.make_fake_compact_tensor(i32, (ctas1,))
+    items = cute.runtime.make_fake_compact_tensor(i32, (max_items, len(F)), stride_order=(1, 0))
+    output = cute.runtime.make_fake_compact_tensor(bf16, (total_q, H, D), stride_order=(2, 1, 0), assumed_align=16)
+    lse = cute.runtime.make_fake_compact_tensor(Float32, (total_q, H), stride_order=(1, 0), assumed_align=16)
+    partial_out = cute.runtime.make_fake_compact_tensor(Float32, (slots, config.tile_q_rows, D),
+                                                        stride_order=(2, 1, 0), assumed_align=16)
+    partial_lse = cute.runtime.make_fake_compact_tensor(Float32, (slots, config.tile_q_rows), stride_order=(1, 0),
+                                                        assumed_align=16)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    args = (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items, output, lse,
+            partial_out, partial_lse, Float32(1.0), Float32(1.0), stream)
+    return GqaPagedPrefillSm90(config), args
+
+
+def launch(device_plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
+           output, lse, natural_lse: bool = False):
+    """Run the plan's items, then the combine kernel when the plan split any tile."""
+    from ...compile import compile_kernel
+
+    fn = compile_kernel(device_plan.config)
+    lse_out_scale = math.log(2.0) if natural_lse else 1.0
+    fn(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, device_plan.work_indptr, device_plan.items,
+       output, lse, device_plan.partial_out, device_plan.partial_lse, float(sm_scale), float(lse_out_scale))
+    if device_plan.plan.num_merges:
+        from ..common.combine import launch_combine
+
+        launch_combine(device_plan, output, lse, lse_out_scale)
+    return output, lse
+
+
+def configs(arch: str) -> list[PagedAttentionConfig]:
+    """The definition's config plus family members that exercise other page and group sizes."""
+    if arch != ARCH:
+        return []
+
+    def cfg(heads, kv_heads, page_size):
+        return default_paged_config(KIND, arch=arch, num_qo_heads=heads, num_kv_heads=kv_heads, head_dim_qk=128,
+                                    head_dim_v=128, page_size=page_size, causal=True)
+
+    return [cfg(32, 4, 64), cfg(32, 4, 16), cfg(32, 8, 64)]
+
+
+register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs)

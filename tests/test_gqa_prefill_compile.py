@@ -1,0 +1,89 @@
+"""Compile-only tests of the sm_90a causal GQA paged prefill kernel (no GPU needed)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cute_attn import compile as compile_mod
+from cute_attn.compile import clear_memory_cache, compile_kernel, compile_to_ptx
+from cute_attn.config import default_paged_config
+from cute_attn.kernels import find_launcher
+from cute_attn.kernels.sm90 import gqa_prefill
+
+SMEM_LIMIT = 227 * 1024
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cute_attn_cache")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(shared_cache, monkeypatch):
+    monkeypatch.setenv(compile_mod.CACHE_DIR_ENV, str(shared_cache))
+    clear_memory_cache()
+    yield
+    clear_memory_cache()
+
+
+def _config(**overrides):
+    base = dict(arch="sm_90a", num_qo_heads=32, num_kv_heads=4, head_dim_qk=128, head_dim_v=128, page_size=64,
+                causal=True)
+    base.update(overrides)
+    return default_paged_config("gqa_paged_prefill", **base)
+
+
+def test_registered_configs_include_the_definition_and_family():
+    configs = gqa_prefill.configs("sm_90a")
+    assert _config() in configs
+    assert len(configs) >= 2
+    assert any(c.page_size != 64 or c.group_size != 8 for c in configs)
+    assert gqa_prefill.configs("sm_100a") == []
+    for config in configs:
+        assert gqa_prefill.check_config(config) is None
+
+
+@pytest.mark.parametrize("index", range(len(gqa_prefill.configs("sm_90a"))))
+def test_compiles_with_wgmma_and_tma(index):
+    config = gqa_prefill.configs("sm_90a")[index]
+    assert callable(compile_kernel(config))
+    ptx = compile_to_ptx(config)
+    assert ".target sm_90a" in ptx
+    assert "wgmma.mma_async" in ptx
+    assert "cp.async.bulk.tensor" in ptx
+    assert "mbarrier.try_wait.parity" in ptx
+    assert "setmaxnreg" in ptx
+    assert "GqaPagedPrefillSm90" in ptx  # readable kernel symbol
+    # one Q box (2 swizzle halves) + one box per page per half for K and V
+    pages = config.kv_tile // config.page_size
+    assert ptx.count("cp.async.bulk.tensor") == 2 + 2 * 2 * pages
+    assert gqa_prefill.smem_bytes(config) <= SMEM_LIMIT
+
+
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (dict(page_size=1), "page_size"),
+        (dict(page_size=4), "page_size"),
+        (dict(num_qo_heads=24, num_kv_heads=4), "group size 6"),
+        (dict(head_dim_qk=256, head_dim_v=256), "head_dim"),
+        (dict(causal=False), "causal"),
+    ],
+)
+def test_unsupported_configs_are_rejected_with_a_reason(overrides, words):
+    config = _config(**overrides)
+    reason = gqa_prefill.check_config(config)
+    assert reason is not None and words in reason
+    with pytest.raises(ValueError, match="page_size|group|head_dim|causal"):
+        gqa_prefill.build(config)
+
+
+def test_other_tiles_are_rejected():
+    config = dataclasses.replace(_config(), tile_q_rows=64)
+    assert "tile_q_rows" in gqa_prefill.check_config(config)
+
+
+def test_public_api_finds_the_launcher():
+    assert find_launcher(_config()) is gqa_prefill.launch
