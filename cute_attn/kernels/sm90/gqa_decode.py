@@ -1,0 +1,456 @@
+"""sm_90a GQA paged decode, driven by the plan (``docs/kernel-contract.md``).
+
+Grid: the plan's persistent CTAs (``len(work_indptr) - 1``); CTA ``c`` runs items
+``work_indptr[c] .. work_indptr[c+1]-1`` in order. One item = one (request, KV head, KV chunk): the
+group's query heads are the rows of one 64-row wgmma M tile (rows >= Q_ROW_COUNT are padding that
+repeat the last real row, so they stay finite and are never written), attending keys
+``[KV_START, KV_END)``.
+
+Warp roles (160 threads)
+    warps 0-3  consumer warpgroup (128 threads): per item, Q (packed rows) -> swizzled smem with plain
+               loads; per KV tile: S = Q.K^T (wgmma SS, fp32), logits * ``sm_scale*log2(e)``, keys
+               >= KV_END -> -inf, online softmax in base 2 (exp2; a row whose max is still -inf uses 0
+               as the exponent's max, so it yields p = 0, never NaN), V rows >= KV_END zeroed in smem
+               (the pool's tail slots hold NaN), O += P.V (wgmma RS: P stays in registers as bf16).
+               Epilogue: O / l and lse = m + log2(l) -> bf16 ``output`` + ``lse * lse_out_scale``
+               (PARTIAL_SLOT = -1), else fp32 ``partial_out``/``partial_lse`` (base 2). Empty items
+               (KV_END <= KV_START) write 0 / -inf.
+    warp 4     producer: for each KV tile (one page = ``kv_tile`` keys) reads the page id from
+               ``kv_indices`` and issues two TMA loads (the page's K and V boxes for the item's KV head;
+               the page id is the TMA coordinate) into the stage, completing on its full mbarrier.
+
+Pipeline: ``num_stages`` smem stages of (K tile, V tile), one ``PipelineTmaAsync`` (full mbarrier with
+tx-count = both boxes; empty mbarrier released by each consumer warp once both MMAs of the stage have
+completed). The producer runs ahead across item boundaries, so HBM streaming does not stall between
+items. Q has its own buffer, guarded by a named barrier of the consumer warpgroup.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_helpers
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.memory import SmemAllocator
+from cutlass.utils import LayoutEnum
+
+from ...config import PagedAttentionConfig, default_paged_config
+from ...plan import ItemField as F
+from .. import register_paged_kernel
+
+KIND = "gqa_paged_decode"
+ARCH = "sm_90a"
+SMEM_LIMIT_BYTES = 227 * 1024  # per CTA
+SMEM_PER_SM_BYTES = 228 * 1024  # per SM, of which each resident CTA reserves 1 KB
+MAX_STAGES = 8
+NUM_MMA_THREADS = 128
+PRODUCER_WARP = 4
+NUM_THREADS = NUM_MMA_THREADS + 32
+Q_BARRIER_ID = 1  # named barrier of the consumer warpgroup (0 is __syncthreads)
+LOG2_E = math.log2(math.e)
+
+
+# --------------------------------------------------------------------------------------------- config
+def smem_budget(config: PagedAttentionConfig) -> int:
+    """Shared memory one CTA may use with ``ctas_per_sm`` CTAs resident on an SM."""
+    return min(SMEM_LIMIT_BYTES, SMEM_PER_SM_BYTES // config.ctas_per_sm - 1024)
+
+
+def num_stages(config: PagedAttentionConfig) -> int:
+    stage_bytes = 2 * config.kv_tile * config.head_dim_qk * 2
+    q_bytes = config.tile_q_rows * config.head_dim_qk * 2
+    return min(MAX_STAGES, (smem_budget(config) - q_bytes - 16 * MAX_STAGES) // stage_bytes)
+
+
+def smem_bytes(config: PagedAttentionConfig) -> int:
+    """Shared memory the kernel allocates: Q, the K/V stages, two mbarriers per stage (1 KB aligned)."""
+    return config.tile_q_rows * config.head_dim_qk * 2 + num_stages(config) * (4 * config.kv_tile *
+                                                                              config.head_dim_qk + 16)
+
+
+def check_config(config: PagedAttentionConfig) -> str | None:
+    """None when this kernel implements ``config``, else why not (on top of ``config.can_implement``)."""
+    reason = config.can_implement()
+    if reason is not None:
+        return reason
+    if config.kind != KIND or config.arch != ARCH:
+        return f"this kernel is {KIND} on {ARCH}, not {config.kind} on {config.arch}"
+    if config.tile_q_rows != 64:
+        return f"decode packs one group into a single 64-row warpgroup tile; tile_q_rows={config.tile_q_rows}"
+    if config.group_size > config.tile_q_rows:
+        return f"group size {config.group_size} exceeds the {config.tile_q_rows}-row tile"
+    if config.kv_tile != config.page_size:
+        return (f"kv_tile={config.kv_tile} must equal page_size={config.page_size} "
+                "(one page is one TMA box per stage)")
+    if config.kv_tile < 16 or config.kv_tile > 256:
+        return f"kv_tile={config.kv_tile} must be in 16..256 (wgmma N and TMA box limits)"
+    if config.head_dim_qk != config.head_dim_v:
+        return "head_dim_qk must equal head_dim_v"
+    if num_stages(config) < 2:
+        return f"shared memory holds fewer than 2 K/V stages ({smem_bytes(config)} bytes)"
+    if smem_bytes(config) > smem_budget(config):
+        return f"needs {smem_bytes(config)} bytes of shared memory, more than {smem_budget(config)}"
+    return None
+
+
+# --------------------------------------------------------------------------------------------- kernel
+class GqaDecodeSm90:
+    """The kernel object: compile-time constants live on ``self``."""
+
+    def __init__(self, config: PagedAttentionConfig) -> None:
+        self.group = config.group_size
+        self.num_qo_heads = config.num_qo_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim_qk
+        self.page_size = config.page_size
+        self.tile_m = config.tile_q_rows
+        self.tile_n = config.kv_tile
+        self.stages = num_stages(config)
+        self.dtype = cutlass.BFloat16
+        self.tile_bytes = self.tile_n * self.head_dim * 2
+
+    def __repr__(self) -> str:
+        return (f"GqaDecodeSm90_H{self.num_qo_heads}x{self.num_kv_heads}_D{self.head_dim}_P{self.page_size}"
+                f"_M{self.tile_m}_N{self.tile_n}_S{self.stages}")
+
+    @cute.jit
+    def __call__(
+        self,
+        q: cute.Tensor,  # [batch, Hq, D] bf16
+        k_cache: cute.Tensor,  # [pages, page_size, Hkv, D] bf16
+        v_cache: cute.Tensor,
+        kv_indptr: cute.Tensor,  # [batch + 1] int32 (pages)
+        kv_indices: cute.Tensor,  # [n] int32 page ids
+        work_indptr: cute.Tensor,  # [num_ctas + 1] int32
+        items: cute.Tensor,  # [max_items, 8] int32
+        output: cute.Tensor,  # [batch, Hq, D] bf16
+        lse: cute.Tensor,  # [batch, Hq] fp32
+        partial_out: cute.Tensor,  # [slots, tile_m, D] fp32
+        partial_lse: cute.Tensor,  # [slots, tile_m] fp32
+        scale_log2: Float32,
+        lse_out_scale: Float32,
+        stream: cuda.CUstream,
+    ):
+        dtype = self.dtype
+        atom = warpgroup.make_smem_layout_atom(
+            sm90_helpers.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, self.head_dim), dtype
+        )
+        sQ_layout = cute.tile_to_shape(atom, (self.tile_m, self.head_dim), order=(0, 1))
+        sKV_layout = cute.tile_to_shape(atom, (self.tile_n, self.head_dim, self.stages), order=(0, 1, 2))
+        tiled_mma_qk = sm90_helpers.make_trivial_tiled_mma(
+            dtype, dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
+            atom_layout_mnk=(1, 1, 1), tiler_mn=(64, self.tile_n),
+        )
+        tiled_mma_pv = sm90_helpers.make_trivial_tiled_mma(
+            dtype, dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
+            atom_layout_mnk=(1, 1, 1), tiler_mn=(64, self.head_dim), a_source=warpgroup.OperandSource.RMEM,
+        )
+        # (page_size, D, Hkv, pages): the first two modes are the TMA box, the rest coordinates.
+        order = [1, 3, 2, 0]
+        k_view = cute.make_tensor(k_cache.iterator, cute.select(k_cache.layout, mode=order))
+        v_view = cute.make_tensor(v_cache.iterator, cute.select(v_cache.layout, mode=order))
+        box = (self.tile_n, self.head_dim)
+        stage_layout = cute.select(sKV_layout, mode=[0, 1])
+        tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), k_view, stage_layout, box)
+        tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), v_view, stage_layout, box)
+        self.kernel(
+            q, tma_atom_k, tma_k, tma_atom_v, tma_v, kv_indptr, kv_indices, work_indptr, items,
+            output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
+            sQ_layout, sKV_layout, tiled_mma_qk, tiled_mma_pv,
+        ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream)
+
+    @cute.kernel
+    def kernel(
+        self,
+        q: cute.Tensor,
+        tma_atom_k: cute.CopyAtom,
+        tma_k: cute.Tensor,
+        tma_atom_v: cute.CopyAtom,
+        tma_v: cute.Tensor,
+        kv_indptr: cute.Tensor,
+        kv_indices: cute.Tensor,
+        work_indptr: cute.Tensor,
+        items: cute.Tensor,
+        output: cute.Tensor,
+        lse: cute.Tensor,
+        partial_out: cute.Tensor,
+        partial_lse: cute.Tensor,
+        scale_log2: Float32,
+        lse_out_scale: Float32,
+        sQ_layout: cute.ComposedLayout,
+        sKV_layout: cute.ComposedLayout,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+
+        smem = SmemAllocator()
+        sQ = smem.allocate_tensor(self.dtype, sQ_layout.outer, byte_alignment=1024, swizzle=sQ_layout.inner)
+        sK = smem.allocate_tensor(self.dtype, sKV_layout.outer, byte_alignment=1024, swizzle=sKV_layout.inner)
+        sV = smem.allocate_tensor(self.dtype, sKV_layout.outer, byte_alignment=1024, swizzle=sKV_layout.inner)
+        mbar = smem.allocate_array(cutlass.Int64, 2 * self.stages, byte_alignment=8)
+
+        if warp_idx == PRODUCER_WARP:
+            cpasync.prefetch_descriptor(tma_atom_k)
+            cpasync.prefetch_descriptor(tma_atom_v)
+        pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=mbar,
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, NUM_MMA_THREADS // 32),
+            tx_count=2 * self.tile_bytes,
+        )  # initialises the mbarriers (warp 0), fences and syncs the CTA
+
+        item_begin = work_indptr[cta]
+        item_end = work_indptr[cta + 1]
+        if warp_idx == PRODUCER_WARP:
+            self.produce(tma_atom_k, tma_k, tma_atom_v, tma_v, sK, sV, kv_indptr, kv_indices, items,
+                         item_begin, item_end, pipe)
+        if warp_idx < PRODUCER_WARP:
+            self.consume(q, sQ, sK, sV, items, output, lse, partial_out, partial_lse, scale_log2,
+                         lse_out_scale, tiled_mma_qk, tiled_mma_pv, item_begin, item_end, pipe, tidx)
+
+    # ----------------------------------------------------------------------------------- producer
+    @cute.jit
+    def produce(self, tma_atom_k, tma_k, tma_atom_v, tma_v, sK, sV, kv_indptr, kv_indices, items,
+                item_begin, item_end, pipe):
+        tKsK, tKgK = cpasync.tma_partition(
+            tma_atom_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(tma_k, 0, 2)
+        )
+        tVsV, tVgV = cpasync.tma_partition(
+            tma_atom_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(tma_v, 0, 2)
+        )
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        for it in cutlass.range(item_begin, item_end, unroll=1):
+            req = items[it, F.REQUEST]
+            head = items[it, F.KV_HEAD]
+            kv_start = items[it, F.KV_START]
+            kv_end = items[it, F.KV_END]
+            n_tiles = (cutlass.max(kv_end - kv_start, 0) + self.tile_n - 1) // self.tile_n
+            first_page = kv_indptr[req] + kv_start // self.page_size
+            for t in cutlass.range(n_tiles, unroll=1):
+                page = kv_indices[first_page + t]
+                pipe.producer_acquire(state)
+                bar = pipe.producer_get_barrier(state)
+                cute.copy(tma_atom_k, tKgK[None, head, page], tKsK[None, state.index], tma_bar_ptr=bar)
+                cute.copy(tma_atom_v, tVgV[None, head, page], tVsV[None, state.index], tma_bar_ptr=bar)
+                pipe.producer_commit(state)
+                state.advance()
+
+    # ----------------------------------------------------------------------------------- consumer
+    @cute.jit
+    def gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, t_a: cute.Tensor, t_b: cute.Tensor,
+             zero_init: cutlass.Constexpr[bool]):
+        """acc (+)= A.B over the K blocks: one wgmma group, waited for before returning."""
+        warpgroup.fence()
+        mma_atom = cute.make_mma_atom(tiled_mma.op)
+        mma_atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+        for k in cutlass.range_constexpr(cute.size(t_a.shape[2])):
+            cute.gemm(mma_atom, acc, t_a[None, None, k], t_b[None, None, k], acc)
+            mma_atom.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+        warpgroup.wait_group(0)
+
+    @cute.jit
+    def consume(self, q, sQ, sK, sV, items, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
+                tiled_mma_qk, tiled_mma_pv, item_begin, item_end, pipe, tidx):
+        M, N, D = self.tile_m, self.tile_n, self.head_dim
+        neg_inf = -Float32.inf
+        thr_qk = tiled_mma_qk.get_slice(tidx)
+        thr_pv = tiled_mma_pv.get_slice(tidx)
+        # V^T view (D, N, stages) for the MN-major B operand of P.V
+        sVt = cute.composition(sV, cute.make_ordered_layout((D, N, self.stages), order=(1, 0, 2)))
+        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
+        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
+        tOrVt = thr_pv.make_fragment_B(thr_pv.partition_B(sVt))
+        tOrP = thr_pv.make_fragment_A(thr_pv.partition_shape_A((M, N)))
+        acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((M, N)), Float32)
+        acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((M, D)), Float32)
+        tScS = thr_qk.partition_C(cute.make_identity_tensor((M, N)))
+        tOcO = thr_pv.partition_C(cute.make_identity_tensor((M, D)))
+        # Each thread holds 2 rows (r and r + 8 of its warp's 16); flat accumulator element i belongs
+        # to row half (i // 2) % 2 in both S and O (wgmma C fragment: pairs of columns, 2 row halves).
+        row_max = cute.make_rmem_tensor((2,), Float32)
+        row_sum = cute.make_rmem_tensor((2,), Float32)
+        row_scale = cute.make_rmem_tensor((2,), Float32)
+        row_base = cute.make_rmem_tensor((2,), Float32)
+        n_s = cute.size(acc_S)
+        n_o = cute.size(acc_O)
+
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        for it in cutlass.range(item_begin, item_end, unroll=1):
+            req = items[it, F.REQUEST]
+            head = items[it, F.KV_HEAD]
+            row_start = items[it, F.Q_ROW_START]
+            row_count = items[it, F.Q_ROW_COUNT]
+            kv_start = items[it, F.KV_START]
+            kv_end = items[it, F.KV_END]
+            slot = items[it, F.PARTIAL_SLOT]
+            n_tiles = (cutlass.max(kv_end - kv_start, 0) + N - 1) // N
+            first_head = head * self.group + row_start
+
+            # ---- Q: packed rows -> smem (all warps are past the previous item's MMAs)
+            cute.arch.barrier(barrier_id=Q_BARRIER_ID, number_of_threads=NUM_MMA_THREADS)
+            for j in cutlass.range_constexpr(M * D // NUM_MMA_THREADS):
+                e = tidx + j * NUM_MMA_THREADS
+                r = e // D
+                c = e % D
+                src = r if r < row_count else row_count - 1
+                sQ[r, c] = q[req, first_head + src, c]
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=Q_BARRIER_ID, number_of_threads=NUM_MMA_THREADS)
+
+            row_max.fill(neg_inf)
+            row_sum.fill(0.0)
+            acc_O.fill(0.0)
+            for t in cutlass.range(n_tiles, unroll=1):
+                tile_start = kv_start + t * N
+                pipe.consumer_wait(state)
+                stage = state.index
+                # ---- S = Q.K^T
+                self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, stage], True)
+                # ---- scale, mask keys >= KV_END, online softmax (base 2)
+                for i in cutlass.range_constexpr(n_s):
+                    key = tile_start + tScS[i][1]
+                    acc_S[i] = acc_S[i] * scale_log2 if key < kv_end else neg_inf
+                for h in cutlass.range_constexpr(2):
+                    m_new = row_max[h]
+                    for i in cutlass.range_constexpr(n_s):
+                        if (i // 2) % 2 == h:
+                            m_new = cute.arch.fmax(m_new, acc_S[i])
+                    m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)
+                    base = m_new if m_new != neg_inf else Float32(0.0)
+                    row_scale[h] = cute.math.exp2(row_max[h] - base, fastmath=True)
+                    row_base[h] = base
+                    row_max[h] = m_new
+                    row_sum[h] = row_sum[h] * row_scale[h]
+                for i in cutlass.range_constexpr(n_s):
+                    p = cute.math.exp2(acc_S[i] - row_base[(i // 2) % 2], fastmath=True)
+                    row_sum[(i // 2) % 2] = row_sum[(i // 2) % 2] + p
+                    tOrP[i] = p.to(self.dtype)
+                for i in cutlass.range_constexpr(n_o):
+                    acc_O[i] = acc_O[i] * row_scale[(i // 2) % 2]
+                # ---- the last tile of the item: V rows >= KV_END may be NaN (pool poison): zero them
+                if tile_start + N > kv_end:
+                    valid = kv_end - tile_start
+                    for j in cutlass.range_constexpr(N * D // NUM_MMA_THREADS):
+                        e = tidx + j * NUM_MMA_THREADS
+                        if e // D >= valid:
+                            sV[e // D, e % D, stage] = self.dtype(0.0)
+                    cute.arch.fence_view_async_shared()
+                    cute.arch.barrier(barrier_id=Q_BARRIER_ID, number_of_threads=NUM_MMA_THREADS)
+                # ---- O += P.V
+                self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, stage], False)
+                pipe.consumer_release(state)
+                state.advance()
+
+            # ---- epilogue: O / l, lse = m + log2(l) (row that saw nothing: 0 and -inf)
+            for h in cutlass.range_constexpr(2):
+                total = cute.arch.warp_reduction_sum(row_sum[h], threads_in_group=4)
+                inv = Float32(0.0)
+                row_lse = neg_inf
+                if total > 0.0:
+                    inv = cute.arch.rcp_approx(total)
+                    row_lse = row_max[h] + cute.math.log2(total, fastmath=True)
+                row_scale[h] = inv
+                row_base[h] = row_lse
+            if slot < 0:
+                for i in cutlass.range_constexpr(n_o):
+                    r = tOcO[i][0]
+                    if r < row_count:
+                        output[req, first_head + r, tOcO[i][1]] = (acc_O[i] * row_scale[(i // 2) % 2]).to(self.dtype)
+                if tidx % 4 == 0:
+                    for h in cutlass.range_constexpr(2):
+                        r = tOcO[2 * h][0]
+                        if r < row_count:
+                            lse[req, first_head + r] = row_base[h] * lse_out_scale
+            else:
+                for i in cutlass.range_constexpr(n_o):
+                    r = tOcO[i][0]
+                    if r < row_count:
+                        partial_out[slot, r, tOcO[i][1]] = acc_O[i] * row_scale[(i // 2) % 2]
+                if tidx % 4 == 0:
+                    for h in cutlass.range_constexpr(2):
+                        r = tOcO[2 * h][0]
+                        if r < row_count:
+                            partial_lse[slot, r] = row_base[h]
+
+
+# --------------------------------------------------------------------------------------------- host
+def build(config: PagedAttentionConfig) -> tuple[Any, tuple[Any, ...]]:
+    """``(jit_fn, fake_args)`` for :func:`cute_attn.compile.compile_kernel`."""
+    reason = check_config(config)
+    if reason is not None:
+        raise ValueError(f"{config.cache_key()}: {reason}")
+    bf16, i32, f32 = cutlass.BFloat16, cutlass.Int32, cutlass.Float32
+    hq, hkv, d, ps, m = config.num_qo_heads, config.num_kv_heads, config.head_dim_qk, config.page_size, \
+        config.tile_q_rows
+    fake = cute.runtime.make_fake_compact_tensor
+    batch = cute.sym_int(symbol="batch")
+    num_pages = cute.sym_int(symbol="num_pages")
+    slots = cute.sym_int(symbol="slots")
+
+    def cache(name):
+        stride = cute.sym_int64(divisibility=8, symbol=f"{name}_page_stride")
+        return cute.runtime.make_fake_tensor(bf16, (num_pages, ps, hkv, d), stride=(stride, hkv * d, d, 1),
+                                             assumed_align=16)
+
+    args = (
+        fake(bf16, (batch, hq, d), stride_order=(2, 1, 0), assumed_align=16),
+        cache("k"),
+        cache("v"),
+        fake(i32, (cute.sym_int(symbol="batch_plus_1"),)),
+        fake(i32, (cute.sym_int(symbol="num_indices"),)),
+        fake(i32, (cute.sym_int(symbol="num_ctas_plus_1"),)),
+        fake(i32, (cute.sym_int(symbol="max_items"), len(F)), stride_order=(1, 0)),
+        fake(bf16, (batch, hq, d), stride_order=(2, 1, 0), assumed_align=16),
+        fake(f32, (batch, hq), stride_order=(1, 0)),
+        fake(f32, (slots, m, d), stride_order=(2, 1, 0), assumed_align=16),
+        fake(f32, (slots, m), stride_order=(1, 0)),
+        f32(1.0),
+        f32(1.0),
+        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
+    )
+    return GqaDecodeSm90(config), args
+
+
+def launch(device_plan, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output, lse,
+           natural_lse: bool = False) -> None:
+    """Run the plan's items, then the LSE combine if the plan split any KV range."""
+    from ...compile import compile_kernel
+
+    config = device_plan.config
+    reason = check_config(config)
+    if reason is not None:
+        raise ValueError(f"{KIND} on {ARCH}: unsupported configuration: {reason}")
+    lse_out_scale = math.log(2.0) if natural_lse else 1.0
+    fn = compile_kernel(config)
+    fn(q, k_cache, v_cache, kv_indptr, kv_indices, device_plan.work_indptr, device_plan.items, output, lse,
+       device_plan.partial_out, device_plan.partial_lse, float(sm_scale) * LOG2_E, lse_out_scale)
+    if device_plan.plan is not None and device_plan.plan.num_merges:
+        from ..common.combine import launch_combine
+
+        launch_combine(device_plan, output, lse, lse_out_scale)
+
+
+def configs(arch: str) -> list[PagedAttentionConfig]:
+    """The definition's config (h20/kv4, d128, page 64) and one family member (h32/kv8)."""
+    if arch != ARCH:
+        return []
+
+    def decode(hq, hkv, ps):
+        return default_paged_config(KIND, arch=arch, num_qo_heads=hq, num_kv_heads=hkv, head_dim_qk=128,
+                                    head_dim_v=128, page_size=ps, causal=False)
+
+    return [decode(20, 4, 64), decode(32, 8, 64)]
+
+
+register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs)

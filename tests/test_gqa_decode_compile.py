@@ -1,0 +1,84 @@
+"""Compile-only tests of the sm_90a GQA decode kernel (no GPU needed)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cute_attn import compile as compile_mod
+from cute_attn.compile import clear_memory_cache, compile_kernel, compile_to_ptx
+from cute_attn.config import default_paged_config
+from cute_attn.kernels import find_launcher
+from cute_attn.kernels.sm90 import gqa_decode
+
+SMEM_LIMIT = 227 * 1024
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cute_attn_cache")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(shared_cache, monkeypatch):
+    monkeypatch.setenv(compile_mod.CACHE_DIR_ENV, str(shared_cache))
+    clear_memory_cache()
+    yield
+    clear_memory_cache()
+
+
+def _definition_config():
+    return default_paged_config("gqa_paged_decode", arch="sm_90a", num_qo_heads=20, num_kv_heads=4,
+                                head_dim_qk=128, head_dim_v=128, page_size=64, causal=False)
+
+
+def test_registered_configs_include_the_definition():
+    configs = gqa_decode.configs("sm_90a")
+    assert _definition_config() in configs
+    assert gqa_decode.configs("sm_100a") == []
+    for config in configs:
+        assert gqa_decode.check_config(config) is None
+
+
+@pytest.mark.parametrize("index", range(len(gqa_decode.configs("sm_90a"))))
+def test_compiles_with_wgmma_and_tma(index):
+    config = gqa_decode.configs("sm_90a")[index]
+    assert callable(compile_kernel(config))
+    ptx = compile_to_ptx(config)
+    assert ".target sm_90a" in ptx
+    assert "wgmma.mma_async" in ptx
+    assert "cp.async.bulk.tensor" in ptx
+    assert "mbarrier.try_wait.parity" in ptx
+    assert "GqaDecodeSm90" in ptx  # readable kernel symbol
+    assert gqa_decode.smem_bytes(config) <= SMEM_LIMIT
+    assert gqa_decode.num_stages(config) >= 2
+
+
+def test_public_api_finds_the_launcher():
+    assert find_launcher(_definition_config()) is gqa_decode.launch
+
+
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        (dict(kv_tile=128), "kv_tile"),  # two pages per tile: not this kernel
+        (dict(page_size=16), "page_size"),
+        (dict(num_qo_heads=128, num_kv_heads=1), "group"),  # 128 heads do not fit one 64-row tile
+        (dict(kind="gqa_paged_prefill"), "gqa_paged_decode"),
+    ],
+)
+def test_bad_configs_are_rejected(change, fragment):
+    config = dataclasses.replace(_definition_config(), **change)
+    reason = gqa_decode.check_config(config)
+    assert reason is not None and fragment in reason
+    with pytest.raises(ValueError):
+        gqa_decode.build(config)
+
+
+def test_config_rules_of_the_base_class_apply():
+    config = dataclasses.replace(_definition_config(), tile_q_rows=32)
+    assert config.can_implement() is not None
+    assert gqa_decode.check_config(config) is not None
+    with pytest.raises(ValueError):
+        compile_kernel(config)
