@@ -1,0 +1,365 @@
+"""sm_100a causal GQA paged prefill, driven by the planner's work list (docs/kernel-contract.md).
+
+The Blackwell twin of ``kernels/sm90/gqa_prefill.py``: same grid, items, Q/K/V TMA boxes, masking and
+outputs; the MMAs are ``tcgen05.mma`` issued by one warp with S, P and O in tensor memory (TMEM).
+Compiled and inspected only (no Blackwell GPU in this project): it has never run.
+
+Grid: one persistent CTA per plan CTA slot (``work_indptr.shape[0] - 1``); CTA ``c`` runs items
+``work_indptr[c] .. work_indptr[c+1]-1`` in order (role bodies: ``prefill_roles.py``).
+
+Warp roles (384 threads, 12 warps):
+
+* warps 0-3 softmax (``setmaxnreg`` 240): thread ``i`` owns packed row ``i``. Per key tile:
+  ``tcgen05.ld 32x32b.x32`` of its S row, causal / sequence-end mask only on tiles that need it (token
+  ``t = row // group`` sees key ``j`` iff ``j < KV_END`` and ``j <= t + CAUSAL_OFFSET``), online
+  softmax in base 2 on raw scores (``p = exp2(s * scale_log2 - max * scale_log2)``, max 0 while it is
+  -inf), P -> bf16 -> ``tcgen05.st`` into the S stage's TMEM, row scale -> correction.
+* warps 4-7 correction + epilogue (``setmaxnreg`` 112), one row per thread: after PV(j-1) lands,
+  ``O *= scale_j`` in TMEM (skipped when the whole warp's scale is 1); after the last PV,
+  ``O / row_sum``, predicated stores of rows ``< Q_ROW_COUNT`` (bf16 ``output`` and
+  ``lse * lse_out_scale``, or fp32 ``partial_out[slot]`` and base-2 ``partial_lse[slot]``); a row
+  that saw no key (or an item with no key) writes 0 and -inf. Warp 4 allocates / frees TMEM.
+* warp 8 MMA: ``S = Q K^T`` (smem x smem, 128x128x16 atoms), ``O (+)= P V`` (P from TMEM, V smem).
+  Before the last PV of an item that ends inside a key tile it zeroes V rows ``>= KV_END`` in smem
+  (the pool's page tails are NaN and 0 * NaN = NaN inside the MMA), then ``fence.proxy.async``.
+* warp 9 TMA load: the packed Q tile (one box over q viewed as ``((group, total_q), d, kv_heads)``:
+  the block ``q[t0:t0+128/group, gh:gh+group]``; rows past the request are loaded, never stored);
+  per key tile one box per page of one KV head (page id from ``kv_indices`` via ``kv_indptr``; a page
+  wholly past ``KV_END`` gets coordinate -1, which TMA zero-fills). Warps 10-11 idle. Warps 8-11
+  run at ``setmaxnreg`` 64. (240/112/64: the softmax row of 128 fp32 scores + 64 packed P words
+  needs ~230 registers; ptxas 13.0 reports no spills beyond an 8-byte local array.)
+
+TMEM (512 columns allocated, 384 used; lane = packed row):
+``[0, 128)`` S stage 0, ``[128, 256)`` S stage 1, ``[256, 384)`` O (fp32). P(j) (bf16 pairs, 64
+columns) overwrites columns ``[64, 128)`` of its own S stage once the softmax has read S(j).
+
+Shared memory (``smem_bytes``): Q 2 stages x 32 KB, K/V ring 4 stages x 32 KB (a stage holds one K
+or one V tile, 128B-swizzled: K-major for K, MN-major for V, the same bytes per page), mbarriers,
+the softmax -> correction vector ring (2 x 128 x 2 fp32) and the TMEM address: 197 KB with slack.
+
+Pipelines (mbarriers, ``cutlass.pipeline``), in consumption order:
+``q`` (TmaUmma, 2 stages): load -> MMA, released after an item's last QK GEMM.
+``kv`` (TmaUmma, 4 stages): load -> MMA, order K0, K1, V0, K2, V1, ..., V(n-1).
+``s`` (UmmaAsync, 2 stages): MMA -> softmax, "S(j) in TMEM"; released with P(j).
+``p`` (AsyncUmma, 2 stages): softmax -> MMA, "P(j) in TMEM"; released by the PV commit.
+``o`` (UmmaAsync, 1 stage): MMA -> correction, "PV(j) landed"; released once O is rescaled / read.
+``c`` (Async, 2 stages): softmax -> correction, row scales then the final (row_sum, row_max).
+Hand-offs that order tcgen05 work across threads are bracketed by ``tcgen05.fence::before_thread_sync``
+(before the arrive) and ``tcgen05.fence::after_thread_sync`` (after the wait); TMEM loads/stores are
+completed with ``tcgen05.wait::ld`` / ``wait::st`` before their registers are used or announced.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.blackwell_helpers as sm100_utils
+from cutlass import Float32, Int32, Int64
+from cutlass import pipeline as cpipe
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
+from cutlass.memory import SmemAllocator, TmemAllocator
+
+from ...config import PagedAttentionConfig, default_paged_config
+from ...plan import ItemField as F
+from .. import register_paged_kernel
+from .prefill_roles import PrefillRoles
+
+KIND = "gqa_paged_prefill"
+ARCH = "sm_100a"
+LOG2_E = math.log2(math.e)
+SMEM_LIMIT_BYTES = 227 * 1024
+TMEM_COLUMNS = 512  # the whole TMEM of an SM: allocations are powers of two >= 32
+Q_STAGES = 2
+KV_STAGES = 4
+C_STAGES = 2
+S_STAGES = 2
+_WARP_SOFTMAX = 0  # warps 0-3
+_WARP_CORRECTION = 4  # warps 4-7
+_WARP_MMA = 8
+_WARP_LOAD = 9
+NUM_THREADS = 12 * 32
+_REGS_SOFTMAX, _REGS_CORRECTION, _REGS_OTHER = 240, 112, 64
+_BAR_TMEM_ALLOC = 1
+_BAR_TMEM_FREE = 2
+
+
+def tmem_columns(config: PagedAttentionConfig) -> int:
+    """TMEM columns used: two fp32 S stages of ``kv_tile`` columns and the fp32 O accumulator."""
+    return S_STAGES * config.kv_tile + config.head_dim_v
+
+
+def smem_bytes(config: PagedAttentionConfig) -> int:
+    """Shared memory of one CTA: Q stages, K/V ring, mbarriers, vector ring, TMEM address (+ alignment)."""
+    tile = 2 * config.head_dim_qk
+    mbarriers = 8 * 2 * (Q_STAGES + KV_STAGES + S_STAGES + S_STAGES + 1 + C_STAGES)
+    return (Q_STAGES * config.tile_q_rows * tile + KV_STAGES * config.kv_tile * tile + mbarriers
+            + 4 * config.tile_q_rows * 2 * C_STAGES + 4 + 3 * 1024)
+
+
+def check_config(config: PagedAttentionConfig) -> str | None:
+    """None when this kernel can build ``config``, else a readable reason."""
+    if config.kind != KIND or config.arch != ARCH:
+        return f"this kernel is {KIND} on {ARCH}, not {config.kind} on {config.arch}"
+    if (reason := config.can_implement()) is not None:
+        return reason
+    if not config.causal:
+        return "the sm_100a prefill kernel is built causal (the definition); causal=False is not built"
+    if config.head_dim_qk != 128 or config.head_dim_v != 128:
+        return f"head_dim {config.head_dim_qk} is not built yet on sm_100a (supported: 128)"
+    if config.tile_q_rows != 128 or config.kv_tile != 128:
+        return ("tile_q_rows and kv_tile must be 128: one 128-lane TMEM tile per item, one 128x128 tcgen05 "
+                f"S tile per key step (got {config.tile_q_rows}, {config.kv_tile})")
+    if config.tile_q_rows % config.group_size:
+        return (f"group size {config.group_size} must divide tile_q_rows={config.tile_q_rows}: the packed Q "
+                "tile is one TMA box of whole tokens (non-power-of-two groups need a gather Q load)")
+    if config.page_size < 8 or config.page_size > config.kv_tile or config.kv_tile % config.page_size:
+        return (f"page_size={config.page_size} must be a power of two in 8..kv_tile={config.kv_tile}: a page "
+                "is one TMA box of whole 8-row swizzle atoms inside a key tile")
+    if smem_bytes(config) > SMEM_LIMIT_BYTES:
+        return f"needs {smem_bytes(config)} bytes of shared memory, more than {SMEM_LIMIT_BYTES}"
+    if tmem_columns(config) > TMEM_COLUMNS:
+        return f"needs {tmem_columns(config)} TMEM columns, more than {TMEM_COLUMNS}"
+    return None
+
+
+class GqaPagedPrefillSm100(PrefillRoles):
+    """The kernel object: compile-time constants live on ``self``; role bodies in ``PrefillRoles``."""
+
+    def __init__(self, config: PagedAttentionConfig):
+        reason = check_config(config)
+        if reason is not None:
+            raise ValueError(reason)
+        self.num_qo_heads = config.num_qo_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.group = config.group_size
+        self.head_dim = config.head_dim_qk
+        self.page_size = config.page_size
+        self.tile_m = config.tile_q_rows
+        self.tile_n = config.kv_tile
+        self.pages_per_tile = self.tile_n // self.page_size
+        self.dtype = cutlass.BFloat16
+        self.p_col = self.tile_n // 2  # P(j) in the upper half of its S stage
+        self.o_col = S_STAGES * self.tile_n
+        self.epi_cols = 32  # O columns per tcgen05.ld in the correction role
+
+    def __repr__(self) -> str:  # shows in the kernel symbol
+        return (f"GqaPagedPrefillSm100_H{self.num_qo_heads}_KV{self.num_kv_heads}_D{self.head_dim}"
+                f"_P{self.page_size}_M{self.tile_m}_N{self.tile_n}")
+
+    # ------------------------------------------------------------------------------- host side
+    @cute.jit
+    def __call__(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, qo_indptr: cute.Tensor,
+                 kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor, items: cute.Tensor,
+                 output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor,
+                 sm_scale: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
+        G, D, H, M, N = self.group, self.head_dim, self.num_qo_heads, self.tile_m, self.tile_n
+        # packed Q: ((group, total_q), d, kv_heads); row (g, t) is token t, head kv_head * group + g
+        m_q = cute.make_tensor(q.iterator, cute.make_layout(
+            ((G, q.shape[0]), D, self.num_kv_heads), stride=((D, H * D), 1, G * D)))
+        # K/V as (slot, d, kv_head, page): a page of one head is the TMA box
+        m_k = cute.make_tensor(k_cache.iterator, cute.select(k_cache.layout, mode=[1, 3, 2, 0]))
+        m_v = cute.make_tensor(v_cache.iterator, cute.select(v_cache.layout, mode=[1, 3, 2, 0]))
+
+        major_k, major_mn = OperandMajorMode.K, OperandMajorMode.MN
+        tiled_mma_qk = sm100_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, major_k, major_k, Float32, tcgen05.CtaGroup.ONE, (M, N))
+        tiled_mma_pv = sm100_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, major_k, major_mn, Float32, tcgen05.CtaGroup.ONE, (M, D),
+            tcgen05.OperandSource.TMEM)
+        # MMA views of the smem buffers (Q: A operand; K: B K-major; V: B MN-major; P: A in TMEM)
+        s_q_layout = sm100_utils.make_smem_layout_a(tiled_mma_qk, (M, N, D), self.dtype, Q_STAGES)
+        s_k_layout = sm100_utils.make_smem_layout_b(tiled_mma_qk, (M, N, D), self.dtype, KV_STAGES)
+        s_v_layout = sm100_utils.make_smem_layout_b(tiled_mma_pv, (M, D, N), self.dtype, KV_STAGES)
+        p_layout = sm100_utils.make_smem_layout_a(tiled_mma_pv, (M, D, N), self.dtype, 1)
+        # (rows, d, stage) views of the same bytes for TMA and V zeroing: row r at 128 B * r inside each
+        # 64-column chunk, chunks tile_rows * 128 B apart (K rows = keys; V's MN-major layout puts key k
+        # at the same place), so one page is the box of rows [i * page, (i + 1) * page) of a stage.
+        atom = sm100_utils.make_smem_layout_atom(tcgen05.SmemLayoutAtomKind.K_SW128, self.dtype)
+        s_q_rows = cute.tile_to_shape(atom, (M, D, Q_STAGES), (0, 1, 2))
+        s_kv_rows = cute.tile_to_shape(atom, (N, D, KV_STAGES), (0, 1, 2))
+        s_page_layout = cute.composition(
+            cute.select(s_kv_rows, mode=[0, 1]), cute.make_layout((self.page_size, D), stride=(1, N)))
+
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_atom_q, tma_q = cpasync.make_tiled_tma_atom(
+            g2s, m_q, cute.select(s_q_rows, mode=[0, 1]), ((G, M // G), D))
+        tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(g2s, m_k, s_page_layout, (self.page_size, D))
+        tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(g2s, m_v, s_page_layout, (self.page_size, D))
+
+        scale_log2 = sm_scale * Float32(LOG2_E)
+        self.kernel(
+            tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v, qo_indptr, kv_indptr, kv_indices,
+            work_indptr, items, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
+            tiled_mma_qk, tiled_mma_pv, s_q_layout, s_k_layout, s_v_layout, p_layout, s_q_rows, s_kv_rows,
+        ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream,
+                 min_blocks_per_mp=1)
+
+    # ------------------------------------------------------------------------------- device side
+    @cute.kernel
+    def kernel(self, tma_atom_q: cute.CopyAtom, tma_q: cute.Tensor, tma_atom_k: cute.CopyAtom, tma_k: cute.Tensor,
+               tma_atom_v: cute.CopyAtom, tma_v: cute.Tensor, qo_indptr: cute.Tensor, kv_indptr: cute.Tensor,
+               kv_indices: cute.Tensor, work_indptr: cute.Tensor, items: cute.Tensor, output: cute.Tensor,
+               lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor, scale_log2: Float32,
+               lse_out_scale: Float32, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
+               s_q_layout: cute.ComposedLayout, s_k_layout: cute.ComposedLayout, s_v_layout: cute.ComposedLayout,
+               p_layout: cute.ComposedLayout, s_q_rows: cute.ComposedLayout, s_kv_rows: cute.ComposedLayout):
+        tidx, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == _WARP_LOAD:
+            cpasync.prefetch_descriptor(tma_atom_q)
+            cpasync.prefetch_descriptor(tma_atom_k)
+            cpasync.prefetch_descriptor(tma_atom_v)
+
+        smem = SmemAllocator()
+        q_buf = smem.allocate_tensor(self.dtype, s_q_rows.outer, 1024, s_q_rows.inner)
+        kv_buf = smem.allocate_tensor(self.dtype, s_kv_rows.outer, 1024, s_kv_rows.inner)
+        s_vec = smem.allocate_tensor(Float32, cute.make_layout((self.tile_m, 2, C_STAGES)), 16)
+        mbar_q = smem.allocate_array(Int64, 2 * Q_STAGES, byte_alignment=8)
+        mbar_kv = smem.allocate_array(Int64, 2 * KV_STAGES, byte_alignment=8)
+        mbar_s = smem.allocate_array(Int64, 2 * S_STAGES, byte_alignment=8)
+        mbar_p = smem.allocate_array(Int64, 2 * S_STAGES, byte_alignment=8)
+        mbar_o = smem.allocate_array(Int64, 2, byte_alignment=8)
+        mbar_c = smem.allocate_array(Int64, 2 * C_STAGES, byte_alignment=8)
+        tmem_holder = smem.allocate_array(Int32, 1, byte_alignment=4)
+        # MMA views of the same buffers
+        s_q = cute.make_tensor(cute.recast_ptr(q_buf.iterator, s_q_layout.inner, dtype=self.dtype), s_q_layout.outer)
+        kv_ptr = cute.recast_ptr(kv_buf.iterator, s_k_layout.inner, dtype=self.dtype)
+        s_k = cute.make_tensor(kv_ptr, s_k_layout.outer)
+        s_v = cute.make_tensor(kv_ptr, s_v_layout.outer)
+
+        warp = cpipe.CooperativeGroup(cpipe.Agent.Thread, 1)
+        wg = cpipe.CooperativeGroup(cpipe.Agent.Thread, 128)
+        tile_bytes = self.tile_n * self.head_dim * 2
+        pipe_q = cpipe.PipelineTmaUmma.create(num_stages=Q_STAGES, producer_group=warp, consumer_group=warp,
+                                              tx_count=self.tile_m * self.head_dim * 2, barrier_storage=mbar_q,
+                                              defer_sync=True)
+        pipe_kv = cpipe.PipelineTmaUmma.create(num_stages=KV_STAGES, producer_group=warp, consumer_group=warp,
+                                               tx_count=tile_bytes, barrier_storage=mbar_kv, defer_sync=True)
+        pipe_s = cpipe.PipelineUmmaAsync.create(num_stages=S_STAGES, producer_group=warp, consumer_group=wg,
+                                                barrier_storage=mbar_s, defer_sync=True)
+        pipe_p = cpipe.PipelineAsyncUmma.create(num_stages=S_STAGES, producer_group=wg, consumer_group=warp,
+                                                barrier_storage=mbar_p, defer_sync=True)
+        pipe_o = cpipe.PipelineUmmaAsync.create(num_stages=1, producer_group=warp, consumer_group=wg,
+                                                barrier_storage=mbar_o, defer_sync=True)
+        pipe_c = cpipe.PipelineAsync.create(num_stages=C_STAGES, producer_group=wg, consumer_group=wg,
+                                            barrier_storage=mbar_c, defer_sync=True)
+        tmem_users = 32 * (4 + 4 + 1)
+        tmem = TmemAllocator(tmem_holder, barrier_for_retrieve=cpipe.NamedBarrier(_BAR_TMEM_ALLOC, tmem_users),
+                             allocator_warp_id=_WARP_CORRECTION)
+        tmem_free = cpipe.NamedBarrier(_BAR_TMEM_FREE, tmem_users)
+        cpipe.pipeline_init_arrive(is_relaxed=True)
+        cpipe.pipeline_init_wait()
+
+        producer, consumer = cpipe.PipelineUserType.Producer, cpipe.PipelineUserType.Consumer
+        item_begin = work_indptr[cta]
+        item_end = work_indptr[cta + 1]
+        if warp_idx < _WARP_CORRECTION:
+            cute.arch.setmaxregister_increase(_REGS_SOFTMAX)
+            self.softmax_role(tiled_mma_qk, tiled_mma_pv, tmem, s_vec, items, item_begin, item_end, scale_log2,
+                              pipe_s, pipe_p, pipe_c, cpipe.make_pipeline_state(consumer, S_STAGES),
+                              cpipe.make_pipeline_state(producer, S_STAGES),
+                              cpipe.make_pipeline_state(producer, C_STAGES), tidx)
+            tmem_free.arrive()
+        elif warp_idx < _WARP_MMA:
+            cute.arch.setmaxregister_decrease(_REGS_CORRECTION)
+            tmem.allocate(TMEM_COLUMNS)
+            tmem.relinquish_alloc_permit()
+            self.correction_role(tiled_mma_qk, tiled_mma_pv, tmem, s_vec, items, item_begin, item_end, qo_indptr,
+                                 output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, pipe_o, pipe_c,
+                                 cpipe.make_pipeline_state(consumer, 1),
+                                 cpipe.make_pipeline_state(consumer, C_STAGES), tidx - 128)
+            tmem_free.arrive_and_wait()  # softmax and MMA warps are done with TMEM
+            tmem.free(tmem.retrieve_ptr(Float32), TMEM_COLUMNS)
+        else:
+            cute.arch.setmaxregister_decrease(_REGS_OTHER)
+            if warp_idx == _WARP_MMA:
+                self.mma_role(tiled_mma_qk, tiled_mma_pv, s_q, s_k, s_v, kv_buf, tmem, items, item_begin,
+                              item_end, pipe_q, pipe_kv, pipe_s, pipe_p, pipe_o,
+                              cpipe.make_pipeline_state(consumer, Q_STAGES),
+                              cpipe.make_pipeline_state(consumer, KV_STAGES),
+                              cpipe.make_pipeline_state(producer, S_STAGES),
+                              cpipe.make_pipeline_state(consumer, S_STAGES),
+                              cpipe.make_pipeline_state(producer, 1))
+                tmem_free.arrive()
+            elif warp_idx == _WARP_LOAD:
+                self.load_role(tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v, q_buf, kv_buf,
+                               qo_indptr, kv_indptr, kv_indices, items, item_begin, item_end, pipe_q, pipe_kv,
+                               cpipe.make_pipeline_state(producer, Q_STAGES),
+                               cpipe.make_pipeline_state(producer, KV_STAGES))
+
+    @cute.jit
+    def tmem_tensors(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, tmem_ptr: cute.Pointer):
+        """S stage 0, O (fp32 accumulator views) and the layout of P as the PV MMA's TMEM A operand."""
+        thr_qk = tiled_mma_qk.get_slice(0)
+        thr_pv = tiled_mma_pv.get_slice(0)
+        s_frag = thr_qk.make_fragment_C(thr_qk.partition_shape_C((self.tile_m, self.tile_n)))
+        o_frag = thr_pv.make_fragment_C(thr_pv.partition_shape_C((self.tile_m, self.head_dim)))
+        t_s = cute.make_tensor(tmem_ptr, s_frag.layout)
+        t_o = cute.make_tensor(tmem_ptr + self.o_col, o_frag.layout)
+        p_tmem_layout = sm100_utils.make_smem_layout_a(tiled_mma_pv, (self.tile_m, self.head_dim, self.tile_n),
+                                                       self.dtype, 1)
+        t_p = thr_pv.make_fragment_A(cute.make_tensor(tmem_ptr, p_tmem_layout.outer))[None, None, None, 0]
+        return t_s, t_o, t_p.layout
+
+
+# ----------------------------------------------------------------------------------- registration
+def build(config: PagedAttentionConfig) -> tuple[Any, tuple[Any, ...]]:
+    """``(jit_fn, fake_args)`` for :func:`cute_attn.compile.compile_kernel` (same arguments as sm_90a)."""
+    H, Hkv, D, P = config.num_qo_heads, config.num_kv_heads, config.head_dim_qk, config.page_size
+    bf16 = cutlass.BFloat16
+    total_q = cute.sym_int(symbol="total_q")
+    num_pages = cute.sym_int(symbol="num_pages")
+    k_stride = cute.sym_int64(divisibility=8, symbol="k_page_stride")
+    v_stride = cute.sym_int64(divisibility=8, symbol="v_page_stride")
+    batch1 = cute.sym_int(symbol="batch_plus_1")
+    nnz = cute.sym_int(symbol="nnz_pages")
+    ctas1 = cute.sym_int(symbol="ctas_plus_1")
+    max_items = cute.sym_int(symbol="max_items")
+    slots = cute.sym_int(symbol="partial_slots")
+    fake = cute.runtime.make_fake_compact_tensor
+    q = fake(bf16, (total_q, H, D), stride_order=(2, 1, 0), assumed_align=16)
+    k_cache = cute.runtime.make_fake_tensor(bf16, (num_pages, P, Hkv, D), stride=(k_stride, Hkv * D, D, 1),
+                                            assumed_align=16)
+    v_cache = cute.runtime.make_fake_tensor(bf16, (num_pages, P, Hkv, D), stride=(v_stride, Hkv * D, D, 1),
+                                            assumed_align=16)
+    i32 = cutlass.Int32
+    args = (q, k_cache, v_cache, fake(i32, (batch1,)), fake(i32, (batch1,)), fake(i32, (nnz,)),
+            fake(i32, (ctas1,)), fake(i32, (max_items, len(F)), stride_order=(1, 0)),
+            fake(bf16, (total_q, H, D), stride_order=(2, 1, 0), assumed_align=16),
+            fake(Float32, (total_q, H), stride_order=(1, 0), assumed_align=16),
+            fake(Float32, (slots, config.tile_q_rows, D), stride_order=(2, 1, 0), assumed_align=16),
+            fake(Float32, (slots, config.tile_q_rows), stride_order=(1, 0), assumed_align=16),
+            Float32(1.0), Float32(1.0), cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
+    return GqaPagedPrefillSm100(config), args
+
+
+def launch(device_plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
+           output, lse, natural_lse: bool = False):
+    """Run the plan's items, then the combine kernel when the plan split any tile."""
+    from ...compile import compile_kernel
+
+    fn = compile_kernel(device_plan.config)
+    lse_out_scale = math.log(2.0) if natural_lse else 1.0
+    fn(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, device_plan.work_indptr, device_plan.items,
+       output, lse, device_plan.partial_out, device_plan.partial_lse, float(sm_scale), float(lse_out_scale))
+    if device_plan.plan.num_merges:
+        from ..common.combine import launch_combine
+
+        launch_combine(device_plan, output, lse, lse_out_scale)
+    return output, lse
+
+
+def configs(arch: str) -> list[PagedAttentionConfig]:
+    """The definition's config (gqa_paged_prefill_causal_h32_kv4_d128_ps64)."""
+    if arch != ARCH:
+        return []
+    return [default_paged_config(KIND, arch=arch, num_qo_heads=32, num_kv_heads=4, head_dim_qk=128,
+                                 head_dim_v=128, page_size=64, causal=True)]
+
+
+register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs)

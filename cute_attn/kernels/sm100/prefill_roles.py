@@ -1,0 +1,377 @@
+"""Warp roles of the sm_100a GQA paged prefill (``gqa_prefill.py`` holds the layout/pipeline design).
+
+A mixin: :class:`GqaPagedPrefillSm100` inherits these ``@cute.jit`` methods; each runs one role's
+persistent loop over the CTA's work items ``[item_begin, item_end)``. Every role reads the same item
+fields and derives the same tile count, so the pipelines stay in lockstep without extra signalling.
+
+Per item with ``n`` key tiles (``n = 0``: only the correction role acts, writing 0 / -inf):
+
+* load   : Q; K0; then for j = 1..n-1: Kj, V(j-1); then V(n-1)   (K and V share the smem ring)
+* mma    : S0 = Q K0^T; for j = 1..n-1: Sj = Q Kj^T, O (+)= P(j-1) V(j-1); then O += P(n-1) V(n-1)
+* softmax: for each j: S -> mask -> online softmax -> P (bf16, into TMEM) ; row scale (j >= 1) and the
+  final (row_sum, row_max) go to the correction role through a small smem vector ring
+* correction: for j = 1..n-1: wait PV(j-1), O *= scale_j in TMEM; then the epilogue after PV(n-1)
+
+Private math (not ``common/softmax.py``, which works on Hopper wgmma fragments whose rows are spread
+over 4 threads): here ``tcgen05.ld 32x32b`` gives each softmax thread one whole score row, so row max
+and row sum need no shuffles.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync, tcgen05
+
+from ...plan import ItemField as F
+from ..common.mask import tile_needs_mask
+
+_NEG_INF = -Float32.inf
+
+
+def _fence_before_sync():
+    """``tcgen05.fence::before_thread_sync``: order this thread's tcgen05 ops before a following arrive."""
+    cute.arch.inline_ptx("tcgen05.fence::before_thread_sync;")
+
+
+def _fence_after_sync():
+    """``tcgen05.fence::after_thread_sync``: order tcgen05 ops after a barrier wait behind the other side's."""
+    cute.arch.inline_ptx("tcgen05.fence::after_thread_sync;")
+
+
+@cute.jit
+def _num_tiles(kv_start: Int32, kv_end: Int32, tile_n: cutlass.Constexpr[int]) -> Int32:
+    n = Int32(0)
+    if kv_end > kv_start:
+        n = (kv_end - kv_start + tile_n - 1) // tile_n
+    return n
+
+
+class PrefillRoles:
+    """Role bodies; constants (``self.tile_m`` ...) come from the kernel class."""
+
+    # --------------------------------------------------------------------------------------- load
+    @cute.jit
+    def load_role(self, tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v, s_q_rows, s_kv_rows,
+                  qo_indptr, kv_indptr, kv_indices, items, item_begin: Int32, item_end: Int32,
+                  pipe_q, pipe_kv, q_state, kv_state):
+        G, P, npg, N, D = self.group, self.page_size, self.pages_per_tile, self.tile_n, self.head_dim
+        # one page of one KV head = one TMA box; smem pages: (box, page in tile, 1, stage)
+        s_pages = cute.group_modes(cute.flat_divide(s_kv_rows, (P, D)), 0, 2)
+        t_ks, t_kg = cpasync.tma_partition(tma_atom_k, 0, cute.make_layout(1), s_pages,
+                                           cute.group_modes(tma_k, 0, 2))
+        t_vs, t_vg = cpasync.tma_partition(tma_atom_v, 0, cute.make_layout(1), s_pages,
+                                           cute.group_modes(tma_v, 0, 2))
+        page_ids = cute.make_rmem_tensor(npg, Int32)
+        for it in cutlass.range(item_begin, item_end, unroll=1):
+            b = items[it, int(F.REQUEST)]
+            h = items[it, int(F.KV_HEAD)]
+            r0 = items[it, int(F.Q_ROW_START)]
+            kv_start = items[it, int(F.KV_START)]
+            kv_end = items[it, int(F.KV_END)]
+            n = _num_tiles(kv_start, kv_end, N)
+            if n > 0:
+                token0 = qo_indptr[b] + r0 // G
+                g_q = cute.local_tile(cute.domain_offset(((0, token0), 0), tma_q[None, None, h]),
+                                      (self.tile_m, D), (0, 0))
+                t_qs, t_qg = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1),
+                                                   cute.group_modes(s_q_rows, 0, 2), cute.group_modes(g_q, 0, 2))
+                pipe_q.producer_acquire(q_state)
+                cute.copy(tma_atom_q, t_qg, t_qs[None, q_state.index],
+                          tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+                q_state.advance()
+                page_base = kv_indptr[b]
+                # K0, then (Kj, V(j-1)) pairs, then the last V: the MMA warp consumes in this order
+                kv_state = self._load_tile(tma_atom_k, t_kg, t_ks, kv_indices, page_ids, page_base, kv_start,
+                                           kv_end, h, pipe_kv, kv_state)
+                for j in cutlass.range(1, n, unroll=1):
+                    kv_state = self._load_tile(tma_atom_k, t_kg, t_ks, kv_indices, page_ids, page_base,
+                                               kv_start + j * N, kv_end, h, pipe_kv, kv_state)
+                    kv_state = self._load_tile(tma_atom_v, t_vg, t_vs, kv_indices, page_ids, page_base,
+                                               kv_start + (j - 1) * N, kv_end, h, pipe_kv, kv_state)
+                kv_state = self._load_tile(tma_atom_v, t_vg, t_vs, kv_indices, page_ids, page_base,
+                                           kv_start + (n - 1) * N, kv_end, h, pipe_kv, kv_state)
+
+    @cute.jit
+    def _load_tile(self, atom, t_g, t_s, kv_indices, page_ids, page_base: Int32, kv_base: Int32, kv_end: Int32,
+                   h: Int32, pipe_kv, kv_state):
+        P, npg = self.page_size, self.pages_per_tile
+        for i in cutlass.range_constexpr(npg):
+            pid = Int32(-1)  # a page wholly past kv_end: TMA zero-fills the out-of-bounds box
+            if kv_base + i * P < kv_end:
+                pid = kv_indices[page_base + kv_base // P + i]
+            page_ids[i] = pid
+        pipe_kv.producer_acquire(kv_state)
+        for i in cutlass.range_constexpr(npg):
+            cute.copy(atom, t_g[None, h, page_ids[i]], t_s[None, i, 0, kv_state.index],
+                      tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+        kv_state.advance()
+        return kv_state
+
+    # ---------------------------------------------------------------------------------------- mma
+    @cute.jit
+    def mma_role(self, tiled_mma_qk, tiled_mma_pv, s_q, s_k, s_v, s_kv_rows, tmem, items, item_begin: Int32,
+                 item_end: Int32, pipe_q, pipe_kv, pipe_s, pipe_p, pipe_o, q_state, kv_state, s_state, p_state,
+                 o_state):
+        N = self.tile_n
+        tmem.wait_for_alloc()
+        tmem_ptr = tmem.retrieve_ptr(Float32)
+        t_s, t_o, p_layout = self.tmem_tensors(tiled_mma_qk, tiled_mma_pv, tmem_ptr)
+        thr_qk = tiled_mma_qk.get_slice(0)
+        thr_pv = tiled_mma_pv.get_slice(0)
+        t_rq = thr_qk.make_fragment_A(s_q)
+        t_rk = thr_qk.make_fragment_B(s_k)
+        t_rv = thr_pv.make_fragment_B(s_v)
+        for it in cutlass.range(item_begin, item_end, unroll=1):
+            kv_start = items[it, int(F.KV_START)]
+            kv_end = items[it, int(F.KV_END)]
+            n = _num_tiles(kv_start, kv_end, N)
+            if n > 0:
+                pipe_q.consumer_wait(q_state)
+                q_stage = q_state.index
+                kv_state, s_state = self._mma_qk(tiled_mma_qk, t_rq, t_rk, t_s, q_stage, pipe_kv, pipe_s, kv_state,
+                                                 s_state)
+                for j in cutlass.range(1, n, unroll=1):
+                    kv_state, s_state = self._mma_qk(tiled_mma_qk, t_rq, t_rk, t_s, q_stage, pipe_kv, pipe_s,
+                                                     kv_state, s_state)
+                    kv_state, p_state, o_state = self._mma_pv(
+                        tiled_mma_pv, t_rv, tmem_ptr, p_layout, t_o, s_kv_rows, j > 1, N, pipe_kv, pipe_p, pipe_o,
+                        kv_state, p_state, o_state)
+                # the last tile may end inside a page: zero its V rows >= kv_end first (NaN pool tails)
+                kv_state, p_state, o_state = self._mma_pv(
+                    tiled_mma_pv, t_rv, tmem_ptr, p_layout, t_o, s_kv_rows, n > 1, kv_end - kv_start - (n - 1) * N,
+                    pipe_kv, pipe_p, pipe_o, kv_state, p_state, o_state)
+                pipe_q.consumer_release(q_state)
+                q_state.advance()
+
+    @cute.jit
+    def _mma_qk(self, tiled_mma, t_rq, t_rk, t_s, q_stage: Int32, pipe_kv, pipe_s, kv_state, s_state):
+        pipe_kv.consumer_wait(kv_state)
+        pipe_s.producer_acquire(s_state)
+        _fence_after_sync()
+        acc = cute.make_tensor(t_s.iterator + s_state.index * self.tile_n, t_s.layout)
+        mma = cute.make_mma_atom(tiled_mma.op)  # a local atom: its ACCUMULATE field never escapes this call
+        for k in cutlass.range_constexpr(cute.size(t_rq, mode=[2])):
+            mma.set(tcgen05.Field.ACCUMULATE, k != 0)
+            cute.gemm(mma, acc, t_rq[None, None, k, q_stage], t_rk[None, None, k, kv_state.index], acc)
+        pipe_s.producer_commit(s_state)
+        s_state.advance()
+        pipe_kv.consumer_release(kv_state)
+        kv_state.advance()
+        return kv_state, s_state
+
+    @cute.jit
+    def _mma_pv(self, tiled_mma, t_rv, tmem_ptr, p_layout, t_o, s_kv_rows, accumulate, valid_keys: Int32,
+                pipe_kv, pipe_p, pipe_o, kv_state, p_state, o_state):
+        pipe_kv.consumer_wait(kv_state)
+        if valid_keys < self.tile_n:
+            self._zero_v_tail(s_kv_rows, kv_state.index, valid_keys)
+        pipe_o.producer_acquire(o_state)  # the correction role is done with O (rescaled, or read out)
+        pipe_p.consumer_wait(p_state)
+        _fence_after_sync()
+        # P(j) sits in its S stage (offsets in 32-bit columns, then viewed as packed bf16)
+        p = cute.make_tensor(cute.recast_ptr(tmem_ptr + p_state.index * self.tile_n + self.p_col, dtype=self.dtype),
+                             p_layout)
+        mma = cute.make_mma_atom(tiled_mma.op)
+        for k in cutlass.range_constexpr(cute.size(p, mode=[2])):
+            mma.set(tcgen05.Field.ACCUMULATE, accumulate or k != 0)
+            cute.gemm(mma, t_o, p[None, None, k], t_rv[None, None, k, kv_state.index], t_o)
+        pipe_p.consumer_release(p_state)
+        p_state.advance()
+        pipe_kv.consumer_release(kv_state)
+        kv_state.advance()
+        pipe_o.producer_commit(o_state)
+        o_state.advance()
+        return kv_state, p_state, o_state
+
+    @cute.jit
+    def _zero_v_tail(self, s_kv_rows, stage: Int32, first_row: Int32):
+        """Zero V rows ``[first_row, tile_n)`` of ``stage`` (one warp), then make them visible to tcgen05."""
+        lane = cute.arch.lane_idx()
+        D = self.head_dim
+        for e in cutlass.range(lane + first_row * D, self.tile_n * D, 32, unroll=1):
+            s_kv_rows[e // D, e % D, stage] = self.dtype(0.0)
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.sync_warp()
+
+    # ------------------------------------------------------------------------------------ softmax
+    @cute.jit
+    def softmax_role(self, tiled_mma_qk, tiled_mma_pv, tmem, s_vec, items, item_begin: Int32, item_end: Int32,
+                     scale_log2: Float32, pipe_s, pipe_p, pipe_c, s_state, p_state, c_state, tid: Int32):
+        G, N = self.group, self.tile_n
+        tmem.wait_for_alloc()
+        tmem_ptr = tmem.retrieve_ptr(Float32)
+        t_s, t_o, _ = self.tmem_tensors(tiled_mma_qk, tiled_mma_pv, tmem_ptr)
+        thr_qk = tiled_mma_qk.get_slice(0)
+        c_s = thr_qk.partition_C(cute.make_identity_tensor((self.tile_m, N)))
+        # S: one 32x32b.x32 load per 32 columns; each thread owns one row
+        ld_atom = cute.make_copy_atom(tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(32)), Float32)
+        tiled_ld = tcgen05.make_tmem_copy(ld_atom, t_s)
+        thr_ld = tiled_ld.get_slice(tid)
+        t_ld_s = thr_ld.partition_S(t_s)
+        t_ld_c = thr_ld.partition_D(c_s)
+        # P: bf16 pairs packed in 32-bit TMEM columns, N/2 columns at P_COL of the S stage
+        t_s_p = cute.make_tensor(t_s.iterator + self.p_col,
+                                 cute.composition(t_s.layout, cute.make_layout((128, N // 2))))
+        c_s_p = cute.make_tensor(c_s.iterator, cute.composition(c_s.layout, cute.make_layout((128, N // 2))))
+        st_atom = cute.make_copy_atom(tcgen05.copy.St32x32bOp(tcgen05.copy.Repetition(32)), Float32)
+        tiled_st = tcgen05.make_tmem_copy(st_atom, t_s_p)
+        thr_st = tiled_st.get_slice(tid)
+        t_st_p = thr_st.partition_D(t_s_p)
+        r_s = cute.make_rmem_tensor(t_ld_c.shape, Float32)
+        r_p32 = cute.make_rmem_tensor(thr_st.partition_S(c_s_p).shape, Float32)
+        r_p = cute.make_tensor(cute.recast_ptr(r_p32.iterator, dtype=self.dtype), r_s.layout)
+        row = t_ld_c[0][0]  # this thread's packed row (= TMEM lane = tid)
+
+        for it in cutlass.range(item_begin, item_end, unroll=1):
+            r0 = items[it, int(F.Q_ROW_START)]
+            kv_start = items[it, int(F.KV_START)]
+            kv_end = items[it, int(F.KV_END)]
+            causal_offset = items[it, int(F.CAUSAL_OFFSET)]
+            n = _num_tiles(kv_start, kv_end, N)
+            first_token = r0 // G
+            token = (r0 + row) // G
+            row_max = _NEG_INF
+            row_sum = Float32(0.0)
+            for j in cutlass.range(n, unroll=1):
+                kv_base = kv_start + j * N
+                pipe_s.consumer_wait(s_state)
+                _fence_after_sync()
+                cute.copy(tiled_ld, cute.make_tensor(t_ld_s.iterator + s_state.index * N, t_ld_s.layout), r_s)
+                cute.arch.fence_view_async_tmem_load()
+                if tile_needs_mask(kv_base, N, kv_end, first_token, causal_offset):
+                    limit = cutlass.min(kv_end, token + causal_offset + 1) - kv_base
+                    for i in cutlass.range_constexpr(cute.size(r_s)):
+                        if t_ld_c[i][1] >= limit:
+                            r_s[i] = _NEG_INF
+                new_max = cute.arch.fmax(row_max, r_s.load().reduce(cute.ReductionOp.MAX, _NEG_INF, 0))
+                safe_max = Float32(0.0) if new_max == _NEG_INF else new_max
+                max_scaled = safe_max * scale_log2
+                # old max -inf: exp2(-inf) = 0 (the running sum and O are zero anyway), never NaN
+                scale = cute.math.exp2(row_max * scale_log2 - max_scaled, fastmath=True)
+                row_max = new_max
+                total = row_sum * scale
+                for i in cutlass.range_constexpr(cute.size(r_s)):
+                    p = cute.math.exp2(r_s[i] * scale_log2 - max_scaled, fastmath=True)
+                    r_s[i] = p
+                    total += p
+                row_sum = total
+                r_p.store(r_s.load().to(self.dtype))
+                pipe_p.producer_acquire(p_state)
+                cute.copy(tiled_st, r_p32, cute.make_tensor(t_st_p.iterator + p_state.index * N, t_st_p.layout))
+                cute.arch.fence_view_async_tmem_store()
+                _fence_before_sync()
+                pipe_p.producer_commit(p_state)
+                p_state.advance()
+                pipe_s.consumer_release(s_state)
+                s_state.advance()
+                if j > 0:  # O holds P(<j) V: the correction role rescales it before PV(j)
+                    pipe_c.producer_acquire(c_state)
+                    s_vec[row, 0, c_state.index] = scale
+                    pipe_c.producer_commit(c_state)
+                    c_state.advance()
+            if n > 0:
+                pipe_c.producer_acquire(c_state)
+                s_vec[row, 0, c_state.index] = row_sum
+                s_vec[row, 1, c_state.index] = row_max
+                pipe_c.producer_commit(c_state)
+                c_state.advance()
+
+    # --------------------------------------------------------------------------------- correction
+    @cute.jit
+    def correction_role(self, tiled_mma_qk, tiled_mma_pv, tmem, s_vec, items, item_begin: Int32,
+                        item_end: Int32, qo_indptr, output, lse, partial_out, partial_lse, scale_log2: Float32,
+                        lse_out_scale: Float32, pipe_o, pipe_c, o_state, c_state, tid: Int32):
+        G, N, D, C = self.group, self.tile_n, self.head_dim, self.epi_cols
+        tmem.wait_for_alloc()
+        tmem_ptr = tmem.retrieve_ptr(Float32)
+        t_s, t_o, _ = self.tmem_tensors(tiled_mma_qk, tiled_mma_pv, tmem_ptr)
+        thr_pv = tiled_mma_pv.get_slice(0)
+        c_o = thr_pv.partition_C(cute.make_identity_tensor((self.tile_m, D)))
+        # O in chunks of C columns: 32x32b.xC loads/stores, one row per thread
+        t_o_c = cute.make_tensor(t_o.iterator, cute.composition(t_o.layout, cute.make_layout((128, C))))
+        c_o_c = cute.make_tensor(c_o.iterator, cute.composition(c_o.layout, cute.make_layout((128, C))))
+        tiled_ld = tcgen05.make_tmem_copy(
+            cute.make_copy_atom(tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(C)), Float32), t_o_c)
+        tiled_st = tcgen05.make_tmem_copy(
+            cute.make_copy_atom(tcgen05.copy.St32x32bOp(tcgen05.copy.Repetition(C)), Float32), t_o_c)
+        thr_ld = tiled_ld.get_slice(tid)
+        thr_st = tiled_st.get_slice(tid)
+        t_ld_o = thr_ld.partition_S(t_o_c)
+        t_st_o = thr_st.partition_D(t_o_c)
+        c_ld_o = thr_ld.partition_D(c_o_c)
+        r_o = cute.make_rmem_tensor(c_ld_o.shape, Float32)
+        row = c_ld_o[0][0]  # this thread's packed row (= TMEM lane = tid)
+        r_bf = cute.make_rmem_tensor(C, self.dtype)
+        r_f32 = cute.make_rmem_tensor(C, Float32)
+
+        for it in cutlass.range(item_begin, item_end, unroll=1):
+            b = items[it, int(F.REQUEST)]
+            h = items[it, int(F.KV_HEAD)]
+            r0 = items[it, int(F.Q_ROW_START)]
+            row_count = items[it, int(F.Q_ROW_COUNT)]
+            kv_start = items[it, int(F.KV_START)]
+            kv_end = items[it, int(F.KV_END)]
+            slot = items[it, int(F.PARTIAL_SLOT)]
+            n = _num_tiles(kv_start, kv_end, N)
+            for j in cutlass.range(1, n, unroll=1):
+                pipe_c.consumer_wait(c_state)
+                scale = s_vec[row, 0, c_state.index]
+                pipe_c.consumer_release(c_state)
+                c_state.advance()
+                pipe_o.consumer_wait(o_state)  # PV(j-1) has landed in O
+                _fence_after_sync()
+                if cute.arch.vote_any_sync(scale != Float32(1.0)):  # tcgen05.ld/st are warp-collective
+                    for c in cutlass.range_constexpr(D // C):
+                        cute.copy(tiled_ld, cute.make_tensor(t_ld_o.iterator + c * C, t_ld_o.layout), r_o)
+                        cute.arch.fence_view_async_tmem_load()
+                        for i in cutlass.range_constexpr(cute.size(r_o)):
+                            r_o[i] = r_o[i] * scale
+                        cute.copy(tiled_st, r_o, cute.make_tensor(t_st_o.iterator + c * C, t_st_o.layout))
+                    cute.arch.fence_view_async_tmem_store()
+                _fence_before_sync()
+                pipe_o.consumer_release(o_state)
+                o_state.advance()
+            row_sum = Float32(0.0)
+            row_max = _NEG_INF
+            if n > 0:
+                pipe_c.consumer_wait(c_state)
+                row_sum = s_vec[row, 0, c_state.index]
+                row_max = s_vec[row, 1, c_state.index]
+                pipe_c.consumer_release(c_state)
+                c_state.advance()
+                pipe_o.consumer_wait(o_state)  # the last PV has landed
+                _fence_after_sync()
+            empty = row_sum == Float32(0.0)
+            o_scale = Float32(0.0) if empty else cute.arch.rcp_approx(row_sum)
+            safe_sum = Float32(1.0) if empty else row_sum
+            row_lse = row_max * scale_log2 + cute.math.log2(safe_sum, fastmath=True)
+            row_lse = _NEG_INF if empty else row_lse
+            packed = r0 + row
+            token = qo_indptr[b] + packed // G
+            head = h * G + packed % G
+            for c in cutlass.range_constexpr(D // C):
+                if n > 0:
+                    cute.copy(tiled_ld, cute.make_tensor(t_ld_o.iterator + c * C, t_ld_o.layout), r_o)
+                    cute.arch.fence_view_async_tmem_load()
+                    for i in cutlass.range_constexpr(C):
+                        r_f32[i] = r_o[i] * o_scale
+                else:
+                    r_f32.fill(0.0)
+                if row < row_count:  # rows past Q_ROW_COUNT belong to another request (or nothing)
+                    if slot < 0:
+                        for i in cutlass.range_constexpr(C):
+                            r_bf[i] = r_f32[i].to(self.dtype)
+                        cute.autovec_copy(r_bf, cute.local_tile(output[token, head, None], (C,), (c,)))
+                    else:
+                        cute.autovec_copy(r_f32, cute.local_tile(partial_out[slot, row, None], (C,), (c,)))
+            if n > 0:
+                _fence_before_sync()
+                pipe_o.consumer_release(o_state)  # O may now be overwritten by the next item's PV
+                o_state.advance()
+            if row < row_count:
+                if slot < 0:
+                    lse[token, head] = row_lse * lse_out_scale
+                else:
+                    partial_lse[slot, row] = row_lse

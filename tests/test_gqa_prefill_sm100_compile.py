@@ -1,0 +1,120 @@
+"""Compile-only tests of the sm_100a causal GQA paged prefill kernel (CPU; no Blackwell GPU anywhere).
+
+These prove the kernel traces, lowers and emits the Blackwell instructions it is built from; they say
+nothing about its numerics, which have never been run.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from cute_attn import compile as compile_mod
+from cute_attn.compile import clear_memory_cache, compile_kernel, compile_to_ptx
+from cute_attn.config import default_paged_config
+from cute_attn.kernels import find_launcher
+from cute_attn.kernels.sm100 import gqa_prefill
+
+SMEM_LIMIT = 227 * 1024
+TMEM_LIMIT = 512
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cute_attn_cache")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(shared_cache, monkeypatch):
+    monkeypatch.setenv(compile_mod.CACHE_DIR_ENV, str(shared_cache))
+    clear_memory_cache()
+    yield
+    clear_memory_cache()
+
+
+def _config(**overrides):
+    base = dict(arch="sm_100a", num_qo_heads=32, num_kv_heads=4, head_dim_qk=128, head_dim_v=128, page_size=64,
+                causal=True)
+    base.update(overrides)
+    return default_paged_config("gqa_paged_prefill", **base)
+
+
+def test_registered_configs_are_the_definition():
+    configs = gqa_prefill.configs("sm_100a")
+    assert configs == [_config()]
+    assert gqa_prefill.configs("sm_90a") == []
+    assert find_launcher(_config()) is gqa_prefill.launch
+
+
+@pytest.mark.parametrize("config", gqa_prefill.configs("sm_100a"), ids=str)
+def test_resources_fit_one_sm(config):
+    assert gqa_prefill.check_config(config) is None
+    assert gqa_prefill.smem_bytes(config) <= SMEM_LIMIT
+    assert gqa_prefill.tmem_columns(config) <= gqa_prefill.TMEM_COLUMNS <= TMEM_LIMIT
+
+
+def _check_ptx(config, ptx: str):
+    assert ".target sm_100a" in ptx
+    for instr in ("tcgen05.mma", "tcgen05.alloc", "tcgen05.dealloc", "tcgen05.ld", "tcgen05.st",
+                  "tcgen05.commit", "cp.async.bulk.tensor", "mbarrier.try_wait.parity", "setmaxnreg"):
+        assert instr in ptx, instr
+    assert "GqaPagedPrefillSm100" in ptx  # readable kernel symbol
+    # S = Q K^T and O += P V, 8 k-blocks each, issued at two sites each (first tile / steady state)
+    mmas = re.findall(r"tcgen05\.mma\.cta_group::1\.kind::f16[^;]*;", ptx)
+    assert len(mmas) == 4 * 8
+    assert sum("], [" in m for m in mmas) == 2 * 8  # P V: A operand (P) read from TMEM
+    # Q: one box per 64-column swizzle half; K and V: one box per page per half, 4 load sites
+    pages = config.kv_tile // config.page_size
+    halves = config.head_dim_qk // 64
+    assert ptx.count("cp.async.bulk.tensor") == halves + 4 * pages * halves
+
+
+@pytest.mark.parametrize("config", gqa_prefill.configs("sm_100a"), ids=str)
+def test_registered_config_compiles_with_tcgen05(config):
+    assert callable(compile_kernel(config))
+    _check_ptx(config, compile_to_ptx(config))
+
+
+@pytest.mark.parametrize("overrides", [dict(page_size=16), dict(num_kv_heads=8)], ids=["ps16", "group4"])
+def test_family_members_compile(overrides):
+    config = _config(**overrides)
+    assert gqa_prefill.check_config(config) is None
+    _check_ptx(config, compile_to_ptx(config))
+
+
+def test_unsupported_configs_are_refused_with_a_reason():
+    assert "sm_100a" in gqa_prefill.check_config(_config(arch="sm_90a"))
+    assert "head_dim" in gqa_prefill.check_config(_config(head_dim_qk=64, head_dim_v=64))
+    assert "group size" in gqa_prefill.check_config(_config(num_qo_heads=20, num_kv_heads=4))
+    with pytest.raises(ValueError):
+        gqa_prefill.GqaPagedPrefillSm100(_config(page_size=4))
+
+
+def _ptxas_13():
+    path = shutil.which("ptxas")
+    if path is None:
+        return None
+    out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
+    match = re.search(r"release (\d+)\.", out)
+    return path if match and int(match.group(1)) >= 13 else None
+
+
+@pytest.mark.skipif(_ptxas_13() is None, reason="needs a CUDA 13 ptxas (sm_100a)")
+def test_ptxas_assembles_without_real_spills(tmp_path):
+    """ptxas accepts the PTX for sm_100a and the setmaxnreg budget leaves no real spills.
+
+    The DSL emits PTX ISA 9.4; a CUDA 13.0 ptxas reads 9.0, so the header is lowered for this check.
+    """
+    ptx = compile_to_ptx(_config())
+    src = tmp_path / "k.ptx"
+    src.write_text(re.sub(r"^\.version \d+\.\d+", ".version 9.0", ptx, count=1, flags=re.M))
+    out = subprocess.run([_ptxas_13(), "-arch=sm_100a", "-v", str(src), "-o", str(tmp_path / "k.cubin")],
+                         capture_output=True, text=True)
+    if "Unsupported .version" in out.stderr:
+        pytest.skip(out.stderr.strip())
+    assert out.returncode == 0, out.stderr
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", out.stderr)]
+    assert spills and max(spills) <= 16, out.stderr
