@@ -28,7 +28,7 @@ def test_combine_compiles_for_both_arches(arch):
 
 
 def test_combine_rejects_a_head_dim_it_cannot_split():
-    assert "head_dim_v=96" in CombineConfig(arch="sm_90a", head_dim_v=96).can_implement()
+    assert "head_dim_v=100" in CombineConfig(arch="sm_90a", head_dim_v=100).can_implement()
 
 
 def _split_plan(kind, q_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim, causal, num_ctas=132):

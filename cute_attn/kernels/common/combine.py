@@ -1,11 +1,13 @@
 """LSE combine: fold split-KV partials into the final output (shared by every kernel and both arches).
 
-Roles / pipeline: one CTA per merge entry of the plan (grid = ``max_merges`` so a CUDA graph replays any
-plan that fits; merges past ``num_merges`` have no slots and exit). For each of the merge's packed rows,
-every thread reads the row's partial LSEs (a handful of scalars), computes the merged base-2 LSE
-``L = m + log2(sum 2^(lse_i - m))`` and the weights ``2^(lse_i - L)``, then accumulates its share of the
-head dimension ``o = sum_i w_i * partial_out[slot_i, row, :]`` and stores it as bf16; thread 0 writes
-``lse = L * lse_out_scale``. A row whose partials are all ``-inf`` (it saw no key) gets 0 and ``-inf``.
+Roles / pipeline: grid ``(max_merges, row_blocks)`` (fixed by the plan capacity, so a CUDA graph
+replays any plan that fits; merges past ``num_merges`` have no slots and exit), 4 warps per CTA, one
+packed row per warp at a time. A warp spreads the row's partial LSEs over its lanes and reduces them
+with shuffles to the merged base-2 LSE ``L = m + log2(sum 2^(lse_i - m))``; then each lane owns every
+32nd element of the head dimension and accumulates ``o = sum_i 2^(lse_i - L) * partial_out[slot_i, row, :]``
+(one coalesced read of a slot's row per warp, slots unrolled so loads overlap), stores it as bf16, and
+lane 0 writes ``lse = L * lse_out_scale``. A row whose partials are all ``-inf`` (it saw no key) gets 0
+and ``-inf``. Latency matters more than bandwidth here: batch-1 decode merges ~26 slots per row.
 
 Packed row ``r`` of (request ``b``, KV head ``h``) is token ``TOKEN_START + r // group`` and query head
 ``h * group + r % group`` (``docs/kernel-contract.md``).
@@ -26,7 +28,9 @@ from ...compile import compile_kernel, register_kernel
 from ...config import KernelConfig, PagedAttentionConfig
 from ...plan import MergeField
 
-NUM_THREADS = 128
+WARP = 32
+WARPS_PER_CTA = 4  # one packed row per warp at a time
+ROWS_PER_MERGE_PASS = 16  # rows of one merge handled concurrently (CTAs per merge x warps)
 
 
 @dataclass(frozen=True)
@@ -48,8 +52,8 @@ class CombineConfig(KernelConfig):
     def can_implement(self) -> str | None:
         if (reason := super().can_implement()) is not None:
             return reason
-        if self.head_dim_v % NUM_THREADS and NUM_THREADS % self.head_dim_v:
-            return f"head_dim_v={self.head_dim_v} must divide or be a multiple of {NUM_THREADS}"
+        if self.head_dim_v % WARP:
+            return f"head_dim_v={self.head_dim_v} must be a multiple of {WARP} (one warp spans a row)"
         if self.group_size < 1 or self.num_qo_heads % self.group_size:
             return f"num_qo_heads={self.num_qo_heads} must be a multiple of group_size={self.group_size}"
         return None
@@ -58,10 +62,11 @@ class CombineConfig(KernelConfig):
 class LseCombine:
     def __init__(self, config: CombineConfig) -> None:
         self.config = config
-        self.head_dim_v = config.head_dim_v
         self.group = config.group_size
-        self.dims_per_thread = max(1, config.head_dim_v // NUM_THREADS)
-        self.active_threads = min(NUM_THREADS, config.head_dim_v)
+        self.dims_per_lane = config.head_dim_v // WARP
+        # enough CTAs per merge that short merges (decode: 5 rows) spread over warps, few enough that
+        # a 128-row merge loops instead of launching idle CTAs
+        self.row_blocks = max(1, min(config.tile_q_rows, ROWS_PER_MERGE_PASS) // WARPS_PER_CTA)
 
     def __repr__(self) -> str:
         c = self.config
@@ -80,13 +85,15 @@ class LseCombine:
         stream: cuda.CUstream,
     ):
         self.kernel(partial_out, partial_lse, merge_indptr, merges, output, lse, lse_out_scale).launch(
-            grid=(merges.shape[0], 1, 1), block=(NUM_THREADS, 1, 1), stream=stream
+            grid=(merges.shape[0], self.row_blocks, 1), block=(WARPS_PER_CTA * WARP, 1, 1), stream=stream
         )
 
     @cute.kernel
     def kernel(self, partial_out, partial_lse, merge_indptr, merges, output, lse, lse_out_scale: cutlass.Float32):
         tidx, _, _ = cute.arch.thread_idx()
-        m, _, _ = cute.arch.block_idx()
+        m, row_block, _ = cute.arch.block_idx()
+        lane = tidx % WARP
+        warp = tidx // WARP
         slot_begin = merge_indptr[m]
         slot_end = merge_indptr[m + 1]
         kv_head = merges[m, MergeField.KV_HEAD]
@@ -96,31 +103,37 @@ class LseCombine:
         if slot_end <= slot_begin:
             row_count = 0
         neg_inf = -cutlass.Float32.inf
-        for r in range(row_count):
-            packed = row_start + r
-            token = token_start + packed // self.group
-            head = kv_head * self.group + packed % self.group
-            row_max = neg_inf
-            for s in range(slot_begin, slot_end):
-                row_max = cute.arch.fmax(row_max, partial_lse[s, r])
-            total = cutlass.Float32(0.0)
+        acc = cute.make_rmem_tensor((self.dims_per_lane,), cutlass.Float32)
+        row_stride = self.row_blocks * WARPS_PER_CTA
+        for r in range(row_block * WARPS_PER_CTA + warp, row_count, row_stride):
+            # the row's partial LSEs, spread over the lanes, reduced with shuffles
+            lane_max = neg_inf
+            for s in range(slot_begin + lane, slot_end, WARP):
+                lane_max = cute.arch.fmax(lane_max, partial_lse[s, r])
+            row_max = cute.arch.warp_reduction_max(lane_max)
             safe_max = row_max if row_max != neg_inf else cutlass.Float32(0.0)
-            for s in range(slot_begin, slot_end):
-                total = total + cute.math.exp2(partial_lse[s, r] - safe_max, fastmath=True)
+            lane_sum = cutlass.Float32(0.0)
+            for s in range(slot_begin + lane, slot_end, WARP):
+                lane_sum = lane_sum + cute.math.exp2(partial_lse[s, r] - safe_max, fastmath=True)
+            total = cute.arch.warp_reduction(lane_sum, lambda a, b: a + b)
             merged_lse = neg_inf
             if total > 0.0:
                 merged_lse = safe_max + cute.math.log2(total, fastmath=True)
-            if tidx < self.active_threads:
-                for i in cutlass.range_constexpr(self.dims_per_thread):
-                    d = tidx + i * NUM_THREADS
-                    acc = cutlass.Float32(0.0)
-                    if total > 0.0:
-                        for s in range(slot_begin, slot_end):
-                            part_lse = partial_lse[s, r]
-                            if part_lse != neg_inf:  # a chunk that saw no key adds nothing, whatever its o
-                                acc = acc + cute.math.exp2(part_lse - merged_lse, fastmath=True) * partial_out[s, r, d]
-                    output[token, head, d] = acc.to(cutlass.BFloat16)
-            if tidx == 0:
+            for i in cutlass.range_constexpr(self.dims_per_lane):
+                acc[i] = cutlass.Float32(0.0)
+            # each lane owns dims lane, lane + 32, ...: every slot's row is one coalesced read per warp
+            for s in range(slot_begin, slot_end, unroll=4):
+                part_lse = partial_lse[s, r]
+                if part_lse != neg_inf:  # a chunk that saw no key adds nothing, whatever its o
+                    weight = cute.math.exp2(part_lse - merged_lse, fastmath=True)
+                    for i in cutlass.range_constexpr(self.dims_per_lane):
+                        acc[i] = acc[i] + weight * partial_out[s, r, lane + i * WARP]
+            packed = row_start + r
+            token = token_start + packed // self.group
+            head = kv_head * self.group + packed % self.group
+            for i in cutlass.range_constexpr(self.dims_per_lane):
+                output[token, head, lane + i * WARP] = acc[i].to(cutlass.BFloat16)
+            if lane == 0:
                 lse[token, head] = merged_lse * lse_out_scale
 
 
