@@ -110,6 +110,10 @@ class PagedAttentionConfig(KernelConfig):
     tile_q_rows: int = 128
     kv_tile: int = 128
     ctas_per_sm: int = 1
+    #: sm_90a prefill: issue S_{j+1} = Q K_{j+1}^T before the softmax of tile j (FA3 intra-warpgroup overlap)
+    intra_wg_overlap: bool = False
+    #: sm_90a prefill: write the bf16 output tile through shared memory with 16-byte coalesced stores
+    smem_epilogue: bool = False
 
     @property
     def group_size(self) -> int:

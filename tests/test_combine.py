@@ -10,7 +10,6 @@ from cute_attn import api, reference, testing
 from cute_attn.compile import compile_kernel_with_info, compile_to_ptx
 from cute_attn.config import default_paged_config
 from cute_attn.kernels.common.combine import CombineConfig, default_configs, launch_combine
-from cute_attn.plan import MergeField as MF
 from cute_attn.plan import plan_work
 
 

@@ -6,6 +6,8 @@ so a kernel that reads a wrong slot, multiplies a NaN V row by a masked zero, or
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -97,3 +99,51 @@ def test_family_members(page_size, heads, kv_heads):
 def test_ragged_batches_match_reference(batch):
     q_lens, kv_lens = batch
     _check(_case(q_lens, kv_lens, seed=sum(q_lens) + len(q_lens)))
+
+
+# ---------------------------------------------------------------------------------------- variants
+VARIANTS = {
+    "overlap": dict(intra_wg_overlap=True),
+    "smem_epilogue": dict(smem_epilogue=True),
+    "both": dict(intra_wg_overlap=True, smem_epilogue=True),
+}
+
+
+def _check_variant(case, variant, natural_lse: bool = False):
+    """Plan with the default config, run the same plan with the variant config's kernel."""
+    import cute_attn
+    from cute_attn.api import DevicePlan
+    from cute_attn.kernels import find_launcher
+
+    plan = cute_attn.plan_gqa_paged_prefill(*case.inputs())
+    config = dataclasses.replace(plan.config, **VARIANTS[variant])
+    device_plan = DevicePlan.upload(config, plan.plan, case.q.device)
+    out, lse = case.new_outputs()
+    find_launcher(config)(device_plan, *case.inputs(), out, lse, natural_lse=natural_lse)
+    torch.cuda.synchronize()
+    ref_out, ref_lse = case.reference()
+    if natural_lse:
+        ref_lse = ref_lse * 0.6931471805599453
+    testing.assert_close_benchmark(out, ref_out, "output")
+    testing.assert_close_benchmark(lse, ref_lse, "lse")
+    return out, lse
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("q_lens, kv_lens", [
+    ([992] * 4, [992] * 4),                 # seed workload shape
+    ([1000, 3, 250], [1000, 3, 250]),       # ragged, kv == q
+    ([64, 100], [128, 4096]),               # one tile per item / long items
+    ([100, 40, 9], [30, 0, 9]),             # rows that see no key, an empty KV range
+    ([1] * 40, [1, 5, 63, 64, 65, 700, 4000, 8192] * 5),  # tails inside a page, one-token requests
+    ([2048], [8192]),                       # split items: partials + combine
+], ids=str)
+def test_variants_match_reference(variant, q_lens, kv_lens):
+    _check_variant(_case(q_lens, kv_lens, seed=len(q_lens) + 31), variant)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("page_size, heads, kv_heads", [(16, 32, 4), (32, 32, 8)], ids=str)
+def test_variants_family_members(variant, page_size, heads, kv_heads):
+    _check_variant(_case([333, 1, 70], [1200, 1, 70], page_size=page_size, num_qo_heads=heads,
+                         num_kv_heads=kv_heads, seed=page_size), variant, natural_lse=True)

@@ -26,7 +26,9 @@ import math
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, Int32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -49,6 +51,30 @@ def acc_to_mma_a_view(acc: cute.Tensor) -> cute.Tensor:
     stride = ((div.stride[0][0], div.stride[0][1], div.stride[0][2][0]), div.stride[1],
               (div.stride[0][2][1], div.stride[2]))
     return cute.make_tensor(acc.iterator, cute.make_layout(shape, stride=stride))
+
+
+@dsl_user_op
+def _cvt_bf16x2(lo: Float32, hi: Float32, *, loc=None, ip=None) -> Int32:
+    """Two fp32 -> one packed bf16x2 word (``lo`` in the low half), as an opaque inline-asm value."""
+    return Int32(llvm.inline_asm(
+        T.i32(), [Float32(hi).ir_value(loc=loc, ip=ip), Float32(lo).ir_value(loc=loc, ip=ip)],
+        "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@cute.jit
+def store_p_bf16(acc_s: cute.Tensor, t_op: cute.Tensor):
+    """``t_op = bf16(acc_s)`` (``t_op``: the register A operand, e.g. from ``acc_to_mma_a_view`` shapes).
+
+    The same values as ``t_op.store(acc_to_mma_a_view(acc_s).load().to(bf16))``, but each pair goes through
+    an inline-asm ``cvt``: LLVM cannot then fold the conversions of a loop-carried P into one conversion
+    after the loop's phi, which would keep the fp32 scores live into the next iteration (64 extra registers
+    while an overlapped QK GEMM is in flight; ptxas then serialises the wgmma).
+    """
+    src = acc_to_mma_a_view(acc_s)
+    dst = cute.recast_tensor(t_op, Int32)
+    for i in cutlass.range_constexpr(cute.size(dst)):
+        dst[i] = _cvt_bf16x2(src[2 * i], src[2 * i + 1])
 
 
 def make_softmax_state(num_rows: int) -> tuple[cute.Tensor, cute.Tensor]:

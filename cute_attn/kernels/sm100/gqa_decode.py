@@ -51,7 +51,6 @@ Pipeline (mbarriers; phases from running counters that carry across items)
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import cuda.bindings.driver as cuda
@@ -62,11 +61,10 @@ from cutlass._mlir.dialects import nvvm
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 from cutlass.memory import SmemAllocator
 
-from ...compile import compile_kernel
 from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField
 from .. import register_paged_kernel
-from ..common.combine import launch_combine
+from ..common.paged_launch import launch_paged, paged_fake_args
 
 ARCH = "sm_100a"
 MMA_M = 128  # tcgen05 M (cta_group 1): TMEM lane r = packed row r
@@ -81,7 +79,6 @@ SOFTMAX_WARPS = 4
 MMA_WARP = 4
 LOAD_WARP = 5
 NUM_THREADS = 32 * 6
-LOG2_E = math.log2(math.e)
 # mbarrier slots after the 2 * KV_STAGES ring barriers
 Q_FULL, Q_EMPTY, S_FULL, P_FULL, O_FULL = 0, 1, 2, 4, 5
 NUM_BARRIERS = 2 * KV_STAGES + 6
@@ -531,48 +528,13 @@ def build(config: PagedAttentionConfig) -> tuple[Any, tuple[Any, ...]]:
     reason = check_config(config)
     if reason is not None:
         raise ValueError(f"{config.cache_key()}: {reason}")
-    bf16 = cutlass.BFloat16
-    hq, hkv, d, dv, p = config.num_qo_heads, config.num_kv_heads, config.head_dim_qk, config.head_dim_v, config.page_size
-    batch = cute.sym_int(symbol="batch")
-    num_pages = cute.sym_int(symbol="num_pages")
-    slots = cute.sym_int(symbol="slots")
-    fake = cute.runtime.make_fake_compact_tensor
-    # 16-byte aligned page strides: k_cache / v_cache may be strided views of one kv tensor.
-    k_stride = cute.sym_int64(divisibility=16 // ELEM, symbol="k_page_stride")
-    v_stride = cute.sym_int64(divisibility=16 // ELEM, symbol="v_page_stride")
-    args = (
-        fake(bf16, (batch, hq, d), stride_order=(2, 1, 0), assumed_align=16),
-        cute.runtime.make_fake_tensor(bf16, (num_pages, p, hkv, d), stride=(k_stride, hkv * d, d, 1), assumed_align=16),
-        cute.runtime.make_fake_tensor(bf16, (num_pages, p, hkv, dv), stride=(v_stride, hkv * dv, dv, 1),
-                                      assumed_align=16),
-        fake(cutlass.Int32, (cute.sym_int(symbol="batch_plus_1"),)),
-        fake(cutlass.Int32, (cute.sym_int(symbol="num_indices"),)),
-        fake(cutlass.Int32, (cute.sym_int(symbol="num_ctas_plus_1"),)),
-        fake(cutlass.Int32, (cute.sym_int(symbol="max_items"), len(ItemField)), stride_order=(1, 0)),
-        fake(bf16, (batch, hq, dv), stride_order=(2, 1, 0), assumed_align=16),
-        fake(cutlass.Float32, (batch, hq), stride_order=(1, 0)),
-        fake(cutlass.Float32, (slots, config.tile_q_rows, dv), stride_order=(2, 1, 0), assumed_align=16),
-        fake(cutlass.Float32, (slots, config.tile_q_rows), stride_order=(1, 0)),
-        cutlass.Float32(1.0),
-        cutlass.Float32(1.0),
-        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
-    )
-    return GqaDecodeSm100(config), args
-
+    return GqaDecodeSm100(config), paged_fake_args(config, with_qo_indptr=False)
 
 def launch(device_plan, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output, lse,
            natural_lse: bool = False) -> None:
-    """Run the plan's items (``kv_last_page_len`` is already folded into the items' KV_END), then the combine."""
-    config = device_plan.config
-    reason = check_config(config)
-    if reason is not None:
-        raise ValueError(f"{config.cache_key()}: {reason}")
-    lse_out_scale = math.log(2.0) if natural_lse else 1.0
-    fn = compile_kernel(config)
-    fn(q, k_cache, v_cache, kv_indptr, kv_indices, device_plan.work_indptr, device_plan.items, output, lse,
-       device_plan.partial_out, device_plan.partial_lse, float(sm_scale) * LOG2_E, lse_out_scale)
-    if device_plan.plan is not None and device_plan.plan.num_merges:
-        launch_combine(device_plan, output, lse, lse_out_scale)
+    """Run the plan's items (kv_last_page_len is already folded into their KV_END), then the combine."""
+    launch_paged(device_plan, check_config, q, k_cache, v_cache, None, kv_indptr, kv_indices, sm_scale,
+                 output, lse, natural_lse)
 
 
 def configs(arch: str) -> list[PagedAttentionConfig]:

@@ -51,7 +51,6 @@ completed with ``tcgen05.wait::ld`` / ``wait::st`` before their registers are us
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import cuda.bindings.driver as cuda
@@ -64,13 +63,12 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 from cutlass.memory import SmemAllocator, TmemAllocator
 
 from ...config import PagedAttentionConfig, default_paged_config
-from ...plan import ItemField as F
 from .. import register_paged_kernel
+from ..common.paged_launch import launch_paged, paged_fake_args
 from .prefill_roles import PrefillRoles
 
 KIND = "gqa_paged_prefill"
 ARCH = "sm_100a"
-LOG2_E = math.log2(math.e)
 SMEM_LIMIT_BYTES = 227 * 1024
 TMEM_COLUMNS = 512  # the whole TMEM of an SM: allocations are powers of two >= 32
 Q_STAGES = 2
@@ -155,7 +153,7 @@ class GqaPagedPrefillSm100(PrefillRoles):
     def __call__(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, qo_indptr: cute.Tensor,
                  kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor, items: cute.Tensor,
                  output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor,
-                 sm_scale: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
+                 scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
         G, D, H, M, N = self.group, self.head_dim, self.num_qo_heads, self.tile_m, self.tile_n
         # packed Q: ((group, total_q), d, kv_heads); row (g, t) is token t, head kv_head * group + g
         m_q = cute.make_tensor(q.iterator, cute.make_layout(
@@ -190,7 +188,6 @@ class GqaPagedPrefillSm100(PrefillRoles):
         tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(g2s, m_k, s_page_layout, (self.page_size, D))
         tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(g2s, m_v, s_page_layout, (self.page_size, D))
 
-        scale_log2 = sm_scale * Float32(LOG2_E)
         self.kernel(
             tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v, qo_indptr, kv_indptr, kv_indices,
             work_indptr, items, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
@@ -310,48 +307,14 @@ class GqaPagedPrefillSm100(PrefillRoles):
 # ----------------------------------------------------------------------------------- registration
 def build(config: PagedAttentionConfig) -> tuple[Any, tuple[Any, ...]]:
     """``(jit_fn, fake_args)`` for :func:`cute_attn.compile.compile_kernel` (same arguments as sm_90a)."""
-    H, Hkv, D, P = config.num_qo_heads, config.num_kv_heads, config.head_dim_qk, config.page_size
-    bf16 = cutlass.BFloat16
-    total_q = cute.sym_int(symbol="total_q")
-    num_pages = cute.sym_int(symbol="num_pages")
-    k_stride = cute.sym_int64(divisibility=8, symbol="k_page_stride")
-    v_stride = cute.sym_int64(divisibility=8, symbol="v_page_stride")
-    batch1 = cute.sym_int(symbol="batch_plus_1")
-    nnz = cute.sym_int(symbol="nnz_pages")
-    ctas1 = cute.sym_int(symbol="ctas_plus_1")
-    max_items = cute.sym_int(symbol="max_items")
-    slots = cute.sym_int(symbol="partial_slots")
-    fake = cute.runtime.make_fake_compact_tensor
-    q = fake(bf16, (total_q, H, D), stride_order=(2, 1, 0), assumed_align=16)
-    k_cache = cute.runtime.make_fake_tensor(bf16, (num_pages, P, Hkv, D), stride=(k_stride, Hkv * D, D, 1),
-                                            assumed_align=16)
-    v_cache = cute.runtime.make_fake_tensor(bf16, (num_pages, P, Hkv, D), stride=(v_stride, Hkv * D, D, 1),
-                                            assumed_align=16)
-    i32 = cutlass.Int32
-    args = (q, k_cache, v_cache, fake(i32, (batch1,)), fake(i32, (batch1,)), fake(i32, (nnz,)),
-            fake(i32, (ctas1,)), fake(i32, (max_items, len(F)), stride_order=(1, 0)),
-            fake(bf16, (total_q, H, D), stride_order=(2, 1, 0), assumed_align=16),
-            fake(Float32, (total_q, H), stride_order=(1, 0), assumed_align=16),
-            fake(Float32, (slots, config.tile_q_rows, D), stride_order=(2, 1, 0), assumed_align=16),
-            fake(Float32, (slots, config.tile_q_rows), stride_order=(1, 0), assumed_align=16),
-            Float32(1.0), Float32(1.0), cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
-    return GqaPagedPrefillSm100(config), args
-
+    return GqaPagedPrefillSm100(config), paged_fake_args(config, with_qo_indptr=True)
 
 def launch(device_plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
-           output, lse, natural_lse: bool = False):
-    """Run the plan's items, then the combine kernel when the plan split any tile."""
-    from ...compile import compile_kernel
-
-    fn = compile_kernel(device_plan.config)
-    lse_out_scale = math.log(2.0) if natural_lse else 1.0
-    fn(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, device_plan.work_indptr, device_plan.items,
-       output, lse, device_plan.partial_out, device_plan.partial_lse, float(sm_scale), float(lse_out_scale))
-    if device_plan.plan.num_merges:
-        from ..common.combine import launch_combine
-
-        launch_combine(device_plan, output, lse, lse_out_scale)
-    return output, lse
+           output, lse,
+           natural_lse: bool = False) -> None:
+    """Run the plan's items (kv_last_page_len is already folded into their KV_END), then the combine."""
+    launch_paged(device_plan, check_config, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale,
+                 output, lse, natural_lse)
 
 
 def configs(arch: str) -> list[PagedAttentionConfig]:

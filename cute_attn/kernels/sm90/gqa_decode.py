@@ -27,7 +27,6 @@ items. Q has its own buffer, guarded by a named barrier of the consumer warpgrou
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import cuda.bindings.driver as cuda
@@ -35,7 +34,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_helpers
-from cutlass import Float32, Int32
+from cutlass import Float32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.utils import LayoutEnum
@@ -43,6 +42,7 @@ from cutlass.utils import LayoutEnum
 from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField as F
 from .. import register_paged_kernel
+from ..common.paged_launch import launch_paged, paged_fake_args
 
 KIND = "gqa_paged_decode"
 ARCH = "sm_90a"
@@ -53,7 +53,6 @@ NUM_MMA_THREADS = 128
 PRODUCER_WARP = 4
 NUM_THREADS = NUM_MMA_THREADS + 32
 Q_BARRIER_ID = 1  # named barrier of the consumer warpgroup (0 is __syncthreads)
-LOG2_E = math.log2(math.e)
 
 
 # --------------------------------------------------------------------------------------------- config
@@ -390,55 +389,13 @@ def build(config: PagedAttentionConfig) -> tuple[Any, tuple[Any, ...]]:
     reason = check_config(config)
     if reason is not None:
         raise ValueError(f"{config.cache_key()}: {reason}")
-    bf16, i32, f32 = cutlass.BFloat16, cutlass.Int32, cutlass.Float32
-    hq, hkv, d, ps, m = config.num_qo_heads, config.num_kv_heads, config.head_dim_qk, config.page_size, \
-        config.tile_q_rows
-    fake = cute.runtime.make_fake_compact_tensor
-    batch = cute.sym_int(symbol="batch")
-    num_pages = cute.sym_int(symbol="num_pages")
-    slots = cute.sym_int(symbol="slots")
-
-    def cache(name):
-        stride = cute.sym_int64(divisibility=8, symbol=f"{name}_page_stride")
-        return cute.runtime.make_fake_tensor(bf16, (num_pages, ps, hkv, d), stride=(stride, hkv * d, d, 1),
-                                             assumed_align=16)
-
-    args = (
-        fake(bf16, (batch, hq, d), stride_order=(2, 1, 0), assumed_align=16),
-        cache("k"),
-        cache("v"),
-        fake(i32, (cute.sym_int(symbol="batch_plus_1"),)),
-        fake(i32, (cute.sym_int(symbol="num_indices"),)),
-        fake(i32, (cute.sym_int(symbol="num_ctas_plus_1"),)),
-        fake(i32, (cute.sym_int(symbol="max_items"), len(F)), stride_order=(1, 0)),
-        fake(bf16, (batch, hq, d), stride_order=(2, 1, 0), assumed_align=16),
-        fake(f32, (batch, hq), stride_order=(1, 0)),
-        fake(f32, (slots, m, d), stride_order=(2, 1, 0), assumed_align=16),
-        fake(f32, (slots, m), stride_order=(1, 0)),
-        f32(1.0),
-        f32(1.0),
-        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
-    )
-    return GqaDecodeSm90(config), args
-
+    return GqaDecodeSm90(config), paged_fake_args(config, with_qo_indptr=False)
 
 def launch(device_plan, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output, lse,
            natural_lse: bool = False) -> None:
-    """Run the plan's items, then the LSE combine if the plan split any KV range."""
-    from ...compile import compile_kernel
-
-    config = device_plan.config
-    reason = check_config(config)
-    if reason is not None:
-        raise ValueError(f"{KIND} on {ARCH}: unsupported configuration: {reason}")
-    lse_out_scale = math.log(2.0) if natural_lse else 1.0
-    fn = compile_kernel(config)
-    fn(q, k_cache, v_cache, kv_indptr, kv_indices, device_plan.work_indptr, device_plan.items, output, lse,
-       device_plan.partial_out, device_plan.partial_lse, float(sm_scale) * LOG2_E, lse_out_scale)
-    if device_plan.plan is not None and device_plan.plan.num_merges:
-        from ..common.combine import launch_combine
-
-        launch_combine(device_plan, output, lse, lse_out_scale)
+    """Run the plan's items (kv_last_page_len is already folded into their KV_END), then the combine."""
+    launch_paged(device_plan, check_config, q, k_cache, v_cache, None, kv_indptr, kv_indices, sm_scale,
+                 output, lse, natural_lse)
 
 
 def configs(arch: str) -> list[PagedAttentionConfig]:

@@ -29,13 +29,21 @@ Consumer ping-pong (FA3): named barriers 2 and 3 give the two consumer warpgroup
 turns (wait on your own before issuing a GEMM, arrive on the other's after issuing the QK GEMM and
 at the end of an item), so one warpgroup's softmax overlaps the other's tensor-core work.
 
+Compile-time variants (``PagedAttentionConfig`` fields, off by default):
+
+* ``intra_wg_overlap`` (FA3 ``IntraWGOverlap``): per item, S_0 and its softmax first; then for each
+  further tile j one GEMM turn issues ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` back to back, the
+  softmax of S_j runs while the P V GEMM is still in flight (``wait_group(1)``), and the last tile's
+  P V GEMM closes the item. One scheduler turn per tile instead of two.
+* ``smem_epilogue``: final bf16 output goes through shared memory (the item's Q stage) with 16-byte
+  coalesced stores (``prefill_epilogue.py``); the Q stage is then released after the epilogue.
+
 Shared memory: Q ``2 x tile_m x d``, K and V ``num_stages x kv_tile x d`` each, 128B-swizzled K-major
 tiles (one page is the box ``page_size x d`` of a stage).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import cuda.bindings.driver as cuda
@@ -51,9 +59,11 @@ from cutlass.tensor_utils import LayoutEnum
 from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField as F
 from .. import register_paged_kernel
+from ..common.paged_launch import launch_paged, paged_fake_args
+from .prefill_epilogue import store_output_via_smem
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
-from ..common.softmax import (LOG2_E, acc_mn_view, acc_to_mma_a_view, make_softmax_state, rescale_rows,
-                              softmax_finalize, softmax_reset, softmax_update)
+from ..common.softmax import (acc_mn_view, acc_to_mma_a_view, make_softmax_state, rescale_rows,
+                              softmax_finalize, softmax_reset, softmax_update, store_p_bf16)
 
 KIND = "gqa_paged_prefill"
 ARCH = "sm_90a"
@@ -117,17 +127,20 @@ class GqaPagedPrefillSm90:
         self.num_mma_threads = 128 * self.num_mma_wg
         self.num_threads = 128 + self.num_mma_threads
         self.dtype = cutlass.BFloat16
+        self.intra_wg_overlap = config.intra_wg_overlap
+        self.smem_epilogue = config.smem_epilogue
 
     def __repr__(self) -> str:  # shows in the kernel symbol
         return (f"GqaPagedPrefillSm90_H{self.num_qo_heads}_KV{self.num_kv_heads}_D{self.head_dim}"
-                f"_P{self.page_size}_M{self.tile_m}_N{self.tile_n}")
+                f"_P{self.page_size}_M{self.tile_m}_N{self.tile_n}"
+                f"{'_OVL' if self.intra_wg_overlap else ''}{'_SEPI' if self.smem_epilogue else ''}")
 
     # ------------------------------------------------------------------------------- host side
     @cute.jit
     def __call__(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, qo_indptr: cute.Tensor,
                  kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor, items: cute.Tensor,
                  output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor,
-                 sm_scale: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
+                 scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
         G, D, H = self.group, self.head_dim, self.num_qo_heads
         # packed Q: ((group, total_q), d, kv_heads); row (g, t) is token t, head kv_head * group + g
         m_q = cute.make_tensor(q.iterator, cute.make_layout(
@@ -158,7 +171,6 @@ class GqaPagedPrefillSm90:
             self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
             atom_layout_mnk=(self.num_mma_wg, 1, 1), tiler_mn=(64, D), a_source=warpgroup.OperandSource.RMEM)
 
-        scale_log2 = sm_scale * Float32(LOG2_E)
         self.kernel(
             tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v,
             qo_indptr, kv_indptr, kv_indices, work_indptr, items, output, lse, partial_out, partial_lse,
@@ -298,49 +310,114 @@ class GqaPagedPrefillSm90:
             cute.arch.barrier_arrive(barrier_id=_SCHED_BARRIER, number_of_threads=self.num_mma_threads)
         kv_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, self.num_stages)
         for it in cutlass.range(item_begin, item_end, unroll=1):
-            b = items[it, int(F.REQUEST)]
-            h = items[it, int(F.KV_HEAD)]
             r0 = items[it, int(F.Q_ROW_START)]
-            row_count = items[it, int(F.Q_ROW_COUNT)]
             kv_start = items[it, int(F.KV_START)]
             kv_end = items[it, int(F.KV_END)]
-            slot = items[it, int(F.PARTIAL_SLOT)]
             causal_offset = items[it, int(F.CAUSAL_OFFSET)]
             first_token = r0 // G
             softmax_reset(row_max, row_sum)
             acc_o.fill(0.0)
             pipe_q.consumer_wait(q_state)
             t_sq_cur = t_sq[None, None, None, q_state.index]
-            self.sched_wait(wg)
             num_tiles = cute.ceil_div(kv_end - kv_start, self.tile_n) if kv_end > kv_start else 0
-            for t in cutlass.range(num_tiles, unroll=1):
-                kv_base = kv_start + t * self.tile_n
-                stage = kv_state.index
-                pipe_k.consumer_wait(kv_state)
-                _gemm(tiled_mma_qk, acc_s, t_sq_cur, t_sk[None, None, None, stage], True, wait=False)
-                self.sched_arrive(wg)
-                warpgroup.wait_group(0)
-                pipe_k.consumer_release(kv_state)
-                if tile_needs_mask(kv_base, self.tile_n, kv_end, first_token, causal_offset):
-                    apply_causal_seqend_mask(acc_s, c_s, r0, G, kv_base, kv_end, causal_offset)
-                row_scale = softmax_update(acc_s, row_max, row_sum, scale_log2)
-                rescale_rows(acc_o, row_scale)
-                t_op.store(acc_to_mma_a_view(acc_s).load().to(self.dtype))
-                pipe_v.consumer_wait(kv_state)
-                if kv_base + self.tile_n > kv_end:
-                    self.zero_v_tail(s_v, stage, kv_end - kv_base, ctid)
+            if cutlass.const_expr(self.intra_wg_overlap):
+                kv_state = self.mainloop_overlap(
+                    ctid, wg, num_tiles, kv_start, kv_end, r0, first_token, causal_offset, s_v, t_sq_cur, t_sk,
+                    t_ovt, t_op, acc_s, acc_o, c_s, row_max, row_sum, scale_log2, tiled_mma_qk, tiled_mma_pv,
+                    pipe_k, pipe_v, kv_state)
+            else:
                 self.sched_wait(wg)
-                _gemm(tiled_mma_pv, acc_o, t_op, t_ovt[None, None, None, stage], False)
-                pipe_v.consumer_release(kv_state)
-                kv_state.advance()
-            pipe_q.consumer_release(q_state)
-            q_state.advance()
-            self.sched_arrive(wg)
+                for t in cutlass.range(num_tiles, unroll=1):
+                    kv_base = kv_start + t * self.tile_n
+                    stage = kv_state.index
+                    pipe_k.consumer_wait(kv_state)
+                    _gemm(tiled_mma_qk, acc_s, t_sq_cur, t_sk[None, None, None, stage], True, wait=False)
+                    self.sched_arrive(wg)
+                    warpgroup.wait_group(0)
+                    pipe_k.consumer_release(kv_state)
+                    self.mask(acc_s, c_s, r0, kv_base, kv_end, first_token, causal_offset)
+                    row_scale = softmax_update(acc_s, row_max, row_sum, scale_log2)
+                    rescale_rows(acc_o, row_scale)
+                    t_op.store(acc_to_mma_a_view(acc_s).load().to(self.dtype))
+                    pipe_v.consumer_wait(kv_state)
+                    if kv_base + self.tile_n > kv_end:
+                        self.zero_v_tail(s_v, stage, kv_end - kv_base, ctid)
+                    self.sched_wait(wg)
+                    _gemm(tiled_mma_pv, acc_o, t_op, t_ovt[None, None, None, stage], False)
+                    pipe_v.consumer_release(kv_state)
+                    kv_state.advance()
+            if cutlass.const_expr(not self.smem_epilogue):
+                pipe_q.consumer_release(q_state)
+            if cutlass.const_expr(not self.intra_wg_overlap):
+                self.sched_arrive(wg)
 
+            # read only now: fewer registers live across the main loop
+            b = items[it, int(F.REQUEST)]
+            h = items[it, int(F.KV_HEAD)]
+            row_count = items[it, int(F.Q_ROW_COUNT)]
+            slot = items[it, int(F.PARTIAL_SLOT)]
             o_scale, row_lse = softmax_finalize(row_max, row_sum, scale_log2)
             rescale_rows(acc_o, o_scale)
+            if cutlass.const_expr(self.smem_epilogue):
+                if slot < 0:
+                    store_output_via_smem(acc_o, s_q[None, None, q_state.index], tiled_mma_pv, ctid, wg,
+                                          qo_indptr[b] + first_token, h, row_count, output, G, D)
+                cute.arch.fence_view_async_shared()  # generic-proxy accesses before the next TMA load
+                pipe_q.consumer_release(q_state)
+            q_state.advance()
             self.store(acc_o, c_o, row_lse, b, h, r0, row_count, slot, qo_indptr, output, lse, partial_out,
-                       partial_lse, lse_out_scale)
+                       partial_lse, lse_out_scale, not self.smem_epilogue)
+
+    @cute.jit
+    def mainloop_overlap(self, ctid: Int32, wg: Int32, num_tiles: Int32, kv_start: Int32, kv_end: Int32, r0: Int32,
+                         first_token: Int32, causal_offset: Int32, s_v: cute.Tensor, t_sq: cute.Tensor,
+                         t_sk: cute.Tensor, t_ovt: cute.Tensor, t_op: cute.Tensor, acc_s: cute.Tensor,
+                         acc_o: cute.Tensor, c_s: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor,
+                         scale_log2: Float32, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
+                         pipe_k, pipe_v, kv_state):
+        """One item's key tiles with S_{j+1} issued before the softmax of tile j; returns the KV state."""
+        if num_tiles > 0:
+            # first half: S_0 and its softmax; acc_o is zero, so no rescale; P_0 waits in t_op
+            pipe_k.consumer_wait(kv_state)
+            _gemm(tiled_mma_qk, acc_s, t_sq, t_sk[None, None, None, kv_state.index], True)
+            pipe_k.consumer_release(kv_state)
+            self.mask(acc_s, c_s, r0, kv_start, kv_end, first_token, causal_offset)
+            softmax_update(acc_s, row_max, row_sum, scale_log2)
+            store_p_bf16(acc_s, t_op)
+            for t in cutlass.range(1, num_tiles, unroll=1):
+                kv_base = kv_start + t * self.tile_n
+                v_state = kv_state.clone()  # tile t - 1: its V feeds this turn's P V GEMM
+                kv_state.advance()
+                pipe_k.consumer_wait(kv_state)
+                self.sched_wait(wg)
+                _gemm(tiled_mma_qk, acc_s, t_sq, t_sk[None, None, None, kv_state.index], True, wait=False)
+                pipe_v.consumer_wait(v_state)  # tiles before the last are whole: no V tail to zero
+                _gemm(tiled_mma_pv, acc_o, t_op, t_ovt[None, None, None, v_state.index], False, wait=False)
+                self.sched_arrive(wg)
+                warpgroup.wait_group(1)  # S_t is ready; P_{t-1} V_{t-1} may still run
+                pipe_k.consumer_release(kv_state)
+                self.mask(acc_s, c_s, r0, kv_base, kv_end, first_token, causal_offset)
+                row_scale = softmax_update(acc_s, row_max, row_sum, scale_log2)
+                warpgroup.wait_group(0)  # acc_o and t_op are free again
+                pipe_v.consumer_release(v_state)
+                rescale_rows(acc_o, row_scale)
+                store_p_bf16(acc_s, t_op)
+            # last half: P V of the last tile (the only one that can end inside a page)
+            last_base = kv_start + (num_tiles - 1) * self.tile_n
+            pipe_v.consumer_wait(kv_state)
+            if last_base + self.tile_n > kv_end:
+                self.zero_v_tail(s_v, kv_state.index, kv_end - last_base, ctid)
+            _gemm(tiled_mma_pv, acc_o, t_op, t_ovt[None, None, None, kv_state.index], False)
+            pipe_v.consumer_release(kv_state)
+            kv_state.advance()
+        return kv_state
+
+    @cute.jit
+    def mask(self, acc_s: cute.Tensor, c_s: cute.Tensor, r0: Int32, kv_base: Int32, kv_end: Int32,
+             first_token: Int32, causal_offset: Int32):
+        """Causal / sequence-end mask, only on key tiles that need it."""
+        if tile_needs_mask(kv_base, self.tile_n, kv_end, first_token, causal_offset):
+            apply_causal_seqend_mask(acc_s, c_s, r0, self.group, kv_base, kv_end, causal_offset)
 
     def sched_wait(self, wg: Int32):
         """Wait for this warpgroup's GEMM turn (FA3 ping-pong: one warpgroup's softmax hides the other's GEMMs)."""
@@ -362,22 +439,27 @@ class GqaPagedPrefillSm90:
     @cute.jit
     def store(self, acc_o: cute.Tensor, c_o: cute.Tensor, row_lse: cute.Tensor, b: Int32, h: Int32, r0: Int32,
               row_count: Int32, slot: Int32, qo_indptr: cute.Tensor, output: cute.Tensor, lse: cute.Tensor,
-              partial_out: cute.Tensor, partial_lse: cute.Tensor, lse_out_scale: Float32):
+              partial_out: cute.Tensor, partial_lse: cute.Tensor, lse_out_scale: Float32,
+              final_o: cutlass.Constexpr[bool] = True):
+        """Final items: bf16 output (unless ``final_o`` is False: the smem epilogue wrote it) and lse;
+        split items: fp32 partials."""
         G = self.group
         o_mn = acc_mn_view(acc_o)
         c_mn = acc_mn_view(c_o)
         q_start = qo_indptr[b]
         if slot < 0:
             o_bf = cute.make_rmem_tensor(acc_o.layout, self.dtype)
-            o_bf.store(acc_o.load().to(self.dtype))
+            if cutlass.const_expr(final_o):
+                o_bf.store(acc_o.load().to(self.dtype))
             ob_mn = acc_mn_view(o_bf)
             for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
                 row = c_mn[r, 0][0]
                 if row < row_count:
                     token = q_start + (r0 + row) // G
                     head = h * G + (r0 + row) % G
-                    for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
-                        output[token, head, c_mn[r, c][1]] = ob_mn[r, c]
+                    if cutlass.const_expr(final_o):
+                        for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+                            output[token, head, c_mn[r, c][1]] = ob_mn[r, c]
                     if c_mn[r, 0][1] == 0:
                         lse[token, head] = row_lse[r] * lse_out_scale
         else:
@@ -408,54 +490,13 @@ def _gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, t_a: cute.Tensor, t_b: cut
 # ----------------------------------------------------------------------------------- registration
 def build(config: PagedAttentionConfig) -> tuple[Any, tuple[Any, ...]]:
     """``(jit_fn, fake_args)`` for :func:`cute_attn.compile.compile_kernel`."""
-    H, Hkv, D, P = config.num_qo_heads, config.num_kv_heads, config.head_dim_qk, config.page_size
-    bf16 = cutlass.BFloat16
-    total_q = cute.sym_int(symbol="total_q")
-    num_pages = cute.sym_int(symbol="num_pages")
-    k_stride = cute.sym_int64(divisibility=8, symbol="k_page_stride")
-    v_stride = cute.sym_int64(divisibility=8, symbol="v_page_stride")
-    batch1 = cute.sym_int(symbol="batch_plus_1")
-    nnz = cute.sym_int(symbol="nnz_pages")
-    ctas1 = cute.sym_int(symbol="ctas_plus_1")
-    max_items = cute.sym_int(symbol="max_items")
-    slots = cute.sym_int(symbol="partial_slots")
-    q = cute.runtime.make_fake_compact_tensor(bf16, (total_q, H, D), stride_order=(2, 1, 0), assumed_align=16)
-    k_cache = cute.runtime.make_fake_tensor(bf16, (num_pages, P, Hkv, D), stride=(k_stride, Hkv * D, D, 1),
-                                            assumed_align=16)
-    v_cache = cute.runtime.make_fake_tensor(bf16, (num_pages, P, Hkv, D), stride=(v_stride, Hkv * D, D, 1),
-                                            assumed_align=16)
-    i32 = cutlass.Int32
-    qo_indptr = cute.runtime.make_fake_compact_tensor(i32, (batch1,))
-    kv_indptr = cute.runtime.make_fake_compact_tensor(i32, (batch1,))
-    kv_indices = cute.runtime.make_fake_compact_tensor(i32, (nnz,))
-    work_indptr = cute.runtime.make_fake_compact_tensor(i32, (ctas1,))
-    items = cute.runtime.make_fake_compact_tensor(i32, (max_items, len(F)), stride_order=(1, 0))
-    output = cute.runtime.make_fake_compact_tensor(bf16, (total_q, H, D), stride_order=(2, 1, 0), assumed_align=16)
-    lse = cute.runtime.make_fake_compact_tensor(Float32, (total_q, H), stride_order=(1, 0), assumed_align=16)
-    partial_out = cute.runtime.make_fake_compact_tensor(Float32, (slots, config.tile_q_rows, D),
-                                                        stride_order=(2, 1, 0), assumed_align=16)
-    partial_lse = cute.runtime.make_fake_compact_tensor(Float32, (slots, config.tile_q_rows), stride_order=(1, 0),
-                                                        assumed_align=16)
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    args = (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items, output, lse,
-            partial_out, partial_lse, Float32(1.0), Float32(1.0), stream)
-    return GqaPagedPrefillSm90(config), args
+    return GqaPagedPrefillSm90(config), paged_fake_args(config, with_qo_indptr=True)
 
-
-def launch(device_plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
-           output, lse, natural_lse: bool = False):
-    """Run the plan's items, then the combine kernel when the plan split any tile."""
-    from ...compile import compile_kernel
-
-    fn = compile_kernel(device_plan.config)
-    lse_out_scale = math.log(2.0) if natural_lse else 1.0
-    fn(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, device_plan.work_indptr, device_plan.items,
-       output, lse, device_plan.partial_out, device_plan.partial_lse, float(sm_scale), float(lse_out_scale))
-    if device_plan.plan.num_merges:
-        from ..common.combine import launch_combine
-
-        launch_combine(device_plan, output, lse, lse_out_scale)
-    return output, lse
+def launch(device_plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output, lse,
+           natural_lse: bool = False) -> None:
+    """Run the plan's items (kv_last_page_len is already folded into their KV_END), then the combine."""
+    launch_paged(device_plan, check_config, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale,
+                 output, lse, natural_lse)
 
 
 def configs(arch: str) -> list[PagedAttentionConfig]:

@@ -1,0 +1,82 @@
+"""Host side shared by every GQA paged kernel (both arches): fake compile arguments and the launch.
+
+Every GQA paged kernel's ``@cute.jit`` entry takes the same arguments, in this order::
+
+    q, k_cache, v_cache, [qo_indptr,] kv_indptr, kv_indices, work_indptr, items,
+    output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream
+
+(``qo_indptr`` only for prefill; decode's token is its request). ``scale_log2 = sm_scale * log2(e)``
+so logits go straight into ``exp2``; ``lse_out_scale`` is 1 (base-2 LSE) or ``ln 2`` (natural LSE).
+Batch, token, page, index and plan-capacity extents are symbolic, so one compile serves every batch.
+K and V page strides are symbolic too (16-byte aligned), so strided views of one KV tensor work.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+
+from ...compile import compile_kernel
+from ...config import PagedAttentionConfig
+from ...plan import ItemField
+
+LOG2_E = math.log2(math.e)
+_BF16_PER_16_BYTES = 8
+
+
+def paged_fake_args(config: PagedAttentionConfig, *, with_qo_indptr: bool) -> tuple:
+    """Fake tensors (symbolic extents) for ``cute.compile``, in the entry's argument order."""
+    bf16, i32, f32 = cutlass.BFloat16, cutlass.Int32, cutlass.Float32
+    hq, hkv, d, dv, ps = (config.num_qo_heads, config.num_kv_heads, config.head_dim_qk, config.head_dim_v,
+                          config.page_size)
+    fake = cute.runtime.make_fake_compact_tensor
+    rows = cute.sym_int(symbol="total_q")  # prefill: query tokens; decode: the batch
+    num_pages = cute.sym_int(symbol="num_pages")
+    slots = cute.sym_int(symbol="partial_slots")
+
+    def cache(name: str, dim: int):
+        stride = cute.sym_int64(divisibility=_BF16_PER_16_BYTES, symbol=f"{name}_page_stride")
+        return cute.runtime.make_fake_tensor(bf16, (num_pages, ps, hkv, dim), stride=(stride, hkv * dim, dim, 1),
+                                             assumed_align=16)
+
+    indptr = (fake(i32, (cute.sym_int(symbol="batch_plus_1"),)),)
+    return (
+        fake(bf16, (rows, hq, d), stride_order=(2, 1, 0), assumed_align=16),
+        cache("k", d),
+        cache("v", dv),
+        *(indptr if with_qo_indptr else ()),
+        fake(i32, (cute.sym_int(symbol="kv_indptr_len"),)),
+        fake(i32, (cute.sym_int(symbol="num_indices"),)),
+        fake(i32, (cute.sym_int(symbol="ctas_plus_1"),)),
+        fake(i32, (cute.sym_int(symbol="max_items"), len(ItemField)), stride_order=(1, 0)),
+        fake(bf16, (rows, hq, dv), stride_order=(2, 1, 0), assumed_align=16),
+        fake(f32, (rows, hq), stride_order=(1, 0)),
+        fake(f32, (slots, config.tile_q_rows, dv), stride_order=(2, 1, 0), assumed_align=16),
+        fake(f32, (slots, config.tile_q_rows), stride_order=(1, 0)),
+        f32(1.0),
+        f32(1.0),
+        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
+    )
+
+
+def launch_paged(device_plan, check_config, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale,
+                 output, lse, natural_lse: bool) -> None:
+    """Run the plan's work items with ``device_plan.config``'s kernel, then the combine if anything split.
+
+    ``qo_indptr`` is None for decode. ``check_config(config) -> reason | None`` is the kernel's own rule set.
+    """
+    from .combine import launch_combine
+
+    config = device_plan.config
+    reason = check_config(config)
+    if reason is not None:
+        raise ValueError(f"{config.kind} on {config.arch}: unsupported configuration: {reason}")
+    lse_out_scale = math.log(2.0) if natural_lse else 1.0
+    indptr = () if qo_indptr is None else (qo_indptr,)
+    compile_kernel(config)(q, k_cache, v_cache, *indptr, kv_indptr, kv_indices, device_plan.work_indptr,
+                           device_plan.items, output, lse, device_plan.partial_out, device_plan.partial_lse,
+                           float(sm_scale) * LOG2_E, lse_out_scale)
+    if device_plan.plan is not None and device_plan.plan.num_merges:
+        launch_combine(device_plan, output, lse, lse_out_scale)
