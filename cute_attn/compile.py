@@ -136,6 +136,9 @@ def registered_configs(arch: str) -> list[KernelConfig]:
 
 def _registration(config: KernelConfig) -> _Registration:
     reg = _REGISTRY.get(type(config))
+    if reg is None:  # its kernel module was never imported: every kernel module registers on import
+        import_all_kernels()
+        reg = _REGISTRY.get(type(config))
     if reg is None:
         raise KeyError(
             f"no kernel registered for {type(config).__qualname__}; "
