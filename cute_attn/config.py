@@ -159,7 +159,7 @@ def default_paged_config(kind: str, *, arch: str, num_qo_heads: int, num_kv_head
                          head_dim_v: int, page_size: int, causal: bool) -> PagedAttentionConfig:
     """The tuned tile geometry for a problem (a table that the tuning notebooks will grow)."""
     tiles = {
-        "gqa_paged_prefill": dict(tile_q_rows=128, kv_tile=128),
+        "gqa_paged_prefill": dict(tile_q_rows=128, kv_tile=128, intra_wg_overlap=True, smem_epilogue=True),
         "gqa_paged_decode": dict(tile_q_rows=64, kv_tile=64),
         "mla_paged_prefill": dict(tile_q_rows=64, kv_tile=64),
     }.get(kind, {})

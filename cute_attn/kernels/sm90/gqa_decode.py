@@ -37,7 +37,7 @@ import cutlass.utils.hopper_helpers as sm90_helpers
 from cutlass import Float32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
-from cutlass.utils import LayoutEnum
+from cutlass.tensor_utils import LayoutEnum
 
 from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField as F
