@@ -107,7 +107,8 @@ class _PlanCache:
 
     @staticmethod
     def _key(config, tensors):
-        return (config,) + tuple((id(t), tuple(t.shape), t._version, t.device) for t in tensors)
+        # identity + shape + version counter; a tensor on another device is another object (another id)
+        return (config,) + tuple((id(t), t.shape, t._version) for t in tensors)
 
     def get(self, config, tensors) -> DevicePlan | None:
         key = self._key(config, tensors)
@@ -153,9 +154,18 @@ def _num_ctas(config: PagedAttentionConfig, device: torch.device, num_sms: int |
     return sm_count(num_sms if num_sms is not None else config.arch) * config.ctas_per_sm
 
 
+@functools.lru_cache(maxsize=64)
+def _target_arch(arch: str | None, device: torch.device) -> str:
+    """The arch for a launch on ``device``: resolved once per (argument, device), off the per-call path.
+
+    ``$CUTE_ATTN_ARCH`` and the device capability are therefore read at the first call on a device.
+    """
+    return resolve_arch(arch)
+
+
 def _make_config(kind: str, problem: validate.PagedProblem, arch: str | None, causal: bool) -> PagedAttentionConfig:
     return _config_for(kind, problem.num_qo_heads, problem.num_kv_heads, problem.head_dim_qk, problem.head_dim_v,
-                       problem.page_size, resolve_arch(arch), causal)
+                       problem.page_size, _target_arch(arch, problem.device), causal)
 
 
 @functools.lru_cache(maxsize=256)  # host overhead: one config per problem shape, built once

@@ -224,13 +224,13 @@ def compile_kernel(config: KernelConfig) -> Any:
 
 def compile_kernel_with_info(config: KernelConfig) -> CompileInfo:
     """Like :func:`compile_kernel`, also saying where the function came from."""
-    reason = config.can_implement()
-    if reason is not None:
-        raise ValueError(f"{config.cache_key()} cannot be implemented: {reason}")
-    hit = _MEMORY.get(config)
+    hit = _MEMORY.get(config)  # checked by can_implement when it was compiled: the per-launch fast path
     if hit is not None:
         STATS["memory_hit"] += 1
         return CompileInfo(hit.fn, "memory", 0.0, hit.object_path, hit.ptx_path)
+    reason = config.can_implement()
+    if reason is not None:
+        raise ValueError(f"{config.cache_key()} cannot be implemented: {reason}")
     reg = _registration(config)
     with _LOCK:
         hit = _MEMORY.get(config)

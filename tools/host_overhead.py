@@ -67,6 +67,7 @@ def main(argv=None) -> int:
         "compile_kernel (memory hit)": lambda: compile_kernel(config),
         "raw tvm-ffi kernel call": lambda: fn(*raw_args),
         "empty torch op (x.zero_())": lambda: case.kv_indptr[:0].zero_(),
+        "public gqa_paged_decode again (order check)": public,
     }
     print(f"GPU: {torch.cuda.get_device_name()}  plan: {plan.plan.num_items} items, {plan.plan.num_merges} merges")
     for name, f in pieces.items():

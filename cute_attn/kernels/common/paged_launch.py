@@ -13,6 +13,7 @@ K and V page strides are symbolic too (16-byte aligned), so strided views of one
 
 from __future__ import annotations
 
+import functools
 import math
 
 import cutlass
@@ -61,6 +62,11 @@ def paged_fake_args(config: PagedAttentionConfig, *, with_qo_indptr: bool) -> tu
     )
 
 
+@functools.lru_cache(maxsize=256)  # configs are frozen: their verdict never changes (host overhead)
+def _checked(check_config, config: PagedAttentionConfig) -> str | None:
+    return check_config(config)
+
+
 def launch_paged(device_plan, check_config, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale,
                  output, lse, natural_lse: bool) -> None:
     """Run the plan's work items with ``device_plan.config``'s kernel, then the combine if anything split.
@@ -70,7 +76,7 @@ def launch_paged(device_plan, check_config, q, k_cache, v_cache, qo_indptr, kv_i
     from .combine import launch_combine
 
     config = device_plan.config
-    reason = check_config(config)
+    reason = _checked(check_config, config)
     if reason is not None:
         raise ValueError(f"{config.kind} on {config.arch}: unsupported configuration: {reason}")
     lse_out_scale = math.log(2.0) if natural_lse else 1.0
