@@ -80,6 +80,7 @@ class PlanConfig:
     item_overhead_keys: int = 128  # fixed cost of a work item, in key-equivalents
     balance_limit: float = 1.25  # split when the unsplit max CTA load exceeds this x the mean
     allow_split: bool = True
+    min_chunk_keys: int = 0  # split chunks are at least this long (fewer partials to merge; a tuning knob)
 
     def __post_init__(self):
         for name in ("num_qo_heads", "num_kv_heads", "tile_q_rows", "kv_tile", "num_ctas"):
@@ -256,7 +257,8 @@ def plan_work(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity | None
         best = None
         total_keys = int(tiles[:, 4].sum())
         for per_cta in range(1, MAX_CHUNKS_PER_CTA + 1):
-            cap = max(config.kv_tile, _round_up(-(-total_keys // (per_cta * m)), config.kv_tile))
+            cap = max(config.kv_tile, _round_up(config.min_chunk_keys, config.kv_tile),
+                      _round_up(-(-total_keys // (per_cta * m)), config.kv_tile))
             cand = _chunks(tiles, cap, config.kv_tile)
             c_costs = _cost(cand[1], cand[2], config)
             c_cta, c_loads = _lpt(c_costs, m)

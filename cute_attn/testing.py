@@ -11,6 +11,7 @@ CI-sized) or ``fuzz`` (thousands of examples) from ``CUTE_ATTN_HYPOTHESIS_PROFIL
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ __all__ = [
     "make_gqa_prefill_case",
     "make_gqa_decode_case",
     "make_mla_prefill_case",
+    "interleave_kv",
     "ragged_batches",
     "decode_batches",
     "load_hypothesis_profile",
@@ -258,6 +260,18 @@ def make_mla_prefill_case(
         sm_scale=float(sm_scale),
         q_lens=[int(x) for x in q_lens], kv_lens=[int(x) for x in kv_lens],
     )
+
+
+def interleave_kv(case):
+    """The same case with K and V as the views ``kv[:, 0]`` / ``kv[:, 1]`` of one ``[pages, 2, ...]`` tensor.
+
+    The layout engines use for a combined KV cache: pages are strided, rows stay compact.
+    """
+    kv = torch.empty((case.k_cache.shape[0], 2, *case.k_cache.shape[1:]), dtype=case.k_cache.dtype,
+                     device=case.k_cache.device)
+    kv[:, 0] = case.k_cache
+    kv[:, 1] = case.v_cache
+    return dataclasses.replace(case, k_cache=kv[:, 0], v_cache=kv[:, 1])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -78,13 +78,41 @@ def _dim(name: str, x: torch.Tensor, axis: int, expected: int, what: str) -> Non
         raise ValueError(f"{name}.shape[{axis}] must equal {what} ({expected}), got shape {tuple(x.shape)}")
 
 
+def _paged_cache(name: str, x, dtype: torch.dtype) -> torch.Tensor:
+    """A ``[num_pages, page_size, heads, dim]`` cache: rows compact, pages may be strided.
+
+    Engines often keep K and V in one tensor (``kv[:, 0]`` / ``kv[:, 1]`` views); the kernels load pages
+    by TMA, which needs 16-byte aligned page strides and base addresses.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {dtype}, got {x.dtype}")
+    if x.dim() != 4:
+        raise ValueError(f"{name} must be 4-D [num_pages, page_size, heads, dim], got shape {tuple(x.shape)}")
+    _, page_size, heads, dim = x.shape
+    stride = x.stride()
+    page_elems = page_size * heads * dim
+    aligned = 16 // x.element_size()
+    if stride[1:] != (heads * dim, dim, 1) or (x.shape[0] > 1 and (stride[0] < page_elems or stride[0] % aligned)):
+        raise ValueError(
+            f"{name} must have compact pages ([page_size, heads, dim] row-major) and a page stride that is a "
+            f"multiple of {aligned} elements (16 bytes) and >= {page_elems}, got strides {stride}"
+        )
+    if x.data_ptr() % 16:
+        raise ValueError(f"{name} must start at a 16-byte aligned address")
+    return x
+
+
 def _same_device(named: dict[str, torch.Tensor]) -> torch.device:
-    devices = {name: t.device for name, t in named.items()}
-    first_name, first = next(iter(devices.items()))
-    for name, dev in devices.items():
-        if dev != first:
-            raise ValueError(f"all tensors must be on one device: {first_name} is on {first}, {name} on {dev}")
-    return first
+    first_name, first = next(iter(named.items()))
+    index = first.get_device()  # an int: cheaper than building torch.device objects per call
+    for name, t in named.items():
+        if t.get_device() != index:
+            raise ValueError(
+                f"all tensors must be on one device: {first_name} is on {first.device}, {name} on {t.device}"
+            )
+    return first.device
 
 
 def check_sm_scale(sm_scale) -> float:
@@ -180,8 +208,8 @@ def _paged_indices(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size
 # ---------------------------------------------------------------------------------------------
 def _check_paged_gqa_common(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len):
     _tensor("q", q, torch.bfloat16, 3)
-    _tensor("k_cache", k_cache, torch.bfloat16, 4)
-    _tensor("v_cache", v_cache, torch.bfloat16, 4)
+    _paged_cache("k_cache", k_cache, torch.bfloat16)
+    _paged_cache("v_cache", v_cache, torch.bfloat16)
     if tuple(k_cache.shape) != tuple(v_cache.shape):
         raise ValueError(f"k_cache and v_cache must have one shape, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     num_pages, page_size, num_kv_heads, head_dim = k_cache.shape

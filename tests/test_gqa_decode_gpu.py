@@ -63,6 +63,10 @@ def test_short_and_page_multiple_lengths(kv_lens):
     _check(_case(kv_lens, seed=len(kv_lens)))
 
 
+def test_kv_views_of_one_combined_tensor():
+    _check(testing.interleave_kv(_case([3232, 70, 1], seed=11)))
+
+
 def test_zero_page_requests():
     _, lse, _ = _check(_case([0, 100, 0, 3000, 0], seed=3))
     assert torch.isinf(lse[0]).all() and (lse[0] < 0).all()

@@ -65,6 +65,10 @@ def test_kv_len_multiple_of_page(q_lens, kv_lens):
     _check(_case(q_lens, kv_lens, seed=7))
 
 
+def test_kv_views_of_one_combined_tensor():
+    _check(testing.interleave_kv(_case([300, 17], [1000, 17])))
+
+
 def test_one_token_requests():
     _check(_case([1] * 40, [1, 5, 63, 64, 65, 700, 4000, 8192] * 5, seed=8))
 

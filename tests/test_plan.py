@@ -21,6 +21,7 @@ def plan_configs(draw, causal=None):
         causal=draw(st.booleans()) if causal is None else causal,
         tile_q_rows=draw(st.sampled_from([4, 8, 16])), kv_tile=draw(st.sampled_from([2, 4, 8])),
         num_ctas=draw(st.integers(1, 12)), item_overhead_keys=draw(st.sampled_from([0, 4, 16])),
+        min_chunk_keys=draw(st.sampled_from([0, 0, 8, 64])),
     )
 
 

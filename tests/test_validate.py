@@ -55,6 +55,15 @@ def test_valid_inputs_pass_and_describe_the_problem():
     assert (problem.head_dim_qk, problem.head_dim_v) == (24, 16) and host.kv_lens.tolist() == [4, 3]
 
 
+def test_strided_page_views_of_one_kv_tensor_are_accepted():
+    base = prefill_args()
+    pages, ps, heads, dim = base["k_cache"].shape
+    kv = torch.zeros(pages, 2, ps, heads, dim, dtype=torch.bfloat16)
+    kv[:, 0], kv[:, 1] = base["k_cache"], base["v_cache"]
+    problem, _ = validate.check_gqa_paged_prefill(**prefill_args(k_cache=kv[:, 0], v_cache=kv[:, 1]))
+    assert problem.num_pages == pages
+
+
 def test_index_checks_can_be_skipped():
     bad = prefill_args(kv_indices=torch.full((5,), 999, dtype=torch.int32))
     with pytest.raises(ValueError):
@@ -71,6 +80,11 @@ PREFILL_RULES = [
     (dict(q=torch.zeros(8, 8, 32, dtype=torch.bfloat16)), ValueError, r"q.shape\[2\] must equal the caches' head_dim"),
     (dict(q=torch.zeros(8, 7, 16, dtype=torch.bfloat16)), ValueError, r"query heads \(7\) must be a multiple of kv heads \(2\)"),
     (dict(v_cache=torch.zeros(2, 4, 2, 16, dtype=torch.bfloat16)), ValueError, "k_cache and v_cache must have one shape"),
+    (dict(k_cache=torch.zeros(7, 16, 2, 4, dtype=torch.bfloat16).transpose(1, 3)), ValueError,
+     "k_cache must have compact pages"),
+    (dict(k_cache=torch.zeros(7, 4 * 2 * 16 + 4, dtype=torch.bfloat16)[:, :128].view(7, 4, 2, 16)), ValueError,
+     r"page stride that is a multiple of 8 elements \(16 bytes\)"),
+    (dict(v_cache=torch.zeros(7, 4, 2, 16)), TypeError, "v_cache must have dtype torch.bfloat16"),
     (dict(qo_indptr=torch.tensor([0, 3, 3, 8])), TypeError, "qo_indptr must have dtype torch.int32"),
     (dict(qo_indptr=i32(0, 3, 8)), ValueError, r"qo_indptr.shape\[0\] must equal len\(kv_indptr\)"),
     (dict(qo_indptr=i32(1, 3, 3, 8)), ValueError, r"qo_indptr\[0\] must be 0"),
