@@ -79,6 +79,7 @@ class PlanConfig:
     num_ctas: int  # persistent CTAs the kernel launches (SM count x CTAs per SM)
     item_overhead_keys: int = 128  # fixed cost of a work item, in key-equivalents
     balance_limit: float = 1.25  # split when the unsplit max CTA load exceeds this x the mean
+    max_imbalance: float = 1.3  # among ways to split, prefer those within this max/mean CTA load
     allow_split: bool = True
     min_chunk_keys: int = 0  # split chunks are at least this long (fewer partials to merge; a tuning knob)
 
@@ -228,6 +229,19 @@ def _lpt(costs: np.ndarray, num_ctas: int) -> tuple[np.ndarray, np.ndarray]:
     return cta, loads
 
 
+def _schedule(config: PlanConfig, chunks):
+    """LPT schedule of one way of cutting the tiles: (chunks, costs, cta of each chunk, CTA loads)."""
+    costs = _cost(chunks[1], chunks[2], config)
+    cta, loads = _lpt(costs, config.num_ctas)
+    return chunks, costs, cta, loads
+
+
+def _rank(config: PlanConfig, schedule) -> tuple:
+    """Balanced schedules (max/mean <= max_imbalance) first, then the shortest makespan, then fewer chunks."""
+    chunks, _, _, loads = schedule
+    return (_balance(loads) > config.max_imbalance, int(loads.max()), chunks[0].size)
+
+
 def _balance(loads: np.ndarray) -> float:
     busy = loads.sum()
     return float(loads.max() * loads.size / busy) if busy else 1.0
@@ -249,24 +263,18 @@ def plan_work(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity | None
     m = config.num_ctas
     tiles = _tiles(config, q_lens, kv_lens)
 
-    tile_id, start, end, n_chunks = _chunks(tiles, None, config.kv_tile)
-    costs = _cost(start, end, config)
-    cta, loads = _lpt(costs, m)
-    needs_split = tiles.shape[0] < m or _balance(loads) > config.balance_limit
+    unsplit = _chunks(tiles, None, config.kv_tile)
+    best = _schedule(config, unsplit)
+    needs_split = tiles.shape[0] < m or _balance(best[3]) > config.balance_limit
     if config.allow_split and needs_split and tiles.shape[0]:
-        best = None
         total_keys = int(tiles[:, 4].sum())
         for per_cta in range(1, MAX_CHUNKS_PER_CTA + 1):
             cap = max(config.kv_tile, _round_up(config.min_chunk_keys, config.kv_tile),
                       _round_up(-(-total_keys // (per_cta * m)), config.kv_tile))
-            cand = _chunks(tiles, cap, config.kv_tile)
-            c_costs = _cost(cand[1], cand[2], config)
-            c_cta, c_loads = _lpt(c_costs, m)
-            key = (int(c_loads.max()), cand[0].size)  # makespan, then fewer chunks
-            if best is None or key < best[0]:
-                best = (key, cand, c_costs, c_cta, c_loads)
-        if best[0][0] < int(loads.max()) or _balance(loads) > config.balance_limit:
-            _, (tile_id, start, end, n_chunks), costs, cta, loads = best
+            candidate = _schedule(config, _chunks(tiles, cap, config.kv_tile))
+            if _rank(config, candidate) < _rank(config, best):
+                best = candidate
+    (tile_id, start, end, n_chunks), costs, cta, loads = best
     token_start = np.cumsum(q_lens) - q_lens
     return _assemble(config, capacity, tiles, token_start, tile_id, start, end, n_chunks, costs, cta, loads)
 

@@ -107,8 +107,9 @@ def test_ragged_batches_match_reference(batch):
 
 # ---------------------------------------------------------------------------------------- variants
 VARIANTS = {
-    "overlap": dict(intra_wg_overlap=True),
-    "smem_epilogue": dict(smem_epilogue=True),
+    "baseline": dict(intra_wg_overlap=False, smem_epilogue=False),
+    "overlap": dict(intra_wg_overlap=True, smem_epilogue=False),
+    "smem_epilogue": dict(intra_wg_overlap=False, smem_epilogue=True),
     "both": dict(intra_wg_overlap=True, smem_epilogue=True),
 }
 

@@ -110,12 +110,13 @@ def test_too_small_capacity_is_a_clear_error():
 
 @given(cfg=plan_configs(), batch=testing.ragged_batches(max_batch=12, max_q=64, max_kv=2000))
 def test_balanced_when_there_is_more_work_than_ctas(cfg, batch):
-    """max CTA cost / mean <= 1.3 once the mean CTA load is several split granules (a granule = one
-    kv_tile chunk plus the item overhead: no schedule can balance below that grain)."""
+    """max CTA cost / mean <= 1.3 once the mean CTA load is several split granules (a granule = the
+    shortest chunk the planner may cut, kv_tile or min_chunk_keys, plus the item overhead: no schedule
+    can balance below that grain)."""
     q_lens, kv_lens = batch
     plan = plan_work(cfg, q_lens, kv_lens)
     loads = plan.cta_cost
-    granule = cfg.kv_tile + cfg.item_overhead_keys
+    granule = max(cfg.kv_tile, -(-cfg.min_chunk_keys // cfg.kv_tile) * cfg.kv_tile) + cfg.item_overhead_keys
     assume(loads.mean() >= 4 * granule and plan.num_items >= cfg.num_ctas)
     # the q-tile grain is not splittable along q: the largest unsplittable tile bounds the balance too
     assert loads.max() / loads.mean() <= 1.3

@@ -31,9 +31,9 @@ import bench_timing  # noqa: E402
 import bench_workloads as bw  # noqa: E402
 
 VARIANTS = {  # run in this order: the riskiest last, so a hang loses the least
-    "baseline": {},
-    "smem_epilogue": dict(smem_epilogue=True),
-    "overlap": dict(intra_wg_overlap=True),
+    "baseline": dict(intra_wg_overlap=False, smem_epilogue=False),
+    "smem_epilogue": dict(intra_wg_overlap=False, smem_epilogue=True),
+    "overlap": dict(intra_wg_overlap=True, smem_epilogue=False),
     "both": dict(intra_wg_overlap=True, smem_epilogue=True),
 }
 WORKLOADS = {

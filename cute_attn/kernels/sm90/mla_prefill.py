@@ -1,0 +1,493 @@
+"""sm_90a causal absorbed-MLA paged prefill (page size 1), driven by the plan (docs/kernel-contract.md).
+
+Definition: 16 query heads share one latent KV row per key; ``s = sm_scale * (q_nope . ckv + q_pe . kpe)``
+(576 wide), ``o = softmax(s) @ ckv`` (V = ckv, 512 wide). Packed rows: group = 16 heads, one KV head, so a
+64-row tile is 4 query tokens x 16 heads and its Q is the contiguous block ``q_nope[t0:t0+4]`` (packed row
+``p`` of request ``b`` is element row ``(qo_indptr[b] * 16 + p)`` of ``q_nope`` viewed as ``[*, 512]``).
+
+Grid: one persistent CTA per plan CTA slot; CTA ``c`` runs items ``work_indptr[c] .. work_indptr[c+1]-1``.
+
+Warp roles (384 threads = 3 warpgroups):
+
+* WG0 -- producer (``setmaxnreg`` 40), all 128 threads gather with ``cp.async`` 16-byte copies
+  (``.cg``, L2 only). Per item: the Q tile (64 packed rows x (512 nope + 64 pe); rows >= Q_ROW_COUNT
+  are zero-filled, never read), then per ``kv_tile`` keys one smem stage holding the keys' ckv and
+  kpe rows side by side (a ``kv_tile x 576`` K tile). Row ids: the first ``kv_tile`` producer threads
+  read ``kv_indices[kv_indptr[b] + key]`` into a small double-buffered smem table, then a producer named
+  barrier; keys >= KV_END are not loaded and their rows are zero-filled with plain 16-byte shared stores
+  (the pool holds NaN in rows no request owns, and V = ckv feeds the P V MMA). Each producer thread then
+  ``cp.async.wait_group 0`` + ``fence.proxy.async.shared::cta`` (its generic-proxy writes become visible
+  to wgmma's async proxy) + ``mbarrier.arrive`` on the stage's full barrier (arrival count 128).
+* WG1, WG2 -- consumers (``setmaxnreg`` 232). O ``[64 x 512]`` fp32 is split by V columns: WG ``w`` owns
+  columns ``256 w .. 256 w + 255`` (128 fp32 registers per thread). Both warpgroups compute the same
+  ``S = Q K^T`` (wgmma SS over K = 576, 36 k-steps of 16) for the whole 64 x kv_tile tile, so the softmax
+  state is identical in both and P never goes through shared memory (the redundant QK GEMM costs as
+  much tensor work as sharing P would cost in barriers; see "Possible next steps"). Causal /
+  sequence-end mask only on tiles that need it (``common/mask.py``, group 16), online softmax in base 2
+  (``common/softmax.py``), P to bf16 in registers, ``O_w += P V[:, w half]`` (wgmma RS) where V^T is an
+  MN-major view of the stage's ckv columns (no copy). The stage is released once both PV GEMMs are done
+  (consumer arrival count 256); Q is released after the item's last QK GEMM, so the next item's Q loads
+  during this item's last softmax, PV GEMM and epilogue.
+* Epilogue: ``O / rowsum`` and ``lse = max * scale_log2 + log2(sum)``. Final items store bf16 ``output``
+  (each warpgroup its 256 columns; rows < Q_ROW_COUNT) and ``lse * lse_out_scale`` (WG1 only); split items
+  store fp32 ``partial_out[slot]`` / base-2 ``partial_lse[slot]``, and ``launch`` runs the combine.
+  An item with no key (or rows that see none) writes 0 / ``-inf`` through the same path.
+
+Shared memory (kv_tile 64, the default): Q 64 x 576 bf16 = 72 KiB, 2 stages x 64 x 576 bf16 = 144 KiB,
+row-id table 2 x 64 x 4 B, 6 mbarriers: 216.6 KiB of the 227 KiB opt-in limit (plus 1 KiB alignment slack
+counted in ``smem_bytes``). kv_tile 32 gives 4 stages of 36 KiB in the same budget. All tiles are 128B-
+swizzled K-major (8 x 64 atoms), so Q and K feed wgmma directly and V^T is an MN-major view of K's first
+512 columns.
+
+Possible next steps (performance, not correctness): ping-pong or intra-warpgroup overlap of the QK GEMM
+with the softmax; splitting the QK GEMM by key halves between the warpgroups with P and the row max
+exchanged through smem (FlashMLA style); prefetching the next tile's row ids one tile ahead.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, Int64
+from cutlass import pipeline as cpipe
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.memory import SmemAllocator
+from cutlass.tensor_utils import LayoutEnum
+
+from ...compile import compile_kernel
+from ...config import PagedAttentionConfig, default_paged_config
+from ...plan import ItemField as F
+from .. import register_paged_kernel
+from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
+from ..common.softmax import (acc_mn_view, make_softmax_state, rescale_rows, softmax_finalize, softmax_reset,
+                              softmax_update, store_p_bf16)
+
+KIND = "mla_paged_prefill"
+ARCH = "sm_90a"
+SMEM_LIMIT_BYTES = 227 * 1024
+CKV_DIM = 512
+KPE_DIM = 64
+QK_DIM = CKV_DIM + KPE_DIM
+NUM_HEADS = 16  # the definition's; other head counts that divide 64 work too (rows pack whole tokens)
+MAX_STAGES = 4
+PRODUCER_THREADS = 128
+MMA_THREADS = 256  # two consumer warpgroups, split by V columns
+NUM_THREADS = PRODUCER_THREADS + MMA_THREADS
+PRODUCER_REGS = 40
+MMA_REGS = 232
+_VEC = 8  # bf16 per 16-byte cp.async
+_IDS_BARRIER = 1  # named barrier of the producer warpgroup (row-id table)
+LOG2_E = math.log2(math.e)
+
+
+# --------------------------------------------------------------------------------------------- config
+def _tile_bytes(rows: int) -> int:
+    return rows * QK_DIM * 2
+
+
+def num_stages(config: PagedAttentionConfig) -> int:
+    """K stages that fit next to the Q tile, the row-id table, the mbarriers and the slack (<= MAX_STAGES)."""
+    fixed = _tile_bytes(config.tile_q_rows) + 2 * config.kv_tile * 4 + 8 * 2 * (1 + MAX_STAGES) + 1024
+    return max(0, min(MAX_STAGES, (SMEM_LIMIT_BYTES - fixed) // _tile_bytes(config.kv_tile)))
+
+
+def smem_bytes(config: PagedAttentionConfig) -> int:
+    """Shared memory one CTA allocates: Q, K stages, the row-id table, mbarriers, 1 KiB alignment slack."""
+    stages = num_stages(config)
+    return (_tile_bytes(config.tile_q_rows) + stages * _tile_bytes(config.kv_tile) + 2 * config.kv_tile * 4
+            + 8 * 2 * (1 + stages) + 1024)
+
+
+def check_config(config: PagedAttentionConfig) -> str | None:
+    """None when this kernel implements ``config``, else a readable reason (on top of ``can_implement``)."""
+    if config.kind != KIND or config.arch != ARCH:
+        return f"this kernel is {KIND} on {ARCH}, not {config.kind} on {config.arch}"
+    if (reason := config.can_implement()) is not None:
+        return reason
+    if not config.causal:
+        return "the sm_90a MLA prefill kernel is built causal (the definition); causal=False is not built"
+    if (config.head_dim_qk, config.head_dim_v) != (QK_DIM, CKV_DIM):
+        return f"MLA head dims must be (ckv + kpe, ckv) = ({QK_DIM}, {CKV_DIM})"
+    if config.page_size != 1 or config.num_kv_heads != 1:
+        return "page_size must be 1 and num_kv_heads 1 (one latent KV row per key)"
+    if config.tile_q_rows != 64:
+        return (f"tile_q_rows={config.tile_q_rows}: the kernel runs one 64-row M tile whose O (64 x 512) is "
+                "split across two consumer warpgroups by V columns")
+    if config.kv_tile not in (32, 64):
+        return f"kv_tile={config.kv_tile} must be 32 or 64 (a 64 x kv_tile x 576 K stage, >= 2 stages in smem)"
+    if config.tile_q_rows % config.group_size:
+        return (f"group size {config.group_size} (heads) must divide tile_q_rows={config.tile_q_rows}: a tile "
+                "packs whole tokens")
+    if config.ctas_per_sm != 1:
+        return f"ctas_per_sm={config.ctas_per_sm}: one CTA uses ~217 KiB of shared memory, so 1 per SM"
+    if num_stages(config) < 2:
+        return f"fewer than 2 K stages fit in {SMEM_LIMIT_BYTES} bytes of shared memory"
+    if smem_bytes(config) > SMEM_LIMIT_BYTES:
+        return f"needs {smem_bytes(config)} bytes of shared memory, more than {SMEM_LIMIT_BYTES}"
+    return None
+
+
+# --------------------------------------------------------------------------------------------- kernel
+class MlaPagedPrefillSm90:
+    """The kernel object: compile-time constants live on ``self``."""
+
+    def __init__(self, config: PagedAttentionConfig):
+        reason = check_config(config)
+        if reason is not None:
+            raise ValueError(reason)
+        self.num_heads = config.num_qo_heads
+        self.group = config.group_size
+        self.tile_m = config.tile_q_rows
+        self.tile_n = config.kv_tile
+        self.num_stages = num_stages(config)
+        self.dtype = cutlass.BFloat16
+
+    def __repr__(self) -> str:  # shows in the kernel symbol
+        return f"MlaPagedPrefillSm90_H{self.num_heads}_M{self.tile_m}_N{self.tile_n}_S{self.num_stages}"
+
+    # ------------------------------------------------------------------------------- host side
+    @cute.jit
+    def __call__(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
+                 qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor,
+                 items: cute.Tensor, output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor,
+                 partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
+        atom = warpgroup.make_smem_layout_atom(
+            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, QK_DIM), self.dtype)
+        s_q_layout = cute.tile_to_shape(atom, (self.tile_m, QK_DIM), (0, 1))
+        s_k_layout = cute.tile_to_shape(atom, (self.tile_n, QK_DIM, self.num_stages), (0, 1, 2))
+
+        tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
+            atom_layout_mnk=(1, 1, 1), tiler_mn=(64, self.tile_n))
+        # O = P V: two warpgroups side by side along N (V columns), 64 x 256 each
+        tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
+            atom_layout_mnk=(1, MMA_THREADS // 128, 1), tiler_mn=(64, CKV_DIM // (MMA_THREADS // 128)),
+            a_source=warpgroup.OperandSource.RMEM)
+
+        self.kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
+                    output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, s_q_layout, s_k_layout,
+                    tiled_mma_qk, tiled_mma_pv,
+                    ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream,
+                             min_blocks_per_mp=1)
+
+    # ------------------------------------------------------------------------------- device side
+    @cute.kernel
+    def kernel(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
+               qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor,
+               items: cute.Tensor, output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor,
+               partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32,
+               s_q_layout: cute.ComposedLayout, s_k_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma,
+               tiled_mma_pv: cute.TiledMma):
+        tidx, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+
+        smem = SmemAllocator()
+        s_q = smem.allocate_tensor(self.dtype, s_q_layout.outer, 1024, s_q_layout.inner)
+        s_k = smem.allocate_tensor(self.dtype, s_k_layout.outer, 1024, s_k_layout.inner)
+        s_ids = smem.allocate_tensor(Int32, cute.make_layout((self.tile_n, 2)), 16)
+        mbar_q = smem.allocate_array(Int64, 2, byte_alignment=8)
+        mbar_k = smem.allocate_array(Int64, 2 * self.num_stages, byte_alignment=8)
+
+        producers = cpipe.CooperativeGroup(cpipe.Agent.Thread, PRODUCER_THREADS)
+        consumers = cpipe.CooperativeGroup(cpipe.Agent.Thread, MMA_THREADS)
+        pipe_q = cpipe.PipelineAsync.create(barrier_storage=mbar_q, num_stages=1, producer_group=producers,
+                                            consumer_group=consumers, defer_sync=True)
+        pipe_k = cpipe.PipelineAsync.create(barrier_storage=mbar_k, num_stages=self.num_stages,
+                                            producer_group=producers, consumer_group=consumers, defer_sync=True)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        item_begin = work_indptr[cta]
+        item_end = work_indptr[cta + 1]
+        if warp_idx < PRODUCER_THREADS // 32:
+            cute.arch.setmaxregister_decrease(PRODUCER_REGS)
+            self.produce(tidx, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, items,
+                         item_begin, item_end, s_q, s_k, s_ids, pipe_q, pipe_k)
+        else:
+            cute.arch.setmaxregister_increase(MMA_REGS)
+            self.consume(tidx - PRODUCER_THREADS, s_q, s_k, qo_indptr, items, item_begin, item_end, output, lse,
+                         partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv,
+                         pipe_q, pipe_k)
+
+    # ------------------------------------------------------------------------------- producer
+    @cute.jit
+    def produce(self, ptid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor,
+                kpe_cache: cute.Tensor, qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor,
+                items: cute.Tensor, item_begin: Int32, item_end: Int32, s_q: cute.Tensor, s_k: cute.Tensor,
+                s_ids: cute.Tensor, pipe_q, pipe_k):
+        G = self.group
+        copy_atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype,
+                                        num_bits_per_copy=16 * _VEC)
+        zeros = cute.make_rmem_tensor((_VEC,), self.dtype)
+        zeros.fill(0.0)
+        # 16-byte chunks of the smem tiles: (vec, row, chunk[, stage])
+        s_q_chunks = cute.flat_divide(s_q, (1, _VEC))
+        s_k_chunks = cute.flat_divide(s_k, (1, _VEC))
+        q_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, 1)
+        k_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages)
+        ckv_stride = Int64(ckv_cache.stride[0])
+        kpe_stride = Int64(kpe_cache.stride[0])
+        tiles_done = Int32(0)
+        for it in cutlass.range(item_begin, item_end, unroll=1):
+            b = items[it, int(F.REQUEST)]
+            r0 = items[it, int(F.Q_ROW_START)]
+            row_count = items[it, int(F.Q_ROW_COUNT)]
+            kv_start = items[it, int(F.KV_START)]
+            kv_end = items[it, int(F.KV_END)]
+            # Q: packed row p of the item is element row (qo_indptr[b] * G + r0 + p) of q viewed as [*, dim]
+            q_row0 = Int64(qo_indptr[b]) * G + r0
+            pipe_q.producer_acquire(q_state)
+            self.load_rows(copy_atom, zeros, q_nope, q_row0, Int64(CKV_DIM), row_count, s_q_chunks, 0, CKV_DIM,
+                           ptid, s_ids, False)
+            self.load_rows(copy_atom, zeros, q_pe, q_row0, Int64(KPE_DIM), row_count, s_q_chunks,
+                           CKV_DIM // _VEC, KPE_DIM, ptid, s_ids, False)
+            self.commit(pipe_q, q_state)
+            q_state.advance()
+
+            page_base = kv_indptr[b]
+            num_tiles = cute.ceil_div(kv_end - kv_start, self.tile_n) if kv_end > kv_start else 0
+            for t in cutlass.range(num_tiles, unroll=1):
+                kv_base = kv_start + t * self.tile_n
+                ids = s_ids[None, tiles_done % 2]
+                if ptid < self.tile_n:
+                    rid = Int32(-1)  # keys >= KV_END: not loaded, zero-filled
+                    if kv_base + ptid < kv_end:
+                        rid = kv_indices[page_base + kv_base + ptid]
+                    ids[ptid] = rid
+                cute.arch.barrier(barrier_id=_IDS_BARRIER, number_of_threads=PRODUCER_THREADS)
+                tiles_done += 1
+                pipe_k.producer_acquire(k_state)
+                s_stage = s_k_chunks[None, None, None, None, k_state.index]
+                self.load_rows(copy_atom, zeros, ckv_cache, Int64(0), ckv_stride, self.tile_n, s_stage, 0, CKV_DIM,
+                               ptid, ids, True)
+                self.load_rows(copy_atom, zeros, kpe_cache, Int64(0), kpe_stride, self.tile_n, s_stage,
+                               CKV_DIM // _VEC, KPE_DIM, ptid, ids, True)
+                self.commit(pipe_k, k_state)
+                k_state.advance()
+
+    @cute.jit
+    def commit(self, pipe, state):
+        """This thread's copies have landed: make them visible to wgmma (async proxy), then arrive."""
+        cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.fence_view_async_shared()
+        pipe.producer_commit(state)
+
+    @cute.jit
+    def load_rows(self, copy_atom: cute.CopyAtom, zeros: cute.Tensor, src: cute.Tensor, row0: Int64,
+                  row_stride: Int64, valid_rows: Int32, s_chunks: cute.Tensor, chunk0: cutlass.Constexpr[int],
+                  width: cutlass.Constexpr[int], ptid: Int32, ids: cute.Tensor, gather: cutlass.Constexpr[bool]):
+        """Copy ``width`` columns of the tile's rows into smem 16-byte chunk columns ``chunk0 ..``.
+
+        ``s_chunks``: (1, vec, row, chunk) view of one smem tile. Row ``r`` of the tile is source row
+        ``row0 + r`` (Q; rows >= ``valid_rows`` are zero-filled) or, with ``gather``, ``ids[r]`` (K; id -1 =
+        not a key: zero-filled).
+        """
+        chunks = width // _VEC  # 16-byte chunks per row
+        rows_per_pass = PRODUCER_THREADS // chunks
+        num_rows = self.tile_n if cutlass.const_expr(gather) else self.tile_m
+        chunk = ptid % chunks
+        base = src.iterator
+        for i in cutlass.range(num_rows // rows_per_pass, unroll=2):
+            r = i * rows_per_pass + ptid // chunks
+            dst = s_chunks[0, None, r, chunk0 + chunk]
+            src_row = row0 + r
+            ok = r < valid_rows
+            if cutlass.const_expr(gather):
+                rid = ids[r]
+                src_row = Int64(rid)
+                ok = rid >= 0
+            if ok:
+                offset = src_row * row_stride + chunk * _VEC
+                ptr = cute.make_ptr(self.dtype, (base + offset).toint(), cute.AddressSpace.gmem, assumed_align=16)
+                cute.copy(copy_atom, cute.make_tensor(ptr, cute.make_layout(_VEC)), dst)
+            else:
+                cute.autovec_copy(zeros, dst)
+
+    # ------------------------------------------------------------------------------- consumers
+    @cute.jit
+    def consume(self, ctid: Int32, s_q: cute.Tensor, s_k: cute.Tensor, qo_indptr: cute.Tensor, items: cute.Tensor,
+                item_begin: Int32, item_end: Int32, output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor,
+                partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32, tiled_mma_qk: cute.TiledMma,
+                tiled_mma_pv: cute.TiledMma, pipe_q, pipe_k):
+        G = self.group
+        wg = cute.arch.make_warp_uniform(ctid // 128)
+        thr_qk = tiled_mma_qk.get_slice(ctid % 128)
+        wg_qk = tiled_mma_qk.get_slice(0)
+        thr_pv = tiled_mma_pv.get_slice(ctid)
+        wg_pv = tiled_mma_pv.get_slice(wg * 128)
+        # V^T: (ckv column, key, stage) over the K stages' first 512 columns (MN-major B operand)
+        s_vt = cute.composition(s_k, cute.make_layout((CKV_DIM, self.tile_n, self.num_stages),
+                                                      stride=(self.tile_n, 1, self.tile_n * QK_DIM)))
+
+        t_sq = wg_qk.make_fragment_A(wg_qk.partition_A(s_q))
+        t_sk = wg_qk.make_fragment_B(wg_qk.partition_B(s_k))
+        t_op = wg_pv.make_fragment_A(wg_pv.partition_shape_A((self.tile_m, self.tile_n)))
+        t_ovt = wg_pv.make_fragment_B(wg_pv.partition_B(s_vt))
+        acc_s = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        acc_o = cute.make_rmem_tensor(tiled_mma_pv.partition_shape_C((self.tile_m, CKV_DIM)), Float32)
+        c_s = thr_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+        c_o = thr_pv.partition_C(cute.make_identity_tensor((self.tile_m, CKV_DIM)))
+
+        row_max, row_sum = make_softmax_state(cute.size(acc_mn_view(acc_s), mode=[0]))
+        q_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, 1)
+        k_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, self.num_stages)
+        for it in cutlass.range(item_begin, item_end, unroll=1):
+            r0 = items[it, int(F.Q_ROW_START)]
+            kv_start = items[it, int(F.KV_START)]
+            kv_end = items[it, int(F.KV_END)]
+            causal_offset = items[it, int(F.CAUSAL_OFFSET)]
+            first_token = r0 // G
+            softmax_reset(row_max, row_sum)
+            acc_o.fill(0.0)
+            num_tiles = cute.ceil_div(kv_end - kv_start, self.tile_n) if kv_end > kv_start else 0
+            pipe_q.consumer_wait(q_state)
+            for t in cutlass.range(num_tiles, unroll=1):
+                kv_base = kv_start + t * self.tile_n
+                stage = k_state.index
+                pipe_k.consumer_wait(k_state)
+                _gemm(tiled_mma_qk, acc_s, t_sq, t_sk[None, None, None, stage], True)
+                if t == num_tiles - 1:  # the item's last read of Q: the next item's Q may load now
+                    pipe_q.consumer_release(q_state)
+                if tile_needs_mask(kv_base, self.tile_n, kv_end, first_token, causal_offset):
+                    apply_causal_seqend_mask(acc_s, c_s, r0, G, kv_base, kv_end, causal_offset)
+                row_scale = softmax_update(acc_s, row_max, row_sum, scale_log2)
+                rescale_rows(acc_o, row_scale)
+                store_p_bf16(acc_s, t_op)
+                _gemm(tiled_mma_pv, acc_o, t_op, t_ovt[None, None, None, stage], False)
+                pipe_k.consumer_release(k_state)
+                k_state.advance()
+            if num_tiles == 0:
+                pipe_q.consumer_release(q_state)
+            q_state.advance()
+
+            # read only now: fewer registers live across the main loop
+            b = items[it, int(F.REQUEST)]
+            row_count = items[it, int(F.Q_ROW_COUNT)]
+            slot = items[it, int(F.PARTIAL_SLOT)]
+            o_scale, row_lse = softmax_finalize(row_max, row_sum, scale_log2)
+            rescale_rows(acc_o, o_scale)
+            self.store(acc_o, c_o, row_lse, b, r0, row_count, slot, qo_indptr, output, lse, partial_out,
+                       partial_lse, lse_out_scale)
+
+    @cute.jit
+    def store(self, acc_o: cute.Tensor, c_o: cute.Tensor, row_lse: cute.Tensor, b: Int32, r0: Int32,
+              row_count: Int32, slot: Int32, qo_indptr: cute.Tensor, output: cute.Tensor, lse: cute.Tensor,
+              partial_out: cute.Tensor, partial_lse: cute.Tensor, lse_out_scale: Float32):
+        """Final items: bf16 ``output`` and ``lse``; split items: fp32 partials (rows < row_count only)."""
+        G = self.group
+        o_mn = acc_mn_view(acc_o)
+        c_mn = acc_mn_view(c_o)
+        if slot < 0:
+            q_start = qo_indptr[b]
+            o_bf = cute.make_rmem_tensor(acc_o.layout, self.dtype)
+            o_bf.store(acc_o.load().to(self.dtype))
+            ob_mn = acc_mn_view(o_bf)
+            for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
+                row = c_mn[r, 0][0]
+                if row < row_count:
+                    token = q_start + (r0 + row) // G
+                    head = (r0 + row) % G
+                    for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+                        output[token, head, c_mn[r, c][1]] = ob_mn[r, c]
+                    if c_mn[r, 0][1] == 0:
+                        lse[token, head] = row_lse[r] * lse_out_scale
+        else:
+            for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
+                row = c_mn[r, 0][0]
+                if row < row_count:
+                    for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+                        partial_out[slot, row, c_mn[r, c][1]] = o_mn[r, c]
+                    if c_mn[r, 0][1] == 0:
+                        partial_lse[slot, row] = row_lse[r]
+
+
+@cute.jit
+def _gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, t_a: cute.Tensor, t_b: cute.Tensor,
+          zero_init: cutlass.Constexpr[bool]):
+    """acc (+)= A @ B over the k blocks of one warpgroup MMA, waiting for completion."""
+    warpgroup.fence()
+    atom = cute.make_mma_atom(tiled_mma.op)
+    atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+    for k in cutlass.range_constexpr(cute.size(t_a.shape[2])):
+        cute.gemm(atom, acc, t_a[None, None, k], t_b[None, None, k], acc)
+        atom.set(warpgroup.Field.ACCUMULATE, True)
+    warpgroup.commit_group()
+    warpgroup.wait_group(0)
+
+
+# ----------------------------------------------------------------------------------- registration
+def fake_args(config: PagedAttentionConfig) -> tuple:
+    """Fake tensors (symbolic token, page, index and plan extents) in the entry's argument order."""
+    bf16, i32, f32 = cutlass.BFloat16, cutlass.Int32, cutlass.Float32
+    h = config.num_qo_heads
+    fake = cute.runtime.make_fake_compact_tensor
+    rows = cute.sym_int(symbol="total_q")
+    num_pages = cute.sym_int(symbol="num_pages")
+    slots = cute.sym_int(symbol="partial_slots")
+    return (
+        fake(bf16, (rows, h, CKV_DIM), stride_order=(2, 1, 0), assumed_align=16),
+        fake(bf16, (rows, h, KPE_DIM), stride_order=(2, 1, 0), assumed_align=16),
+        fake(bf16, (num_pages, 1, CKV_DIM), stride_order=(2, 1, 0), assumed_align=16),
+        fake(bf16, (num_pages, 1, KPE_DIM), stride_order=(2, 1, 0), assumed_align=16),
+        fake(i32, (cute.sym_int(symbol="batch_plus_1"),)),
+        fake(i32, (cute.sym_int(symbol="kv_indptr_len"),)),
+        fake(i32, (cute.sym_int(symbol="num_indices"),)),
+        fake(i32, (cute.sym_int(symbol="ctas_plus_1"),)),
+        fake(i32, (cute.sym_int(symbol="max_items"), len(F)), stride_order=(1, 0)),
+        fake(bf16, (rows, h, CKV_DIM), stride_order=(2, 1, 0), assumed_align=16),
+        fake(f32, (rows, h), stride_order=(1, 0)),
+        fake(f32, (slots, config.tile_q_rows, CKV_DIM), stride_order=(2, 1, 0), assumed_align=16),
+        fake(f32, (slots, config.tile_q_rows), stride_order=(1, 0)),
+        f32(1.0),
+        f32(1.0),
+        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
+    )
+
+
+def build(config: PagedAttentionConfig) -> tuple[Any, tuple[Any, ...]]:
+    """``(jit_fn, fake_args)`` for :func:`cute_attn.compile.compile_kernel`."""
+    return MlaPagedPrefillSm90(config), fake_args(config)
+
+
+@functools.lru_cache(maxsize=64)  # configs are frozen: their verdict never changes (host overhead)
+def _checked(config: PagedAttentionConfig) -> str | None:
+    return check_config(config)
+
+
+def launch(device_plan, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output,
+           lse, natural_lse: bool = False) -> None:
+    """Run the plan's items, then the combine kernel if the plan split any item."""
+    from ..common.combine import launch_combine
+
+    config = device_plan.config
+    reason = _checked(config)
+    if reason is not None:
+        raise ValueError(f"{config.kind} on {config.arch}: unsupported configuration: {reason}")
+    lse_out_scale = math.log(2.0) if natural_lse else 1.0
+    compile_kernel(config)(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices,
+                           device_plan.work_indptr, device_plan.items, output, lse, device_plan.partial_out,
+                           device_plan.partial_lse, float(sm_scale) * LOG2_E, lse_out_scale)
+    if device_plan.plan is not None and device_plan.plan.num_merges:
+        launch_combine(device_plan, output, lse, lse_out_scale)
+
+
+def definition_config(arch: str = ARCH) -> PagedAttentionConfig:
+    return default_paged_config(KIND, arch=arch, num_qo_heads=NUM_HEADS, num_kv_heads=1, head_dim_qk=QK_DIM,
+                                head_dim_v=CKV_DIM, page_size=1, causal=True)
+
+
+def configs(arch: str) -> list[PagedAttentionConfig]:
+    """The definition's config (``mla_paged_prefill_causal_h16_ckv512_kpe64_ps1``)."""
+    return [definition_config(arch)] if arch == ARCH else []
+
+
+register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs)
