@@ -110,6 +110,8 @@ class PagedAttentionConfig(KernelConfig):
     tile_q_rows: int = 128
     kv_tile: int = 128
     ctas_per_sm: int = 1
+    #: planner: split-KV chunks at least this long (fewer partials to merge; measured in decode_variants.py)
+    min_chunk_keys: int = 0
     #: sm_90a prefill: issue S_{j+1} = Q K_{j+1}^T before the softmax of tile j (FA3 intra-warpgroup overlap)
     intra_wg_overlap: bool = False
     #: sm_90a prefill: write the bf16 output tile through shared memory with 16-byte coalesced stores
@@ -124,7 +126,7 @@ class PagedAttentionConfig(KernelConfig):
 
         return PlanConfig(
             num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads, causal=self.causal,
-            tile_q_rows=self.tile_q_rows, kv_tile=self.kv_tile, num_ctas=num_ctas,
+            tile_q_rows=self.tile_q_rows, kv_tile=self.kv_tile, num_ctas=num_ctas, min_chunk_keys=self.min_chunk_keys,
         )
 
     def can_implement(self) -> str | None:
@@ -160,7 +162,7 @@ def default_paged_config(kind: str, *, arch: str, num_qo_heads: int, num_kv_head
     """The tuned tile geometry for a problem (a table that the tuning notebooks will grow)."""
     tiles = {
         "gqa_paged_prefill": dict(tile_q_rows=128, kv_tile=128, intra_wg_overlap=True, smem_epilogue=True),
-        "gqa_paged_decode": dict(tile_q_rows=64, kv_tile=64),
+        "gqa_paged_decode": dict(tile_q_rows=64, kv_tile=64, min_chunk_keys=512),
         "mla_paged_prefill": dict(tile_q_rows=64, kv_tile=64),
     }.get(kind, {})
     return PagedAttentionConfig(
