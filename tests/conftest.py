@@ -23,3 +23,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="module")
+def module_compile_cache(tmp_path_factory):
+    """One compile cache per test module: each config compiles once there, never from a stale cache."""
+    return tmp_path_factory.mktemp("cute_attn_cache")
+
+
+@pytest.fixture
+def isolated_compile_cache(module_compile_cache, monkeypatch):
+    """Point the compile path at the module's cache, with the in-memory cache cleared around the test."""
+    from cute_attn.compile import CACHE_DIR_ENV, clear_memory_cache
+
+    monkeypatch.setenv(CACHE_DIR_ENV, str(module_compile_cache))
+    clear_memory_cache()
+    yield module_compile_cache
+    clear_memory_cache()

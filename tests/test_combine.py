@@ -13,9 +13,7 @@ from cute_attn.kernels.common.combine import CombineConfig, default_configs, lau
 from cute_attn.plan import plan_work
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("CUTE_ATTN_CACHE_DIR", str(tmp_path))
+pytestmark = pytest.mark.usefixtures("isolated_compile_cache")
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])

@@ -8,8 +8,7 @@ import re
 
 import pytest
 
-from cute_attn import compile as compile_mod
-from cute_attn.compile import clear_memory_cache, compile_kernel, compile_kernel_with_info, compile_to_ptx
+from cute_attn.compile import compile_kernel, compile_kernel_with_info, compile_to_ptx
 from cute_attn.config import default_paged_config
 from cute_attn.kernels import find_launcher
 from cute_attn.kernels.sm100 import gqa_decode
@@ -18,17 +17,7 @@ ARCH = "sm_100a"
 CONFIGS = gqa_decode.configs(ARCH)
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cute_attn_sm100_decode")
-
-
-@pytest.fixture(autouse=True)
-def _private_cache(cache, monkeypatch):
-    monkeypatch.setenv(compile_mod.CACHE_DIR_ENV, str(cache))
-    clear_memory_cache()
-    yield
-    clear_memory_cache()
+pytestmark = pytest.mark.usefixtures("isolated_compile_cache")
 
 
 def test_definition_config_is_registered():

@@ -12,8 +12,7 @@ import subprocess
 
 import pytest
 
-from cute_attn import compile as compile_mod
-from cute_attn.compile import clear_memory_cache, compile_kernel, compile_to_ptx
+from cute_attn.compile import compile_kernel, compile_to_ptx
 from cute_attn.config import default_paged_config
 from cute_attn.kernels import find_launcher
 from cute_attn.kernels.sm100 import gqa_prefill
@@ -22,17 +21,7 @@ SMEM_LIMIT = 227 * 1024
 TMEM_LIMIT = 512
 
 
-@pytest.fixture(scope="module")
-def shared_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cute_attn_cache")
-
-
-@pytest.fixture(autouse=True)
-def _isolated_cache(shared_cache, monkeypatch):
-    monkeypatch.setenv(compile_mod.CACHE_DIR_ENV, str(shared_cache))
-    clear_memory_cache()
-    yield
-    clear_memory_cache()
+pytestmark = pytest.mark.usefixtures("isolated_compile_cache")
 
 
 def _config(**overrides):

@@ -44,11 +44,11 @@ from cutlass.memory import SmemAllocator
 
 from ...compile import register_kernel
 from ...config import KernelConfig
+from .limits import SMEM_LIMIT_BYTES
 
 DTYPES: dict[str, Any] = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 ELEMENT_BYTES = 2
 TMA_BOX_MAX = 256  # cuTensorMapEncodeTiled: every box dimension <= 256 elements
-SMEM_LIMIT_BYTES = 227 * 1024  # opt-in dynamic smem per CTA on H100/H200 and B200
 
 
 @dataclass(frozen=True)

@@ -64,13 +64,13 @@ from cutlass.memory import SmemAllocator
 from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField
 from .. import register_paged_kernel
+from ..common.limits import SMEM_LIMIT_BYTES
 from ..common.paged_launch import launch_paged, paged_fake_args
 
 ARCH = "sm_100a"
 MMA_M = 128  # tcgen05 M (cta_group 1): TMEM lane r = packed row r
 KV_STAGES = 4
 ELEM = 2  # bf16 bytes
-SMEM_LIMIT_BYTES = 227 * 1024
 TMEM_ALLOC_COLS = 512
 S_COLS = (0, 64)  # two S buffers (page_size fp32 columns each)
 P_COL = 128

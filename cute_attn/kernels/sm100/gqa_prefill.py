@@ -65,12 +65,11 @@ from cutlass.memory import SmemAllocator, TmemAllocator
 from ...config import PagedAttentionConfig, default_paged_config
 from .. import register_paged_kernel
 from ..common.paged_launch import launch_paged, paged_fake_args
+from ..common.limits import TMEM_COLUMNS, packed_q_box_reason, page_box_reason, smem_reason, target_reason
 from .prefill_roles import PrefillRoles
 
 KIND = "gqa_paged_prefill"
 ARCH = "sm_100a"
-SMEM_LIMIT_BYTES = 227 * 1024
-TMEM_COLUMNS = 512  # the whole TMEM of an SM: allocations are powers of two >= 32
 Q_STAGES = 2
 KV_STAGES = 4
 C_STAGES = 2
@@ -100,9 +99,7 @@ def smem_bytes(config: PagedAttentionConfig) -> int:
 
 def check_config(config: PagedAttentionConfig) -> str | None:
     """None when this kernel can build ``config``, else a readable reason."""
-    if config.kind != KIND or config.arch != ARCH:
-        return f"this kernel is {KIND} on {ARCH}, not {config.kind} on {config.arch}"
-    if (reason := config.can_implement()) is not None:
+    if (reason := target_reason(config, KIND, ARCH)) is not None:
         return reason
     if not config.causal:
         return "the sm_100a prefill kernel is built causal (the definition); causal=False is not built"
@@ -111,14 +108,10 @@ def check_config(config: PagedAttentionConfig) -> str | None:
     if config.tile_q_rows != 128 or config.kv_tile != 128:
         return ("tile_q_rows and kv_tile must be 128: one 128-lane TMEM tile per item, one 128x128 tcgen05 "
                 f"S tile per key step (got {config.tile_q_rows}, {config.kv_tile})")
-    if config.tile_q_rows % config.group_size:
-        return (f"group size {config.group_size} must divide tile_q_rows={config.tile_q_rows}: the packed Q "
-                "tile is one TMA box of whole tokens (non-power-of-two groups need a gather Q load)")
-    if config.page_size < 8 or config.page_size > config.kv_tile or config.kv_tile % config.page_size:
-        return (f"page_size={config.page_size} must be a power of two in 8..kv_tile={config.kv_tile}: a page "
-                "is one TMA box of whole 8-row swizzle atoms inside a key tile")
-    if smem_bytes(config) > SMEM_LIMIT_BYTES:
-        return f"needs {smem_bytes(config)} bytes of shared memory, more than {SMEM_LIMIT_BYTES}"
+    if (reason := packed_q_box_reason(config) or page_box_reason(config)) is not None:
+        return reason
+    if (reason := smem_reason(smem_bytes(config))) is not None:
+        return reason
     if tmem_columns(config) > TMEM_COLUMNS:
         return f"needs {tmem_columns(config)} TMEM columns, more than {TMEM_COLUMNS}"
     return None

@@ -42,11 +42,11 @@ from cutlass.tensor_utils import LayoutEnum
 from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField as F
 from .. import register_paged_kernel
+from ..common.limits import SMEM_LIMIT_BYTES
 from ..common.paged_launch import launch_paged, paged_fake_args
 
 KIND = "gqa_paged_decode"
 ARCH = "sm_90a"
-SMEM_LIMIT_BYTES = 227 * 1024  # per CTA
 SMEM_PER_SM_BYTES = 228 * 1024  # per SM, of which each resident CTA reserves 1 KB
 MAX_STAGES = 8
 NUM_MMA_THREADS = 128

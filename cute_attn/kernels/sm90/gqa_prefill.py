@@ -60,6 +60,7 @@ from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField as F
 from .. import register_paged_kernel
 from ..common.paged_launch import launch_paged, paged_fake_args
+from ..common.limits import packed_q_box_reason, page_box_reason, smem_reason, target_reason
 from .prefill_epilogue import store_output_via_smem
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.softmax import (acc_mn_view, acc_to_mma_a_view, make_softmax_state, rescale_rows,
@@ -67,7 +68,6 @@ from ..common.softmax import (acc_mn_view, acc_to_mma_a_view, make_softmax_state
 
 KIND = "gqa_paged_prefill"
 ARCH = "sm_90a"
-SMEM_LIMIT_BYTES = 227 * 1024
 NUM_STAGES = 2
 Q_STAGES = 2  # the next item's Q (and its first K/V) load while the current item finishes
 _SUPPORTED_HEAD_DIMS = (64, 128)
@@ -84,9 +84,7 @@ def smem_bytes(config: PagedAttentionConfig, num_stages: int = NUM_STAGES) -> in
 
 def check_config(config: PagedAttentionConfig) -> str | None:
     """None when this kernel can run ``config``, else a readable reason."""
-    if config.kind != KIND or config.arch != ARCH:
-        return f"this kernel is {KIND} on {ARCH}, not {config.kind} on {config.arch}"
-    if (reason := config.can_implement()) is not None:
+    if (reason := target_reason(config, KIND, ARCH)) is not None:
         return reason
     if not config.causal:
         return "the sm_90a prefill kernel is built causal (the definition); causal=False is not built"
@@ -96,14 +94,10 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         return f"tile_q_rows={config.tile_q_rows}: the kernel runs two 64-row consumer warpgroups (128 rows)"
     if config.kv_tile not in (64, 128):
         return f"kv_tile={config.kv_tile} must be 64 or 128"
-    if config.tile_q_rows % config.group_size:
-        return (f"group size {config.group_size} must divide tile_q_rows={config.tile_q_rows}: the packed Q "
-                "tile is one TMA box of whole tokens (non-power-of-two groups need a gather Q load)")
-    if config.page_size < 8 or config.page_size > config.kv_tile or config.kv_tile % config.page_size:
-        return (f"page_size={config.page_size} must be a power of two in 8..kv_tile={config.kv_tile}: a page "
-                "is one TMA box of whole 8-row swizzle atoms inside a key tile")
-    if smem_bytes(config) > SMEM_LIMIT_BYTES:
-        return f"needs {smem_bytes(config)} bytes of shared memory, more than {SMEM_LIMIT_BYTES}"
+    if (reason := packed_q_box_reason(config) or page_box_reason(config)) is not None:
+        return reason
+    if (reason := smem_reason(smem_bytes(config))) is not None:
+        return reason
     return None
 
 

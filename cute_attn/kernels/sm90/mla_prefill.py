@@ -64,13 +64,13 @@ from ...compile import compile_kernel
 from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField as F
 from .. import register_paged_kernel
+from ..common.limits import SMEM_LIMIT_BYTES, smem_reason, target_reason
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.softmax import (acc_mn_view, make_softmax_state, rescale_rows, softmax_finalize, softmax_reset,
                               softmax_update, store_p_bf16)
 
 KIND = "mla_paged_prefill"
 ARCH = "sm_90a"
-SMEM_LIMIT_BYTES = 227 * 1024
 CKV_DIM = 512
 KPE_DIM = 64
 QK_DIM = CKV_DIM + KPE_DIM
@@ -106,9 +106,7 @@ def smem_bytes(config: PagedAttentionConfig) -> int:
 
 def check_config(config: PagedAttentionConfig) -> str | None:
     """None when this kernel implements ``config``, else a readable reason (on top of ``can_implement``)."""
-    if config.kind != KIND or config.arch != ARCH:
-        return f"this kernel is {KIND} on {ARCH}, not {config.kind} on {config.arch}"
-    if (reason := config.can_implement()) is not None:
+    if (reason := target_reason(config, KIND, ARCH)) is not None:
         return reason
     if not config.causal:
         return "the sm_90a MLA prefill kernel is built causal (the definition); causal=False is not built"
@@ -128,9 +126,7 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         return f"ctas_per_sm={config.ctas_per_sm}: one CTA uses ~217 KiB of shared memory, so 1 per SM"
     if num_stages(config) < 2:
         return f"fewer than 2 K stages fit in {SMEM_LIMIT_BYTES} bytes of shared memory"
-    if smem_bytes(config) > SMEM_LIMIT_BYTES:
-        return f"needs {smem_bytes(config)} bytes of shared memory, more than {SMEM_LIMIT_BYTES}"
-    return None
+    return smem_reason(smem_bytes(config))
 
 
 # --------------------------------------------------------------------------------------------- kernel

@@ -1,0 +1,39 @@
+"""Hardware limits and the configuration rules that several kernels share (both arches).
+
+Each kernel's ``check_config`` starts from these and adds its own rules; every rule returns a readable
+reason or None, so ``can_implement``-style rejections read the same everywhere.
+"""
+
+from __future__ import annotations
+
+SMEM_LIMIT_BYTES = 227 * 1024  # opt-in dynamic shared memory per CTA on H100/H200 and B200
+TMEM_COLUMNS = 512  # tensor memory of one Blackwell SM (128 lanes x 512 columns of 32 bits)
+
+
+def target_reason(config, kind: str, arch: str) -> str | None:
+    """The config is for this kernel (kind and arch) and passes the generic ``can_implement``."""
+    if config.kind != kind or config.arch != arch:
+        return f"this kernel is {kind} on {arch}, not {config.kind} on {config.arch}"
+    return config.can_implement()
+
+
+def smem_reason(nbytes: int, limit: int = SMEM_LIMIT_BYTES) -> str | None:
+    if nbytes > limit:
+        return f"needs {nbytes} bytes of shared memory, more than {limit}"
+    return None
+
+
+def packed_q_box_reason(config) -> str | None:
+    """A packed GQA Q tile loaded as one TMA box holds whole tokens: the group must divide the tile."""
+    if config.tile_q_rows % config.group_size:
+        return (f"group size {config.group_size} must divide tile_q_rows={config.tile_q_rows}: the packed Q "
+                "tile is one TMA box of whole tokens (non-power-of-two groups need a gather Q load)")
+    return None
+
+
+def page_box_reason(config) -> str | None:
+    """A K/V page loaded as one TMA box inside a key tile: whole 8-row swizzle atoms, pages tile the key tile."""
+    if config.page_size < 8 or config.page_size > config.kv_tile or config.kv_tile % config.page_size:
+        return (f"page_size={config.page_size} must be a power of two in 8..kv_tile={config.kv_tile}: a page "
+                "is one TMA box of whole 8-row swizzle atoms inside a key tile")
+    return None
