@@ -30,16 +30,39 @@ def test_entries_validate_before_anything_else():
         cute_attn.mla_paged_prefill(*mla.inputs())
 
 
-@settings(settings.default, max_examples=max(300, settings.default.max_examples))
-@given(st.data())
-def test_fuzzed_entry_calls_raise_only_value_or_type_errors(data):
-    case = prefill_case(num_qo_heads=8, num_kv_heads=2, head_dim=64, page_size=16)
+def _entry_cases():
+    prefill = prefill_case(num_qo_heads=8, num_kv_heads=2, head_dim=64, page_size=16)
+    decode = testing.make_gqa_decode_case([3, 0, 70], num_qo_heads=10, num_kv_heads=2, head_dim=64, page_size=16)
+    mla = testing.make_mla_prefill_case([2, 3], [4, 3], num_heads=4, ckv_dim=32, kpe_dim=16)
+    return {
+        "gqa_paged_prefill": (cute_attn.gqa_paged_prefill, prefill),
+        "plan_gqa_paged_prefill": (cute_attn.plan_gqa_paged_prefill, prefill),
+        "gqa_paged_decode": (cute_attn.gqa_paged_decode, decode),
+        "plan_gqa_paged_decode": (cute_attn.plan_gqa_paged_decode, decode),
+        "mla_paged_prefill": (cute_attn.mla_paged_prefill, mla),
+        "plan_mla_paged_prefill": (cute_attn.plan_mla_paged_prefill, mla),
+    }
+
+
+ENTRIES = _entry_cases()
+NASTY = [None, 1.5, "x", -1.0, float("nan"), True, torch.zeros(3, dtype=torch.int32), torch.zeros(0, dtype=torch.int32),
+         torch.full((3,), -7, dtype=torch.int32), torch.zeros(2, 2, 2, dtype=torch.bfloat16),
+         torch.zeros(5, 4, 32, dtype=torch.float16)]
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRIES))
+@settings(settings.default, max_examples=max(1000, settings.default.max_examples))
+@given(data=st.data())
+def test_fuzzed_entry_calls_raise_only_value_or_type_errors(entry, data):
+    """Malformed arguments (1-3 replaced by junk) at every public entry: a clear ValueError/TypeError."""
+    fn, case = ENTRIES[entry]
     args = list(case.inputs())
-    i = data.draw(st.integers(0, len(args) - 1))
-    args[i] = data.draw(st.sampled_from([None, 1.5, "x", torch.zeros(3, dtype=torch.int32),
-                                         torch.zeros(2, 2, 2, dtype=torch.bfloat16), -1.0]))
-    with pytest.raises((ValueError, TypeError)):
-        cute_attn.gqa_paged_prefill(*args)
+    for i in data.draw(st.lists(st.integers(0, len(args) - 1), min_size=1, max_size=3, unique=True)):
+        args[i] = data.draw(st.sampled_from(NASTY))
+    try:
+        fn(*args, arch="sm_90a")
+    except (ValueError, TypeError):
+        pass
 
 
 def test_explicit_plan_covers_the_batch_and_has_fixed_capacity():
