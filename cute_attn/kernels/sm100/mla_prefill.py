@@ -1,0 +1,637 @@
+"""sm_100a causal absorbed-MLA paged prefill (page size 1), driven by the plan (docs/kernel-contract.md).
+
+The Blackwell twin of ``kernels/sm90/mla_prefill.py``: same grid, item loop, gathers, masking and outputs;
+the MMAs are ``tcgen05.mma`` issued by one warp with S and O in tensor memory (TMEM). Compiled and
+inspected only (no Blackwell GPU in this project): it has never run.
+
+Definition: 16 query heads share one latent KV row per key; ``s = sm_scale * (q_nope . ckv + q_pe . kpe)``
+(576 wide), ``o = softmax(s) @ ckv`` (V = ckv, 512 wide). A 64-row tile is 4 query tokens x 16 heads.
+
+The TMEM problem. O is 64 rows x 512 fp32. A 128-row MMA would put O in 512 columns (all of TMEM) and
+leave nothing for S. So O is computed *transposed*: ``O^T = V^T P^T`` as four ``M = 128`` (V columns)
+x ``N = 64`` (query rows) x ``K = kv_tile`` MMAs, one per 128-column chunk of V: every TMEM lane is a V
+column, every TMEM column a query row, 4 x 64 = 256 columns for all of O. ``A = V^T`` is an MN-major view
+of the K stage's ckv part (the same bytes as the K-major K operand: key rows of 128 B per 64-column
+chunk), ``B = P`` is a K-major 64 x 64 bf16 tile in shared memory written by the softmax warps.
+``S = Q K^T`` is an ``M = 64`` MMA (PTX data-path layout F: packed row ``r`` in TMEM lane
+``32 (r // 16) + r % 16``, key = column), so softmax warp ``w`` finds rows ``16 w .. 16 w + 15`` in its
+lanes 0-15 (lanes 16-31 read unused TMEM and only join the warp-collective loads and the barriers).
+
+TMEM (512 columns allocated, 384 used):
+``[0, 256)`` O^T: chunk ``c`` (V columns ``128 c .. 128 c + 127``, lane = V column % 128) in columns
+``[64 c, 64 c + 64)``, column = packed query row; ``[256, 320)`` S stage 0; ``[320, 384)`` S stage 1
+(64 fp32 key columns each, lanes 0-15 of every 32-lane slab).
+
+Warp roles (512 threads, 16 warps; ``setmaxnreg`` 152 softmax / 232 correction / 64 load and MMA warpgroups;
+warps 13-15 idle, so that every role is whole warpgroups):
+
+* warps 0-3 softmax: ``tcgen05.ld 32x32b.x64`` of the S stage, causal / sequence-end mask on tiles that
+  need it (token ``t = row // 16`` sees key ``j`` iff ``j < KV_END`` and ``j <= t + CAUSAL_OFFSET``),
+  online softmax in base 2 on raw scores (``p = exp2(s * scale_log2 - max * scale_log2)``, max 0 while
+  it is -inf), P -> bf16 -> the swizzled P tile in smem (``fence.proxy.async``), row scale (tile >= 1)
+  and finally (row_sum, row_max) -> correction through a small smem vector ring.
+* warps 4-7 correction + epilogue, thread ``i`` = TMEM lane ``i`` = V column ``128 c + i`` of chunk ``c``:
+  after PV(j-1) lands, ``O^T[:, row] *= scale_j[row]`` (all 64 row scales broadcast from smem; skipped
+  when every scale is 1); after the last PV, ``O / row_sum`` and predicated stores of rows
+  ``< Q_ROW_COUNT`` (bf16 ``output`` / fp32 ``partial_out[slot]``: a warp writes 32 consecutive columns of
+  one row per store), ``lse * lse_out_scale`` / base-2 ``partial_lse`` by threads 0..63 (one row each).
+  An item with no key writes 0 / -inf. Warp 4 allocates / frees TMEM.
+* warps 8-11 load (128 threads), as the sm_90a producer (its ``load_rows`` / ``commit`` are reused
+  unchanged): per item with keys, the Q tile (rows >= Q_ROW_COUNT zero-filled) with 16-byte ``cp.async``;
+  per key tile the row ids ``kv_indices[kv_indptr[b] + key]`` into a double-buffered smem table, then
+  the keys' ckv and kpe rows side by side into one ``kv_tile x 576`` stage; keys >= KV_END are never
+  loaded and their rows are zero-filled (the pool holds NaN in rows no request owns and V = ckv feeds
+  the PV MMA). Each thread: ``cp.async.wait_group 0``, ``fence.proxy.async.shared::cta``, arrive.
+* warp 12 MMA: ``S_j = Q K_j^T`` (36 k-blocks of 16), ``O^T (+)= V_j^T P_j^T`` (4 chunks x 4 k-blocks),
+  order S0, S1, PV0, S2, PV1, ..., PV(n-1); ``tcgen05.commit`` releases Q after the item's last S, a K
+  stage after its PV, P after the PV that read it.
+
+Shared memory (``smem_bytes``, kv_tile 64): Q 64 x 576 bf16 = 72 KiB, 2 K stages x 72 KiB, P 8 KiB,
+row-id table 512 B, vector ring 1 KiB, mbarriers, TMEM address, 1 KiB alignment slack: 226.6 KiB of
+227 KiB. (Two stages only: the 72 KiB stage is the 576-wide K row; V is a view of it.)
+
+Pipelines (``cutlass.pipeline``), in consumption order:
+``q`` (AsyncUmma, 1): load -> MMA, released after the item's last S MMA.
+``kv`` (AsyncUmma, 2): load -> MMA; waited before S_j, released after PV_j (V is the same stage).
+``s`` (UmmaAsync, 2): MMA -> softmax, released once S_j is in registers.
+``p`` (AsyncUmma, 1): softmax -> MMA, "P_j in smem"; released by the PV commit.
+``o`` (UmmaAsync, 1): MMA -> correction, "PV_j landed"; released once O is rescaled / read out.
+``c`` (Async, 2): softmax -> correction, row scales then the final (row_sum, row_max).
+Hand-offs of tcgen05 work across threads are bracketed by ``tcgen05.fence::before_thread_sync`` /
+``after_thread_sync``; TMEM loads/stores complete (``tcgen05.wait::ld/st``) before they are announced.
+
+Possible next steps (performance): 128-row tiles (2 x 64 rows) so S uses all TMEM lanes and the
+softmax all threads; S/P in TMEM with O^T; TMA ``gather4`` for the K rows; a third K stage with kv_tile 32.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.blackwell_helpers as sm100_utils
+from cutlass import Float32, Int32, Int64
+from cutlass import pipeline as cpipe
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
+from cutlass.memory import SmemAllocator, TmemAllocator
+
+from ...compile import compile_kernel
+from ...config import PagedAttentionConfig
+from ...plan import ItemField as F
+from .. import register_paged_kernel
+from ..common.limits import TMEM_COLUMNS, smem_reason, target_reason
+from ..common.mask import tile_needs_mask
+from ..sm90.mla_prefill import CKV_DIM, KPE_DIM, LOG2_E, QK_DIM, MlaPagedPrefillSm90, definition_config, fake_args
+from .prefill_roles import _fence_after_sync, _fence_before_sync, _num_tiles
+
+KIND = "mla_paged_prefill"
+ARCH = "sm_100a"
+KV_STAGES = 2
+S_STAGES = 2
+C_STAGES = 2
+PV_M = 128  # V columns per PV MMA (one O^T chunk)
+O_COL = 0
+LOAD_THREADS = 128  # = the sm_90a producer's PRODUCER_THREADS (its load_rows is reused)
+_WARP_SOFTMAX = 0  # warps 0-3
+_WARP_CORRECTION = 4  # warps 4-7
+_WARP_LOAD = 8  # warps 8-11
+_WARP_MMA = 12
+NUM_THREADS = 16 * 32  # warps 13-15 idle: setmaxnreg works on whole warpgroups
+# registers per thread by warpgroup (128 x (152 + 232 + 64 + 64) = 64 Ki): softmax, correction, load, MMA;
+# ptxas (13.0, PTX re-versioned) reports 12 B of spill stores; 168 / 216 spilled ~170 B (correction epilogue)
+_REGS_SOFTMAX, _REGS_CORRECTION, _REGS_OTHER = 152, 232, 64
+_BAR_IDS = 1  # the sm_90a producer's row-id named barrier (load warps)
+_BAR_TMEM_ALLOC = 2
+_BAR_TMEM_FREE = 3
+_VEC = 8
+_NEG_INF = -Float32.inf
+
+
+# --------------------------------------------------------------------------------------------- config
+def tmem_columns(config: PagedAttentionConfig) -> int:
+    """TMEM columns used: O^T (one column per query row per 128-column V chunk) and two fp32 S stages."""
+    return CKV_DIM // PV_M * config.tile_q_rows + S_STAGES * config.kv_tile
+
+
+def smem_bytes(config: PagedAttentionConfig) -> int:
+    """Shared memory of one CTA: Q, K stages, P, row ids, vector ring, mbarriers, TMEM address, slack."""
+    m, n = config.tile_q_rows, config.kv_tile
+    mbarriers = 8 * 2 * (1 + KV_STAGES + S_STAGES + 1 + 1 + C_STAGES)
+    return (m * QK_DIM * 2 + KV_STAGES * n * QK_DIM * 2 + m * n * 2 + 2 * n * 4 + m * 2 * C_STAGES * 4
+            + mbarriers + 4 + 1024)
+
+
+def check_config(config: PagedAttentionConfig) -> str | None:
+    """None when this kernel can build ``config``, else a readable reason."""
+    if (reason := target_reason(config, KIND, ARCH)) is not None:
+        return reason
+    if not config.causal:
+        return "the sm_100a MLA prefill kernel is built causal (the definition); causal=False is not built"
+    if (config.head_dim_qk, config.head_dim_v) != (QK_DIM, CKV_DIM):
+        return f"MLA head dims must be (ckv + kpe, ckv) = ({QK_DIM}, {CKV_DIM})"
+    if config.page_size != 1 or config.num_kv_heads != 1:
+        return "page_size must be 1 and num_kv_heads 1 (one latent KV row per key)"
+    if config.tile_q_rows != 64:
+        return (f"tile_q_rows={config.tile_q_rows} must be 64: S = Q K^T is one M=64 tcgen05 MMA and O^T keeps "
+                "one TMEM column per query row (4 x 64 columns)")
+    if config.kv_tile != 64:
+        return (f"kv_tile={config.kv_tile} must be 64: one 128-byte swizzle row of P per query row, and two "
+                "64 x 576 K stages fill shared memory")
+    if config.tile_q_rows % config.group_size:
+        return (f"group size {config.group_size} (heads) must divide tile_q_rows={config.tile_q_rows}: a tile "
+                "packs whole tokens")
+    if config.ctas_per_sm != 1:
+        return f"ctas_per_sm={config.ctas_per_sm}: one CTA uses ~227 KiB of shared memory and all of TMEM"
+    if (reason := smem_reason(smem_bytes(config))) is not None:
+        return reason
+    if tmem_columns(config) > TMEM_COLUMNS:
+        return f"needs {tmem_columns(config)} TMEM columns, more than {TMEM_COLUMNS}"
+    return None
+
+
+# --------------------------------------------------------------------------------------------- kernel
+class MlaPagedPrefillSm100:
+    """The kernel object: compile-time constants live on ``self``."""
+
+    def __init__(self, config: PagedAttentionConfig):
+        reason = check_config(config)
+        if reason is not None:
+            raise ValueError(reason)
+        self.num_heads = config.num_qo_heads
+        self.group = config.group_size
+        self.tile_m = config.tile_q_rows
+        self.tile_n = config.kv_tile
+        self.dtype = cutlass.BFloat16
+        self.s_col = O_COL + CKV_DIM // PV_M * self.tile_m
+        self.o_chunks = CKV_DIM // PV_M
+        self.o_piece = 32  # O^T columns (query rows) per tcgen05.ld/st in the correction role
+
+    def __repr__(self) -> str:  # shows in the kernel symbol
+        return f"MlaPagedPrefillSm100_H{self.num_heads}_M{self.tile_m}_N{self.tile_n}_S{KV_STAGES}"
+
+    # ------------------------------------------------------------------------------- host side
+    @cute.jit
+    def __call__(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
+                 qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor,
+                 items: cute.Tensor, output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor,
+                 partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
+        M, N = self.tile_m, self.tile_n
+        one = tcgen05.CtaGroup.ONE
+        tiled_mma_qk = sm100_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K, Float32, one, (M, N))
+        # O^T = V^T P^T: A = V^T (V column x key, MN-major), B = P (query row x key, K-major)
+        tiled_mma_pv = sm100_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, OperandMajorMode.MN, OperandMajorMode.K, Float32, one, (PV_M, M))
+        s_q_layout = sm100_utils.make_smem_layout_a(tiled_mma_qk, (M, N, QK_DIM), self.dtype, 1)
+        s_k_layout = sm100_utils.make_smem_layout_b(tiled_mma_qk, (M, N, QK_DIM), self.dtype, KV_STAGES)
+        s_vt_layout = sm100_utils.make_smem_layout_a(tiled_mma_pv, (PV_M, M, N), self.dtype, 1)
+        s_p_layout = sm100_utils.make_smem_layout_b(tiled_mma_pv, (PV_M, M, N), self.dtype, 1)
+        # (rows, columns[, stage]) views of the same bytes for the loads and the P stores: row r at 128 B * r
+        # inside each 64-column chunk, chunks rows * 128 B apart (V^T's MN-major chunk of 128 columns is two
+        # such 64-column chunks of one stage: 2 * N * 64 elements)
+        atom = sm100_utils.make_smem_layout_atom(tcgen05.SmemLayoutAtomKind.K_SW128, self.dtype)
+        s_q_rows = cute.tile_to_shape(atom, (M, QK_DIM), (0, 1))
+        s_kv_rows = cute.tile_to_shape(atom, (N, QK_DIM, KV_STAGES), (0, 1, 2))
+        s_p_rows = cute.tile_to_shape(atom, (M, N), (0, 1))
+
+        self.kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
+                    output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv,
+                    s_q_layout, s_k_layout, s_vt_layout, s_p_layout, s_q_rows, s_kv_rows, s_p_rows,
+                    ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream,
+                             min_blocks_per_mp=1)
+
+    # ------------------------------------------------------------------------------- device side
+    @cute.kernel
+    def kernel(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
+               qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor,
+               items: cute.Tensor, output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor,
+               partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32, tiled_mma_qk: cute.TiledMma,
+               tiled_mma_pv: cute.TiledMma, s_q_layout: cute.ComposedLayout, s_k_layout: cute.ComposedLayout,
+               s_vt_layout: cute.ComposedLayout, s_p_layout: cute.ComposedLayout, s_q_rows: cute.ComposedLayout,
+               s_kv_rows: cute.ComposedLayout, s_p_rows: cute.ComposedLayout):
+        tidx, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+
+        smem = SmemAllocator()
+        q_buf = smem.allocate_tensor(self.dtype, s_q_rows.outer, 1024, s_q_rows.inner)
+        kv_buf = smem.allocate_tensor(self.dtype, s_kv_rows.outer, 1024, s_kv_rows.inner)
+        p_buf = smem.allocate_tensor(self.dtype, s_p_rows.outer, 1024, s_p_rows.inner)
+        s_ids = smem.allocate_tensor(Int32, cute.make_layout((self.tile_n, 2)), 16)
+        s_vec = smem.allocate_tensor(Float32, cute.make_layout((self.tile_m, 2, C_STAGES)), 16)
+        mbar_q = smem.allocate_array(Int64, 2, byte_alignment=8)
+        mbar_kv = smem.allocate_array(Int64, 2 * KV_STAGES, byte_alignment=8)
+        mbar_s = smem.allocate_array(Int64, 2 * S_STAGES, byte_alignment=8)
+        mbar_p = smem.allocate_array(Int64, 2, byte_alignment=8)
+        mbar_o = smem.allocate_array(Int64, 2, byte_alignment=8)
+        mbar_c = smem.allocate_array(Int64, 2 * C_STAGES, byte_alignment=8)
+        tmem_holder = smem.allocate_array(Int32, 1, byte_alignment=4)
+
+        thread = cpipe.CooperativeGroup(cpipe.Agent.Thread, 1)
+        wg = cpipe.CooperativeGroup(cpipe.Agent.Thread, 128)
+        loaders = cpipe.CooperativeGroup(cpipe.Agent.Thread, LOAD_THREADS)
+        pipe_q = cpipe.PipelineAsyncUmma.create(num_stages=1, producer_group=loaders, consumer_group=thread,
+                                                barrier_storage=mbar_q, defer_sync=True)
+        pipe_kv = cpipe.PipelineAsyncUmma.create(num_stages=KV_STAGES, producer_group=loaders,
+                                                 consumer_group=thread, barrier_storage=mbar_kv, defer_sync=True)
+        pipe_s = cpipe.PipelineUmmaAsync.create(num_stages=S_STAGES, producer_group=thread, consumer_group=wg,
+                                                barrier_storage=mbar_s, defer_sync=True)
+        pipe_p = cpipe.PipelineAsyncUmma.create(num_stages=1, producer_group=wg, consumer_group=thread,
+                                                barrier_storage=mbar_p, defer_sync=True)
+        pipe_o = cpipe.PipelineUmmaAsync.create(num_stages=1, producer_group=thread, consumer_group=wg,
+                                                barrier_storage=mbar_o, defer_sync=True)
+        pipe_c = cpipe.PipelineAsync.create(num_stages=C_STAGES, producer_group=wg, consumer_group=wg,
+                                            barrier_storage=mbar_c, defer_sync=True)
+        tmem_users = 32 * (4 + 4 + 1)
+        tmem = TmemAllocator(tmem_holder, barrier_for_retrieve=cpipe.NamedBarrier(_BAR_TMEM_ALLOC, tmem_users),
+                             allocator_warp_id=_WARP_CORRECTION)
+        tmem_free = cpipe.NamedBarrier(_BAR_TMEM_FREE, tmem_users)
+        cpipe.pipeline_init_arrive(is_relaxed=True)
+        cpipe.pipeline_init_wait()
+
+        producer, consumer = cpipe.PipelineUserType.Producer, cpipe.PipelineUserType.Consumer
+        item_begin = work_indptr[cta]
+        item_end = work_indptr[cta + 1]
+        if warp_idx < _WARP_CORRECTION:
+            cute.arch.setmaxregister_increase(_REGS_SOFTMAX)
+            self.softmax_role(tmem, p_buf, s_vec, items, item_begin, item_end, scale_log2, pipe_s, pipe_p, pipe_c,
+                              cpipe.make_pipeline_state(consumer, S_STAGES), cpipe.make_pipeline_state(producer, 1),
+                              cpipe.make_pipeline_state(producer, C_STAGES), tidx)
+            tmem_free.arrive()
+        elif warp_idx < _WARP_LOAD:
+            cute.arch.setmaxregister_increase(_REGS_CORRECTION)
+            tmem.allocate(TMEM_COLUMNS)
+            tmem.relinquish_alloc_permit()
+            self.correction_role(tmem, s_vec, items, item_begin, item_end, qo_indptr, output, lse, partial_out,
+                                 partial_lse, scale_log2, lse_out_scale, pipe_o, pipe_c,
+                                 cpipe.make_pipeline_state(consumer, 1), cpipe.make_pipeline_state(consumer, C_STAGES),
+                                 tidx - 32 * _WARP_CORRECTION)
+            tmem_free.arrive_and_wait()  # softmax and MMA warps are done with TMEM
+            tmem.free(tmem.retrieve_ptr(Float32), TMEM_COLUMNS)
+        elif warp_idx < _WARP_MMA:
+            cute.arch.setmaxregister_decrease(_REGS_OTHER)
+            self.load_role(tidx - 32 * _WARP_LOAD, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr,
+                           kv_indices, items, item_begin, item_end, q_buf, kv_buf, s_ids, pipe_q, pipe_kv,
+                           cpipe.make_pipeline_state(producer, 1), cpipe.make_pipeline_state(producer, KV_STAGES))
+        else:
+            cute.arch.setmaxregister_decrease(_REGS_OTHER)
+        if warp_idx == _WARP_MMA:
+            kv_ptr = cute.recast_ptr(kv_buf.iterator, s_k_layout.inner, dtype=self.dtype)
+            s_q = cute.make_tensor(cute.recast_ptr(q_buf.iterator, s_q_layout.inner, dtype=self.dtype),
+                                   s_q_layout.outer)
+            s_k = cute.make_tensor(kv_ptr, s_k_layout.outer)
+            # V^T of every (128-column chunk, stage): the chunk's MMA layout plus chunk and stage modes
+            vt = s_vt_layout.outer
+            s_vt = cute.make_tensor(kv_ptr, cute.make_layout(
+                (*vt.shape[:3], self.o_chunks, KV_STAGES),
+                stride=(*vt.stride[:3], PV_M * self.tile_n, self.tile_n * QK_DIM)))
+            s_p = cute.make_tensor(cute.recast_ptr(p_buf.iterator, s_p_layout.inner, dtype=self.dtype),
+                                   s_p_layout.outer)
+            self.mma_role(tiled_mma_qk, tiled_mma_pv, s_q, s_k, s_vt, s_p, tmem, items, item_begin, item_end,
+                          pipe_q, pipe_kv, pipe_s, pipe_p, pipe_o, cpipe.make_pipeline_state(consumer, 1),
+                          cpipe.make_pipeline_state(consumer, KV_STAGES),
+                          cpipe.make_pipeline_state(consumer, KV_STAGES),
+                          cpipe.make_pipeline_state(producer, S_STAGES), cpipe.make_pipeline_state(consumer, 1),
+                          cpipe.make_pipeline_state(producer, 1))
+            tmem_free.arrive()
+
+    # ------------------------------------------------------------------------------- TMEM views
+    @cute.jit
+    def lane_view(self, tmem_ptr: cute.Pointer, col: int, width: int) -> cute.Tensor:
+        """A (128 lanes, width columns) fp32 view of TMEM at column ``col`` (lane stride 1 << 16)."""
+        return cute.make_tensor(tmem_ptr + col, cute.make_layout((128, width), stride=(1 << 16, 1)))
+
+    # ------------------------------------------------------------------------------- load
+    @cute.jit
+    def load_role(self, ptid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor,
+                  kpe_cache: cute.Tensor, qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor,
+                  items: cute.Tensor, item_begin: Int32, item_end: Int32, s_q: cute.Tensor, s_k: cute.Tensor,
+                  s_ids: cute.Tensor, pipe_q, pipe_kv, q_state, kv_state):
+        G, N = self.group, self.tile_n
+        copy_atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype,
+                                        num_bits_per_copy=16 * _VEC)
+        zeros = cute.make_rmem_tensor((_VEC,), self.dtype)
+        zeros.fill(0.0)
+        s_q_chunks = cute.flat_divide(s_q, (1, _VEC))  # (1, vec, row, chunk)
+        s_k_chunks = cute.flat_divide(s_k, (1, _VEC))  # (1, vec, row, chunk, stage)
+        ckv_stride = Int64(ckv_cache.stride[0])
+        kpe_stride = Int64(kpe_cache.stride[0])
+        tiles_done = Int32(0)
+        for it in cutlass.range(item_begin, item_end, unroll=1):
+            b = items[it, int(F.REQUEST)]
+            r0 = items[it, int(F.Q_ROW_START)]
+            row_count = items[it, int(F.Q_ROW_COUNT)]
+            kv_start = items[it, int(F.KV_START)]
+            kv_end = items[it, int(F.KV_END)]
+            n = _num_tiles(kv_start, kv_end, N)
+            if n > 0:  # the MMA warp reads Q only for items with keys
+                q_row0 = Int64(qo_indptr[b]) * G + r0
+                pipe_q.producer_acquire(q_state)
+                MlaPagedPrefillSm90.load_rows(self, copy_atom, zeros, q_nope, q_row0, Int64(CKV_DIM), row_count,
+                                              s_q_chunks, 0, CKV_DIM, ptid, s_ids, False)
+                MlaPagedPrefillSm90.load_rows(self, copy_atom, zeros, q_pe, q_row0, Int64(KPE_DIM), row_count,
+                                              s_q_chunks, CKV_DIM // _VEC, KPE_DIM, ptid, s_ids, False)
+                MlaPagedPrefillSm90.commit(self, pipe_q, q_state)
+                q_state.advance()
+            page_base = kv_indptr[b]
+            for t in cutlass.range(n, unroll=1):
+                kv_base = kv_start + t * N
+                ids = s_ids[None, tiles_done % 2]
+                if ptid < N:
+                    rid = Int32(-1)  # keys >= KV_END: not loaded, zero-filled (V rows feed the PV MMA)
+                    if kv_base + ptid < kv_end:
+                        rid = kv_indices[page_base + kv_base + ptid]
+                    ids[ptid] = rid
+                cute.arch.barrier(barrier_id=_BAR_IDS, number_of_threads=LOAD_THREADS)
+                tiles_done += 1
+                pipe_kv.producer_acquire(kv_state)
+                s_stage = s_k_chunks[None, None, None, None, kv_state.index]
+                MlaPagedPrefillSm90.load_rows(self, copy_atom, zeros, ckv_cache, Int64(0), ckv_stride, N, s_stage, 0,
+                                              CKV_DIM, ptid, ids, True)
+                MlaPagedPrefillSm90.load_rows(self, copy_atom, zeros, kpe_cache, Int64(0), kpe_stride, N, s_stage,
+                                              CKV_DIM // _VEC, KPE_DIM, ptid, ids, True)
+                MlaPagedPrefillSm90.commit(self, pipe_kv, kv_state)
+                kv_state.advance()
+
+    # ------------------------------------------------------------------------------- mma
+    @cute.jit
+    def mma_role(self, tiled_mma_qk, tiled_mma_pv, s_q, s_k, s_vt, s_p, tmem, items, item_begin: Int32,
+                 item_end: Int32, pipe_q, pipe_kv, pipe_s, pipe_p, pipe_o, q_state, kv_state, kv_pv_state, s_state,
+                 p_state, o_state):
+        M, N = self.tile_m, self.tile_n
+        tmem.wait_for_alloc()
+        tmem_ptr = tmem.retrieve_ptr(Float32)
+        thr_qk = tiled_mma_qk.get_slice(0)
+        thr_pv = tiled_mma_pv.get_slice(0)
+        s_frag = thr_qk.make_fragment_C(thr_qk.partition_shape_C((M, N)))
+        o_frag = thr_pv.make_fragment_C(thr_pv.partition_shape_C((PV_M, M)))
+        t_s = cute.make_tensor(tmem_ptr + self.s_col, s_frag.layout)
+        t_o = cute.make_tensor(tmem_ptr + O_COL, o_frag.layout)
+        t_rq = thr_qk.make_fragment_A(s_q)
+        t_rk = thr_qk.make_fragment_B(s_k)
+        t_rvt = thr_pv.make_fragment_A(s_vt)
+        t_rp = thr_pv.make_fragment_B(s_p)
+        for it in cutlass.range(item_begin, item_end, unroll=1):
+            n = _num_tiles(items[it, int(F.KV_START)], items[it, int(F.KV_END)], N)
+            if n > 0:
+                pipe_q.consumer_wait(q_state)
+                kv_state, s_state = self._mma_qk(tiled_mma_qk, t_rq, t_rk, t_s, pipe_kv, pipe_s, kv_state, s_state)
+                for j in cutlass.range(1, n, unroll=1):
+                    kv_state, s_state = self._mma_qk(tiled_mma_qk, t_rq, t_rk, t_s, pipe_kv, pipe_s, kv_state,
+                                                     s_state)
+                    if j == n - 1:  # the item's last read of Q: the next item's Q may load now
+                        pipe_q.consumer_release(q_state)
+                    kv_pv_state, p_state, o_state = self._mma_pv(tiled_mma_pv, t_rvt, t_rp, t_o, j > 1, pipe_kv,
+                                                                 pipe_p, pipe_o, kv_pv_state, p_state, o_state)
+                if n == 1:
+                    pipe_q.consumer_release(q_state)
+                kv_pv_state, p_state, o_state = self._mma_pv(tiled_mma_pv, t_rvt, t_rp, t_o, n > 1, pipe_kv, pipe_p,
+                                                             pipe_o, kv_pv_state, p_state, o_state)
+                q_state.advance()
+
+    @cute.jit
+    def _mma_qk(self, tiled_mma, t_rq, t_rk, t_s, pipe_kv, pipe_s, kv_state, s_state):
+        """S_j = Q K_j^T into S stage ``s_state.index`` (the K stage stays held until PV_j)."""
+        pipe_kv.consumer_wait(kv_state)
+        pipe_s.producer_acquire(s_state)
+        _fence_after_sync()
+        acc = cute.make_tensor(t_s.iterator + s_state.index * self.tile_n, t_s.layout)
+        mma = cute.make_mma_atom(tiled_mma.op)  # a local atom: its ACCUMULATE field never escapes this call
+        for k in cutlass.range_constexpr(cute.size(t_rq, mode=[2])):
+            mma.set(tcgen05.Field.ACCUMULATE, k != 0)
+            cute.gemm(mma, acc, t_rq[None, None, k, 0], t_rk[None, None, k, kv_state.index], acc)
+        pipe_s.producer_commit(s_state)
+        s_state.advance()
+        kv_state.advance()
+        return kv_state, s_state
+
+    @cute.jit
+    def _mma_pv(self, tiled_mma, t_rvt, t_rp, t_o, accumulate, pipe_kv, pipe_p, pipe_o, kv_state, p_state,
+                o_state):
+        """O^T (+)= V_j^T P_j^T, chunk by chunk; then release the K stage and P, and announce O."""
+        pipe_o.producer_acquire(o_state)  # the correction role is done with O (rescaled, or read out)
+        pipe_p.consumer_wait(p_state)
+        _fence_after_sync()
+        mma = cute.make_mma_atom(tiled_mma.op)
+        for c in cutlass.range_constexpr(self.o_chunks):
+            acc = cute.make_tensor(t_o.iterator + c * self.tile_m, t_o.layout)  # O^T chunk c
+            for k in cutlass.range_constexpr(cute.size(t_rp, mode=[2])):
+                mma.set(tcgen05.Field.ACCUMULATE, accumulate or k != 0)
+                cute.gemm(mma, acc, t_rvt[None, None, k, c, kv_state.index], t_rp[None, None, k, 0], acc)
+        pipe_p.consumer_release(p_state)
+        p_state.advance()
+        pipe_kv.consumer_release(kv_state)
+        kv_state.advance()
+        pipe_o.producer_commit(o_state)
+        o_state.advance()
+        return kv_state, p_state, o_state
+
+    # ------------------------------------------------------------------------------- softmax
+    @cute.jit
+    def softmax_role(self, tmem, p_buf, s_vec, items, item_begin: Int32, item_end: Int32, scale_log2: Float32,
+                     pipe_s, pipe_p, pipe_c, s_state, p_state, c_state, tid: Int32):
+        G, N = self.group, self.tile_n
+        tmem.wait_for_alloc()
+        tmem_ptr = tmem.retrieve_ptr(Float32)
+        t_s = self.lane_view(tmem_ptr, self.s_col, N)
+        c_s = cute.make_identity_tensor((128, N))
+        tiled_ld = tcgen05.make_tmem_copy(
+            cute.make_copy_atom(tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(N)), Float32), t_s)
+        thr_ld = tiled_ld.get_slice(tid)
+        t_ld_s = thr_ld.partition_S(t_s)
+        t_ld_c = thr_ld.partition_D(c_s)
+        r_s = cute.make_rmem_tensor(t_ld_c.shape, Float32)
+        r_p = cute.make_rmem_tensor((N,), self.dtype)
+        r_p_chunks = cute.flat_divide(r_p, (_VEC,))  # (vec, chunk)
+        s_p_chunks = cute.flat_divide(p_buf, (1, _VEC))  # (1, vec, row, chunk)
+        # M=64 data-path layout: packed row 16 w + l lives in lane 32 w + l (l < 16) of warp w
+        lane = tid % 32
+        valid = lane < 16
+        row = (tid // 32) * 16 + lane % 16
+
+        for it in cutlass.range(item_begin, item_end, unroll=1):
+            r0 = items[it, int(F.Q_ROW_START)]
+            kv_start = items[it, int(F.KV_START)]
+            kv_end = items[it, int(F.KV_END)]
+            causal_offset = items[it, int(F.CAUSAL_OFFSET)]
+            n = _num_tiles(kv_start, kv_end, N)
+            first_token = r0 // G
+            token = (r0 + row) // G
+            row_max = _NEG_INF
+            row_sum = Float32(0.0)
+            for j in cutlass.range(n, unroll=1):
+                kv_base = kv_start + j * N
+                pipe_s.consumer_wait(s_state)
+                _fence_after_sync()
+                cute.copy(tiled_ld, cute.make_tensor(t_ld_s.iterator + s_state.index * N, t_ld_s.layout), r_s)
+                cute.arch.fence_view_async_tmem_load()
+                _fence_before_sync()
+                pipe_s.consumer_release(s_state)  # S_j is in registers: the stage may take S_{j+2}
+                s_state.advance()
+                if tile_needs_mask(kv_base, N, kv_end, first_token, causal_offset):
+                    limit = cutlass.min(kv_end, token + causal_offset + 1) - kv_base
+                    for i in cutlass.range_constexpr(cute.size(r_s)):
+                        if t_ld_c[i][1] >= limit:
+                            r_s[i] = _NEG_INF
+                new_max = cute.arch.fmax(row_max, r_s.load().reduce(cute.ReductionOp.MAX, _NEG_INF, 0))
+                safe_max = Float32(0.0) if new_max == _NEG_INF else new_max
+                max_scaled = safe_max * scale_log2
+                # old max -inf: exp2(-inf) = 0 (the running sum and O are zero anyway), never NaN
+                scale = cute.math.exp2(row_max * scale_log2 - max_scaled, fastmath=True)
+                row_max = new_max
+                total = row_sum * scale
+                for i in cutlass.range_constexpr(cute.size(r_s)):
+                    p = cute.math.exp2(r_s[i] * scale_log2 - max_scaled, fastmath=True)
+                    r_s[i] = p
+                    total += p
+                row_sum = total
+                r_p.store(r_s.load().to(self.dtype))
+                pipe_p.producer_acquire(p_state)  # PV_{j-1} has read the previous P
+                if valid:
+                    for c in cutlass.range_constexpr(N // _VEC):
+                        cute.autovec_copy(r_p_chunks[None, c], s_p_chunks[0, None, row, c])
+                cute.arch.fence_proxy("async.shared", space="cta")  # generic stores -> tcgen05 (async proxy)
+                pipe_p.producer_commit(p_state)
+                p_state.advance()
+                if j > 0:  # O holds P(<j) V: the correction role rescales it before PV_j
+                    pipe_c.producer_acquire(c_state)
+                    if valid:
+                        s_vec[row, 0, c_state.index] = scale
+                    pipe_c.producer_commit(c_state)
+                    c_state.advance()
+            if n > 0:
+                pipe_c.producer_acquire(c_state)
+                if valid:
+                    s_vec[row, 0, c_state.index] = row_sum
+                    s_vec[row, 1, c_state.index] = row_max
+                pipe_c.producer_commit(c_state)
+                c_state.advance()
+
+    # ------------------------------------------------------------------------------- correction
+    @cute.jit
+    def correction_role(self, tmem, s_vec, items, item_begin: Int32, item_end: Int32, qo_indptr, output, lse,
+                        partial_out, partial_lse, scale_log2: Float32, lse_out_scale: Float32, pipe_o, pipe_c,
+                        o_state, c_state, tid: Int32):
+        G, N, M, C = self.group, self.tile_n, self.tile_m, self.o_piece
+        tmem.wait_for_alloc()
+        tmem_ptr = tmem.retrieve_ptr(Float32)
+        # O^T in pieces of C query-row columns: 32x32b.xC loads/stores, thread = lane = V column % 128
+        t_o = self.lane_view(tmem_ptr, O_COL, C)
+        c_o = cute.make_identity_tensor((128, C))
+        tiled_ld = tcgen05.make_tmem_copy(
+            cute.make_copy_atom(tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(C)), Float32), t_o)
+        tiled_st = tcgen05.make_tmem_copy(
+            cute.make_copy_atom(tcgen05.copy.St32x32bOp(tcgen05.copy.Repetition(C)), Float32), t_o)
+        t_ld_o = tiled_ld.get_slice(tid).partition_S(t_o)
+        t_st_o = tiled_st.get_slice(tid).partition_D(t_o)
+        r_o = cute.make_rmem_tensor(tiled_ld.get_slice(tid).partition_D(c_o).shape, Float32)
+        r_scale = cute.make_rmem_tensor(M, Float32)  # one factor per query row (= O^T column)
+
+        for it in cutlass.range(item_begin, item_end, unroll=1):
+            b = items[it, int(F.REQUEST)]
+            r0 = items[it, int(F.Q_ROW_START)]
+            row_count = items[it, int(F.Q_ROW_COUNT)]
+            slot = items[it, int(F.PARTIAL_SLOT)]
+            n = _num_tiles(items[it, int(F.KV_START)], items[it, int(F.KV_END)], N)
+            for j in cutlass.range(1, n, unroll=1):
+                pipe_c.consumer_wait(c_state)
+                off = Float32(0.0)
+                for r in cutlass.range_constexpr(M):
+                    r_scale[r] = s_vec[r, 0, c_state.index]
+                    off = cute.arch.fmax(off, cute.arch.fmax(r_scale[r] - 1.0, 1.0 - r_scale[r]))
+                pipe_c.consumer_release(c_state)
+                c_state.advance()
+                pipe_o.consumer_wait(o_state)  # PV_{j-1} has landed in O
+                _fence_after_sync()
+                if off != Float32(0.0):  # the same smem values in every thread: warp-uniform
+                    for c in cutlass.range_constexpr(self.o_chunks * M // C):
+                        cute.copy(tiled_ld, cute.make_tensor(t_ld_o.iterator + c * C, t_ld_o.layout), r_o)
+                        cute.arch.fence_view_async_tmem_load()
+                        for i in cutlass.range_constexpr(C):
+                            r_o[i] = r_o[i] * r_scale[(c * C + i) % M]
+                        cute.copy(tiled_st, r_o, cute.make_tensor(t_st_o.iterator + c * C, t_st_o.layout))
+                    cute.arch.fence_view_async_tmem_store()
+                _fence_before_sync()
+                pipe_o.consumer_release(o_state)
+                o_state.advance()
+            # epilogue: r_scale = 1 / row_sum (0 for a row that saw no key); own row's lse (threads < M)
+            r_scale.fill(0.0)
+            row_lse = _NEG_INF
+            if n > 0:
+                pipe_c.consumer_wait(c_state)
+                for r in cutlass.range_constexpr(M):
+                    s = s_vec[r, 0, c_state.index]
+                    r_scale[r] = Float32(0.0) if s == Float32(0.0) else cute.arch.rcp_approx(s)
+                if tid < M:
+                    s = s_vec[tid, 0, c_state.index]
+                    if s != Float32(0.0):
+                        row_lse = s_vec[tid, 1, c_state.index] * scale_log2 + cute.math.log2(s, fastmath=True)
+                pipe_c.consumer_release(c_state)
+                c_state.advance()
+                pipe_o.consumer_wait(o_state)  # the last PV has landed
+                _fence_after_sync()
+            q_start = qo_indptr[b]
+            for c in cutlass.range_constexpr(self.o_chunks * M // C):
+                if n > 0:  # tcgen05.ld is warp-collective: every lane loads, only real rows store
+                    cute.copy(tiled_ld, cute.make_tensor(t_ld_o.iterator + c * C, t_ld_o.layout), r_o)
+                    cute.arch.fence_view_async_tmem_load()
+                else:
+                    r_o.fill(0.0)
+                col = (c * C // M) * PV_M + tid  # V column
+                for i in cutlass.range_constexpr(C):
+                    r = (c * C + i) % M  # query row (compile time)
+                    if r < row_count:
+                        val = r_o[i] * r_scale[r]
+                        if slot < 0:
+                            output[q_start + (r0 + r) // G, (r0 + r) % G, col] = val.to(self.dtype)
+                        else:
+                            partial_out[slot, r, col] = val
+            if n > 0:
+                _fence_before_sync()
+                pipe_o.consumer_release(o_state)  # O may now be overwritten by the next item's PV
+                o_state.advance()
+            if tid < row_count:
+                if slot < 0:
+                    lse[q_start + (r0 + tid) // G, (r0 + tid) % G] = row_lse * lse_out_scale
+                else:
+                    partial_lse[slot, tid] = row_lse
+
+
+# ----------------------------------------------------------------------------------- registration
+def build(config: PagedAttentionConfig) -> tuple[Any, tuple[Any, ...]]:
+    """``(jit_fn, fake_args)`` for :func:`cute_attn.compile.compile_kernel` (the sm_90a twin's arguments)."""
+    return MlaPagedPrefillSm100(config), fake_args(config)
+
+
+def launch(device_plan, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output,
+           lse, natural_lse: bool = False) -> None:
+    """Run the plan's items, then the combine kernel if the plan split any item (same arguments as sm_90a)."""
+    from ..common.combine import launch_combine
+
+    config = device_plan.config
+    reason = _checked(config)
+    if reason is not None:
+        raise ValueError(f"{config.kind} on {config.arch}: unsupported configuration: {reason}")
+    lse_out_scale = math.log(2.0) if natural_lse else 1.0
+    compile_kernel(config)(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices,
+                           device_plan.work_indptr, device_plan.items, output, lse, device_plan.partial_out,
+                           device_plan.partial_lse, float(sm_scale) * LOG2_E, lse_out_scale)
+    if device_plan.plan is not None and device_plan.plan.num_merges:
+        launch_combine(device_plan, output, lse, lse_out_scale)
+
+
+@functools.lru_cache(maxsize=64)  # configs are frozen: their verdict never changes (host overhead)
+def _checked(config: PagedAttentionConfig) -> str | None:
+    return check_config(config)
+
+
+def configs(arch: str) -> list[PagedAttentionConfig]:
+    """The definition's config (``mla_paged_prefill_causal_h16_ckv512_kpe64_ps1``)."""
+    return [definition_config(arch)] if arch == ARCH else []
+
+
+register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs)

@@ -1,0 +1,89 @@
+"""Compile-only tests of the sm_100a causal absorbed-MLA paged prefill kernel (CPU; no Blackwell GPU anywhere).
+
+These prove the kernel traces, lowers and emits the Blackwell instructions it is built from; they say
+nothing about its numerics, which have never been run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from cute_attn.compile import compile_kernel, compile_to_ptx
+from cute_attn.kernels import find_launcher
+from cute_attn.kernels.sm100 import mla_prefill
+
+SMEM_LIMIT = 227 * 1024
+TMEM_LIMIT = 512
+
+pytestmark = pytest.mark.usefixtures("isolated_compile_cache")
+
+
+def _config(**overrides):
+    return dataclasses.replace(mla_prefill.definition_config("sm_100a"), **overrides)
+
+
+def _idesc(value: int) -> dict:
+    """Fields of a tcgen05 kind::f16 instruction descriptor."""
+    return dict(m=((value >> 24) & 0x1F) << 4, n=((value >> 17) & 0x3F) << 3, a_mn_major=bool(value >> 15 & 1),
+                b_mn_major=bool(value >> 16 & 1), d_f32=(value >> 4 & 3) == 1, a_bf16=(value >> 7 & 7) == 1,
+                b_bf16=(value >> 10 & 7) == 1)
+
+
+def test_registered_configs_are_the_definition():
+    configs = mla_prefill.configs("sm_100a")
+    assert configs == [_config()]
+    assert (configs[0].tile_q_rows, configs[0].kv_tile) == (64, 64)
+    assert mla_prefill.configs("sm_90a") == []
+    assert find_launcher(_config()) is mla_prefill.launch
+
+
+@pytest.mark.parametrize("config", mla_prefill.configs("sm_100a"), ids=str)
+def test_resources_fit_one_sm(config):
+    assert mla_prefill.check_config(config) is None
+    assert mla_prefill.smem_bytes(config) <= SMEM_LIMIT
+    # O^T: 4 chunks x 64 query rows; S: 2 stages x 64 keys
+    assert mla_prefill.tmem_columns(config) == 4 * 64 + 2 * 64 <= TMEM_LIMIT
+
+
+@pytest.mark.parametrize("config", mla_prefill.configs("sm_100a"), ids=str)
+def test_registered_config_compiles_with_tcgen05(config):
+    assert callable(compile_kernel(config))
+    ptx = compile_to_ptx(config)
+    assert ".target sm_100a" in ptx
+    for instr in ("tcgen05.mma", "tcgen05.alloc", "tcgen05.dealloc", "tcgen05.ld", "tcgen05.st", "tcgen05.commit",
+                  "cp.async.cg.shared.global", "cp.async.wait_group", "fence.proxy.async.shared::cta",
+                  "mbarrier.try_wait.parity", "setmaxnreg"):
+        assert instr in ptx, instr
+    assert "MlaPagedPrefillSm100" in ptx  # readable kernel symbol
+    # S = Q K^T: 36 k-blocks (576 / 16); O^T += V^T P^T: 4 chunks x 4 k-blocks; each at two issue sites
+    mmas = re.findall(r"tcgen05\.mma\.cta_group::1\.kind::f16[^;]*;", ptx)
+    assert len(mmas) == 2 * 36 + 2 * 16
+    descs = {int(v) for v in re.findall(r"mov\.b32\s+%r\d+, (\d+);\s*\n\s*tcgen05\.mma", ptx)}
+    fields = sorted((_idesc(v) for v in descs), key=lambda f: f["m"])
+    assert [(f["m"], f["n"], f["a_mn_major"], f["b_mn_major"]) for f in fields] == [
+        (64, 64, False, False),  # S: M=64 query rows, N=64 keys, Q and K K-major
+        (128, 64, True, False),  # O^T: M=128 V columns (V^T MN-major view of ckv), N=64 query rows
+    ]
+    assert all(f["d_f32"] and f["a_bf16"] and f["b_bf16"] for f in fields)
+    # S read with one 32x32b.x64 load per stage; O^T rescaled / read out in 32-column pieces
+    assert "tcgen05.ld.sync.aligned.32x32b.x64" in ptx
+    assert "tcgen05.st.sync.aligned.32x32b.x32" in ptx
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (dict(arch="sm_90a"), "sm_100a"),
+    (dict(tile_q_rows=128), "tile_q_rows"),
+    (dict(kv_tile=32), "kv_tile"),
+    (dict(causal=False), "causal"),
+    (dict(ctas_per_sm=2), "ctas_per_sm"),
+    (dict(num_qo_heads=24), "group size"),
+    (dict(page_size=64), "page"),
+], ids=["arch", "m128", "n32", "noncausal", "2ctas", "group24", "ps64"])
+def test_unsupported_configs_are_refused_with_a_reason(overrides, words):
+    reason = mla_prefill.check_config(_config(**overrides))
+    assert reason is not None and words in reason
+    with pytest.raises(ValueError):
+        mla_prefill.MlaPagedPrefillSm100(_config(**overrides))
