@@ -161,10 +161,13 @@ def default_paged_config(kind: str, *, arch: str, num_qo_heads: int, num_kv_head
                          head_dim_v: int, page_size: int, causal: bool) -> PagedAttentionConfig:
     """The tuned tile geometry for a problem (a table that the tuning notebooks will grow)."""
     tiles = {
-        "gqa_paged_prefill": dict(tile_q_rows=128, kv_tile=128, intra_wg_overlap=True, smem_epilogue=True),
+        "gqa_paged_prefill": dict(tile_q_rows=128, kv_tile=128),
         "gqa_paged_decode": dict(tile_q_rows=64, kv_tile=64, min_chunk_keys=512),
         "mla_paged_prefill": dict(tile_q_rows=64, kv_tile=64),
     }.get(kind, {})
+    if kind == "gqa_paged_prefill" and arch == "sm_90a":
+        # measured on the H200: n32 852 -> 707 us (docs/perf-notes.md); these flags mean nothing on sm_100a
+        tiles.update(intra_wg_overlap=True, smem_epilogue=True)
     return PagedAttentionConfig(
         arch=arch, kind=kind, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim_qk=head_dim_qk,
         head_dim_v=head_dim_v, page_size=page_size, causal=causal, **tiles,
