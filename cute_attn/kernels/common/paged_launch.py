@@ -1,4 +1,4 @@
-"""Host side shared by every GQA paged kernel (both arches): fake compile arguments and the launch.
+"""Host side shared by the paged kernels (both arches): GQA fake compile arguments and the launch.
 
 Every GQA paged kernel's ``@cute.jit`` entry takes the same arguments, in this order::
 
@@ -67,11 +67,13 @@ def _checked(check_config, config: PagedAttentionConfig) -> str | None:
     return check_config(config)
 
 
-def launch_paged(device_plan, check_config, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale,
-                 output, lse, natural_lse: bool) -> None:
+def launch_paged(device_plan, check_config, inputs: tuple, sm_scale, output, lse, natural_lse: bool) -> None:
     """Run the plan's work items with ``device_plan.config``'s kernel, then the combine if anything split.
 
-    ``qo_indptr`` is None for decode. ``check_config(config) -> reason | None`` is the kernel's own rule set.
+    ``inputs`` are the kernel's leading tensor arguments in its order (GQA: ``q, k_cache, v_cache,
+    [qo_indptr,] kv_indptr, kv_indices``; MLA: ``q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr,
+    kv_indices``); the plan, output and scale arguments follow. ``check_config(config) -> reason | None`` is
+    the kernel's own rule set.
     """
     from .combine import launch_combine
 
@@ -80,9 +82,7 @@ def launch_paged(device_plan, check_config, q, k_cache, v_cache, qo_indptr, kv_i
     if reason is not None:
         raise ValueError(f"{config.kind} on {config.arch}: unsupported configuration: {reason}")
     lse_out_scale = math.log(2.0) if natural_lse else 1.0
-    indptr = () if qo_indptr is None else (qo_indptr,)
-    compile_kernel(config)(q, k_cache, v_cache, *indptr, kv_indptr, kv_indices, device_plan.work_indptr,
-                           device_plan.items, output, lse, device_plan.partial_out, device_plan.partial_lse,
-                           float(sm_scale) * LOG2_E, lse_out_scale)
+    compile_kernel(config)(*inputs, device_plan.work_indptr, device_plan.items, output, lse, device_plan.partial_out,
+                           device_plan.partial_lse, float(sm_scale) * LOG2_E, lse_out_scale)
     if device_plan.plan is not None and device_plan.plan.num_merges:
         launch_combine(device_plan, output, lse, lse_out_scale)

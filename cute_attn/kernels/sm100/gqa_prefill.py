@@ -306,7 +306,7 @@ def launch(device_plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, k
            output, lse,
            natural_lse: bool = False) -> None:
     """Run the plan's items (kv_last_page_len is already folded into their KV_END), then the combine."""
-    launch_paged(device_plan, check_config, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale,
+    launch_paged(device_plan, check_config, (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices), sm_scale,
                  output, lse, natural_lse)
 
 

@@ -66,8 +66,6 @@ softmax all threads; S/P in TMEM with O^T; TMA ``gather4`` for the K rows; a thi
 
 from __future__ import annotations
 
-import functools
-import math
 from typing import Any
 
 import cuda.bindings.driver as cuda
@@ -79,13 +77,13 @@ from cutlass import pipeline as cpipe
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 from cutlass.memory import SmemAllocator, TmemAllocator
 
-from ...compile import compile_kernel
 from ...config import PagedAttentionConfig
 from ...plan import ItemField as F
 from .. import register_paged_kernel
+from ..common.paged_launch import launch_paged
 from ..common.limits import TMEM_COLUMNS, smem_reason, target_reason
 from ..common.mask import tile_needs_mask
-from ..sm90.mla_prefill import CKV_DIM, KPE_DIM, LOG2_E, QK_DIM, MlaPagedPrefillSm90, definition_config, fake_args
+from ..sm90.mla_prefill import CKV_DIM, KPE_DIM, QK_DIM, MlaPagedPrefillSm90, definition_config, fake_args
 from .prefill_roles import _fence_after_sync, _fence_before_sync, _num_tiles
 
 KIND = "mla_paged_prefill"
@@ -610,23 +608,9 @@ def build(config: PagedAttentionConfig) -> tuple[Any, tuple[Any, ...]]:
 def launch(device_plan, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output,
            lse, natural_lse: bool = False) -> None:
     """Run the plan's items, then the combine kernel if the plan split any item (same arguments as sm_90a)."""
-    from ..common.combine import launch_combine
+    launch_paged(device_plan, check_config, (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices),
+                 sm_scale, output, lse, natural_lse)
 
-    config = device_plan.config
-    reason = _checked(config)
-    if reason is not None:
-        raise ValueError(f"{config.kind} on {config.arch}: unsupported configuration: {reason}")
-    lse_out_scale = math.log(2.0) if natural_lse else 1.0
-    compile_kernel(config)(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices,
-                           device_plan.work_indptr, device_plan.items, output, lse, device_plan.partial_out,
-                           device_plan.partial_lse, float(sm_scale) * LOG2_E, lse_out_scale)
-    if device_plan.plan is not None and device_plan.plan.num_merges:
-        launch_combine(device_plan, output, lse, lse_out_scale)
-
-
-@functools.lru_cache(maxsize=64)  # configs are frozen: their verdict never changes (host overhead)
-def _checked(config: PagedAttentionConfig) -> str | None:
-    return check_config(config)
 
 
 def configs(arch: str) -> list[PagedAttentionConfig]:

@@ -46,8 +46,6 @@ exchanged through smem (FlashMLA style); prefetching the next tile's row ids one
 
 from __future__ import annotations
 
-import functools
-import math
 from typing import Any
 
 import cuda.bindings.driver as cuda
@@ -60,10 +58,10 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from ...compile import compile_kernel
 from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField as F
 from .. import register_paged_kernel
+from ..common.paged_launch import launch_paged
 from ..common.limits import SMEM_LIMIT_BYTES, smem_reason, target_reason
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.softmax import (acc_mn_view, make_softmax_state, rescale_rows, softmax_finalize, softmax_reset,
@@ -83,7 +81,6 @@ PRODUCER_REGS = 40
 MMA_REGS = 232
 _VEC = 8  # bf16 per 16-byte cp.async
 _IDS_BARRIER = 1  # named barrier of the producer warpgroup (row-id table)
-LOG2_E = math.log2(math.e)
 
 
 # --------------------------------------------------------------------------------------------- config
@@ -454,26 +451,12 @@ def build(config: PagedAttentionConfig) -> tuple[Any, tuple[Any, ...]]:
     return MlaPagedPrefillSm90(config), fake_args(config)
 
 
-@functools.lru_cache(maxsize=64)  # configs are frozen: their verdict never changes (host overhead)
-def _checked(config: PagedAttentionConfig) -> str | None:
-    return check_config(config)
-
 
 def launch(device_plan, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output,
            lse, natural_lse: bool = False) -> None:
     """Run the plan's items, then the combine kernel if the plan split any item."""
-    from ..common.combine import launch_combine
-
-    config = device_plan.config
-    reason = _checked(config)
-    if reason is not None:
-        raise ValueError(f"{config.kind} on {config.arch}: unsupported configuration: {reason}")
-    lse_out_scale = math.log(2.0) if natural_lse else 1.0
-    compile_kernel(config)(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices,
-                           device_plan.work_indptr, device_plan.items, output, lse, device_plan.partial_out,
-                           device_plan.partial_lse, float(sm_scale) * LOG2_E, lse_out_scale)
-    if device_plan.plan is not None and device_plan.plan.num_merges:
-        launch_combine(device_plan, output, lse, lse_out_scale)
+    launch_paged(device_plan, check_config, (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices),
+                 sm_scale, output, lse, natural_lse)
 
 
 def definition_config(arch: str = ARCH) -> PagedAttentionConfig:

@@ -1,0 +1,53 @@
+"""Every registered kernel's host launch passes what its compiled entry expects (CPU, no kernel runs).
+
+The compiled function is replaced by a recorder: the launch must hand it one argument per fake compile
+argument (the stream comes from the environment, not the caller), tensors of the right dtype and rank in
+the same order, and the combine must follow only when the plan has merges.
+"""
+
+import cutlass
+import pytest
+import torch
+
+import cute_attn
+from cute_attn import testing
+from cute_attn.compile import import_all_kernels
+from cute_attn.kernels import _PAGED
+from cute_attn.kernels.common import combine, paged_launch
+
+import_all_kernels()
+
+DTYPES = {cutlass.BFloat16: torch.bfloat16, cutlass.Float32: torch.float32, cutlass.Int32: torch.int32}
+
+CASES = {
+    "gqa_paged_prefill": (cute_attn.plan_gqa_paged_prefill,
+                          lambda: testing.make_gqa_prefill_case([5, 300], [70, 4000])),
+    "gqa_paged_decode": (cute_attn.plan_gqa_paged_decode, lambda: testing.make_gqa_decode_case([3232])),
+    "mla_paged_prefill": (cute_attn.plan_mla_paged_prefill, lambda: testing.make_mla_prefill_case([4, 40], [9, 60])),
+}
+
+
+@pytest.mark.parametrize("kind,arch", sorted(_PAGED))
+def test_launch_matches_the_compiled_signature(kind, arch, monkeypatch):
+    plan_fn, make_case = CASES[kind]
+    case = make_case()
+    kernel = _PAGED[(kind, arch)]
+    device_plan = plan_fn(*case.inputs(), arch=arch, num_sms=8)
+    _, fake_args = kernel.build(device_plan.config)
+    calls = []
+    monkeypatch.setattr(paged_launch, "compile_kernel", lambda config: lambda *args: calls.append(("main", args)))
+    monkeypatch.setattr(combine, "compile_kernel", lambda config: lambda *args: calls.append(("combine", args)))
+    out, lse = case.new_outputs()
+    kernel.launch(device_plan, *case.inputs(), out, lse)
+    main = [args for name, args in calls if name == "main"]
+    assert len(main) == 1
+    args = main[0]
+    assert len(args) == len(fake_args) - 1  # the stream is the environment's
+    for i, (got, fake) in enumerate(zip(args, fake_args)):
+        if isinstance(got, torch.Tensor):
+            assert got.dim() == len(fake.shape), f"argument {i}: rank {got.dim()} vs {fake.shape}"
+            assert got.dtype == DTYPES[fake.element_type], f"argument {i}: {got.dtype} vs {fake.element_type}"
+        else:
+            assert isinstance(got, float), f"argument {i}: {type(got).__name__} where a Float32 scalar goes"
+    merged = [args for name, args in calls if name == "combine"]
+    assert len(merged) == (1 if device_plan.plan.num_merges else 0)
