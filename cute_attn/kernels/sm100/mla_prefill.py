@@ -84,7 +84,7 @@ from ..common.paged_launch import launch_paged
 from ..common.limits import TMEM_COLUMNS, smem_reason, target_reason
 from ..common.mask import tile_needs_mask
 from ..sm90.mla_prefill import CKV_DIM, KPE_DIM, QK_DIM, MlaPagedPrefillSm90, definition_config, fake_args
-from .prefill_roles import _fence_after_sync, _fence_before_sync, _num_tiles
+from .prefill_roles import _fence_after_sync, _fence_before_sync, _num_tiles, online_softmax_row
 
 KIND = "mla_paged_prefill"
 ARCH = "sm_100a"
@@ -470,23 +470,9 @@ class MlaPagedPrefillSm100:
                 _fence_before_sync()
                 pipe_s.consumer_release(s_state)  # S_j is in registers: the stage may take S_{j+2}
                 s_state.advance()
-                if tile_needs_mask(kv_base, N, kv_end, first_token, causal_offset):
-                    limit = cutlass.min(kv_end, token + causal_offset + 1) - kv_base
-                    for i in cutlass.range_constexpr(cute.size(r_s)):
-                        if t_ld_c[i][1] >= limit:
-                            r_s[i] = _NEG_INF
-                new_max = cute.arch.fmax(row_max, r_s.load().reduce(cute.ReductionOp.MAX, _NEG_INF, 0))
-                safe_max = Float32(0.0) if new_max == _NEG_INF else new_max
-                max_scaled = safe_max * scale_log2
-                # old max -inf: exp2(-inf) = 0 (the running sum and O are zero anyway), never NaN
-                scale = cute.math.exp2(row_max * scale_log2 - max_scaled, fastmath=True)
-                row_max = new_max
-                total = row_sum * scale
-                for i in cutlass.range_constexpr(cute.size(r_s)):
-                    p = cute.math.exp2(r_s[i] * scale_log2 - max_scaled, fastmath=True)
-                    r_s[i] = p
-                    total += p
-                row_sum = total
+                row_max, row_sum, scale = online_softmax_row(
+                    r_s, t_ld_c, tile_needs_mask(kv_base, N, kv_end, first_token, causal_offset),
+                    cutlass.min(kv_end, token + causal_offset + 1) - kv_base, row_max, row_sum, scale_log2)
                 r_p.store(r_s.load().to(self.dtype))
                 pipe_p.producer_acquire(p_state)  # PV_{j-1} has read the previous P
                 if valid:

@@ -41,6 +41,32 @@ def _fence_after_sync():
 
 
 @cute.jit
+def online_softmax_row(r_s: cute.Tensor, t_ld_c: cute.Tensor, needs_mask, limit: Int32, row_max: Float32,
+                       row_sum: Float32, scale_log2: Float32):
+    """One key tile of one row held by this thread (TMEM row-per-thread layout), in place on ``r_s``.
+
+    Masks columns ``>= limit`` (causal / sequence end) when ``needs_mask``, then the base-2 online softmax:
+    ``r_s`` becomes ``exp2(s * scale_log2 - max * scale_log2)``. Returns ``(row_max, row_sum, scale)`` where
+    ``scale`` rescales the previous O. A max still ``-inf`` uses 0 in the exponent, so nothing is NaN.
+    """
+    if needs_mask:
+        for i in cutlass.range_constexpr(cute.size(r_s)):
+            if t_ld_c[i][1] >= limit:
+                r_s[i] = _NEG_INF
+    new_max = cute.arch.fmax(row_max, r_s.load().reduce(cute.ReductionOp.MAX, _NEG_INF, 0))
+    safe_max = Float32(0.0) if new_max == _NEG_INF else new_max
+    max_scaled = safe_max * scale_log2
+    # old max -inf: exp2(-inf) = 0 (the running sum and O are zero anyway), never NaN
+    scale = cute.math.exp2(row_max * scale_log2 - max_scaled, fastmath=True)
+    total = row_sum * scale
+    for i in cutlass.range_constexpr(cute.size(r_s)):
+        p = cute.math.exp2(r_s[i] * scale_log2 - max_scaled, fastmath=True)
+        r_s[i] = p
+        total += p
+    return new_max, total, scale
+
+
+@cute.jit
 def _num_tiles(kv_start: Int32, kv_end: Int32, tile_n: cutlass.Constexpr[int]) -> Int32:
     n = Int32(0)
     if kv_end > kv_start:
@@ -240,23 +266,9 @@ class PrefillRoles:
                 _fence_after_sync()
                 cute.copy(tiled_ld, cute.make_tensor(t_ld_s.iterator + s_state.index * N, t_ld_s.layout), r_s)
                 cute.arch.fence_view_async_tmem_load()
-                if tile_needs_mask(kv_base, N, kv_end, first_token, causal_offset):
-                    limit = cutlass.min(kv_end, token + causal_offset + 1) - kv_base
-                    for i in cutlass.range_constexpr(cute.size(r_s)):
-                        if t_ld_c[i][1] >= limit:
-                            r_s[i] = _NEG_INF
-                new_max = cute.arch.fmax(row_max, r_s.load().reduce(cute.ReductionOp.MAX, _NEG_INF, 0))
-                safe_max = Float32(0.0) if new_max == _NEG_INF else new_max
-                max_scaled = safe_max * scale_log2
-                # old max -inf: exp2(-inf) = 0 (the running sum and O are zero anyway), never NaN
-                scale = cute.math.exp2(row_max * scale_log2 - max_scaled, fastmath=True)
-                row_max = new_max
-                total = row_sum * scale
-                for i in cutlass.range_constexpr(cute.size(r_s)):
-                    p = cute.math.exp2(r_s[i] * scale_log2 - max_scaled, fastmath=True)
-                    r_s[i] = p
-                    total += p
-                row_sum = total
+                row_max, row_sum, scale = online_softmax_row(
+                    r_s, t_ld_c, tile_needs_mask(kv_base, N, kv_end, first_token, causal_offset),
+                    cutlass.min(kv_end, token + causal_offset + 1) - kv_base, row_max, row_sum, scale_log2)
                 r_p.store(r_s.load().to(self.dtype))
                 pipe_p.producer_acquire(p_state)
                 cute.copy(tiled_st, r_p32, cute.make_tensor(t_st_p.iterator + p_state.index * N, t_st_p.layout))
