@@ -302,6 +302,7 @@ def build(config: PagedAttentionConfig) -> tuple[Any, tuple[Any, ...]]:
     """``(jit_fn, fake_args)`` for :func:`cute_attn.compile.compile_kernel` (same arguments as sm_90a)."""
     return GqaPagedPrefillSm100(config), paged_fake_args(config, with_qo_indptr=True)
 
+
 def launch(device_plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
            output, lse,
            natural_lse: bool = False) -> None:

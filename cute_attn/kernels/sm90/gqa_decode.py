@@ -391,6 +391,7 @@ def build(config: PagedAttentionConfig) -> tuple[Any, tuple[Any, ...]]:
         raise ValueError(f"{config.cache_key()}: {reason}")
     return GqaDecodeSm90(config), paged_fake_args(config, with_qo_indptr=False)
 
+
 def launch(device_plan, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output, lse,
            natural_lse: bool = False) -> None:
     """Run the plan's items (kv_last_page_len is already folded into their KV_END), then the combine."""

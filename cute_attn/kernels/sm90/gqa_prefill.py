@@ -486,8 +486,9 @@ def build(config: PagedAttentionConfig) -> tuple[Any, tuple[Any, ...]]:
     """``(jit_fn, fake_args)`` for :func:`cute_attn.compile.compile_kernel`."""
     return GqaPagedPrefillSm90(config), paged_fake_args(config, with_qo_indptr=True)
 
-def launch(device_plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output, lse,
-           natural_lse: bool = False) -> None:
+
+def launch(device_plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
+           output, lse, natural_lse: bool = False) -> None:
     """Run the plan's items (kv_last_page_len is already folded into their KV_END), then the combine."""
     launch_paged(device_plan, check_config, (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices), sm_scale,
                  output, lse, natural_lse)
