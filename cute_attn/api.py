@@ -204,11 +204,11 @@ def _run(kind, check, args, index_tensors, output, lse, *, plan, check_indices, 
     _require_cuda(problem.device)
     config = _make_config(kind, problem, arch, causal)
     if plan is None:
-        plan = _PLANS.get(config, index_tensors)
+        plan = _PLANS.get((config, num_sms), index_tensors)
         if plan is None:  # planning reads the index values anyway, so they are always checked here
             _, host = check(*args, output, lse, check_indices=True)
             plan = _plan(config, host, problem.device, num_sms)
-            _PLANS.put(config, index_tensors, plan)
+            _PLANS.put((config, num_sms), index_tensors, plan)
         # a hit: the same, unmodified index tensors as when this plan was made and checked
     else:
         if plan.config != config:

@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     public()
     problem, _ = validate.check_gqa_paged_decode(*inputs, out, lse, check_indices=False)
     config = api._make_config("gqa_paged_decode", problem, None, False)
-    plan = api._PLANS.get(config, index)
+    plan = api._PLANS.get((config, None), index)
     fn = compile_kernel(config)
     raw_args = (case.q, case.k_cache, case.v_cache, case.kv_indptr, case.kv_indices, plan.work_indptr, plan.items,
                 out, lse, plan.partial_out, plan.partial_lse, case.sm_scale * 1.4426950408889634, 1.0)
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
         "public, plan= passed": lambda: cute_attn.gqa_paged_decode(*inputs, out, lse, plan=plan),
         "validate (metadata only)": lambda: validate.check_gqa_paged_decode(*inputs, out, lse, check_indices=False),
         "config (cached)": lambda: api._make_config("gqa_paged_decode", problem, None, False),
-        "plan cache lookup": lambda: api._PLANS.get(config, index),
+        "plan cache lookup": lambda: api._PLANS.get((config, None), index),
         "compile_kernel (memory hit)": lambda: compile_kernel(config),
         "raw tvm-ffi kernel call": lambda: fn(*raw_args),
         "empty torch op (x.zero_())": lambda: case.kv_indptr[:0].zero_(),
