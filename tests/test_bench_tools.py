@@ -320,3 +320,31 @@ def test_fib_solution_export_is_self_contained(tmp_path):
     assert "['q', 'k_cache', 'v_cache', 'kv_indptr', 'kv_indices', 'kv_last_page_len', 'sm_scale', 'output', 'lse']" \
         in res.stdout
     assert "ValueError: cute_attn kernels run on a CUDA device" in res.stdout
+
+
+def test_issue_targets_from_records():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import bench_targets
+    import bench_workloads as bw
+
+    def rec(kernel, workload, impl, gpu_us, wall_us=None, tbps=None, passed=True):
+        return dict(kernel=kernel, workload=workload, impl=impl, gpu_us=gpu_us, wall_us=wall_us or gpu_us + 10,
+                    tbps=tbps, passed=passed)
+
+    records = [
+        rec(bw.PREFILL, "n1_q992_kv992", "cute_attn", 20.0), rec(bw.PREFILL, "n1_q992_kv992", "fa4", 27.0),
+        rec(bw.PREFILL, "n4_q992_kv992", "cute_attn", 90.0), rec(bw.PREFILL, "n4_q992_kv992", "fa4", 95.0),
+        rec(bw.PREFILL, "n8_q992_kv992", "cute_attn", 10.0, passed=False), rec(bw.PREFILL, "n8_q992_kv992", "fa4", 95.0),
+        rec(bw.DECODE, "n1_kv3232", "cute_attn", 7.5, wall_us=30.0),
+        rec(bw.DECODE, "n64_kv2048", "cute_attn", 70.0, tbps=4.0),
+    ]
+    rows = {r["target"]: r for r in bench_targets.target_rows(records)}
+    assert rows["prefill n1_q992_kv992 vs FA4"]["met"] is True  # 1.35x
+    assert rows["prefill n4_q992_kv992 vs FA4"]["met"] is False  # 1.06x
+    assert rows["prefill n8_q992_kv992 vs FA4"]["met"] is None  # a failing kernel is not a measurement
+    assert rows["prefill n16_q992_kv992 vs FA4"]["met"] is None
+    assert rows["decode n1_kv3232"]["met"] is True and rows["decode n64_kv2048"]["met"] is False
+    assert rows["host overhead (wall - span), worst GQA case"]["met"] is False  # 22.5 us on decode n1

@@ -24,6 +24,7 @@ _TOOLS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _TOOLS)  # sibling helper modules
 sys.path.insert(0, os.path.dirname(_TOOLS))  # the repo root, for cute_attn without installing
 
+import bench_targets  # noqa: E402
 import bench_timing  # noqa: E402
 import bench_workloads as bw  # noqa: E402
 
@@ -351,6 +352,7 @@ def main(argv=None) -> int:
             _write_json(records, args.json, quiet=True)
     add_peer_ratios(records)
     print_table(records)
+    bench_targets.print_targets(records)
     run_planner_timing()
     if args.json:
         _write_json(records, args.json)
