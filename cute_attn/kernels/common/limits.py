@@ -37,3 +37,14 @@ def page_box_reason(config) -> str | None:
         return (f"page_size={config.page_size} must be a power of two in 8..kv_tile={config.kv_tile}: a page "
                 "is one TMA box of whole 8-row swizzle atoms inside a key tile")
     return None
+
+
+def mla_definition_reason(config, qk_dim: int = 576, v_dim: int = 512) -> str | None:
+    """What every absorbed-MLA prefill kernel is built for: causal, (ckv + kpe, ckv) heads, page size 1."""
+    if not config.causal:
+        return f"the {config.arch} MLA prefill kernel is built causal (the definition); causal=False is not built"
+    if (config.head_dim_qk, config.head_dim_v) != (qk_dim, v_dim):
+        return f"MLA head dims must be (ckv + kpe, ckv) = ({qk_dim}, {v_dim})"
+    if config.page_size != 1 or config.num_kv_heads != 1:
+        return "page_size must be 1 and num_kv_heads 1 (one latent KV row per key)"
+    return None

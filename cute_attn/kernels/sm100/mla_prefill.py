@@ -81,7 +81,7 @@ from ...config import PagedAttentionConfig
 from ...plan import ItemField as F
 from .. import register_paged_kernel
 from ..common.paged_launch import launch_paged
-from ..common.limits import TMEM_COLUMNS, smem_reason, target_reason
+from ..common.limits import TMEM_COLUMNS, mla_definition_reason, smem_reason, target_reason
 from ..common.mask import tile_needs_mask
 from ..sm90.mla_prefill import CKV_DIM, KPE_DIM, QK_DIM, MlaPagedPrefillSm90, definition_config, fake_args
 from .prefill_roles import _fence_after_sync, _fence_before_sync, _num_tiles, online_softmax_row
@@ -127,12 +127,8 @@ def check_config(config: PagedAttentionConfig) -> str | None:
     """None when this kernel can build ``config``, else a readable reason."""
     if (reason := target_reason(config, KIND, ARCH)) is not None:
         return reason
-    if not config.causal:
-        return "the sm_100a MLA prefill kernel is built causal (the definition); causal=False is not built"
-    if (config.head_dim_qk, config.head_dim_v) != (QK_DIM, CKV_DIM):
-        return f"MLA head dims must be (ckv + kpe, ckv) = ({QK_DIM}, {CKV_DIM})"
-    if config.page_size != 1 or config.num_kv_heads != 1:
-        return "page_size must be 1 and num_kv_heads 1 (one latent KV row per key)"
+    if (reason := mla_definition_reason(config, QK_DIM, CKV_DIM)) is not None:
+        return reason
     if config.tile_q_rows != 64:
         return (f"tile_q_rows={config.tile_q_rows} must be 64: S = Q K^T is one M=64 tcgen05 MMA and O^T keeps "
                 "one TMEM column per query row (4 x 64 columns)")

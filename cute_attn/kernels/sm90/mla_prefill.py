@@ -62,7 +62,7 @@ from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField as F
 from .. import register_paged_kernel
 from ..common.paged_launch import launch_paged
-from ..common.limits import SMEM_LIMIT_BYTES, smem_reason, target_reason
+from ..common.limits import SMEM_LIMIT_BYTES, mla_definition_reason, smem_reason, target_reason
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.softmax import (acc_mn_view, make_softmax_state, rescale_rows, softmax_finalize, softmax_reset,
                               softmax_update, store_p_bf16)
@@ -105,12 +105,8 @@ def check_config(config: PagedAttentionConfig) -> str | None:
     """None when this kernel implements ``config``, else a readable reason (on top of ``can_implement``)."""
     if (reason := target_reason(config, KIND, ARCH)) is not None:
         return reason
-    if not config.causal:
-        return "the sm_90a MLA prefill kernel is built causal (the definition); causal=False is not built"
-    if (config.head_dim_qk, config.head_dim_v) != (QK_DIM, CKV_DIM):
-        return f"MLA head dims must be (ckv + kpe, ckv) = ({QK_DIM}, {CKV_DIM})"
-    if config.page_size != 1 or config.num_kv_heads != 1:
-        return "page_size must be 1 and num_kv_heads 1 (one latent KV row per key)"
+    if (reason := mla_definition_reason(config, QK_DIM, CKV_DIM)) is not None:
+        return reason
     if config.tile_q_rows != 64:
         return (f"tile_q_rows={config.tile_q_rows}: the kernel runs one 64-row M tile whose O (64 x 512) is "
                 "split across two consumer warpgroups by V columns")
