@@ -98,10 +98,8 @@ def run_compile_only(archs: Optional[List[str]] = None) -> None:
         print(f"[compile] {arch}: {ok}/{len(configs)} compiled")
 
 
-# Decode work shape the planner is timed on: Hopper wgmma M tile (64 packed rows, holds the
-# 5 heads of a token) and 128-key steps; 132 persistent CTAs = one per H200 SM.
-PLANNER_TILE_Q_ROWS = 64
-PLANNER_KV_TILE = 128
+# The planner is timed on the decode definition's own config (cute_attn.config.default_paged_config)
+# with one persistent CTA per H200 SM.
 PLANNER_NUM_CTAS = 132
 
 
@@ -115,24 +113,27 @@ def planner_inputs(batch: int = 4096, seed: int = 0):
 
 def run_planner_timing(iters: int = 50) -> Optional[float]:
     try:
-        from cute_attn.plan import PlanConfig, plan_work
+        from cute_attn.plan import plan_work
     except ImportError as exc:
-        print(f"[plan] skipped: cute_attn.plan has no PlanConfig/plan_work yet ({exc})")
+        print(f"[plan] skipped: cute_attn.plan has no plan_work yet ({exc})")
         return None
     batch = 4096
     c = bw.GQA_DECODE_HEADS
     try:
-        config = PlanConfig(num_qo_heads=c["num_qo_heads"], num_kv_heads=c["num_kv_heads"], causal=False,
-                            tile_q_rows=PLANNER_TILE_Q_ROWS, kv_tile=PLANNER_KV_TILE,
-                            num_ctas=PLANNER_NUM_CTAS)
+        from cute_attn.config import default_paged_config
+
+        kernel_config = default_paged_config("gqa_paged_decode", arch="sm_90a", num_qo_heads=c["num_qo_heads"],
+                                             num_kv_heads=c["num_kv_heads"], head_dim_qk=128, head_dim_v=128,
+                                             page_size=64, causal=False)
+        config = kernel_config.plan_config(PLANNER_NUM_CTAS)
         q_lens, kv_lens = planner_inputs(batch)
         ms = bench_timing.median_ms(lambda: plan_work(config, q_lens, kv_lens), iters=iters)
     except Exception as exc:  # a signature change must not take the bench down
         print(f"[plan] plan_work failed: {type(exc).__name__}: {exc}")
         return None
     verdict = "OK" if ms < PLANNER_BUDGET_MS else "TOO SLOW"
-    print(f"[plan] plan_work, {batch} decode requests (h20/kv4, tile {PLANNER_TILE_Q_ROWS} rows x "
-          f"{PLANNER_KV_TILE} keys, {PLANNER_NUM_CTAS} CTAs): median {ms:.3f} ms over {iters} runs "
+    print(f"[plan] plan_work, {batch} decode requests (h20/kv4, tile {config.tile_q_rows} rows x "
+          f"{config.kv_tile} keys, {PLANNER_NUM_CTAS} CTAs): median {ms:.3f} ms over {iters} runs "
           f"(budget {PLANNER_BUDGET_MS} ms): {verdict}")
     return ms
 
