@@ -1,0 +1,115 @@
+"""Per-kernel GPU time of cute_attn calls (attention kernel vs combine), and a one-call mode for ncu.
+
+    python tools/kernel_breakdown.py [--json OUT.json] [--only LABEL ...]
+    ncu --clock-control none ... python tools/kernel_breakdown.py --once LABEL
+
+Each workload is checked against the fp32 reference first, then profiled under CUPTI (cold L2, 50 calls):
+the median duration of every kernel the call launches, by name, next to the call's span. The gap between
+the span and the kernels' sum is launch-to-launch latency (the combine waits for the attention kernel).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import bench_timing  # noqa: E402
+
+WORKLOADS = {
+    "decode_n1_kv3232": ("decode", [3232]),
+    "decode_n16_kv2048": ("decode", [2048] * 16),
+    "decode_n64_kv2048": ("decode", [2048] * 64),
+    "decode_n128_kv4096": ("decode", [4096] * 128),
+    "prefill_n1_q992": ("prefill", [992]),
+    "prefill_n32_q992": ("prefill", [992] * 32),
+}
+
+
+def build(label: str):
+    """(case, run) for one workload, with the plan built and cached by the public entry."""
+    import cute_attn
+    from cute_attn import testing
+
+    kind, lens = WORKLOADS[label]
+    if kind == "decode":
+        case = testing.make_gqa_decode_case(lens, device="cuda", seed=1)
+        entry = cute_attn.gqa_paged_decode
+    else:
+        case = testing.make_gqa_prefill_case(lens, lens, num_qo_heads=32, num_kv_heads=4, head_dim=128,
+                                             page_size=64, device="cuda", seed=1)
+        entry = cute_attn.gqa_paged_prefill
+    out, lse = case.new_outputs()
+
+    def run():
+        entry(*case.inputs(), out, lse)
+
+    return case, out, lse, run
+
+
+def per_kernel(run, flush, iters: int = 50) -> dict:
+    """Median µs per kernel name over `iters` profiled calls, plus the call span."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    for _ in range(10):
+        flush()
+        run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(iters):
+            flush()
+            torch.cuda.synchronize()
+            with record_function(f"{bench_timing.ITER_PREFIX}{i}"):
+                run()
+                torch.cuda.synchronize()
+    names: dict[str, list[float]] = {}
+    for evt in prof.events():
+        if evt.device_type.name == "CUDA" and "flush" not in evt.name and "fill" not in evt.name.lower():
+            names.setdefault(evt.name, []).append(evt.device_time)
+    return {name[:80]: dict(median_us=statistics.median(v), count=len(v)) for name, v in names.items()}
+
+
+def main(argv=None) -> int:
+    import torch
+
+    from cute_attn import testing
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--only", nargs="*")
+    ap.add_argument("--once", help="run one workload 3 times (for ncu) and exit")
+    args = ap.parse_args(argv)
+    if args.once:
+        case, out, lse, run = build(args.once)
+        for _ in range(3):
+            run()
+        torch.cuda.synchronize()
+        return 0
+    flush = bench_timing.make_l2_flusher()
+    rows = []
+    for label in args.only or list(WORKLOADS):
+        case, out, lse, run = build(label)
+        run()
+        torch.cuda.synchronize()
+        ref_out, ref_lse = case.reference()
+        testing.assert_close_benchmark(out, ref_out, "output")
+        testing.assert_close_benchmark(lse, ref_lse, "lse")
+        t = bench_timing.measure(run, flush, iters=50, warmup=10)
+        row = dict(workload=label, span_us=t.gpu_us, sum_us=t.gpu_sum_us, wall_us=t.wall_us,
+                   kernels=per_kernel(run, flush))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
