@@ -70,7 +70,8 @@ def per_kernel(run, flush, iters: int = 50) -> dict:
                 torch.cuda.synchronize()
     names: dict[str, list[float]] = {}
     for evt in prof.events():
-        if evt.device_type.name == "CUDA" and "flush" not in evt.name and "fill" not in evt.name.lower():
+        if (evt.device_type.name == "CUDA" and "fill" not in evt.name.lower()
+                and not evt.name.startswith(bench_timing.ITER_PREFIX)):  # the flush, the range markers
             names.setdefault(evt.name, []).append(evt.device_time)
     return {name[:80]: dict(median_us=statistics.median(v), count=len(v)) for name, v in names.items()}
 
