@@ -85,9 +85,15 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--once", help="run one workload 3 times (for ncu) and exit")
+    ap.add_argument("--peer", choices=["fa4"], help="with --once: run the peer on the same case instead")
     args = ap.parse_args(argv)
     if args.once:
         case, out, lse, run = build(args.once)
+        if args.peer == "fa4":  # same inputs, so ncu compares the two kernels on identical work
+            import bench_peers
+            from bench_workloads import DECODE, PREFILL
+
+            run = bench_peers.setup_fa4_gqa(case, PREFILL if args.once.startswith("prefill") else DECODE)
         for _ in range(3):
             run()
         torch.cuda.synchronize()
