@@ -5,7 +5,8 @@ outputs; the MMAs are ``tcgen05.mma`` issued by one warp with S, P and O in tens
 Compiled and inspected only (no Blackwell GPU in this project): it has never run.
 
 Grid: one persistent CTA per plan CTA slot (``work_indptr.shape[0] - 1``); CTA ``c`` runs items
-``work_indptr[c] .. work_indptr[c+1]-1`` in order (role bodies: ``prefill_roles.py``).
+``work_indptr[c] .. work_indptr[c+1]-1`` in order (role bodies: ``prefill_roles.py``; TMEM ownership
+and tcgen05 hand-off fences: ``tmem.py``; softmax-role steps: ``softmax_rows.py``, shared with the MLA twin).
 
 Warp roles (384 threads, 12 warps):
 
@@ -60,13 +61,14 @@ import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass import Float32, Int32, Int64
 from cutlass import pipeline as cpipe
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
-from cutlass.memory import SmemAllocator, TmemAllocator
+from cutlass.memory import SmemAllocator
 
 from ...config import PagedAttentionConfig, default_paged_config
 from .. import register_paged_kernel
 from ..common.paged_launch import launch_paged, paged_fake_args
 from ..common.limits import TMEM_COLUMNS, packed_q_box_reason, page_box_reason, smem_reason, target_reason
 from .prefill_roles import PrefillRoles
+from .tmem import PrefillTmem
 
 KIND = "gqa_paged_prefill"
 ARCH = "sm_100a"
@@ -238,10 +240,7 @@ class GqaPagedPrefillSm100(PrefillRoles):
                                                 barrier_storage=mbar_o, defer_sync=True)
         pipe_c = cpipe.PipelineAsync.create(num_stages=C_STAGES, producer_group=wg, consumer_group=wg,
                                             barrier_storage=mbar_c, defer_sync=True)
-        tmem_users = 32 * (4 + 4 + 1)
-        tmem = TmemAllocator(tmem_holder, barrier_for_retrieve=cpipe.NamedBarrier(_BAR_TMEM_ALLOC, tmem_users),
-                             allocator_warp_id=_WARP_CORRECTION)
-        tmem_free = cpipe.NamedBarrier(_BAR_TMEM_FREE, tmem_users)
+        tmem = PrefillTmem(tmem_holder, _BAR_TMEM_ALLOC, _BAR_TMEM_FREE, allocator_warp=_WARP_CORRECTION)
         cpipe.pipeline_init_arrive(is_relaxed=True)
         cpipe.pipeline_init_wait()
 
@@ -254,17 +253,15 @@ class GqaPagedPrefillSm100(PrefillRoles):
                               pipe_s, pipe_p, pipe_c, cpipe.make_pipeline_state(consumer, S_STAGES),
                               cpipe.make_pipeline_state(producer, S_STAGES),
                               cpipe.make_pipeline_state(producer, C_STAGES), tidx)
-            tmem_free.arrive()
+            tmem.release()
         elif warp_idx < _WARP_MMA:
             cute.arch.setmaxregister_decrease(_REGS_CORRECTION)
-            tmem.allocate(TMEM_COLUMNS)
-            tmem.relinquish_alloc_permit()
+            tmem.allocate()
             self.correction_role(tiled_mma_qk, tiled_mma_pv, tmem, s_vec, items, item_begin, item_end, qo_indptr,
                                  output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, pipe_o, pipe_c,
                                  cpipe.make_pipeline_state(consumer, 1),
                                  cpipe.make_pipeline_state(consumer, C_STAGES), tidx - 128)
-            tmem_free.arrive_and_wait()  # softmax and MMA warps are done with TMEM
-            tmem.free(tmem.retrieve_ptr(Float32), TMEM_COLUMNS)
+            tmem.free()  # once the softmax and MMA warps are done with TMEM
         else:
             cute.arch.setmaxregister_decrease(_REGS_OTHER)
             if warp_idx == _WARP_MMA:
@@ -275,7 +272,7 @@ class GqaPagedPrefillSm100(PrefillRoles):
                               cpipe.make_pipeline_state(producer, S_STAGES),
                               cpipe.make_pipeline_state(consumer, S_STAGES),
                               cpipe.make_pipeline_state(producer, 1))
-                tmem_free.arrive()
+                tmem.release()
             elif warp_idx == _WARP_LOAD:
                 self.load_role(tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v, q_buf, kv_buf,
                                qo_indptr, kv_indptr, kv_indices, items, item_begin, item_end, pipe_q, pipe_kv,

@@ -59,6 +59,8 @@ Pipelines (``cutlass.pipeline``), in consumption order:
 ``c`` (Async, 2): softmax -> correction, row scales then the final (row_sum, row_max).
 Hand-offs of tcgen05 work across threads are bracketed by ``tcgen05.fence::before_thread_sync`` /
 ``after_thread_sync``; TMEM loads/stores complete (``tcgen05.wait::ld/st``) before they are announced.
+Shared with the GQA twin: TMEM ownership and those fences (``tmem.py``), the softmax-role steps and the
+row-per-thread online softmax (``softmax_rows.py``).
 
 Possible next steps (performance): 128-row tiles (2 x 64 rows) so S uses all TMEM lanes and the
 softmax all threads; S/P in TMEM with O^T; TMA ``gather4`` for the K rows; a third K stage with kv_tile 32.
@@ -75,16 +77,16 @@ import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass import Float32, Int32, Int64
 from cutlass import pipeline as cpipe
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
-from cutlass.memory import SmemAllocator, TmemAllocator
+from cutlass.memory import SmemAllocator
 
 from ...config import PagedAttentionConfig
 from ...plan import ItemField as F
 from .. import register_paged_kernel
 from ..common.paged_launch import launch_paged
 from ..common.limits import TMEM_COLUMNS, mla_definition_reason, smem_reason, target_reason
-from ..common.mask import tile_needs_mask
 from ..sm90.mla_prefill import CKV_DIM, KPE_DIM, QK_DIM, MlaPagedPrefillSm90, definition_config, fake_args
-from .prefill_roles import _fence_after_sync, _fence_before_sync, _num_tiles, online_softmax_row
+from .softmax_rows import NEG_INF, load_s_row, num_key_tiles, online_softmax_row, send_row_values
+from .tmem import PrefillTmem, fence_after_sync, fence_before_sync
 
 KIND = "mla_paged_prefill"
 ARCH = "sm_100a"
@@ -106,7 +108,6 @@ _BAR_IDS = 1  # the sm_90a producer's row-id named barrier (load warps)
 _BAR_TMEM_ALLOC = 2
 _BAR_TMEM_FREE = 3
 _VEC = 8
-_NEG_INF = -Float32.inf
 
 
 # --------------------------------------------------------------------------------------------- config
@@ -240,10 +241,7 @@ class MlaPagedPrefillSm100:
                                                 barrier_storage=mbar_o, defer_sync=True)
         pipe_c = cpipe.PipelineAsync.create(num_stages=C_STAGES, producer_group=wg, consumer_group=wg,
                                             barrier_storage=mbar_c, defer_sync=True)
-        tmem_users = 32 * (4 + 4 + 1)
-        tmem = TmemAllocator(tmem_holder, barrier_for_retrieve=cpipe.NamedBarrier(_BAR_TMEM_ALLOC, tmem_users),
-                             allocator_warp_id=_WARP_CORRECTION)
-        tmem_free = cpipe.NamedBarrier(_BAR_TMEM_FREE, tmem_users)
+        tmem = PrefillTmem(tmem_holder, _BAR_TMEM_ALLOC, _BAR_TMEM_FREE, allocator_warp=_WARP_CORRECTION)
         cpipe.pipeline_init_arrive(is_relaxed=True)
         cpipe.pipeline_init_wait()
 
@@ -255,17 +253,15 @@ class MlaPagedPrefillSm100:
             self.softmax_role(tmem, p_buf, s_vec, items, item_begin, item_end, scale_log2, pipe_s, pipe_p, pipe_c,
                               cpipe.make_pipeline_state(consumer, S_STAGES), cpipe.make_pipeline_state(producer, 1),
                               cpipe.make_pipeline_state(producer, C_STAGES), tidx)
-            tmem_free.arrive()
+            tmem.release()
         elif warp_idx < _WARP_LOAD:
             cute.arch.setmaxregister_increase(_REGS_CORRECTION)
-            tmem.allocate(TMEM_COLUMNS)
-            tmem.relinquish_alloc_permit()
+            tmem.allocate()
             self.correction_role(tmem, s_vec, items, item_begin, item_end, qo_indptr, output, lse, partial_out,
                                  partial_lse, scale_log2, lse_out_scale, pipe_o, pipe_c,
                                  cpipe.make_pipeline_state(consumer, 1), cpipe.make_pipeline_state(consumer, C_STAGES),
                                  tidx - 32 * _WARP_CORRECTION)
-            tmem_free.arrive_and_wait()  # softmax and MMA warps are done with TMEM
-            tmem.free(tmem.retrieve_ptr(Float32), TMEM_COLUMNS)
+            tmem.free()  # once the softmax and MMA warps are done with TMEM
         elif warp_idx < _WARP_MMA:
             cute.arch.setmaxregister_decrease(_REGS_OTHER)
             self.load_role(tidx - 32 * _WARP_LOAD, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr,
@@ -291,7 +287,7 @@ class MlaPagedPrefillSm100:
                           cpipe.make_pipeline_state(consumer, KV_STAGES),
                           cpipe.make_pipeline_state(producer, S_STAGES), cpipe.make_pipeline_state(consumer, 1),
                           cpipe.make_pipeline_state(producer, 1))
-            tmem_free.arrive()
+            tmem.release()
 
     # ------------------------------------------------------------------------------- TMEM views
     @cute.jit
@@ -321,7 +317,7 @@ class MlaPagedPrefillSm100:
             row_count = items[it, int(F.Q_ROW_COUNT)]
             kv_start = items[it, int(F.KV_START)]
             kv_end = items[it, int(F.KV_END)]
-            n = _num_tiles(kv_start, kv_end, N)
+            n = num_key_tiles(kv_start, kv_end, N)
             if n > 0:  # the MMA warp reads Q only for items with keys
                 q_row0 = Int64(qo_indptr[b]) * G + r0
                 pipe_q.producer_acquire(q_state)
@@ -357,8 +353,7 @@ class MlaPagedPrefillSm100:
                  item_end: Int32, pipe_q, pipe_kv, pipe_s, pipe_p, pipe_o, q_state, kv_state, kv_pv_state, s_state,
                  p_state, o_state):
         M, N = self.tile_m, self.tile_n
-        tmem.wait_for_alloc()
-        tmem_ptr = tmem.retrieve_ptr(Float32)
+        tmem_ptr = tmem.base()
         thr_qk = tiled_mma_qk.get_slice(0)
         thr_pv = tiled_mma_pv.get_slice(0)
         s_frag = thr_qk.make_fragment_C(thr_qk.partition_shape_C((M, N)))
@@ -370,7 +365,7 @@ class MlaPagedPrefillSm100:
         t_rvt = thr_pv.make_fragment_A(s_vt)
         t_rp = thr_pv.make_fragment_B(s_p)
         for it in cutlass.range(item_begin, item_end, unroll=1):
-            n = _num_tiles(items[it, int(F.KV_START)], items[it, int(F.KV_END)], N)
+            n = num_key_tiles(items[it, int(F.KV_START)], items[it, int(F.KV_END)], N)
             if n > 0:
                 pipe_q.consumer_wait(q_state)
                 kv_state, s_state = self._mma_qk(tiled_mma_qk, t_rq, t_rk, t_s, pipe_kv, pipe_s, kv_state, s_state)
@@ -392,7 +387,7 @@ class MlaPagedPrefillSm100:
         """S_j = Q K_j^T into S stage ``s_state.index`` (the K stage stays held until PV_j)."""
         pipe_kv.consumer_wait(kv_state)
         pipe_s.producer_acquire(s_state)
-        _fence_after_sync()
+        fence_after_sync()
         acc = cute.make_tensor(t_s.iterator + s_state.index * self.tile_n, t_s.layout)
         mma = cute.make_mma_atom(tiled_mma.op)  # a local atom: its ACCUMULATE field never escapes this call
         for k in cutlass.range_constexpr(cute.size(t_rq, mode=[2])):
@@ -409,7 +404,7 @@ class MlaPagedPrefillSm100:
         """O^T (+)= V_j^T P_j^T, chunk by chunk; then release the K stage and P, and announce O."""
         pipe_o.producer_acquire(o_state)  # the correction role is done with O (rescaled, or read out)
         pipe_p.consumer_wait(p_state)
-        _fence_after_sync()
+        fence_after_sync()
         mma = cute.make_mma_atom(tiled_mma.op)
         for c in cutlass.range_constexpr(self.o_chunks):
             acc = cute.make_tensor(t_o.iterator + c * self.tile_m, t_o.layout)  # O^T chunk c
@@ -429,8 +424,7 @@ class MlaPagedPrefillSm100:
     def softmax_role(self, tmem, p_buf, s_vec, items, item_begin: Int32, item_end: Int32, scale_log2: Float32,
                      pipe_s, pipe_p, pipe_c, s_state, p_state, c_state, tid: Int32):
         G, N = self.group, self.tile_n
-        tmem.wait_for_alloc()
-        tmem_ptr = tmem.retrieve_ptr(Float32)
+        tmem_ptr = tmem.base()
         t_s = self.lane_view(tmem_ptr, self.s_col, N)
         c_s = cute.make_identity_tensor((128, N))
         tiled_ld = tcgen05.make_tmem_copy(
@@ -452,23 +446,19 @@ class MlaPagedPrefillSm100:
             kv_start = items[it, int(F.KV_START)]
             kv_end = items[it, int(F.KV_END)]
             causal_offset = items[it, int(F.CAUSAL_OFFSET)]
-            n = _num_tiles(kv_start, kv_end, N)
+            n = num_key_tiles(kv_start, kv_end, N)
             first_token = r0 // G
             token = (r0 + row) // G
-            row_max = _NEG_INF
+            row_max = NEG_INF
             row_sum = Float32(0.0)
             for j in cutlass.range(n, unroll=1):
                 kv_base = kv_start + j * N
-                pipe_s.consumer_wait(s_state)
-                _fence_after_sync()
-                cute.copy(tiled_ld, cute.make_tensor(t_ld_s.iterator + s_state.index * N, t_ld_s.layout), r_s)
-                cute.arch.fence_view_async_tmem_load()
-                _fence_before_sync()
+                load_s_row(tiled_ld, t_ld_s, r_s, N, pipe_s, s_state)
+                fence_before_sync()
                 pipe_s.consumer_release(s_state)  # S_j is in registers: the stage may take S_{j+2}
                 s_state.advance()
-                row_max, row_sum, scale = online_softmax_row(
-                    r_s, t_ld_c, tile_needs_mask(kv_base, N, kv_end, first_token, causal_offset),
-                    cutlass.min(kv_end, token + causal_offset + 1) - kv_base, row_max, row_sum, scale_log2)
+                row_max, row_sum, scale = online_softmax_row(r_s, t_ld_c, kv_base, kv_end, first_token, token,
+                                                             causal_offset, row_max, row_sum, scale_log2, N)
                 r_p.store(r_s.load().to(self.dtype))
                 pipe_p.producer_acquire(p_state)  # PV_{j-1} has read the previous P
                 if valid:
@@ -478,17 +468,10 @@ class MlaPagedPrefillSm100:
                 pipe_p.producer_commit(p_state)
                 p_state.advance()
                 if j > 0:  # O holds P(<j) V: the correction role rescales it before PV_j
-                    pipe_c.producer_acquire(c_state)
-                    if valid:
-                        s_vec[row, 0, c_state.index] = scale
-                    pipe_c.producer_commit(c_state)
+                    send_row_values(pipe_c, c_state, s_vec, row, (scale,), owns_row=valid)
                     c_state.advance()
             if n > 0:
-                pipe_c.producer_acquire(c_state)
-                if valid:
-                    s_vec[row, 0, c_state.index] = row_sum
-                    s_vec[row, 1, c_state.index] = row_max
-                pipe_c.producer_commit(c_state)
+                send_row_values(pipe_c, c_state, s_vec, row, (row_sum, row_max), owns_row=valid)
                 c_state.advance()
 
     # ------------------------------------------------------------------------------- correction
@@ -497,8 +480,7 @@ class MlaPagedPrefillSm100:
                         partial_out, partial_lse, scale_log2: Float32, lse_out_scale: Float32, pipe_o, pipe_c,
                         o_state, c_state, tid: Int32):
         G, N, M, C = self.group, self.tile_n, self.tile_m, self.o_piece
-        tmem.wait_for_alloc()
-        tmem_ptr = tmem.retrieve_ptr(Float32)
+        tmem_ptr = tmem.base()
         # O^T in pieces of C query-row columns: 32x32b.xC loads/stores, thread = lane = V column % 128
         t_o = self.lane_view(tmem_ptr, O_COL, C)
         c_o = cute.make_identity_tensor((128, C))
@@ -516,7 +498,7 @@ class MlaPagedPrefillSm100:
             r0 = items[it, int(F.Q_ROW_START)]
             row_count = items[it, int(F.Q_ROW_COUNT)]
             slot = items[it, int(F.PARTIAL_SLOT)]
-            n = _num_tiles(items[it, int(F.KV_START)], items[it, int(F.KV_END)], N)
+            n = num_key_tiles(items[it, int(F.KV_START)], items[it, int(F.KV_END)], N)
             for j in cutlass.range(1, n, unroll=1):
                 pipe_c.consumer_wait(c_state)
                 off = Float32(0.0)
@@ -526,7 +508,7 @@ class MlaPagedPrefillSm100:
                 pipe_c.consumer_release(c_state)
                 c_state.advance()
                 pipe_o.consumer_wait(o_state)  # PV_{j-1} has landed in O
-                _fence_after_sync()
+                fence_after_sync()
                 if off != Float32(0.0):  # the same smem values in every thread: warp-uniform
                     for c in cutlass.range_constexpr(self.o_chunks * M // C):
                         cute.copy(tiled_ld, cute.make_tensor(t_ld_o.iterator + c * C, t_ld_o.layout), r_o)
@@ -535,12 +517,12 @@ class MlaPagedPrefillSm100:
                             r_o[i] = r_o[i] * r_scale[(c * C + i) % M]
                         cute.copy(tiled_st, r_o, cute.make_tensor(t_st_o.iterator + c * C, t_st_o.layout))
                     cute.arch.fence_view_async_tmem_store()
-                _fence_before_sync()
+                fence_before_sync()
                 pipe_o.consumer_release(o_state)
                 o_state.advance()
             # epilogue: r_scale = 1 / row_sum (0 for a row that saw no key); own row's lse (threads < M)
             r_scale.fill(0.0)
-            row_lse = _NEG_INF
+            row_lse = NEG_INF
             if n > 0:
                 pipe_c.consumer_wait(c_state)
                 for r in cutlass.range_constexpr(M):
@@ -553,7 +535,7 @@ class MlaPagedPrefillSm100:
                 pipe_c.consumer_release(c_state)
                 c_state.advance()
                 pipe_o.consumer_wait(o_state)  # the last PV has landed
-                _fence_after_sync()
+                fence_after_sync()
             q_start = qo_indptr[b]
             for c in cutlass.range_constexpr(self.o_chunks * M // C):
                 if n > 0:  # tcgen05.ld is warp-collective: every lane loads, only real rows store
@@ -571,7 +553,7 @@ class MlaPagedPrefillSm100:
                         else:
                             partial_out[slot, r, col] = val
             if n > 0:
-                _fence_before_sync()
+                fence_before_sync()
                 pipe_o.consumer_release(o_state)  # O may now be overwritten by the next item's PV
                 o_state.advance()
             if tid < row_count:

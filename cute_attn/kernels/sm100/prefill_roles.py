@@ -12,9 +12,8 @@ Per item with ``n`` key tiles (``n = 0``: only the correction role acts, writing
   final (row_sum, row_max) go to the correction role through a small smem vector ring
 * correction: for j = 1..n-1: wait PV(j-1), O *= scale_j in TMEM; then the epilogue after PV(n-1)
 
-Private math (not ``common/softmax.py``, which works on Hopper wgmma fragments whose rows are spread
-over 4 threads): here ``tcgen05.ld 32x32b`` gives each softmax thread one whole score row, so row max
-and row sum need no shuffles.
+Shared with the MLA twin: the TMEM lifecycle and tcgen05 hand-off fences (``tmem.py``), the
+softmax-role steps and the row-per-thread online softmax (``softmax_rows.py``).
 """
 
 from __future__ import annotations
@@ -25,53 +24,8 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, tcgen05
 
 from ...plan import ItemField as F
-from ..common.mask import tile_needs_mask
-
-_NEG_INF = -Float32.inf
-
-
-def _fence_before_sync():
-    """``tcgen05.fence::before_thread_sync``: order this thread's tcgen05 ops before a following arrive."""
-    cute.arch.inline_ptx("tcgen05.fence::before_thread_sync;")
-
-
-def _fence_after_sync():
-    """``tcgen05.fence::after_thread_sync``: order tcgen05 ops after a barrier wait behind the other side's."""
-    cute.arch.inline_ptx("tcgen05.fence::after_thread_sync;")
-
-
-@cute.jit
-def online_softmax_row(r_s: cute.Tensor, t_ld_c: cute.Tensor, needs_mask, limit: Int32, row_max: Float32,
-                       row_sum: Float32, scale_log2: Float32):
-    """One key tile of one row held by this thread (TMEM row-per-thread layout), in place on ``r_s``.
-
-    Masks columns ``>= limit`` (causal / sequence end) when ``needs_mask``, then the base-2 online softmax:
-    ``r_s`` becomes ``exp2(s * scale_log2 - max * scale_log2)``. Returns ``(row_max, row_sum, scale)`` where
-    ``scale`` rescales the previous O. A max still ``-inf`` uses 0 in the exponent, so nothing is NaN.
-    """
-    if needs_mask:
-        for i in cutlass.range_constexpr(cute.size(r_s)):
-            if t_ld_c[i][1] >= limit:
-                r_s[i] = _NEG_INF
-    new_max = cute.arch.fmax(row_max, r_s.load().reduce(cute.ReductionOp.MAX, _NEG_INF, 0))
-    safe_max = Float32(0.0) if new_max == _NEG_INF else new_max
-    max_scaled = safe_max * scale_log2
-    # old max -inf: exp2(-inf) = 0 (the running sum and O are zero anyway), never NaN
-    scale = cute.math.exp2(row_max * scale_log2 - max_scaled, fastmath=True)
-    total = row_sum * scale
-    for i in cutlass.range_constexpr(cute.size(r_s)):
-        p = cute.math.exp2(r_s[i] * scale_log2 - max_scaled, fastmath=True)
-        r_s[i] = p
-        total += p
-    return new_max, total, scale
-
-
-@cute.jit
-def _num_tiles(kv_start: Int32, kv_end: Int32, tile_n: cutlass.Constexpr[int]) -> Int32:
-    n = Int32(0)
-    if kv_end > kv_start:
-        n = (kv_end - kv_start + tile_n - 1) // tile_n
-    return n
+from .softmax_rows import NEG_INF, load_s_row, num_key_tiles, online_softmax_row, send_row_values
+from .tmem import fence_after_sync, fence_before_sync
 
 
 class PrefillRoles:
@@ -96,7 +50,7 @@ class PrefillRoles:
             r0 = items[it, int(F.Q_ROW_START)]
             kv_start = items[it, int(F.KV_START)]
             kv_end = items[it, int(F.KV_END)]
-            n = _num_tiles(kv_start, kv_end, N)
+            n = num_key_tiles(kv_start, kv_end, N)
             if n > 0:
                 token0 = qo_indptr[b] + r0 // G
                 g_q = cute.local_tile(cute.domain_offset(((0, token0), 0), tma_q[None, None, h]),
@@ -141,8 +95,7 @@ class PrefillRoles:
                  item_end: Int32, pipe_q, pipe_kv, pipe_s, pipe_p, pipe_o, q_state, kv_state, s_state, p_state,
                  o_state):
         N = self.tile_n
-        tmem.wait_for_alloc()
-        tmem_ptr = tmem.retrieve_ptr(Float32)
+        tmem_ptr = tmem.base()
         t_s, t_o, p_layout = self.tmem_tensors(tiled_mma_qk, tiled_mma_pv, tmem_ptr)
         thr_qk = tiled_mma_qk.get_slice(0)
         thr_pv = tiled_mma_pv.get_slice(0)
@@ -152,7 +105,7 @@ class PrefillRoles:
         for it in cutlass.range(item_begin, item_end, unroll=1):
             kv_start = items[it, int(F.KV_START)]
             kv_end = items[it, int(F.KV_END)]
-            n = _num_tiles(kv_start, kv_end, N)
+            n = num_key_tiles(kv_start, kv_end, N)
             if n > 0:
                 pipe_q.consumer_wait(q_state)
                 q_stage = q_state.index
@@ -175,7 +128,7 @@ class PrefillRoles:
     def _mma_qk(self, tiled_mma, t_rq, t_rk, t_s, q_stage: Int32, pipe_kv, pipe_s, kv_state, s_state):
         pipe_kv.consumer_wait(kv_state)
         pipe_s.producer_acquire(s_state)
-        _fence_after_sync()
+        fence_after_sync()
         acc = cute.make_tensor(t_s.iterator + s_state.index * self.tile_n, t_s.layout)
         mma = cute.make_mma_atom(tiled_mma.op)  # a local atom: its ACCUMULATE field never escapes this call
         for k in cutlass.range_constexpr(cute.size(t_rq, mode=[2])):
@@ -195,7 +148,7 @@ class PrefillRoles:
             self._zero_v_tail(s_kv_rows, kv_state.index, valid_keys)
         pipe_o.producer_acquire(o_state)  # the correction role is done with O (rescaled, or read out)
         pipe_p.consumer_wait(p_state)
-        _fence_after_sync()
+        fence_after_sync()
         # P(j) sits in its S stage (offsets in 32-bit columns, then viewed as packed bf16)
         p = cute.make_tensor(cute.recast_ptr(tmem_ptr + p_state.index * self.tile_n + self.p_col, dtype=self.dtype),
                              p_layout)
@@ -226,8 +179,7 @@ class PrefillRoles:
     def softmax_role(self, tiled_mma_qk, tiled_mma_pv, tmem, s_vec, items, item_begin: Int32, item_end: Int32,
                      scale_log2: Float32, pipe_s, pipe_p, pipe_c, s_state, p_state, c_state, tid: Int32):
         G, N = self.group, self.tile_n
-        tmem.wait_for_alloc()
-        tmem_ptr = tmem.retrieve_ptr(Float32)
+        tmem_ptr = tmem.base()
         t_s, t_o, _ = self.tmem_tensors(tiled_mma_qk, tiled_mma_pv, tmem_ptr)
         thr_qk = tiled_mma_qk.get_slice(0)
         c_s = thr_qk.partition_C(cute.make_identity_tensor((self.tile_m, N)))
@@ -255,39 +207,30 @@ class PrefillRoles:
             kv_start = items[it, int(F.KV_START)]
             kv_end = items[it, int(F.KV_END)]
             causal_offset = items[it, int(F.CAUSAL_OFFSET)]
-            n = _num_tiles(kv_start, kv_end, N)
+            n = num_key_tiles(kv_start, kv_end, N)
             first_token = r0 // G
             token = (r0 + row) // G
-            row_max = _NEG_INF
+            row_max = NEG_INF
             row_sum = Float32(0.0)
             for j in cutlass.range(n, unroll=1):
                 kv_base = kv_start + j * N
-                pipe_s.consumer_wait(s_state)
-                _fence_after_sync()
-                cute.copy(tiled_ld, cute.make_tensor(t_ld_s.iterator + s_state.index * N, t_ld_s.layout), r_s)
-                cute.arch.fence_view_async_tmem_load()
-                row_max, row_sum, scale = online_softmax_row(
-                    r_s, t_ld_c, tile_needs_mask(kv_base, N, kv_end, first_token, causal_offset),
-                    cutlass.min(kv_end, token + causal_offset + 1) - kv_base, row_max, row_sum, scale_log2)
+                load_s_row(tiled_ld, t_ld_s, r_s, N, pipe_s, s_state)
+                row_max, row_sum, scale = online_softmax_row(r_s, t_ld_c, kv_base, kv_end, first_token, token,
+                                                             causal_offset, row_max, row_sum, scale_log2, N)
                 r_p.store(r_s.load().to(self.dtype))
                 pipe_p.producer_acquire(p_state)
                 cute.copy(tiled_st, r_p32, cute.make_tensor(t_st_p.iterator + p_state.index * N, t_st_p.layout))
                 cute.arch.fence_view_async_tmem_store()
-                _fence_before_sync()
+                fence_before_sync()
                 pipe_p.producer_commit(p_state)
                 p_state.advance()
                 pipe_s.consumer_release(s_state)
                 s_state.advance()
                 if j > 0:  # O holds P(<j) V: the correction role rescales it before PV(j)
-                    pipe_c.producer_acquire(c_state)
-                    s_vec[row, 0, c_state.index] = scale
-                    pipe_c.producer_commit(c_state)
+                    send_row_values(pipe_c, c_state, s_vec, row, (scale,))
                     c_state.advance()
             if n > 0:
-                pipe_c.producer_acquire(c_state)
-                s_vec[row, 0, c_state.index] = row_sum
-                s_vec[row, 1, c_state.index] = row_max
-                pipe_c.producer_commit(c_state)
+                send_row_values(pipe_c, c_state, s_vec, row, (row_sum, row_max))
                 c_state.advance()
 
     # --------------------------------------------------------------------------------- correction
@@ -296,8 +239,7 @@ class PrefillRoles:
                         item_end: Int32, qo_indptr, output, lse, partial_out, partial_lse, scale_log2: Float32,
                         lse_out_scale: Float32, pipe_o, pipe_c, o_state, c_state, tid: Int32):
         G, N, D, C = self.group, self.tile_n, self.head_dim, self.epi_cols
-        tmem.wait_for_alloc()
-        tmem_ptr = tmem.retrieve_ptr(Float32)
+        tmem_ptr = tmem.base()
         t_s, t_o, _ = self.tmem_tensors(tiled_mma_qk, tiled_mma_pv, tmem_ptr)
         thr_pv = tiled_mma_pv.get_slice(0)
         c_o = thr_pv.partition_C(cute.make_identity_tensor((self.tile_m, D)))
@@ -326,14 +268,14 @@ class PrefillRoles:
             kv_start = items[it, int(F.KV_START)]
             kv_end = items[it, int(F.KV_END)]
             slot = items[it, int(F.PARTIAL_SLOT)]
-            n = _num_tiles(kv_start, kv_end, N)
+            n = num_key_tiles(kv_start, kv_end, N)
             for j in cutlass.range(1, n, unroll=1):
                 pipe_c.consumer_wait(c_state)
                 scale = s_vec[row, 0, c_state.index]
                 pipe_c.consumer_release(c_state)
                 c_state.advance()
                 pipe_o.consumer_wait(o_state)  # PV(j-1) has landed in O
-                _fence_after_sync()
+                fence_after_sync()
                 if cute.arch.vote_any_sync(scale != Float32(1.0)):  # tcgen05.ld/st are warp-collective
                     for c in cutlass.range_constexpr(D // C):
                         cute.copy(tiled_ld, cute.make_tensor(t_ld_o.iterator + c * C, t_ld_o.layout), r_o)
@@ -342,11 +284,11 @@ class PrefillRoles:
                             r_o[i] = r_o[i] * scale
                         cute.copy(tiled_st, r_o, cute.make_tensor(t_st_o.iterator + c * C, t_st_o.layout))
                     cute.arch.fence_view_async_tmem_store()
-                _fence_before_sync()
+                fence_before_sync()
                 pipe_o.consumer_release(o_state)
                 o_state.advance()
             row_sum = Float32(0.0)
-            row_max = _NEG_INF
+            row_max = NEG_INF
             if n > 0:
                 pipe_c.consumer_wait(c_state)
                 row_sum = s_vec[row, 0, c_state.index]
@@ -354,12 +296,12 @@ class PrefillRoles:
                 pipe_c.consumer_release(c_state)
                 c_state.advance()
                 pipe_o.consumer_wait(o_state)  # the last PV has landed
-                _fence_after_sync()
+                fence_after_sync()
             empty = row_sum == Float32(0.0)
             o_scale = Float32(0.0) if empty else cute.arch.rcp_approx(row_sum)
             safe_sum = Float32(1.0) if empty else row_sum
             row_lse = row_max * scale_log2 + cute.math.log2(safe_sum, fastmath=True)
-            row_lse = _NEG_INF if empty else row_lse
+            row_lse = NEG_INF if empty else row_lse
             packed = r0 + row
             token = qo_indptr[b] + packed // G
             head = h * G + packed % G
@@ -379,7 +321,7 @@ class PrefillRoles:
                     else:
                         cute.autovec_copy(r_f32, cute.local_tile(partial_out[slot, row, None], (C,), (c,)))
             if n > 0:
-                _fence_before_sync()
+                fence_before_sync()
                 pipe_o.consumer_release(o_state)  # O may now be overwritten by the next item's PV
                 o_state.advance()
             if row < row_count:

@@ -19,7 +19,8 @@ Warp roles (384 threads = 3 warpgroups):
   are NaN), then meet at a named barrier.
 * Epilogue (consumers): ``O / rowsum`` and ``lse = (max * scale_log2 + log2 sum)``; final items write
   bf16 ``output`` and ``lse * lse_out_scale`` with predicated stores (rows < Q_ROW_COUNT), split items
-  write fp32 ``partial_out[slot]`` / base-2 ``partial_lse[slot]``. The combine kernel merges those.
+  write fp32 ``partial_out[slot]`` / base-2 ``partial_lse[slot]`` (``prefill_epilogue.py``, shared with the
+  MLA kernel). The combine kernel merges those.
 
 Pipelines (mbarriers, ``cutlass.pipeline.PipelineTmaAsync``): Q has 2 stages (released after the
 item's last QK GEMM, so the next item's Q and first K/V tiles load during this item's tail and
@@ -61,10 +62,11 @@ from ...plan import ItemField as F
 from .. import register_paged_kernel
 from ..common.paged_launch import launch_paged, paged_fake_args
 from ..common.limits import packed_q_box_reason, page_box_reason, smem_reason, target_reason
-from .prefill_epilogue import store_output_via_smem
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.softmax import (acc_mn_view, acc_to_mma_a_view, make_softmax_state, rescale_rows,
                               softmax_finalize, softmax_reset, softmax_update, store_p_bf16)
+from .prefill_epilogue import store_output_rows, store_output_via_smem, store_partial_rows
+from .wgmma import wgmma_gemm
 
 KIND = "gqa_paged_prefill"
 ARCH = "sm_90a"
@@ -325,7 +327,7 @@ class GqaPagedPrefillSm90:
                     kv_base = kv_start + t * self.tile_n
                     stage = kv_state.index
                     pipe_k.consumer_wait(kv_state)
-                    _gemm(tiled_mma_qk, acc_s, t_sq_cur, t_sk[None, None, None, stage], True, wait=False)
+                    wgmma_gemm(tiled_mma_qk, acc_s, t_sq_cur, t_sk[None, None, None, stage], True, wait=False)
                     self.sched_arrive(wg)
                     warpgroup.wait_group(0)
                     pipe_k.consumer_release(kv_state)
@@ -337,7 +339,7 @@ class GqaPagedPrefillSm90:
                     if kv_base + self.tile_n > kv_end:
                         self.zero_v_tail(s_v, stage, kv_end - kv_base, ctid)
                     self.sched_wait(wg)
-                    _gemm(tiled_mma_pv, acc_o, t_op, t_ovt[None, None, None, stage], False)
+                    wgmma_gemm(tiled_mma_pv, acc_o, t_op, t_ovt[None, None, None, stage], False)
                     pipe_v.consumer_release(kv_state)
                     kv_state.advance()
             if cutlass.const_expr(not self.smem_epilogue):
@@ -359,8 +361,12 @@ class GqaPagedPrefillSm90:
                 cute.arch.fence_view_async_shared()  # generic-proxy accesses before the next TMA load
                 pipe_q.consumer_release(q_state)
             q_state.advance()
-            self.store(acc_o, c_o, row_lse, b, h, r0, row_count, slot, qo_indptr, output, lse, partial_out,
-                       partial_lse, lse_out_scale, not self.smem_epilogue)
+            q_start = qo_indptr[b]
+            if slot < 0:
+                store_output_rows(acc_o, c_o, row_lse, q_start, h, r0, row_count, output, lse, lse_out_scale, G,
+                                  write_output=not self.smem_epilogue)
+            else:
+                store_partial_rows(acc_o, c_o, row_lse, row_count, slot, partial_out, partial_lse)
 
     @cute.jit
     def mainloop_overlap(self, ctid: Int32, wg: Int32, num_tiles: Int32, kv_start: Int32, kv_end: Int32, r0: Int32,
@@ -373,7 +379,7 @@ class GqaPagedPrefillSm90:
         if num_tiles > 0:
             # first half: S_0 and its softmax; acc_o is zero, so no rescale; P_0 waits in t_op
             pipe_k.consumer_wait(kv_state)
-            _gemm(tiled_mma_qk, acc_s, t_sq, t_sk[None, None, None, kv_state.index], True)
+            wgmma_gemm(tiled_mma_qk, acc_s, t_sq, t_sk[None, None, None, kv_state.index], True)
             pipe_k.consumer_release(kv_state)
             self.mask(acc_s, c_s, r0, kv_start, kv_end, first_token, causal_offset)
             softmax_update(acc_s, row_max, row_sum, scale_log2)
@@ -384,9 +390,9 @@ class GqaPagedPrefillSm90:
                 kv_state.advance()
                 pipe_k.consumer_wait(kv_state)
                 self.sched_wait(wg)
-                _gemm(tiled_mma_qk, acc_s, t_sq, t_sk[None, None, None, kv_state.index], True, wait=False)
+                wgmma_gemm(tiled_mma_qk, acc_s, t_sq, t_sk[None, None, None, kv_state.index], True, wait=False)
                 pipe_v.consumer_wait(v_state)  # tiles before the last are whole: no V tail to zero
-                _gemm(tiled_mma_pv, acc_o, t_op, t_ovt[None, None, None, v_state.index], False, wait=False)
+                wgmma_gemm(tiled_mma_pv, acc_o, t_op, t_ovt[None, None, None, v_state.index], False, wait=False)
                 self.sched_arrive(wg)
                 warpgroup.wait_group(1)  # S_t is ready; P_{t-1} V_{t-1} may still run
                 pipe_k.consumer_release(kv_state)
@@ -401,7 +407,7 @@ class GqaPagedPrefillSm90:
             pipe_v.consumer_wait(kv_state)
             if last_base + self.tile_n > kv_end:
                 self.zero_v_tail(s_v, kv_state.index, kv_end - last_base, ctid)
-            _gemm(tiled_mma_pv, acc_o, t_op, t_ovt[None, None, None, kv_state.index], False)
+            wgmma_gemm(tiled_mma_pv, acc_o, t_op, t_ovt[None, None, None, kv_state.index], False)
             pipe_v.consumer_release(kv_state)
             kv_state.advance()
         return kv_state
@@ -429,56 +435,6 @@ class GqaPagedPrefillSm90:
             s_v[e // D, e % D, stage] = self.dtype(0.0)
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=_ZERO_V_BARRIER, number_of_threads=self.num_mma_threads)
-
-    @cute.jit
-    def store(self, acc_o: cute.Tensor, c_o: cute.Tensor, row_lse: cute.Tensor, b: Int32, h: Int32, r0: Int32,
-              row_count: Int32, slot: Int32, qo_indptr: cute.Tensor, output: cute.Tensor, lse: cute.Tensor,
-              partial_out: cute.Tensor, partial_lse: cute.Tensor, lse_out_scale: Float32,
-              final_o: cutlass.Constexpr[bool] = True):
-        """Final items: bf16 output (unless ``final_o`` is False: the smem epilogue wrote it) and lse;
-        split items: fp32 partials."""
-        G = self.group
-        o_mn = acc_mn_view(acc_o)
-        c_mn = acc_mn_view(c_o)
-        q_start = qo_indptr[b]
-        if slot < 0:
-            o_bf = cute.make_rmem_tensor(acc_o.layout, self.dtype)
-            if cutlass.const_expr(final_o):
-                o_bf.store(acc_o.load().to(self.dtype))
-            ob_mn = acc_mn_view(o_bf)
-            for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
-                row = c_mn[r, 0][0]
-                if row < row_count:
-                    token = q_start + (r0 + row) // G
-                    head = h * G + (r0 + row) % G
-                    if cutlass.const_expr(final_o):
-                        for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
-                            output[token, head, c_mn[r, c][1]] = ob_mn[r, c]
-                    if c_mn[r, 0][1] == 0:
-                        lse[token, head] = row_lse[r] * lse_out_scale
-        else:
-            for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
-                row = c_mn[r, 0][0]
-                if row < row_count:
-                    for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
-                        partial_out[slot, row, c_mn[r, c][1]] = o_mn[r, c]
-                    if c_mn[r, 0][1] == 0:
-                        partial_lse[slot, row] = row_lse[r]
-
-
-@cute.jit
-def _gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, t_a: cute.Tensor, t_b: cute.Tensor,
-          zero_init: cutlass.Constexpr[bool], wait: cutlass.Constexpr[bool] = True):
-    """acc (+)= A @ B over the k blocks of one warpgroup MMA; waits for completion unless ``wait=False``."""
-    warpgroup.fence()
-    atom = cute.make_mma_atom(tiled_mma.op)
-    atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-    for k in cutlass.range_constexpr(cute.size(t_a.shape[2])):
-        cute.gemm(atom, acc, t_a[None, None, k], t_b[None, None, k], acc)
-        atom.set(warpgroup.Field.ACCUMULATE, True)
-    warpgroup.commit_group()
-    if cutlass.const_expr(wait):
-        warpgroup.wait_group(0)
 
 
 # ----------------------------------------------------------------------------------- registration

@@ -30,7 +30,8 @@ Warp roles (384 threads = 3 warpgroups):
   during this item's last softmax, PV GEMM and epilogue.
 * Epilogue: ``O / rowsum`` and ``lse = max * scale_log2 + log2(sum)``. Final items store bf16 ``output``
   (each warpgroup its 256 columns; rows < Q_ROW_COUNT) and ``lse * lse_out_scale`` (WG1 only); split items
-  store fp32 ``partial_out[slot]`` / base-2 ``partial_lse[slot]``, and ``launch`` runs the combine.
+  store fp32 ``partial_out[slot]`` / base-2 ``partial_lse[slot]`` (``prefill_epilogue.py``, shared with the GQA
+  kernel), and ``launch`` runs the combine.
   An item with no key (or rows that see none) writes 0 / ``-inf`` through the same path.
 
 Shared memory (kv_tile 64, the default): Q 64 x 576 bf16 = 72 KiB, 2 stages x 64 x 576 bf16 = 144 KiB,
@@ -66,6 +67,8 @@ from ..common.limits import SMEM_LIMIT_BYTES, mla_definition_reason, smem_reason
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.softmax import (acc_mn_view, make_softmax_state, rescale_rows, softmax_finalize, softmax_reset,
                               softmax_update, store_p_bf16)
+from .prefill_epilogue import store_output_rows, store_partial_rows
+from .wgmma import wgmma_gemm
 
 KIND = "mla_paged_prefill"
 ARCH = "sm_90a"
@@ -343,7 +346,7 @@ class MlaPagedPrefillSm90:
                 kv_base = kv_start + t * self.tile_n
                 stage = k_state.index
                 pipe_k.consumer_wait(k_state)
-                _gemm(tiled_mma_qk, acc_s, t_sq, t_sk[None, None, None, stage], True)
+                wgmma_gemm(tiled_mma_qk, acc_s, t_sq, t_sk[None, None, None, stage], True)
                 if t == num_tiles - 1:  # the item's last read of Q: the next item's Q may load now
                     pipe_q.consumer_release(q_state)
                 if tile_needs_mask(kv_base, self.tile_n, kv_end, first_token, causal_offset):
@@ -351,7 +354,7 @@ class MlaPagedPrefillSm90:
                 row_scale = softmax_update(acc_s, row_max, row_sum, scale_log2)
                 rescale_rows(acc_o, row_scale)
                 store_p_bf16(acc_s, t_op)
-                _gemm(tiled_mma_pv, acc_o, t_op, t_ovt[None, None, None, stage], False)
+                wgmma_gemm(tiled_mma_pv, acc_o, t_op, t_ovt[None, None, None, stage], False)
                 pipe_k.consumer_release(k_state)
                 k_state.advance()
             if num_tiles == 0:
@@ -364,53 +367,10 @@ class MlaPagedPrefillSm90:
             slot = items[it, int(F.PARTIAL_SLOT)]
             o_scale, row_lse = softmax_finalize(row_max, row_sum, scale_log2)
             rescale_rows(acc_o, o_scale)
-            self.store(acc_o, c_o, row_lse, b, r0, row_count, slot, qo_indptr, output, lse, partial_out,
-                       partial_lse, lse_out_scale)
-
-    @cute.jit
-    def store(self, acc_o: cute.Tensor, c_o: cute.Tensor, row_lse: cute.Tensor, b: Int32, r0: Int32,
-              row_count: Int32, slot: Int32, qo_indptr: cute.Tensor, output: cute.Tensor, lse: cute.Tensor,
-              partial_out: cute.Tensor, partial_lse: cute.Tensor, lse_out_scale: Float32):
-        """Final items: bf16 ``output`` and ``lse``; split items: fp32 partials (rows < row_count only)."""
-        G = self.group
-        o_mn = acc_mn_view(acc_o)
-        c_mn = acc_mn_view(c_o)
-        if slot < 0:
-            q_start = qo_indptr[b]
-            o_bf = cute.make_rmem_tensor(acc_o.layout, self.dtype)
-            o_bf.store(acc_o.load().to(self.dtype))
-            ob_mn = acc_mn_view(o_bf)
-            for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
-                row = c_mn[r, 0][0]
-                if row < row_count:
-                    token = q_start + (r0 + row) // G
-                    head = (r0 + row) % G
-                    for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
-                        output[token, head, c_mn[r, c][1]] = ob_mn[r, c]
-                    if c_mn[r, 0][1] == 0:
-                        lse[token, head] = row_lse[r] * lse_out_scale
-        else:
-            for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
-                row = c_mn[r, 0][0]
-                if row < row_count:
-                    for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
-                        partial_out[slot, row, c_mn[r, c][1]] = o_mn[r, c]
-                    if c_mn[r, 0][1] == 0:
-                        partial_lse[slot, row] = row_lse[r]
-
-
-@cute.jit
-def _gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, t_a: cute.Tensor, t_b: cute.Tensor,
-          zero_init: cutlass.Constexpr[bool]):
-    """acc (+)= A @ B over the k blocks of one warpgroup MMA, waiting for completion."""
-    warpgroup.fence()
-    atom = cute.make_mma_atom(tiled_mma.op)
-    atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-    for k in cutlass.range_constexpr(cute.size(t_a.shape[2])):
-        cute.gemm(atom, acc, t_a[None, None, k], t_b[None, None, k], acc)
-        atom.set(warpgroup.Field.ACCUMULATE, True)
-    warpgroup.commit_group()
-    warpgroup.wait_group(0)
+            if slot < 0:  # one KV head: packed row p is head p % G of token p // G
+                store_output_rows(acc_o, c_o, row_lse, qo_indptr[b], 0, r0, row_count, output, lse, lse_out_scale, G)
+            else:
+                store_partial_rows(acc_o, c_o, row_lse, row_count, slot, partial_out, partial_lse)
 
 
 # ----------------------------------------------------------------------------------- registration

@@ -1,8 +1,13 @@
-"""Shared-memory epilogue of the sm_90a GQA prefill (``PagedAttentionConfig.smem_epilogue``).
+"""Epilogues of the sm_90a prefill kernels: an item's normalised O (wgmma accumulator) and lse to memory.
 
-The direct epilogue stores each consumer thread's wgmma accumulator straight to global memory: a
-thread owns column pairs, so a row of 256 bytes is written by 32 ``st.global.b32`` of 4 threads.
-This one goes through shared memory instead:
+:func:`store_output_rows` (final items: bf16 ``output`` and ``lse * lse_out_scale``) and
+:func:`store_partial_rows` (split items: fp32 ``partial_out[slot]`` and base-2 ``partial_lse[slot]``)
+are used by both prefill kernels and store straight from the registers, rows ``< Q_ROW_COUNT`` only
+(later rows belong to the next request, or to nothing). A thread owns column pairs of its rows, so a
+row of 256 bytes is written by 32 ``st.global.b32`` of 4 threads.
+
+:func:`store_output_via_smem` (the GQA kernel's ``PagedAttentionConfig.smem_epilogue``) writes the
+final bf16 output through shared memory instead:
 
 1. each consumer warpgroup converts its 64 x d O rows to bf16 and writes them with ``stmatrix`` into
    its own 64 rows of the item's Q stage (that warpgroup's last QK GEMM has completed, and the other
@@ -13,14 +18,17 @@ This one goes through shared memory instead:
    Rows ``>= Q_ROW_COUNT`` are skipped (they belong to the next request).
 
 The caller releases the Q stage only after this (``fence.proxy.async`` first: the next TMA load
-into the stage is an async-proxy write after these generic-proxy accesses).
+into the stage is an async-proxy write after these generic-proxy accesses), then calls
+:func:`store_output_rows` with ``write_output=False`` for the lse.
 """
 
 from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32
+from cutlass import Float32, Int32
+
+from ..common.softmax import acc_mn_view
 
 EPILOGUE_BARRIER = 4  # ids 4, 5: one named barrier per consumer warpgroup
 _VEC = 8  # bf16 per 16-byte access
@@ -74,3 +82,46 @@ def store_output_via_smem(acc_o: cute.Tensor, s_o: cute.Tensor, tiled_mma_pv: cu
                 ptr = cute.make_ptr(dtype, (output.iterator + offset).toint(), cute.AddressSpace.gmem,
                                     assumed_align=16)
                 cute.copy(thr_g, t_r[None, m, k], cute.make_tensor(ptr, cute.make_layout(_VEC)))
+
+
+@cute.jit
+def store_output_rows(acc_o: cute.Tensor, c_o: cute.Tensor, row_lse: cute.Tensor, q_start: Int32, kv_head,
+                      r0: Int32, row_count: Int32, output: cute.Tensor, lse: cute.Tensor, lse_out_scale: Float32,
+                      group: cutlass.Constexpr[int], write_output: cutlass.Constexpr[bool] = True):
+    """A final item: bf16 ``output`` and ``lse * lse_out_scale`` of rows ``< row_count``, from the registers.
+
+    ``c_o``: the accumulator's (row, column) coordinates. Packed row ``r0 + row`` is token
+    ``q_start + (r0 + row) // group``, head ``kv_head * group + (r0 + row) % group``.
+    ``write_output=False`` stores only the lse (the smem epilogue wrote O).
+    """
+    o_mn = acc_mn_view(acc_o)
+    c_mn = acc_mn_view(c_o)
+    o_bf = cute.make_rmem_tensor(acc_o.layout, output.element_type)
+    if cutlass.const_expr(write_output):
+        o_bf.store(acc_o.load().to(output.element_type))
+    ob_mn = acc_mn_view(o_bf)
+    for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
+        row = c_mn[r, 0][0]
+        if row < row_count:
+            token = q_start + (r0 + row) // group
+            head = kv_head * group + (r0 + row) % group
+            if cutlass.const_expr(write_output):
+                for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+                    output[token, head, c_mn[r, c][1]] = ob_mn[r, c]
+            if c_mn[r, 0][1] == 0:  # one thread of the row's quad
+                lse[token, head] = row_lse[r] * lse_out_scale
+
+
+@cute.jit
+def store_partial_rows(acc_o: cute.Tensor, c_o: cute.Tensor, row_lse: cute.Tensor, row_count: Int32, slot: Int32,
+                       partial_out: cute.Tensor, partial_lse: cute.Tensor):
+    """A split item: fp32 ``partial_out[slot]`` and base-2 ``partial_lse[slot]`` of rows ``< row_count``."""
+    o_mn = acc_mn_view(acc_o)
+    c_mn = acc_mn_view(c_o)
+    for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
+        row = c_mn[r, 0][0]
+        if row < row_count:
+            for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+                partial_out[slot, row, c_mn[r, c][1]] = o_mn[r, c]
+            if c_mn[r, 0][1] == 0:
+                partial_lse[slot, row] = row_lse[r]

@@ -1,0 +1,27 @@
+"""Warpgroup MMA (wgmma) issue helper shared by the sm_90a prefill kernels."""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.nvgpu import warpgroup
+
+
+@cute.jit
+def wgmma_gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, t_a: cute.Tensor, t_b: cute.Tensor,
+               zero_init: cutlass.Constexpr[bool], wait: cutlass.Constexpr[bool] = True):
+    """acc (+)= A @ B over the k blocks of one warpgroup MMA, as one commit group.
+
+    ``wait=False`` leaves the group in flight, so the caller can issue another GEMM or run the softmax
+    before its own ``warpgroup.wait_group``.
+    """
+    warpgroup.fence()
+    # a local atom: its ACCUMULATE field never leaks into the next GEMM issued with the same tiled_mma
+    atom = cute.make_mma_atom(tiled_mma.op)
+    atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+    for k in cutlass.range_constexpr(cute.size(t_a.shape[2])):
+        cute.gemm(atom, acc, t_a[None, None, k], t_b[None, None, k], acc)
+        atom.set(warpgroup.Field.ACCUMULATE, True)
+    warpgroup.commit_group()
+    if cutlass.const_expr(wait):
+        warpgroup.wait_group(0)
