@@ -21,7 +21,7 @@ for w in $workloads; do
     peer=""
     [ "$impl" = fa4 ] && peer="--peer fa4"
     # -c 3: the attention kernel (and combine, when there is one) of the first call
-    timeout 150 ncu --clock-control none --csv --page raw -k regex:cutlass -c 3 --metrics "$metrics" \
+    timeout 100 ncu --clock-control none --csv --page raw -k regex:cutlass -c 3 --metrics "$metrics" \
       python tools/kernel_breakdown.py --once "$w" $peer > "$out/ncu_${w}_${impl}.csv" 2> "$out/ncu_${w}_${impl}.err"
     echo "$w $impl rc=$?"
   done
