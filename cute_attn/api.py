@@ -7,10 +7,19 @@ caller, or the plan cache), and the launch.
 Plans
     Engines plan once per batch and run every layer with that plan: pass ``plan=`` (from
     :func:`plan_gqa_paged_prefill` & co.) or let the entry points cache it. The cache keys on the index
-    tensors' identity, shape and version counter (``Tensor._version``, bumped by every in-place write),
-    never on a bare data pointer, and holds weak references so a recycled ``id()`` cannot alias. A cache
-    hit also skips re-reading the index values for validation: they were checked when the plan was made
-    and have not been written since.
+    tensors' identity, shape, data pointer and version counter (``Tensor._version``, bumped by every
+    in-place write), never on a bare data pointer, and holds weak references so a recycled ``id()``
+    cannot alias. A cache hit also skips re-reading the index values for validation: they were checked
+    when the plan was made and have not been written since.
+
+Fast path (host overhead: engines call once per layer with one batch's index tensors)
+    A call that repeats an earlier successful one skips the rules, the config and the plan lookup: one
+    dict lookup keyed on (entry, the index tensors' and explicit plan's ``id()``, the options, the
+    ``sm_scale`` float), then one compare of the tensors' metadata (:func:`_signature`) against what the
+    full path validated. Index tensors must be the same objects (weakref-checked), at the same data
+    pointer and version counter; the other tensors match by metadata alone (class, shape, contiguity or
+    strides, dtype, device, cache alignment), since no rule reads their values: per-layer caches and fresh
+    ``q``/``output`` tensors hit. Anything else takes the full path, so bad input gets the same error.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from __future__ import annotations
 import functools
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +36,7 @@ import torch
 from . import validate
 from .arch import resolve_arch, sm_count
 from .config import PagedAttentionConfig, default_paged_config
+from .kernels import find_launcher
 from .plan import ItemField, MergeField, PlanCapacity, WorkPlan, plan_work
 
 __all__ = [
@@ -47,6 +58,13 @@ class DevicePlan:
     CUDA graphs: allocate once for the largest batch (``DevicePlan.allocate(config, capacity, num_ctas,
     device)`` with ``PlanCapacity.for_limits``), capture, then before each replay ``refresh(new_plan)``
     copies the new plan into the same buffers; the kernels' grids depend only on the capacity.
+
+    ``merge_counters`` (int32 ``[max(max_merges, 1)]``, zeroed once here, never written by ``refresh``)
+    are the fused merge's arrival counters (decode kernels): the CTA that finishes a merge's last chunk
+    folds it and resets its counter to 0, so the buffer is all zero again after every launch and graph
+    replay. Hence one DevicePlan must not serve two launches running concurrently (on different
+    streams): they would share counters. A launch that dies mid-way (a fault) can leave counters
+    non-zero; allocate a fresh DevicePlan after one.
     """
 
     config: PagedAttentionConfig
@@ -57,6 +75,7 @@ class DevicePlan:
     merges: torch.Tensor
     partial_out: torch.Tensor  # [max(max_partials, 1), tile_q_rows, head_dim_v] fp32
     partial_lse: torch.Tensor  # [max(max_partials, 1), tile_q_rows] fp32
+    merge_counters: torch.Tensor  # [max(max_merges, 1)] int32, zero between launches (see above)
 
     @staticmethod
     def allocate(config: PagedAttentionConfig, capacity: PlanCapacity, num_ctas: int, device) -> "DevicePlan":
@@ -71,6 +90,7 @@ class DevicePlan:
             merge_indptr=ints(capacity.max_merges + 1), merges=ints(capacity.max_merges, len(MergeField)),
             partial_out=torch.empty(slots, config.tile_q_rows, config.head_dim_v, dtype=torch.float32, device=device),
             partial_lse=torch.empty(slots, config.tile_q_rows, dtype=torch.float32, device=device),
+            merge_counters=ints(max(capacity.max_merges, 1)),
         )
 
     def refresh(self, plan: WorkPlan) -> None:
@@ -96,7 +116,7 @@ class DevicePlan:
 
 
 # ---------------------------------------------------------------------------------------------
-# Plan cache
+# Plan cache (the second level: a fast-path miss with the same index tensors still skips planning)
 # ---------------------------------------------------------------------------------------------
 class _PlanCache:
     """Last few plans, keyed by (kernel config, index tensors' identity/shape/version)."""
@@ -107,8 +127,9 @@ class _PlanCache:
 
     @staticmethod
     def _key(config, tensors):
-        # identity + shape + version counter; a tensor on another device is another object (another id)
-        return (config,) + tuple((id(t), t.shape, t._version) for t in tensors)
+        # identity + shape + version counter; a tensor on another device is another object (another id).
+        # The data pointer too: `.data = other` (and storage resizes) swap the values but keep the version.
+        return (config,) + tuple((id(t), t.shape, t._version, t.data_ptr()) for t in tensors)
 
     def get(self, config, tensors) -> DevicePlan | None:
         key = self._key(config, tensors)
@@ -131,8 +152,139 @@ class _PlanCache:
 _PLANS = _PlanCache()
 
 
+# ---------------------------------------------------------------------------------------------
+# Fast path: a repeated call costs one dict lookup and one metadata compare
+# ---------------------------------------------------------------------------------------------
+# What the rules read from each tensor, bar index values; by value, not identity, where no rule reads the
+# values: an engine's per-layer K/V caches and fresh q/output tensors then share one entry.
+#   dense (contiguous) tensors: class, shape, contiguity, dtype, device
+#   paged caches: class, shape, strides, dtype, device, base alignment (16 bytes for TMA)
+#   index tensors: as dense, plus data pointer and version counter (their identity is in the key). In-place
+#   writes and resize_/set_/as_strided_ bump _version; `.data = x` and storage resizes do not but move the
+#   pointer (swap_tensors refuses weakly referenced tensors).
+# Unrolled per entry: a loop or comprehension per tensor costs ~0.8 us more per call. A non-tensor argument
+# raises AttributeError in them: the caller then takes the full path, whose rules name it.
+def _gqa_prefill_signature(q, k, v, qo, kvp, kvi, last, sm_scale):
+    return (q.__class__, q.shape, q.is_contiguous(), q.dtype, q.device,
+            k.__class__, k.shape, k.stride(), k.dtype, k.device, k.data_ptr() & 15,
+            v.__class__, v.shape, v.stride(), v.dtype, v.device, v.data_ptr() & 15,
+            qo.__class__, qo.shape, qo.is_contiguous(), qo.dtype, qo.device, qo.data_ptr(), qo._version,
+            kvp.__class__, kvp.shape, kvp.is_contiguous(), kvp.dtype, kvp.device, kvp.data_ptr(), kvp._version,
+            kvi.__class__, kvi.shape, kvi.is_contiguous(), kvi.dtype, kvi.device, kvi.data_ptr(), kvi._version,
+            last.__class__, last.shape, last.is_contiguous(), last.dtype, last.device, last.data_ptr(), last._version)
+
+
+def _gqa_decode_signature(q, k, v, kvp, kvi, last, sm_scale):
+    return (q.__class__, q.shape, q.is_contiguous(), q.dtype, q.device,
+            k.__class__, k.shape, k.stride(), k.dtype, k.device, k.data_ptr() & 15,
+            v.__class__, v.shape, v.stride(), v.dtype, v.device, v.data_ptr() & 15,
+            kvp.__class__, kvp.shape, kvp.is_contiguous(), kvp.dtype, kvp.device, kvp.data_ptr(), kvp._version,
+            kvi.__class__, kvi.shape, kvi.is_contiguous(), kvi.dtype, kvi.device, kvi.data_ptr(), kvi._version,
+            last.__class__, last.shape, last.is_contiguous(), last.dtype, last.device, last.data_ptr(), last._version)
+
+
+def _mla_prefill_signature(q_nope, q_pe, ckv, kpe, qo, kvp, kvi, sm_scale):
+    # page size 1: the caches are plain contiguous tensors to the rules, with no alignment rule
+    return (q_nope.__class__, q_nope.shape, q_nope.is_contiguous(), q_nope.dtype, q_nope.device,
+            q_pe.__class__, q_pe.shape, q_pe.is_contiguous(), q_pe.dtype, q_pe.device,
+            ckv.__class__, ckv.shape, ckv.is_contiguous(), ckv.dtype, ckv.device,
+            kpe.__class__, kpe.shape, kpe.is_contiguous(), kpe.dtype, kpe.device,
+            qo.__class__, qo.shape, qo.is_contiguous(), qo.dtype, qo.device, qo.data_ptr(), qo._version,
+            kvp.__class__, kvp.shape, kvp.is_contiguous(), kvp.dtype, kvp.device, kvp.data_ptr(), kvp._version,
+            kvi.__class__, kvi.shape, kvi.is_contiguous(), kvi.dtype, kvi.device, kvi.data_ptr(), kvi._version)
+
+
+def _signature(kind, args: tuple, output, lse) -> tuple:
+    """The metadata a fast-path hit must match: the entry's arguments', then the outputs' (as dense)."""
+    sig = kind.signature(*args)
+    if output is None:
+        return sig
+    return sig + (output.__class__, output.shape, output.is_contiguous(), output.dtype, output.device,
+                  lse.__class__, lse.shape, lse.is_contiguous(), lse.dtype, lse.device)
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: hashed by identity, cheap in the fast-path key
+class _Kind:
+    name: str
+    check: Callable
+    causal: bool
+    signature: Callable
+
+
+_GQA_PREFILL = _Kind("gqa_paged_prefill", validate.check_gqa_paged_prefill, True, _gqa_prefill_signature)
+_GQA_DECODE = _Kind("gqa_paged_decode", validate.check_gqa_paged_decode, False, _gqa_decode_signature)
+_MLA_PREFILL = _Kind("mla_paged_prefill", validate.check_mla_paged_prefill, True, _mla_prefill_signature)
+
+
+class _Hit:
+    """One validated call shape: what a repeat of it needs, all resolved on the full path."""
+
+    __slots__ = ("sig", "index_state", "config", "device_plan", "launcher", "alloc")
+
+    def __init__(self, config, device_plan, launcher, alloc):
+        self.sig = self.index_state = None  # set when it is remembered
+        self.config, self.device_plan, self.launcher, self.alloc = config, device_plan, launcher, alloc
+
+
+class _FastPath:
+    """``(entry, index tensors' ids, plan id, options, sm_scale) -> [_Hit, ...]`` (newest first).
+
+    A key's ids are trusted only through weakrefs (a dead tensor's id can be reused): the weakrefs'
+    callbacks drop the key when an index tensor or the plan dies, which also frees the cached plan's
+    GPU buffers promptly, and a lookup re-checks ``ref() is tensor``. A key keeps a few hits so layers
+    of different shapes (hence configs) that share one batch's index tensors do not evict each other.
+    """
+
+    def __init__(self, size: int = 16, hits_per_key: int = 4):
+        self.size = size
+        self.hits_per_key = hits_per_key
+        self.entries: dict = {}  # key -> (index weakrefs, plan weakref | None, [_Hit])
+
+    def lookup(self, key, sig, index: tuple, plan) -> _Hit | None:
+        slot = self.entries.get(key)
+        if slot is None:
+            return None
+        refs, plan_ref, hits = slot
+        for ref, t in zip(refs, index):
+            if ref() is not t:
+                return None
+        if plan is not None and plan_ref() is not plan:
+            return None
+        for hit in hits:
+            if hit.sig == sig:
+                # an explicit plan is the caller's object: its config field is checked, not trusted
+                return hit if plan is None or plan.config is hit.config else None
+        return None
+
+    def insert(self, key, index: tuple, plan, hit: _Hit) -> None:
+        slot = self.entries.pop(key, None)
+        if slot is not None and all(r() is t for r, t in zip(slot[0], index)) \
+                and (plan is None or slot[1]() is plan):
+            refs, plan_ref, old = slot
+        else:
+            entries = self.entries
+
+            def evict(_ref, key=key):
+                entries.pop(key, None)
+
+            refs = tuple(weakref.ref(t, evict) for t in index)
+            plan_ref = None if plan is None else weakref.ref(plan, evict)
+            old = []
+        # older index states (another version or pointer) cannot come back: drop them and their plans
+        hit.index_state = tuple((t.data_ptr(), t._version) for t in index)
+        keep = [h for h in old if h.index_state == hit.index_state and h.sig != hit.sig][: self.hits_per_key - 1]
+        self.entries[key] = (refs, plan_ref, [hit, *keep])
+        while len(self.entries) > self.size:
+            del self.entries[next(iter(self.entries))]
+
+
+_FAST = _FastPath()
+
+
 def clear_plan_cache() -> None:
+    """Forget cached plans and fast-path entries (the next call validates and plans in full)."""
     _PLANS.entries.clear()
+    _FAST.entries.clear()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,40 +338,81 @@ def _plan(config, host: validate.HostIndices, device, num_sms) -> DevicePlan:
     return DevicePlan.upload(config, plan, device)
 
 
-def _launch(config: PagedAttentionConfig, device_plan: DevicePlan, args: tuple, output, lse, natural_lse: bool):
-    from .kernels import find_launcher
+def _run(kind: _Kind, args: tuple, index: tuple, output, lse, plan, check_indices, natural_lse, arch, num_sms):
+    """The fast path; on a miss, :func:`_run_full`, whose successful calls it remembers."""
+    key = None
+    sm_scale = args[-1]
+    if sm_scale.__class__ is float:  # not bool/int/numpy: those equal a float in a key, the rules differ
+        try:
+            key = (kind, *map(id, index), plan if plan is None else id(plan),
+                   plan is not None and check_indices, output is None, lse is None, natural_lse, arch, num_sms,
+                   sm_scale)
+            sig = kind.signature(*args)  # _signature, inlined (a call costs ~0.1 us)
+            if output is not None:
+                sig += (output.__class__, output.shape, output.is_contiguous(), output.dtype, output.device,
+                        lse.__class__, lse.shape, lse.is_contiguous(), lse.dtype, lse.device)
+            hit = _FAST.lookup(key, sig, index, plan)
+        except Exception:  # junk where a tensor or option goes: the full rules name it
+            key = hit = None
+        if hit is not None:
+            if output is None:
+                total_q, heads, head_dim_v, device = hit.alloc
+                output = torch.empty(total_q, heads, head_dim_v, dtype=torch.bfloat16, device=device)
+                lse = torch.empty(total_q, heads, dtype=torch.float32, device=device)
+            hit.launcher(hit.device_plan if plan is None else plan, *args, output, lse, natural_lse=natural_lse)
+            return output, lse
+    hit = _run_full(kind, args, index, output, lse, plan, check_indices, natural_lse, arch, num_sms)
+    out = _launch(hit, plan, args, output, lse, natural_lse)
+    if key is not None:  # remembered only once it has launched: a failing call is re-checked in full
+        hit.sig = sig
+        try:
+            _FAST.insert(key, index, plan, hit)
+        except TypeError:  # a plan object without weakref support: no fast path for it
+            pass
+    return out
 
-    launcher = find_launcher(config)
-    if launcher is None:
-        raise NotImplementedError(
-            f"no {config.arch} kernel for {config.kind} is implemented yet in this version of cute_attn "
-            f"(inputs validated and planned: {device_plan.plan.num_items} work items)"
-        )
-    launcher(device_plan, *args, output, lse, natural_lse=natural_lse)
-    return output, lse
 
-
-def _run(kind, check, args, index_tensors, output, lse, *, plan, check_indices, natural_lse, arch, num_sms, causal):
-    problem, _ = check(*args, output, lse, check_indices=False)
+def _run_full(kind: _Kind, args, index, output, lse, plan, check_indices, natural_lse, arch, num_sms) -> _Hit:
+    """Every rule, then the config and the plan (cached or the caller's): what a fast-path hit reuses."""
+    problem, _ = kind.check(*args, output, lse, check_indices=False)
     _require_cuda(problem.device)
-    config = _make_config(kind, problem, arch, causal)
+    config = _make_config(kind.name, problem, arch, kind.causal)
     if plan is None:
-        plan = _PLANS.get((config, num_sms), index_tensors)
-        if plan is None:  # planning reads the index values anyway, so they are always checked here
-            _, host = check(*args, output, lse, check_indices=True)
-            plan = _plan(config, host, problem.device, num_sms)
-            _PLANS.put((config, num_sms), index_tensors, plan)
+        # the value rules also read the page count and total_q: a smaller cache makes old page ids invalid
+        plan_key = (config, num_sms, problem.num_pages, problem.total_q)
+        device_plan = _PLANS.get(plan_key, index)
+        if device_plan is None:  # planning reads the index values anyway, so they are always checked here
+            _, host = kind.check(*args, output, lse, check_indices=True)
+            device_plan = _plan(config, host, problem.device, num_sms)
+            _PLANS.put(plan_key, index, device_plan)
         # a hit: the same, unmodified index tensors as when this plan was made and checked
     else:
+        if not isinstance(plan, DevicePlan):
+            raise TypeError(f"plan must be a DevicePlan (from plan_{kind.name}), got {type(plan).__name__}")
         if plan.config != config:
             raise ValueError(f"plan was made for {plan.config.cache_key()}, these inputs need {config.cache_key()}")
         if check_indices:
-            check(*args, output, lse, check_indices=True)
+            kind.check(*args, output, lse, check_indices=True)
+        config = plan.config  # equal to ours; a hit checks the plan still holds this very object
+        device_plan = None  # the caller's, passed at every launch; the fast path must not keep it alive
+    launcher = find_launcher(config)
+    if launcher is None:
+        planned = (device_plan or plan).plan
+        raise NotImplementedError(
+            f"no {config.arch} kernel for {config.kind} is implemented yet in this version of cute_attn "
+            f"(inputs validated and planned: {planned.num_items} work items)"
+        )
+    alloc = (problem.total_q, problem.num_qo_heads, problem.head_dim_v, problem.device)
+    return _Hit(config, device_plan, launcher, alloc)
+
+
+def _launch(hit: _Hit, plan, args, output, lse, natural_lse):
     if output is None:
-        output = torch.empty(problem.total_q, problem.num_qo_heads, problem.head_dim_v, dtype=torch.bfloat16,
-                             device=problem.device)
-        lse = torch.empty(problem.total_q, problem.num_qo_heads, dtype=torch.float32, device=problem.device)
-    return _launch(config, plan, args, output, lse, natural_lse)
+        total_q, heads, head_dim_v, device = hit.alloc
+        output = torch.empty(total_q, heads, head_dim_v, dtype=torch.bfloat16, device=device)
+        lse = torch.empty(total_q, heads, dtype=torch.float32, device=device)
+    hit.launcher(hit.device_plan if plan is None else plan, *args, output, lse, natural_lse=natural_lse)
+    return output, lse
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,10 +428,9 @@ def gqa_paged_prefill(
     ``lse`` is base 2 unless ``natural_lse=True``. ``check_indices=False`` skips the rules that read
     index values from the device (and synchronise); see ``validate.py``.
     """
-    args = (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale)
-    return _run("gqa_paged_prefill", validate.check_gqa_paged_prefill, args,
-                (qo_indptr, kv_indptr, kv_indices, kv_last_page_len), output, lse, plan=plan,
-                check_indices=check_indices, natural_lse=natural_lse, arch=arch, num_sms=num_sms, causal=True)
+    return _run(_GQA_PREFILL, (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale),
+                (qo_indptr, kv_indptr, kv_indices, kv_last_page_len), output, lse,
+                plan, check_indices, natural_lse, arch, num_sms)
 
 
 def gqa_paged_decode(
@@ -247,10 +439,9 @@ def gqa_paged_decode(
     arch: str | None = None, num_sms: int | None = None,
 ):
     """GQA decode (one query per request) over a paged KV cache. Returns ``(output, lse)``."""
-    args = (q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale)
-    return _run("gqa_paged_decode", validate.check_gqa_paged_decode, args,
-                (kv_indptr, kv_indices, kv_last_page_len), output, lse, plan=plan,
-                check_indices=check_indices, natural_lse=natural_lse, arch=arch, num_sms=num_sms, causal=False)
+    return _run(_GQA_DECODE, (q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale),
+                (kv_indptr, kv_indices, kv_last_page_len), output, lse, plan, check_indices, natural_lse, arch,
+                num_sms)
 
 
 def mla_paged_prefill(
@@ -259,10 +450,8 @@ def mla_paged_prefill(
     arch: str | None = None, num_sms: int | None = None,
 ):
     """Causal absorbed-MLA prefill over a page-size-1 latent cache. Returns ``(output, lse)``."""
-    args = (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale)
-    return _run("mla_paged_prefill", validate.check_mla_paged_prefill, args,
-                (qo_indptr, kv_indptr, kv_indices), output, lse, plan=plan,
-                check_indices=check_indices, natural_lse=natural_lse, arch=arch, num_sms=num_sms, causal=True)
+    return _run(_MLA_PREFILL, (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale),
+                (qo_indptr, kv_indptr, kv_indices), output, lse, plan, check_indices, natural_lse, arch, num_sms)
 
 
 def _explicit_plan(kind, check, args, *, arch, num_sms, causal) -> DevicePlan:

@@ -12,8 +12,10 @@ Units of work
 Split-KV
     A tile whose key range is long compared with the per-CTA share is cut into KV chunks (aligned to
     ``kv_tile``); each chunk writes a partial (o, lse) into a *partial slot*, and a merge entry lists
-    the slots the combine step folds into the final output. Tiles are split only when the unsplit
-    schedule leaves CTAs idle or unbalanced (max load > ``balance_limit`` x mean).
+    the slots the combine step folds into the final output. A merge's slots are contiguous
+    (``merge_indptr[m] .. merge_indptr[m+1]-1``) and each split item names its merge (``ItemField.MERGE``),
+    so a kernel can fold the merge itself once its last chunk is done (decode does). Tiles are split only
+    when the unsplit schedule leaves CTAs idle or unbalanced (max load > ``balance_limit`` x mean).
 
 Scheduling
     Cost of an item = keys it visits (rounded to ``kv_tile``) + ``item_overhead_keys``. Items are placed
@@ -52,6 +54,7 @@ class ItemField(IntEnum):
     KV_END = 5
     PARTIAL_SLOT = 6  # -1: write the final output directly; else the partial buffer slot
     CAUSAL_OFFSET = 7  # token t sees key j iff j <= t + CAUSAL_OFFSET (kv_len - q_len; huge if not causal)
+    MERGE = 8  # -1 when PARTIAL_SLOT is -1; else the merge whose slot range holds PARTIAL_SLOT
 
 
 class MergeField(IntEnum):
@@ -296,6 +299,10 @@ def _assemble(config, capacity, tiles, token_start, tile_id, start, end, n_chunk
     # partial slots: chunks of one split tile take consecutive slots, in tile order
     slot = np.full(num_items, -1, dtype=np.int64)
     slot[split] = np.arange(num_partials)
+    # merge of each split chunk: split tiles are numbered in tile order, like their slots
+    merge_of_tile = np.full(n_chunks.size, -1, dtype=np.int64)
+    merge_of_tile[split_tiles] = np.arange(num_merges)
+    merge = merge_of_tile[tile_id]
     merge_indptr = np.zeros(capacity.max_merges + 1, dtype=np.int32)
     merges = np.zeros((capacity.max_merges, len(MergeField)), dtype=np.int32)
     if num_merges:
@@ -315,6 +322,7 @@ def _assemble(config, capacity, tiles, token_start, tile_id, start, end, n_chunk
     valid[:, F.KV_END] = end[order]
     valid[:, F.PARTIAL_SLOT] = slot[order]
     valid[:, F.CAUSAL_OFFSET] = t[:, 5]
+    valid[:, F.MERGE] = merge[order]
     counts = np.bincount(cta, minlength=m)
     work_indptr = np.zeros(m + 1, dtype=np.int32)
     work_indptr[1:] = np.cumsum(counts)

@@ -2,7 +2,9 @@
 
 The oracle for the planner (executing a plan must reproduce the reference) and a model of what the
 kernels do: each work item attends its packed query rows over its key range into either the final
-output or a partial slot, then each merge folds its partial slots together with the LSE combine.
+output or a partial slot; the item that completes a merge's last slot folds the merge's slots with the
+LSE combine (the fused merge of the decode kernels: a per-merge counter, the last arrival folds; the
+combine kernel of prefill/MLA computes the same values from the ``merges`` table).
 Also reports coverage: how often each (request, query head, query token, key) is visited.
 """
 
@@ -47,6 +49,7 @@ def execute_plan(
     partial_o = torch.full((max(plan.num_partials, 1), cfg.tile_q_rows, dv), math.nan, dtype=torch.float32)
     partial_lse = torch.full((max(plan.num_partials, 1), cfg.tile_q_rows), math.nan, dtype=torch.float32)
     qo = [int(x) for x in qo_indptr]
+    arrivals: dict[int, int] = {}  # the kernels' merge counters
 
     for item in plan.valid_items():
         b, h, r0, nr = (int(item[F.REQUEST]), int(item[F.KV_HEAD]), int(item[F.Q_ROW_START]), int(item[F.Q_ROW_COUNT]))
@@ -63,17 +66,22 @@ def execute_plan(
         if slot < 0:
             out[qo[b] + tokens, heads] = o[:, 0]
             lse[qo[b] + tokens, heads] = row_lse[:, 0]
-        else:
-            partial_o[slot, :nr] = o[:, 0]
-            partial_lse[slot, :nr] = row_lse[:, 0]
-
-    for m, merge in enumerate(plan.valid_merges()):
-        b, h, r0, nr = (int(merge[MF.REQUEST]), int(merge[MF.KV_HEAD]), int(merge[MF.Q_ROW_START]), int(merge[MF.Q_ROW_COUNT]))
+            continue
+        partial_o[slot, :nr] = o[:, 0]
+        partial_lse[slot, :nr] = row_lse[:, 0]
+        m = int(item[F.MERGE])
         slots = range(int(plan.merge_indptr[m]), int(plan.merge_indptr[m + 1]))
-        o, row_lse = merge_partials([partial_o[s, :nr] for s in slots], [partial_lse[s, :nr] for s in slots])
-        tokens, heads = _rows_to_token_head(r0, nr, group, h)
-        out[qo[b] + tokens, heads] = o
-        lse[qo[b] + tokens, heads] = row_lse
+        merge = plan.merges[m]
+        if slot not in slots or (int(merge[MF.REQUEST]), int(merge[MF.KV_HEAD]), int(merge[MF.Q_ROW_START]),
+                                 int(merge[MF.Q_ROW_COUNT])) != (b, h, r0, nr):
+            raise AssertionError(f"item {item.tolist()}: merge {m} does not list slot {slot} or other rows")
+        arrivals[m] = arrivals.get(m, 0) + 1
+        if arrivals[m] == len(slots):  # the last chunk of the merge folds it, from its own item fields
+            o, row_lse = merge_partials([partial_o[s, :nr] for s in slots], [partial_lse[s, :nr] for s in slots])
+            out[qo[b] + tokens, heads] = o
+            lse[qo[b] + tokens, heads] = row_lse
+    if any(arrivals.get(m, 0) != plan.merge_indptr[m + 1] - plan.merge_indptr[m] for m in range(plan.num_merges)):
+        raise AssertionError("a merge's slot count differs from the split items that name it")
     return out, lse
 
 

@@ -5,7 +5,8 @@ only tensor metadata. The rules on index *values* (indptr starts at 0 and never 
 range, last-page lengths) read device memory and so synchronise with the GPU; they run when
 ``check_indices=True`` (the default). Engines that build their index tensors themselves can pass
 ``check_indices=False``; the API also skips them when the same, unmodified index tensors were already
-checked (see ``api.py``).
+checked (see ``api.py``). A repeated call skips these checks altogether (``api.py``, fast path): it compares
+the metadata they read (``api._signature``), so a rule that reads a new attribute must be added there too.
 
 Errors: ``TypeError`` for a wrong kind of object or dtype, ``ValueError`` for a wrong shape, device,
 layout or value.
@@ -106,13 +107,11 @@ def _paged_cache(name: str, x, dtype: torch.dtype) -> torch.Tensor:
 
 def _same_device(named: dict[str, torch.Tensor]) -> torch.device:
     first_name, first = next(iter(named.items()))
-    index = first.get_device()  # an int: cheaper than building torch.device objects per call
+    device = first.device  # whole devices, not get_device() ints: those equate cpu and meta (-1), cuda:0 and xpu:0
     for name, t in named.items():
-        if t.get_device() != index:
-            raise ValueError(
-                f"all tensors must be on one device: {first_name} is on {first.device}, {name} on {t.device}"
-            )
-    return first.device
+        if t.device != device:
+            raise ValueError(f"all tensors must be on one device: {first_name} is on {device}, {name} on {t.device}")
+    return device
 
 
 def check_sm_scale(sm_scale) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -40,6 +41,10 @@ def test_compiles_with_wgmma_and_tma(index):
     assert "cp.async.bulk.tensor" in ptx
     assert "mbarrier.try_wait.parity" in ptx
     assert "GqaDecodeSm90" in ptx  # readable kernel symbol
+    # fused split-KV merge: the arrival counter (atomic, gpu scope) and the release/acquire fences
+    assert re.search(r"\b(atom|red)\.global\S*\.add", ptx)
+    assert "fence.acq_rel.gpu" in ptx
+    assert "ld.global.v4" in ptx and "st.shared.v4" in ptx  # Q tile in 16-byte vectors
     assert gqa_decode.smem_bytes(config) <= SMEM_LIMIT
     assert gqa_decode.num_stages(config) >= 2
 

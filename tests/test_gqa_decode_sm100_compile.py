@@ -47,8 +47,10 @@ def test_compiles_with_tcgen05_tmem_and_tma(config):
         "mbarrier.try_wait.parity",
         "ex2.approx",
         "fence.proxy.async.shared::cta",  # V tail zeroed in smem before the P.V MMA reads it
+        "fence.acq_rel.gpu",  # fused merge: partials released before the arrival, acquired before the fold
     ):
         assert needle in ptx, needle
+    assert re.search(r"\b(atom|red)\.global\S*\.add", ptx)  # the fused merge's arrival counter
     # P.V reads its A operand (P) from TMEM: "tcgen05.mma... [d_tmem], [a_tmem], b_desc, ..."
     assert re.search(r"tcgen05\.mma\S*\s+\[[^\]]+\],\s*\[", ptx)
 

@@ -2,7 +2,8 @@
 
 The compiled function is replaced by a recorder: the launch must hand it one argument per fake compile
 argument (the stream comes from the environment, not the caller), tensors of the right dtype and rank in
-the same order, and the combine must follow only when the plan has merges.
+the same order, and the combine must follow only when the plan has merges and the kernel does not fold
+them itself (decode fuses its merge: it gets ``merge_indptr, merge_counters`` and no combine follows).
 """
 
 import cutlass
@@ -18,6 +19,8 @@ from cute_attn.kernels.common import combine, paged_launch
 import_all_kernels()
 
 DTYPES = {cutlass.BFloat16: torch.bfloat16, cutlass.Float32: torch.float32, cutlass.Int32: torch.int32}
+
+FUSED_MERGE = {"gqa_paged_decode"}  # kinds whose kernels fold their split-KV merges in-kernel
 
 CASES = {
     "gqa_paged_prefill": (cute_attn.plan_gqa_paged_prefill,
@@ -50,4 +53,25 @@ def test_launch_matches_the_compiled_signature(kind, arch, monkeypatch):
         else:
             assert isinstance(got, float), f"argument {i}: {type(got).__name__} where a Float32 scalar goes"
     merged = [args for name, args in calls if name == "combine"]
-    assert len(merged) == (1 if device_plan.plan.num_merges else 0)
+    fused = kind in FUSED_MERGE
+    assert len(merged) == (1 if device_plan.plan.num_merges and not fused else 0)
+    if fused:
+        assert device_plan.plan.num_merges  # the decode case splits: the fused path is what runs
+    handed = [a for a in args if isinstance(a, torch.Tensor)]
+    assert any(a is device_plan.merge_counters for a in handed) == fused
+    assert any(a is device_plan.merge_indptr for a in handed) == fused
+    if fused:  # right after items, in the declared order
+        i = next(i for i, a in enumerate(args) if a is device_plan.items)
+        assert args[i + 1] is device_plan.merge_indptr and args[i + 2] is device_plan.merge_counters
+
+
+def test_merge_counters_start_at_zero_and_refresh_leaves_them_alone():
+    case = testing.make_gqa_decode_case([3232])
+    device_plan = cute_attn.plan_gqa_paged_decode(*case.inputs(), arch="sm_90a", num_sms=8)
+    counters = device_plan.merge_counters
+    assert counters.dtype == torch.int32 and counters.dim() == 1
+    assert counters.numel() == max(device_plan.plan.capacity.max_merges, 1)
+    assert (counters == 0).all()
+    counters.fill_(7)  # stands in for a kernel's state; refresh must not rewrite it
+    device_plan.refresh(device_plan.plan)
+    assert (counters == 7).all()

@@ -63,6 +63,30 @@ def test_every_query_row_is_written_exactly_once(cfg, batch):
         assert (w == 1).all()
 
 
+@given(cfg=plan_configs(), batch=testing.ragged_batches(max_batch=5, max_q=12, max_kv=200, kv_at_least_q=False))
+def test_every_split_item_names_the_merge_that_lists_its_slot(cfg, batch):
+    """The fused merge (decode) relies on: MERGE = -1 iff PARTIAL_SLOT = -1; each merge's slots are a
+    contiguous range holding exactly its split items' slots, and the merge covers the item's rows."""
+    q_lens, kv_lens = batch
+    plan = plan_work(cfg, q_lens, kv_lens)
+    items = plan.valid_items()
+    assert items.shape[1] == len(F)
+    slots, merges = items[:, F.PARTIAL_SLOT], items[:, F.MERGE]
+    assert np.array_equal(slots < 0, merges < 0)
+    ptr = plan.merge_indptr
+    assert ptr[0] == 0 and (np.diff(ptr) >= 0).all() and ptr[plan.num_merges] == plan.num_partials
+    assert (ptr[plan.num_merges:] == plan.num_partials).all()
+    split = items[slots >= 0]
+    assert sorted(split[:, F.PARTIAL_SLOT].tolist()) == list(range(plan.num_partials))  # one item per slot
+    for it in split:
+        m = int(it[F.MERGE])
+        assert 0 <= m < plan.num_merges
+        assert ptr[m] <= it[F.PARTIAL_SLOT] < ptr[m + 1]
+        assert np.array_equal(plan.merges[m, :4], it[[F.REQUEST, F.KV_HEAD, F.Q_ROW_START, F.Q_ROW_COUNT]])
+    for m in range(plan.num_merges):
+        assert (split[:, F.MERGE] == m).sum() == ptr[m + 1] - ptr[m] >= 2
+
+
 @given(cfg=plan_configs(), batch=testing.ragged_batches(max_batch=4, max_q=10, max_kv=30, kv_at_least_q=False),
        seed=st.integers(0, 1000))
 def test_executing_the_plan_reproduces_the_reference(cfg, batch, seed):
@@ -134,6 +158,10 @@ def test_batch_one_decode_is_split_across_the_gpu():
     cfg = PlanConfig(num_qo_heads=20, num_kv_heads=4, causal=False, tile_q_rows=64, kv_tile=64, num_ctas=132)
     plan = plan_work(cfg, [1], [3232])
     assert plan.num_merges == 4  # one per kv head
+    split = plan.valid_items()
+    assert sorted(set(split[:, F.MERGE].tolist())) == [0, 1, 2, 3]
+    for m in range(4):  # each KV head's chunks fold into its own merge
+        assert set(split[split[:, F.MERGE] == m, F.KV_HEAD].tolist()) == {plan.merges[m, 1]}
     assert plan.num_ctas >= 100
     # a large batch fills the GPU alone: no split
     plan = plan_work(cfg, [1] * 128, [4096] * 128)

@@ -221,3 +221,39 @@ def test_fuzz_decode_rejects_only_with_value_or_type_errors(data):
 @given(st.data())
 def test_fuzz_mla_rejects_only_with_value_or_type_errors(data):
     _fuzz(data.draw, mla_args(), validate.check_mla_paged_prefill)
+
+
+def test_devices_are_compared_whole():
+    # get_device() is -1 for both cpu and meta: the rule compares torch.device objects
+    with pytest.raises(ValueError, match="all tensors must be on one device: q is on cpu, k_cache on meta"):
+        validate.check_gqa_paged_decode(**decode_args(k_cache=decode_args()["k_cache"].to("meta")))
+
+
+# ---------------------------------------------------------------------------------------------
+# The API's fast path skips these rules for a call that matches an earlier one (api._signature): every
+# rule above must be impossible to break while keeping that match
+# ---------------------------------------------------------------------------------------------
+def _fast_path_view(check, args):
+    """What a fast-path hit compares: index identities, the scale, output presence, the signature."""
+    from cute_attn import api
+
+    kind = next(k for k in (api._GQA_PREFILL, api._GQA_DECODE, api._MLA_PREFILL) if k.check is check)
+    inputs = tuple(v for name, v in args.items() if name not in ("output", "lse"))
+    index = [v for name, v in args.items() if name.endswith(("indptr", "indices", "page_len"))]
+    scale = args["sm_scale"]
+    try:
+        sig = api._signature(kind, inputs, args["output"], args["lse"])
+    except Exception:
+        sig = "no fast path"
+    return [id(t) for t in index], (scale.__class__, scale), args["output"] is None, args["lse"] is None, sig
+
+
+@pytest.mark.parametrize("check,base,change", [
+    *[(validate.check_gqa_paged_prefill, prefill_args, c) for c, _, _ in PREFILL_RULES],
+    *[(validate.check_gqa_paged_decode, decode_args, c) for c, _, _ in DECODE_RULES],
+    *[(validate.check_mla_paged_prefill, mla_args, c) for c, _, _ in MLA_RULES],
+])
+def test_no_rule_can_be_broken_behind_the_fast_path(check, base, change):
+    args = base()
+    broken = dict(args, **change)
+    assert _fast_path_view(check, args) != _fast_path_view(check, broken)

@@ -3,9 +3,11 @@
 Every GQA paged kernel's ``@cute.jit`` entry takes the same arguments, in this order::
 
     q, k_cache, v_cache, [qo_indptr,] kv_indptr, kv_indices, work_indptr, items,
-    output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream
+    [merge_indptr, merge_counters,] output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream
 
-(``qo_indptr`` only for prefill; decode's token is its request). ``scale_log2 = sm_scale * log2(e)``
+(``qo_indptr`` only for prefill; decode's token is its request; ``merge_indptr``/``merge_counters`` only for
+kernels that fold their own split-KV merges, i.e. decode: no combine launch follows them).
+``scale_log2 = sm_scale * log2(e)``
 so logits go straight into ``exp2``; ``lse_out_scale`` is 1 (base-2 LSE) or ``ln 2`` (natural LSE).
 Batch, token, page, index and plan-capacity extents are symbolic, so one compile serves every batch.
 K and V page strides are symbolic too (16-byte aligned), so strided views of one KV tensor work.
@@ -13,7 +15,6 @@ K and V page strides are symbolic too (16-byte aligned), so strided views of one
 
 from __future__ import annotations
 
-import functools
 import math
 
 import cutlass
@@ -22,12 +23,13 @@ import cutlass.cute as cute
 from ...compile import compile_kernel
 from ...config import PagedAttentionConfig
 from ...plan import ItemField
+from .combine import launch_combine
 
 LOG2_E = math.log2(math.e)
 _BF16_PER_16_BYTES = 8
 
 
-def paged_fake_args(config: PagedAttentionConfig, *, with_qo_indptr: bool) -> tuple:
+def paged_fake_args(config: PagedAttentionConfig, *, with_qo_indptr: bool, with_fused_merge: bool = False) -> tuple:
     """Fake tensors (symbolic extents) for ``cute.compile``, in the entry's argument order."""
     bf16, i32, f32 = cutlass.BFloat16, cutlass.Int32, cutlass.Float32
     hq, hkv, d, dv, ps = (config.num_qo_heads, config.num_kv_heads, config.head_dim_qk, config.head_dim_v,
@@ -43,6 +45,8 @@ def paged_fake_args(config: PagedAttentionConfig, *, with_qo_indptr: bool) -> tu
                                              assumed_align=16)
 
     indptr = (fake(i32, (cute.sym_int(symbol="batch_plus_1"),)),)
+    fused_merge = (fake(i32, (cute.sym_int(symbol="max_merges_plus_1"),)),
+                   fake(i32, (cute.sym_int(symbol="merge_counters"),)))
     return (
         fake(bf16, (rows, hq, d), stride_order=(2, 1, 0), assumed_align=16),
         cache("k", d),
@@ -52,6 +56,7 @@ def paged_fake_args(config: PagedAttentionConfig, *, with_qo_indptr: bool) -> tu
         fake(i32, (cute.sym_int(symbol="num_indices"),)),
         fake(i32, (cute.sym_int(symbol="ctas_plus_1"),)),
         fake(i32, (cute.sym_int(symbol="max_items"), len(ItemField)), stride_order=(1, 0)),
+        *(fused_merge if with_fused_merge else ()),
         fake(bf16, (rows, hq, dv), stride_order=(2, 1, 0), assumed_align=16),
         fake(f32, (rows, hq), stride_order=(1, 0)),
         fake(f32, (slots, config.tile_q_rows, dv), stride_order=(2, 1, 0), assumed_align=16),
@@ -62,27 +67,46 @@ def paged_fake_args(config: PagedAttentionConfig, *, with_qo_indptr: bool) -> tu
     )
 
 
-@functools.lru_cache(maxsize=256)  # configs are frozen: their verdict never changes (host overhead)
-def _checked(check_config, config: PagedAttentionConfig) -> str | None:
-    return check_config(config)
+_LN2 = math.log(2.0)
+
+# id(config) -> (config, check_config, compile_kernel, fn): the kernel's rules and the compile-cache lookup
+# run once per config, not per launch (hashing a config costs as much as the rest of the launch). The
+# entry holds its config, so the id cannot be recycled; compile_kernel is compared so that a stand-in
+# patched into this module (tests) is honoured.
+_RESOLVED: dict[int, tuple] = {}
 
 
-def launch_paged(device_plan, check_config, inputs: tuple, sm_scale, output, lse, natural_lse: bool) -> None:
+def _resolve(check_config, config: PagedAttentionConfig) -> tuple:
+    reason = check_config(config)
+    if reason is not None:
+        raise ValueError(f"{config.kind} on {config.arch}: unsupported configuration: {reason}")
+    resolved = (config, check_config, compile_kernel, compile_kernel(config))
+    if len(_RESOLVED) >= 256:
+        _RESOLVED.clear()
+    _RESOLVED[id(config)] = resolved
+    return resolved
+
+
+def launch_paged(device_plan, check_config, inputs: tuple, sm_scale, output, lse, natural_lse: bool, *,
+                 fused_merge: bool = False) -> None:
     """Run the plan's work items with ``device_plan.config``'s kernel, then the combine if anything split.
+
+    ``fused_merge``: the kernel folds its merges itself (it takes ``merge_indptr, merge_counters`` after
+    ``items``; see ``DevicePlan.merge_counters``), so no combine launch follows.
 
     ``inputs`` are the kernel's leading tensor arguments in its order (GQA: ``q, k_cache, v_cache,
     [qo_indptr,] kv_indptr, kv_indices``; MLA: ``q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr,
     kv_indices``); the plan, output and scale arguments follow. ``check_config(config) -> reason | None`` is
     the kernel's own rule set.
     """
-    from .combine import launch_combine
-
     config = device_plan.config
-    reason = _checked(check_config, config)
-    if reason is not None:
-        raise ValueError(f"{config.kind} on {config.arch}: unsupported configuration: {reason}")
-    lse_out_scale = math.log(2.0) if natural_lse else 1.0
-    compile_kernel(config)(*inputs, device_plan.work_indptr, device_plan.items, output, lse, device_plan.partial_out,
-                           device_plan.partial_lse, float(sm_scale) * LOG2_E, lse_out_scale)
-    if device_plan.plan is not None and device_plan.plan.num_merges:
+    resolved = _RESOLVED.get(id(config))
+    if resolved is None or resolved[0] is not config or resolved[1] is not check_config \
+            or resolved[2] is not compile_kernel:
+        resolved = _resolve(check_config, config)
+    lse_out_scale = _LN2 if natural_lse else 1.0
+    merge_args = (device_plan.merge_indptr, device_plan.merge_counters) if fused_merge else ()
+    resolved[3](*inputs, device_plan.work_indptr, device_plan.items, *merge_args, output, lse,
+                device_plan.partial_out, device_plan.partial_lse, float(sm_scale) * LOG2_E, lse_out_scale)
+    if not fused_merge and device_plan.plan is not None and device_plan.plan.num_merges:
         launch_combine(device_plan, output, lse, lse_out_scale)

@@ -23,6 +23,11 @@ Warp roles (192 threads)
                (bf16, tcgen05.st); correction: wait for the previous P.V, rescale O in TMEM; on the
                last tile of an item zero the V rows >= KV_END in smem (pool tails are NaN). Epilogue:
                O / l -> bf16 ``output`` and ``lse * lse_out_scale``, or fp32 partial_out/partial_lse.
+               Fused merge (no combine launch), as on sm_90a (``common/decode_merge.py``): after a
+               partial, fence.acq_rel.gpu + named barrier + one atom.add.acq_rel.gpu on
+               ``merge_counters[MERGE]``; after the item loop, the CTA whose atom.cas swaps a merge's
+               counter from ``slots`` to 0 folds its slots (one row per half-warp, lanes over slots then
+               columns) into ``output``/``lse``.
                (Correction shares these warps: decode has few KV steps per row, and this keeps the
                TMEM hand-offs to one barrier per step; a separate correction warpgroup is the next
                step if profiling shows the rescale on the critical path.)
@@ -31,15 +36,16 @@ Warp roles (192 threads)
                s_full / o_full / kv_empty / q_empty.
     warp 5     TMA producer: Q tile (128 rows x head_dim from the item's first head; rows past
                num_qo_heads are zero-filled by the TMA, rows of other heads are finite padding), then
-               per page the K and V tiles (64 tokens x 128 dims of one KV head; page id from
-               ``kv_indices[kv_indptr[b] + page]`` is the TMA coordinate) into the smem ring. Each tile
-               is 2 TMA boxes of 64 x 64: the 128B swizzle caps a box's inner extent at 64 bf16.
+               per page the K and V tiles (64 tokens x 128 dims of one KV head; the page id from
+               ``kv_indices[kv_indptr[b] + page]``, read 32 at a time one per lane, is the TMA
+               coordinate) into the smem ring. Each tile is 2 TMA boxes of 64 x 64: the 128B swizzle caps a box's inner extent at 64 bf16.
 
 TMEM columns (512 allocated, 288 used): S0 [0, 64), S1 [64, 128), P [128, 160) (64 bf16 keys packed
 in 32 columns), O [256, 384).
 
 Shared memory (bf16, 128B swizzle): Q 128x128 = 32 KiB, ring of ``KV_STAGES`` = 4 stages of
-K + V pages (2 x 16 KiB) = 128 KiB, mbarriers + TMEM address; see :func:`smem_bytes` (~160 KiB).
+K + V pages (2 x 16 KiB) = 128 KiB, mbarriers + TMEM address + the fused merge's arrival word; see
+:func:`smem_bytes` (~160 KiB).
 
 Pipeline (mbarriers; phases from running counters that carry across items)
     kv_full[s] / kv_empty[s]  TMA -> MMA (and softmax, for the V tail) / PV commit -> TMA
@@ -66,10 +72,12 @@ from ...plan import ItemField
 from .. import register_paged_kernel
 from ..common.limits import SMEM_LIMIT_BYTES
 from ..common.paged_launch import launch_paged, paged_fake_args
+from ..common.decode_merge import arrive, fold_completed_merges
 
 ARCH = "sm_100a"
 MMA_M = 128  # tcgen05 M (cta_group 1): TMEM lane r = packed row r
 KV_STAGES = 4
+PAGE_IDS_PER_LOAD = 32  # producer: one page id per lane of the load warp
 ELEM = 2  # bf16 bytes
 TMEM_ALLOC_COLS = 512
 S_COLS = (0, 64)  # two S buffers (page_size fp32 columns each)
@@ -82,6 +90,7 @@ NUM_THREADS = 32 * 6
 # mbarrier slots after the 2 * KV_STAGES ring barriers
 Q_FULL, Q_EMPTY, S_FULL, P_FULL, O_FULL = 0, 1, 2, 4, 5
 NUM_BARRIERS = 2 * KV_STAGES + 6
+MERGE_BARRIER_ID = 1  # named barrier of the softmax warps (0 is __syncthreads)
 
 
 def check_config(config: PagedAttentionConfig) -> str | None:
@@ -109,7 +118,7 @@ def smem_bytes(config: PagedAttentionConfig) -> int:
     """Dynamic shared memory of one CTA, as the kernel allocates it (1024 B alignment per tile buffer)."""
     q = MMA_M * config.head_dim_qk * ELEM
     kv_stage = config.page_size * (config.head_dim_qk + config.head_dim_v) * ELEM
-    barriers = 8 * NUM_BARRIERS + 4
+    barriers = 8 * NUM_BARRIERS + 4 + 4  # mbarriers, TMEM address, the fused merge's arrival word
     return q + KV_STAGES * kv_stage + barriers + 3 * 1024  # worst-case alignment padding of 3 buffers
 
 
@@ -156,7 +165,9 @@ class GqaDecodeSm100:
         kv_indptr: cute.Tensor,  # [batch + 1] int32 (pages)
         kv_indices: cute.Tensor,  # [kv_indptr[-1]] int32
         work_indptr: cute.Tensor,  # [num_ctas + 1] int32
-        items: cute.Tensor,  # [max_items, 8] int32
+        items: cute.Tensor,  # [max_items, len(ItemField)] int32
+        merge_indptr: cute.Tensor,  # [max_merges + 1] int32
+        merge_counters: cute.Tensor,  # [max(max_merges, 1)] int32, zero on entry and on exit
         output: cute.Tensor,  # [batch, num_qo_heads, head_dim_v] bf16
         lse: cute.Tensor,  # [batch, num_qo_heads] fp32
         partial_out: cute.Tensor,  # [slots, tile_q_rows, head_dim_v] fp32
@@ -194,7 +205,7 @@ class GqaDecodeSm100:
 
         self.kernel(
             qk_mma, pv_mma, tma_q, m_q, tma_k, m_k, tma_v, m_v, kv_indptr, kv_indices, work_indptr, items,
-            output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
+            merge_indptr, merge_counters, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
             q_layout, k_layout, v_layout, p_layout,
         ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream)
 
@@ -204,6 +215,7 @@ class GqaDecodeSm100:
         tma_q: cute.CopyAtom, m_q: cute.Tensor, tma_k: cute.CopyAtom, m_k: cute.Tensor,
         tma_v: cute.CopyAtom, m_v: cute.Tensor,
         kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor, items: cute.Tensor,
+        merge_indptr: cute.Tensor, merge_counters: cute.Tensor,
         output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor,
         scale_log2: cutlass.Float32, lse_out_scale: cutlass.Float32,
         q_layout: cute.ComposedLayout, k_layout: cute.ComposedLayout, v_layout: cute.ComposedLayout,
@@ -220,6 +232,7 @@ class GqaDecodeSm100:
         s_v = smem.allocate_tensor(bf16, v_layout.outer, byte_alignment=1024, swizzle=v_layout.inner)
         bars = smem.allocate_array(cutlass.Int64, NUM_BARRIERS, byte_alignment=8)
         tmem_holder = smem.allocate_array(cutlass.Int32, 1, byte_alignment=4)
+        arrival = smem.allocate_array(cutlass.Int32, 1, byte_alignment=4)  # fused merge: counter's old value
         kv_full = bars
         kv_empty = bars + KV_STAGES
         misc = bars + 2 * KV_STAGES
@@ -258,8 +271,9 @@ class GqaDecodeSm100:
             self.mma_role(qk_mma, pv_mma, qk_thr, pv_thr, s_q, s_k, s_v, p_layout, tmem_ptr,
                           items, item_begin, item_end, kv_full, kv_empty, misc)
         if warp < SOFTMAX_WARPS:
-            self.softmax_role(qk_thr, pv_thr, s_v, tmem_ptr, tidx, items, item_begin, item_end,
-                              partial_out, partial_lse, output, lse, scale_log2, lse_out_scale, kv_full, misc)
+            self.softmax_role(qk_thr, pv_thr, s_v, tmem_ptr, tidx, items, item_begin, item_end, merge_indptr,
+                              merge_counters, arrival, partial_out, partial_lse, output, lse, scale_log2,
+                              lse_out_scale, kv_full, misc)
 
         # Every TMEM access has completed (softmax waited for the last PV and its loads) before this.
         _fence_before_sync()
@@ -293,6 +307,7 @@ class GqaDecodeSm100:
             cute.group_modes(pv_thr.partition_B(cute.flat_divide(m_v, (self.head_dim_v, self.page))), 0, 3))
         step = cutlass.Int32(0)  # global page step: ring slot step % KV_STAGES
         q_count = cutlass.Int32(0)
+        lane = cute.arch.lane_idx()
         for it in cutlass.range(item_begin, item_end, unroll=1):
             kv_start, kv_end, steps = self.item_steps(items, it)
             if steps > 0:
@@ -312,15 +327,22 @@ class GqaDecodeSm100:
                 cute.copy(tma_q, t_q_g[None, 0, 0, b], t_q_s[None, 0], tma_bar_ptr=misc + Q_FULL)
                 q_count += 1
                 first_page = kv_indptr[b] + kv_start // self.page
-                for t in cutlass.range(steps, unroll=1):
-                    stage = step % KV_STAGES
-                    cute.arch.mbarrier_wait(kv_empty + stage, ((step // KV_STAGES) % 2) ^ 1)
-                    page = kv_indices[first_page + t]
-                    with cute.arch.elect_one():
-                        cute.arch.mbarrier_arrive_and_expect_tx(kv_full + stage, self.kv_bytes)
-                    cute.copy(tma_k, t_k_g[None, 0, 0, (h, page)], t_k_s[None, stage], tma_bar_ptr=kv_full + stage)
-                    cute.copy(tma_v, t_v_g[None, 0, 0, (h, page)], t_v_s[None, stage], tma_bar_ptr=kv_full + stage)
-                    step += 1
+                # page ids 32 at a time (one per lane, shuffled out): no global round trip per page
+                for t0 in cutlass.range(0, steps, PAGE_IDS_PER_LOAD, unroll=1):
+                    lane_page = cutlass.Int32(0)
+                    if t0 + lane < steps:
+                        lane_page = kv_indices[first_page + t0 + lane]
+                    for j in cutlass.range(cutlass.min(PAGE_IDS_PER_LOAD, steps - t0), unroll=1):
+                        page = cute.arch.shuffle_sync(lane_page, j)
+                        stage = step % KV_STAGES
+                        cute.arch.mbarrier_wait(kv_empty + stage, ((step // KV_STAGES) % 2) ^ 1)
+                        with cute.arch.elect_one():
+                            cute.arch.mbarrier_arrive_and_expect_tx(kv_full + stage, self.kv_bytes)
+                        cute.copy(tma_k, t_k_g[None, 0, 0, (h, page)], t_k_s[None, stage],
+                                  tma_bar_ptr=kv_full + stage)
+                        cute.copy(tma_v, t_v_g[None, 0, 0, (h, page)], t_v_s[None, stage],
+                                  tma_bar_ptr=kv_full + stage)
+                        step += 1
 
     # ------------------------------------------------------------------------------------------ MMA warp
     @cute.jit
@@ -378,8 +400,9 @@ class GqaDecodeSm100:
 
     # ------------------------------------------------------------------------------------------ softmax WG
     @cute.jit
-    def softmax_role(self, qk_thr, pv_thr, s_v, tmem_ptr, tidx, items, item_begin, item_end,
-                     partial_out, partial_lse, output, lse, scale_log2, lse_out_scale, kv_full, misc):
+    def softmax_role(self, qk_thr, pv_thr, s_v, tmem_ptr, tidx, items, item_begin, item_end, merge_indptr,
+                     merge_counters, arrival, partial_out, partial_lse, output, lse, scale_log2, lse_out_scale,
+                     kv_full, misc):
         f32 = cutlass.Float32
         neg_inf = -cutlass.Float32.inf
         # S: one tcgen05.ld 32x32b.x64 per row; P: one tcgen05.st 32x32b.x32 (bf16 pairs).
@@ -421,6 +444,7 @@ class GqaDecodeSm100:
         step = cutlass.Int32(0)  # global page step (S buffer, ring slot, p_full/o_full phases)
         for it in cutlass.range(item_begin, item_end, unroll=1):
             kv_start, kv_end, steps = self.item_steps(items, it)
+            slot = items[it, ItemField.PARTIAL_SLOT]
             row_max = neg_inf
             row_sum = f32(0.0)
             for t in cutlass.range(steps, unroll=1):
@@ -472,6 +496,11 @@ class GqaDecodeSm100:
 
             self.epilogue(items, it, steps, step, row_max, row_sum, tidx, ld_o, t_ld_o, r_o, num_o_chunks,
                           o_chunk, partial_out, partial_lse, output, lse, lse_out_scale, misc)
+            if slot >= 0:
+                arrive(items[it, ItemField.MERGE], merge_counters, tidx, MERGE_BARRIER_ID, 32 * SOFTMAX_WARPS)
+        fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_counters, arrival, self.group,
+                              partial_out, partial_lse, output, lse, lse_out_scale, tidx, MERGE_BARRIER_ID,
+                              32 * SOFTMAX_WARPS)
 
     @cute.jit
     def zero_v_tail(self, s_v, stage, valid, tidx):
@@ -528,14 +557,14 @@ def build(config: PagedAttentionConfig) -> tuple[Any, tuple[Any, ...]]:
     reason = check_config(config)
     if reason is not None:
         raise ValueError(f"{config.cache_key()}: {reason}")
-    return GqaDecodeSm100(config), paged_fake_args(config, with_qo_indptr=False)
+    return GqaDecodeSm100(config), paged_fake_args(config, with_qo_indptr=False, with_fused_merge=True)
 
 
 def launch(device_plan, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output, lse,
            natural_lse: bool = False) -> None:
-    """Run the plan's items (kv_last_page_len is already folded into their KV_END), then the combine."""
+    """Run the plan's items (kv_last_page_len is already folded into their KV_END); merges fold in-kernel."""
     launch_paged(device_plan, check_config, (q, k_cache, v_cache, kv_indptr, kv_indices), sm_scale,
-                 output, lse, natural_lse)
+                 output, lse, natural_lse, fused_merge=True)
 
 
 def configs(arch: str) -> list[PagedAttentionConfig]:

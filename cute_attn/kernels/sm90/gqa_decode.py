@@ -7,16 +7,22 @@ repeat the last real row, so they stay finite and are never written), attending 
 ``[KV_START, KV_END)``.
 
 Warp roles (160 threads)
-    warps 0-3  consumer warpgroup (128 threads): per item, Q (packed rows) -> swizzled smem with plain
-               loads; per KV tile: S = Q.K^T (wgmma SS, fp32), logits * ``sm_scale*log2(e)``, keys
+    warps 0-3  consumer warpgroup (128 threads): per item, Q (packed rows) -> swizzled smem with 16-byte
+               vector loads; per KV tile: S = Q.K^T (wgmma SS, fp32), logits * ``sm_scale*log2(e)``, keys
                >= KV_END -> -inf, online softmax in base 2 (exp2; a row whose max is still -inf uses 0
                as the exponent's max, so it yields p = 0, never NaN), V rows >= KV_END zeroed in smem
                (the pool's tail slots hold NaN), O += P.V (wgmma RS: P stays in registers as bf16).
                Epilogue: O / l and lse = m + log2(l) -> bf16 ``output`` + ``lse * lse_out_scale``
                (PARTIAL_SLOT = -1), else fp32 ``partial_out``/``partial_lse`` (base 2). Empty items
                (KV_END <= KV_START) write 0 / -inf.
-    warp 4     producer: for each KV tile (one page = ``kv_tile`` keys) reads the page id from
-               ``kv_indices`` and issues two TMA loads (the page's K and V boxes for the item's KV head;
+               Fused merge (no combine launch, ``common/decode_merge.py``): after writing a partial, the
+               CTA counts itself in ``merge_counters[MERGE]`` (every thread: fence.acq_rel.gpu, warpgroup
+               barrier, one atom.add.acq_rel.gpu). After its item loop, the CTA walks its split items
+               again and folds each merge whose counter it swaps from ``slots`` to 0 (atom.cas: exactly
+               one CTA per merge) into bf16 ``output``/``lse`` (one packed row per half-warp, lanes over
+               the slots' LSEs then over the head dim; slot order, whichever CTA folds).
+    warp 4     producer: reads the item's page ids from ``kv_indices`` 32 at a time (one per lane, then
+               shuffled out), and for each KV tile (one page = ``kv_tile`` keys) issues two TMA loads (the page's K and V boxes for the item's KV head;
                the page id is the TMA coordinate) into the stage, completing on its full mbarrier.
 
 Pipeline: ``num_stages`` smem stages of (K tile, V tile), one ``PipelineTmaAsync`` (full mbarrier with
@@ -34,7 +40,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_helpers
-from cutlass import Float32
+from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
@@ -42,6 +48,7 @@ from cutlass.tensor_utils import LayoutEnum
 from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField as F
 from .. import register_paged_kernel
+from ..common.decode_merge import FOLD_ROW_LANES, arrive, fold_completed_merges
 from ..common.limits import SMEM_LIMIT_BYTES
 from ..common.paged_launch import launch_paged, paged_fake_args
 
@@ -53,6 +60,8 @@ NUM_MMA_THREADS = 128
 PRODUCER_WARP = 4
 NUM_THREADS = NUM_MMA_THREADS + 32
 Q_BARRIER_ID = 1  # named barrier of the consumer warpgroup (0 is __syncthreads)
+Q_VEC = 8  # bf16 per 16-byte Q load
+PAGE_IDS_PER_LOAD = 32  # producer: one page id per lane of the producer warp
 
 
 # --------------------------------------------------------------------------------------------- config
@@ -68,9 +77,10 @@ def num_stages(config: PagedAttentionConfig) -> int:
 
 
 def smem_bytes(config: PagedAttentionConfig) -> int:
-    """Shared memory the kernel allocates: Q, the K/V stages, two mbarriers per stage (1 KB aligned)."""
+    """Shared memory the kernel allocates: Q, the K/V stages, two mbarriers per stage (1 KB aligned),
+    and the fused merge's 4-byte arrival word."""
     return config.tile_q_rows * config.head_dim_qk * 2 + num_stages(config) * (4 * config.kv_tile *
-                                                                              config.head_dim_qk + 16)
+                                                                              config.head_dim_qk + 16) + 4
 
 
 def check_config(config: PagedAttentionConfig) -> str | None:
@@ -91,6 +101,8 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         return f"kv_tile={config.kv_tile} must be in 16..256 (wgmma N and TMA box limits)"
     if config.head_dim_qk != config.head_dim_v:
         return "head_dim_qk must equal head_dim_v"
+    if config.head_dim_v % FOLD_ROW_LANES:
+        return f"head_dim={config.head_dim_v} must be a multiple of {FOLD_ROW_LANES} (lanes per row in the merge fold)"
     if num_stages(config) < 2:
         return f"shared memory holds fewer than 2 K/V stages ({smem_bytes(config)} bytes)"
     if smem_bytes(config) > smem_budget(config):
@@ -127,7 +139,9 @@ class GqaDecodeSm90:
         kv_indptr: cute.Tensor,  # [batch + 1] int32 (pages)
         kv_indices: cute.Tensor,  # [n] int32 page ids
         work_indptr: cute.Tensor,  # [num_ctas + 1] int32
-        items: cute.Tensor,  # [max_items, 8] int32
+        items: cute.Tensor,  # [max_items, len(ItemField)] int32
+        merge_indptr: cute.Tensor,  # [max_merges + 1] int32
+        merge_counters: cute.Tensor,  # [max(max_merges, 1)] int32, zero on entry and on exit
         output: cute.Tensor,  # [batch, Hq, D] bf16
         lse: cute.Tensor,  # [batch, Hq] fp32
         partial_out: cute.Tensor,  # [slots, tile_m, D] fp32
@@ -160,7 +174,7 @@ class GqaDecodeSm90:
         tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), v_view, stage_layout, box)
         self.kernel(
             q, tma_atom_k, tma_k, tma_atom_v, tma_v, kv_indptr, kv_indices, work_indptr, items,
-            output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
+            merge_indptr, merge_counters, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
             sQ_layout, sKV_layout, tiled_mma_qk, tiled_mma_pv,
         ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream)
 
@@ -176,6 +190,8 @@ class GqaDecodeSm90:
         kv_indices: cute.Tensor,
         work_indptr: cute.Tensor,
         items: cute.Tensor,
+        merge_indptr: cute.Tensor,
+        merge_counters: cute.Tensor,
         output: cute.Tensor,
         lse: cute.Tensor,
         partial_out: cute.Tensor,
@@ -196,6 +212,7 @@ class GqaDecodeSm90:
         sK = smem.allocate_tensor(self.dtype, sKV_layout.outer, byte_alignment=1024, swizzle=sKV_layout.inner)
         sV = smem.allocate_tensor(self.dtype, sKV_layout.outer, byte_alignment=1024, swizzle=sKV_layout.inner)
         mbar = smem.allocate_array(cutlass.Int64, 2 * self.stages, byte_alignment=8)
+        arrival = smem.allocate_array(cutlass.Int32, 1, byte_alignment=4)  # fused merge: counter's old value
 
         if warp_idx == PRODUCER_WARP:
             cpasync.prefetch_descriptor(tma_atom_k)
@@ -214,8 +231,9 @@ class GqaDecodeSm90:
             self.produce(tma_atom_k, tma_k, tma_atom_v, tma_v, sK, sV, kv_indptr, kv_indices, items,
                          item_begin, item_end, pipe)
         if warp_idx < PRODUCER_WARP:
-            self.consume(q, sQ, sK, sV, items, output, lse, partial_out, partial_lse, scale_log2,
-                         lse_out_scale, tiled_mma_qk, tiled_mma_pv, item_begin, item_end, pipe, tidx)
+            self.consume(q, sQ, sK, sV, items, merge_indptr, merge_counters, arrival, output, lse, partial_out,
+                         partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, item_begin, item_end,
+                         pipe, tidx)
 
     # ----------------------------------------------------------------------------------- producer
     @cute.jit
@@ -228,6 +246,7 @@ class GqaDecodeSm90:
             tma_atom_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(tma_v, 0, 2)
         )
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        lane = cute.arch.lane_idx()
         for it in cutlass.range(item_begin, item_end, unroll=1):
             req = items[it, F.REQUEST]
             head = items[it, F.KV_HEAD]
@@ -235,14 +254,21 @@ class GqaDecodeSm90:
             kv_end = items[it, F.KV_END]
             n_tiles = (cutlass.max(kv_end - kv_start, 0) + self.tile_n - 1) // self.tile_n
             first_page = kv_indptr[req] + kv_start // self.page_size
-            for t in cutlass.range(n_tiles, unroll=1):
-                page = kv_indices[first_page + t]
-                pipe.producer_acquire(state)
-                bar = pipe.producer_get_barrier(state)
-                cute.copy(tma_atom_k, tKgK[None, head, page], tKsK[None, state.index], tma_bar_ptr=bar)
-                cute.copy(tma_atom_v, tVgV[None, head, page], tVsV[None, state.index], tma_bar_ptr=bar)
-                pipe.producer_commit(state)
-                state.advance()
+            # Page ids 32 at a time: lane l loads the id of tile t0 + l (one coalesced load), and each
+            # tile's id is shuffled out of its lane. Loading the id inside the per-tile loop put one
+            # dependent global round trip in front of every TMA issue.
+            for t0 in cutlass.range(0, n_tiles, PAGE_IDS_PER_LOAD, unroll=1):
+                lane_page = Int32(0)
+                if t0 + lane < n_tiles:
+                    lane_page = kv_indices[first_page + t0 + lane]
+                for j in cutlass.range(cutlass.min(PAGE_IDS_PER_LOAD, n_tiles - t0), unroll=1):
+                    page = cute.arch.shuffle_sync(lane_page, j)
+                    pipe.producer_acquire(state)
+                    bar = pipe.producer_get_barrier(state)
+                    cute.copy(tma_atom_k, tKgK[None, head, page], tKsK[None, state.index], tma_bar_ptr=bar)
+                    cute.copy(tma_atom_v, tVgV[None, head, page], tVsV[None, state.index], tma_bar_ptr=bar)
+                    pipe.producer_commit(state)
+                    state.advance()
 
     # ----------------------------------------------------------------------------------- consumer
     @cute.jit
@@ -259,8 +285,9 @@ class GqaDecodeSm90:
         warpgroup.wait_group(0)
 
     @cute.jit
-    def consume(self, q, sQ, sK, sV, items, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
-                tiled_mma_qk, tiled_mma_pv, item_begin, item_end, pipe, tidx):
+    def consume(self, q, sQ, sK, sV, items, merge_indptr, merge_counters, arrival, output, lse, partial_out,
+                partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, item_begin, item_end, pipe,
+                tidx):
         M, N, D = self.tile_m, self.tile_n, self.head_dim
         neg_inf = -Float32.inf
         thr_qk = tiled_mma_qk.get_slice(tidx)
@@ -283,6 +310,10 @@ class GqaDecodeSm90:
         row_base = cute.make_rmem_tensor((2,), Float32)
         n_s = cute.size(acc_S)
         n_o = cute.size(acc_O)
+        # Q in 16-byte vectors: ((1, Q_VEC), (rows, D / Q_VEC)); 128B swizzle keeps 16-byte chunks whole
+        gQv = cute.zipped_divide(q, (1, 1, Q_VEC))
+        sQv = cute.zipped_divide(sQ, (1, Q_VEC))
+        q_vecs_per_row = D // Q_VEC
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         for it in cutlass.range(item_begin, item_end, unroll=1):
@@ -298,12 +329,12 @@ class GqaDecodeSm90:
 
             # ---- Q: packed rows -> smem (all warps are past the previous item's MMAs)
             cute.arch.barrier(barrier_id=Q_BARRIER_ID, number_of_threads=NUM_MMA_THREADS)
-            for j in cutlass.range_constexpr(M * D // NUM_MMA_THREADS):
+            for j in cutlass.range_constexpr(M * q_vecs_per_row // NUM_MMA_THREADS):
                 e = tidx + j * NUM_MMA_THREADS
-                r = e // D
-                c = e % D
+                r = e // q_vecs_per_row
+                cv = e % q_vecs_per_row
                 src = r if r < row_count else row_count - 1
-                sQ[r, c] = q[req, first_head + src, c]
+                sQv[None, (r, cv)].store(gQv[None, (req, first_head + src, cv)].load())
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=Q_BARRIER_ID, number_of_threads=NUM_MMA_THREADS)
 
@@ -381,6 +412,10 @@ class GqaDecodeSm90:
                         r = tOcO[2 * h][0]
                         if r < row_count:
                             partial_lse[slot, r] = row_base[h]
+                arrive(items[it, F.MERGE], merge_counters, tidx, Q_BARRIER_ID, NUM_MMA_THREADS)
+        fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_counters, arrival, self.group,
+                              partial_out, partial_lse, output, lse, lse_out_scale, tidx, Q_BARRIER_ID,
+                              NUM_MMA_THREADS)
 
 
 # --------------------------------------------------------------------------------------------- host
@@ -389,14 +424,14 @@ def build(config: PagedAttentionConfig) -> tuple[Any, tuple[Any, ...]]:
     reason = check_config(config)
     if reason is not None:
         raise ValueError(f"{config.cache_key()}: {reason}")
-    return GqaDecodeSm90(config), paged_fake_args(config, with_qo_indptr=False)
+    return GqaDecodeSm90(config), paged_fake_args(config, with_qo_indptr=False, with_fused_merge=True)
 
 
 def launch(device_plan, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output, lse,
            natural_lse: bool = False) -> None:
-    """Run the plan's items (kv_last_page_len is already folded into their KV_END), then the combine."""
+    """Run the plan's items (kv_last_page_len is already folded into their KV_END); merges fold in-kernel."""
     launch_paged(device_plan, check_config, (q, k_cache, v_cache, kv_indptr, kv_indices), sm_scale,
-                 output, lse, natural_lse)
+                 output, lse, natural_lse, fused_merge=True)
 
 
 def configs(arch: str) -> list[PagedAttentionConfig]:
