@@ -240,9 +240,25 @@ def print_table(records: List[Dict]) -> None:
           f"peaks: {PEAK_TFLOPS} TFLOP/s, {PEAK_TBPS} TB/s (H200, measured)")
 
 
-def write_png(records: List[Dict], path: str) -> None:
+def chart_caption(label: str) -> str:
+    """'tools/bench.py, <date>, <GPU>, <label>' for the chart (the JSON records stay plain rows)."""
+    import datetime
+
+    gpu = "no GPU"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name(0)
+    except Exception:  # the caption must never stop the chart
+        pass
+    parts = ["tools/bench.py", datetime.date.today().isoformat(), gpu] + ([label] if label else [])
+    return ", ".join(parts) + "; GPU span, cold L2, median"
+
+
+def write_png(records: List[Dict], path: str, caption: str = "") -> None:
     """Grouped bars per workload, one panel per kernel: TFLOP/s for prefill (compute bound),
-    TB/s for decode (bandwidth bound). Kept < 100 KB."""
+    TB/s for decode (bandwidth bound), with ``caption`` (date, GPU, commit) at the foot. Kept < 100 KB."""
     try:
         import matplotlib
 
@@ -273,7 +289,9 @@ def write_png(records: List[Dict], path: str) -> None:
         ax.set_ylabel(unit, fontsize=8)
         ax.set_title(f"{k}  (hatched: failed the check)", fontsize=9)
         ax.legend(fontsize=6, ncol=len(impls), loc="lower center", bbox_to_anchor=(0.5, 1.08), frameon=False)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.03 if caption else 0, 1, 1))
+    if caption:
+        fig.text(0.01, 0.005, caption, fontsize=7)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     for dpi in (80, 60, 45):  # step down until the file is small enough for the repo
         fig.savefig(path, dpi=dpi)
@@ -297,6 +315,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="write the records as a JSON list")
     p.add_argument("--png", metavar="PATH", default="docs/perf/bench.png", help="bar chart ('' = none)")
+    p.add_argument("--label", default="", help="what ran, for the chart's caption (e.g. the commit: the GPU "
+                   "machine has no .git); the date and GPU name are added")
     p.add_argument("--plan-only", action="store_true", help="only the planner timing")
     p.add_argument("--no-compile", action="store_true", help="no-GPU path: skip compiling kernels")
     p.add_argument("--arch", nargs="+", help="no-GPU compile: archs (default $CUTE_ATTN_ARCH, else all)")
@@ -358,7 +378,7 @@ def main(argv=None) -> int:
     if args.json:
         _write_json(records, args.json)
     if args.png:
-        write_png(records, args.png)
+        write_png(records, args.png, caption=chart_caption(args.label))
     return 0
 
 
