@@ -1,6 +1,6 @@
 """Split-KV merge fused into the decode kernels (both arches): the last CTA of a merge folds its slots.
 
-Used by any 128 threads that just wrote a partial (o, lse) of a split item and can sync on a named
+Used, after the item loop, by the 128 threads that wrote the CTA's partials (o, lse) and can sync on a named
 barrier (sm_90a: the consumer warpgroup; sm_100a: the softmax warps). Replaces the separate combine
 launch for decode, whose launch gap cost more than the fold itself (``docs/perf-notes.md``).
 """
@@ -18,45 +18,39 @@ FOLD_SLOTS = 8  # slots whose loads are in flight at once
 
 
 @cute.jit
-def arrive(merge, merge_counters, tidx, barrier_id: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int]):
-    """Count this CTA's just-written partial in ``merge_counters[merge]`` (called right after the stores).
-
-    Each thread's partial stores, then its fence.acq_rel.gpu, then the named barrier, then one thread's
-    atom.add.acq_rel.gpu: the CTA's stores are released before its arrival is visible."""
-    cute.arch.fence_acq_rel_gpu()
-    cute.arch.barrier(barrier_id=barrier_id, number_of_threads=num_threads)
-    if tidx == 0:
-        cute.arch.atomic_add((merge_counters.iterator + merge).llvm_ptr, Int32(1), sem="acq_rel", scope="gpu")
-
-
-@cute.jit
 def fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_counters, arrival, group,
                           partial_out, partial_lse, output, lse, lse_out_scale, tidx,
                           barrier_id: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int]):
-    """After the CTA's item loop: fold every merge of its split items whose slots have all arrived.
+    """After the CTA's item loop: count each of its partials in its merge; the last arrival folds the merge.
 
-    Exactly one CTA folds each merge: the one whose ``atom.cas(counter, slots -> 0)`` succeeds. The CTA
-    that arrived last always finds the counter full (unless another CTA already won the CAS), so every
-    merge is folded once, and the counter is 0 again for the next launch (stream order; CUDA graphs).
-    The CAS acquires every arrival's release; the barrier and a second fence pass that on to the other
-    threads before they read the partials. The fold runs outside the item loop on purpose: inlined
-    there, its code cost the KV loop ~10% of its streaming rate on the H200 (``docs/perf-notes.md``).
-    ``arrival``: one smem Int32 that broadcasts thread 0's CAS result."""
+    Ordering: every thread's partial stores (all items), its fence.acq_rel.gpu, the named barrier, then per
+    split item one thread's ``old = atom.add.acq_rel.gpu(merge_counters[MERGE], 1)``: the CTA's stores are
+    released before its arrival is visible. The CTA that reads ``old == slots - 1`` acquired every earlier
+    arrival (the counter's order), shares that through shared memory, fences again and folds; then it
+    resets the counter to 0 (no other CTA touches it again in this launch: stream order makes it clean
+    for the next launch or CUDA-graph replay). Exactly one CTA folds each merge; no CTA waits on another.
+    Arriving after the loop rather than per item costs nothing (the fold would come after the loop anyway)
+    and keeps atomics out of the KV loop; the fold itself must stay out of it: inlined there, its code
+    cost the loop ~10% of its streaming rate on the H200 (``docs/perf-notes.md``).
+    ``arrival``: one smem Int32 that broadcasts thread 0's old value."""
+    cute.arch.fence_acq_rel_gpu()
     for it in cutlass.range(item_begin, item_end, unroll=1):
         if items[it, F.PARTIAL_SLOT] >= 0:
             merge = items[it, F.MERGE]
             slot_begin = merge_indptr[merge]
             num_slots = merge_indptr[merge + 1] - slot_begin
-            cute.arch.barrier(barrier_id=barrier_id, number_of_threads=num_threads)  # arrival[0] is free
+            cute.arch.barrier(barrier_id=barrier_id, number_of_threads=num_threads)  # fences done; arrival free
             if tidx == 0:
-                arrival[0] = cute.arch.atomic_cas((merge_counters.iterator + merge).llvm_ptr, cmp=num_slots,
-                                                  val=Int32(0), sem="acq_rel", scope="gpu")
+                arrival[0] = cute.arch.atomic_add((merge_counters.iterator + merge).llvm_ptr, Int32(1),
+                                                  sem="acq_rel", scope="gpu")
             cute.arch.barrier(barrier_id=barrier_id, number_of_threads=num_threads)
-            if arrival[0] == num_slots:
+            if arrival[0] == num_slots - 1:
                 cute.arch.fence_acq_rel_gpu()
                 first_head = items[it, F.KV_HEAD] * group + items[it, F.Q_ROW_START]
                 fold_merge(slot_begin, num_slots, items[it, F.REQUEST], first_head, items[it, F.Q_ROW_COUNT],
                            partial_out, partial_lse, output, lse, lse_out_scale, tidx, num_threads)
+                if tidx == 0:
+                    merge_counters[merge] = Int32(0)
 
 
 @cute.jit
@@ -68,7 +62,7 @@ def fold_merge(slot_begin, num_slots, req, first_head, row_count, partial_out, p
     rows run at once: 16 lanes take every 16th slot's LSE (online max/sum, then shuffles) for ``L``; then
     each lane owns every 16th column and sums ``2^(lse_s - L) * o_s`` over the slots, ``FOLD_SLOTS`` slots
     per step with indices clamped to the last slot (weight 0 past it), so a step's loads issue together
-    and cost one round trip. Rows past ``row_count`` compute on a clamped row and store nothing (both
+    and cost one round trip; the first step's loads go out before the LSE reduction. Rows past ``row_count`` compute on a clamped row and store nothing (both
     half-warps of a warp run the same loop: the shuffles need every lane). All-``-inf`` rows give 0 and
     ``-inf`` (their weights are 2^(-inf - 0) = 0)."""
     neg_inf = -Float32.inf
@@ -84,6 +78,12 @@ def fold_merge(slot_begin, num_slots, req, first_head, row_count, partial_out, p
     for r0 in cutlass.range(warp * rows_per_warp, row_count, num_threads // FOLD_ROW_LANES, unroll=1):
         r = r0 + half
         rr = cutlass.min(r, row_count - 1)
+        # the first slot batch does not need L: its loads go out with the LSE loads (one round trip)
+        for k in cutlass.range_constexpr(unroll):
+            s = slot_begin + cutlass.min(k, num_slots - 1)
+            weights[k] = partial_lse[s, rr]
+            for i in cutlass.range_constexpr(cols):
+                vals[k * cols + i] = partial_out[s, rr, lane + i * FOLD_ROW_LANES]
         lane_max = neg_inf
         lane_sum = Float32(0.0)
         for s in cutlass.range(lane, num_slots, FOLD_ROW_LANES, unroll=1):
@@ -104,7 +104,12 @@ def fold_merge(slot_begin, num_slots, req, first_head, row_count, partial_out, p
             shift = merged
         for i in cutlass.range_constexpr(cols):
             acc[i] = Float32(0.0)
-        for s0 in cutlass.range(0, num_slots, unroll, unroll=1):
+        for k in cutlass.range_constexpr(unroll):
+            w = cute.math.exp2(weights[k] - shift, fastmath=True)
+            w = w if k < num_slots else Float32(0.0)
+            for i in cutlass.range_constexpr(cols):
+                acc[i] = acc[i] + w * vals[k * cols + i]
+        for s0 in cutlass.range(unroll, num_slots, unroll, unroll=1):
             for k in cutlass.range_constexpr(unroll):
                 s = slot_begin + cutlass.min(s0 + k, num_slots - 1)
                 w = cute.math.exp2(partial_lse[s, rr] - shift, fastmath=True)

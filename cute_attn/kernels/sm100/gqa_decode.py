@@ -23,11 +23,11 @@ Warp roles (192 threads)
                (bf16, tcgen05.st); correction: wait for the previous P.V, rescale O in TMEM; on the
                last tile of an item zero the V rows >= KV_END in smem (pool tails are NaN). Epilogue:
                O / l -> bf16 ``output`` and ``lse * lse_out_scale``, or fp32 partial_out/partial_lse.
-               Fused merge (no combine launch), as on sm_90a (``common/decode_merge.py``): after a
-               partial, fence.acq_rel.gpu + named barrier + one atom.add.acq_rel.gpu on
-               ``merge_counters[MERGE]``; after the item loop, the CTA whose atom.cas swaps a merge's
-               counter from ``slots`` to 0 folds its slots (one row per half-warp, lanes over slots then
-               columns) into ``output``/``lse``.
+               Fused merge (no combine launch), as on sm_90a (``common/decode_merge.py``): after the
+               item loop, fence.acq_rel.gpu + named barrier + one atom.add.acq_rel.gpu per split item on
+               ``merge_counters[MERGE]``; the CTA that reads ``slots - 1`` folds the merge's slots (one
+               row per half-warp, lanes over slots then columns) into ``output``/``lse`` and resets the
+               counter to 0.
                (Correction shares these warps: decode has few KV steps per row, and this keeps the
                TMEM hand-offs to one barrier per step; a separate correction warpgroup is the next
                step if profiling shows the rescale on the critical path.)
@@ -72,7 +72,7 @@ from ...plan import ItemField
 from .. import register_paged_kernel
 from ..common.limits import SMEM_LIMIT_BYTES
 from ..common.paged_launch import launch_paged, paged_fake_args
-from ..common.decode_merge import arrive, fold_completed_merges
+from ..common.decode_merge import fold_completed_merges
 
 ARCH = "sm_100a"
 MMA_M = 128  # tcgen05 M (cta_group 1): TMEM lane r = packed row r
@@ -444,7 +444,6 @@ class GqaDecodeSm100:
         step = cutlass.Int32(0)  # global page step (S buffer, ring slot, p_full/o_full phases)
         for it in cutlass.range(item_begin, item_end, unroll=1):
             kv_start, kv_end, steps = self.item_steps(items, it)
-            slot = items[it, ItemField.PARTIAL_SLOT]
             row_max = neg_inf
             row_sum = f32(0.0)
             for t in cutlass.range(steps, unroll=1):
@@ -496,8 +495,6 @@ class GqaDecodeSm100:
 
             self.epilogue(items, it, steps, step, row_max, row_sum, tidx, ld_o, t_ld_o, r_o, num_o_chunks,
                           o_chunk, partial_out, partial_lse, output, lse, lse_out_scale, misc)
-            if slot >= 0:
-                arrive(items[it, ItemField.MERGE], merge_counters, tidx, MERGE_BARRIER_ID, 32 * SOFTMAX_WARPS)
         fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_counters, arrival, self.group,
                               partial_out, partial_lse, output, lse, lse_out_scale, tidx, MERGE_BARRIER_ID,
                               32 * SOFTMAX_WARPS)

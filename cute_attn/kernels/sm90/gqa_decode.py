@@ -15,12 +15,12 @@ Warp roles (160 threads)
                Epilogue: O / l and lse = m + log2(l) -> bf16 ``output`` + ``lse * lse_out_scale``
                (PARTIAL_SLOT = -1), else fp32 ``partial_out``/``partial_lse`` (base 2). Empty items
                (KV_END <= KV_START) write 0 / -inf.
-               Fused merge (no combine launch, ``common/decode_merge.py``): after writing a partial, the
-               CTA counts itself in ``merge_counters[MERGE]`` (every thread: fence.acq_rel.gpu, warpgroup
-               barrier, one atom.add.acq_rel.gpu). After its item loop, the CTA walks its split items
-               again and folds each merge whose counter it swaps from ``slots`` to 0 (atom.cas: exactly
-               one CTA per merge) into bf16 ``output``/``lse`` (one packed row per half-warp, lanes over
-               the slots' LSEs then over the head dim; slot order, whichever CTA folds).
+               Fused merge (no combine launch, ``common/decode_merge.py``): after its item loop, the
+               CTA counts each of its partials in ``merge_counters[MERGE]`` (every thread:
+               fence.acq_rel.gpu, warpgroup barrier, one atom.add.acq_rel.gpu per split item); the CTA
+               that reads ``slots - 1`` is the last, folds the merge's slots into bf16 ``output``/``lse``
+               (one packed row per half-warp, lanes over the slots' LSEs then over the head dim; slot
+               order, whichever CTA folds) and resets the counter to 0.
     warp 4     producer: reads the item's page ids from ``kv_indices`` 32 at a time (one per lane, then
                shuffled out), and for each KV tile (one page = ``kv_tile`` keys) issues two TMA loads (the page's K and V boxes for the item's KV head;
                the page id is the TMA coordinate) into the stage, completing on its full mbarrier.
@@ -48,7 +48,7 @@ from cutlass.tensor_utils import LayoutEnum
 from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField as F
 from .. import register_paged_kernel
-from ..common.decode_merge import FOLD_ROW_LANES, arrive, fold_completed_merges
+from ..common.decode_merge import FOLD_ROW_LANES, fold_completed_merges
 from ..common.limits import SMEM_LIMIT_BYTES
 from ..common.paged_launch import launch_paged, paged_fake_args
 
@@ -412,7 +412,6 @@ class GqaDecodeSm90:
                         r = tOcO[2 * h][0]
                         if r < row_count:
                             partial_lse[slot, r] = row_base[h]
-                arrive(items[it, F.MERGE], merge_counters, tidx, Q_BARRIER_ID, NUM_MMA_THREADS)
         fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_counters, arrival, self.group,
                               partial_out, partial_lse, output, lse, lse_out_scale, tidx, Q_BARRIER_ID,
                               NUM_MMA_THREADS)
