@@ -355,12 +355,7 @@ def _run(kind: _Kind, args: tuple, index: tuple, output, lse, plan, check_indice
         except Exception:  # junk where a tensor or option goes: the full rules name it
             key = hit = None
         if hit is not None:
-            if output is None:
-                total_q, heads, head_dim_v, device = hit.alloc
-                output = torch.empty(total_q, heads, head_dim_v, dtype=torch.bfloat16, device=device)
-                lse = torch.empty(total_q, heads, dtype=torch.float32, device=device)
-            hit.launcher(hit.device_plan if plan is None else plan, *args, output, lse, natural_lse=natural_lse)
-            return output, lse
+            return _launch(hit, plan, args, output, lse, natural_lse)
     hit = _run_full(kind, args, index, output, lse, plan, check_indices, natural_lse, arch, num_sms)
     out = _launch(hit, plan, args, output, lse, natural_lse)
     if key is not None:  # remembered only once it has launched: a failing call is re-checked in full

@@ -101,9 +101,8 @@ def _iteration_spans(events: Sequence[dict], prefix: str = ITER_PREFIX) -> List[
     return out
 
 
-def time_gpu_span(run: Callable[[], object], flush: Callable[[], None], iters: int,
-                  warmup: int) -> List[Optional[Dict[str, float]]]:
-    """Profile `iters` flushed calls under torch.profiler (CUPTI) and return per-call spans."""
+def profile_calls(run: Callable[[], object], flush: Callable[[], None], iters: int, warmup: int):
+    """`iters` flushed calls under torch.profiler (CUPTI), each inside its own annotated range."""
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -118,6 +117,13 @@ def time_gpu_span(run: Callable[[], object], flush: Callable[[], None], iters: i
             with record_function(f"{ITER_PREFIX}{i}"):
                 run()
                 torch.cuda.synchronize()  # the call finishes before the range closes
+    return prof
+
+
+def time_gpu_span(run: Callable[[], object], flush: Callable[[], None], iters: int,
+                  warmup: int) -> List[Optional[Dict[str, float]]]:
+    """Profile `iters` flushed calls under torch.profiler (CUPTI) and return per-call spans."""
+    prof = profile_calls(run, flush, iters, warmup)
     fd, path = tempfile.mkstemp(suffix=".json", prefix="bench_trace_")
     os.close(fd)
     try:

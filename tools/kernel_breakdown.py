@@ -53,21 +53,8 @@ def build(label: str):
 
 
 def per_kernel(run, flush, iters: int = 50) -> dict:
-    """Median µs per kernel name over `iters` profiled calls, plus the call span."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    for _ in range(10):
-        flush()
-        run()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for i in range(iters):
-            flush()
-            torch.cuda.synchronize()
-            with record_function(f"{bench_timing.ITER_PREFIX}{i}"):
-                run()
-                torch.cuda.synchronize()
+    """Median µs per kernel name over `iters` profiled calls (flush and range markers left out)."""
+    prof = bench_timing.profile_calls(run, flush, iters, warmup=10)
     names: dict[str, list[float]] = {}
     for evt in prof.events():
         if (evt.device_type.name == "CUDA" and "fill" not in evt.name.lower()

@@ -50,6 +50,7 @@ from ...plan import ItemField as F
 from .. import register_paged_kernel
 from ..common.decode_merge import FOLD_ROW_LANES, fold_completed_merges
 from ..common.limits import SMEM_LIMIT_BYTES
+from .wgmma import wgmma_gemm
 from ..common.paged_launch import launch_paged, paged_fake_args
 
 KIND = "gqa_paged_decode"
@@ -272,19 +273,6 @@ class GqaDecodeSm90:
 
     # ----------------------------------------------------------------------------------- consumer
     @cute.jit
-    def gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, t_a: cute.Tensor, t_b: cute.Tensor,
-             zero_init: cutlass.Constexpr[bool]):
-        """acc (+)= A.B over the K blocks: one wgmma group, waited for before returning."""
-        warpgroup.fence()
-        mma_atom = cute.make_mma_atom(tiled_mma.op)
-        mma_atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-        for k in cutlass.range_constexpr(cute.size(t_a.shape[2])):
-            cute.gemm(mma_atom, acc, t_a[None, None, k], t_b[None, None, k], acc)
-            mma_atom.set(warpgroup.Field.ACCUMULATE, True)
-        warpgroup.commit_group()
-        warpgroup.wait_group(0)
-
-    @cute.jit
     def consume(self, q, sQ, sK, sV, items, merge_indptr, merge_counters, arrival, output, lse, partial_out,
                 partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, item_begin, item_end, pipe,
                 tidx):
@@ -346,7 +334,7 @@ class GqaDecodeSm90:
                 pipe.consumer_wait(state)
                 stage = state.index
                 # ---- S = Q.K^T
-                self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, stage], True)
+                wgmma_gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, stage], True)
                 # ---- scale, mask keys >= KV_END, online softmax (base 2)
                 for i in cutlass.range_constexpr(n_s):
                     key = tile_start + tScS[i][1]
@@ -378,7 +366,7 @@ class GqaDecodeSm90:
                     cute.arch.fence_view_async_shared()
                     cute.arch.barrier(barrier_id=Q_BARRIER_ID, number_of_threads=NUM_MMA_THREADS)
                 # ---- O += P.V
-                self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, stage], False)
+                wgmma_gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, stage], False)
                 pipe.consumer_release(state)
                 state.advance()
 

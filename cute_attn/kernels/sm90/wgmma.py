@@ -1,4 +1,4 @@
-"""Warpgroup MMA (wgmma) issue helper shared by the sm_90a prefill kernels."""
+"""Warpgroup MMA (wgmma) issue helper shared by the sm_90a kernels."""
 
 from __future__ import annotations
 
