@@ -6,7 +6,9 @@ nothing about its numerics, which have never been run.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
 import re
 
 import pytest
@@ -87,3 +89,11 @@ def test_unsupported_configs_are_refused_with_a_reason(overrides, words):
     assert reason is not None and words in reason
     with pytest.raises(ValueError):
         mla_prefill.MlaPagedPrefillSm100(_config(**overrides))
+
+
+def test_shares_the_load_role_without_importing_the_sm90_kernel():
+    """The load role lives in ``kernels/common``; an arch's kernel module never imports the other arch's."""
+    tree = ast.parse(inspect.getsource(mla_prefill))
+    modules = {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert not any("sm90" in module for module in modules), modules
+    assert "common.mla" in modules

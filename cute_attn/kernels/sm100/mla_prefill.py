@@ -36,12 +36,13 @@ warps 13-15 idle, so that every role is whole warpgroups):
   ``< Q_ROW_COUNT`` (bf16 ``output`` / fp32 ``partial_out[slot]``: a warp writes 32 consecutive columns of
   one row per store), ``lse * lse_out_scale`` / base-2 ``partial_lse`` by threads 0..63 (one row each).
   An item with no key writes 0 / -inf. Warp 4 allocates / frees TMEM.
-* warps 8-11 load (128 threads), as the sm_90a producer (its ``load_rows`` / ``commit`` are reused
-  unchanged): per item with keys, the Q tile (rows >= Q_ROW_COUNT zero-filled) with 16-byte ``cp.async``;
-  per key tile the row ids ``kv_indices[kv_indptr[b] + key]`` into a double-buffered smem table, then
-  the keys' ckv and kpe rows side by side into one ``kv_tile x 576`` stage; keys >= KV_END are never
-  loaded and their rows are zero-filled (the pool holds NaN in rows no request owns and V = ckv feeds
-  the PV MMA). Each thread: ``cp.async.wait_group 0``, ``fence.proxy.async.shared::cta``, arrive.
+* warps 8-11 load (128 threads): the MLA load role shared with the sm_90a producer (``common/mla.py``;
+  row gathers in ``common/row_gather.py``). Per item with keys (the MMA warp reads Q only for those) the
+  Q tile (rows >= Q_ROW_COUNT zero-filled) with 16-byte ``cp.async``; per key tile the row ids
+  ``kv_indices[kv_indptr[b] + key]`` into a double-buffered smem table, then the keys' ckv and kpe rows
+  side by side into one ``kv_tile x 576`` stage; keys >= KV_END are never loaded and their rows are
+  zero-filled (the pool holds NaN in rows no request owns and V = ckv feeds the PV MMA). Each thread:
+  ``cp.async.wait_group 0``, ``fence.proxy.async.shared::cta``, arrive.
 * warp 12 MMA: ``S_j = Q K_j^T`` (36 k-blocks of 16), ``O^T (+)= V_j^T P_j^T`` (4 chunks x 4 k-blocks),
   order S0, S1, PV0, S2, PV1, ..., PV(n-1); ``tcgen05.commit`` releases Q after the item's last S, a K
   stage after its PV, P after the PV that read it.
@@ -76,7 +77,7 @@ import cutlass.cute as cute
 import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass import Float32, Int32, Int64
 from cutlass import pipeline as cpipe
-from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
+from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
 from cutlass.memory import SmemAllocator
 
 from ...config import PagedAttentionConfig
@@ -84,18 +85,17 @@ from ...plan import ItemField as F
 from .. import register_paged_kernel
 from ..common.paged_launch import launch_paged
 from ..common.limits import TMEM_COLUMNS, mla_definition_reason, smem_reason, target_reason
-from ..sm90.mla_prefill import CKV_DIM, KPE_DIM, QK_DIM, MlaPagedPrefillSm90, definition_config, fake_args
+from ..common.mla import CKV_DIM, KIND, QK_DIM, definition_config, fake_args, load_q_and_kv_tiles
 from .softmax_rows import NEG_INF, load_s_row, num_key_tiles, online_softmax_row, send_row_values
 from .tmem import PrefillTmem, fence_after_sync, fence_before_sync
 
-KIND = "mla_paged_prefill"
 ARCH = "sm_100a"
 KV_STAGES = 2
 S_STAGES = 2
 C_STAGES = 2
 PV_M = 128  # V columns per PV MMA (one O^T chunk)
 O_COL = 0
-LOAD_THREADS = 128  # = the sm_90a producer's PRODUCER_THREADS (its load_rows is reused)
+LOAD_THREADS = 128  # one warpgroup runs the shared MLA load role
 _WARP_SOFTMAX = 0  # warps 0-3
 _WARP_CORRECTION = 4  # warps 4-7
 _WARP_LOAD = 8  # warps 8-11
@@ -104,10 +104,10 @@ NUM_THREADS = 16 * 32  # warps 13-15 idle: setmaxnreg works on whole warpgroups
 # registers per thread by warpgroup (128 x (152 + 232 + 64 + 64) = 64 Ki): softmax, correction, load, MMA;
 # ptxas (13.0, PTX re-versioned) reports 12 B of spill stores; 168 / 216 spilled ~170 B (correction epilogue)
 _REGS_SOFTMAX, _REGS_CORRECTION, _REGS_OTHER = 152, 232, 64
-_BAR_IDS = 1  # the sm_90a producer's row-id named barrier (load warps)
+_BAR_IDS = 1  # the load warps' row-id table barrier
 _BAR_TMEM_ALLOC = 2
 _BAR_TMEM_FREE = 3
-_VEC = 8
+_VEC = 8  # bf16 per 16-byte shared store of P
 
 
 # --------------------------------------------------------------------------------------------- config
@@ -264,9 +264,11 @@ class MlaPagedPrefillSm100:
             tmem.free()  # once the softmax and MMA warps are done with TMEM
         elif warp_idx < _WARP_MMA:
             cute.arch.setmaxregister_decrease(_REGS_OTHER)
-            self.load_role(tidx - 32 * _WARP_LOAD, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr,
-                           kv_indices, items, item_begin, item_end, q_buf, kv_buf, s_ids, pipe_q, pipe_kv,
-                           cpipe.make_pipeline_state(producer, 1), cpipe.make_pipeline_state(producer, KV_STAGES))
+            load_q_and_kv_tiles(tidx - 32 * _WARP_LOAD, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr,
+                                kv_indices, items, item_begin, item_end, q_buf, kv_buf, s_ids, pipe_q, pipe_kv,
+                                cpipe.make_pipeline_state(producer, 1), cpipe.make_pipeline_state(producer, KV_STAGES),
+                                group=self.group, num_threads=LOAD_THREADS, ids_barrier=_BAR_IDS,
+                                q_for_keyless_items=False)
         else:
             cute.arch.setmaxregister_decrease(_REGS_OTHER)
         if warp_idx == _WARP_MMA:
@@ -294,58 +296,6 @@ class MlaPagedPrefillSm100:
     def lane_view(self, tmem_ptr: cute.Pointer, col: int, width: int) -> cute.Tensor:
         """A (128 lanes, width columns) fp32 view of TMEM at column ``col`` (lane stride 1 << 16)."""
         return cute.make_tensor(tmem_ptr + col, cute.make_layout((128, width), stride=(1 << 16, 1)))
-
-    # ------------------------------------------------------------------------------- load
-    @cute.jit
-    def load_role(self, ptid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor,
-                  kpe_cache: cute.Tensor, qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor,
-                  items: cute.Tensor, item_begin: Int32, item_end: Int32, s_q: cute.Tensor, s_k: cute.Tensor,
-                  s_ids: cute.Tensor, pipe_q, pipe_kv, q_state, kv_state):
-        G, N = self.group, self.tile_n
-        copy_atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype,
-                                        num_bits_per_copy=16 * _VEC)
-        zeros = cute.make_rmem_tensor((_VEC,), self.dtype)
-        zeros.fill(0.0)
-        s_q_chunks = cute.flat_divide(s_q, (1, _VEC))  # (1, vec, row, chunk)
-        s_k_chunks = cute.flat_divide(s_k, (1, _VEC))  # (1, vec, row, chunk, stage)
-        ckv_stride = Int64(ckv_cache.stride[0])
-        kpe_stride = Int64(kpe_cache.stride[0])
-        tiles_done = Int32(0)
-        for it in cutlass.range(item_begin, item_end, unroll=1):
-            b = items[it, int(F.REQUEST)]
-            r0 = items[it, int(F.Q_ROW_START)]
-            row_count = items[it, int(F.Q_ROW_COUNT)]
-            kv_start = items[it, int(F.KV_START)]
-            kv_end = items[it, int(F.KV_END)]
-            n = num_key_tiles(kv_start, kv_end, N)
-            if n > 0:  # the MMA warp reads Q only for items with keys
-                q_row0 = Int64(qo_indptr[b]) * G + r0
-                pipe_q.producer_acquire(q_state)
-                MlaPagedPrefillSm90.load_rows(self, copy_atom, zeros, q_nope, q_row0, Int64(CKV_DIM), row_count,
-                                              s_q_chunks, 0, CKV_DIM, ptid, s_ids, False)
-                MlaPagedPrefillSm90.load_rows(self, copy_atom, zeros, q_pe, q_row0, Int64(KPE_DIM), row_count,
-                                              s_q_chunks, CKV_DIM // _VEC, KPE_DIM, ptid, s_ids, False)
-                MlaPagedPrefillSm90.commit(self, pipe_q, q_state)
-                q_state.advance()
-            page_base = kv_indptr[b]
-            for t in cutlass.range(n, unroll=1):
-                kv_base = kv_start + t * N
-                ids = s_ids[None, tiles_done % 2]
-                if ptid < N:
-                    rid = Int32(-1)  # keys >= KV_END: not loaded, zero-filled (V rows feed the PV MMA)
-                    if kv_base + ptid < kv_end:
-                        rid = kv_indices[page_base + kv_base + ptid]
-                    ids[ptid] = rid
-                cute.arch.barrier(barrier_id=_BAR_IDS, number_of_threads=LOAD_THREADS)
-                tiles_done += 1
-                pipe_kv.producer_acquire(kv_state)
-                s_stage = s_k_chunks[None, None, None, None, kv_state.index]
-                MlaPagedPrefillSm90.load_rows(self, copy_atom, zeros, ckv_cache, Int64(0), ckv_stride, N, s_stage, 0,
-                                              CKV_DIM, ptid, ids, True)
-                MlaPagedPrefillSm90.load_rows(self, copy_atom, zeros, kpe_cache, Int64(0), kpe_stride, N, s_stage,
-                                              CKV_DIM // _VEC, KPE_DIM, ptid, ids, True)
-                MlaPagedPrefillSm90.commit(self, pipe_kv, kv_state)
-                kv_state.advance()
 
     # ------------------------------------------------------------------------------- mma
     @cute.jit
@@ -565,7 +515,7 @@ class MlaPagedPrefillSm100:
 
 # ----------------------------------------------------------------------------------- registration
 def build(config: PagedAttentionConfig) -> tuple[Any, tuple[Any, ...]]:
-    """``(jit_fn, fake_args)`` for :func:`cute_attn.compile.compile_kernel` (the sm_90a twin's arguments)."""
+    """``(jit_fn, fake_args)`` for :func:`cute_attn.compile.compile_kernel` (``common/mla.py``'s arguments)."""
     return MlaPagedPrefillSm100(config), fake_args(config)
 
 

@@ -9,15 +9,17 @@ Grid: one persistent CTA per plan CTA slot; CTA ``c`` runs items ``work_indptr[c
 
 Warp roles (384 threads = 3 warpgroups):
 
-* WG0 -- producer (``setmaxnreg`` 40), all 128 threads gather with ``cp.async`` 16-byte copies
-  (``.cg``, L2 only). Per item: the Q tile (64 packed rows x (512 nope + 64 pe); rows >= Q_ROW_COUNT
-  are zero-filled, never read), then per ``kv_tile`` keys one smem stage holding the keys' ckv and
-  kpe rows side by side (a ``kv_tile x 576`` K tile). Row ids: the first ``kv_tile`` producer threads
-  read ``kv_indices[kv_indptr[b] + key]`` into a small double-buffered smem table, then a producer named
-  barrier; keys >= KV_END are not loaded and their rows are zero-filled with plain 16-byte shared stores
-  (the pool holds NaN in rows no request owns, and V = ckv feeds the P V MMA). Each producer thread then
-  ``cp.async.wait_group 0`` + ``fence.proxy.async.shared::cta`` (its generic-proxy writes become visible
-  to wgmma's async proxy) + ``mbarrier.arrive`` on the stage's full barrier (arrival count 128).
+* WG0 -- producer (``setmaxnreg`` 40): the MLA load role shared with the sm_100a kernel (``common/mla.py``;
+  row gathers in ``common/row_gather.py``). All 128 threads gather with ``cp.async`` 16-byte copies
+  (``.cg``, L2 only). Per item, also one without keys (the consumers wait on Q for every item): the Q
+  tile (64 packed rows x (512 nope + 64 pe); rows >= Q_ROW_COUNT are zero-filled, never read), then per
+  ``kv_tile`` keys one smem stage holding the keys' ckv and kpe rows side by side (a ``kv_tile x 576``
+  K tile). Row ids: the first ``kv_tile`` producer threads read ``kv_indices[kv_indptr[b] + key]`` into
+  a small double-buffered smem table, then a producer named barrier; keys >= KV_END are not loaded and
+  their rows are zero-filled with plain 16-byte shared stores (the pool holds NaN in rows no request
+  owns, and V = ckv feeds the P V MMA). Each producer thread then ``cp.async.wait_group 0`` +
+  ``fence.proxy.async.shared::cta`` (its generic-proxy writes become visible to wgmma's async proxy) +
+  ``mbarrier.arrive`` on the stage's full barrier (arrival count 128).
 * WG1, WG2 -- consumers (``setmaxnreg`` 232). O ``[64 x 512]`` fp32 is split by V columns: WG ``w`` owns
   columns ``256 w .. 256 w + 255`` (128 fp32 registers per thread). Both warpgroups compute the same
   ``S = Q K^T`` (wgmma SS over K = 576, 36 k-steps of 16) for the whole 64 x kv_tile tile, so the softmax
@@ -55,34 +57,29 @@ import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, Int64
 from cutlass import pipeline as cpipe
-from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.nvgpu import warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from ...config import PagedAttentionConfig, default_paged_config
+from ...config import PagedAttentionConfig
 from ...plan import ItemField as F
 from .. import register_paged_kernel
 from ..common.paged_launch import launch_paged
 from ..common.limits import SMEM_LIMIT_BYTES, mla_definition_reason, smem_reason, target_reason
+from ..common.mla import CKV_DIM, KIND, QK_DIM, definition_config, fake_args, load_q_and_kv_tiles
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.softmax import (acc_mn_view, make_softmax_state, rescale_rows, softmax_finalize, softmax_reset,
                               softmax_update, store_p_bf16)
 from .prefill_epilogue import store_output_rows, store_partial_rows
 from .wgmma import wgmma_gemm
 
-KIND = "mla_paged_prefill"
 ARCH = "sm_90a"
-CKV_DIM = 512
-KPE_DIM = 64
-QK_DIM = CKV_DIM + KPE_DIM
-NUM_HEADS = 16  # the definition's; other head counts that divide 64 work too (rows pack whole tokens)
 MAX_STAGES = 4
 PRODUCER_THREADS = 128
 MMA_THREADS = 256  # two consumer warpgroups, split by V columns
 NUM_THREADS = PRODUCER_THREADS + MMA_THREADS
 PRODUCER_REGS = 40
 MMA_REGS = 232
-_VEC = 8  # bf16 per 16-byte cp.async
 _IDS_BARRIER = 1  # named barrier of the producer warpgroup (row-id table)
 
 
@@ -201,108 +198,17 @@ class MlaPagedPrefillSm90:
         item_end = work_indptr[cta + 1]
         if warp_idx < PRODUCER_THREADS // 32:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
-            self.produce(tidx, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, items,
-                         item_begin, item_end, s_q, s_k, s_ids, pipe_q, pipe_k)
+            load_q_and_kv_tiles(tidx, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, items,
+                                item_begin, item_end, s_q, s_k, s_ids, pipe_q, pipe_k,
+                                cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, 1),
+                                cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages),
+                                group=self.group, num_threads=PRODUCER_THREADS, ids_barrier=_IDS_BARRIER,
+                                q_for_keyless_items=True)
         else:
             cute.arch.setmaxregister_increase(MMA_REGS)
             self.consume(tidx - PRODUCER_THREADS, s_q, s_k, qo_indptr, items, item_begin, item_end, output, lse,
                          partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv,
                          pipe_q, pipe_k)
-
-    # ------------------------------------------------------------------------------- producer
-    @cute.jit
-    def produce(self, ptid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor,
-                kpe_cache: cute.Tensor, qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor,
-                items: cute.Tensor, item_begin: Int32, item_end: Int32, s_q: cute.Tensor, s_k: cute.Tensor,
-                s_ids: cute.Tensor, pipe_q, pipe_k):
-        G = self.group
-        copy_atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype,
-                                        num_bits_per_copy=16 * _VEC)
-        zeros = cute.make_rmem_tensor((_VEC,), self.dtype)
-        zeros.fill(0.0)
-        # 16-byte chunks of the smem tiles: (vec, row, chunk[, stage])
-        s_q_chunks = cute.flat_divide(s_q, (1, _VEC))
-        s_k_chunks = cute.flat_divide(s_k, (1, _VEC))
-        q_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, 1)
-        k_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages)
-        ckv_stride = Int64(ckv_cache.stride[0])
-        kpe_stride = Int64(kpe_cache.stride[0])
-        tiles_done = Int32(0)
-        for it in cutlass.range(item_begin, item_end, unroll=1):
-            b = items[it, int(F.REQUEST)]
-            r0 = items[it, int(F.Q_ROW_START)]
-            row_count = items[it, int(F.Q_ROW_COUNT)]
-            kv_start = items[it, int(F.KV_START)]
-            kv_end = items[it, int(F.KV_END)]
-            # Q: packed row p of the item is element row (qo_indptr[b] * G + r0 + p) of q viewed as [*, dim]
-            q_row0 = Int64(qo_indptr[b]) * G + r0
-            pipe_q.producer_acquire(q_state)
-            self.load_rows(copy_atom, zeros, q_nope, q_row0, Int64(CKV_DIM), row_count, s_q_chunks, 0, CKV_DIM,
-                           ptid, s_ids, False)
-            self.load_rows(copy_atom, zeros, q_pe, q_row0, Int64(KPE_DIM), row_count, s_q_chunks,
-                           CKV_DIM // _VEC, KPE_DIM, ptid, s_ids, False)
-            self.commit(pipe_q, q_state)
-            q_state.advance()
-
-            page_base = kv_indptr[b]
-            num_tiles = cute.ceil_div(kv_end - kv_start, self.tile_n) if kv_end > kv_start else 0
-            for t in cutlass.range(num_tiles, unroll=1):
-                kv_base = kv_start + t * self.tile_n
-                ids = s_ids[None, tiles_done % 2]
-                if ptid < self.tile_n:
-                    rid = Int32(-1)  # keys >= KV_END: not loaded, zero-filled
-                    if kv_base + ptid < kv_end:
-                        rid = kv_indices[page_base + kv_base + ptid]
-                    ids[ptid] = rid
-                cute.arch.barrier(barrier_id=_IDS_BARRIER, number_of_threads=PRODUCER_THREADS)
-                tiles_done += 1
-                pipe_k.producer_acquire(k_state)
-                s_stage = s_k_chunks[None, None, None, None, k_state.index]
-                self.load_rows(copy_atom, zeros, ckv_cache, Int64(0), ckv_stride, self.tile_n, s_stage, 0, CKV_DIM,
-                               ptid, ids, True)
-                self.load_rows(copy_atom, zeros, kpe_cache, Int64(0), kpe_stride, self.tile_n, s_stage,
-                               CKV_DIM // _VEC, KPE_DIM, ptid, ids, True)
-                self.commit(pipe_k, k_state)
-                k_state.advance()
-
-    @cute.jit
-    def commit(self, pipe, state):
-        """This thread's copies have landed: make them visible to wgmma (async proxy), then arrive."""
-        cute.arch.cp_async_commit_group()
-        cute.arch.cp_async_wait_group(0)
-        cute.arch.fence_view_async_shared()
-        pipe.producer_commit(state)
-
-    @cute.jit
-    def load_rows(self, copy_atom: cute.CopyAtom, zeros: cute.Tensor, src: cute.Tensor, row0: Int64,
-                  row_stride: Int64, valid_rows: Int32, s_chunks: cute.Tensor, chunk0: cutlass.Constexpr[int],
-                  width: cutlass.Constexpr[int], ptid: Int32, ids: cute.Tensor, gather: cutlass.Constexpr[bool]):
-        """Copy ``width`` columns of the tile's rows into smem 16-byte chunk columns ``chunk0 ..``.
-
-        ``s_chunks``: (1, vec, row, chunk) view of one smem tile. Row ``r`` of the tile is source row
-        ``row0 + r`` (Q; rows >= ``valid_rows`` are zero-filled) or, with ``gather``, ``ids[r]`` (K; id -1 =
-        not a key: zero-filled).
-        """
-        chunks = width // _VEC  # 16-byte chunks per row
-        rows_per_pass = PRODUCER_THREADS // chunks
-        num_rows = self.tile_n if cutlass.const_expr(gather) else self.tile_m
-        chunk = ptid % chunks
-        base = src.iterator
-        for i in cutlass.range(num_rows // rows_per_pass, unroll=2):
-            r = i * rows_per_pass + ptid // chunks
-            dst = s_chunks[0, None, r, chunk0 + chunk]
-            src_row = row0 + r
-            ok = r < valid_rows
-            if cutlass.const_expr(gather):
-                rid = ids[r]
-                src_row = Int64(rid)
-                ok = rid >= 0
-            if ok:
-                offset = src_row * row_stride + chunk * _VEC
-                ptr = cute.make_ptr(self.dtype, (base + offset).toint(), cute.AddressSpace.gmem, assumed_align=16)
-                cute.copy(copy_atom, cute.make_tensor(ptr, cute.make_layout(_VEC)), dst)
-            else:
-                cute.autovec_copy(zeros, dst)
 
     # ------------------------------------------------------------------------------- consumers
     @cute.jit
@@ -374,38 +280,9 @@ class MlaPagedPrefillSm90:
 
 
 # ----------------------------------------------------------------------------------- registration
-def fake_args(config: PagedAttentionConfig) -> tuple:
-    """Fake tensors (symbolic token, page, index and plan extents) in the entry's argument order."""
-    bf16, i32, f32 = cutlass.BFloat16, cutlass.Int32, cutlass.Float32
-    h = config.num_qo_heads
-    fake = cute.runtime.make_fake_compact_tensor
-    rows = cute.sym_int(symbol="total_q")
-    num_pages = cute.sym_int(symbol="num_pages")
-    slots = cute.sym_int(symbol="partial_slots")
-    return (
-        fake(bf16, (rows, h, CKV_DIM), stride_order=(2, 1, 0), assumed_align=16),
-        fake(bf16, (rows, h, KPE_DIM), stride_order=(2, 1, 0), assumed_align=16),
-        fake(bf16, (num_pages, 1, CKV_DIM), stride_order=(2, 1, 0), assumed_align=16),
-        fake(bf16, (num_pages, 1, KPE_DIM), stride_order=(2, 1, 0), assumed_align=16),
-        fake(i32, (cute.sym_int(symbol="batch_plus_1"),)),
-        fake(i32, (cute.sym_int(symbol="kv_indptr_len"),)),
-        fake(i32, (cute.sym_int(symbol="num_indices"),)),
-        fake(i32, (cute.sym_int(symbol="ctas_plus_1"),)),
-        fake(i32, (cute.sym_int(symbol="max_items"), len(F)), stride_order=(1, 0)),
-        fake(bf16, (rows, h, CKV_DIM), stride_order=(2, 1, 0), assumed_align=16),
-        fake(f32, (rows, h), stride_order=(1, 0)),
-        fake(f32, (slots, config.tile_q_rows, CKV_DIM), stride_order=(2, 1, 0), assumed_align=16),
-        fake(f32, (slots, config.tile_q_rows), stride_order=(1, 0)),
-        f32(1.0),
-        f32(1.0),
-        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
-    )
-
-
 def build(config: PagedAttentionConfig) -> tuple[Any, tuple[Any, ...]]:
     """``(jit_fn, fake_args)`` for :func:`cute_attn.compile.compile_kernel`."""
     return MlaPagedPrefillSm90(config), fake_args(config)
-
 
 
 def launch(device_plan, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output,
@@ -413,11 +290,6 @@ def launch(device_plan, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr
     """Run the plan's items, then the combine kernel if the plan split any item."""
     launch_paged(device_plan, check_config, (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices),
                  sm_scale, output, lse, natural_lse)
-
-
-def definition_config(arch: str = ARCH) -> PagedAttentionConfig:
-    return default_paged_config(KIND, arch=arch, num_qo_heads=NUM_HEADS, num_kv_heads=1, head_dim_qk=QK_DIM,
-                                head_dim_v=CKV_DIM, page_size=1, causal=True)
 
 
 def configs(arch: str) -> list[PagedAttentionConfig]:

@@ -1,0 +1,143 @@
+"""What the sm_90a and sm_100a absorbed-MLA paged prefill kernels share: the definition and the load role.
+
+Definition (page size 1): 16 query heads share one latent KV row per key;
+``s = sm_scale * (q_nope . ckv + q_pe . kpe)`` (``QK_DIM`` = 576 wide), ``o = softmax(s) @ ckv``
+(V = ckv, 512 wide). Packed rows: group = all heads, one KV head, so packed row ``p`` of request ``b``
+is element row ``qo_indptr[b] * heads + p`` of ``q_nope`` viewed as ``[*, 512]`` (and of ``q_pe``).
+
+Load role (:func:`load_q_and_kv_tiles`, one warpgroup, every thread gathering with 16-byte ``cp.async``,
+``common/row_gather.py``). Per item: the Q tile (``tile_m`` packed rows x (512 nope + 64 pe) into one
+576-wide smem tile; rows >= ``Q_ROW_COUNT`` zero-filled), then per ``kv_tile`` keys one K stage holding
+the keys' ckv and kpe rows side by side. Row ids: the first ``kv_tile`` threads read
+``kv_indices[kv_indptr[b] + key]`` into a double-buffered smem table (double-buffered so that a fast
+thread filling the next tile's ids cannot overwrite ids a slow thread still gathers from), then a named
+barrier of the load threads; keys >= ``KV_END`` get id -1 and are zero-filled: the pool holds NaN in
+rows no request owns, and V = ckv feeds the P V MMA, where 0 * NaN would poison O. Each thread then
+waits for its copies, fences them into the async proxy and arrives on the stage's full barrier.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Int64
+
+from ...config import PagedAttentionConfig, default_paged_config
+from ...plan import ItemField as F
+from .row_gather import ROW_CHUNK, commit_rows, gather_rows, make_row_copy_atom
+
+KIND = "mla_paged_prefill"
+CKV_DIM = 512
+KPE_DIM = 64
+QK_DIM = CKV_DIM + KPE_DIM
+NUM_HEADS = 16  # the definition's; head counts that divide the 64-row tile work too (rows pack whole tokens)
+
+
+# ----------------------------------------------------------------------------------------- host side
+def definition_config(arch: str) -> PagedAttentionConfig:
+    """The definition's config (``mla_paged_prefill_causal_h16_ckv512_kpe64_ps1``) for ``arch``."""
+    return default_paged_config(KIND, arch=arch, num_qo_heads=NUM_HEADS, num_kv_heads=1, head_dim_qk=QK_DIM,
+                                head_dim_v=CKV_DIM, page_size=1, causal=True)
+
+
+def fake_args(config: PagedAttentionConfig) -> tuple:
+    """Fake tensors (symbolic token, page, index and plan extents) in the kernels' entry argument order."""
+    bf16, i32, f32 = cutlass.BFloat16, cutlass.Int32, cutlass.Float32
+    h = config.num_qo_heads
+    fake = cute.runtime.make_fake_compact_tensor
+    rows = cute.sym_int(symbol="total_q")
+    num_pages = cute.sym_int(symbol="num_pages")
+    slots = cute.sym_int(symbol="partial_slots")
+    return (
+        fake(bf16, (rows, h, CKV_DIM), stride_order=(2, 1, 0), assumed_align=16),
+        fake(bf16, (rows, h, KPE_DIM), stride_order=(2, 1, 0), assumed_align=16),
+        fake(bf16, (num_pages, 1, CKV_DIM), stride_order=(2, 1, 0), assumed_align=16),
+        fake(bf16, (num_pages, 1, KPE_DIM), stride_order=(2, 1, 0), assumed_align=16),
+        fake(i32, (cute.sym_int(symbol="batch_plus_1"),)),
+        fake(i32, (cute.sym_int(symbol="kv_indptr_len"),)),
+        fake(i32, (cute.sym_int(symbol="num_indices"),)),
+        fake(i32, (cute.sym_int(symbol="ctas_plus_1"),)),
+        fake(i32, (cute.sym_int(symbol="max_items"), len(F)), stride_order=(1, 0)),
+        fake(bf16, (rows, h, CKV_DIM), stride_order=(2, 1, 0), assumed_align=16),
+        fake(f32, (rows, h), stride_order=(1, 0)),
+        fake(f32, (slots, config.tile_q_rows, CKV_DIM), stride_order=(2, 1, 0), assumed_align=16),
+        fake(f32, (slots, config.tile_q_rows), stride_order=(1, 0)),
+        f32(1.0),
+        f32(1.0),
+        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
+    )
+
+
+# ----------------------------------------------------------------------------------------- load role
+@cute.jit
+def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor,
+                        kpe_cache: cute.Tensor, qo_indptr: cute.Tensor, kv_indptr: cute.Tensor,
+                        kv_indices: cute.Tensor, items: cute.Tensor, item_begin: Int32, item_end: Int32,
+                        s_q: cute.Tensor, s_k: cute.Tensor, s_ids: cute.Tensor, pipe_q, pipe_kv, q_state, kv_state,
+                        group: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int],
+                        ids_barrier: cutlass.Constexpr[int], q_for_keyless_items: cutlass.Constexpr[bool]):
+    """The load role over items ``item_begin .. item_end - 1`` (thread ``tid`` of ``num_threads``).
+
+    ``s_q``: ``(tile_m, 576)`` smem tile; ``s_k``: ``(kv_tile, 576, stage)``; ``s_ids``: ``(kv_tile, 2)``
+    Int32 row-id table; ``ids_barrier``: a named barrier id free for the load threads.
+    ``q_for_keyless_items``: load Q for items without keys too (their consumers still wait on Q).
+    """
+    tile_n = cute.size(s_k, mode=[0])
+    copy_atom = make_row_copy_atom(s_q.element_type)
+    zeros = cute.make_rmem_tensor((ROW_CHUNK,), s_q.element_type)
+    zeros.fill(0.0)
+    s_q_chunks = cute.flat_divide(s_q, (1, ROW_CHUNK))  # (1, vec, row, chunk)
+    s_k_chunks = cute.flat_divide(s_k, (1, ROW_CHUNK))  # (1, vec, row, chunk, stage)
+    ckv_stride = Int64(ckv_cache.stride[0])
+    kpe_stride = Int64(kpe_cache.stride[0])
+    tiles_done = Int32(0)
+    for it in cutlass.range(item_begin, item_end, unroll=1):
+        b = items[it, int(F.REQUEST)]
+        r0 = items[it, int(F.Q_ROW_START)]
+        row_count = items[it, int(F.Q_ROW_COUNT)]
+        kv_start = items[it, int(F.KV_START)]
+        kv_end = items[it, int(F.KV_END)]
+        # where every item needs Q, it is issued before the key count: the GPU-validated sm_90a kernel's
+        # order (computing the count first changes that kernel's PTX)
+        if cutlass.const_expr(q_for_keyless_items):
+            _load_q_tile(copy_atom, zeros, q_nope, q_pe, qo_indptr, b, r0, row_count, s_q_chunks, tid, group,
+                         num_threads, pipe_q, q_state)
+            q_state.advance()
+        page_base = kv_indptr[b]
+        num_tiles = cute.ceil_div(kv_end - kv_start, tile_n) if kv_end > kv_start else 0
+        if cutlass.const_expr(not q_for_keyless_items):
+            if num_tiles > 0:  # Q's consumer skips items without keys
+                _load_q_tile(copy_atom, zeros, q_nope, q_pe, qo_indptr, b, r0, row_count, s_q_chunks, tid, group,
+                             num_threads, pipe_q, q_state)
+                q_state.advance()
+        for t in cutlass.range(num_tiles, unroll=1):
+            kv_base = kv_start + t * tile_n
+            ids = s_ids[None, tiles_done % 2]
+            if tid < tile_n:
+                rid = Int32(-1)  # keys >= KV_END: not loaded, zero-filled
+                if kv_base + tid < kv_end:
+                    rid = kv_indices[page_base + kv_base + tid]
+                ids[tid] = rid
+            cute.arch.barrier(barrier_id=ids_barrier, number_of_threads=num_threads)
+            tiles_done += 1
+            pipe_kv.producer_acquire(kv_state)
+            s_stage = s_k_chunks[None, None, None, None, kv_state.index]
+            gather_rows(copy_atom, zeros, ckv_cache, ckv_stride, s_stage, 0, CKV_DIM, tid, num_threads, ids=ids)
+            gather_rows(copy_atom, zeros, kpe_cache, kpe_stride, s_stage, CKV_DIM // ROW_CHUNK, KPE_DIM, tid,
+                        num_threads, ids=ids)
+            commit_rows(pipe_kv, kv_state)
+            kv_state.advance()
+
+
+@cute.jit
+def _load_q_tile(copy_atom: cute.CopyAtom, zeros: cute.Tensor, q_nope: cute.Tensor, q_pe: cute.Tensor,
+                 qo_indptr: cute.Tensor, b: Int32, r0: Int32, row_count: Int32, s_q_chunks: cute.Tensor, tid: Int32,
+                 group: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int], pipe_q, q_state):
+    """Q of the item's packed rows ``r0 .. r0 + row_count - 1`` of request ``b`` (the caller advances ``q_state``)."""
+    q_row0 = Int64(qo_indptr[b]) * group + r0
+    pipe_q.producer_acquire(q_state)
+    gather_rows(copy_atom, zeros, q_nope, Int64(CKV_DIM), s_q_chunks, 0, CKV_DIM, tid, num_threads, row0=q_row0,
+                valid_rows=row_count)
+    gather_rows(copy_atom, zeros, q_pe, Int64(KPE_DIM), s_q_chunks, CKV_DIM // ROW_CHUNK, KPE_DIM, tid, num_threads,
+                row0=q_row0, valid_rows=row_count)
+    commit_rows(pipe_q, q_state)

@@ -1,0 +1,74 @@
+"""Row gathers into swizzled shared-memory tiles with 16-byte ``cp.async`` (device helpers, both arches).
+
+For row sources TMA cannot describe: page-size-1 KV pools whose rows are picked one by one through
+``kv_indices`` (a TMA box would need one descriptor coordinate per row), and query tiles whose last rows
+must read as zeros. Every thread of the loading group copies 16-byte chunks (``.cg``: L2 only, the rows
+are read once per CTA); rows that do not exist are zero-filled with plain 16-byte shared stores, so a
+tile never holds stale or NaN data for the MMAs to multiply.
+
+The tile is addressed as ``s_chunks = cute.flat_divide(s_tile, (1, ROW_CHUNK))``: ``(1, vec, row, chunk)``,
+so the swizzle of the tile's layout applies to every chunk store. Copies go through the generic proxy:
+:func:`commit_rows` waits for them and fences them into the async proxy (wgmma / tcgen05 operands)
+before the pipeline arrival.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Int64
+from cutlass.cute.nvgpu import cpasync
+
+ROW_CHUNK = 8  # bf16 / fp16 elements per 16-byte cp.async
+
+
+def make_row_copy_atom(dtype) -> cute.CopyAtom:
+    """The 16-byte ``cp.async.cg`` global -> shared copy of one row chunk."""
+    return cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dtype,
+                               num_bits_per_copy=16 * ROW_CHUNK)
+
+
+@cute.jit
+def gather_rows(copy_atom: cute.CopyAtom, zeros: cute.Tensor, src: cute.Tensor, row_stride: Int64,
+                s_chunks: cute.Tensor, chunk0: cutlass.Constexpr[int], width: cutlass.Constexpr[int], tid: Int32,
+                num_threads: cutlass.Constexpr[int], row0: Int64 | None = None, valid_rows: Int32 | None = None,
+                ids: cute.Tensor | None = None):
+    """Copy ``width`` columns of every tile row into the tile's 16-byte chunk columns ``chunk0 ..``.
+
+    ``s_chunks``: ``(1, vec, row, chunk)`` view of the tile; ``zeros``: ``ROW_CHUNK`` zeros in registers.
+    Either consecutive rows, ``row0`` and ``valid_rows``: tile row ``r`` is source row ``row0 + r`` and rows
+    ``>= valid_rows`` are zero-filled; or rows by id, ``ids`` (a shared-memory table, one entry per tile
+    row): tile row ``r`` is source row ``ids[r]``, and id -1 marks a row to zero-fill. ``num_threads``
+    threads (``tid`` below it) share the work, each copying one chunk column of ``num_threads / chunks``
+    rows per pass.
+    """
+    chunks = width // ROW_CHUNK
+    rows_per_pass = num_threads // chunks
+    num_rows = cute.size(s_chunks, mode=[2])
+    chunk = tid % chunks
+    base = src.iterator
+    for i in cutlass.range(num_rows // rows_per_pass, unroll=2):
+        r = i * rows_per_pass + tid // chunks
+        dst = s_chunks[0, None, r, chunk0 + chunk]
+        if cutlass.const_expr(ids is None):
+            src_row = row0 + r
+            ok = r < valid_rows
+        else:
+            rid = ids[r]
+            src_row = Int64(rid)
+            ok = rid >= 0
+        if ok:
+            offset = src_row * row_stride + chunk * ROW_CHUNK
+            ptr = cute.make_ptr(src.element_type, (base + offset).toint(), cute.AddressSpace.gmem, assumed_align=16)
+            cute.copy(copy_atom, cute.make_tensor(ptr, cute.make_layout(ROW_CHUNK)), dst)
+        else:
+            cute.autovec_copy(zeros, dst)
+
+
+@cute.jit
+def commit_rows(pipe, state):
+    """This thread's copies have landed: make them visible to the async proxy (the MMAs), then arrive."""
+    cute.arch.cp_async_commit_group()
+    cute.arch.cp_async_wait_group(0)
+    cute.arch.fence_view_async_shared()
+    pipe.producer_commit(state)
