@@ -19,7 +19,15 @@ Split-KV
 
 Scheduling
     Cost of an item = keys it visits (rounded to ``kv_tile``) + ``item_overhead_keys``. Items are placed
-    longest-first on the least-loaded CTA (LPT).
+    longest-first (ties in tile order) on the least-loaded CTA (LPT, ties to the lower CTA): one at a
+    time up to ``_EXACT_LPT_MAX_ITEMS`` items, beyond that in rounds of ``num_ctas`` items. Each CTA runs
+    its items longest first, so the tail of the schedule holds the short ones.
+
+Host cost
+    Planning runs on the host for every batch (budget: 4096 decode requests in < 5 ms; ``tools/bench.py
+    --plan-only``). Hence: per-q-tile arrays where the KV heads would only repeat them, stable sorts of
+    8/16-bit ranks (numpy radix-sorts those) instead of int64 sorts, two numpy calls per LPT round, and
+    few temporaries the size of all items (fresh large arrays cost page faults on every plan).
 
 Fixed capacity (CUDA graphs)
     Every array has a length fixed by :class:`PlanCapacity`, so device buffers allocated once can take
@@ -34,6 +42,7 @@ import heapq
 import math
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import NamedTuple
 
 import numpy as np
 
@@ -150,99 +159,187 @@ class WorkPlan:
 
 
 # ---------------------------------------------------------------------------------------------
-# Tiles
+# Tiles and chunks
 # ---------------------------------------------------------------------------------------------
-def _tiles(config: PlanConfig, q_lens: np.ndarray, kv_lens: np.ndarray) -> np.ndarray:
-    """One row per (request, kv head, q tile): [request, kv_head, row_start, row_count, kv_end, offset]."""
-    group = config.group_size
+class _Tiles(NamedTuple):
+    """The unsplit work. Tiles are numbered request-major, then q tile, then KV head: tile ``t`` is q tile
+    ``t // num_heads`` (rows of one request) for KV head ``t % num_heads``. All but the head is the same
+    for the heads of a q tile, so it is kept once per q tile."""
+
+    q_tiles: np.ndarray  # [Q, len(ItemField)] int32: q tile as an item of KV head 0, keys [0, KV_END), unsplit
+    kv_end: np.ndarray  # [Q] int64: the KV_END column, kept wide for the cost arithmetic
+    num_heads: int
+
+    @property
+    def count(self) -> int:
+        return self.kv_end.size * self.num_heads
+
+
+def _tiles(config: PlanConfig, q_lens: np.ndarray, kv_lens: np.ndarray) -> _Tiles:
+    F = ItemField
+    group, tile_rows = config.group_size, config.tile_q_rows
     rows = q_lens * group
-    tiles_per_req = -(-rows // config.tile_q_rows)
-    req = np.repeat(np.arange(q_lens.size, dtype=np.int64), tiles_per_req)
-    first_tile = np.cumsum(tiles_per_req) - tiles_per_req
-    tile_in_req = np.arange(req.size, dtype=np.int64) - first_tile[req]
-    row_start = tile_in_req * config.tile_q_rows
-    row_count = np.minimum(config.tile_q_rows, rows[req] - row_start)
-    kv = kv_lens[req]
+    tiles_per_req = -(-rows // tile_rows)
+    if (tiles_per_req == 1).all():  # decode, short prefill: q tile b is request b, rows [0, rows[b])
+        req, row_start, row_count, q, kv = np.arange(q_lens.size), 0, rows, q_lens, kv_lens
+    else:
+        req = np.repeat(np.arange(q_lens.size), tiles_per_req)
+        first_tile = np.cumsum(tiles_per_req) - tiles_per_req
+        row_start = (np.arange(req.size) - first_tile[req]) * tile_rows
+        row_count = np.minimum(tile_rows, rows[req] - row_start)
+        q, kv = q_lens[req], kv_lens[req]
     if config.causal:
-        offset = kv - q_lens[req]
+        offset = kv - q
         last_token = (row_start + row_count - 1) // group
         kv_end = np.clip(last_token + 1 + offset, 0, kv)
     else:
-        offset = np.full_like(kv, NOT_CAUSAL_OFFSET)
-        kv_end = kv
-    per_head = np.stack([req, row_start, row_count, kv_end, offset], axis=1)
-    heads = np.arange(config.num_kv_heads, dtype=np.int64)
-    # order: request-major, then tile, then kv head
-    out = np.empty((per_head.shape[0], config.num_kv_heads, 6), dtype=np.int64)
-    out[:, :, 0] = per_head[:, None, 0]
-    out[:, :, 1] = heads[None, :]
-    out[:, :, 2:] = per_head[:, None, 1:]
-    return out.reshape(-1, 6)
+        offset, kv_end = NOT_CAUSAL_OFFSET, kv
+    q_tiles = np.empty((req.size, len(F)), dtype=np.int32)
+    q_tiles[:, F.REQUEST] = req
+    q_tiles[:, F.KV_HEAD] = 0
+    q_tiles[:, F.Q_ROW_START] = row_start
+    q_tiles[:, F.Q_ROW_COUNT] = row_count
+    q_tiles[:, F.KV_START] = 0
+    q_tiles[:, F.KV_END] = kv_end
+    q_tiles[:, F.PARTIAL_SLOT] = -1
+    q_tiles[:, F.CAUSAL_OFFSET] = offset
+    q_tiles[:, F.MERGE] = -1
+    return _Tiles(q_tiles, kv_end, config.num_kv_heads)
+
+
+def _tile_items(tiles: _Tiles, tile_ids: np.ndarray, out: np.ndarray) -> None:
+    """Write tiles ``tile_ids`` as unsplit items into ``out`` ([len(tile_ids), len(ItemField)] int32)."""
+    q_tile, head = np.divmod(tile_ids, tiles.num_heads)
+    np.take(tiles.q_tiles, q_tile, axis=0, out=out, mode="clip")  # "clip" (all in range): no bounce buffer
+    out[:, ItemField.KV_HEAD] = head
 
 
 def _round_up(x, m):
     return -(-x // m) * m
 
 
-def _chunks(tiles: np.ndarray, cap: int | None, kv_tile: int):
+def _cost(keys, config: PlanConfig):
+    return _round_up(keys, config.kv_tile) + config.item_overhead_keys
+
+
+class _Chunks(NamedTuple):
+    """Tiles cut along keys: chunk ``i`` is keys [start[i], end[i]) of tile tile_id[i]."""
+
+    tile_id: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    per_tile: np.ndarray  # chunks of each tile
+
+
+def _chunks(kv_end: np.ndarray, cap: int, kv_tile: int) -> _Chunks:
     """Cut each tile's key range [0, kv_end) into chunks of at most ``cap`` keys (kv_tile aligned)."""
-    kv_end = tiles[:, 4]
-    if cap is None:
-        n = np.ones(tiles.shape[0], dtype=np.int64)
-    else:
-        n = np.maximum(1, -(-kv_end // cap))
+    n = np.maximum(1, -(-kv_end // cap))
     # even chunks, each a multiple of kv_tile, so the last one is the short one
     step = _round_up(-(-kv_end // n), kv_tile)
     n = np.maximum(1, -(-kv_end // np.maximum(step, 1)))
-    tile_id = np.repeat(np.arange(tiles.shape[0]), n)
+    tile_id = np.repeat(np.arange(kv_end.size), n)
     first = np.cumsum(n) - n
-    k = np.arange(tile_id.size) - first[tile_id]
-    start = np.minimum(k * step[tile_id], kv_end[tile_id])
-    end = np.minimum(start + step[tile_id], kv_end[tile_id])
-    return tile_id, start, end, n
+    chunk_step = step[tile_id]
+    start = (np.arange(tile_id.size) - first[tile_id]) * chunk_step  # < kv_end, as n = ceil(kv_end / step)
+    end = np.minimum(start + chunk_step, kv_end[tile_id])
+    return _Chunks(tile_id, start, end, n)
 
 
-def _cost(start, end, config: PlanConfig):
-    return _round_up(end - start, config.kv_tile) + config.item_overhead_keys
+def _small_uint(max_value: int):
+    """The narrowest unsigned dtype holding 0..max_value, if 8 or 16 bits do: numpy's stable sort of
+    such ints is a radix sort, an order of magnitude faster than its int64 sort."""
+    return np.uint8 if max_value < 1 << 8 else np.uint16 if max_value < 1 << 16 else None
+
+
+def _longest_first(costs: np.ndarray, kv_tile: int) -> np.ndarray:
+    """``np.argsort(-costs, kind="stable")``: costs descending, ties in index order.
+
+    Costs differ by multiples of kv_tile (see _cost), so ``(max - cost) // kv_tile`` ranks them
+    without ties between different costs; that rank usually fits 8 or 16 bits.
+    """
+    if costs.size == 0:
+        return np.zeros(0, dtype=np.intp)
+    top = costs.max()
+    dtype = _small_uint(int((top - costs.min()) // kv_tile))
+    if dtype is None:
+        return np.argsort(-costs, kind="stable")
+    return np.argsort(((top - costs) // kv_tile).astype(dtype), kind="stable")
 
 
 # ---------------------------------------------------------------------------------------------
 # LPT
 # ---------------------------------------------------------------------------------------------
-def _lpt(costs: np.ndarray, num_ctas: int) -> tuple[np.ndarray, np.ndarray]:
-    """Longest processing time first onto the least-loaded CTA. Returns (cta of each item, loads)."""
-    order = np.argsort(-costs, kind="stable")
-    cta = np.empty(costs.size, dtype=np.int64)
-    if costs.size <= _EXACT_LPT_MAX_ITEMS:
-        heap = [(0, c) for c in range(num_ctas)]
-        for i in order.tolist():
-            load, c = heap[0]
-            cta[i] = c
-            heapq.heapreplace(heap, (load + int(costs[i]), c))
-        loads = np.zeros(num_ctas, dtype=np.int64)
-        np.add.at(loads, cta, costs)
-        return cta, loads
-    # Round-based LPT: each round of num_ctas items (descending) goes to the CTAs in ascending load.
-    loads = np.zeros(num_ctas, dtype=np.int64)
-    for r0 in range(0, order.size, num_ctas):
-        idx = order[r0 : r0 + num_ctas]
-        targets = np.argsort(loads, kind="stable")[: idx.size]
-        cta[idx] = targets
-        loads[targets] += costs[idx]
-    return cta, loads
+def _lpt(costs_desc: np.ndarray, num_ctas: int) -> tuple[np.ndarray, np.ndarray]:
+    """Longest processing time first onto the least-loaded CTA, ties to the lower CTA.
+
+    ``costs_desc`` holds the items' costs in descending order. Returns (CTA of each of those items, as
+    the narrowest uint that holds it; load of each CTA). Up to _EXACT_LPT_MAX_ITEMS items are placed
+    one at a time (a heap); beyond, in rounds: each round of num_ctas items goes, largest first, to the
+    CTAs in ascending load.
+
+    A CTA is tracked as the single key ``load * num_ctas + cta``: ascending keys are ascending loads
+    with ties to the lower CTA, so one sort of plain ints (or a heap of ints) ranks the CTAs; the item
+    that lands on a CTA adds ``cost * num_ctas`` to its key, and ``key % num_ctas`` names the CTA.
+    """
+    m, n = num_ctas, costs_desc.size
+    # the largest key is below (sum of costs + 1) * m; where that could pass int64, Python ints do it
+    dtype = object if n and (int(costs_desc[0]) * n + 1) * m >= 1 << 63 else np.int64
+    costs_desc = costs_desc.astype(dtype, copy=False)
+    if n <= _EXACT_LPT_MAX_ITEMS:
+        heap = list(range(m))  # the keys of m empty CTAs, ascending: already a heap
+        # heapreplace returns the smallest key, the CTA that takes the item, as it adds the item
+        picked = [heapq.heapreplace(heap, heap[0] + w) for w in (costs_desc * m).tolist()]
+        picked, final = np.array(picked, dtype=dtype) % m, np.array(heap, dtype=dtype)
+    else:
+        rounds = -(-n // m)
+        # keys[r] = the CTAs' keys before round r, ascending; a last partial round adds 0 to the rest
+        add = np.zeros((rounds, m), dtype=dtype)
+        np.multiply(costs_desc, m, out=add.reshape(-1)[:n])
+        keys = np.empty((rounds + 1, m), dtype=dtype)
+        keys[0] = list(range(m))
+        key_rows, add_rows = list(keys), list(add)  # row views, made once: the loop is 2 numpy calls a round
+        for r in range(rounds):
+            np.add(key_rows[r], add_rows[r], out=key_rows[r + 1])
+            key_rows[r + 1].sort()  # keys are unique, so any sort gives the one order
+        picked, final = keys[:rounds], keys[rounds]
+        np.remainder(picked, m, out=picked)  # row r: the CTAs that took round r's items, in item order
+        picked = picked.reshape(-1)[:n]
+    cta_of = picked.astype(_small_uint(m - 1) or np.int64)
+    loads = np.empty(m, dtype=np.int64)
+    loads[(final % m).astype(np.int64)] = final // m
+    return cta_of, loads
 
 
-def _schedule(config: PlanConfig, chunks):
-    """LPT schedule of one way of cutting the tiles: (chunks, costs, cta of each chunk, CTA loads)."""
-    costs = _cost(chunks[1], chunks[2], config)
-    cta, loads = _lpt(costs, config.num_ctas)
-    return chunks, costs, cta, loads
+class _Schedule(NamedTuple):
+    chunks: _Chunks | None  # None: the whole tiles, none cut
+    order: np.ndarray  # chunk (or tile) indices, longest first, ties in index order: the LPT's order
+    cta_of: np.ndarray  # CTA of chunk order[j]
+    loads: np.ndarray  # [num_ctas] modelled cost per CTA
 
 
-def _rank(config: PlanConfig, schedule) -> tuple:
+def _whole_tile_schedule(config: PlanConfig, tiles: _Tiles) -> _Schedule:
+    """LPT schedule of the tiles, none cut. Sorted per q tile: the heads of a q tile have one cost
+    and consecutive tile indices, so longest first keeps them together, in head order."""
+    costs = _cost(tiles.kv_end, config)
+    q_order = _longest_first(costs, config.kv_tile)
+    heads = tiles.num_heads
+    order = (q_order[:, None] * heads + np.arange(heads)).reshape(-1)
+    cta_of, loads = _lpt(np.repeat(costs[q_order], heads), config.num_ctas)
+    return _Schedule(None, order, cta_of, loads)
+
+
+def _split_schedule(config: PlanConfig, chunks: _Chunks) -> _Schedule:
+    """LPT schedule of one way of cutting the tiles."""
+    costs = _cost(chunks.end - chunks.start, config)
+    order = _longest_first(costs, config.kv_tile)
+    cta_of, loads = _lpt(costs[order], config.num_ctas)
+    return _Schedule(chunks, order, cta_of, loads)
+
+
+def _rank(config: PlanConfig, schedule: _Schedule) -> tuple:
     """Balanced schedules (max/mean <= max_imbalance) first, then the shortest makespan, then fewer chunks."""
-    chunks, _, _, loads = schedule
-    return (_balance(loads) > config.max_imbalance, int(loads.max()), chunks[0].size)
+    loads = schedule.loads
+    return (_balance(loads) > config.max_imbalance, int(loads.max()), schedule.order.size)
 
 
 def _balance(loads: np.ndarray) -> float:
@@ -266,29 +363,38 @@ def plan_work(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity | None
     m = config.num_ctas
     tiles = _tiles(config, q_lens, kv_lens)
 
-    unsplit = _chunks(tiles, None, config.kv_tile)
-    best = _schedule(config, unsplit)
-    needs_split = tiles.shape[0] < m or _balance(best[3]) > config.balance_limit
-    if config.allow_split and needs_split and tiles.shape[0]:
-        total_keys = int(tiles[:, 4].sum())
+    best = _whole_tile_schedule(config, tiles)
+    needs_split = tiles.count < m or _balance(best.loads) > config.balance_limit
+    if config.allow_split and needs_split and tiles.count:
+        kv_end = np.repeat(tiles.kv_end, tiles.num_heads)  # per tile
+        total_keys, longest = int(kv_end.sum()), int(kv_end.max())
+        previous_cap = None
         for per_cta in range(1, MAX_CHUNKS_PER_CTA + 1):
             cap = max(config.kv_tile, _round_up(config.min_chunk_keys, config.kv_tile),
                       _round_up(-(-total_keys // (per_cta * m)), config.kv_tile))
-            candidate = _schedule(config, _chunks(tiles, cap, config.kv_tile))
+            # A cap no tile exceeds cuts nothing (the unsplit schedule again), and caps only shrink with
+            # per_cta, so a repeat is the previous candidate again: neither can rank strictly better.
+            if cap >= longest or cap == previous_cap:
+                continue
+            previous_cap = cap
+            candidate = _split_schedule(config, _chunks(kv_end, cap, config.kv_tile))
             if _rank(config, candidate) < _rank(config, best):
                 best = candidate
-    (tile_id, start, end, n_chunks), costs, cta, loads = best
     token_start = np.cumsum(q_lens) - q_lens
-    return _assemble(config, capacity, tiles, token_start, tile_id, start, end, n_chunks, costs, cta, loads)
+    return _assemble(config, capacity, tiles, token_start, best)
 
 
-def _assemble(config, capacity, tiles, token_start, tile_id, start, end, n_chunks, costs, cta, loads) -> WorkPlan:
+def _assemble(config: PlanConfig, capacity: PlanCapacity, tiles: _Tiles, token_start: np.ndarray,
+              schedule: _Schedule) -> WorkPlan:
     F = ItemField
     m = config.num_ctas
-    num_items = tile_id.size
-    split = n_chunks[tile_id] > 1
-    num_partials = int(split.sum())
-    split_tiles = np.nonzero(n_chunks > 1)[0]
+    chunks = schedule.chunks
+    num_items = schedule.order.size
+    if chunks is None:
+        split_tiles, num_partials = np.zeros(0, dtype=np.intp), 0
+    else:
+        split_tiles = np.nonzero(chunks.per_tile > 1)[0]
+        num_partials = int(chunks.per_tile[split_tiles].sum())  # every chunk of a split tile takes a slot
     num_merges = split_tiles.size
     if num_items > capacity.max_items or num_partials > capacity.max_partials or num_merges > capacity.max_merges:
         raise ValueError(
@@ -296,38 +402,41 @@ def _assemble(config, capacity, tiles, token_start, tile_id, start, end, n_chunk
             f"capacity {capacity.max_items} / {capacity.max_partials} / {capacity.max_merges}; "
             "raise the PlanCapacity (PlanCapacity.for_limits gives a safe one)"
         )
-    # partial slots: chunks of one split tile take consecutive slots, in tile order
-    slot = np.full(num_items, -1, dtype=np.int64)
-    slot[split] = np.arange(num_partials)
-    # merge of each split chunk: split tiles are numbered in tile order, like their slots
-    merge_of_tile = np.full(n_chunks.size, -1, dtype=np.int64)
-    merge_of_tile[split_tiles] = np.arange(num_merges)
-    merge = merge_of_tile[tile_id]
     merge_indptr = np.zeros(capacity.max_merges + 1, dtype=np.int32)
     merges = np.zeros((capacity.max_merges, len(MergeField)), dtype=np.int32)
     if num_merges:
-        merge_indptr[1 : num_merges + 1] = np.cumsum(n_chunks[split_tiles])
+        merge_indptr[1 : num_merges + 1] = np.cumsum(chunks.per_tile[split_tiles])
         merge_indptr[num_merges + 1 :] = merge_indptr[num_merges]
-        merges[:num_merges, :4] = tiles[split_tiles][:, [0, 1, 2, 3]]
-        merges[:num_merges, MergeField.TOKEN_START] = token_start[tiles[split_tiles][:, 0]]
+        merged = np.empty((num_merges, len(F)), dtype=np.int32)
+        _tile_items(tiles, split_tiles, merged)
+        merges[:num_merges, :4] = merged[:, :4]  # REQUEST, KV_HEAD, Q_ROW_START, Q_ROW_COUNT
+        merges[:num_merges, MergeField.TOKEN_START] = token_start[merged[:, F.REQUEST]]
 
-    # CTA-major; inside a CTA, longest first so the tail of the schedule holds the short items
-    top = int(costs.max()) + 1 if num_items else 1
-    order = np.argsort(cta * top + (top - 1 - costs), kind="stable")
-    t = tiles[tile_id[order]]
-    items = np.zeros((capacity.max_items, len(ItemField)), dtype=np.int32)
+    # CTA-major; inside a CTA, longest first so the tail of the schedule holds the short items. The
+    # LPT order is already longest first (ties in index order), so a stable sort by CTA finishes it.
+    order = schedule.order[np.argsort(schedule.cta_of, kind="stable")]
+    items = np.zeros((capacity.max_items, len(F)), dtype=np.int32)
     valid = items[:num_items]
-    valid[:, [F.REQUEST, F.KV_HEAD, F.Q_ROW_START, F.Q_ROW_COUNT]] = t[:, :4]
-    valid[:, F.KV_START] = start[order]
-    valid[:, F.KV_END] = end[order]
-    valid[:, F.PARTIAL_SLOT] = slot[order]
-    valid[:, F.CAUSAL_OFFSET] = t[:, 5]
-    valid[:, F.MERGE] = merge[order]
-    counts = np.bincount(cta, minlength=m)
+    if chunks is None:
+        _tile_items(tiles, order, valid)
+    else:
+        _tile_items(tiles, chunks.tile_id[order], valid)
+        # partial slots: chunks of one split tile take consecutive slots, in tile order; split tiles
+        # are numbered (their merges) in tile order too
+        split = chunks.per_tile[chunks.tile_id] > 1
+        slot = np.full(chunks.tile_id.size, -1, dtype=np.int64)
+        slot[split] = np.arange(num_partials)
+        merge_of_tile = np.full(chunks.per_tile.size, -1, dtype=np.int64)
+        merge_of_tile[split_tiles] = np.arange(num_merges)
+        valid[:, F.KV_START] = chunks.start[order]
+        valid[:, F.KV_END] = chunks.end[order]
+        valid[:, F.PARTIAL_SLOT] = slot[order]
+        valid[:, F.MERGE] = merge_of_tile[chunks.tile_id[order]]
+    counts = np.bincount(schedule.cta_of, minlength=m)
     work_indptr = np.zeros(m + 1, dtype=np.int32)
     work_indptr[1:] = np.cumsum(counts)
     return WorkPlan(
         config=config, capacity=capacity, num_ctas=int((counts > 0).sum()), work_indptr=work_indptr,
         items=items, num_items=num_items, merge_indptr=merge_indptr, merges=merges, num_merges=num_merges,
-        num_partials=num_partials, cta_cost=loads,
+        num_partials=num_partials, cta_cost=schedule.loads,
     )

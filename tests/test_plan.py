@@ -1,4 +1,8 @@
-"""Planner properties: exact coverage, executor == reference, capacity, balance."""
+"""Planner properties: exact coverage, executor == reference, capacity, balance, schedule order, and the
+fast LPT / sort formulations against their textbook forms."""
+
+import heapq
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -6,6 +10,7 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from cute_attn import plan as plan_module
 from cute_attn import reference, testing
 from cute_attn.plan import ItemField as F
 from cute_attn.plan import PlanCapacity, PlanConfig, plan_work
@@ -186,3 +191,88 @@ def test_bad_config_and_lengths_are_rejected():
         plan_work(cfg, [1, 2], [3])
     with pytest.raises(ValueError, match=">= 0"):
         plan_work(cfg, [-1], [3])
+
+
+# ---------------------------------------------------------------------------------------------
+# Schedule order and the LPT, against the textbook formulation
+# ---------------------------------------------------------------------------------------------
+def item_costs(cfg, items):
+    keys = items[:, F.KV_END].astype(np.int64) - items[:, F.KV_START]
+    return -(-keys // cfg.kv_tile) * cfg.kv_tile + cfg.item_overhead_keys
+
+
+def item_ctas(plan):
+    return np.repeat(np.arange(plan.config.num_ctas), np.diff(plan.work_indptr))
+
+
+def assert_schedule_is_cta_major_and_longest_first(plan):
+    items = plan.valid_items()
+    costs, ctas = item_costs(plan.config, items), item_ctas(plan)
+    assert plan.work_indptr[0] == 0 and (np.diff(plan.work_indptr) >= 0).all()
+    assert np.array_equal(np.bincount(ctas, weights=costs, minlength=plan.config.num_ctas), plan.cta_cost)
+    same_cta = ctas[1:] == ctas[:-1]
+    assert (costs[1:][same_cta] <= costs[:-1][same_cta]).all(), "inside a CTA, items run longest first"
+    assert plan.num_ctas == int((np.diff(plan.work_indptr) > 0).sum())
+
+
+def textbook_lpt(costs, num_ctas, exact):
+    """The LPT as first written: a heap of (load, cta) tuples, or per round of num_ctas items (largest
+    first) an argsort of the loads. Returns (cta of each item, load of each CTA)."""
+    order = np.argsort(-costs, kind="stable")
+    cta = np.empty(costs.size, dtype=np.int64)
+    loads = np.zeros(num_ctas, dtype=np.int64)
+    if exact:
+        heap = [(0, c) for c in range(num_ctas)]
+        for i in order.tolist():
+            load, c = heap[0]
+            cta[i] = c
+            heapq.heapreplace(heap, (load + int(costs[i]), c))
+        np.add.at(loads, cta, costs)
+    else:
+        for r0 in range(0, order.size, num_ctas):
+            idx = order[r0 : r0 + num_ctas]
+            targets = np.argsort(loads, kind="stable")[: idx.size]
+            cta[idx] = targets
+            loads[targets] += costs[idx]
+    return cta, loads
+
+
+@given(cfg=plan_configs(), batch=testing.ragged_batches(max_batch=12, max_q=64, max_kv=2000, kv_at_least_q=False))
+def test_items_are_cta_major_longest_first_and_cta_cost_adds_up(cfg, batch):
+    assert_schedule_is_cta_major_and_longest_first(plan_work(cfg, *batch))
+
+
+@given(max_len=st.sampled_from([100, 5000, 10**6, 2**50]), data=st.data(), num_ctas=st.integers(1, 300),
+       kv_tile=st.sampled_from([1, 16, 64, 128]), overhead=st.sampled_from([0, 7, 128]), exact=st.booleans())
+def test_lpt_and_longest_first_match_the_textbook_formulation(max_len, data, num_ctas, kv_tile, overhead, exact):
+    """Costs spanning 8, 16 and more bits (the radix-sort ranks and their fallback) and keys past int64
+    (lengths near 2**50: the Python-int keys), through both the exact and the round-based LPT."""
+    lengths = np.array(data.draw(st.lists(st.integers(0, max_len), max_size=400)), dtype=np.int64)
+    costs = -(-lengths // kv_tile) * kv_tile + overhead
+    order = plan_module._longest_first(costs, kv_tile)
+    assert np.array_equal(order, np.argsort(-costs, kind="stable"))
+    with mock.patch.object(plan_module, "_EXACT_LPT_MAX_ITEMS", costs.size if exact else -1):
+        cta_of, loads = plan_module._lpt(costs[order], num_ctas)
+    want_cta, want_loads = textbook_lpt(costs, num_ctas, exact)
+    assert np.array_equal(cta_of, want_cta[order]) and np.array_equal(loads, want_loads)
+
+
+@pytest.mark.parametrize("num_kv_heads,group,num_ctas", [(4, 5, 132), (1, 16, 132), (8, 4, 264), (2, 8, 7)])
+def test_large_decode_batch_is_whole_tiles_in_textbook_round_lpt_order(num_kv_heads, group, num_ctas):
+    """4096 decode requests: past _EXACT_LPT_MAX_ITEMS tiles (the round-based LPT) unless one KV head.
+    Every (request, head) is one whole tile, placed as the textbook LPT places it."""
+    cfg = PlanConfig(num_qo_heads=num_kv_heads * group, num_kv_heads=num_kv_heads, causal=False,
+                     tile_q_rows=64, kv_tile=64, num_ctas=num_ctas, min_chunk_keys=256)
+    rng = np.random.default_rng(num_ctas)
+    kv_lens = rng.integers(0, 16 * 1024, size=4096)
+    kv_lens[:7] = 0
+    plan = plan_work(cfg, np.ones(4096, dtype=np.int64), kv_lens)
+    assert plan.num_partials == 0 and plan.num_items == 4096 * num_kv_heads
+    assert_schedule_is_cta_major_and_longest_first(plan)
+    items = plan.valid_items()
+    tile = items[:, F.REQUEST].astype(np.int64) * num_kv_heads + items[:, F.KV_HEAD]
+    assert np.array_equal(np.sort(tile), np.arange(plan.num_items))  # each tile exactly once
+    assert (items[:, F.KV_START] == 0).all() and np.array_equal(items[:, F.KV_END], kv_lens[items[:, F.REQUEST]])
+    costs = -(-np.repeat(kv_lens, num_kv_heads) // 64) * 64 + cfg.item_overhead_keys
+    want_cta, want_loads = textbook_lpt(costs, num_ctas, exact=plan.num_items <= plan_module._EXACT_LPT_MAX_ITEMS)
+    assert np.array_equal(item_ctas(plan), want_cta[tile]) and np.array_equal(plan.cta_cost, want_loads)
