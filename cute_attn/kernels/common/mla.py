@@ -24,6 +24,7 @@ from cutlass import Int32, Int64
 
 from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField as F
+from .paged_launch import checked_build, launch_paged
 from .row_gather import ROW_CHUNK, commit_rows, gather_rows, make_row_copy_atom
 
 KIND = "mla_paged_prefill"
@@ -66,6 +67,21 @@ def fake_args(config: PagedAttentionConfig) -> tuple:
         f32(1.0),
         cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
     )
+
+
+def mla_entry(kernel_cls, check_config) -> tuple:
+    """``(build, launch)`` of an MLA prefill kernel class (the arguments of :func:`fake_args`; combine after)."""
+
+    def build(config: PagedAttentionConfig) -> tuple:
+        return checked_build(kernel_cls, check_config, config, fake_args(config))
+
+    def launch(device_plan, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output,
+               lse, natural_lse: bool = False) -> None:
+        """Run the plan's items, then the combine kernel if the plan split any item."""
+        launch_paged(device_plan, check_config, (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr,
+                                                 kv_indices), sm_scale, output, lse, natural_lse)
+
+    return build, launch
 
 
 # ----------------------------------------------------------------------------------------- load role

@@ -110,3 +110,47 @@ def launch_paged(device_plan, check_config, inputs: tuple, sm_scale, output, lse
                 device_plan.partial_out, device_plan.partial_lse, float(sm_scale) * LOG2_E, lse_out_scale)
     if not fused_merge and device_plan.plan is not None and device_plan.plan.num_merges:
         launch_combine(device_plan, output, lse, lse_out_scale)
+
+
+# ----------------------------------------------------------------------------- per-kind entry points
+# One (build, launch) pair per kernel kind, shared by the arch twins: the argument convention (which
+# inputs, whether the merge is fused) is stated once here, so build's fake arguments and launch's real
+# ones cannot drift apart between a kernel and its twin.
+def checked_build(kernel_cls, check_config, config: PagedAttentionConfig, fake_args: tuple) -> tuple:
+    """``(kernel object, fake_args)`` once ``check_config`` accepts ``config``; else ValueError with why."""
+    reason = check_config(config)
+    if reason is not None:
+        raise ValueError(f"{config.cache_key()}: {reason}")
+    return kernel_cls(config), fake_args
+
+
+def gqa_prefill_entry(kernel_cls, check_config) -> tuple:
+    """``(build, launch)`` of a GQA prefill kernel class (entry arguments with ``qo_indptr``; combine after)."""
+
+    def build(config: PagedAttentionConfig) -> tuple:
+        return checked_build(kernel_cls, check_config, config, paged_fake_args(config, with_qo_indptr=True))
+
+    def launch(device_plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
+               output, lse, natural_lse: bool = False) -> None:
+        """Run the plan's items (kv_last_page_len is already folded into their KV_END), then the combine."""
+        launch_paged(device_plan, check_config, (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices), sm_scale,
+                     output, lse, natural_lse)
+
+    return build, launch
+
+
+def gqa_decode_entry(kernel_cls, check_config) -> tuple:
+    """``(build, launch)`` of a GQA decode kernel class (no ``qo_indptr``; merges fold in-kernel)."""
+
+    def build(config: PagedAttentionConfig) -> tuple:
+        fake = paged_fake_args(config, with_qo_indptr=False, with_fused_merge=True)
+        return checked_build(kernel_cls, check_config, config, fake)
+
+    def launch(device_plan, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output, lse,
+               natural_lse: bool = False) -> None:
+        """Run the plan's items (kv_last_page_len is already folded into their KV_END); merges fold in-kernel."""
+        launch_paged(device_plan, check_config, (q, k_cache, v_cache, kv_indptr, kv_indices), sm_scale,
+                     output, lse, natural_lse, fused_merge=True)
+
+    return build, launch
+

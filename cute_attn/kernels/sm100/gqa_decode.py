@@ -57,7 +57,6 @@ Pipeline (mbarriers; phases from running counters that carry across items)
 
 from __future__ import annotations
 
-from typing import Any
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -71,7 +70,7 @@ from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField
 from .. import register_paged_kernel
 from ..common.limits import SMEM_LIMIT_BYTES
-from ..common.paged_launch import launch_paged, paged_fake_args
+from ..common.paged_launch import gqa_decode_entry
 from ..common.decode_merge import fold_completed_merges
 
 ARCH = "sm_100a"
@@ -549,19 +548,7 @@ class GqaDecodeSm100:
 
 
 # ---------------------------------------------------------------------------------------------- API
-def build(config: PagedAttentionConfig) -> tuple[Any, tuple[Any, ...]]:
-    """``(jit_fn, fake_args)`` for :func:`cute_attn.compile.compile_kernel` (symbolic batch/pages/items)."""
-    reason = check_config(config)
-    if reason is not None:
-        raise ValueError(f"{config.cache_key()}: {reason}")
-    return GqaDecodeSm100(config), paged_fake_args(config, with_qo_indptr=False, with_fused_merge=True)
-
-
-def launch(device_plan, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output, lse,
-           natural_lse: bool = False) -> None:
-    """Run the plan's items (kv_last_page_len is already folded into their KV_END); merges fold in-kernel."""
-    launch_paged(device_plan, check_config, (q, k_cache, v_cache, kv_indptr, kv_indices), sm_scale,
-                 output, lse, natural_lse, fused_merge=True)
+build, launch = gqa_decode_entry(GqaDecodeSm100, check_config)
 
 
 def configs(arch: str) -> list[PagedAttentionConfig]:

@@ -52,7 +52,6 @@ completed with ``tcgen05.wait::ld`` / ``wait::st`` before their registers are us
 
 from __future__ import annotations
 
-from typing import Any
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -65,7 +64,7 @@ from cutlass.memory import SmemAllocator
 
 from ...config import PagedAttentionConfig, default_paged_config
 from .. import register_paged_kernel
-from ..common.paged_launch import launch_paged, paged_fake_args
+from ..common.paged_launch import gqa_prefill_entry
 from ..common.limits import TMEM_COLUMNS, packed_q_box_reason, page_box_reason, smem_reason, target_reason
 from .prefill_roles import PrefillRoles
 from .tmem import PrefillTmem
@@ -295,17 +294,7 @@ class GqaPagedPrefillSm100(PrefillRoles):
 
 
 # ----------------------------------------------------------------------------------- registration
-def build(config: PagedAttentionConfig) -> tuple[Any, tuple[Any, ...]]:
-    """``(jit_fn, fake_args)`` for :func:`cute_attn.compile.compile_kernel` (same arguments as sm_90a)."""
-    return GqaPagedPrefillSm100(config), paged_fake_args(config, with_qo_indptr=True)
-
-
-def launch(device_plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
-           output, lse,
-           natural_lse: bool = False) -> None:
-    """Run the plan's items (kv_last_page_len is already folded into their KV_END), then the combine."""
-    launch_paged(device_plan, check_config, (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices), sm_scale,
-                 output, lse, natural_lse)
+build, launch = gqa_prefill_entry(GqaPagedPrefillSm100, check_config)
 
 
 def configs(arch: str) -> list[PagedAttentionConfig]:

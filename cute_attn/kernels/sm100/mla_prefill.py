@@ -69,7 +69,6 @@ softmax all threads; S/P in TMEM with O^T; TMA ``gather4`` for the K rows; a thi
 
 from __future__ import annotations
 
-from typing import Any
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -83,9 +82,8 @@ from cutlass.memory import SmemAllocator
 from ...config import PagedAttentionConfig
 from ...plan import ItemField as F
 from .. import register_paged_kernel
-from ..common.paged_launch import launch_paged
 from ..common.limits import TMEM_COLUMNS, mla_definition_reason, smem_reason, target_reason
-from ..common.mla import CKV_DIM, KIND, QK_DIM, definition_config, fake_args, load_q_and_kv_tiles
+from ..common.mla import CKV_DIM, KIND, QK_DIM, definition_config, load_q_and_kv_tiles, mla_entry
 from .softmax_rows import NEG_INF, load_s_row, num_key_tiles, online_softmax_row, send_row_values
 from .tmem import PrefillTmem, fence_after_sync, fence_before_sync
 
@@ -514,17 +512,7 @@ class MlaPagedPrefillSm100:
 
 
 # ----------------------------------------------------------------------------------- registration
-def build(config: PagedAttentionConfig) -> tuple[Any, tuple[Any, ...]]:
-    """``(jit_fn, fake_args)`` for :func:`cute_attn.compile.compile_kernel` (``common/mla.py``'s arguments)."""
-    return MlaPagedPrefillSm100(config), fake_args(config)
-
-
-def launch(device_plan, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output,
-           lse, natural_lse: bool = False) -> None:
-    """Run the plan's items, then the combine kernel if the plan split any item (same arguments as sm_90a)."""
-    launch_paged(device_plan, check_config, (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices),
-                 sm_scale, output, lse, natural_lse)
-
+build, launch = mla_entry(MlaPagedPrefillSm100, check_config)
 
 
 def configs(arch: str) -> list[PagedAttentionConfig]:

@@ -33,7 +33,6 @@ items. Q has its own buffer, guarded by a named barrier of the consumer warpgrou
 
 from __future__ import annotations
 
-from typing import Any
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -51,7 +50,7 @@ from .. import register_paged_kernel
 from ..common.decode_merge import FOLD_ROW_LANES, fold_completed_merges
 from ..common.limits import SMEM_LIMIT_BYTES
 from .wgmma import wgmma_gemm
-from ..common.paged_launch import launch_paged, paged_fake_args
+from ..common.paged_launch import gqa_decode_entry
 
 KIND = "gqa_paged_decode"
 ARCH = "sm_90a"
@@ -406,19 +405,7 @@ class GqaDecodeSm90:
 
 
 # --------------------------------------------------------------------------------------------- host
-def build(config: PagedAttentionConfig) -> tuple[Any, tuple[Any, ...]]:
-    """``(jit_fn, fake_args)`` for :func:`cute_attn.compile.compile_kernel`."""
-    reason = check_config(config)
-    if reason is not None:
-        raise ValueError(f"{config.cache_key()}: {reason}")
-    return GqaDecodeSm90(config), paged_fake_args(config, with_qo_indptr=False, with_fused_merge=True)
-
-
-def launch(device_plan, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output, lse,
-           natural_lse: bool = False) -> None:
-    """Run the plan's items (kv_last_page_len is already folded into their KV_END); merges fold in-kernel."""
-    launch_paged(device_plan, check_config, (q, k_cache, v_cache, kv_indptr, kv_indices), sm_scale,
-                 output, lse, natural_lse, fused_merge=True)
+build, launch = gqa_decode_entry(GqaDecodeSm90, check_config)
 
 
 def configs(arch: str) -> list[PagedAttentionConfig]:

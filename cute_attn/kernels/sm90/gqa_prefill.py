@@ -45,7 +45,6 @@ tiles (one page is the box ``page_size x d`` of a stage).
 
 from __future__ import annotations
 
-from typing import Any
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -60,7 +59,7 @@ from cutlass.tensor_utils import LayoutEnum
 from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField as F
 from .. import register_paged_kernel
-from ..common.paged_launch import launch_paged, paged_fake_args
+from ..common.paged_launch import gqa_prefill_entry
 from ..common.limits import packed_q_box_reason, page_box_reason, smem_reason, target_reason
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.softmax import (acc_mn_view, acc_to_mma_a_view, make_softmax_state, rescale_rows,
@@ -438,16 +437,7 @@ class GqaPagedPrefillSm90:
 
 
 # ----------------------------------------------------------------------------------- registration
-def build(config: PagedAttentionConfig) -> tuple[Any, tuple[Any, ...]]:
-    """``(jit_fn, fake_args)`` for :func:`cute_attn.compile.compile_kernel`."""
-    return GqaPagedPrefillSm90(config), paged_fake_args(config, with_qo_indptr=True)
-
-
-def launch(device_plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
-           output, lse, natural_lse: bool = False) -> None:
-    """Run the plan's items (kv_last_page_len is already folded into their KV_END), then the combine."""
-    launch_paged(device_plan, check_config, (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices), sm_scale,
-                 output, lse, natural_lse)
+build, launch = gqa_prefill_entry(GqaPagedPrefillSm90, check_config)
 
 
 def configs(arch: str) -> list[PagedAttentionConfig]:

@@ -49,7 +49,6 @@ exchanged through smem (FlashMLA style); prefetching the next tile's row ids one
 
 from __future__ import annotations
 
-from typing import Any
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -64,9 +63,8 @@ from cutlass.tensor_utils import LayoutEnum
 from ...config import PagedAttentionConfig
 from ...plan import ItemField as F
 from .. import register_paged_kernel
-from ..common.paged_launch import launch_paged
 from ..common.limits import SMEM_LIMIT_BYTES, mla_definition_reason, smem_reason, target_reason
-from ..common.mla import CKV_DIM, KIND, QK_DIM, definition_config, fake_args, load_q_and_kv_tiles
+from ..common.mla import CKV_DIM, KIND, QK_DIM, definition_config, load_q_and_kv_tiles, mla_entry
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.softmax import (acc_mn_view, make_softmax_state, rescale_rows, softmax_finalize, softmax_reset,
                               softmax_update, store_p_bf16)
@@ -280,16 +278,7 @@ class MlaPagedPrefillSm90:
 
 
 # ----------------------------------------------------------------------------------- registration
-def build(config: PagedAttentionConfig) -> tuple[Any, tuple[Any, ...]]:
-    """``(jit_fn, fake_args)`` for :func:`cute_attn.compile.compile_kernel`."""
-    return MlaPagedPrefillSm90(config), fake_args(config)
-
-
-def launch(device_plan, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output,
-           lse, natural_lse: bool = False) -> None:
-    """Run the plan's items, then the combine kernel if the plan split any item."""
-    launch_paged(device_plan, check_config, (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices),
-                 sm_scale, output, lse, natural_lse)
+build, launch = mla_entry(MlaPagedPrefillSm90, check_config)
 
 
 def configs(arch: str) -> list[PagedAttentionConfig]:
