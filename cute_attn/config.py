@@ -127,6 +127,7 @@ class PagedAttentionConfig(KernelConfig):
         return PlanConfig(
             num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads, causal=self.causal,
             tile_q_rows=self.tile_q_rows, kv_tile=self.kv_tile, num_ctas=num_ctas, min_chunk_keys=self.min_chunk_keys,
+            page_size=self.page_size,
         )
 
     def can_implement(self) -> str | None:

@@ -64,6 +64,8 @@ class ItemField(IntEnum):
     PARTIAL_SLOT = 6  # -1: write the final output directly; else the partial buffer slot
     CAUSAL_OFFSET = 7  # token t sees key j iff j <= t + CAUSAL_OFFSET (kv_len - q_len; huge if not causal)
     MERGE = 8  # -1 when PARTIAL_SLOT is -1; else the merge whose slot range holds PARTIAL_SLOT
+    KV_PAGE_START = 9  # kv_indices position of the page holding key KV_START: kv_indptr[REQUEST] +
+    #                    KV_START // page_size (so a kernel skips the kv_indptr load); -1 if page_size is 0
 
 
 class MergeField(IntEnum):
@@ -94,6 +96,7 @@ class PlanConfig:
     max_imbalance: float = 1.3  # among ways to split, prefer those within this max/mean CTA load
     allow_split: bool = True
     min_chunk_keys: int = 0  # split chunks are at least this long (fewer partials to merge; a tuning knob)
+    page_size: int = 0  # tokens per KV page, for ItemField.KV_PAGE_START (0: not planned, the column is -1)
 
     def __post_init__(self):
         for name in ("num_qo_heads", "num_kv_heads", "tile_q_rows", "kv_tile", "num_ctas"):
@@ -105,6 +108,8 @@ class PlanConfig:
             )
         if self.item_overhead_keys < 0:
             raise ValueError("PlanConfig.item_overhead_keys must be >= 0")
+        if self.page_size < 0:
+            raise ValueError(f"PlanConfig.page_size must be >= 0, got {self.page_size}")
 
     @property
     def group_size(self) -> int:
@@ -351,7 +356,12 @@ def _balance(loads: np.ndarray) -> float:
 # Planner
 # ---------------------------------------------------------------------------------------------
 def plan_work(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity | None = None) -> WorkPlan:
-    """Plan one batch. ``q_lens``/``kv_lens``: per-request query tokens and keys (host ints)."""
+    """Plan one batch. ``q_lens``/``kv_lens``: per-request query tokens and keys (host ints).
+
+    Requests' pages are taken to be laid out as the entry rules require (``kv_indptr[0] == 0`` and
+    ``1 <= kv_last_page_len <= page_size`` for a request with pages), so request ``b``'s pages start at
+    ``sum(ceil(kv_lens[:b] / page_size))`` in ``kv_indices``: ``ItemField.KV_PAGE_START`` is built from that.
+    """
     q_lens = np.asarray(q_lens, dtype=np.int64).reshape(-1)
     kv_lens = np.asarray(kv_lens, dtype=np.int64).reshape(-1)
     if q_lens.shape != kv_lens.shape:
@@ -381,7 +391,22 @@ def plan_work(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity | None
             if _rank(config, candidate) < _rank(config, best):
                 best = candidate
     token_start = np.cumsum(q_lens) - q_lens
-    return _assemble(config, capacity, tiles, token_start, best)
+    plan = _assemble(config, capacity, tiles, token_start, best)
+    _fill_page_starts(config, kv_lens, plan)
+    return plan
+
+
+def _fill_page_starts(config: PlanConfig, kv_lens: np.ndarray, plan: WorkPlan) -> None:
+    F = ItemField
+    valid = plan.items[: plan.num_items]
+    if config.page_size == 0:
+        valid[:, F.KV_PAGE_START] = -1
+        return
+    pages = -(-kv_lens // config.page_size)
+    first_page = np.cumsum(pages) - pages
+    if pages.sum() >= 1 << 31:
+        raise ValueError(f"{int(pages.sum())} pages do not fit int32 page indices")
+    valid[:, F.KV_PAGE_START] = first_page[valid[:, F.REQUEST]] + valid[:, F.KV_START] // config.page_size
 
 
 def _assemble(config: PlanConfig, capacity: PlanCapacity, tiles: _Tiles, token_start: np.ndarray,

@@ -1,6 +1,7 @@
 """Planner properties: exact coverage, executor == reference, capacity, balance, schedule order, and the
 fast LPT / sort formulations against their textbook forms."""
 
+import dataclasses
 import heapq
 from unittest import mock
 
@@ -191,6 +192,31 @@ def test_bad_config_and_lengths_are_rejected():
         plan_work(cfg, [1, 2], [3])
     with pytest.raises(ValueError, match=">= 0"):
         plan_work(cfg, [-1], [3])
+
+
+@given(cfg=plan_configs(), page_size=st.sampled_from([1, 2, 4, 8, 16]),
+       batch=testing.ragged_batches(max_batch=6, max_q=4, max_kv=70, kv_at_least_q=False))
+def test_kv_page_start_is_the_kv_indices_position_of_the_first_key(cfg, page_size, batch):
+    """The kernels read page ids from KV_PAGE_START instead of kv_indptr[REQUEST] + KV_START // page_size:
+    the two must agree for every item, with kv_indptr as the entry rules allow it (0-based, ceil pages)."""
+    q_lens, kv_lens = batch
+    cfg = dataclasses.replace(cfg, page_size=page_size)
+    plan = plan_work(cfg, q_lens, kv_lens)
+    kv_indptr = [0]
+    for kv in kv_lens:
+        kv_indptr.append(kv_indptr[-1] + (kv + page_size - 1) // page_size)
+    for item in plan.valid_items():
+        b, start = int(item[F.REQUEST]), int(item[F.KV_START])
+        assert item[F.KV_PAGE_START] == kv_indptr[b] + start // page_size, item.tolist()
+        if item[F.KV_END] > start:  # the key exists, so its page lies inside the request's pages
+            assert kv_indptr[b] <= item[F.KV_PAGE_START] < kv_indptr[b + 1]
+
+
+def test_kv_page_start_is_minus_one_without_a_page_size():
+    plan = plan_work(PlanConfig(8, 2, False, 16, 16, 4), [1, 1], [40, 7])
+    assert (plan.valid_items()[:, F.KV_PAGE_START] == -1).all()
+    with pytest.raises(ValueError, match="page_size must be >= 0"):
+        PlanConfig(8, 2, False, 16, 16, 4, page_size=-1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,18 +32,28 @@ class Timing:
     status: str  # "ok" or why gpu_us is missing
 
 
-def make_l2_flusher(device=None) -> Callable[[], None]:
-    """Return flush(): zero a buffer of twice the L2 size, evicting whatever the last call left."""
+def make_l2_flusher(device=None, mode: str = "dirty") -> Callable[[], None]:
+    """Return flush(): evict whatever the last call left in L2 with a buffer of twice the L2 size.
+
+    mode "dirty" (the benchmark's, as FlashInfer's and Triton's timers do): zero the buffer, so L2 is
+    left full of dirty lines that the timed call's misses must write back to HBM. mode "clean": read
+    the buffer instead, leaving L2 full of clean lines (``tools/flush_study.py`` compares the two).
+    """
     import torch
 
+    if mode not in ("dirty", "clean"):
+        raise ValueError(f"mode must be 'dirty' or 'clean', got {mode!r}")
     props = torch.cuda.get_device_properties(device if device is not None else torch.cuda.current_device())
     l2 = int(getattr(props, "L2_cache_size", 0) or 64 * 1024 * 1024)
-    buf = torch.empty(2 * l2, dtype=torch.int8, device=device if device is not None else "cuda")
+    buf = torch.zeros(2 * l2 // 4, dtype=torch.int32, device=device if device is not None else "cuda")
 
-    def flush() -> None:
+    def flush_dirty() -> None:
         buf.zero_()
 
-    return flush
+    def flush_clean() -> None:
+        buf.max()  # reads every line; writes 4 bytes
+
+    return flush_dirty if mode == "dirty" else flush_clean
 
 
 def time_wall(run: Callable[[], object], flush: Callable[[], None], iters: int, warmup: int) -> List[float]:

@@ -2,10 +2,11 @@
 
 Every GQA paged kernel's ``@cute.jit`` entry takes the same arguments, in this order::
 
-    q, k_cache, v_cache, [qo_indptr,] kv_indptr, kv_indices, work_indptr, items,
+    q, k_cache, v_cache, [qo_indptr, kv_indptr,] kv_indices, work_indptr, items,
     [merge_indptr, merge_counters,] output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream
 
-(``qo_indptr`` only for prefill; decode's token is its request; ``merge_indptr``/``merge_counters`` only for
+(``qo_indptr`` and ``kv_indptr`` only for prefill: decode's token is its request and its items carry
+their ``kv_indices`` position (``ItemField.KV_PAGE_START``); ``merge_indptr``/``merge_counters`` only for
 kernels that fold their own split-KV merges, i.e. decode: no combine launch follows them).
 ``scale_log2 = sm_scale * log2(e)``
 so logits go straight into ``exp2``; ``lse_out_scale`` is 1 (base-2 LSE) or ``ln 2`` (natural LSE).
@@ -29,7 +30,7 @@ LOG2_E = math.log2(math.e)
 _BF16_PER_16_BYTES = 8
 
 
-def paged_fake_args(config: PagedAttentionConfig, *, with_qo_indptr: bool, with_fused_merge: bool = False) -> tuple:
+def paged_fake_args(config: PagedAttentionConfig, *, prefill_indptrs: bool, with_fused_merge: bool = False) -> tuple:
     """Fake tensors (symbolic extents) for ``cute.compile``, in the entry's argument order."""
     bf16, i32, f32 = cutlass.BFloat16, cutlass.Int32, cutlass.Float32
     hq, hkv, d, dv, ps = (config.num_qo_heads, config.num_kv_heads, config.head_dim_qk, config.head_dim_v,
@@ -44,15 +45,14 @@ def paged_fake_args(config: PagedAttentionConfig, *, with_qo_indptr: bool, with_
         return cute.runtime.make_fake_tensor(bf16, (num_pages, ps, hkv, dim), stride=(stride, hkv * dim, dim, 1),
                                              assumed_align=16)
 
-    indptr = (fake(i32, (cute.sym_int(symbol="batch_plus_1"),)),)
+    indptrs = (fake(i32, (cute.sym_int(symbol="batch_plus_1"),)), fake(i32, (cute.sym_int(symbol="kv_indptr_len"),)))
     fused_merge = (fake(i32, (cute.sym_int(symbol="max_merges_plus_1"),)),
                    fake(i32, (cute.sym_int(symbol="merge_counters"),)))
     return (
         fake(bf16, (rows, hq, d), stride_order=(2, 1, 0), assumed_align=16),
         cache("k", d),
         cache("v", dv),
-        *(indptr if with_qo_indptr else ()),
-        fake(i32, (cute.sym_int(symbol="kv_indptr_len"),)),
+        *(indptrs if prefill_indptrs else ()),
         fake(i32, (cute.sym_int(symbol="num_indices"),)),
         fake(i32, (cute.sym_int(symbol="ctas_plus_1"),)),
         fake(i32, (cute.sym_int(symbol="max_items"), len(ItemField)), stride_order=(1, 0)),
@@ -95,7 +95,7 @@ def launch_paged(device_plan, check_config, inputs: tuple, sm_scale, output, lse
     ``items``; see ``DevicePlan.merge_counters``), so no combine launch follows.
 
     ``inputs`` are the kernel's leading tensor arguments in its order (GQA: ``q, k_cache, v_cache,
-    [qo_indptr,] kv_indptr, kv_indices``; MLA: ``q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr,
+    [qo_indptr, kv_indptr,] kv_indices``; MLA: ``q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr,
     kv_indices``); the plan, output and scale arguments follow. ``check_config(config) -> reason | None`` is
     the kernel's own rule set.
     """
@@ -128,7 +128,7 @@ def gqa_prefill_entry(kernel_cls, check_config) -> tuple:
     """``(build, launch)`` of a GQA prefill kernel class (entry arguments with ``qo_indptr``; combine after)."""
 
     def build(config: PagedAttentionConfig) -> tuple:
-        return checked_build(kernel_cls, check_config, config, paged_fake_args(config, with_qo_indptr=True))
+        return checked_build(kernel_cls, check_config, config, paged_fake_args(config, prefill_indptrs=True))
 
     def launch(device_plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
                output, lse, natural_lse: bool = False) -> None:
@@ -140,16 +140,18 @@ def gqa_prefill_entry(kernel_cls, check_config) -> tuple:
 
 
 def gqa_decode_entry(kernel_cls, check_config) -> tuple:
-    """``(build, launch)`` of a GQA decode kernel class (no ``qo_indptr``; merges fold in-kernel)."""
+    """``(build, launch)`` of a GQA decode kernel class (no indptrs: the items carry their page positions;
+    merges fold in-kernel)."""
 
     def build(config: PagedAttentionConfig) -> tuple:
-        fake = paged_fake_args(config, with_qo_indptr=False, with_fused_merge=True)
+        fake = paged_fake_args(config, prefill_indptrs=False, with_fused_merge=True)
         return checked_build(kernel_cls, check_config, config, fake)
 
     def launch(device_plan, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output, lse,
                natural_lse: bool = False) -> None:
-        """Run the plan's items (kv_last_page_len is already folded into their KV_END); merges fold in-kernel."""
-        launch_paged(device_plan, check_config, (q, k_cache, v_cache, kv_indptr, kv_indices), sm_scale,
+        """Run the plan's items (kv_indptr and kv_last_page_len are already folded into their KV_PAGE_START
+        and KV_END); merges fold in-kernel."""
+        launch_paged(device_plan, check_config, (q, k_cache, v_cache, kv_indices), sm_scale,
                      output, lse, natural_lse, fused_merge=True)
 
     return build, launch

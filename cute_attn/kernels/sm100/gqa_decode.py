@@ -37,7 +37,7 @@ Warp roles (192 threads)
     warp 5     TMA producer: Q tile (128 rows x head_dim from the item's first head; rows past
                num_qo_heads are zero-filled by the TMA, rows of other heads are finite padding), then
                per page the K and V tiles (64 tokens x 128 dims of one KV head; the page id from
-               ``kv_indices[kv_indptr[b] + page]``, read 32 at a time one per lane, is the TMA
+               ``kv_indices[KV_PAGE_START + page]``, read 32 at a time one per lane, is the TMA
                coordinate) into the smem ring. Each tile is 2 TMA boxes of 64 x 64: the 128B swizzle caps a box's inner extent at 64 bf16.
 
 TMEM columns (512 allocated, 288 used): S0 [0, 64), S1 [64, 128), P [128, 160) (64 bf16 keys packed
@@ -161,7 +161,6 @@ class GqaDecodeSm100:
         q: cute.Tensor,  # [batch, num_qo_heads, head_dim] bf16
         k_cache: cute.Tensor,  # [num_pages, page_size, num_kv_heads, head_dim] bf16
         v_cache: cute.Tensor,
-        kv_indptr: cute.Tensor,  # [batch + 1] int32 (pages)
         kv_indices: cute.Tensor,  # [kv_indptr[-1]] int32
         work_indptr: cute.Tensor,  # [num_ctas + 1] int32
         items: cute.Tensor,  # [max_items, len(ItemField)] int32
@@ -203,7 +202,7 @@ class GqaDecodeSm100:
             op, v_view, cute.select(v_layout, mode=[0, 1, 2]), self.pv_tiler, pv_mma)
 
         self.kernel(
-            qk_mma, pv_mma, tma_q, m_q, tma_k, m_k, tma_v, m_v, kv_indptr, kv_indices, work_indptr, items,
+            qk_mma, pv_mma, tma_q, m_q, tma_k, m_k, tma_v, m_v, kv_indices, work_indptr, items,
             merge_indptr, merge_counters, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
             q_layout, k_layout, v_layout, p_layout,
         ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream)
@@ -213,7 +212,7 @@ class GqaDecodeSm100:
         self, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma,
         tma_q: cute.CopyAtom, m_q: cute.Tensor, tma_k: cute.CopyAtom, m_k: cute.Tensor,
         tma_v: cute.CopyAtom, m_v: cute.Tensor,
-        kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor, items: cute.Tensor,
+        kv_indices: cute.Tensor, work_indptr: cute.Tensor, items: cute.Tensor,
         merge_indptr: cute.Tensor, merge_counters: cute.Tensor,
         output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor,
         scale_log2: cutlass.Float32, lse_out_scale: cutlass.Float32,
@@ -265,7 +264,7 @@ class GqaDecodeSm100:
 
         if warp == LOAD_WARP:
             self.load_role(qk_thr, pv_thr, tma_q, m_q, tma_k, m_k, tma_v, m_v, s_q, s_k, s_v,
-                           kv_indptr, kv_indices, items, item_begin, item_end, kv_full, kv_empty, misc)
+                           kv_indices, items, item_begin, item_end, kv_full, kv_empty, misc)
         if warp == MMA_WARP:
             self.mma_role(qk_mma, pv_mma, qk_thr, pv_thr, s_q, s_k, s_v, p_layout, tmem_ptr,
                           items, item_begin, item_end, kv_full, kv_empty, misc)
@@ -296,7 +295,7 @@ class GqaDecodeSm100:
     # ------------------------------------------------------------------------------------------ TMA warp
     @cute.jit
     def load_role(self, qk_thr, pv_thr, tma_q, m_q, tma_k, m_k, tma_v, m_v, s_q, s_k, s_v,
-                  kv_indptr, kv_indices, items, item_begin, item_end, kv_full, kv_empty, misc):
+                  kv_indices, items, item_begin, item_end, kv_full, kv_empty, misc):
         # K: (slot, D, (Hkv, page)) tiles of one page; V: (D, slot, (Hkv, page)).
         t_k_s, t_k_g = cpasync.tma_partition(
             tma_k, 0, cute.make_layout(1), cute.group_modes(s_k, 0, 3),
@@ -325,7 +324,7 @@ class GqaDecodeSm100:
                     cute.arch.mbarrier_arrive_and_expect_tx(misc + Q_FULL, self.q_bytes)
                 cute.copy(tma_q, t_q_g[None, 0, 0, b], t_q_s[None, 0], tma_bar_ptr=misc + Q_FULL)
                 q_count += 1
-                first_page = kv_indptr[b] + kv_start // self.page
+                first_page = items[it, ItemField.KV_PAGE_START]  # kv_indptr[b] + kv_start // page, planned
                 # page ids 32 at a time (one per lane, shuffled out): no global round trip per page
                 for t0 in cutlass.range(0, steps, PAGE_IDS_PER_LOAD, unroll=1):
                     lane_page = cutlass.Int32(0)

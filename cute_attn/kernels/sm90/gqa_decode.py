@@ -21,9 +21,14 @@ Warp roles (160 threads)
                that reads ``slots - 1`` is the last, folds the merge's slots into bf16 ``output``/``lse``
                (one packed row per half-warp, lanes over the slots' LSEs then over the head dim; slot
                order, whichever CTA folds) and resets the counter to 0.
-    warp 4     producer: reads the item's page ids from ``kv_indices`` 32 at a time (one per lane, then
-               shuffled out), and for each KV tile (one page = ``kv_tile`` keys) issues two TMA loads (the page's K and V boxes for the item's KV head;
+    warp 4     producer: reads the item's page ids from ``kv_indices`` (from position KV_PAGE_START) 32 at a
+               time (one per lane, then shuffled out), and for each KV tile (one page = ``kv_tile`` keys) issues two TMA loads (the page's K and V boxes for the item's KV head;
                the page id is the TMA coordinate) into the stage, completing on its full mbarrier.
+
+Start: every thread loads ``work_indptr[cta]`` and, alongside, the item fields of row ``cta``
+(``common/work_items.py``: CTA ``c``'s first item whenever every CTA before it has one item, as in the
+split small batches), before the mbarrier setup; with KV_PAGE_START in the item, the first TMA waits on
+two dependent loads (that row, then the page ids) instead of four.
 
 Pipeline: ``num_stages`` smem stages of (K tile, V tile), one ``PipelineTmaAsync`` (full mbarrier with
 tx-count = both boxes; empty mbarrier released by each consumer warp once both MMAs of the stage have
@@ -49,6 +54,7 @@ from ...plan import ItemField as F
 from .. import register_paged_kernel
 from ..common.decode_merge import FOLD_ROW_LANES, fold_completed_merges
 from ..common.limits import SMEM_LIMIT_BYTES
+from ..common.work_items import guess_first_item, load_item
 from .wgmma import wgmma_gemm
 from ..common.paged_launch import gqa_decode_entry
 
@@ -62,6 +68,7 @@ NUM_THREADS = NUM_MMA_THREADS + 32
 Q_BARRIER_ID = 1  # named barrier of the consumer warpgroup (0 is __syncthreads)
 Q_VEC = 8  # bf16 per 16-byte Q load
 PAGE_IDS_PER_LOAD = 32  # producer: one page id per lane of the producer warp
+ITEM_FIELDS = tuple(F)  # an item's row in registers is indexed by ItemField (unused fields are dead loads)
 
 
 # --------------------------------------------------------------------------------------------- config
@@ -136,7 +143,6 @@ class GqaDecodeSm90:
         q: cute.Tensor,  # [batch, Hq, D] bf16
         k_cache: cute.Tensor,  # [pages, page_size, Hkv, D] bf16
         v_cache: cute.Tensor,
-        kv_indptr: cute.Tensor,  # [batch + 1] int32 (pages)
         kv_indices: cute.Tensor,  # [n] int32 page ids
         work_indptr: cute.Tensor,  # [num_ctas + 1] int32
         items: cute.Tensor,  # [max_items, len(ItemField)] int32
@@ -173,7 +179,7 @@ class GqaDecodeSm90:
         tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), k_view, stage_layout, box)
         tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), v_view, stage_layout, box)
         self.kernel(
-            q, tma_atom_k, tma_k, tma_atom_v, tma_v, kv_indptr, kv_indices, work_indptr, items,
+            q, tma_atom_k, tma_k, tma_atom_v, tma_v, kv_indices, work_indptr, items,
             merge_indptr, merge_counters, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
             sQ_layout, sKV_layout, tiled_mma_qk, tiled_mma_pv,
         ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream)
@@ -186,7 +192,6 @@ class GqaDecodeSm90:
         tma_k: cute.Tensor,
         tma_atom_v: cute.CopyAtom,
         tma_v: cute.Tensor,
-        kv_indptr: cute.Tensor,
         kv_indices: cute.Tensor,
         work_indptr: cute.Tensor,
         items: cute.Tensor,
@@ -206,6 +211,11 @@ class GqaDecodeSm90:
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        # issued first: their latency overlaps the mbarrier setup below
+        item_begin = work_indptr[cta]
+        item_end = work_indptr[cta + 1]
+        row = cute.make_rmem_tensor((len(ITEM_FIELDS),), Int32)
+        guess = guess_first_item(items, cta, ITEM_FIELDS, row)
 
         smem = SmemAllocator()
         sQ = smem.allocate_tensor(self.dtype, sQ_layout.outer, byte_alignment=1024, swizzle=sQ_layout.inner)
@@ -225,20 +235,18 @@ class GqaDecodeSm90:
             tx_count=2 * self.tile_bytes,
         )  # initialises the mbarriers (warp 0), fences and syncs the CTA
 
-        item_begin = work_indptr[cta]
-        item_end = work_indptr[cta + 1]
         if warp_idx == PRODUCER_WARP:
-            self.produce(tma_atom_k, tma_k, tma_atom_v, tma_v, sK, sV, kv_indptr, kv_indices, items,
-                         item_begin, item_end, pipe)
+            self.produce(tma_atom_k, tma_k, tma_atom_v, tma_v, sK, sV, kv_indices, items, item_begin, item_end,
+                         guess, row, pipe)
         if warp_idx < PRODUCER_WARP:
             self.consume(q, sQ, sK, sV, items, merge_indptr, merge_counters, arrival, output, lse, partial_out,
                          partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, item_begin, item_end,
-                         pipe, tidx)
+                         guess, row, pipe, tidx)
 
     # ----------------------------------------------------------------------------------- producer
     @cute.jit
-    def produce(self, tma_atom_k, tma_k, tma_atom_v, tma_v, sK, sV, kv_indptr, kv_indices, items,
-                item_begin, item_end, pipe):
+    def produce(self, tma_atom_k, tma_k, tma_atom_v, tma_v, sK, sV, kv_indices, items, item_begin, item_end,
+                guess, row, pipe):
         tKsK, tKgK = cpasync.tma_partition(
             tma_atom_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(tma_k, 0, 2)
         )
@@ -248,12 +256,10 @@ class GqaDecodeSm90:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         lane = cute.arch.lane_idx()
         for it in cutlass.range(item_begin, item_end, unroll=1):
-            req = items[it, F.REQUEST]
-            head = items[it, F.KV_HEAD]
-            kv_start = items[it, F.KV_START]
-            kv_end = items[it, F.KV_END]
-            n_tiles = (cutlass.max(kv_end - kv_start, 0) + self.tile_n - 1) // self.tile_n
-            first_page = kv_indptr[req] + kv_start // self.page_size
+            load_item(items, it, item_begin, guess, ITEM_FIELDS, row)
+            head = row[F.KV_HEAD]
+            n_tiles = (cutlass.max(row[F.KV_END] - row[F.KV_START], 0) + self.tile_n - 1) // self.tile_n
+            first_page = row[F.KV_PAGE_START]
             # Page ids 32 at a time: lane l loads the id of tile t0 + l (one coalesced load), and each
             # tile's id is shuffled out of its lane. Loading the id inside the per-tile loop put one
             # dependent global round trip in front of every TMA issue.
@@ -273,8 +279,8 @@ class GqaDecodeSm90:
     # ----------------------------------------------------------------------------------- consumer
     @cute.jit
     def consume(self, q, sQ, sK, sV, items, merge_indptr, merge_counters, arrival, output, lse, partial_out,
-                partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, item_begin, item_end, pipe,
-                tidx):
+                partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, item_begin, item_end, guess, row,
+                pipe, tidx):
         M, N, D = self.tile_m, self.tile_n, self.head_dim
         neg_inf = -Float32.inf
         thr_qk = tiled_mma_qk.get_slice(tidx)
@@ -304,13 +310,14 @@ class GqaDecodeSm90:
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         for it in cutlass.range(item_begin, item_end, unroll=1):
-            req = items[it, F.REQUEST]
-            head = items[it, F.KV_HEAD]
-            row_start = items[it, F.Q_ROW_START]
-            row_count = items[it, F.Q_ROW_COUNT]
-            kv_start = items[it, F.KV_START]
-            kv_end = items[it, F.KV_END]
-            slot = items[it, F.PARTIAL_SLOT]
+            load_item(items, it, item_begin, guess, ITEM_FIELDS, row)
+            req = row[F.REQUEST]
+            head = row[F.KV_HEAD]
+            row_start = row[F.Q_ROW_START]
+            row_count = row[F.Q_ROW_COUNT]
+            kv_start = row[F.KV_START]
+            kv_end = row[F.KV_END]
+            slot = row[F.PARTIAL_SLOT]
             n_tiles = (cutlass.max(kv_end - kv_start, 0) + N - 1) // N
             first_head = head * self.group + row_start
 
