@@ -308,6 +308,14 @@ class GqaDecodeSm90:
         sQv = cute.zipped_divide(sQ, (1, Q_VEC))
         q_vecs_per_row = D // Q_VEC
 
+        # Live rows: the group's heads are packed rows 0..group-1, and each thread holds rows r and r + 8 of
+        # its warp's 16 (row halves 0 and 1). Only warps with a real row run the softmax, and when the group
+        # fits in 8 rows (every decode group of the family) only row half 0 of warp 0 does: the rest are
+        # padding rows, never stored, whose P stays 0. The softmax of one warp is the per-tile critical
+        # path of the small batches, so this halves it there.
+        warp_live = (tidx // 32) * 16 < self.group
+        halves = (0,) if self.group <= 8 else (0, 1)
+        tOrP.fill(0.0)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         for it in cutlass.range(item_begin, item_end, unroll=1):
             load_item(items, it, item_begin, guess, ITEM_FIELDS, row)
@@ -341,27 +349,32 @@ class GqaDecodeSm90:
                 stage = state.index
                 # ---- S = Q.K^T
                 wgmma_gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, stage], True)
-                # ---- scale, mask keys >= KV_END, online softmax (base 2)
-                for i in cutlass.range_constexpr(n_s):
-                    key = tile_start + tScS[i][1]
-                    acc_S[i] = acc_S[i] * scale_log2 if key < kv_end else neg_inf
-                for h in cutlass.range_constexpr(2):
-                    m_new = row_max[h]
+                # ---- scale, mask keys >= KV_END, online softmax (base 2): live rows only (see `halves`)
+                if warp_live:
                     for i in cutlass.range_constexpr(n_s):
-                        if (i // 2) % 2 == h:
-                            m_new = cute.arch.fmax(m_new, acc_S[i])
-                    m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)
-                    base = m_new if m_new != neg_inf else Float32(0.0)
-                    row_scale[h] = cute.math.exp2(row_max[h] - base, fastmath=True)
-                    row_base[h] = base
-                    row_max[h] = m_new
-                    row_sum[h] = row_sum[h] * row_scale[h]
-                for i in cutlass.range_constexpr(n_s):
-                    p = cute.math.exp2(acc_S[i] - row_base[(i // 2) % 2], fastmath=True)
-                    row_sum[(i // 2) % 2] = row_sum[(i // 2) % 2] + p
-                    tOrP[i] = p.to(self.dtype)
-                for i in cutlass.range_constexpr(n_o):
-                    acc_O[i] = acc_O[i] * row_scale[(i // 2) % 2]
+                        if cutlass.const_expr((i // 2) % 2 in halves):
+                            key = tile_start + tScS[i][1]
+                            acc_S[i] = acc_S[i] * scale_log2 if key < kv_end else neg_inf
+                    for h in cutlass.range_constexpr(2):
+                        if cutlass.const_expr(h in halves):
+                            m_new = row_max[h]
+                            for i in cutlass.range_constexpr(n_s):
+                                if cutlass.const_expr((i // 2) % 2 == h):
+                                    m_new = cute.arch.fmax(m_new, acc_S[i])
+                            m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)
+                            base = m_new if m_new != neg_inf else Float32(0.0)
+                            row_scale[h] = cute.math.exp2(row_max[h] - base, fastmath=True)
+                            row_base[h] = base
+                            row_max[h] = m_new
+                            row_sum[h] = row_sum[h] * row_scale[h]
+                    for i in cutlass.range_constexpr(n_s):
+                        if cutlass.const_expr((i // 2) % 2 in halves):
+                            p = cute.math.exp2(acc_S[i] - row_base[(i // 2) % 2], fastmath=True)
+                            row_sum[(i // 2) % 2] = row_sum[(i // 2) % 2] + p
+                            tOrP[i] = p.to(self.dtype)
+                    for i in cutlass.range_constexpr(n_o):
+                        if cutlass.const_expr((i // 2) % 2 in halves):
+                            acc_O[i] = acc_O[i] * row_scale[(i // 2) % 2]
                 # ---- the last tile of the item: V rows >= KV_END may be NaN (pool poison): zero them
                 if tile_start + N > kv_end:
                     valid = kv_end - tile_start
