@@ -6,22 +6,27 @@ group's query heads are the rows of one 64-row wgmma M tile (rows >= Q_ROW_COUNT
 repeat the last real row, so they stay finite and are never written), attending keys
 ``[KV_START, KV_END)``.
 
-Warp roles (160 threads)
-    warps 0-3  consumer warpgroup (128 threads): per item, Q (packed rows) -> swizzled smem with 16-byte
-               vector loads; per KV tile: S = Q.K^T (wgmma SS, fp32), logits * ``sm_scale*log2(e)``, keys
-               >= KV_END -> -inf, online softmax in base 2 (exp2; a row whose max is still -inf uses 0
-               as the exponent's max, so it yields p = 0, never NaN), V rows >= KV_END zeroed in smem
+Warp roles (288 threads)
+    warps 0-7  two consumer warpgroups (128 threads each) that split every item's KV tiles: warpgroup w
+               takes the ring stages of global tiles w, w + 2, ... (the per-tile chain of two dependent
+               wgmmas and a softmax is the critical path of the small batches; two warpgroups halve it).
+               Per item, both load Q (packed rows) -> swizzled smem with 16-byte vector loads; per own KV
+               tile: S = Q.K^T (wgmma SS, fp32), logits * ``sm_scale*log2(e)``, keys >= KV_END -> -inf,
+               online softmax in base 2 on the live rows only (exp2; a row whose max is still -inf uses
+               0 as the exponent's max, so it yields p = 0, never NaN), V rows >= KV_END zeroed in smem
                (the pool's tail slots hold NaN), O += P.V (wgmma RS: P stays in registers as bf16).
-               Epilogue: O / l and lse = m + log2(l) -> bf16 ``output`` + ``lse * lse_out_scale``
+               Then warpgroup 1 hands its row maxima, partial sums and O fragment to warpgroup 0 through
+               shared memory; warpgroup 0 merges them (the LSE rule) and stores the item:
+               O / l and lse = m + log2(l) -> bf16 ``output`` + ``lse * lse_out_scale``
                (PARTIAL_SLOT = -1), else fp32 ``partial_out``/``partial_lse`` (base 2). Empty items
                (KV_END <= KV_START) write 0 / -inf.
-               Fused merge (no combine launch, ``common/decode_merge.py``): after its item loop, the
-               CTA counts each of its partials in ``merge_counters[MERGE]`` (every thread:
+               Fused merge (no combine launch, ``common/decode_merge.py``), by warpgroup 0: after its item
+               loop, the CTA counts each of its partials in ``merge_counters[MERGE]`` (every thread:
                fence.acq_rel.gpu, warpgroup barrier, one atom.add.acq_rel.gpu per split item); the CTA
                that reads ``slots - 1`` is the last, folds the merge's slots into bf16 ``output``/``lse``
                (one packed row per half-warp, lanes over the slots' LSEs then over the head dim; slot
                order, whichever CTA folds) and resets the counter to 0.
-    warp 4     producer: reads the item's page ids from ``kv_indices`` (from position KV_PAGE_START) 32 at a
+    warp 8     producer: reads the item's page ids from ``kv_indices`` (from position KV_PAGE_START) 32 at a
                time (one per lane, then shuffled out), and for each KV tile (one page = ``kv_tile`` keys) issues two TMA loads (the page's K and V boxes for the item's KV head;
                the page id is the TMA coordinate) into the stage, completing on its full mbarrier.
 
@@ -31,13 +36,15 @@ split small batches), before the mbarrier setup; with KV_PAGE_START in the item,
 two dependent loads (that row, then the page ids) instead of four.
 
 Pipeline: ``num_stages`` smem stages of (K tile, V tile), one ``PipelineTmaAsync`` (full mbarrier with
-tx-count = both boxes; empty mbarrier released by each consumer warp once both MMAs of the stage have
-completed). The producer runs ahead across item boundaries, so HBM streaming does not stall between
-items. Q has its own buffer, guarded by a named barrier of the consumer warpgroup.
+tx-count = both boxes; empty mbarrier released by each warp of the consuming warpgroup once both MMAs of
+the stage have completed). The producer runs ahead across item boundaries, so HBM streaming does not stall
+between items. Q has its own buffer, guarded by a named barrier of both consumer warpgroups, which also
+orders the hand-over buffer.
 """
 
 from __future__ import annotations
 
+import math
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -62,10 +69,13 @@ KIND = "gqa_paged_decode"
 ARCH = "sm_90a"
 SMEM_PER_SM_BYTES = 228 * 1024  # per SM, of which each resident CTA reserves 1 KB
 MAX_STAGES = 8
-NUM_MMA_THREADS = 128
-PRODUCER_WARP = 4
-NUM_THREADS = NUM_MMA_THREADS + 32
-Q_BARRIER_ID = 1  # named barrier of the consumer warpgroup (0 is __syncthreads)
+NUM_MMA_THREADS = 128  # one consumer warpgroup
+NUM_CONSUMER_WG = 2
+NUM_CONSUMER_THREADS = NUM_CONSUMER_WG * NUM_MMA_THREADS
+PRODUCER_WARP = NUM_CONSUMER_THREADS // 32
+NUM_THREADS = NUM_CONSUMER_THREADS + 32
+WG_BARRIER_ID = 1  # + wg: named barrier of one consumer warpgroup (0 is __syncthreads)
+BOTH_BARRIER_ID = WG_BARRIER_ID + NUM_CONSUMER_WG  # both consumer warpgroups
 Q_VEC = 8  # bf16 per 16-byte Q load
 PAGE_IDS_PER_LOAD = 32  # producer: one page id per lane of the producer warp
 ITEM_FIELDS = tuple(F)  # an item's row in registers is indexed by ItemField (unused fields are dead loads)
@@ -77,17 +87,25 @@ def smem_budget(config: PagedAttentionConfig) -> int:
     return min(SMEM_LIMIT_BYTES, SMEM_PER_SM_BYTES // config.ctas_per_sm - 1024)
 
 
+def exchange_shape(config: PagedAttentionConfig) -> tuple[int, int]:
+    """(threads, floats) of the warpgroup hand-over: per thread of a warp holding a real row, its 2 row maxima,
+    2 partial row sums and its O fragment (tile_q_rows x head_dim over the warpgroup's 128 threads)."""
+    live_warps = min(NUM_MMA_THREADS // 32, -(-config.group_size // 16))
+    return live_warps * 32, 4 + config.tile_q_rows * config.head_dim_v // NUM_MMA_THREADS
+
+
 def num_stages(config: PagedAttentionConfig) -> int:
     stage_bytes = 2 * config.kv_tile * config.head_dim_qk * 2
-    q_bytes = config.tile_q_rows * config.head_dim_qk * 2
-    return min(MAX_STAGES, (smem_budget(config) - q_bytes - 16 * MAX_STAGES) // stage_bytes)
+    fixed = config.tile_q_rows * config.head_dim_qk * 2 + 4 * math.prod(exchange_shape(config)) + 16 + 4
+    return min(MAX_STAGES, (smem_budget(config) - fixed - 16 * MAX_STAGES) // stage_bytes)
 
 
 def smem_bytes(config: PagedAttentionConfig) -> int:
     """Shared memory the kernel allocates: Q, the K/V stages, two mbarriers per stage (1 KB aligned),
-    and the fused merge's 4-byte arrival word."""
-    return config.tile_q_rows * config.head_dim_qk * 2 + num_stages(config) * (4 * config.kv_tile *
-                                                                              config.head_dim_qk + 16) + 4
+    the warpgroup hand-over (16 B aligned) and the fused merge's 4-byte arrival word."""
+    return (config.tile_q_rows * config.head_dim_qk * 2 + num_stages(config) * (4 * config.kv_tile *
+                                                                                config.head_dim_qk + 16)
+            + 4 * math.prod(exchange_shape(config)) + 16 + 4)
 
 
 def check_config(config: PagedAttentionConfig) -> str | None:
@@ -132,6 +150,7 @@ class GqaDecodeSm90:
         self.stages = num_stages(config)
         self.dtype = cutlass.BFloat16
         self.tile_bytes = self.tile_n * self.head_dim * 2
+        self.exchange_shape = exchange_shape(config)
 
     def __repr__(self) -> str:
         return (f"GqaDecodeSm90_H{self.num_qo_heads}x{self.num_kv_heads}_D{self.head_dim}_P{self.page_size}"
@@ -222,6 +241,8 @@ class GqaDecodeSm90:
         sK = smem.allocate_tensor(self.dtype, sKV_layout.outer, byte_alignment=1024, swizzle=sKV_layout.inner)
         sV = smem.allocate_tensor(self.dtype, sKV_layout.outer, byte_alignment=1024, swizzle=sKV_layout.inner)
         mbar = smem.allocate_array(cutlass.Int64, 2 * self.stages, byte_alignment=8)
+        exchange = smem.allocate_tensor(Float32, cute.make_layout(self.exchange_shape, stride=(self.exchange_shape[1], 1)),
+                                        byte_alignment=16)
         arrival = smem.allocate_array(cutlass.Int32, 1, byte_alignment=4)  # fused merge: counter's old value
 
         if warp_idx == PRODUCER_WARP:
@@ -231,6 +252,7 @@ class GqaDecodeSm90:
             barrier_storage=mbar,
             num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            # a stage is consumed by one warpgroup: one arrival per warp of it
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, NUM_MMA_THREADS // 32),
             tx_count=2 * self.tile_bytes,
         )  # initialises the mbarriers (warp 0), fences and syncs the CTA
@@ -239,7 +261,7 @@ class GqaDecodeSm90:
             self.produce(tma_atom_k, tma_k, tma_atom_v, tma_v, sK, sV, kv_indices, items, item_begin, item_end,
                          guess, row, pipe)
         if warp_idx < PRODUCER_WARP:
-            self.consume(q, sQ, sK, sV, items, merge_indptr, merge_counters, arrival, output, lse, partial_out,
+            self.consume(q, sQ, sK, sV, exchange, items, merge_indptr, merge_counters, arrival, output, lse, partial_out,
                          partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, item_begin, item_end,
                          guess, row, pipe, tidx)
 
@@ -278,13 +300,15 @@ class GqaDecodeSm90:
 
     # ----------------------------------------------------------------------------------- consumer
     @cute.jit
-    def consume(self, q, sQ, sK, sV, items, merge_indptr, merge_counters, arrival, output, lse, partial_out,
-                partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, item_begin, item_end, guess, row,
-                pipe, tidx):
+    def consume(self, q, sQ, sK, sV, exchange, items, merge_indptr, merge_counters, arrival, output, lse,
+                partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, item_begin, item_end,
+                guess, row, pipe, tidx):
         M, N, D = self.tile_m, self.tile_n, self.head_dim
         neg_inf = -Float32.inf
-        thr_qk = tiled_mma_qk.get_slice(tidx)
-        thr_pv = tiled_mma_pv.get_slice(tidx)
+        wg = tidx // NUM_MMA_THREADS  # warp-uniform
+        wtid = tidx % NUM_MMA_THREADS  # both warpgroups compute the whole 64-row tile
+        thr_qk = tiled_mma_qk.get_slice(wtid)
+        thr_pv = tiled_mma_pv.get_slice(wtid)
         # V^T view (D, N, stages) for the MN-major B operand of P.V
         sVt = cute.composition(sV, cute.make_ordered_layout((D, N, self.stages), order=(1, 0, 2)))
         tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
@@ -301,8 +325,6 @@ class GqaDecodeSm90:
         row_sum = cute.make_rmem_tensor((2,), Float32)
         row_scale = cute.make_rmem_tensor((2,), Float32)
         row_base = cute.make_rmem_tensor((2,), Float32)
-        n_s = cute.size(acc_S)
-        n_o = cute.size(acc_O)
         # Q in 16-byte vectors: ((1, Q_VEC), (rows, D / Q_VEC)); 128B swizzle keeps 16-byte chunks whole
         gQv = cute.zipped_divide(q, (1, 1, Q_VEC))
         sQv = cute.zipped_divide(sQ, (1, Q_VEC))
@@ -313,115 +335,170 @@ class GqaDecodeSm90:
         # fits in 8 rows (every decode group of the family) only row half 0 of warp 0 does: the rest are
         # padding rows, never stored, whose P stays 0. The softmax of one warp is the per-tile critical
         # path of the small batches, so this halves it there.
-        warp_live = (tidx // 32) * 16 < self.group
-        halves = (0,) if self.group <= 8 else (0, 1)
+        warp_live = (wtid // 32) * 16 < self.group
         tOrP.fill(0.0)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        # The two warpgroups split the ring: warpgroup w consumes the stages of global tiles g = w, w + 2, ...
+        state = pipeline.PipelineState(self.stages, wg, wg, Int32(0))
+        first_tile = Int32(0)  # global index of the item's first tile
         for it in cutlass.range(item_begin, item_end, unroll=1):
             load_item(items, it, item_begin, guess, ITEM_FIELDS, row)
             req = row[F.REQUEST]
-            head = row[F.KV_HEAD]
-            row_start = row[F.Q_ROW_START]
             row_count = row[F.Q_ROW_COUNT]
             kv_start = row[F.KV_START]
             kv_end = row[F.KV_END]
-            slot = row[F.PARTIAL_SLOT]
             n_tiles = (cutlass.max(kv_end - kv_start, 0) + N - 1) // N
-            first_head = head * self.group + row_start
+            first_head = row[F.KV_HEAD] * self.group + row[F.Q_ROW_START]
 
-            # ---- Q: packed rows -> smem (all warps are past the previous item's MMAs)
-            cute.arch.barrier(barrier_id=Q_BARRIER_ID, number_of_threads=NUM_MMA_THREADS)
-            for j in cutlass.range_constexpr(M * q_vecs_per_row // NUM_MMA_THREADS):
-                e = tidx + j * NUM_MMA_THREADS
+            # ---- Q: packed rows -> smem (both warpgroups are past the previous item's MMAs and exchange)
+            cute.arch.barrier(barrier_id=BOTH_BARRIER_ID, number_of_threads=NUM_CONSUMER_THREADS)
+            for j in cutlass.range_constexpr(M * q_vecs_per_row // NUM_CONSUMER_THREADS):
+                e = tidx + j * NUM_CONSUMER_THREADS
                 r = e // q_vecs_per_row
                 cv = e % q_vecs_per_row
                 src = r if r < row_count else row_count - 1
                 sQv[None, (r, cv)].store(gQv[None, (req, first_head + src, cv)].load())
             cute.arch.fence_view_async_shared()
-            cute.arch.barrier(barrier_id=Q_BARRIER_ID, number_of_threads=NUM_MMA_THREADS)
+            cute.arch.barrier(barrier_id=BOTH_BARRIER_ID, number_of_threads=NUM_CONSUMER_THREADS)
 
             row_max.fill(neg_inf)
             row_sum.fill(0.0)
             acc_O.fill(0.0)
-            for t in cutlass.range(n_tiles, unroll=1):
+            # this warpgroup's tiles of the item: local t = (wg - first_tile) mod 2, t + 2, ...
+            t_first = (wg + first_tile) % 2  # same parity as wg - first_tile
+            for t in cutlass.range(t_first, n_tiles, 2, unroll=1):
                 tile_start = kv_start + t * N
                 pipe.consumer_wait(state)
                 stage = state.index
-                # ---- S = Q.K^T
                 wgmma_gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, stage], True)
-                # ---- scale, mask keys >= KV_END, online softmax (base 2): live rows only (see `halves`)
                 if warp_live:
-                    for i in cutlass.range_constexpr(n_s):
-                        if cutlass.const_expr((i // 2) % 2 in halves):
-                            key = tile_start + tScS[i][1]
-                            acc_S[i] = acc_S[i] * scale_log2 if key < kv_end else neg_inf
-                    for h in cutlass.range_constexpr(2):
-                        if cutlass.const_expr(h in halves):
-                            m_new = row_max[h]
-                            for i in cutlass.range_constexpr(n_s):
-                                if cutlass.const_expr((i // 2) % 2 == h):
-                                    m_new = cute.arch.fmax(m_new, acc_S[i])
-                            m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)
-                            base = m_new if m_new != neg_inf else Float32(0.0)
-                            row_scale[h] = cute.math.exp2(row_max[h] - base, fastmath=True)
-                            row_base[h] = base
-                            row_max[h] = m_new
-                            row_sum[h] = row_sum[h] * row_scale[h]
-                    for i in cutlass.range_constexpr(n_s):
-                        if cutlass.const_expr((i // 2) % 2 in halves):
-                            p = cute.math.exp2(acc_S[i] - row_base[(i // 2) % 2], fastmath=True)
-                            row_sum[(i // 2) % 2] = row_sum[(i // 2) % 2] + p
-                            tOrP[i] = p.to(self.dtype)
-                    for i in cutlass.range_constexpr(n_o):
-                        if cutlass.const_expr((i // 2) % 2 in halves):
-                            acc_O[i] = acc_O[i] * row_scale[(i // 2) % 2]
-                # ---- the last tile of the item: V rows >= KV_END may be NaN (pool poison): zero them
-                if tile_start + N > kv_end:
-                    valid = kv_end - tile_start
-                    for j in cutlass.range_constexpr(N * D // NUM_MMA_THREADS):
-                        e = tidx + j * NUM_MMA_THREADS
-                        if e // D >= valid:
-                            sV[e // D, e % D, stage] = self.dtype(0.0)
-                    cute.arch.fence_view_async_shared()
-                    cute.arch.barrier(barrier_id=Q_BARRIER_ID, number_of_threads=NUM_MMA_THREADS)
-                # ---- O += P.V
+                    self.softmax_tile(acc_S, acc_O, tOrP, tScS, tile_start, kv_end, scale_log2, row_max, row_sum,
+                                      row_scale, row_base)
+                if tile_start + N > kv_end:  # the item's last tile
+                    self.zero_v_tail(sV, stage, kv_end - tile_start, wtid, wg)
                 wgmma_gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, stage], False)
                 pipe.consumer_release(state)
-                state.advance()
+                state.advance(NUM_CONSUMER_WG)
+            first_tile += n_tiles
 
-            # ---- epilogue: O / l, lse = m + log2(l) (row that saw nothing: 0 and -inf)
-            for h in cutlass.range_constexpr(2):
-                total = cute.arch.warp_reduction_sum(row_sum[h], threads_in_group=4)
-                inv = Float32(0.0)
-                row_lse = neg_inf
-                if total > 0.0:
-                    inv = cute.arch.rcp_approx(total)
-                    row_lse = row_max[h] + cute.math.log2(total, fastmath=True)
-                row_scale[h] = inv
-                row_base[h] = row_lse
-            if slot < 0:
-                for i in cutlass.range_constexpr(n_o):
-                    r = tOcO[i][0]
+            # ---- warpgroup 1 hands its (max, sum, O) to warpgroup 0, which merges and stores the item
+            if wg == 1:
+                if warp_live:
+                    self.export_state(exchange, wtid, row_max, row_sum, acc_O)
+            cute.arch.barrier(barrier_id=BOTH_BARRIER_ID, number_of_threads=NUM_CONSUMER_THREADS)
+            if wg == 0:
+                if warp_live:
+                    self.merge_state(exchange, wtid, row_max, row_sum, acc_O)
+                self.store_item(acc_O, tOcO, row_max, row_sum, row_scale, row_base, req, first_head, row_count,
+                                row[F.PARTIAL_SLOT], output, lse, partial_out, partial_lse, lse_out_scale, wtid)
+        if wg == 0:
+            fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_counters, arrival, self.group,
+                                  partial_out, partial_lse, output, lse, lse_out_scale, wtid, WG_BARRIER_ID,
+                                  NUM_MMA_THREADS)
+
+    @cute.jit
+    def softmax_tile(self, acc_S, acc_O, tOrP, tScS, tile_start, kv_end, scale_log2, row_max, row_sum, row_scale,
+                     row_base):
+        """Scale, mask keys >= KV_END, online softmax (base 2) of the live row halves; P -> tOrP, O rescaled."""
+        neg_inf = -Float32.inf
+        n_s = cute.size(acc_S)
+        halves = (0,) if self.group <= 8 else (0, 1)
+        for i in cutlass.range_constexpr(n_s):
+            if cutlass.const_expr((i // 2) % 2 in halves):
+                key = tile_start + tScS[i][1]
+                acc_S[i] = acc_S[i] * scale_log2 if key < kv_end else neg_inf
+        for h in cutlass.range_constexpr(2):
+            if cutlass.const_expr(h in halves):
+                m_new = row_max[h]
+                for i in cutlass.range_constexpr(n_s):
+                    if cutlass.const_expr((i // 2) % 2 == h):
+                        m_new = cute.arch.fmax(m_new, acc_S[i])
+                m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)
+                base = m_new if m_new != neg_inf else Float32(0.0)
+                row_scale[h] = cute.math.exp2(row_max[h] - base, fastmath=True)
+                row_base[h] = base
+                row_max[h] = m_new
+                row_sum[h] = row_sum[h] * row_scale[h]
+        for i in cutlass.range_constexpr(n_s):
+            if cutlass.const_expr((i // 2) % 2 in halves):
+                p = cute.math.exp2(acc_S[i] - row_base[(i // 2) % 2], fastmath=True)
+                row_sum[(i // 2) % 2] = row_sum[(i // 2) % 2] + p
+                tOrP[i] = p.to(self.dtype)
+        for i in cutlass.range_constexpr(cute.size(acc_O)):
+            if cutlass.const_expr((i // 2) % 2 in halves):
+                acc_O[i] = acc_O[i] * row_scale[(i // 2) % 2]
+
+    @cute.jit
+    def zero_v_tail(self, sV, stage, valid, wtid, wg):
+        """V rows >= ``valid`` of ``stage`` may be NaN (pool poison): zero them before the P V GEMM reads them."""
+        N, D = self.tile_n, self.head_dim
+        for j in cutlass.range_constexpr(N * D // NUM_MMA_THREADS):
+            e = wtid + j * NUM_MMA_THREADS
+            if e // D >= valid:
+                sV[e // D, e % D, stage] = self.dtype(0.0)
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=WG_BARRIER_ID + wg, number_of_threads=NUM_MMA_THREADS)
+
+    @cute.jit
+    def export_state(self, exchange, wtid, row_max, row_sum, acc_O):
+        """This thread's row maxima, partial row sums and O fragment -> its exchange row (live warps)."""
+        for h in cutlass.range_constexpr(2):
+            exchange[wtid, h] = row_max[h]
+            exchange[wtid, 2 + h] = row_sum[h]
+        for i in cutlass.range_constexpr(cute.size(acc_O)):
+            exchange[wtid, 4 + i] = acc_O[i]
+
+    @cute.jit
+    def merge_state(self, exchange, wtid, row_max, row_sum, acc_O):
+        """Fold the other warpgroup's (max, sum, O) of the same fragment positions into this thread's."""
+        neg_inf = -Float32.inf
+        own = cute.make_rmem_tensor((2,), Float32)
+        other = cute.make_rmem_tensor((2,), Float32)
+        for h in cutlass.range_constexpr(2):
+            m_other = exchange[wtid, h]
+            m_new = cute.arch.fmax(row_max[h], m_other)
+            base = m_new if m_new != neg_inf else Float32(0.0)
+            own[h] = cute.math.exp2(row_max[h] - base, fastmath=True)
+            other[h] = cute.math.exp2(m_other - base, fastmath=True)
+            row_sum[h] = row_sum[h] * own[h] + exchange[wtid, 2 + h] * other[h]
+            row_max[h] = m_new
+        for i in cutlass.range_constexpr(cute.size(acc_O)):
+            acc_O[i] = acc_O[i] * own[(i // 2) % 2] + exchange[wtid, 4 + i] * other[(i // 2) % 2]
+
+    @cute.jit
+    def store_item(self, acc_O, tOcO, row_max, row_sum, row_scale, row_base, req, first_head, row_count, slot,
+                   output, lse, partial_out, partial_lse, lse_out_scale, wtid):
+        """O / l and lse = m + log2(l) (a row that saw nothing: 0 and -inf) -> output/lse or the partial slot."""
+        neg_inf = -Float32.inf
+        n_o = cute.size(acc_O)
+        for h in cutlass.range_constexpr(2):
+            total = cute.arch.warp_reduction_sum(row_sum[h], threads_in_group=4)
+            inv = Float32(0.0)
+            row_lse = neg_inf
+            if total > 0.0:
+                inv = cute.arch.rcp_approx(total)
+                row_lse = row_max[h] + cute.math.log2(total, fastmath=True)
+            row_scale[h] = inv
+            row_base[h] = row_lse
+        if slot < 0:
+            for i in cutlass.range_constexpr(n_o):
+                r = tOcO[i][0]
+                if r < row_count:
+                    output[req, first_head + r, tOcO[i][1]] = (acc_O[i] * row_scale[(i // 2) % 2]).to(self.dtype)
+            if wtid % 4 == 0:
+                for h in cutlass.range_constexpr(2):
+                    r = tOcO[2 * h][0]
                     if r < row_count:
-                        output[req, first_head + r, tOcO[i][1]] = (acc_O[i] * row_scale[(i // 2) % 2]).to(self.dtype)
-                if tidx % 4 == 0:
-                    for h in cutlass.range_constexpr(2):
-                        r = tOcO[2 * h][0]
-                        if r < row_count:
-                            lse[req, first_head + r] = row_base[h] * lse_out_scale
-            else:
-                for i in cutlass.range_constexpr(n_o):
-                    r = tOcO[i][0]
+                        lse[req, first_head + r] = row_base[h] * lse_out_scale
+        else:
+            for i in cutlass.range_constexpr(n_o):
+                r = tOcO[i][0]
+                if r < row_count:
+                    partial_out[slot, r, tOcO[i][1]] = acc_O[i] * row_scale[(i // 2) % 2]
+            if wtid % 4 == 0:
+                for h in cutlass.range_constexpr(2):
+                    r = tOcO[2 * h][0]
                     if r < row_count:
-                        partial_out[slot, r, tOcO[i][1]] = acc_O[i] * row_scale[(i // 2) % 2]
-                if tidx % 4 == 0:
-                    for h in cutlass.range_constexpr(2):
-                        r = tOcO[2 * h][0]
-                        if r < row_count:
-                            partial_lse[slot, r] = row_base[h]
-        fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_counters, arrival, self.group,
-                              partial_out, partial_lse, output, lse, lse_out_scale, tidx, Q_BARRIER_ID,
-                              NUM_MMA_THREADS)
+                        partial_lse[slot, r] = row_base[h]
 
 
 # --------------------------------------------------------------------------------------------- host
