@@ -5,8 +5,9 @@ outputs; the MMAs are ``tcgen05.mma`` issued by one warp with S, P and O in tens
 Compiled and inspected only (no Blackwell GPU in this project): it has never run.
 
 Grid: one persistent CTA per plan CTA slot (``work_indptr.shape[0] - 1``); CTA ``c`` runs items
-``work_indptr[c] .. work_indptr[c+1]-1`` in order (role bodies: ``prefill_roles.py``; TMEM ownership
-and tcgen05 hand-off fences: ``tmem.py``; softmax-role steps: ``softmax_rows.py``, shared with the MLA twin).
+``work_indptr[c] .. work_indptr[c+1]-1`` in order. Role bodies: ``prefill_roles.py``; shared with the MLA
+twin: mbarrier storage and the s/p/o/c pipelines (``prefill_setup.py``), TMEM ownership and tcgen05
+hand-off fences (``tmem.py``), softmax-role steps (``softmax_rows.py``).
 
 Warp roles (384 threads, 12 warps):
 
@@ -57,7 +58,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.blackwell_helpers as sm100_utils
-from cutlass import Float32, Int32, Int64
+from cutlass import Float32
 from cutlass import pipeline as cpipe
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 from cutlass.memory import SmemAllocator
@@ -67,7 +68,7 @@ from .. import register_paged_kernel
 from ..common.paged_launch import gqa_prefill_entry
 from ..common.limits import TMEM_COLUMNS, packed_q_box_reason, page_box_reason, smem_reason, target_reason
 from .prefill_roles import PrefillRoles
-from .tmem import PrefillTmem
+from .prefill_setup import PrefillBarriers
 
 KIND = "gqa_paged_prefill"
 ARCH = "sm_100a"
@@ -75,6 +76,7 @@ Q_STAGES = 2
 KV_STAGES = 4
 C_STAGES = 2
 S_STAGES = 2
+P_STAGES = S_STAGES  # P(j) lives in S(j)'s TMEM stage
 _WARP_SOFTMAX = 0  # warps 0-3
 _WARP_CORRECTION = 4  # warps 4-7
 _WARP_MMA = 8
@@ -93,9 +95,9 @@ def tmem_columns(config: PagedAttentionConfig) -> int:
 def smem_bytes(config: PagedAttentionConfig) -> int:
     """Shared memory of one CTA: Q stages, K/V ring, mbarriers, vector ring, TMEM address (+ alignment)."""
     tile = 2 * config.head_dim_qk
-    mbarriers = 8 * 2 * (Q_STAGES + KV_STAGES + S_STAGES + S_STAGES + 1 + C_STAGES)
-    return (Q_STAGES * config.tile_q_rows * tile + KV_STAGES * config.kv_tile * tile + mbarriers
-            + 4 * config.tile_q_rows * 2 * C_STAGES + 4 + 3 * 1024)
+    barriers = PrefillBarriers.smem_bytes(Q_STAGES, KV_STAGES, S_STAGES, P_STAGES, C_STAGES)
+    return (Q_STAGES * config.tile_q_rows * tile + KV_STAGES * config.kv_tile * tile + barriers
+            + 4 * config.tile_q_rows * 2 * C_STAGES + 3 * 1024)
 
 
 def check_config(config: PagedAttentionConfig) -> str | None:
@@ -210,38 +212,23 @@ class GqaPagedPrefillSm100(PrefillRoles):
         q_buf = smem.allocate_tensor(self.dtype, s_q_rows.outer, 1024, s_q_rows.inner)
         kv_buf = smem.allocate_tensor(self.dtype, s_kv_rows.outer, 1024, s_kv_rows.inner)
         s_vec = smem.allocate_tensor(Float32, cute.make_layout((self.tile_m, 2, C_STAGES)), 16)
-        mbar_q = smem.allocate_array(Int64, 2 * Q_STAGES, byte_alignment=8)
-        mbar_kv = smem.allocate_array(Int64, 2 * KV_STAGES, byte_alignment=8)
-        mbar_s = smem.allocate_array(Int64, 2 * S_STAGES, byte_alignment=8)
-        mbar_p = smem.allocate_array(Int64, 2 * S_STAGES, byte_alignment=8)
-        mbar_o = smem.allocate_array(Int64, 2, byte_alignment=8)
-        mbar_c = smem.allocate_array(Int64, 2 * C_STAGES, byte_alignment=8)
-        tmem_holder = smem.allocate_array(Int32, 1, byte_alignment=4)
+        barriers = PrefillBarriers(smem, Q_STAGES, KV_STAGES, S_STAGES, P_STAGES, C_STAGES)
         # MMA views of the same buffers
         s_q = cute.make_tensor(cute.recast_ptr(q_buf.iterator, s_q_layout.inner, dtype=self.dtype), s_q_layout.outer)
         kv_ptr = cute.recast_ptr(kv_buf.iterator, s_k_layout.inner, dtype=self.dtype)
         s_k = cute.make_tensor(kv_ptr, s_k_layout.outer)
         s_v = cute.make_tensor(kv_ptr, s_v_layout.outer)
 
-        warp = cpipe.CooperativeGroup(cpipe.Agent.Thread, 1)
-        wg = cpipe.CooperativeGroup(cpipe.Agent.Thread, 128)
+        # q and kv: TMA (load warp) -> MMA warp, one arrival per phase on each side
+        thread = cpipe.CooperativeGroup(cpipe.Agent.Thread, 1)
         tile_bytes = self.tile_n * self.head_dim * 2
-        pipe_q = cpipe.PipelineTmaUmma.create(num_stages=Q_STAGES, producer_group=warp, consumer_group=warp,
-                                              tx_count=self.tile_m * self.head_dim * 2, barrier_storage=mbar_q,
+        pipe_q = cpipe.PipelineTmaUmma.create(num_stages=Q_STAGES, producer_group=thread, consumer_group=thread,
+                                              tx_count=self.tile_m * self.head_dim * 2, barrier_storage=barriers.q,
                                               defer_sync=True)
-        pipe_kv = cpipe.PipelineTmaUmma.create(num_stages=KV_STAGES, producer_group=warp, consumer_group=warp,
-                                               tx_count=tile_bytes, barrier_storage=mbar_kv, defer_sync=True)
-        pipe_s = cpipe.PipelineUmmaAsync.create(num_stages=S_STAGES, producer_group=warp, consumer_group=wg,
-                                                barrier_storage=mbar_s, defer_sync=True)
-        pipe_p = cpipe.PipelineAsyncUmma.create(num_stages=S_STAGES, producer_group=wg, consumer_group=warp,
-                                                barrier_storage=mbar_p, defer_sync=True)
-        pipe_o = cpipe.PipelineUmmaAsync.create(num_stages=1, producer_group=warp, consumer_group=wg,
-                                                barrier_storage=mbar_o, defer_sync=True)
-        pipe_c = cpipe.PipelineAsync.create(num_stages=C_STAGES, producer_group=wg, consumer_group=wg,
-                                            barrier_storage=mbar_c, defer_sync=True)
-        tmem = PrefillTmem(tmem_holder, _BAR_TMEM_ALLOC, _BAR_TMEM_FREE, allocator_warp=_WARP_CORRECTION)
-        cpipe.pipeline_init_arrive(is_relaxed=True)
-        cpipe.pipeline_init_wait()
+        pipe_kv = cpipe.PipelineTmaUmma.create(num_stages=KV_STAGES, producer_group=thread, consumer_group=thread,
+                                               tx_count=tile_bytes, barrier_storage=barriers.kv, defer_sync=True)
+        pipe_s, pipe_p, pipe_o, pipe_c, tmem = barriers.create_role_pipelines(_BAR_TMEM_ALLOC, _BAR_TMEM_FREE,
+                                                                               _WARP_CORRECTION)
 
         producer, consumer = cpipe.PipelineUserType.Producer, cpipe.PipelineUserType.Consumer
         item_begin = work_indptr[cta]

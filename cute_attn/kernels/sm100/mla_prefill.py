@@ -60,8 +60,9 @@ Pipelines (``cutlass.pipeline``), in consumption order:
 ``c`` (Async, 2): softmax -> correction, row scales then the final (row_sum, row_max).
 Hand-offs of tcgen05 work across threads are bracketed by ``tcgen05.fence::before_thread_sync`` /
 ``after_thread_sync``; TMEM loads/stores complete (``tcgen05.wait::ld/st``) before they are announced.
-Shared with the GQA twin: TMEM ownership and those fences (``tmem.py``), the softmax-role steps and the
-row-per-thread online softmax (``softmax_rows.py``).
+Shared with the GQA twin: the mbarrier storage and the s/p/o/c pipelines (``prefill_setup.py``), TMEM
+ownership and those fences (``tmem.py``), the softmax-role steps (per-item header, S load, row-per-thread
+online softmax, vector ring: ``softmax_rows.py``).
 
 Possible next steps (performance): 128-row tiles (2 x 64 rows) so S uses all TMEM lanes and the
 softmax all threads; S/P in TMEM with O^T; TMA ``gather4`` for the K rows; a third K stage with kv_tile 32.
@@ -74,7 +75,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.blackwell_helpers as sm100_utils
-from cutlass import Float32, Int32, Int64
+from cutlass import Float32, Int32
 from cutlass import pipeline as cpipe
 from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
 from cutlass.memory import SmemAllocator
@@ -84,12 +85,15 @@ from ...plan import ItemField as F
 from .. import register_paged_kernel
 from ..common.limits import TMEM_COLUMNS, mla_definition_reason, smem_reason, target_reason
 from ..common.mla import CKV_DIM, KIND, QK_DIM, definition_config, load_q_and_kv_tiles, mla_entry
-from .softmax_rows import NEG_INF, load_s_row, num_key_tiles, online_softmax_row, send_row_values
-from .tmem import PrefillTmem, fence_after_sync, fence_before_sync
+from .prefill_setup import PrefillBarriers
+from .softmax_rows import NEG_INF, begin_softmax_item, load_s_row, num_key_tiles, online_softmax_row, send_row_values
+from .tmem import fence_after_sync, fence_before_sync
 
 ARCH = "sm_100a"
+Q_STAGES = 1
 KV_STAGES = 2
 S_STAGES = 2
+P_STAGES = 1  # one P tile in shared memory
 C_STAGES = 2
 PV_M = 128  # V columns per PV MMA (one O^T chunk)
 O_COL = 0
@@ -117,9 +121,9 @@ def tmem_columns(config: PagedAttentionConfig) -> int:
 def smem_bytes(config: PagedAttentionConfig) -> int:
     """Shared memory of one CTA: Q, K stages, P, row ids, vector ring, mbarriers, TMEM address, slack."""
     m, n = config.tile_q_rows, config.kv_tile
-    mbarriers = 8 * 2 * (1 + KV_STAGES + S_STAGES + 1 + 1 + C_STAGES)
+    barriers = PrefillBarriers.smem_bytes(Q_STAGES, KV_STAGES, S_STAGES, P_STAGES, C_STAGES)
     return (m * QK_DIM * 2 + KV_STAGES * n * QK_DIM * 2 + m * n * 2 + 2 * n * 4 + m * 2 * C_STAGES * 4
-            + mbarriers + 4 + 1024)
+            + barriers + 1024)
 
 
 def check_config(config: PagedAttentionConfig) -> str | None:
@@ -216,32 +220,17 @@ class MlaPagedPrefillSm100:
         p_buf = smem.allocate_tensor(self.dtype, s_p_rows.outer, 1024, s_p_rows.inner)
         s_ids = smem.allocate_tensor(Int32, cute.make_layout((self.tile_n, 2)), 16)
         s_vec = smem.allocate_tensor(Float32, cute.make_layout((self.tile_m, 2, C_STAGES)), 16)
-        mbar_q = smem.allocate_array(Int64, 2, byte_alignment=8)
-        mbar_kv = smem.allocate_array(Int64, 2 * KV_STAGES, byte_alignment=8)
-        mbar_s = smem.allocate_array(Int64, 2 * S_STAGES, byte_alignment=8)
-        mbar_p = smem.allocate_array(Int64, 2, byte_alignment=8)
-        mbar_o = smem.allocate_array(Int64, 2, byte_alignment=8)
-        mbar_c = smem.allocate_array(Int64, 2 * C_STAGES, byte_alignment=8)
-        tmem_holder = smem.allocate_array(Int32, 1, byte_alignment=4)
+        barriers = PrefillBarriers(smem, Q_STAGES, KV_STAGES, S_STAGES, P_STAGES, C_STAGES)
 
+        # q and kv: cp.async by the whole load warpgroup (each thread arrives), consumed by the MMA thread
         thread = cpipe.CooperativeGroup(cpipe.Agent.Thread, 1)
-        wg = cpipe.CooperativeGroup(cpipe.Agent.Thread, 128)
         loaders = cpipe.CooperativeGroup(cpipe.Agent.Thread, LOAD_THREADS)
-        pipe_q = cpipe.PipelineAsyncUmma.create(num_stages=1, producer_group=loaders, consumer_group=thread,
-                                                barrier_storage=mbar_q, defer_sync=True)
+        pipe_q = cpipe.PipelineAsyncUmma.create(num_stages=Q_STAGES, producer_group=loaders, consumer_group=thread,
+                                                barrier_storage=barriers.q, defer_sync=True)
         pipe_kv = cpipe.PipelineAsyncUmma.create(num_stages=KV_STAGES, producer_group=loaders,
-                                                 consumer_group=thread, barrier_storage=mbar_kv, defer_sync=True)
-        pipe_s = cpipe.PipelineUmmaAsync.create(num_stages=S_STAGES, producer_group=thread, consumer_group=wg,
-                                                barrier_storage=mbar_s, defer_sync=True)
-        pipe_p = cpipe.PipelineAsyncUmma.create(num_stages=1, producer_group=wg, consumer_group=thread,
-                                                barrier_storage=mbar_p, defer_sync=True)
-        pipe_o = cpipe.PipelineUmmaAsync.create(num_stages=1, producer_group=thread, consumer_group=wg,
-                                                barrier_storage=mbar_o, defer_sync=True)
-        pipe_c = cpipe.PipelineAsync.create(num_stages=C_STAGES, producer_group=wg, consumer_group=wg,
-                                            barrier_storage=mbar_c, defer_sync=True)
-        tmem = PrefillTmem(tmem_holder, _BAR_TMEM_ALLOC, _BAR_TMEM_FREE, allocator_warp=_WARP_CORRECTION)
-        cpipe.pipeline_init_arrive(is_relaxed=True)
-        cpipe.pipeline_init_wait()
+                                                 consumer_group=thread, barrier_storage=barriers.kv, defer_sync=True)
+        pipe_s, pipe_p, pipe_o, pipe_c, tmem = barriers.create_role_pipelines(_BAR_TMEM_ALLOC, _BAR_TMEM_FREE,
+                                                                               _WARP_CORRECTION)
 
         producer, consumer = cpipe.PipelineUserType.Producer, cpipe.PipelineUserType.Consumer
         item_begin = work_indptr[cta]
@@ -249,7 +238,8 @@ class MlaPagedPrefillSm100:
         if warp_idx < _WARP_CORRECTION:
             cute.arch.setmaxregister_increase(_REGS_SOFTMAX)
             self.softmax_role(tmem, p_buf, s_vec, items, item_begin, item_end, scale_log2, pipe_s, pipe_p, pipe_c,
-                              cpipe.make_pipeline_state(consumer, S_STAGES), cpipe.make_pipeline_state(producer, 1),
+                              cpipe.make_pipeline_state(consumer, S_STAGES),
+                              cpipe.make_pipeline_state(producer, P_STAGES),
                               cpipe.make_pipeline_state(producer, C_STAGES), tidx)
             tmem.release()
         elif warp_idx < _WARP_LOAD:
@@ -264,7 +254,8 @@ class MlaPagedPrefillSm100:
             cute.arch.setmaxregister_decrease(_REGS_OTHER)
             load_q_and_kv_tiles(tidx - 32 * _WARP_LOAD, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr,
                                 kv_indices, items, item_begin, item_end, q_buf, kv_buf, s_ids, pipe_q, pipe_kv,
-                                cpipe.make_pipeline_state(producer, 1), cpipe.make_pipeline_state(producer, KV_STAGES),
+                                cpipe.make_pipeline_state(producer, Q_STAGES),
+                                cpipe.make_pipeline_state(producer, KV_STAGES),
                                 group=self.group, num_threads=LOAD_THREADS, ids_barrier=_BAR_IDS,
                                 q_for_keyless_items=False)
         else:
@@ -282,10 +273,10 @@ class MlaPagedPrefillSm100:
             s_p = cute.make_tensor(cute.recast_ptr(p_buf.iterator, s_p_layout.inner, dtype=self.dtype),
                                    s_p_layout.outer)
             self.mma_role(tiled_mma_qk, tiled_mma_pv, s_q, s_k, s_vt, s_p, tmem, items, item_begin, item_end,
-                          pipe_q, pipe_kv, pipe_s, pipe_p, pipe_o, cpipe.make_pipeline_state(consumer, 1),
+                          pipe_q, pipe_kv, pipe_s, pipe_p, pipe_o, cpipe.make_pipeline_state(consumer, Q_STAGES),
                           cpipe.make_pipeline_state(consumer, KV_STAGES),
                           cpipe.make_pipeline_state(consumer, KV_STAGES),
-                          cpipe.make_pipeline_state(producer, S_STAGES), cpipe.make_pipeline_state(consumer, 1),
+                          cpipe.make_pipeline_state(producer, S_STAGES), cpipe.make_pipeline_state(consumer, P_STAGES),
                           cpipe.make_pipeline_state(producer, 1))
             tmem.release()
 
@@ -390,15 +381,8 @@ class MlaPagedPrefillSm100:
         row = (tid // 32) * 16 + lane % 16
 
         for it in cutlass.range(item_begin, item_end, unroll=1):
-            r0 = items[it, int(F.Q_ROW_START)]
-            kv_start = items[it, int(F.KV_START)]
-            kv_end = items[it, int(F.KV_END)]
-            causal_offset = items[it, int(F.CAUSAL_OFFSET)]
-            n = num_key_tiles(kv_start, kv_end, N)
-            first_token = r0 // G
-            token = (r0 + row) // G
-            row_max = NEG_INF
-            row_sum = Float32(0.0)
+            kv_start, kv_end, causal_offset, n, first_token, token, row_max, row_sum = begin_softmax_item(
+                items, it, row, G, N)
             for j in cutlass.range(n, unroll=1):
                 kv_base = kv_start + j * N
                 load_s_row(tiled_ld, t_ld_s, r_s, N, pipe_s, s_state)

@@ -13,7 +13,8 @@ Per item with ``n`` key tiles (``n = 0``: only the correction role acts, writing
 * correction: for j = 1..n-1: wait PV(j-1), O *= scale_j in TMEM; then the epilogue after PV(n-1)
 
 Shared with the MLA twin: the TMEM lifecycle and tcgen05 hand-off fences (``tmem.py``), the
-softmax-role steps and the row-per-thread online softmax (``softmax_rows.py``).
+softmax-role steps and the row-per-thread online softmax (``softmax_rows.py``); the kernel-entry
+pipeline / TMEM setup is in ``prefill_setup.py``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, tcgen05
 
 from ...plan import ItemField as F
-from .softmax_rows import NEG_INF, load_s_row, num_key_tiles, online_softmax_row, send_row_values
+from .softmax_rows import NEG_INF, begin_softmax_item, load_s_row, num_key_tiles, online_softmax_row, send_row_values
 from .tmem import fence_after_sync, fence_before_sync
 
 
@@ -203,15 +204,8 @@ class PrefillRoles:
         row = t_ld_c[0][0]  # this thread's packed row (= TMEM lane = tid)
 
         for it in cutlass.range(item_begin, item_end, unroll=1):
-            r0 = items[it, int(F.Q_ROW_START)]
-            kv_start = items[it, int(F.KV_START)]
-            kv_end = items[it, int(F.KV_END)]
-            causal_offset = items[it, int(F.CAUSAL_OFFSET)]
-            n = num_key_tiles(kv_start, kv_end, N)
-            first_token = r0 // G
-            token = (r0 + row) // G
-            row_max = NEG_INF
-            row_sum = Float32(0.0)
+            kv_start, kv_end, causal_offset, n, first_token, token, row_max, row_sum = begin_softmax_item(
+                items, it, row, G, N)
             for j in cutlass.range(n, unroll=1):
                 kv_base = kv_start + j * N
                 load_s_row(tiled_ld, t_ld_s, r_s, N, pipe_s, s_state)

@@ -1,8 +1,9 @@
 """Softmax-role steps shared by the sm_100a prefill kernels: one score row per thread, S in TMEM.
 
 Per item every role derives the same key-tile count (:func:`num_key_tiles`) from the item's fields, so
-the pipelines stay in lockstep without extra signalling. Per key tile ``j`` the softmax role waits for
-S_j and loads its row (:func:`load_s_row`), masks it and runs the online softmax
+the pipelines stay in lockstep without extra signalling. The softmax role starts each item with
+:func:`begin_softmax_item` (item fields, tile count, this row's token, fresh row state). Per key tile
+``j`` it waits for S_j and loads its row (:func:`load_s_row`), masks it and runs the online softmax
 (:func:`online_softmax_row`), writes P (TMEM or shared memory: the kernel's own step), and for
 ``j >= 1`` sends the row's O scale to the correction role; after the item's last tile it sends the
 final ``(row_sum, row_max)`` (both through :func:`send_row_values`, a small smem vector ring
@@ -19,6 +20,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
+from ...plan import ItemField as F
 from ..common.mask import tile_needs_mask
 from .tmem import fence_after_sync
 
@@ -32,6 +34,23 @@ def num_key_tiles(kv_start: Int32, kv_end: Int32, tile_n: cutlass.Constexpr[int]
     if kv_end > kv_start:
         n = (kv_end - kv_start + tile_n - 1) // tile_n
     return n
+
+
+@cute.jit
+def begin_softmax_item(items: cute.Tensor, it: Int32, row: Int32, group: cutlass.Constexpr[int],
+                       tile_n: cutlass.Constexpr[int]):
+    """The softmax role's per-item header: what packed row ``row`` needs of item ``it``, and a fresh row state.
+
+    Returns ``(kv_start, kv_end, causal_offset, n, first_token, token, row_max, row_sum)``: ``n`` key tiles,
+    ``first_token`` the tile's first query token (which tiles need the mask), ``token`` this row's query token
+    (``group`` packed rows per token), ``row_max = -inf`` and ``row_sum = 0``.
+    """
+    r0 = items[it, int(F.Q_ROW_START)]
+    kv_start = items[it, int(F.KV_START)]
+    kv_end = items[it, int(F.KV_END)]
+    causal_offset = items[it, int(F.CAUSAL_OFFSET)]
+    n = num_key_tiles(kv_start, kv_end, tile_n)
+    return kv_start, kv_end, causal_offset, n, r0 // group, (r0 + row) // group, NEG_INF, Float32(0.0)
 
 
 @cute.jit
