@@ -94,18 +94,25 @@ def exchange_shape(config: PagedAttentionConfig) -> tuple[int, int]:
     return live_warps * 32, 4 + config.tile_q_rows * config.head_dim_v // NUM_MMA_THREADS
 
 
+def _tile_pair_bytes(config: PagedAttentionConfig) -> int:
+    """One ring stage's data: a K and a V tile (bf16); its two mbarriers add 16 bytes."""
+    return 2 * config.kv_tile * config.head_dim_qk * 2
+
+
+def _fixed_bytes(config: PagedAttentionConfig) -> int:
+    """Everything but the ring: Q, the warpgroup hand-over (16 B aligned) and the fused merge's arrival word."""
+    return config.tile_q_rows * config.head_dim_qk * 2 + 4 * math.prod(exchange_shape(config)) + 16 + 4
+
+
 def num_stages(config: PagedAttentionConfig) -> int:
-    stage_bytes = 2 * config.kv_tile * config.head_dim_qk * 2
-    fixed = config.tile_q_rows * config.head_dim_qk * 2 + 4 * math.prod(exchange_shape(config)) + 16 + 4
-    return min(MAX_STAGES, (smem_budget(config) - fixed - 16 * MAX_STAGES) // stage_bytes)
+    # the 16 mbarrier bytes per stage are reserved for MAX_STAGES stages up front
+    return min(MAX_STAGES, (smem_budget(config) - _fixed_bytes(config) - 16 * MAX_STAGES) // _tile_pair_bytes(config))
 
 
 def smem_bytes(config: PagedAttentionConfig) -> int:
-    """Shared memory the kernel allocates: Q, the K/V stages, two mbarriers per stage (1 KB aligned),
-    the warpgroup hand-over (16 B aligned) and the fused merge's 4-byte arrival word."""
-    return (config.tile_q_rows * config.head_dim_qk * 2 + num_stages(config) * (4 * config.kv_tile *
-                                                                                config.head_dim_qk + 16)
-            + 4 * math.prod(exchange_shape(config)) + 16 + 4)
+    """Shared memory the kernel allocates: Q, the K/V stages with their mbarriers (1 KB aligned), the
+    warpgroup hand-over and the fused merge's 4-byte arrival word."""
+    return _fixed_bytes(config) + num_stages(config) * (_tile_pair_bytes(config) + 16)
 
 
 def check_config(config: PagedAttentionConfig) -> str | None:
