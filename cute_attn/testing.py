@@ -262,6 +262,36 @@ def make_mla_prefill_case(
     )
 
 
+def with_edge_page_table(case, *, share: tuple[int, int] = (1, 2)):
+    """The same GQA batch under a page table that is valid but sits on the edges a kernel can get wrong.
+
+    - Request ``share[1]`` reads request ``share[0]``'s pages (prefix caching shares pages; the two must
+      have one kv length): its own pages are left unused.
+    - The pool's last page (id ``num_pages - 1``) holds the first page of the last request with pages:
+      that page's contents and id are swapped with its old one's, so the batch means the same.
+    Empty requests come from the lengths the caller built the case with.
+    """
+    a, b = share
+    if case.kv_lens[a] != case.kv_lens[b]:
+        raise ValueError(f"requests {a} and {b} must have one kv length to share pages")
+    ptr = case.kv_indptr.tolist()
+    indices = case.kv_indices.clone()
+    indices[ptr[b]:ptr[b + 1]] = indices[ptr[a]:ptr[a + 1]]
+    last_page = case.k_cache.shape[0] - 1
+    owners = [r for r in range(len(ptr) - 1) if ptr[r + 1] > ptr[r] and r != b]
+    k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
+    if owners:
+        old = int(indices[ptr[owners[-1]]])
+        if old != last_page:
+            swap = torch.tensor([old, last_page], device=indices.device)
+            for cache in (k_cache, v_cache):
+                cache[swap] = cache[swap.flip(0)]
+            is_old, is_last = indices == old, indices == last_page
+            indices[is_old] = last_page
+            indices[is_last] = old
+    return dataclasses.replace(case, kv_indices=indices, k_cache=k_cache, v_cache=v_cache)
+
+
 def interleave_kv(case):
     """The same case with K and V as the views ``kv[:, 0]`` / ``kv[:, 1]`` of one ``[pages, 2, ...]`` tensor.
 

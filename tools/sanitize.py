@@ -1,0 +1,242 @@
+"""Every registered kernel of one arch under compute-sanitizer: memcheck, racecheck, synccheck, initcheck.
+
+    python tools/sanitize.py [--tools memcheck,racecheck,synccheck,initcheck] [--out docs/perf/h200-sanitizer.txt]
+                             [--log-dir DIR] [--cases decode,prefill,...]
+
+GPU only (one call on the H200). The driver first runs every case in its own process, without a sanitizer,
+against the float32 reference (this also compiles every kernel into one disk cache), then runs one
+``compute-sanitizer --tool T python tools/sanitize.py --worker`` per tool over all cases, and writes the
+summary table. Kernels are compiled with line info (``CUTE_DSL_LINEINFO=1``), so a report names the
+source line of each access.
+
+Cases (small, ragged, each a registered config's shape):
+    decode-*       split-KV items and the fused in-kernel merge (one long request among short and empty ones)
+    prefill-*      causal prefill with split KV and the combine launch
+    mla            absorbed MLA prefill over a shuffled page-size-1 pool
+    edge-decode    an edge page table: page id num_pages - 1, two requests sharing pages, empty requests
+    edge-prefill   the same for prefill
+    gather         the TMA page gather kernel (a test-side kernel)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
+_TOOL_FLAGS = {
+    "memcheck": ["--leak-check", "no"],
+    # racecheck: both hazard kinds (errors and warnings) count
+    "racecheck": ["--racecheck-report", "all"],
+    "synccheck": [],
+    "initcheck": [],
+}
+
+
+# ------------------------------------------------------------------------------------------- cases
+def _cases(arch: str) -> dict:
+    """name -> (kernel kind, thunk that runs it once and returns (out, lse, ref_out, ref_lse))."""
+    import torch
+
+    import cute_attn
+    from cute_attn import testing
+    from cute_attn.compile import registered_configs
+
+    cases = {}
+    for config in registered_configs(arch):
+        if getattr(config, "kind", None) is None:
+            continue
+        hq, hkv, ps = config.num_qo_heads, config.num_kv_heads, config.page_size
+        if config.kind == "gqa_paged_decode":
+            def run(hq=hq, hkv=hkv, ps=ps):
+                case = testing.make_gqa_decode_case([3232, 0, 130, 1, 700], num_qo_heads=hq, num_kv_heads=hkv,
+                                                    page_size=ps, device="cuda", seed=hq + ps)
+                return _run_api(cute_attn.gqa_paged_decode, case, arch)
+            cases[f"decode-h{hq}kv{hkv}-p{ps}"] = (config.kind, run)
+        elif config.kind == "gqa_paged_prefill":
+            def run(hq=hq, hkv=hkv, ps=ps):
+                case = testing.make_gqa_prefill_case([1, 40, 0, 200], [700, 40, 5, 1500], num_qo_heads=hq,
+                                                     num_kv_heads=hkv, page_size=ps, device="cuda", seed=hq + ps)
+                return _run_api(cute_attn.gqa_paged_prefill, case, arch)
+            cases[f"prefill-h{hq}kv{hkv}-p{ps}"] = (config.kind, run)
+        elif config.kind == "mla_paged_prefill":
+            def run():
+                case = testing.make_mla_prefill_case([3, 50, 0], [100, 300, 7], device="cuda", seed=5)
+                return _run_api(cute_attn.mla_paged_prefill, case, arch)
+            cases["mla"] = (config.kind, run)
+
+    def edge_decode():
+        case = testing.with_edge_page_table(testing.make_gqa_decode_case(
+            [0, 300, 300, 1, 0, 2000], device="cuda", seed=77), share=(1, 2))
+        return _run_api(cute_attn.gqa_paged_decode, case, arch)
+
+    def edge_prefill():
+        case = testing.with_edge_page_table(testing.make_gqa_prefill_case(
+            [0, 30, 30, 1, 0], [0, 300, 300, 1, 5], device="cuda", seed=78), share=(1, 2))
+        return _run_api(cute_attn.gqa_paged_prefill, case, arch)
+
+    cases["edge-decode"] = ("gqa_paged_decode", edge_decode)
+    cases["edge-prefill"] = ("gqa_paged_prefill", edge_prefill)
+
+    def gather():
+        from cute_attn.compile import compile_kernel
+        from cute_attn.kernels.common.page_gather import PageGatherConfig
+
+        fn = compile_kernel(PageGatherConfig(arch=arch, page_size=16, num_kv_heads=8, head_dim=128))
+        g = torch.Generator(device="cuda").manual_seed(3)
+        pool = torch.randn((41, 16, 8, 128), generator=g, device="cuda").to(torch.bfloat16)
+        ids = torch.randperm(41, generator=g, device="cuda")[:17].to(torch.int32)
+        out = torch.full((17, 16, 8, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
+        fn(pool, ids, out)
+        torch.cuda.synchronize()
+        return out, None, lambda: (pool[ids.long()], None)
+
+    cases["gather"] = ("page_gather", gather)
+    return cases
+
+
+def _run_api(entry, case, arch):
+    """Run once; the reference is a thunk, so sanitized runs (which skip the check) never compute it."""
+    import torch
+
+    out, lse = case.new_outputs()
+    entry(*case.inputs(), out, lse, arch=arch)
+    torch.cuda.synchronize()
+    return out, lse, case.reference
+
+
+def _check(name, result) -> str:
+    from cute_attn import testing
+
+    out, lse, reference = result
+    ref_out, ref_lse = reference()
+    try:
+        testing.assert_close_benchmark(out, ref_out, "output")
+        if lse is not None:
+            testing.assert_close_benchmark(lse, ref_lse, "lse")
+    except AssertionError as exc:
+        return f"FAIL {exc}"
+    return "PASS"
+
+
+# ------------------------------------------------------------------------------------------- worker
+def worker(arch: str, names: list[str], check: bool) -> int:
+    import torch
+
+    torch.cuda.init()
+    cases = _cases(arch)
+    failures = 0
+    for name in names:
+        kind, run = cases[name]
+        print(f"=== case {name} ({kind})", flush=True)
+        result = run()
+        verdict = _check(name, result) if check else "RAN"
+        failures += verdict.startswith("FAIL")
+        print(f"=== case {name}: {verdict}", flush=True)
+    return 1 if failures else 0
+
+
+# ------------------------------------------------------------------------------------------- driver
+_ERRORS = re.compile(r"ERROR SUMMARY: (\d+) error")
+_RACES = re.compile(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
+
+
+def _summarise(tool: str, text: str) -> str:
+    if tool == "racecheck":
+        m = _RACES.search(text)
+        if m:
+            return f"{m.group(1)} hazards ({m.group(2)} errors, {m.group(3)} warnings)"
+    m = _ERRORS.search(text)
+    return f"{m.group(1)} errors" if m else "no summary line (see the log)"
+
+
+def _clean(tool: str, text: str) -> bool:
+    if tool == "racecheck":
+        m = _RACES.search(text)
+        return bool(m) and m.group(1) == "0"
+    m = _ERRORS.search(text)
+    return bool(m) and m.group(1) == "0"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="sm_90a")
+    parser.add_argument("--tools", default=",".join(TOOLS))
+    parser.add_argument("--cases", default=None, help="comma-separated case names (default: all)")
+    parser.add_argument("--out", type=Path, default=None, help="summary file (e.g. docs/perf/h200-sanitizer.txt)")
+    parser.add_argument("--log-dir", type=Path, default=None, help="full sanitizer logs, one per tool")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--no-check", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("CUTE_DSL_LINEINFO", "1")
+    os.environ.setdefault("CUTE_ATTN_CACHE_DIR", str(Path.home() / ".cache" / "cute_attn_sanitize"))
+    if args.worker:
+        return worker(args.arch, args.cases.split(","), check=not args.no_check)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("tools/sanitize.py needs a CUDA GPU and compute-sanitizer; none here, nothing written")
+        return 2
+    names = args.cases.split(",") if args.cases else list(_cases(args.arch))
+    me = [sys.executable, str(Path(__file__).resolve()), "--arch", args.arch, "--cases", ",".join(names)]
+    lines = []
+    start = time.time()
+    ref = subprocess.run(me + ["--worker"], capture_output=True, text=True)
+    verdicts = re.findall(r"=== case (\S+): (.*)", ref.stdout)
+    print(ref.stdout[-4000:], ref.stderr[-4000:])
+    lines.append(f"reference check, no sanitizer (exit {ref.returncode}):")
+    lines += [f"  {n:<28} {v}" for n, v in verdicts]
+    status = 0 if ref.returncode == 0 else 1
+    lines.append("")
+    lines.append(f"{'tool':<10} {'result':<40} seconds")
+    if args.log_dir:
+        args.log_dir.mkdir(parents=True, exist_ok=True)
+    for tool in args.tools.split(","):
+        t0 = time.time()
+        cmd = ["compute-sanitizer", "--tool", tool, "--print-limit", "50", *_TOOL_FLAGS[tool], *me,
+               "--worker", "--no-check"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        text = proc.stdout + proc.stderr
+        if args.log_dir:
+            (args.log_dir / f"sanitizer-{tool}.log").write_text(text)
+        ran = len(re.findall(r"=== case \S+: RAN", text))
+        summary = f"{_summarise(tool, text)}, {ran}/{len(names)} cases ran"
+        clean = _clean(tool, text) and ran == len(names)
+        status |= 0 if clean else 1
+        lines.append(f"{tool:<10} {summary:<40} {time.time() - t0:.0f}")
+        print(f"{tool}: {summary}\n{text[-3000:]}", flush=True)
+    header = [
+        f"# compute-sanitizer over every registered {args.arch} kernel ({time.strftime('%Y-%m-%d')}, "
+        f"{torch.cuda.get_device_name()}, commit {_commit()}; {time.time() - start:.0f} s)",
+        f"# cases: {', '.join(names)}",
+        "",
+    ]
+    report = "\n".join(header + lines) + "\n"
+    print(report)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(report)
+    return status
+
+
+def _commit() -> str:
+    if os.environ.get("CUTE_ATTN_COMMIT"):  # the device machine gets a copy of the tree without .git
+        return os.environ["CUTE_ATTN_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
