@@ -61,6 +61,7 @@ from ...plan import ItemField as F
 from .. import register_paged_kernel
 from ..common.decode_merge import FOLD_ROW_LANES, fold_completed_merges
 from ..common.limits import SMEM_LIMIT_BYTES
+from ..common.named_barrier import warpgroup_barrier_sync
 from ..common.work_items import guess_first_item, load_item
 from .wgmma import wgmma_gemm
 from ..common.paged_launch import gqa_decode_entry
@@ -443,7 +444,7 @@ class GqaDecodeSm90:
             if e // D >= valid:
                 sV[e // D, e % D, stage] = self.dtype(0.0)
         cute.arch.fence_view_async_shared()
-        cute.arch.barrier(barrier_id=WG_BARRIER_ID + wg, number_of_threads=NUM_MMA_THREADS)
+        warpgroup_barrier_sync(WG_BARRIER_ID, wg, NUM_MMA_THREADS, NUM_CONSUMER_WG)
 
     @cute.jit
     def export_state(self, exchange, wtid, row_max, row_sum, acc_O):

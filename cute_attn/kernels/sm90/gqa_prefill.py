@@ -62,6 +62,7 @@ from .. import register_paged_kernel
 from ..common.paged_launch import gqa_prefill_entry
 from ..common.limits import packed_q_box_reason, page_box_reason, smem_reason, target_reason
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
+from ..common.named_barrier import warpgroup_barrier_arrive, warpgroup_barrier_sync
 from ..common.softmax import (acc_mn_view, acc_to_mma_a_view, make_softmax_state, rescale_rows,
                               softmax_finalize, softmax_reset, softmax_update, store_p_bf16)
 from .prefill_epilogue import store_output_rows, store_output_via_smem, store_partial_rows
@@ -420,11 +421,11 @@ class GqaPagedPrefillSm90:
 
     def sched_wait(self, wg: Int32):
         """Wait for this warpgroup's GEMM turn (FA3 ping-pong: one warpgroup's softmax hides the other's GEMMs)."""
-        cute.arch.barrier(barrier_id=_SCHED_BARRIER + wg, number_of_threads=self.num_mma_threads)
+        warpgroup_barrier_sync(_SCHED_BARRIER, wg, self.num_mma_threads, self.num_mma_wg)
 
     def sched_arrive(self, wg: Int32):
         """Hand the GEMM turn to the other consumer warpgroup."""
-        cute.arch.barrier_arrive(barrier_id=_SCHED_BARRIER + 1 - wg, number_of_threads=self.num_mma_threads)
+        warpgroup_barrier_arrive(_SCHED_BARRIER, 1 - wg, self.num_mma_threads, self.num_mma_wg)
 
     @cute.jit
     def zero_v_tail(self, s_v: cute.Tensor, stage: Int32, first_row: Int32, ctid: Int32):

@@ -28,6 +28,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
+from ..common.named_barrier import warpgroup_barrier_sync
 from ..common.softmax import acc_mn_view
 
 EPILOGUE_BARRIER = 4  # ids 4, 5: one named barrier per consumer warpgroup
@@ -61,7 +62,7 @@ def store_output_via_smem(acc_o: cute.Tensor, s_o: cute.Tensor, tiled_mma_pv: cu
     atom = smem_store_atom(dtype)
     thr_s = cute.make_tiled_copy_C(atom, tiled_mma_pv).get_slice(ctid)
     cute.copy(atom, thr_s.retile(o_bf), thr_s.partition_D(s_o))
-    cute.arch.barrier(barrier_id=EPILOGUE_BARRIER + wg, number_of_threads=128)
+    warpgroup_barrier_sync(EPILOGUE_BARRIER, wg, 128)
 
     g_copy = row_copy(dtype, head_dim)
     thr_g = g_copy.get_slice(ctid % 128)
