@@ -75,3 +75,21 @@ def test_merge_counters_start_at_zero_and_refresh_leaves_them_alone():
     counters.fill_(7)  # stands in for a kernel's state; refresh must not rewrite it
     device_plan.refresh(device_plan.plan)
     assert (counters == 7).all()
+
+
+def test_find_launcher_imports_a_kind_whose_module_is_not_loaded_yet():
+    """Importing one kernel module first (as a test or an engine may) must not hide the others."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import cute_attn.kernels.sm90.gqa_decode\n"
+        "from cute_attn.config import default_paged_config\n"
+        "from cute_attn.kernels import find_launcher\n"
+        "c = default_paged_config('gqa_paged_prefill', arch='sm_90a', num_qo_heads=32, num_kv_heads=4,"
+        " head_dim_qk=128, head_dim_v=128, page_size=64, causal=True)\n"
+        "launch = find_launcher(c)\n"
+        "assert launch is sys.modules['cute_attn.kernels.sm90.gqa_prefill'].launch, launch\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)

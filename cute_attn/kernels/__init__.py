@@ -48,9 +48,10 @@ def register_paged_kernel(kind: str, arch: str, *, build: Callable, launch: Call
 
 def find_launcher(config) -> Callable | None:
     """The launcher for a ``PagedAttentionConfig``'s kind and arch, or None when there is none yet."""
-    if not _PAGED:
+    kernel = _PAGED.get((config.kind, config.arch))
+    if kernel is None:  # its module is not imported yet (another kernel module may be): import them all
         from ..compile import import_all_kernels
 
         import_all_kernels()
-    kernel = _PAGED.get((config.kind, config.arch))
+        kernel = _PAGED.get((config.kind, config.arch))
     return None if kernel is None else kernel.launch

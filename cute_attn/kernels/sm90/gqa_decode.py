@@ -386,6 +386,12 @@ class GqaDecodeSm90:
                 wgmma_gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, stage], False)
                 pipe.consumer_release(state)
                 state.advance(NUM_CONSUMER_WG)
+            # A partial last tile made its owner pass zero_v_tail's warpgroup barrier; the other warpgroup passes its
+            # own once too. The GPU needs no such thing (bar.sync BOTH below orders the hand-over for every warp),
+            # but racecheck orders two threads' accesses by how many barriers each has passed, so one warpgroup one
+            # barrier ahead makes it report the hand-over as a race (tools/racecheck_probe.py --variant asymmetric).
+            if n_tiles > 0 and n_tiles * N > kv_end - kv_start and (n_tiles - 1) % 2 != t_first:
+                warpgroup_barrier_sync(WG_BARRIER_ID, wg, NUM_MMA_THREADS, NUM_CONSUMER_WG)
             first_tile += n_tiles
 
             # ---- warpgroup 1 hands its (max, sum, O) to warpgroup 0, which merges and stores the item
