@@ -199,8 +199,10 @@ def _signature(kind, args: tuple, output, lse) -> tuple:
     sig = kind.signature(*args)
     if output is None:
         return sig
+    # output is q itself (the likeliest alias; the full rules check every overlap) makes its own entry
     return sig + (output.__class__, output.shape, output.is_contiguous(), output.dtype, output.device,
-                  lse.__class__, lse.shape, lse.is_contiguous(), lse.dtype, lse.device)
+                  lse.__class__, lse.shape, lse.is_contiguous(), lse.dtype, lse.device,
+                  output.data_ptr() == args[0].data_ptr())
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: hashed by identity, cheap in the fast-path key
@@ -342,7 +344,8 @@ def _run(kind: _Kind, args: tuple, index: tuple, output, lse, plan, check_indice
     """The fast path; on a miss, :func:`_run_full`, whose successful calls it remembers."""
     key = None
     sm_scale = args[-1]
-    if sm_scale.__class__ is float:  # not bool/int/numpy: those equal a float in a key, the rules differ
+    # not bool/int/numpy for sm_scale, nor 1/'no' for the flags: those equal a float or a bool in a key
+    if sm_scale.__class__ is float and natural_lse.__class__ is bool and check_indices.__class__ is bool:
         try:
             key = (kind, *map(id, index), plan if plan is None else id(plan),
                    plan is not None and check_indices, output is None, lse is None, natural_lse, arch, num_sms,
@@ -366,23 +369,34 @@ def _run(kind: _Kind, args: tuple, index: tuple, output, lse, plan, check_indice
 
 def _run_full(kind: _Kind, args, index, output, lse, plan, check_indices, natural_lse, arch, num_sms) -> _Hit:
     """Every rule, then the config and the plan (cached or the caller's): what a fast-path hit reuses."""
+    validate.check_flag("natural_lse", natural_lse)
+    validate.check_flag("check_indices", check_indices)
+    if plan is not None and not isinstance(plan, DevicePlan):
+        raise TypeError(f"plan must be a DevicePlan (from plan_{kind.name}), got {type(plan).__name__}")
     problem, _ = kind.check(*args, output, lse, check_indices=False)
+    if problem.device.type != "cuda":  # index values on the host cost nothing to read: name a bad one first
+        kind.check(*args, output, lse, check_indices=True)
     _require_cuda(problem.device)
     config = _make_config(kind.name, problem, arch, kind.causal)
     if plan is None:
         # the value rules also read the page count and total_q: a smaller cache makes old page ids invalid
         plan_key = (config, num_sms, problem.num_pages, problem.total_q)
-        device_plan = _PLANS.get(plan_key, index)
+        # inference tensors (torch.inference_mode) keep no version counter, so nothing proves that their
+        # values are the ones a cached plan was made from: they plan every call
+        cacheable = not any(t.is_inference() for t in index)
+        device_plan = _PLANS.get(plan_key, index) if cacheable else None
         if device_plan is None:  # planning reads the index values anyway, so they are always checked here
             _, host = kind.check(*args, output, lse, check_indices=True)
             device_plan = _plan(config, host, problem.device, num_sms)
-            _PLANS.put(plan_key, index, device_plan)
+            if cacheable:
+                _PLANS.put(plan_key, index, device_plan)
         # a hit: the same, unmodified index tensors as when this plan was made and checked
     else:
-        if not isinstance(plan, DevicePlan):
-            raise TypeError(f"plan must be a DevicePlan (from plan_{kind.name}), got {type(plan).__name__}")
         if plan.config != config:
             raise ValueError(f"plan was made for {plan.config.cache_key()}, these inputs need {config.cache_key()}")
+        if plan.items.device != problem.device:
+            raise ValueError(f"plan lives on {plan.items.device}, the inputs on {problem.device}: make the plan "
+                             "with these inputs (plan_*) or DevicePlan.allocate on their device")
         if check_indices:
             kind.check(*args, output, lse, check_indices=True)
         config = plan.config  # equal to ours; a hit checks the plan still holds this very object

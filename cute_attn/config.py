@@ -131,6 +131,16 @@ class PagedAttentionConfig(KernelConfig):
         )
 
     def can_implement(self) -> str | None:
+        """None when a registered kernel builds this config, else why not: the shape rules every kernel of the
+        kind shares (:meth:`shape_reason`), then the rules of the kernel registered for (kind, arch)."""
+        if (reason := self.shape_reason()) is not None:
+            return reason
+        from .kernels import kernel_reason  # imports the kernel modules (the DSL) on first use
+
+        return kernel_reason(self)
+
+    def shape_reason(self) -> str | None:
+        """The rules of the kind alone (no kernel consulted): what each kernel's ``check_config`` starts from."""
         if (reason := super().can_implement()) is not None:
             return reason
         if self.kind not in PAGED_KINDS:
@@ -168,6 +178,9 @@ def default_paged_config(kind: str, *, arch: str, num_qo_heads: int, num_kv_head
         "gqa_paged_decode": dict(tile_q_rows=64, kv_tile=64, min_chunk_keys=256),
         "mla_paged_prefill": dict(tile_q_rows=64, kv_tile=64),
     }.get(kind, {})
+    if kind == "gqa_paged_decode" and 16 <= page_size <= 128:
+        # decode loads one page per ring stage (one TMA box), so the key tile is the page
+        tiles.update(kv_tile=page_size)
     if kind == "gqa_paged_prefill" and arch == "sm_90a":
         # measured on the H200: n32 852 -> 707 us (docs/perf-notes.md); these flags mean nothing on sm_100a
         tiles.update(intra_wg_overlap=True, smem_epilogue=True)

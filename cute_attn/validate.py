@@ -28,6 +28,7 @@ __all__ = [
     "check_gqa_paged_decode",
     "check_mla_paged_prefill",
     "check_sm_scale",
+    "check_flag",
 ]
 
 
@@ -123,7 +124,35 @@ def check_sm_scale(sm_scale) -> float:
     return value
 
 
-def _check_outputs(output, lse, total_q: int, num_heads: int, head_dim_v: int, device) -> None:
+def check_flag(name: str, value) -> bool:
+    """An option that must be a real ``bool``: ``'no'`` or ``0`` would be truthy or falsy by accident."""
+    if value.__class__ is not bool:
+        raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last + 1) bytes a tensor's elements occupy (strides may leave gaps: the span covers them)."""
+    if t.numel() == 0:
+        return (0, 0)
+    extent = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) + 1
+    return (t.data_ptr(), t.data_ptr() + extent * t.element_size())
+
+
+def _check_no_alias(outputs: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor]) -> None:
+    """Outputs are written while the inputs are read: no output may share memory with an input or another output."""
+    taken = {name: _byte_span(t) for name, t in inputs.items()}
+    for out_name, t in outputs.items():
+        lo, hi = _byte_span(t)
+        for other, (other_lo, other_hi) in taken.items():
+            if lo < other_hi and other_lo < hi:
+                raise ValueError(f"{out_name} overlaps {other} in memory: outputs must not alias an input or "
+                                 "each other")
+        taken[out_name] = (lo, hi)
+
+
+def _check_outputs(output, lse, total_q: int, num_heads: int, head_dim_v: int, device,
+                   inputs: dict[str, torch.Tensor]) -> None:
     if output is None and lse is None:
         return
     if output is None or lse is None:
@@ -136,6 +165,7 @@ def _check_outputs(output, lse, total_q: int, num_heads: int, head_dim_v: int, d
         raise ValueError(f"lse must have shape {(total_q, num_heads)}, got {tuple(lse.shape)}")
     if output.device != device or lse.device != device:
         raise ValueError(f"output and lse must be on the inputs' device ({device})")
+    _check_no_alias({"output": output, "lse": lse}, inputs)
 
 
 def _check_heads(num_qo_heads: int, num_kv_heads: int) -> None:
@@ -237,10 +267,11 @@ def check_gqa_paged_prefill(
     _tensor("qo_indptr", qo_indptr, torch.int32, 1)
     _dim("qo_indptr", qo_indptr, 0, batch + 1, "len(kv_indptr)")
     check_sm_scale(sm_scale)
-    device = _same_device(dict(q=q, k_cache=k_cache, v_cache=v_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
-                               kv_indices=kv_indices, kv_last_page_len=kv_last_page_len))
+    named = dict(q=q, k_cache=k_cache, v_cache=v_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+                 kv_indices=kv_indices, kv_last_page_len=kv_last_page_len)
+    device = _same_device(named)
     total_q, num_qo_heads = q.shape[0], q.shape[1]
-    _check_outputs(output, lse, total_q, num_qo_heads, head_dim, device)
+    _check_outputs(output, lse, total_q, num_qo_heads, head_dim, device, named)
     problem = PagedProblem(batch, total_q, num_qo_heads, num_kv_heads, head_dim, head_dim, page_size, num_pages, device)
     host = None
     if check_indices:
@@ -258,10 +289,11 @@ def check_gqa_paged_decode(
     )
     _dim("q", q, 0, batch, "batch_size = len(kv_indptr) - 1")
     check_sm_scale(sm_scale)
-    device = _same_device(dict(q=q, k_cache=k_cache, v_cache=v_cache, kv_indptr=kv_indptr, kv_indices=kv_indices,
-                               kv_last_page_len=kv_last_page_len))
+    named = dict(q=q, k_cache=k_cache, v_cache=v_cache, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                 kv_last_page_len=kv_last_page_len)
+    device = _same_device(named)
     num_qo_heads = q.shape[1]
-    _check_outputs(output, lse, batch, num_qo_heads, head_dim, device)
+    _check_outputs(output, lse, batch, num_qo_heads, head_dim, device, named)
     problem = PagedProblem(batch, batch, num_qo_heads, num_kv_heads, head_dim, head_dim, page_size, num_pages, device)
     host = None
     if check_indices:
@@ -298,9 +330,10 @@ def check_mla_paged_prefill(
         raise ValueError("qo_indptr must have batch_size + 1 >= 1 entries")
     _dim("kv_indptr", kv_indptr, 0, batch + 1, "len(qo_indptr)")
     check_sm_scale(sm_scale)
-    device = _same_device(dict(q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache,
-                               qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices))
-    _check_outputs(output, lse, total_q, num_heads, ckv_dim, device)
+    named = dict(q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache, qo_indptr=qo_indptr,
+                 kv_indptr=kv_indptr, kv_indices=kv_indices)
+    device = _same_device(named)
+    _check_outputs(output, lse, total_q, num_heads, ckv_dim, device, named)
     problem = PagedProblem(batch, total_q, num_heads, 1, ckv_dim + kpe_dim, ckv_dim, 1, num_pages, device)
     host = None
     if check_indices:

@@ -23,6 +23,7 @@ class PagedKernel:
     build: Callable
     launch: Callable
     configs: Callable[[str], Iterable]
+    check_config: Callable  # config -> reason | None: the kernel's own rules (after config.shape_reason())
 
 
 _PAGED: dict[tuple[str, str], PagedKernel] = {}
@@ -37,21 +38,35 @@ def _paged_configs(arch: str) -> list:
 
 
 def register_paged_kernel(kind: str, arch: str, *, build: Callable, launch: Callable,
-                          configs: Callable[[str], Iterable]) -> None:
+                          configs: Callable[[str], Iterable], check_config: Callable) -> None:
     """Called by each attention kernel module at import."""
     from ..compile import register_kernel
     from ..config import PagedAttentionConfig
 
-    _PAGED[(kind, arch)] = PagedKernel(build, launch, configs)
+    _PAGED[(kind, arch)] = PagedKernel(build, launch, configs, check_config)
     register_kernel(PagedAttentionConfig, _build_paged, configs=_paged_configs)
 
 
-def find_launcher(config) -> Callable | None:
-    """The launcher for a ``PagedAttentionConfig``'s kind and arch, or None when there is none yet."""
+def _paged_kernel(config) -> PagedKernel | None:
     kernel = _PAGED.get((config.kind, config.arch))
     if kernel is None:  # its module is not imported yet (another kernel module may be): import them all
         from ..compile import import_all_kernels
 
         import_all_kernels()
         kernel = _PAGED.get((config.kind, config.arch))
+    return kernel
+
+
+def find_launcher(config) -> Callable | None:
+    """The launcher for a ``PagedAttentionConfig``'s kind and arch, or None when there is none yet."""
+    kernel = _paged_kernel(config)
     return None if kernel is None else kernel.launch
+
+
+def kernel_reason(config) -> str | None:
+    """Why no registered kernel builds ``config`` (the kernel's own ``check_config``), or None when one does."""
+    kernel = _paged_kernel(config)
+    if kernel is None:
+        built = sorted(arch for kind, arch in _PAGED if kind == config.kind)
+        return f"no {config.arch} kernel is registered for {config.kind} (built for: {', '.join(built) or 'none'})"
+    return kernel.check_config(config)

@@ -11,10 +11,10 @@ TMEM_COLUMNS = 512  # tensor memory of one Blackwell SM (128 lanes x 512 columns
 
 
 def target_reason(config, kind: str, arch: str) -> str | None:
-    """The config is for this kernel (kind and arch) and passes the generic ``can_implement``."""
+    """The config is for this kernel (kind and arch) and passes its kind's shape rules (``shape_reason``)."""
     if config.kind != kind or config.arch != arch:
         return f"this kernel is {kind} on {arch}, not {config.kind} on {config.arch}"
-    return config.can_implement()
+    return config.shape_reason()
 
 
 def smem_reason(nbytes: int, limit: int = SMEM_LIMIT_BYTES) -> str | None:

@@ -93,8 +93,8 @@ MERGE_BARRIER_ID = 1  # named barrier of the softmax warps (0 is __syncthreads)
 
 
 def check_config(config: PagedAttentionConfig) -> str | None:
-    """None when this Blackwell kernel can run ``config``, else why not (on top of ``can_implement``)."""
-    if (reason := config.can_implement()) is not None:
+    """None when this Blackwell kernel can run ``config``, else why not (on top of ``config.shape_reason``)."""
+    if (reason := config.shape_reason()) is not None:
         return reason
     if config.kind != "gqa_paged_decode" or config.arch != ARCH:
         return f"this kernel is gqa_paged_decode for {ARCH}, not {config.kind} for {config.arch}"
@@ -562,4 +562,5 @@ def configs(arch: str) -> list[PagedAttentionConfig]:
     return [decode(20, 4), decode(32, 8)]
 
 
-register_paged_kernel("gqa_paged_decode", ARCH, build=build, launch=launch, configs=configs)
+register_paged_kernel("gqa_paged_decode", ARCH, build=build, launch=launch, configs=configs,
+                      check_config=check_config)

@@ -292,4 +292,5 @@ def configs(arch: str) -> list[PagedAttentionConfig]:
                                  head_dim_v=128, page_size=64, causal=True)]
 
 
-register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs)
+register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs,
+                      check_config=check_config)

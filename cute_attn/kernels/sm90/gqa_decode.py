@@ -69,7 +69,7 @@ from ..common.paged_launch import gqa_decode_entry
 KIND = "gqa_paged_decode"
 ARCH = "sm_90a"
 SMEM_PER_SM_BYTES = 228 * 1024  # per SM, of which each resident CTA reserves 1 KB
-MAX_STAGES = 8
+MAX_STAGES = 32  # small pages (16 keys a stage) need many stages in flight to stream
 NUM_MMA_THREADS = 128  # one consumer warpgroup
 NUM_CONSUMER_WG = 2
 NUM_CONSUMER_THREADS = NUM_CONSUMER_WG * NUM_MMA_THREADS
@@ -118,7 +118,7 @@ def smem_bytes(config: PagedAttentionConfig) -> int:
 
 def check_config(config: PagedAttentionConfig) -> str | None:
     """None when this kernel implements ``config``, else why not (on top of ``config.can_implement``)."""
-    reason = config.can_implement()
+    reason = config.shape_reason()
     if reason is not None:
         return reason
     if config.kind != KIND or config.arch != ARCH:
@@ -127,6 +127,9 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         return f"decode packs one group into a single 64-row warpgroup tile; tile_q_rows={config.tile_q_rows}"
     if config.group_size > config.tile_q_rows:
         return f"group size {config.group_size} exceeds the {config.tile_q_rows}-row tile"
+    if config.page_size < 16:
+        return (f"page_size={config.page_size}: this kernel loads one page per ring stage as one TMA box of "
+                "16..128 rows; smaller pages need a row gather, not built for decode yet")
     if config.kv_tile != config.page_size:
         return (f"kv_tile={config.kv_tile} must equal page_size={config.page_size} "
                 "(one page is one TMA box per stage)")
@@ -531,4 +534,5 @@ def configs(arch: str) -> list[PagedAttentionConfig]:
     return [decode(20, 4, 64), decode(32, 8, 64)]
 
 
-register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs)
+register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs,
+                      check_config=check_config)

@@ -453,4 +453,5 @@ def configs(arch: str) -> list[PagedAttentionConfig]:
     return [cfg(32, 4, 64), cfg(32, 4, 16), cfg(32, 8, 64)]
 
 
-register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs)
+register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs,
+                      check_config=check_config)

@@ -286,4 +286,5 @@ def configs(arch: str) -> list[PagedAttentionConfig]:
     return [definition_config(arch)] if arch == ARCH else []
 
 
-register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs)
+register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs,
+                      check_config=check_config)
