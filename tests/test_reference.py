@@ -172,3 +172,23 @@ def test_benchmark_rule():
     assert testing.benchmark_mismatches(bad, y).tolist() == [True, True, True, True]
     with pytest.raises(AssertionError, match="1 of 4"):
         testing.assert_close_benchmark(torch.tensor([1.0, 100.0, 0.0, math.inf]), y)
+
+
+def test_reference_is_reachable_from_the_package_and_stays_cheap():
+    """``import cute_attn; cute_attn.reference.gqa_paged_decode_ref`` in a fresh interpreter, without
+    pulling in the DSL (the references are torch only)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    probe = ("import json, sys, cute_attn\n"
+             "fn = cute_attn.reference.gqa_paged_decode_ref  # before any import of the submodule by name\n"
+             "from cute_attn.reference import gqa_paged_decode_ref\n"
+             "print(json.dumps([fn is gqa_paged_decode_ref, 'reference' in cute_attn.__all__,\n"
+             "                  'cutlass' in sys.modules]))\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout.splitlines()[-1]) == [True, True, False]

@@ -4,11 +4,14 @@
     python tools/bench.py                       # everything, GPU needed for timings
     python tools/bench.py --kernel decode --quick --json out.json
     python tools/bench.py --plan-only           # planner timing only (runs on CPU)
+    python tools/bench.py --cpu --json out.json # what a machine without a GPU does (tools/bench_no_gpu.py)
 
 Each (workload, implementation) is checked against the float32 reference before it is timed;
 a failing implementation is still timed and marked. Timing follows FlashInfer-Bench: cold L2,
 CUPTI span of the call's kernels, plus CUDA-event wall time; medians of --iters runs.
-Without a GPU only the CPU parts run (kernel compile, planner timing) and the exit code is 0.
+Without a GPU only the CPU parts run: compile times of the kernels the selected workloads launch
+(``--arch``, default sm_90a) and planner timings; ``--json`` then writes one object with ``"gpu": null``
+(the GPU run writes the list of records) and the exit code is 0 unless a kernel fails to compile.
 """
 from __future__ import annotations
 
@@ -16,7 +19,6 @@ import argparse
 import json
 import os
 import sys
-import time
 import traceback
 from typing import Dict, List, Optional
 
@@ -24,14 +26,15 @@ _TOOLS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _TOOLS)  # sibling helper modules
 sys.path.insert(0, os.path.dirname(_TOOLS))  # the repo root, for cute_attn without installing
 
+import bench_no_gpu  # noqa: E402
 import bench_targets  # noqa: E402
 import bench_timing  # noqa: E402
 import bench_workloads as bw  # noqa: E402
+from bench_no_gpu import run_planner_timing  # noqa: E402
 
 # Measured H200 peaks the percentages refer to (dense bf16 MMA, HBM3e read bandwidth).
 PEAK_TFLOPS = 790.0
 PEAK_TBPS = 4.3
-PLANNER_BUDGET_MS = 5.0  # planning 4096 decode requests must stay below this
 RECORD_KEYS = ("kernel", "workload", "impl", "gpu_us", "wall_us", "tflops", "tbps", "passed")
 SHORT = {bw.PREFILL: "prefill", bw.DECODE: "decode", bw.MLA: "mla"}
 
@@ -61,81 +64,6 @@ def add_peer_ratios(records: List[Dict]) -> None:
         for r in rows:
             if r.get("gpu_us"):
                 r["vs_best_peer"] = best / r["gpu_us"]
-
-
-# ----------------------------------------------------------------------------- CPU-only parts
-
-
-def run_compile_only(archs: Optional[List[str]] = None) -> None:
-    """Compile every registered kernel config (what tools/compile_all.py does), if wired up."""
-    try:
-        from cute_attn.arch import SUPPORTED_ARCHS, resolve_arch
-        from cute_attn.compile import compile_kernel, registered_configs
-    except ImportError as exc:
-        print(f"[compile] skipped: cute_attn.compile/arch not importable ({exc})")
-        return
-    if not archs:
-        try:
-            archs = [resolve_arch(None)]  # $CUTE_ATTN_ARCH (or the GPU, if already initialised)
-        except ValueError:
-            archs = list(SUPPORTED_ARCHS)
-    for arch in archs:
-        try:
-            configs = list(registered_configs(arch))
-        except Exception as exc:
-            print(f"[compile] {arch}: registered_configs failed: {type(exc).__name__}: {exc}")
-            continue
-        print(f"[compile] {arch}: {len(configs)} registered config(s)")
-        ok = 0
-        for cfg in configs:
-            t0 = time.perf_counter()
-            try:
-                compile_kernel(cfg)
-                ok += 1
-                print(f"[compile]   ok    {time.perf_counter() - t0:7.2f} s  {cfg}")
-            except Exception as exc:
-                print(f"[compile]   FAIL  {time.perf_counter() - t0:7.2f} s  {cfg}: {type(exc).__name__}: {exc}")
-        print(f"[compile] {arch}: {ok}/{len(configs)} compiled")
-
-
-# The planner is timed on the decode definition's own config (cute_attn.config.default_paged_config)
-# with one persistent CTA per H200 SM.
-PLANNER_NUM_CTAS = 132
-
-
-def planner_inputs(batch: int = 4096, seed: int = 0):
-    """(q_lens, kv_lens) of a decode batch: 1 query each, 1..16K keys (the sibling sets' range)."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    return np.ones(batch, dtype=np.int64), rng.integers(1, 16 * 1024, size=batch).astype(np.int64)
-
-
-def run_planner_timing(iters: int = 50) -> Optional[float]:
-    try:
-        from cute_attn.plan import plan_work
-    except ImportError as exc:
-        print(f"[plan] skipped: cute_attn.plan has no plan_work yet ({exc})")
-        return None
-    batch = 4096
-    c = bw.GQA_DECODE_HEADS
-    try:
-        from cute_attn.config import default_paged_config
-
-        kernel_config = default_paged_config("gqa_paged_decode", arch="sm_90a", num_qo_heads=c["num_qo_heads"],
-                                             num_kv_heads=c["num_kv_heads"], head_dim_qk=128, head_dim_v=128,
-                                             page_size=64, causal=False)
-        config = kernel_config.plan_config(PLANNER_NUM_CTAS)
-        q_lens, kv_lens = planner_inputs(batch)
-        ms = bench_timing.median_ms(lambda: plan_work(config, q_lens, kv_lens), iters=iters)
-    except Exception as exc:  # a signature change must not take the bench down
-        print(f"[plan] plan_work failed: {type(exc).__name__}: {exc}")
-        return None
-    verdict = "OK" if ms < PLANNER_BUDGET_MS else "TOO SLOW"
-    print(f"[plan] plan_work, {batch} decode requests (h20/kv4, tile {config.tile_q_rows} rows x "
-          f"{config.kv_tile} keys, {PLANNER_NUM_CTAS} CTAs): median {ms:.3f} ms over {iters} runs "
-          f"(budget {PLANNER_BUDGET_MS} ms): {verdict}")
-    return ms
 
 
 # ----------------------------------------------------------------------------- GPU bench
@@ -319,20 +247,23 @@ def parse_args(argv=None):
                    "machine has no .git); the date and GPU name are added")
     p.add_argument("--plan-only", action="store_true", help="only the planner timing")
     p.add_argument("--no-compile", action="store_true", help="no-GPU path: skip compiling kernels")
-    p.add_argument("--arch", nargs="+", help="no-GPU compile: archs (default $CUTE_ATTN_ARCH, else all)")
+    p.add_argument("--arch", default=os.environ.get("CUTE_ATTN_ARCH") or "sm_90a",
+                   help="no-GPU path: compile for this arch (default $CUTE_ATTN_ARCH, else sm_90a)")
     p.add_argument("--cpu", action="store_true", help="behave as if there were no GPU")
     p.add_argument("--list", action="store_true", help="print the selected workloads and exit")
     p.add_argument("-v", "--verbose", action="store_true", help="tracebacks for errors")
     return p.parse_args(argv)
 
 
-def _write_json(records: List[Dict], path: str, quiet: bool = False) -> None:
+def _write_json(records, path: str, quiet: bool = False) -> None:
+    """The GPU run's list of records, or the no-GPU run's report object."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path + ".tmp", "w") as f:
         json.dump(records, f, indent=1)
     os.replace(path + ".tmp", path)
     if not quiet:
-        print(f"[json] wrote {len(records)} records to {path}")
+        what = f"{len(records)} records" if isinstance(records, list) else "the no-GPU report"
+        print(f"[json] wrote {what} to {path}")
 
 
 def main(argv=None) -> int:
@@ -353,12 +284,16 @@ def main(argv=None) -> int:
     except ImportError:
         has_gpu = False
     if not has_gpu:
-        print("No CUDA GPU available (torch.cuda.is_available() is False or --cpu): no kernel can be "
-              "timed or checked here, so only the CPU parts run: compile-only and the planner timing.")
-        if not args.no_compile:
-            run_compile_only(args.arch)
-        run_planner_timing()
-        return 0
+        print(f"No CUDA GPU available (torch.cuda.is_available() is False or --cpu): no kernel can be timed or "
+              f"checked here, so only the CPU parts run: compile-only ({args.arch}, the kernels the selected "
+              f"workloads launch) and the planner timings. The JSON says \"gpu\": null.", flush=True)
+        report = bench_no_gpu.no_gpu_report(workloads, args.arch, compile_kernels_too=not args.no_compile)
+        if args.json:
+            _write_json(report, args.json)
+        failed = [r["config"] for r in report["compile"] if r["status"] == "error"]
+        if failed:
+            print(f"[compile] {len(failed)} config(s) FAILED to compile")
+        return 1 if failed else 0
     if not workloads:
         print("no workload matches the filters (see --list)")
         return 0

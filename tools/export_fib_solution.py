@@ -3,12 +3,15 @@
     python tools/export_fib_solution.py --out solutions/          # all three definitions
     python tools/export_fib_solution.py --definition gqa_paged_decode_h20_kv4_d128_ps64 --out solutions/
 
-A Solution (FlashInfer Trace schema) carries its whole source: here ``main.py`` (a launcher whose
-parameters are named exactly like the definition's inputs, then the destination outputs) plus every
-``.py`` file of the ``cute_attn`` package. The kernels are CuTe DSL, compiled on first call from Python,
-so the language is Python and the dependencies are the DSL and its tvm-ffi runtime. Only hardware the
-kernels have actually run on is listed as a target: Hopper (sm_90a). The Blackwell kernels compile but
-have never run, so no Blackwell target is claimed.
+A Solution (FlashInfer Trace schema, ``flashinfer_bench.data.Solution``) carries its whole source: here
+``main.py`` (a launcher whose parameters are named exactly like the definition's inputs, then the
+destination outputs) plus every ``.py`` file of the ``cute_attn`` package. FlashInfer-Bench's Python
+builder writes the sources into a fresh package directory and imports ``<package>.main``, so the launcher
+imports the shipped ``cute_attn`` relatively: an installed cute_attn (another version) is never used.
+The kernels are CuTe DSL, compiled on first call from Python, so the language is ``python`` (the schema's
+enum is lower case) and the dependencies are the DSL and its tvm-ffi runtime. Only hardware the kernels
+have actually run on is listed as a target: Hopper (sm_90a). The Blackwell kernels compile but have
+never run, so no Blackwell target is claimed.
 """
 
 from __future__ import annotations
@@ -35,20 +38,53 @@ DEFINITIONS = {
         ["q_nope", "q_pe", "ckv_cache", "kpe_cache", "qo_indptr", "kv_indptr", "kv_indices", "sm_scale"],
     ),
 }
+OUTPUTS = ["output", "lse"]  # every definition's outputs, in order: the launcher's trailing parameters
+LANGUAGE = "python"  # flashinfer_bench.data.SupportedLanguages.PYTHON; "Python" fails its validation
 TARGET_HARDWARE = ["NVIDIA_H100", "NVIDIA_H200"]  # sm_90a kernels, run and checked on an H200
 DEPENDENCIES = ["torch >= 2.8", "nvidia-cutlass-dsl >= 4.8, < 4.9", "apache-tvm-ffi", "torch-c-dlpack-ext",
                 "numpy", "filelock"]
 
+# What each kernel does, from the sm_90a module docstrings (cute_attn/kernels/sm90/) and the README's status
+# table. The common tail is stated once so the three cannot drift apart on it.
+_COMMON = (" Persistent CTAs run a host-side numpy work plan (packed GQA rows, split-KV chunks sized to the "
+           "SM count); LSE is base 2; rows that see no key give output 0 and lse -inf. Runs on Hopper "
+           "(sm_90a), checked against a float32 reference on an H200. The package also holds sm_100a "
+           "(Blackwell) kernels that are compile-checked only, never run, so no Blackwell target is claimed.")
+DESCRIPTIONS = {
+    "gqa_paged_prefill": (
+        "cute_attn causal GQA paged prefill, a CuTe DSL kernel compiled at first call: TMA page loads (one box "
+        "per page of a KV head) by a producer warp, two wgmma consumer warpgroups in ping-pong (FA3 style) "
+        "with intra-warpgroup overlap, online softmax in base 2, bf16 output through shared memory; split-KV "
+        "items write fp32 partials that a separate LSE-combine kernel merges." + _COMMON
+    ),
+    "gqa_paged_decode": (
+        "cute_attn GQA paged decode, a CuTe DSL kernel compiled at first call: the 5 query heads of a KV head "
+        "are packed into one 64-row wgmma tile; a producer warp streams K/V pages through a TMA ring; two "
+        "wgmma consumer warpgroups split each item's KV tiles and merge their partial softmax states in "
+        "shared memory. The split-KV merge is fused into the decode kernel (the last CTA of a split, elected "
+        "by an atomic counter, folds the partials): one launch, no combine kernel." + _COMMON
+    ),
+    "mla_paged_prefill": (
+        "cute_attn causal absorbed-MLA paged prefill (page size 1), a CuTe DSL kernel compiled at first call: "
+        "a producer warpgroup gathers the latent rows (ckv 512 + kpe 64) with cp.async 16-byte row copies "
+        "(not TMA: pages hold one row each), wgmma QK^T over the 576-wide rows, O (512 columns) split over "
+        "two consumer warpgroups by V columns; split-KV items write fp32 partials that a separate "
+        "LSE-combine kernel merges." + _COMMON
+    ),
+}
+
 
 def launcher_source(entry: str, inputs: list[str]) -> str:
-    """``main.py``: named inputs, optional destination outputs, returns ``{"output", "lse"}``."""
+    """``main.py``: the definition's inputs, then the destination outputs; returns ``(output, lse)``."""
     params = ", ".join(inputs)
+    outputs = ", ".join(OUTPUTS)
+    defaults = ", ".join(f"{name}=None" for name in OUTPUTS)  # also callable value-returning, like cute_attn
     return (
         f'"""FlashInfer-Bench launcher for cute_attn.{entry} (generated by tools/export_fib_solution.py)."""\n\n'
-        "import cute_attn\n\n\n"
-        f"def run({params}, output=None, lse=None):\n"
-        f"    output, lse = cute_attn.{entry}({params}, output, lse)\n"
-        '    return {"output": output, "lse": lse}\n'
+        "# Relative: the builder imports this file as <package>.main next to the shipped cute_attn sources.\n"
+        "from . import cute_attn\n\n\n"
+        f"def run({params}, {defaults}):\n"
+        f"    return cute_attn.{entry}({params}, {outputs})\n"
     )
 
 
@@ -58,19 +94,20 @@ def package_sources() -> list[dict]:
 
 
 def solution(definition: str) -> dict:
+    if definition not in DEFINITIONS:
+        raise ValueError(f"definition must be one of {', '.join(sorted(DEFINITIONS))}, got {definition!r}")
     entry, inputs = DEFINITIONS[definition]
     return {
         "name": f"cute_attn_{entry}_sm90a",
         "definition": definition,
-        "description": (f"cute_attn {entry}: CuTe DSL kernel (TMA page loads, wgmma, persistent CTAs over a "
-                        "numpy work plan, split-KV with an LSE combine); base-2 LSE."),
+        "description": DESCRIPTIONS[entry],
         "author": "cute_attn",
         "spec": {
-            "language": "Python",
+            "language": LANGUAGE,
             "target_hardware": TARGET_HARDWARE,
             "dependencies": DEPENDENCIES,
             "entry_point": "main.py::run",
-            "build_commands": [],
+            "destination_passing_style": True,
         },
         "sources": [{"path": "main.py", "content": launcher_source(entry, inputs)}, *package_sources()],
     }
