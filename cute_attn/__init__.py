@@ -3,6 +3,9 @@
 Entry points follow the FlashInfer-Bench definitions (inputs in definition order, then the optional
 destination ``output, lse``); LSE is base 2 unless ``natural_lse=True``. ``cute_attn.reference`` holds the
 float32 references of the three definitions (torch only), e.g. to check a kernel's output in an engine.
+Importing the package also registers the ``torch.ops.cute_attn`` custom ops for ``torch.compile``
+(``torch_ops.py``: ~12 ms, no DSL). ``cute_attn.flashinfer`` holds FlashInfer-compatible wrapper classes and
+``cute_attn.tuning`` a knob sweep for notebooks (both imported on demand).
 """
 
 from . import reference
@@ -17,6 +20,7 @@ from .api import (
     plan_mla_paged_prefill,
 )
 from .plan import PlanCapacity, PlanConfig, WorkPlan, plan_work
+from . import torch_ops  # registers torch.ops.cute_attn.*; after the entry points, which it calls
 
 __all__ = [
     "DevicePlan",
@@ -32,5 +36,6 @@ __all__ = [
     "plan_mla_paged_prefill",
     "plan_work",
     "reference",
+    "torch_ops",
 ]
 __version__ = "0.1.0"
