@@ -21,8 +21,11 @@ The grid is a representative subset of FlashInfer's own test grids, restricted t
   the varlen triple (11, 79, 2743), qo_len {1, 9, 15, 17}, num_heads 16, ckv 512 + kpe 64, page_size 1,
   sm_scale 1/sqrt(128 + 64), causal=True, and causal=False at qo_len 1 (decode).
 
-Unlike FlashInfer's tests (contiguous page ids), pools are shuffled (``cute_attn.testing``); their NaN
-poison is replaced by random values, since this file judges agreement, not poison handling.
+FlashInfer runs with its tests' backends: decode and prefill at their defaults (``backend="auto"``, CUDA-core
+decode), MLA with ``backend="fa3"``. Unlike FlashInfer's tests (contiguous page ids), pools are shuffled
+(``cute_attn.testing``); their NaN poison is replaced by random values, since this file judges agreement,
+not poison handling. cute_attn compiles 6 configs here (decode h32/kv4 and h4/kv4 at page 64; prefill h32/kv4
+at pages 16 and 64, h4/kv4 at page 16; MLA h16), FlashInfer JIT-compiles its decode, prefill and MLA modules.
 """
 
 from __future__ import annotations
@@ -225,8 +228,9 @@ def test_mla_matches_flashinfer(kv_lens, qo_len, causal):
                                          sm_scale=MLA_SM_SCALE)
     _without_poison(case.ckv_cache, case.kpe_cache)
     plan_args, plan_kwargs, structural = _mla_plan_inputs(case, causal)
-    wrappers = (flashinfer.mla.BatchMLAPagedAttentionWrapper(_workspace()),
-                ours.BatchMLAPagedAttentionWrapper(_workspace()))
+    # backend="fa3" as FlashInfer's MLA tests and tools/bench_peers.py (ours accepts and ignores it)
+    wrappers = (flashinfer.mla.BatchMLAPagedAttentionWrapper(_workspace(), backend="fa3"),
+                ours.BatchMLAPagedAttentionWrapper(_workspace(), backend="fa3"))
     for w in wrappers:
         w.plan(*plan_args, **plan_kwargs)
     layers = [(case.q_nope, case.q_pe, case.ckv_cache, case.kpe_cache),
@@ -252,7 +256,7 @@ def test_mla_legacy_positional_form_matches_flashinfer():
     kv_len_arr = (case.kv_indptr[1:] - case.kv_indptr[:-1]).to(torch.int32)
     results = []
     for cls in (flashinfer.mla.BatchMLAPagedAttentionWrapper, ours.BatchMLAPagedAttentionWrapper):
-        w = cls(_workspace())
+        w = cls(_workspace(), backend="fa3")
         w.plan(case.qo_indptr, case.kv_indptr, case.kv_indices, kv_len_arr, 16, 512, 64, 1, True, MLA_SM_SCALE,
                BF16, BF16)
         results.append(w.run(case.q_nope, case.q_pe, case.ckv_cache, case.kpe_cache, return_lse=True))
