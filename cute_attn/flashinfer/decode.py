@@ -1,0 +1,185 @@
+"""``BatchDecodeWithPagedKVCacheWrapper`` with FlashInfer 0.7.x's constructor, ``plan`` and ``run``, on cute_attn.
+
+Supported: NHD caches (a ``(k, v)`` tuple or one ``[pages, 2, page_size, heads, dim]`` tensor), bf16,
+one query per request, no positional encoding / soft-cap / window, ``sm_scale`` (default
+``1 / sqrt(head_dim)``), ``out=``, ``lse=``, ``return_lse``. LSE is base 2, as FlashInfer's.
+Everything else that changes the attention raises ``NotImplementedError`` naming the argument.
+
+Ignored, as they select among FlashInfer's own kernels or buffers: the workspace buffer (cute_attn
+keeps its plans itself), ``use_tensor_cores``, ``backend``, the CUDA-graph index buffers (graphs are
+rejected), ``enable_pdl``, ``non_blocking`` (only used for the index copies), ``rope_scale`` /
+``rope_theta`` (read only with RoPE, which is rejected).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import functools
+
+import cute_attn
+
+from . import arguments as arg
+from .indices import PagedKv, paged_kv
+
+__all__ = ["BatchDecodeWithPagedKVCacheWrapper"]
+
+_WHERE = "BatchDecodeWithPagedKVCacheWrapper"
+
+
+@dataclass(frozen=True)
+class _DecodePlan:
+    index: PagedKv
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    sm_scale: float
+
+
+class BatchDecodeWithPagedKVCacheWrapper:
+    """Drop-in for ``flashinfer.BatchDecodeWithPagedKVCacheWrapper`` (plan once per step, run every layer)."""
+
+    def __init__(
+        self,
+        float_workspace_buffer,
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        use_tensor_cores: bool = False,
+        paged_kv_indptr_buffer=None,
+        paged_kv_indices_buffer=None,
+        paged_kv_last_page_len_buffer=None,
+        backend: str = "auto",
+        jit_args=None,
+    ) -> None:
+        where = f"{_WHERE}()"
+        self.device = arg.workspace_device(where, float_workspace_buffer)
+        arg.check_kv_layout(where, kv_layout)
+        # CUDA graphs need the plan in caller-fixed buffers (cute_attn's DevicePlan.refresh), not wired here
+        arg.require_false(where, use_cuda_graph=use_cuda_graph)
+        arg.require_none(where, jit_args=jit_args)
+        self._kv_layout = kv_layout
+        self._use_tensor_cores = bool(use_tensor_cores)
+        self._plan: _DecodePlan | None = None
+
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        return False
+
+    @property
+    def use_tensor_cores(self) -> bool:
+        # what the caller asked for, as FlashInfer reports it; cute_attn's kernels use tensor cores either way
+        return self._use_tensor_cores
+
+    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer) -> None:
+        self.device = arg.workspace_device(f"{_WHERE}.reset_workspace_buffer()", float_workspace_buffer)
+
+    def plan(
+        self,
+        indptr,
+        indices,
+        last_page_len,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        # FlashInfer 0.7 takes these through *deprecated_positional_args/**kwargs in this order
+        # (decode.py: _BATCH_DECODE_PLAN_LEGACY_POS_ARGS); named here so they work both ways.
+        pos_encoding_mode: str = "NONE",
+        window_left: int = -1,
+        logits_soft_cap=None,
+        q_data_type="float16",
+        kv_data_type=None,
+        o_data_type=None,
+        data_type=None,
+        sm_scale=None,
+        rope_scale=None,
+        rope_theta=None,
+        non_blocking: bool = True,
+        block_tables=None,
+        seq_lens=None,
+        fixed_split_size=None,
+        disable_split_kv: bool = False,
+        q_len_per_req: int = 1,
+        *,
+        window_right: int = 0,
+        is_causal=None,
+    ) -> None:
+        """Check the batch's page table and options; the first :meth:`run` plans the work (see indices.py)."""
+        where = f"{_WHERE}.plan()"
+        self._plan = None  # a plan() that fails leaves no older batch behind for run() to use
+        arg.require_value(where, "pos_encoding_mode", pos_encoding_mode, ("NONE",))
+        arg.require_value(where, "window_left", window_left, (-1,))
+        arg.require_value(where, "window_right", window_right, (0,))
+        arg.require_no_soft_cap(where, logits_soft_cap)
+        # FlashInfer: data_type fills whichever of q/kv data types is None (q's default is float16)
+        if data_type is not None:
+            q_data_type = data_type if q_data_type is None else q_data_type
+            kv_data_type = data_type if kv_data_type is None else kv_data_type
+        arg.bf16_dtype(where, "q_data_type", q_data_type)
+        arg.bf16_dtype(where, "kv_data_type", q_data_type if kv_data_type is None else kv_data_type)
+        if o_data_type is not None:
+            arg.bf16_dtype(where, "o_data_type", o_data_type)
+        arg.require_none(where, block_tables=block_tables, seq_lens=seq_lens, fixed_split_size=fixed_split_size)
+        arg.require_false(where, disable_split_kv=disable_split_kv)
+        arg.require_value(where, "q_len_per_req", q_len_per_req, (1,))
+        if is_causal is not None:
+            arg.require_value(where, "is_causal", is_causal, (False,))  # one query: nothing to mask
+        num_qo_heads = arg.count(where, "num_qo_heads", num_qo_heads)
+        num_kv_heads = arg.count(where, "num_kv_heads", num_kv_heads)
+        head_dim = arg.count(where, "head_dim", head_dim)
+        page_size = arg.count(where, "page_size", page_size)
+        if num_qo_heads % num_kv_heads:
+            raise ValueError(f"{where}: num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads "
+                             f"({num_kv_heads})")
+        scale = arg.resolve_sm_scale(where, sm_scale, head_dim)
+        index = paged_kv(where, indptr, indices, last_page_len, page_size, self.device, non_blocking,
+                         names=("indptr", "indices", "last_page_len"))
+        self._plan = _DecodePlan(index, num_qo_heads, num_kv_heads, head_dim, page_size, scale)
+
+    begin_forward = plan
+
+    def run(
+        self,
+        q,
+        paged_kv_cache,
+        *args,
+        q_scale=None,
+        k_scale=None,
+        v_scale=None,
+        out=None,
+        lse=None,
+        return_lse: bool = False,
+        enable_pdl=None,
+        window_left=None,
+        sinks=None,
+        q_len_per_req=None,
+        skip_softmax_threshold_scale_factor=None,
+        kv_cache_sf=None,
+    ):
+        """Attention of ``q [batch, num_qo_heads, head_dim]`` over the planned pages: ``out`` or ``(out, lse)``."""
+        where = f"{_WHERE}.run()"
+        plan = self._plan
+        if plan is None:
+            raise RuntimeError(f"{where} called before a successful plan(): plan the batch's page table first")
+        if args:
+            arg.reject(where, "*args", arg.Shown(f"<{len(args)} extra positional arguments>"),
+                       "none (they feed custom JIT kernels)")
+        arg.require_unit_scale(where, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
+        if window_left is not None:
+            arg.require_value(where, "window_left", window_left, (-1,))
+        if q_len_per_req is not None:
+            arg.require_value(where, "q_len_per_req", q_len_per_req, (1,))
+        arg.require_none(where, sinks=sinks, skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor,
+                         kv_cache_sf=kv_cache_sf)
+        k_cache, v_cache = arg.unpack_paged_kv(where, paged_kv_cache)
+        arg.check_gqa_shapes(where, q, k_cache, v_cache, rows=plan.index.batch_size, num_qo_heads=plan.num_qo_heads,
+                             num_kv_heads=plan.num_kv_heads, head_dim_qk=plan.head_dim, head_dim_vo=plan.head_dim,
+                             page_size=plan.page_size)
+        out, lse = arg.destinations(out, lse, plan.index.batch_size, plan.num_qo_heads, plan.head_dim, q.device)
+        index = plan.index
+        out, lse = cute_attn.gqa_paged_decode(q, k_cache, v_cache, index.kv_indptr, index.kv_indices,
+                                              index.kv_last_page_len, plan.sm_scale, out, lse)
+        return (out, lse) if return_lse else out
+
+    run_return_lse = functools.partialmethod(run, return_lse=True)
+
