@@ -1,8 +1,11 @@
-"""Torch layer: validate inputs, allocate outputs, plan (cached), launch.
+"""Torch layer, generic over op kinds: validate inputs, choose the config, plan (cached), launch.
 
-Every public entry runs, in order: validation (``validate.py``, before anything touches the GPU), the
-device rule (inputs on a CUDA device), the kernel config and its ``can_implement``, the plan (from the
-caller, or the plan cache), and the launch.
+Every public entry (in its kind's spec module, ``cute_attn/ops``) calls :func:`run` with its spec, which runs,
+in order: the kind's rules (``spec.check``, before anything touches the GPU), the device rule (inputs on a
+CUDA device), the kernel config (``spec.default_tiles``) and its ``can_implement`` (the kind's shape rules,
+then the rules of the kernel registered for (kind, arch), so a shape no kernel builds fails here, before any
+planning), the plan (from the caller, or the plan cache), and the launch. ``plan_<kind>`` calls
+:func:`plan_for`.
 
 Plans
     Engines plan once per batch and run every layer with that plan: pass ``plan=`` (from
@@ -27,7 +30,6 @@ from __future__ import annotations
 import functools
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,16 +41,7 @@ from .config import PagedAttentionConfig, default_paged_config
 from .kernels import find_launcher
 from .plan import ItemField, MergeField, PlanCapacity, WorkPlan, plan_work
 
-__all__ = [
-    "DevicePlan",
-    "gqa_paged_prefill",
-    "gqa_paged_decode",
-    "mla_paged_prefill",
-    "plan_gqa_paged_prefill",
-    "plan_gqa_paged_decode",
-    "plan_mla_paged_prefill",
-    "clear_plan_cache",
-]
+__all__ = ["DevicePlan", "clear_plan_cache", "run", "plan_for"]
 
 
 @dataclass
@@ -164,58 +157,15 @@ _PLANS = _PlanCache()
 #   pointer (swap_tensors refuses weakly referenced tensors).
 # Unrolled per entry: a loop or comprehension per tensor costs ~0.8 us more per call. A non-tensor argument
 # raises AttributeError in them: the caller then takes the full path, whose rules name it.
-def _gqa_prefill_signature(q, k, v, qo, kvp, kvi, last, sm_scale):
-    return (q.__class__, q.shape, q.is_contiguous(), q.dtype, q.device,
-            k.__class__, k.shape, k.stride(), k.dtype, k.device, k.data_ptr() & 15,
-            v.__class__, v.shape, v.stride(), v.dtype, v.device, v.data_ptr() & 15,
-            qo.__class__, qo.shape, qo.is_contiguous(), qo.dtype, qo.device, qo.data_ptr(), qo._version,
-            kvp.__class__, kvp.shape, kvp.is_contiguous(), kvp.dtype, kvp.device, kvp.data_ptr(), kvp._version,
-            kvi.__class__, kvi.shape, kvi.is_contiguous(), kvi.dtype, kvi.device, kvi.data_ptr(), kvi._version,
-            last.__class__, last.shape, last.is_contiguous(), last.dtype, last.device, last.data_ptr(), last._version)
-
-
-def _gqa_decode_signature(q, k, v, kvp, kvi, last, sm_scale):
-    return (q.__class__, q.shape, q.is_contiguous(), q.dtype, q.device,
-            k.__class__, k.shape, k.stride(), k.dtype, k.device, k.data_ptr() & 15,
-            v.__class__, v.shape, v.stride(), v.dtype, v.device, v.data_ptr() & 15,
-            kvp.__class__, kvp.shape, kvp.is_contiguous(), kvp.dtype, kvp.device, kvp.data_ptr(), kvp._version,
-            kvi.__class__, kvi.shape, kvi.is_contiguous(), kvi.dtype, kvi.device, kvi.data_ptr(), kvi._version,
-            last.__class__, last.shape, last.is_contiguous(), last.dtype, last.device, last.data_ptr(), last._version)
-
-
-def _mla_prefill_signature(q_nope, q_pe, ckv, kpe, qo, kvp, kvi, sm_scale):
-    # page size 1: the caches are plain contiguous tensors to the rules, with no alignment rule
-    return (q_nope.__class__, q_nope.shape, q_nope.is_contiguous(), q_nope.dtype, q_nope.device,
-            q_pe.__class__, q_pe.shape, q_pe.is_contiguous(), q_pe.dtype, q_pe.device,
-            ckv.__class__, ckv.shape, ckv.is_contiguous(), ckv.dtype, ckv.device,
-            kpe.__class__, kpe.shape, kpe.is_contiguous(), kpe.dtype, kpe.device,
-            qo.__class__, qo.shape, qo.is_contiguous(), qo.dtype, qo.device, qo.data_ptr(), qo._version,
-            kvp.__class__, kvp.shape, kvp.is_contiguous(), kvp.dtype, kvp.device, kvp.data_ptr(), kvp._version,
-            kvi.__class__, kvi.shape, kvi.is_contiguous(), kvi.dtype, kvi.device, kvi.data_ptr(), kvi._version)
-
-
-def _signature(kind, args: tuple, output, lse) -> tuple:
+def _signature(spec, args: tuple, output, lse) -> tuple:
     """The metadata a fast-path hit must match: the entry's arguments', then the outputs' (as dense)."""
-    sig = kind.signature(*args)
+    sig = spec.signature(*args)
     if output is None:
         return sig
     # output is q itself (the likeliest alias; the full rules check every overlap) makes its own entry
     return sig + (output.__class__, output.shape, output.is_contiguous(), output.dtype, output.device,
                   lse.__class__, lse.shape, lse.is_contiguous(), lse.dtype, lse.device,
                   output.data_ptr() == args[0].data_ptr())
-
-
-@dataclass(frozen=True, eq=False)  # eq=False: hashed by identity, cheap in the fast-path key
-class _Kind:
-    name: str
-    check: Callable
-    causal: bool
-    signature: Callable
-
-
-_GQA_PREFILL = _Kind("gqa_paged_prefill", validate.check_gqa_paged_prefill, True, _gqa_prefill_signature)
-_GQA_DECODE = _Kind("gqa_paged_decode", validate.check_gqa_paged_decode, False, _gqa_decode_signature)
-_MLA_PREFILL = _Kind("mla_paged_prefill", validate.check_mla_paged_prefill, True, _mla_prefill_signature)
 
 
 class _Hit:
@@ -317,9 +267,9 @@ def _target_arch(arch: str | None, device: torch.device) -> str:
     return resolve_arch(arch)
 
 
-def _make_config(kind: str, problem: validate.PagedProblem, arch: str | None, causal: bool) -> PagedAttentionConfig:
-    return _config_for(kind, problem.num_qo_heads, problem.num_kv_heads, problem.head_dim_qk, problem.head_dim_v,
-                       problem.page_size, _target_arch(arch, problem.device), causal)
+def _make_config(spec, problem: validate.PagedProblem, arch: str | None) -> PagedAttentionConfig:
+    return _config_for(spec.name, problem.num_qo_heads, problem.num_kv_heads, problem.head_dim_qk, problem.head_dim_v,
+                       problem.page_size, _target_arch(arch, problem.device), spec.causal)
 
 
 @functools.lru_cache(maxsize=256)  # host overhead: one config per problem shape, built once
@@ -340,23 +290,23 @@ def _plan(config, host: validate.HostIndices, device, num_sms) -> DevicePlan:
     return DevicePlan.upload(config, plan, device)
 
 
-def _run(kind: _Kind, args: tuple, index: tuple, output, lse, plan, check_indices, natural_lse, arch, num_sms):
+def run(spec, args: tuple, index: tuple, output, lse, plan, check_indices, natural_lse, arch, num_sms):
     """The fast path; on a miss, :func:`_run_full`, whose successful calls it remembers."""
     key = None
     sm_scale = args[-1]
     # not bool/int/numpy for sm_scale, nor 1/'no' for the flags: those equal a float or a bool in a key
     if sm_scale.__class__ is float and natural_lse.__class__ is bool and check_indices.__class__ is bool:
         try:
-            key = (kind, *map(id, index), plan if plan is None else id(plan),
+            key = (spec, *map(id, index), plan if plan is None else id(plan),
                    plan is not None and check_indices, output is None, lse is None, natural_lse, arch, num_sms,
                    sm_scale)
-            sig = _signature(kind, args, output, lse)  # the function the contract tests check, not a copy
+            sig = _signature(spec, args, output, lse)  # the function the contract tests check, not a copy
             hit = _FAST.lookup(key, sig, index, plan)
         except Exception:  # junk where a tensor or option goes: the full rules name it
             key = hit = None
         if hit is not None:
             return _launch(hit, plan, args, output, lse, natural_lse)
-    hit = _run_full(kind, args, index, output, lse, plan, check_indices, natural_lse, arch, num_sms)
+    hit = _run_full(spec, args, index, output, lse, plan, check_indices, natural_lse, arch, num_sms)
     out = _launch(hit, plan, args, output, lse, natural_lse)
     if key is not None:  # remembered only once it has launched: a failing call is re-checked in full
         hit.sig = sig
@@ -367,17 +317,17 @@ def _run(kind: _Kind, args: tuple, index: tuple, output, lse, plan, check_indice
     return out
 
 
-def _run_full(kind: _Kind, args, index, output, lse, plan, check_indices, natural_lse, arch, num_sms) -> _Hit:
+def _run_full(spec, args, index, output, lse, plan, check_indices, natural_lse, arch, num_sms) -> _Hit:
     """Every rule, then the config and the plan (cached or the caller's): what a fast-path hit reuses."""
     validate.check_flag("natural_lse", natural_lse)
     validate.check_flag("check_indices", check_indices)
     if plan is not None and not isinstance(plan, DevicePlan):
-        raise TypeError(f"plan must be a DevicePlan (from plan_{kind.name}), got {type(plan).__name__}")
-    problem, _ = kind.check(*args, output, lse, check_indices=False)
+        raise TypeError(f"plan must be a DevicePlan (from plan_{spec.name}), got {type(plan).__name__}")
+    problem, _ = spec.check(*args, output, lse, check_indices=False)
     if problem.device.type != "cuda":  # index values on the host cost nothing to read: name a bad one first
-        kind.check(*args, output, lse, check_indices=True)
+        spec.check(*args, output, lse, check_indices=True)
     _require_cuda(problem.device)
-    config = _make_config(kind.name, problem, arch, kind.causal)
+    config = _make_config(spec, problem, arch)
     if plan is None:
         # the value rules also read the page count and total_q: a smaller cache makes old page ids invalid
         plan_key = (config, num_sms, problem.num_pages, problem.total_q)
@@ -386,7 +336,7 @@ def _run_full(kind: _Kind, args, index, output, lse, plan, check_indices, natura
         cacheable = not any(t.is_inference() for t in index)
         device_plan = _PLANS.get(plan_key, index) if cacheable else None
         if device_plan is None:  # planning reads the index values anyway, so they are always checked here
-            _, host = kind.check(*args, output, lse, check_indices=True)
+            _, host = spec.check(*args, output, lse, check_indices=True)
             device_plan = _plan(config, host, problem.device, num_sms)
             if cacheable:
                 _PLANS.put(plan_key, index, device_plan)
@@ -398,7 +348,7 @@ def _run_full(kind: _Kind, args, index, output, lse, plan, check_indices, natura
             raise ValueError(f"plan lives on {plan.items.device}, the inputs on {problem.device}: make the plan "
                              "with these inputs (plan_*) or DevicePlan.allocate on their device")
         if check_indices:
-            kind.check(*args, output, lse, check_indices=True)
+            spec.check(*args, output, lse, check_indices=True)
         config = plan.config  # equal to ours; a hit checks the plan still holds this very object
         device_plan = None  # the caller's, passed at every launch; the fast path must not keep it alive
     launcher = find_launcher(config)
@@ -421,68 +371,8 @@ def _launch(hit: _Hit, plan, args, output, lse, natural_lse):
     return output, lse
 
 
-# ---------------------------------------------------------------------------------------------
-# Public entries (definition order: inputs, then output, lse)
-# ---------------------------------------------------------------------------------------------
-def gqa_paged_prefill(
-    q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output=None, lse=None,
-    *, plan: DevicePlan | None = None, check_indices: bool = True, natural_lse: bool = False,
-    arch: str | None = None, num_sms: int | None = None,
-):
-    """Causal GQA prefill over a paged KV cache. Returns ``(output, lse)`` (written in place if given).
-
-    ``lse`` is base 2 unless ``natural_lse=True``. ``check_indices=False`` skips the rules that read
-    index values from the device (and synchronise); see ``validate.py``.
-    """
-    return _run(_GQA_PREFILL, (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale),
-                (qo_indptr, kv_indptr, kv_indices, kv_last_page_len), output, lse,
-                plan, check_indices, natural_lse, arch, num_sms)
-
-
-def gqa_paged_decode(
-    q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output=None, lse=None,
-    *, plan: DevicePlan | None = None, check_indices: bool = True, natural_lse: bool = False,
-    arch: str | None = None, num_sms: int | None = None,
-):
-    """GQA decode (one query per request) over a paged KV cache. Returns ``(output, lse)``."""
-    return _run(_GQA_DECODE, (q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale),
-                (kv_indptr, kv_indices, kv_last_page_len), output, lse, plan, check_indices, natural_lse, arch,
-                num_sms)
-
-
-def mla_paged_prefill(
-    q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output=None, lse=None,
-    *, plan: DevicePlan | None = None, check_indices: bool = True, natural_lse: bool = False,
-    arch: str | None = None, num_sms: int | None = None,
-):
-    """Causal absorbed-MLA prefill over a page-size-1 latent cache. Returns ``(output, lse)``."""
-    return _run(_MLA_PREFILL, (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale),
-                (qo_indptr, kv_indptr, kv_indices), output, lse, plan, check_indices, natural_lse, arch, num_sms)
-
-
-def _explicit_plan(kind, check, args, *, arch, num_sms, causal) -> DevicePlan:
-    problem, host = check(*args, check_indices=True)
-    config = _make_config(kind, problem, arch, causal)
+def plan_for(spec, args: tuple, *, arch: str | None, num_sms: int | None) -> DevicePlan:
+    """``plan_<kind>``: every rule (index values included), the config (its kernel's rules), then the plan."""
+    problem, host = spec.check(*args, check_indices=True)
+    config = _make_config(spec, problem, arch)
     return _plan(config, host, problem.device, num_sms)
-
-
-def plan_gqa_paged_prefill(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
-                           *, arch: str | None = None, num_sms: int | None = None) -> DevicePlan:
-    """Plan once per batch (reads the index tensors: one host sync); pass the result as ``plan=``."""
-    args = (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale)
-    return _explicit_plan("gqa_paged_prefill", validate.check_gqa_paged_prefill, args, arch=arch, num_sms=num_sms,
-                          causal=True)
-
-
-def plan_gqa_paged_decode(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
-                          *, arch: str | None = None, num_sms: int | None = None) -> DevicePlan:
-    args = (q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale)
-    return _explicit_plan("gqa_paged_decode", validate.check_gqa_paged_decode, args, arch=arch, num_sms=num_sms,
-                          causal=False)
-
-
-def plan_mla_paged_prefill(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale,
-                           *, arch: str | None = None, num_sms: int | None = None) -> DevicePlan:
-    args = (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale)
-    return _explicit_plan("mla_paged_prefill", validate.check_mla_paged_prefill, args, arch=arch, num_sms=num_sms,
-                          causal=True)

@@ -81,9 +81,15 @@ def _key_value(value: object, name: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # Paged attention kernels
 # ---------------------------------------------------------------------------------------------
-PAGED_KINDS = ("gqa_paged_prefill", "gqa_paged_decode", "mla_paged_prefill")
 _GQA_HEAD_DIMS = (64, 128, 256)
-_MLA_DIMS = (576, 512)  # (ckv + kpe, ckv)
+
+
+def __getattr__(name: str):
+    if name == "PAGED_KINDS":  # the op kinds: one spec module each (cute_attn/ops)
+        from .ops import kinds
+
+        return kinds()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _is_pow2(n: int) -> bool:
@@ -143,47 +149,40 @@ class PagedAttentionConfig(KernelConfig):
         """The rules of the kind alone (no kernel consulted): what each kernel's ``check_config`` starts from."""
         if (reason := super().can_implement()) is not None:
             return reason
-        if self.kind not in PAGED_KINDS:
-            return f"kind={self.kind!r} is not one of {', '.join(PAGED_KINDS)}"
+        from .ops import get_spec
+
+        try:
+            spec = get_spec(self.kind)
+        except ValueError as exc:
+            return str(exc)
         if self.num_kv_heads < 1 or self.num_qo_heads % self.num_kv_heads:
             return f"num_qo_heads={self.num_qo_heads} must be a positive multiple of num_kv_heads={self.num_kv_heads}"
-        if self.kind == "mla_paged_prefill":
-            if (self.head_dim_qk, self.head_dim_v) != _MLA_DIMS:
-                return f"MLA head dims (qk, v) must be {_MLA_DIMS}, got {(self.head_dim_qk, self.head_dim_v)}"
-            if self.num_kv_heads != 1 or self.page_size != 1:
-                return "MLA prefill shares one latent KV head over a page-size-1 cache"
-        else:
-            if self.head_dim_qk != self.head_dim_v or self.head_dim_qk not in _GQA_HEAD_DIMS:
-                return f"GQA head_dim must be one of {_GQA_HEAD_DIMS} for q, k and v, got {(self.head_dim_qk, self.head_dim_v)}"
-            if not _is_pow2(self.page_size) or self.page_size > 128:
-                return f"page_size={self.page_size} must be a power of two <= 128"
         if self.tile_q_rows not in (64, 128):
             return f"tile_q_rows={self.tile_q_rows} must be 64 or 128 (one or two MMA warpgroups of 64 rows)"
         if not _is_pow2(self.kv_tile) or not 16 <= self.kv_tile <= 256:
             return f"kv_tile={self.kv_tile} must be a power of two in 16..256"
-        if self.kind == "gqa_paged_decode" and self.group_size > self.tile_q_rows:
-            return f"decode packs the group ({self.group_size}) into one M tile of {self.tile_q_rows} rows"
         if self.ctas_per_sm < 1:
             return f"ctas_per_sm={self.ctas_per_sm} must be >= 1"
-        return None
+        return spec.shape_reason(self)
+
+
+def gqa_shape_reason(config: PagedAttentionConfig) -> str | None:
+    """The shape rules of the GQA kinds (prefill and decode): one head_dim for q, k and v; paged pages."""
+    if config.head_dim_qk != config.head_dim_v or config.head_dim_qk not in _GQA_HEAD_DIMS:
+        return (f"GQA head_dim must be one of {_GQA_HEAD_DIMS} for q, k and v, got "
+                f"{(config.head_dim_qk, config.head_dim_v)}")
+    if not _is_pow2(config.page_size) or config.page_size > 128:
+        return f"page_size={config.page_size} must be a power of two <= 128"
+    return None
 
 
 def default_paged_config(kind: str, *, arch: str, num_qo_heads: int, num_kv_heads: int, head_dim_qk: int,
                          head_dim_v: int, page_size: int, causal: bool) -> PagedAttentionConfig:
-    """The tuned tile geometry for a problem (a table that the tuning notebooks will grow)."""
-    tiles = {
-        "gqa_paged_prefill": dict(tile_q_rows=128, kv_tile=128),
-        # split chunks >= 256 keys: with the merge fused into the kernel, batch 1 x 3232 is fastest at
-        # 128-256 (12.3-12.5 us) and 512 costs 15.4 (docs/perf/h200-decode-variants.json)
-        "gqa_paged_decode": dict(tile_q_rows=64, kv_tile=64, min_chunk_keys=256),
-        "mla_paged_prefill": dict(tile_q_rows=64, kv_tile=64),
-    }.get(kind, {})
-    if kind == "gqa_paged_decode" and 16 <= page_size <= 128:
-        # decode loads one page per ring stage (one TMA box), so the key tile is the page
-        tiles.update(kv_tile=page_size)
-    if kind == "gqa_paged_prefill" and arch == "sm_90a":
-        # measured on the H200: n32 852 -> 707 us (docs/perf-notes.md); these flags mean nothing on sm_100a
-        tiles.update(intra_wg_overlap=True, smem_epilogue=True)
+    """The tuned tile geometry for a problem: the kind's policy (``OpSpec.default_tiles``; the tuning notebooks
+    print lines for it). Raises ValueError for an unknown kind."""
+    from .ops import get_spec
+
+    tiles = get_spec(kind).default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size)
     return PagedAttentionConfig(
         arch=arch, kind=kind, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim_qk=head_dim_qk,
         head_dim_v=head_dim_v, page_size=page_size, causal=causal, **tiles,

@@ -21,7 +21,6 @@ always pick the default config, which is what is being tuned.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from .config import PAGED_KINDS, PagedAttentionConfig, default_paged_config
 from .plan import WorkPlan, plan_work
 from .timing import ColdL2Timer, Timing
 
-__all__ = ["TUNING_KNOBS", "Workload", "VariantResult", "Sweep", "sweep", "config_line", "kernel_rules"]
+__all__ = ["TUNING_KNOBS", "Workload", "VariantResult", "Sweep", "sweep", "config_line"]
 
 #: Fields that say *which problem* a config solves; every other field is a knob a sweep may set.
 PROBLEM_FIELDS = ("arch", "kind", "num_qo_heads", "num_kv_heads", "head_dim_qk", "head_dim_v", "page_size",
@@ -50,10 +49,6 @@ DEFINITION_LAYOUTS = {
     "mla_paged_prefill": dict(num_qo_heads=16, num_kv_heads=1, head_dim_qk=576, head_dim_v=512, page_size=1),
 }
 _CAUSAL = {"gqa_paged_decode": False, "gqa_paged_prefill": True, "mla_paged_prefill": True}
-# kernels/<arch package>/<kind module>.py each define check_config; the lookup is tested against the registry
-_ARCH_PACKAGES = {"sm_90a": "sm90", "sm_100a": "sm100"}
-_KIND_MODULES = {"gqa_paged_decode": "gqa_decode", "gqa_paged_prefill": "gqa_prefill",
-                 "mla_paged_prefill": "mla_prefill"}
 
 
 def _check_kind(kind: str) -> None:
@@ -281,26 +276,9 @@ def config_line(config: PagedAttentionConfig, *, note: str = "") -> str:
 # ---------------------------------------------------------------------------------------------
 # Rules
 # ---------------------------------------------------------------------------------------------
-def kernel_rules(kind: str, arch: str) -> Callable[[PagedAttentionConfig], str | None] | None:
-    """The ``check_config`` of the kernel that runs ``kind`` on ``arch`` (None when there is no such kernel)."""
-    module_name = f"{__package__}.kernels.{_ARCH_PACKAGES[arch]}.{_KIND_MODULES[kind]}"
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name == module_name:
-            return None
-        raise
-    return module.check_config
-
-
 def _refusal(config: PagedAttentionConfig) -> str | None:
-    reason = config.can_implement()
-    if reason is not None:
-        return reason
-    rules = kernel_rules(config.kind, config.arch)
-    if rules is None:
-        return f"no {config.arch} kernel for {config.kind} in this version of cute_attn"
-    return rules(config)
+    """Why no kernel builds this variant: ``can_implement`` asks the kind's rules, then the registered kernel's."""
+    return config.can_implement()
 
 
 def _variants(space: Mapping[str, Sequence]) -> list[dict]:

@@ -8,6 +8,9 @@ range, last-page lengths) read device memory and so synchronise with the GPU; th
 checked (see ``api.py``). A repeated call skips these checks altogether (``api.py``, fast path): it compares
 the metadata they read (``api._signature``), so a rule that reads a new attribute must be added there too.
 
+The rules shared by the op kinds live here; each kind's own rule set (``check``) lives in its spec module
+(``cute_attn/ops/<kind>.py``) and is built from these.
+
 Errors: ``TypeError`` for a wrong kind of object or dtype, ``ValueError`` for a wrong shape, device,
 layout or value.
 """
@@ -24,9 +27,6 @@ import torch
 __all__ = [
     "PagedProblem",
     "HostIndices",
-    "check_gqa_paged_prefill",
-    "check_gqa_paged_decode",
-    "check_mla_paged_prefill",
     "check_sm_scale",
     "check_flag",
 ]
@@ -63,7 +63,7 @@ class HostIndices:
 # ---------------------------------------------------------------------------------------------
 # Metadata rules
 # ---------------------------------------------------------------------------------------------
-def _tensor(name: str, x, dtype: torch.dtype, ndim: int) -> torch.Tensor:
+def dense(name: str, x, dtype: torch.dtype, ndim: int) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype != dtype:
@@ -75,12 +75,12 @@ def _tensor(name: str, x, dtype: torch.dtype, ndim: int) -> torch.Tensor:
     return x
 
 
-def _dim(name: str, x: torch.Tensor, axis: int, expected: int, what: str) -> None:
+def check_dim(name: str, x: torch.Tensor, axis: int, expected: int, what: str) -> None:
     if x.shape[axis] != expected:
         raise ValueError(f"{name}.shape[{axis}] must equal {what} ({expected}), got shape {tuple(x.shape)}")
 
 
-def _paged_cache(name: str, x, dtype: torch.dtype) -> torch.Tensor:
+def paged_cache(name: str, x, dtype: torch.dtype) -> torch.Tensor:
     """A ``[num_pages, page_size, heads, dim]`` cache: rows compact, pages may be strided.
 
     Engines often keep K and V in one tensor (``kv[:, 0]`` / ``kv[:, 1]`` views); the kernels load pages
@@ -106,7 +106,7 @@ def _paged_cache(name: str, x, dtype: torch.dtype) -> torch.Tensor:
     return x
 
 
-def _same_device(named: dict[str, torch.Tensor]) -> torch.device:
+def same_device(named: dict[str, torch.Tensor]) -> torch.device:
     first_name, first = next(iter(named.items()))
     device = first.device  # whole devices, not get_device() ints: those equate cpu and meta (-1), cuda:0 and xpu:0
     for name, t in named.items():
@@ -151,14 +151,14 @@ def _check_no_alias(outputs: dict[str, torch.Tensor], inputs: dict[str, torch.Te
         taken[out_name] = (lo, hi)
 
 
-def _check_outputs(output, lse, total_q: int, num_heads: int, head_dim_v: int, device,
+def check_outputs(output, lse, total_q: int, num_heads: int, head_dim_v: int, device,
                    inputs: dict[str, torch.Tensor]) -> None:
     if output is None and lse is None:
         return
     if output is None or lse is None:
         raise ValueError("output and lse must be passed together (destination-passing) or both omitted")
-    _tensor("output", output, torch.bfloat16, 3)
-    _tensor("lse", lse, torch.float32, 2)
+    dense("output", output, torch.bfloat16, 3)
+    dense("lse", lse, torch.float32, 2)
     if tuple(output.shape) != (total_q, num_heads, head_dim_v):
         raise ValueError(f"output must have shape {(total_q, num_heads, head_dim_v)}, got {tuple(output.shape)}")
     if tuple(lse.shape) != (total_q, num_heads):
@@ -168,7 +168,7 @@ def _check_outputs(output, lse, total_q: int, num_heads: int, head_dim_v: int, d
     _check_no_alias({"output": output, "lse": lse}, inputs)
 
 
-def _check_heads(num_qo_heads: int, num_kv_heads: int) -> None:
+def check_heads(num_qo_heads: int, num_kv_heads: int) -> None:
     if num_kv_heads < 1 or num_qo_heads < 1:
         raise ValueError(f"head counts must be >= 1, got {num_qo_heads} query and {num_kv_heads} kv heads")
     if num_qo_heads % num_kv_heads:
@@ -180,11 +180,11 @@ def _check_heads(num_qo_heads: int, num_kv_heads: int) -> None:
 # ---------------------------------------------------------------------------------------------
 # Value rules (read device memory)
 # ---------------------------------------------------------------------------------------------
-def _host(x: torch.Tensor) -> np.ndarray:
+def host_ints(x: torch.Tensor) -> np.ndarray:
     return x.detach().to("cpu").numpy().astype(np.int64)
 
 
-def _check_indptr(name: str, values: np.ndarray) -> None:
+def check_indptr(name: str, values: np.ndarray) -> None:
     if values.size == 0:
         raise ValueError(f"{name} must have batch_size + 1 >= 1 entries")
     if values[0] != 0:
@@ -195,7 +195,7 @@ def _check_indptr(name: str, values: np.ndarray) -> None:
         raise ValueError(f"{name} must be non-decreasing: {name}[{b + 1}]={values[b + 1]} < {name}[{b}]={values[b]}")
 
 
-def _check_page_ids(name: str, ids: torch.Tensor, num_pages: int, unit: str) -> None:
+def check_page_ids(name: str, ids: torch.Tensor, num_pages: int, unit: str) -> None:
     if ids.numel() == 0:
         return
     lo, hi = int(ids.min()), int(ids.max())
@@ -204,18 +204,18 @@ def _check_page_ids(name: str, ids: torch.Tensor, num_pages: int, unit: str) -> 
         raise ValueError(f"{name} holds {unit} id {bad}, outside [0, {num_pages}) of the cache")
 
 
-def _paged_indices(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages, total_q) -> HostIndices:
-    qo = _host(qo_indptr) if qo_indptr is not None else None
-    kvp = _host(kv_indptr)
-    last = _host(kv_last_page_len)
+def paged_indices(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages, total_q) -> HostIndices:
+    qo = host_ints(qo_indptr) if qo_indptr is not None else None
+    kvp = host_ints(kv_indptr)
+    last = host_ints(kv_last_page_len)
     if qo is not None:
-        _check_indptr("qo_indptr", qo)
+        check_indptr("qo_indptr", qo)
         if qo[-1] != total_q:
             raise ValueError(f"qo_indptr[-1] ({qo[-1]}) must equal total_q = q.shape[0] ({total_q})")
-    _check_indptr("kv_indptr", kvp)
+    check_indptr("kv_indptr", kvp)
     if kvp[-1] != kv_indices.numel():
         raise ValueError(f"kv_indptr[-1] ({kvp[-1]}) must equal len(kv_indices) ({kv_indices.numel()})")
-    _check_page_ids("kv_indices", kv_indices, num_pages, "page")
+    check_page_ids("kv_indices", kv_indices, num_pages, "page")
     pages = np.diff(kvp)
     has_pages = pages > 0
     lowest = np.where(has_pages, 1, 0)
@@ -235,115 +235,37 @@ def _paged_indices(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size
 # ---------------------------------------------------------------------------------------------
 # Entry rules
 # ---------------------------------------------------------------------------------------------
-def _check_paged_gqa_common(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len):
-    _tensor("q", q, torch.bfloat16, 3)
-    _paged_cache("k_cache", k_cache, torch.bfloat16)
-    _paged_cache("v_cache", v_cache, torch.bfloat16)
+def check_paged_gqa_common(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len):
+    dense("q", q, torch.bfloat16, 3)
+    paged_cache("k_cache", k_cache, torch.bfloat16)
+    paged_cache("v_cache", v_cache, torch.bfloat16)
     if tuple(k_cache.shape) != tuple(v_cache.shape):
         raise ValueError(f"k_cache and v_cache must have one shape, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     num_pages, page_size, num_kv_heads, head_dim = k_cache.shape
     if page_size < 1:
         raise ValueError(f"k_cache.shape[1] (page_size) must be >= 1, got {page_size}")
-    _dim("q", q, 2, head_dim, "the caches' head_dim")
-    _check_heads(q.shape[1], num_kv_heads)
-    _tensor("kv_indptr", kv_indptr, torch.int32, 1)
-    _tensor("kv_indices", kv_indices, torch.int32, 1)
-    _tensor("kv_last_page_len", kv_last_page_len, torch.int32, 1)
+    check_dim("q", q, 2, head_dim, "the caches' head_dim")
+    check_heads(q.shape[1], num_kv_heads)
+    dense("kv_indptr", kv_indptr, torch.int32, 1)
+    dense("kv_indices", kv_indices, torch.int32, 1)
+    dense("kv_last_page_len", kv_last_page_len, torch.int32, 1)
     batch = kv_indptr.shape[0] - 1
     if batch < 0:
         raise ValueError("kv_indptr must have batch_size + 1 >= 1 entries")
-    _dim("kv_last_page_len", kv_last_page_len, 0, batch, "batch_size = len(kv_indptr) - 1")
+    check_dim("kv_last_page_len", kv_last_page_len, 0, batch, "batch_size = len(kv_indptr) - 1")
     return batch, num_pages, page_size, num_kv_heads, head_dim
 
 
-def check_gqa_paged_prefill(
-    q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
-    output=None, lse=None, *, check_indices: bool = True,
-) -> tuple[PagedProblem, HostIndices | None]:
-    """Rules of ``gqa_paged_prefill``; returns the problem and, when index values were read, their host copies."""
-    batch, num_pages, page_size, num_kv_heads, head_dim = _check_paged_gqa_common(
-        q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len
-    )
-    _tensor("qo_indptr", qo_indptr, torch.int32, 1)
-    _dim("qo_indptr", qo_indptr, 0, batch + 1, "len(kv_indptr)")
-    check_sm_scale(sm_scale)
-    named = dict(q=q, k_cache=k_cache, v_cache=v_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
-                 kv_indices=kv_indices, kv_last_page_len=kv_last_page_len)
-    device = _same_device(named)
-    total_q, num_qo_heads = q.shape[0], q.shape[1]
-    _check_outputs(output, lse, total_q, num_qo_heads, head_dim, device, named)
-    problem = PagedProblem(batch, total_q, num_qo_heads, num_kv_heads, head_dim, head_dim, page_size, num_pages, device)
-    host = None
-    if check_indices:
-        host = _paged_indices(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages, total_q)
-    return problem, host
+def __getattr__(name: str):
+    """``check_<kind>``: the rule set of an op kind, which lives in its spec module (``cute_attn/ops``)."""
+    if name.startswith("check_") and name[len("check_"):] in _kind_names():
+        from .ops import get_spec
+
+        return get_spec(name[len("check_"):]).check
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def check_gqa_paged_decode(
-    q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
-    output=None, lse=None, *, check_indices: bool = True,
-) -> tuple[PagedProblem, HostIndices | None]:
-    """Rules of ``gqa_paged_decode``: one query per request, so ``q.shape[0]`` is the batch size."""
-    batch, num_pages, page_size, num_kv_heads, head_dim = _check_paged_gqa_common(
-        q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len
-    )
-    _dim("q", q, 0, batch, "batch_size = len(kv_indptr) - 1")
-    check_sm_scale(sm_scale)
-    named = dict(q=q, k_cache=k_cache, v_cache=v_cache, kv_indptr=kv_indptr, kv_indices=kv_indices,
-                 kv_last_page_len=kv_last_page_len)
-    device = _same_device(named)
-    num_qo_heads = q.shape[1]
-    _check_outputs(output, lse, batch, num_qo_heads, head_dim, device, named)
-    problem = PagedProblem(batch, batch, num_qo_heads, num_kv_heads, head_dim, head_dim, page_size, num_pages, device)
-    host = None
-    if check_indices:
-        host = _paged_indices(None, kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages, batch)
-    return problem, host
+def _kind_names() -> tuple[str, ...]:
+    from .ops import kinds
 
-
-def check_mla_paged_prefill(
-    q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale,
-    output=None, lse=None, *, check_indices: bool = True,
-) -> tuple[PagedProblem, HostIndices | None]:
-    """Rules of ``mla_paged_prefill``: page size 1, one latent KV (``ckv``) shared by every head."""
-    _tensor("q_nope", q_nope, torch.bfloat16, 3)
-    _tensor("q_pe", q_pe, torch.bfloat16, 3)
-    _tensor("ckv_cache", ckv_cache, torch.bfloat16, 3)
-    _tensor("kpe_cache", kpe_cache, torch.bfloat16, 3)
-    total_q, num_heads, ckv_dim = q_nope.shape
-    if tuple(q_pe.shape[:2]) != (total_q, num_heads):
-        raise ValueError(f"q_pe.shape[:2] must equal q_nope.shape[:2] {(total_q, num_heads)}, got {tuple(q_pe.shape)}")
-    kpe_dim = q_pe.shape[2]
-    num_pages = ckv_cache.shape[0]
-    if ckv_cache.shape[1] != 1:
-        raise ValueError(f"ckv_cache.shape[1] (page_size) must be 1 for MLA paged prefill, got {ckv_cache.shape[1]}")
-    _dim("ckv_cache", ckv_cache, 2, ckv_dim, "q_nope's head dim")
-    if tuple(kpe_cache.shape) != (num_pages, 1, kpe_dim):
-        raise ValueError(f"kpe_cache must have shape {(num_pages, 1, kpe_dim)}, got {tuple(kpe_cache.shape)}")
-    if num_heads < 1:
-        raise ValueError(f"q_nope must have >= 1 head, got {num_heads}")
-    _tensor("qo_indptr", qo_indptr, torch.int32, 1)
-    _tensor("kv_indptr", kv_indptr, torch.int32, 1)
-    _tensor("kv_indices", kv_indices, torch.int32, 1)
-    batch = qo_indptr.shape[0] - 1
-    if batch < 0:
-        raise ValueError("qo_indptr must have batch_size + 1 >= 1 entries")
-    _dim("kv_indptr", kv_indptr, 0, batch + 1, "len(qo_indptr)")
-    check_sm_scale(sm_scale)
-    named = dict(q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache, qo_indptr=qo_indptr,
-                 kv_indptr=kv_indptr, kv_indices=kv_indices)
-    device = _same_device(named)
-    _check_outputs(output, lse, total_q, num_heads, ckv_dim, device, named)
-    problem = PagedProblem(batch, total_q, num_heads, 1, ckv_dim + kpe_dim, ckv_dim, 1, num_pages, device)
-    host = None
-    if check_indices:
-        qo, kvp = _host(qo_indptr), _host(kv_indptr)
-        _check_indptr("qo_indptr", qo)
-        if qo[-1] != total_q:
-            raise ValueError(f"qo_indptr[-1] ({qo[-1]}) must equal total_q = q_nope.shape[0] ({total_q})")
-        _check_indptr("kv_indptr", kvp)
-        if kvp[-1] != kv_indices.numel():
-            raise ValueError(f"kv_indptr[-1] ({kvp[-1]}) must equal len(kv_indices) ({kv_indices.numel()})")
-        _check_page_ids("kv_indices", kv_indices, num_pages, "token row")
-        host = HostIndices(qo_indptr=qo, kv_indptr=kvp, kv_lens=np.diff(kvp))
-    return problem, host
+    return kinds()

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import cute_attn
 from cute_attn import api, testing
 from cute_attn.config import PagedAttentionConfig
+from cute_attn.ops import get_spec
 
 
 def prefill_case(**kw):
@@ -454,7 +455,7 @@ FUZZ_ENTRIES = {  # public entry, a small valid case (implementable configs: the
 def _fresh_plan_items(kind, args, num_sms=8):
     """The plan the full path makes for these arguments now."""
     problem, host = kind.check(*args, check_indices=True)
-    config = api._make_config(kind.name, problem, "sm_90a", kind.causal)
+    config = api._make_config(kind, problem, "sm_90a")
     plan = cute_attn.plan_work(config.plan_config(api._num_ctas(config, problem.device, num_sms)),
                                np.diff(host.qo_indptr), host.kv_lens)
     return plan.valid_items()
@@ -505,7 +506,7 @@ def _mutation(draw, name, value):
 @given(data=st.data())
 def test_fuzz_fast_path_never_launches_what_the_full_rules_reject(entry, data):
     fn, make_case = FUZZ_ENTRIES[entry]
-    kind = {k.name: k for k in (api._GQA_PREFILL, api._GQA_DECODE, api._MLA_PREFILL)}[entry]
+    kind = get_spec(entry)
     with pytest.MonkeyPatch.context() as mp:
         env = _FastEnv(mp)
         case = make_case()

@@ -79,7 +79,7 @@ def _is_index(t) -> bool:
 @pytest.mark.parametrize("kind", KINDS)
 def test_schema_is_the_entry_points_argument_order_with_mutated_outputs(kind):
     schema = _op(kind)._schema
-    entry_params = list(inspect.signature(getattr(cute_attn.api, kind)).parameters)
+    entry_params = list(inspect.signature(getattr(cute_attn, kind)).parameters)
     through_lse = entry_params[: entry_params.index("lse") + 1]
     assert [a.name for a in schema.arguments] == through_lse + ["natural_lse"]
     written = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
@@ -144,7 +144,7 @@ def _bad_variants(kind: str, case):
     """(what, inputs, output, lse): one rule broken in each, on CPU tensors."""
     inputs = list(case.inputs())
     out, lse = case.new_outputs()
-    names = [p for p in inspect.signature(getattr(cute_attn.api, kind)).parameters][: len(inputs)]
+    names = [p for p in inspect.signature(getattr(cute_attn, kind)).parameters][: len(inputs)]
     at = {n: i for i, n in enumerate(names)}
 
     def swap(name, value):

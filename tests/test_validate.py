@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cute_attn import testing, validate
+from cute_attn.ops import get_spec, kinds
 
 
 def prefill_args(**over):
@@ -237,7 +238,7 @@ def _fast_path_view(check, args):
     """What a fast-path hit compares: index identities, the scale, output presence, the signature."""
     from cute_attn import api
 
-    kind = next(k for k in (api._GQA_PREFILL, api._GQA_DECODE, api._MLA_PREFILL) if k.check is check)
+    kind = next(k for k in map(get_spec, kinds()) if k.check is check)
     inputs = tuple(v for name, v in args.items() if name not in ("output", "lse"))
     index = [v for name, v in args.items() if name.endswith(("indptr", "indices", "page_len"))]
     scale = args["sm_scale"]

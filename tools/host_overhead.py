@@ -59,6 +59,7 @@ def main(argv=None) -> int:
 
     import cute_attn
     from cute_attn import api, testing, validate
+    from cute_attn.ops.gqa_decode import SPEC as DECODE
     from cute_attn.compile import compile_kernel
     from cute_attn.kernels.common import paged_launch
 
@@ -78,7 +79,7 @@ def main(argv=None) -> int:
     # CPU: an explicit arch and SM count (nothing to ask); the sm_90a decode launcher (registers on import)
     options = {} if cuda else dict(arch="sm_90a", num_sms=132)
     problem, _ = validate.check_gqa_paged_decode(*inputs, out, lse, check_indices=False)
-    config = api._make_config("gqa_paged_decode", problem, options.get("arch"), False)
+    config = api._make_config(DECODE, problem, options.get("arch"))
     if not cuda:
         import cute_attn.kernels.sm90.gqa_decode  # noqa: F401
 
@@ -90,8 +91,8 @@ def main(argv=None) -> int:
     public()
     plan_key = (config, options.get("num_sms"), problem.num_pages, problem.total_q)
     plan = api._PLANS.get(plan_key, index)
-    key = next(k for k in api._FAST.entries if k[0] is api._GQA_DECODE and k[4] is None)
-    sig = api._signature(api._GQA_DECODE, inputs, out, lse)
+    key = next(k for k in api._FAST.entries if k[0] is DECODE and k[4] is None)
+    sig = api._signature(DECODE, inputs, out, lse)
     hit = api._FAST.lookup(key, sig, index, None)
     assert hit is not None and hit.device_plan is plan, "the repeated call did not hit the fast path"
 
@@ -112,7 +113,7 @@ def main(argv=None) -> int:
         "public, plan= passed, check_indices=False (fast path)":
             lambda: cute_attn.gqa_paged_decode(*inputs, out, lse, plan=plan, check_indices=False, **options),
         "  fast path: signature (tensor metadata)":
-            lambda: api._signature(api._GQA_DECODE, inputs, out, lse),
+            lambda: api._signature(DECODE, inputs, out, lse),
         "  fast path: lookup + compare": lambda: api._FAST.lookup(key, sig, index, None),
         "  fast path: launch (kernel.launch -> launch_paged -> fn)":
             lambda: hit.launcher(plan, *inputs, out, lse, natural_lse=False),
@@ -121,7 +122,7 @@ def main(argv=None) -> int:
         "public, full path (miss; plan cache hit)": full_path,
         "  miss: validate (metadata only)":
             lambda: validate.check_gqa_paged_decode(*inputs, out, lse, check_indices=False),
-        "  miss: config (cached)": lambda: api._make_config("gqa_paged_decode", problem, options.get("arch"), False),
+        "  miss: config (cached)": lambda: api._make_config(DECODE, problem, options.get("arch")),
         "  miss: plan cache lookup": lambda: api._PLANS.get(plan_key, index),
         "  compile_kernel (memory hit; off the launch path)": lambda: compile_kernel(config),
         "public gqa_paged_decode again (order check)": public,

@@ -49,10 +49,17 @@ def register_paged_kernel(kind: str, arch: str, *, build: Callable, launch: Call
 
 def _paged_kernel(config) -> PagedKernel | None:
     kernel = _PAGED.get((config.kind, config.arch))
-    if kernel is None:  # its module is not imported yet (another kernel module may be): import them all
-        from ..compile import import_all_kernels
+    if kernel is None:  # its module is not imported yet (another kernel module may be): the spec names it
+        import importlib
 
-        import_all_kernels()
+        from ..ops import get_spec
+
+        try:
+            module = get_spec(config.kind).kernel_modules.get(config.arch)
+        except ValueError:
+            return None
+        if module is not None:
+            importlib.import_module(module)
         kernel = _PAGED.get((config.kind, config.arch))
     return kernel
 

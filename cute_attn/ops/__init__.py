@@ -1,0 +1,81 @@
+"""One spec per op kind: everything a kind means, in one module (``ops/<kind>.py``).
+
+A spec holds the kind's argument order, its validation rules, the fast path's metadata signature, its
+float32 reference, its test case builder and hypothesis strategy, its default-config policy (tiles, page-size
+handling) and the kernel module that serves it on each arch. ``api.py`` dispatches on specs generically:
+``spec.check`` -> config (``spec.default_tiles`` + ``config.can_implement()``, which asks the kernel
+registered for (kind, arch) before any planning) -> plan (cached) -> launch. The public entry of a kind lives
+in its spec module, beside its rules.
+
+Adding a kind: write ``ops/<kind>.py`` with its ``SPEC = OpSpec(...)``, its entry and ``plan_<kind>``, list the
+module in ``SPEC_MODULES`` below, and register its kernels (``kernels.register_paged_kernel``) in the modules
+``SPEC.kernel_modules`` names. Nothing else dispatches on the kind's name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+#: spec modules, in the order kinds are listed (a new kind adds its module here)
+SPEC_MODULES = ("gqa_prefill", "gqa_decode", "mla_prefill")
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: hashed by identity, a cheap fast-path key
+class OpSpec:
+    """What one op kind means (see the module docstring)."""
+
+    name: str  # the kind, e.g. "gqa_paged_decode"; also PagedAttentionConfig.kind
+    arg_names: tuple[str, ...]  # the definition's inputs in order (sm_scale last), then output, lse
+    index_names: tuple[str, ...]  # the index tensors among them: plans are cached on their identity
+    causal: bool  # the definition's mask
+    #: (*inputs, output, lse, check_indices) -> (validate.PagedProblem, validate.HostIndices | None)
+    check: Callable
+    #: (*inputs) -> tuple: the metadata the rules read (api's fast path compares it, never the values)
+    signature: Callable
+    #: (*inputs) -> (output, lse): the float32 reference (bf16 output, fp32 base-2 lse)
+    reference: Callable
+    #: (**case parameters) -> a testing case (shuffled, NaN-poisoned pool)
+    make_case: Callable
+    #: () -> hypothesis strategy of make_case keyword arguments (lengths; shapes as the kind allows)
+    strategy: Callable
+    #: (arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size) -> PagedAttentionConfig knobs
+    default_tiles: Callable
+    #: config -> reason | None: the kind's own shape rules (every kernel of the kind starts from them)
+    shape_reason: Callable
+    #: arch -> module that registers this kind's kernel for it
+    kernel_modules: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.arg_names) - 2
+
+    def index_of(self, args: tuple) -> tuple:
+        """The index tensors among the inputs ``args`` (definition order)."""
+        return tuple(args[self.arg_names.index(n)] for n in self.index_names)
+
+
+_SPECS: dict[str, OpSpec] = {}
+
+
+def _load() -> dict[str, OpSpec]:
+    if not _SPECS:
+        for module in SPEC_MODULES:
+            spec = importlib.import_module(f"{__name__}.{module}").SPEC
+            _SPECS[spec.name] = spec
+    return _SPECS
+
+
+def get_spec(kind: str) -> OpSpec:
+    """The spec of ``kind``; ValueError naming the kinds there are."""
+    specs = _load()
+    spec = specs.get(kind)
+    if spec is None:
+        raise ValueError(f"kind={kind!r} is not one of {', '.join(specs)}")
+    return spec
+
+
+def kinds() -> tuple[str, ...]:
+    """Every op kind, in SPEC_MODULES order."""
+    return tuple(_load())

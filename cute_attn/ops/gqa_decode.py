@@ -1,0 +1,125 @@
+"""gqa_paged_decode: one query token per request against its whole paged KV cache (no mask).
+
+The FlashInfer-Bench definition ``gqa_paged_decode_h20_kv4_d128_ps64`` (Qwen3-14B at TP2, group 5) and its family.
+"""
+
+from __future__ import annotations
+
+from .. import reference, testing, validate
+from ..api import DevicePlan, plan_for, run
+from ..config import gqa_shape_reason
+from . import OpSpec
+
+ARG_NAMES = ("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "kv_last_page_len", "sm_scale", "output", "lse")
+
+
+def check(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output=None, lse=None, *,
+          check_indices: bool = True) -> tuple[validate.PagedProblem, validate.HostIndices | None]:
+    """Rules of ``gqa_paged_decode``: one query per request, so ``q.shape[0]`` is the batch size."""
+    batch, num_pages, page_size, num_kv_heads, head_dim = validate.check_paged_gqa_common(
+        q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len
+    )
+    validate.check_dim("q", q, 0, batch, "batch_size = len(kv_indptr) - 1")
+    validate.check_sm_scale(sm_scale)
+    named = dict(q=q, k_cache=k_cache, v_cache=v_cache, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                 kv_last_page_len=kv_last_page_len)
+    device = validate.same_device(named)
+    num_qo_heads = q.shape[1]
+    validate.check_outputs(output, lse, batch, num_qo_heads, head_dim, device, named)
+    problem = validate.PagedProblem(batch, batch, num_qo_heads, num_kv_heads, head_dim, head_dim, page_size,
+                                    num_pages, device)
+    host = None
+    if check_indices:
+        host = validate.paged_indices(None, kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages, batch)
+    return problem, host
+
+
+# Unrolled on purpose: the fast path calls this once per call (api.py explains what each field stands for).
+def signature(q, k, v, kvp, kvi, last, sm_scale):
+    return (q.__class__, q.shape, q.is_contiguous(), q.dtype, q.device,
+            k.__class__, k.shape, k.stride(), k.dtype, k.device, k.data_ptr() & 15,
+            v.__class__, v.shape, v.stride(), v.dtype, v.device, v.data_ptr() & 15,
+            kvp.__class__, kvp.shape, kvp.is_contiguous(), kvp.dtype, kvp.device, kvp.data_ptr(), kvp._version,
+            kvi.__class__, kvi.shape, kvi.is_contiguous(), kvi.dtype, kvi.device, kvi.data_ptr(), kvi._version,
+            last.__class__, last.shape, last.is_contiguous(), last.dtype, last.device, last.data_ptr(), last._version)
+
+
+def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size) -> dict:
+    """The group's heads are the rows of one 64-row M tile; one page is one ring stage (kv_tile = page_size)
+    for pages of 16..128 keys; split chunks >= 256 keys (with the merge fused into the kernel, batch 1 x 3232
+    is fastest at 128-256: docs/perf/h200-decode-variants.json)."""
+    tiles = dict(tile_q_rows=64, kv_tile=64, min_chunk_keys=256)
+    if 16 <= page_size <= 128:
+        tiles.update(kv_tile=page_size)
+    return tiles
+
+
+def shape_reason(config) -> str | None:
+    if (reason := gqa_shape_reason(config)) is not None:
+        return reason
+    if config.group_size > config.tile_q_rows:
+        return f"decode packs the group ({config.group_size}) into one M tile of {config.tile_q_rows} rows"
+    return None
+
+
+def strategy():
+    """Decode cases: ragged lengths, empty requests, one long request (splits and the fused merge)."""
+    return testing.decode_batches().map(lambda kv_lens: {"kv_lens": kv_lens})
+
+
+SPEC = OpSpec(
+    name="gqa_paged_decode", arg_names=ARG_NAMES, index_names=("kv_indptr", "kv_indices", "kv_last_page_len"),
+    causal=False, check=check, signature=signature, reference=reference.gqa_paged_decode_ref,
+    make_case=testing.make_gqa_decode_case, strategy=strategy, default_tiles=default_tiles, shape_reason=shape_reason,
+    kernel_modules={"sm_90a": "cute_attn.kernels.sm90.gqa_decode", "sm_100a": "cute_attn.kernels.sm100.gqa_decode"},
+)
+
+
+def gqa_paged_decode(
+    q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output=None, lse=None,
+    *, plan: DevicePlan | None = None, check_indices: bool = True, natural_lse: bool = False,
+    arch: str | None = None, num_sms: int | None = None,
+):
+    """GQA decode over a paged KV cache: one query token per request. Returns ``(output, lse)``.
+
+    Shapes and dtypes (NHD, row-major; every index tensor int32 on the same CUDA device):
+        q                 [batch, num_qo_heads, head_dim]            bf16, contiguous
+        k_cache, v_cache  [num_pages, page_size, num_kv_heads, head_dim] bf16; pages may be strided
+                          (16-byte aligned page stride and base: ``kv[:, 0]`` / ``kv[:, 1]`` of one tensor work)
+        kv_indptr         [batch + 1]   page offsets into kv_indices; kv_indptr[0] == 0, non-decreasing
+        kv_indices        [kv_indptr[-1]] page ids in [0, num_pages)
+        kv_last_page_len  [batch]       keys in each request's last page: 1..page_size (0 for no pages)
+        sm_scale          Python float > 0 (logits are sm_scale * q . k)
+        output, lse       optional destinations: [batch, num_qo_heads, head_dim] bf16 and [batch, num_qo_heads]
+                          fp32, written in place (else allocated and returned)
+    Query head h reads KV head ``h // (num_qo_heads // num_kv_heads)``. ``lse`` is base 2 (FlashInfer's
+    convention) unless ``natural_lse=True``. A request with no keys gets output 0 and lse -inf.
+
+    Supported (sm_90a runs on Hopper; sm_100a is compiled and PTX-checked only, never run here): any GQA ratio
+    whose group fits 64 rows, head_dim 64 / 128 / 256, page sizes 16..128 (sm_100a: page 64, head_dim 128).
+    A shape no kernel builds raises ValueError with the kernel's reason before any work. Needs a CUDA GPU.
+
+    Plans: without ``plan=``, the call plans (reading the index tensors: one host sync) and caches the plan on
+    the index tensors' identity, data pointer and version counter, so the next call with the same, unmodified
+    index tensors (every layer of a step) reuses it; a repeated call takes a fast path that skips re-validation.
+    Engines can plan once per batch with :func:`plan_gqa_paged_decode` and pass ``plan=`` to every layer (with
+    ``check_indices=False`` to skip re-reading the index values). One plan must not serve two launches that may
+    overlap (different streams): its split-KV merge counters are shared.
+    """
+    return run(SPEC, (q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale),
+               (kv_indptr, kv_indices, kv_last_page_len), output, lse, plan, check_indices, natural_lse, arch, num_sms)
+
+
+def plan_gqa_paged_decode(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
+                          *, arch: str | None = None, num_sms: int | None = None) -> DevicePlan:
+    """Validate and plan one decode batch (reads the index tensors: one host sync) for ``plan=``.
+
+    Takes the arguments of :func:`gqa_paged_decode` (outputs omitted); the plan holds the work lists and the
+    split-KV scratch on the inputs' device and serves every layer with the same batch (same index tensors and
+    shapes; other q / caches / outputs are fine). A shape no kernel builds raises ValueError before planning.
+    """
+    return plan_for(SPEC, (q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale),
+                    arch=arch, num_sms=num_sms)
+
+
+__all__ = ["SPEC", "gqa_paged_decode", "plan_gqa_paged_decode", "check"]

@@ -1,0 +1,118 @@
+"""gqa_paged_prefill: causal (bottom-right) GQA prefill of ragged query runs against a paged KV cache.
+
+The FlashInfer-Bench definition ``gqa_paged_prefill_causal_h32_kv4_d128_ps64`` (Qwen3-30B-A3B) and its family.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import reference, testing, validate
+from ..api import DevicePlan, plan_for, run
+from ..config import gqa_shape_reason
+from . import OpSpec
+
+ARG_NAMES = ("q", "k_cache", "v_cache", "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "sm_scale",
+             "output", "lse")
+
+
+def check(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output=None, lse=None,
+          *, check_indices: bool = True) -> tuple[validate.PagedProblem, validate.HostIndices | None]:
+    """Rules of ``gqa_paged_prefill``; returns the problem and, when index values were read, their host copies."""
+    batch, num_pages, page_size, num_kv_heads, head_dim = validate.check_paged_gqa_common(
+        q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len
+    )
+    validate.dense("qo_indptr", qo_indptr, torch.int32, 1)
+    validate.check_dim("qo_indptr", qo_indptr, 0, batch + 1, "len(kv_indptr)")
+    validate.check_sm_scale(sm_scale)
+    named = dict(q=q, k_cache=k_cache, v_cache=v_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+                 kv_indices=kv_indices, kv_last_page_len=kv_last_page_len)
+    device = validate.same_device(named)
+    total_q, num_qo_heads = q.shape[0], q.shape[1]
+    validate.check_outputs(output, lse, total_q, num_qo_heads, head_dim, device, named)
+    problem = validate.PagedProblem(batch, total_q, num_qo_heads, num_kv_heads, head_dim, head_dim, page_size,
+                                    num_pages, device)
+    host = None
+    if check_indices:
+        host = validate.paged_indices(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages,
+                                      total_q)
+    return problem, host
+
+
+# Unrolled on purpose: the fast path calls this once per call (api.py explains what each field stands for).
+def signature(q, k, v, qo, kvp, kvi, last, sm_scale):
+    return (q.__class__, q.shape, q.is_contiguous(), q.dtype, q.device,
+            k.__class__, k.shape, k.stride(), k.dtype, k.device, k.data_ptr() & 15,
+            v.__class__, v.shape, v.stride(), v.dtype, v.device, v.data_ptr() & 15,
+            qo.__class__, qo.shape, qo.is_contiguous(), qo.dtype, qo.device, qo.data_ptr(), qo._version,
+            kvp.__class__, kvp.shape, kvp.is_contiguous(), kvp.dtype, kvp.device, kvp.data_ptr(), kvp._version,
+            kvi.__class__, kvi.shape, kvi.is_contiguous(), kvi.dtype, kvi.device, kvi.data_ptr(), kvi._version,
+            last.__class__, last.shape, last.is_contiguous(), last.dtype, last.device, last.data_ptr(), last._version)
+
+
+def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size) -> dict:
+    """128 packed rows x 128 keys; on sm_90a the FA3 intra-warpgroup overlap and the shared-memory epilogue
+    (measured on the H200: n32 852 -> 707 us, docs/perf-notes.md; the flags mean nothing on sm_100a)."""
+    tiles = dict(tile_q_rows=128, kv_tile=128)
+    if arch == "sm_90a":
+        tiles.update(intra_wg_overlap=True, smem_epilogue=True)
+    return tiles
+
+
+def strategy():
+    """Prefill cases: ragged runs, empty requests, one long request among short ones (kv >= q)."""
+    return testing.ragged_batches().map(lambda lens: {"q_lens": lens[0], "kv_lens": lens[1]})
+
+
+SPEC = OpSpec(
+    name="gqa_paged_prefill", arg_names=ARG_NAMES,
+    index_names=("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"), causal=True, check=check,
+    signature=signature, reference=reference.gqa_paged_prefill_ref, make_case=testing.make_gqa_prefill_case,
+    strategy=strategy, default_tiles=default_tiles, shape_reason=gqa_shape_reason,
+    kernel_modules={"sm_90a": "cute_attn.kernels.sm90.gqa_prefill", "sm_100a": "cute_attn.kernels.sm100.gqa_prefill"},
+)
+
+
+def gqa_paged_prefill(
+    q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output=None, lse=None,
+    *, plan: DevicePlan | None = None, check_indices: bool = True, natural_lse: bool = False,
+    arch: str | None = None, num_sms: int | None = None,
+):
+    """Causal GQA prefill over a paged KV cache. Returns ``(output, lse)`` (written in place if given).
+
+    Shapes and dtypes (NHD, row-major; every index tensor int32 on the same CUDA device):
+        q                 [total_q, num_qo_heads, head_dim]          bf16, contiguous
+        k_cache, v_cache  [num_pages, page_size, num_kv_heads, head_dim] bf16; pages may be strided
+                          (16-byte aligned page stride and base: ``kv[:, 0]`` / ``kv[:, 1]`` of one tensor work)
+        qo_indptr         [batch + 1]   request b's query rows are qo_indptr[b] .. qo_indptr[b+1]-1
+        kv_indptr         [batch + 1]   page offsets into kv_indices; [0] == 0, non-decreasing
+        kv_indices        [kv_indptr[-1]] page ids in [0, num_pages)
+        kv_last_page_len  [batch]       keys in each request's last page: 1..page_size (0 for no pages)
+        sm_scale          Python float > 0
+        output, lse       optional destinations [total_q, num_qo_heads, head_dim] bf16 / [total_q, num_qo_heads] fp32
+    The mask is bottom-right causal per request: query i (0-based in its request) sees keys j <= i + (Lkv - Lq).
+    ``lse`` is base 2 unless ``natural_lse=True``; a row that sees no key gets output 0 and lse -inf.
+
+    Supported (sm_90a runs on Hopper; sm_100a is compiled and PTX-checked only, never run here): head_dim 64 and
+    128, page sizes 8..128 (powers of two), GQA groups that divide 128 packed rows (1, 2, 4, 8, 16; sm_100a:
+    head_dim 128). A shape no kernel builds raises ValueError with the kernel's reason. Needs a CUDA GPU.
+
+    Plans: as :func:`gqa_paged_decode` (cached on the index tensors' identity and version; or plan once with
+    :func:`plan_gqa_paged_prefill` and pass ``plan=`` to every layer).
+    """
+    return run(SPEC, (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale),
+               (qo_indptr, kv_indptr, kv_indices, kv_last_page_len), output, lse, plan, check_indices, natural_lse,
+               arch, num_sms)
+
+
+def plan_gqa_paged_prefill(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
+                           *, arch: str | None = None, num_sms: int | None = None) -> DevicePlan:
+    """Validate and plan one prefill batch (reads the index tensors: one host sync) for ``plan=``.
+
+    Takes the arguments of :func:`gqa_paged_prefill` (outputs omitted); the plan serves every layer of the batch.
+    """
+    return plan_for(SPEC, (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale),
+                    arch=arch, num_sms=num_sms)
+
+
+__all__ = ["SPEC", "gqa_paged_prefill", "plan_gqa_paged_prefill", "check"]

@@ -1,0 +1,134 @@
+"""mla_paged_prefill: causal absorbed-MLA prefill over a page-size-1 latent cache (DeepSeek-V3/R1).
+
+The FlashInfer-Bench definition ``mla_paged_prefill_causal_h16_ckv512_kpe64_ps1``: every head shares one latent
+KV row per key; logits are the ckv + kpe wide dot product and V is ckv itself.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import reference, testing, validate
+from ..api import DevicePlan, plan_for, run
+from . import OpSpec
+
+ARG_NAMES = ("q_nope", "q_pe", "ckv_cache", "kpe_cache", "qo_indptr", "kv_indptr", "kv_indices", "sm_scale",
+             "output", "lse")
+MLA_DIMS = (576, 512)  # (ckv + kpe, ckv)
+
+
+def check(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output=None, lse=None,
+          *, check_indices: bool = True) -> tuple[validate.PagedProblem, validate.HostIndices | None]:
+    """Rules of ``mla_paged_prefill``: page size 1, one latent KV (``ckv``) shared by every head."""
+    for name, t in (("q_nope", q_nope), ("q_pe", q_pe), ("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache)):
+        validate.dense(name, t, torch.bfloat16, 3)
+    total_q, num_heads, ckv_dim = q_nope.shape
+    if tuple(q_pe.shape[:2]) != (total_q, num_heads):
+        raise ValueError(f"q_pe.shape[:2] must equal q_nope.shape[:2] {(total_q, num_heads)}, got {tuple(q_pe.shape)}")
+    kpe_dim = q_pe.shape[2]
+    num_pages = ckv_cache.shape[0]
+    if ckv_cache.shape[1] != 1:
+        raise ValueError(f"ckv_cache.shape[1] (page_size) must be 1 for MLA paged prefill, got {ckv_cache.shape[1]}")
+    validate.check_dim("ckv_cache", ckv_cache, 2, ckv_dim, "q_nope's head dim")
+    if tuple(kpe_cache.shape) != (num_pages, 1, kpe_dim):
+        raise ValueError(f"kpe_cache must have shape {(num_pages, 1, kpe_dim)}, got {tuple(kpe_cache.shape)}")
+    if num_heads < 1:
+        raise ValueError(f"q_nope must have >= 1 head, got {num_heads}")
+    for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices)):
+        validate.dense(name, t, torch.int32, 1)
+    batch = qo_indptr.shape[0] - 1
+    if batch < 0:
+        raise ValueError("qo_indptr must have batch_size + 1 >= 1 entries")
+    validate.check_dim("kv_indptr", kv_indptr, 0, batch + 1, "len(qo_indptr)")
+    validate.check_sm_scale(sm_scale)
+    named = dict(q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache, qo_indptr=qo_indptr,
+                 kv_indptr=kv_indptr, kv_indices=kv_indices)
+    device = validate.same_device(named)
+    validate.check_outputs(output, lse, total_q, num_heads, ckv_dim, device, named)
+    problem = validate.PagedProblem(batch, total_q, num_heads, 1, ckv_dim + kpe_dim, ckv_dim, 1, num_pages, device)
+    host = None
+    if check_indices:
+        qo, kvp = validate.host_ints(qo_indptr), validate.host_ints(kv_indptr)
+        validate.check_indptr("qo_indptr", qo)
+        if qo[-1] != total_q:
+            raise ValueError(f"qo_indptr[-1] ({qo[-1]}) must equal total_q = q_nope.shape[0] ({total_q})")
+        validate.check_indptr("kv_indptr", kvp)
+        if kvp[-1] != kv_indices.numel():
+            raise ValueError(f"kv_indptr[-1] ({kvp[-1]}) must equal len(kv_indices) ({kv_indices.numel()})")
+        validate.check_page_ids("kv_indices", kv_indices, num_pages, "token row")
+        host = validate.HostIndices(qo_indptr=qo, kv_indptr=kvp, kv_lens=np.diff(kvp))
+    return problem, host
+
+
+# page size 1: the caches are plain contiguous tensors to the rules, with no alignment rule
+def signature(q_nope, q_pe, ckv, kpe, qo, kvp, kvi, sm_scale):
+    return (q_nope.__class__, q_nope.shape, q_nope.is_contiguous(), q_nope.dtype, q_nope.device,
+            q_pe.__class__, q_pe.shape, q_pe.is_contiguous(), q_pe.dtype, q_pe.device,
+            ckv.__class__, ckv.shape, ckv.is_contiguous(), ckv.dtype, ckv.device,
+            kpe.__class__, kpe.shape, kpe.is_contiguous(), kpe.dtype, kpe.device,
+            qo.__class__, qo.shape, qo.is_contiguous(), qo.dtype, qo.device, qo.data_ptr(), qo._version,
+            kvp.__class__, kvp.shape, kvp.is_contiguous(), kvp.dtype, kvp.device, kvp.data_ptr(), kvp._version,
+            kvi.__class__, kvi.shape, kvi.is_contiguous(), kvi.dtype, kvi.device, kvi.data_ptr(), kvi._version)
+
+
+def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size) -> dict:
+    """One 64-row tile of packed (token, head) rows x 64 gathered key rows."""
+    return dict(tile_q_rows=64, kv_tile=64)
+
+
+def shape_reason(config) -> str | None:
+    if (config.head_dim_qk, config.head_dim_v) != MLA_DIMS:
+        return f"MLA head dims (qk, v) must be {MLA_DIMS}, got {(config.head_dim_qk, config.head_dim_v)}"
+    if config.num_kv_heads != 1 or config.page_size != 1:
+        return "MLA prefill shares one latent KV head over a page-size-1 cache"
+    return None
+
+
+def strategy():
+    """MLA cases: ragged runs with kv >= q per request, empty requests."""
+    return testing.ragged_batches(max_q=128, max_kv=512).map(lambda lens: {"q_lens": lens[0], "kv_lens": lens[1]})
+
+
+SPEC = OpSpec(
+    name="mla_paged_prefill", arg_names=ARG_NAMES, index_names=("qo_indptr", "kv_indptr", "kv_indices"),
+    causal=True, check=check, signature=signature, reference=reference.mla_paged_prefill_ref,
+    make_case=testing.make_mla_prefill_case, strategy=strategy, default_tiles=default_tiles, shape_reason=shape_reason,
+    kernel_modules={"sm_90a": "cute_attn.kernels.sm90.mla_prefill", "sm_100a": "cute_attn.kernels.sm100.mla_prefill"},
+)
+
+
+def mla_paged_prefill(
+    q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output=None, lse=None,
+    *, plan: DevicePlan | None = None, check_indices: bool = True, natural_lse: bool = False,
+    arch: str | None = None, num_sms: int | None = None,
+):
+    """Causal absorbed-MLA prefill over a page-size-1 latent cache. Returns ``(output, lse)``.
+
+    Shapes and dtypes (row-major; every index tensor int32 on the same CUDA device):
+        q_nope     [total_q, num_heads, 512] bf16      q_pe       [total_q, num_heads, 64] bf16
+        ckv_cache  [num_pages, 1, 512] bf16            kpe_cache  [num_pages, 1, 64] bf16
+        qo_indptr  [batch + 1]  query rows of request b: qo_indptr[b] .. qo_indptr[b+1]-1
+        kv_indptr  [batch + 1]  key offsets into kv_indices (page size 1: one row per key)
+        kv_indices [kv_indptr[-1]] latent row ids in [0, num_pages)
+        sm_scale   Python float > 0 (DeepSeek-V3: 0.1352337747812271)
+        output, lse optional destinations [total_q, num_heads, 512] bf16 / [total_q, num_heads] fp32
+    s = sm_scale * (q_nope . ckv + q_pe . kpe); output = softmax(s) @ ckv, bottom-right causal per request.
+    ``lse`` is base 2 unless ``natural_lse=True``; a row that sees no key gets output 0 and lse -inf.
+
+    Supported: 16 heads (any head count that packs into 64-row tiles), ckv 512 + kpe 64, page size 1; sm_90a runs
+    on Hopper (cp.async 16-byte row gathers), sm_100a is compiled and PTX-checked only, never run here. Needs a
+    CUDA GPU. Plans: as :func:`gqa_paged_decode` (or :func:`plan_mla_paged_prefill` once, then ``plan=``).
+    """
+    return run(SPEC, (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale),
+               (qo_indptr, kv_indptr, kv_indices), output, lse, plan, check_indices, natural_lse, arch, num_sms)
+
+
+def plan_mla_paged_prefill(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale,
+                           *, arch: str | None = None, num_sms: int | None = None) -> DevicePlan:
+    """Validate and plan one MLA prefill batch (reads the index tensors: one host sync) for ``plan=``."""
+    return plan_for(SPEC, (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale),
+                    arch=arch, num_sms=num_sms)
+
+
+__all__ = ["SPEC", "mla_paged_prefill", "plan_mla_paged_prefill", "check"]

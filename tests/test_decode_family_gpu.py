@@ -1,0 +1,71 @@
+"""The sm_90a decode kernel across the family: page sizes 16..128, head_dim 64..256, group sizes 1..16.
+
+One page is one ring stage (``kv_tile = page_size``), so these shapes run the definition's kernel with other
+constants. Each case is a ragged batch over a shuffled NaN-poisoned pool (a long request that splits and folds
+in-kernel, short ones, an empty one), NaN-prefilled outputs, judged element-wise against the float32 reference.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from cute_attn import testing  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+# (num_qo_heads, num_kv_heads, head_dim, page_size): 7 configs, each compiled once
+FAMILY = [
+    (20, 4, 128, 16), (20, 4, 128, 32), (20, 4, 128, 128),  # page sizes around the definition's 64
+    (20, 4, 64, 64), (20, 4, 256, 64),  # head dims
+    (8, 8, 128, 16), (16, 1, 128, 32),  # group sizes 1 and 16
+]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    import cute_attn
+
+    torch.cuda.init()
+    cute_attn.clear_plan_cache()
+    yield
+
+
+def _check(kv_lens, hq, hkv, d, ps, seed):
+    import cute_attn
+
+    case = testing.make_gqa_decode_case(kv_lens, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=ps,
+                                        device="cuda", seed=seed)
+    out, lse = case.new_outputs()
+    cute_attn.gqa_paged_decode(*case.inputs(), out, lse)
+    torch.cuda.synchronize()
+    ref_out, ref_lse = case.reference()
+    testing.assert_close_benchmark(out, ref_out, "output")
+    testing.assert_close_benchmark(lse, ref_lse, "lse")
+
+
+@pytest.mark.parametrize("hq, hkv, d, ps", FAMILY, ids=lambda v: str(v))
+def test_family_ragged_batch(hq, hkv, d, ps):
+    # 5000 keys split over many CTAs (fused merge); ps - 1 and ps + 1 keys straddle a page end; 0 keys is empty
+    _check([5000, ps - 1, ps + 1, 0, 3 * ps], hq, hkv, d, ps, seed=hq * ps + d)
+
+
+@pytest.mark.parametrize("hq, hkv, d, ps", [FAMILY[0], FAMILY[4]], ids=lambda v: str(v))
+@settings(max_examples=6, deadline=None)
+@given(kv_lens=testing.decode_batches(max_batch=40, max_kv=3000))
+def test_family_hypothesis_batches(hq, hkv, d, ps, kv_lens):
+    _check(kv_lens, hq, hkv, d, ps, seed=len(kv_lens))
+
+
+@settings(max_examples=8, deadline=None)
+@given(config=st.sampled_from(FAMILY), kv_lens=testing.decode_batches(max_batch=16, max_kv=2000))
+def test_family_drawn_shapes(config, kv_lens):
+    """The tier draws the shape too (page size, group, head_dim), over the configs compiled above."""
+    _check(kv_lens, *config, seed=sum(kv_lens) % 1000)
