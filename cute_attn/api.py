@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -55,9 +55,13 @@ class DevicePlan:
     ``merge_counters`` (int32 ``[max(max_merges, 1)]``, zeroed once here, never written by ``refresh``)
     are the fused merge's arrival counters (decode kernels): the CTA that finishes a merge's last chunk
     folds it and resets its counter to 0, so the buffer is all zero again after every launch and graph
-    replay. Hence one DevicePlan must not serve two launches running concurrently (on different
-    streams): they would share counters. A launch that dies mid-way (a fault) can leave counters
-    non-zero; allocate a fresh DevicePlan after one.
+    replay. A launch that dies mid-way (a fault) can leave counters non-zero; allocate a fresh DevicePlan.
+
+    Streams: the partial buffers and the counters are per-launch scratch, so each CUDA stream that launches
+    with this plan gets its own (:meth:`scratch`): the first stream uses the three tensors above, any other
+    stream a copy allocated on its first launch. Launches on one stream run in order; launches on two streams
+    may overlap and share only the read-only work lists. (The same index tensors used on two streams at once
+    therefore stay correct: the entry points' plan cache hands both the same DevicePlan.)
     """
 
     config: PagedAttentionConfig
@@ -69,6 +73,22 @@ class DevicePlan:
     partial_out: torch.Tensor  # [max(max_partials, 1), tile_q_rows, head_dim_v] fp32
     partial_lse: torch.Tensor  # [max(max_partials, 1), tile_q_rows] fp32
     merge_counters: torch.Tensor  # [max(max_merges, 1)] int32, zero between launches (see above)
+    #: CUDA stream handle -> (partial_out, partial_lse, merge_counters) of launches on that stream
+    stream_scratch: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def scratch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(partial_out, partial_lse, merge_counters)`` for a launch on the current CUDA stream."""
+        device = self.partial_out.device
+        handle = _current_stream(device)
+        scratch = self.stream_scratch.get(handle)
+        if scratch is None:
+            if not self.stream_scratch:
+                scratch = (self.partial_out, self.partial_lse, self.merge_counters)
+            else:  # counters start at zero, as the kernels leave them after every launch
+                scratch = (torch.empty_like(self.partial_out), torch.empty_like(self.partial_lse),
+                           torch.zeros_like(self.merge_counters))
+            self.stream_scratch[handle] = scratch
+        return scratch
 
     @staticmethod
     def allocate(config: PagedAttentionConfig, capacity: PlanCapacity, num_ctas: int, device) -> "DevicePlan":
@@ -106,6 +126,13 @@ class DevicePlan:
         device_plan = DevicePlan.allocate(config, plan.capacity, plan.work_indptr.size - 1, device)
         device_plan.refresh(plan)
         return device_plan
+
+
+def _current_stream(device: torch.device) -> int:
+    """The current CUDA stream's handle on ``device`` (0 off CUDA); ~0.2 us, it runs once per launch."""
+    if device.type != "cuda":
+        return 0
+    return torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else torch.cuda.current_device())
 
 
 # ---------------------------------------------------------------------------------------------

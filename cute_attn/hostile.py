@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import api, validate
+from .ops import gqa_decode, gqa_prefill, mla_prefill
 from .testing import GqaDecodeCase, GqaPrefillCase, MlaPrefillCase
 
 __all__ = [
@@ -108,11 +108,11 @@ class Entry:
 
 def entry_for(case: Case) -> Entry:
     if isinstance(case, GqaDecodeCase):
-        return Entry(api.gqa_paged_decode, api.plan_gqa_paged_decode, validate.check_gqa_paged_decode)
+        return Entry(gqa_decode.gqa_paged_decode, gqa_decode.plan_gqa_paged_decode, gqa_decode.check)
     if isinstance(case, GqaPrefillCase):
-        return Entry(api.gqa_paged_prefill, api.plan_gqa_paged_prefill, validate.check_gqa_paged_prefill)
+        return Entry(gqa_prefill.gqa_paged_prefill, gqa_prefill.plan_gqa_paged_prefill, gqa_prefill.check)
     if isinstance(case, MlaPrefillCase):
-        return Entry(api.mla_paged_prefill, api.plan_mla_paged_prefill, validate.check_mla_paged_prefill)
+        return Entry(mla_prefill.mla_paged_prefill, mla_prefill.plan_mla_paged_prefill, mla_prefill.check)
     raise TypeError(f"not a case from cute_attn.testing: {type(case).__name__}")
 
 

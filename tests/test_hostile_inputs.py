@@ -141,7 +141,6 @@ def test_plan_entries_plan_batches_with_non_finite_q(name, i):
     assert np.array_equal(plan.plan.valid_items(), clean.plan.valid_items())
 
 
-@pytest.mark.xfail(strict=True, reason="lead: check order fix in api.py (value rules before the CUDA device rule)")
 def test_run_entries_report_value_errors_before_the_device_rule():
     """On CPU tensors a corrupted index must be reported as such, not hidden behind 'run on a CUDA device'.
 

@@ -169,10 +169,12 @@ def default_configs(arch: str) -> list[CombineConfig]:
 register_kernel(CombineConfig, build, configs=default_configs)
 
 
-def launch_combine(device_plan, output, lse, lse_out_scale: float) -> None:
-    """Fold ``device_plan``'s partial slots into ``output``/``lse`` (no-op when the plan has no merges)."""
+def launch_combine(device_plan, output, lse, lse_out_scale: float, partial_out=None, partial_lse=None) -> None:
+    """Fold the partial slots (this stream's scratch of ``device_plan`` unless given) into ``output``/``lse``
+    (no-op when the plan has no merges)."""
     if device_plan.plan.num_merges == 0:
         return
+    if partial_out is None:
+        partial_out, partial_lse, _ = device_plan.scratch()
     fn = compile_kernel(CombineConfig.for_paged(device_plan.config))
-    fn(device_plan.partial_out, device_plan.partial_lse, device_plan.merge_indptr, device_plan.merges,
-       output, lse, float(lse_out_scale))
+    fn(partial_out, partial_lse, device_plan.merge_indptr, device_plan.merges, output, lse, float(lse_out_scale))

@@ -105,11 +105,12 @@ def launch_paged(device_plan, check_config, inputs: tuple, sm_scale, output, lse
             or resolved[2] is not compile_kernel:
         resolved = _resolve(check_config, config)
     lse_out_scale = _LN2 if natural_lse else 1.0
-    merge_args = (device_plan.merge_indptr, device_plan.merge_counters) if fused_merge else ()
+    partial_out, partial_lse, merge_counters = device_plan.scratch()  # this stream's (DevicePlan: streams)
+    merge_args = (device_plan.merge_indptr, merge_counters) if fused_merge else ()
     resolved[3](*inputs, device_plan.work_indptr, device_plan.items, *merge_args, output, lse,
-                device_plan.partial_out, device_plan.partial_lse, float(sm_scale) * LOG2_E, lse_out_scale)
+                partial_out, partial_lse, float(sm_scale) * LOG2_E, lse_out_scale)
     if not fused_merge and device_plan.plan is not None and device_plan.plan.num_merges:
-        launch_combine(device_plan, output, lse, lse_out_scale)
+        launch_combine(device_plan, output, lse, lse_out_scale, partial_out, partial_lse)
 
 
 # ----------------------------------------------------------------------------- per-kind entry points
