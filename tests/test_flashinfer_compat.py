@@ -58,7 +58,8 @@ FLASHINFER_0_7_2 = {
         "logits_soft_cap=None, rope_scale=None, rope_theta=None, q_data_type='float16', kv_data_type=None, "
         "o_data_type=None, non_blocking=True, prefix_len_ptr=None, token_pos_in_items_ptr=None, "
         "token_pos_in_items_len=0, max_item_len_ptr=None, seq_lens=None, seq_lens_q=None, block_tables=None, "
-        "max_token_per_sequence=None, max_sequence_kv=None, fixed_split_size=None, disable_split_kv=False",
+        "max_token_per_sequence=None, max_sequence_kv=None, fixed_split_size=None, disable_split_kv=False, "
+        "uniform_q_len=None",  # 0.7.2.post1 (the H200 bundle's) added uniform_q_len
     (BatchPrefillWithPagedKVCacheWrapper, "run"):
         "q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None, "
         "return_lse=False, lse_base='log2', lse_layout='NH', enable_pdl=None, window_left=None, sinks=None, "

@@ -112,6 +112,7 @@ class BatchPrefillWithPagedKVCacheWrapper:
         max_sequence_kv=None,
         fixed_split_size=None,
         disable_split_kv: bool = False,
+        uniform_q_len=None,  # 0.7.2.post1's scheduling hint (every request has this q length): no effect here
     ) -> None:
         """Check the batch's query and page tables and options; the first :meth:`run` plans the work."""
         where = f"{_WHERE}.plan()"
