@@ -127,12 +127,18 @@ class PagedAttentionConfig(KernelConfig):
     def group_size(self) -> int:
         return self.num_qo_heads // self.num_kv_heads
 
+    @property
+    def packed_rows_per_tile(self) -> int:
+        """Packed rows the planner puts in one M tile: whole tokens, ``(tile_q_rows // group) * group`` (a group
+        of 5 fills 125 of 128 rows; the kernel computes the rest and never stores them)."""
+        return max(1, self.tile_q_rows // self.group_size) * self.group_size
+
     def plan_config(self, num_ctas: int):
         from .plan import PlanConfig  # plan.py is numpy-only; keep config importable without it
 
         return PlanConfig(
             num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads, causal=self.causal,
-            tile_q_rows=self.tile_q_rows, kv_tile=self.kv_tile, num_ctas=num_ctas, min_chunk_keys=self.min_chunk_keys,
+            tile_q_rows=min(self.tile_q_rows, self.packed_rows_per_tile), kv_tile=self.kv_tile, num_ctas=num_ctas, min_chunk_keys=self.min_chunk_keys,
             page_size=self.page_size,
         )
 

@@ -26,7 +26,11 @@ import inspect
 
 import torch
 
-import cute_attn  # the public entry points, looked up at call time (this module loads during the package's)
+import importlib
+
+# the package object, whatever its import name (an exported FlashInfer-Bench Solution ships a copy under
+# another one); its public entry points are looked up at call time
+_package = importlib.import_module(__package__)
 
 __all__ = ["gqa_paged_prefill", "gqa_paged_decode", "mla_paged_prefill"]
 
@@ -66,7 +70,7 @@ def _gqa_paged_prefill_op(
     output: torch.Tensor, lse: torch.Tensor, natural_lse: bool = False,
 ) -> None:
     inputs = (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale)
-    _plan_then_launch(cute_attn.plan_gqa_paged_prefill, cute_attn.gqa_paged_prefill, inputs, output, lse,
+    _plan_then_launch(_package.plan_gqa_paged_prefill, _package.gqa_paged_prefill, inputs, output, lse,
                       natural_lse)
 
 
@@ -77,7 +81,7 @@ def _gqa_paged_decode_op(
     output: torch.Tensor, lse: torch.Tensor, natural_lse: bool = False,
 ) -> None:
     inputs = (q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale)
-    _plan_then_launch(cute_attn.plan_gqa_paged_decode, cute_attn.gqa_paged_decode, inputs, output, lse,
+    _plan_then_launch(_package.plan_gqa_paged_decode, _package.gqa_paged_decode, inputs, output, lse,
                       natural_lse)
 
 
@@ -88,7 +92,7 @@ def _mla_paged_prefill_op(
     output: torch.Tensor, lse: torch.Tensor, natural_lse: bool = False,
 ) -> None:
     inputs = (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale)
-    _plan_then_launch(cute_attn.plan_mla_paged_prefill, cute_attn.mla_paged_prefill, inputs, output, lse,
+    _plan_then_launch(_package.plan_mla_paged_prefill, _package.mla_paged_prefill, inputs, output, lse,
                       natural_lse)
 
 
@@ -234,7 +238,7 @@ def gqa_paged_prefill(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_
     """Causal GQA prefill: ``cute_attn.gqa_paged_prefill`` in eager code, the op in a graph. ``(output, lse)``."""
     inputs = (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale)
     if _plain_eager(q):
-        return cute_attn.gqa_paged_prefill(*inputs, output, lse, natural_lse=natural_lse)
+        return _package.gqa_paged_prefill(*inputs, output, lse, natural_lse=natural_lse)
     output, lse = _outputs_for(output, lse, q, v_cache.shape[-1])
     torch.ops.cute_attn.gqa_paged_prefill(*inputs, output, lse, natural_lse)
     return output, lse
@@ -245,7 +249,7 @@ def gqa_paged_decode(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_le
     """GQA decode: ``cute_attn.gqa_paged_decode`` in eager code, the op in a graph. ``(output, lse)``."""
     inputs = (q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale)
     if _plain_eager(q):
-        return cute_attn.gqa_paged_decode(*inputs, output, lse, natural_lse=natural_lse)
+        return _package.gqa_paged_decode(*inputs, output, lse, natural_lse=natural_lse)
     output, lse = _outputs_for(output, lse, q, v_cache.shape[-1])
     torch.ops.cute_attn.gqa_paged_decode(*inputs, output, lse, natural_lse)
     return output, lse
@@ -256,7 +260,7 @@ def mla_paged_prefill(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, 
     """Causal absorbed-MLA prefill: the entry point in eager code, the op in a graph. ``(output, lse)``."""
     inputs = (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale)
     if _plain_eager(q_nope):
-        return cute_attn.mla_paged_prefill(*inputs, output, lse, natural_lse=natural_lse)
+        return _package.mla_paged_prefill(*inputs, output, lse, natural_lse=natural_lse)
     output, lse = _outputs_for(output, lse, q_nope, q_nope.shape[-1])
     torch.ops.cute_attn.mla_paged_prefill(*inputs, output, lse, natural_lse)
     return output, lse

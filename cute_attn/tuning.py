@@ -1,6 +1,5 @@
-"""Sweep the tuning knobs of ``PagedAttentionConfig`` on one batch: the notebooks' API.
+"""Sweep the tuning knobs of ``PagedAttentionConfig`` on one batch: the notebooks' API (``cute_attn.tuning``).
 
-    from cute_attn import tuning
     wl = tuning.Workload.for_kind("gqa_paged_decode", kv_lens=[3232])
     rows = tuning.sweep("gqa_paged_decode", wl, {"min_chunk_keys": [0, 256, 512], "ctas_per_sm": [1, 2]},
                         arch="sm_90a")

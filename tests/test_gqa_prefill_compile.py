@@ -63,7 +63,7 @@ def test_compiles_with_wgmma_and_tma(index):
     [
         (dict(page_size=1), "page_size"),
         (dict(page_size=4), "page_size"),
-        (dict(num_qo_heads=24, num_kv_heads=4), "group size 6"),
+        (dict(num_qo_heads=160, num_kv_heads=1), "group size 160"),
         (dict(head_dim_qk=256, head_dim_v=256), "head_dim"),
         (dict(causal=False), "causal"),
     ],
@@ -132,3 +132,12 @@ def test_overlap_wgmma_is_not_serialized(capfd):
     assert "Used" in log and "registers" in log  # the ptxas report was captured
     assert "C7512" not in log and "serialized" not in log
     assert "0 bytes spill stores" in log
+
+
+def test_a_group_of_five_loads_whole_tokens_in_125_q_rows():
+    """Group 5 does not divide the 128-row tile: the Q box is 25 tokens x 5 heads, and its mbarrier expects
+    exactly those bytes (125 x 128 x 2 = 32000; 32768 would never complete)."""
+    config = _config(num_qo_heads=20, num_kv_heads=4)
+    assert config.packed_rows_per_tile == 125 and gqa_prefill.check_config(config) is None
+    ptx = compile_to_ptx(config)
+    assert "32000" in ptx and "cp.async.bulk.tensor" in ptx

@@ -98,6 +98,22 @@ def test_family_members(page_size, heads, kv_heads):
                  seed=page_size))
 
 
+# Groups that do not divide the 128-row tile: the Q box loads (128 // group) whole tokens, the planner packs as
+# many rows per tile, the last rows of the tile are stale and never stored (kernels/common/packed_q.py).
+@pytest.mark.parametrize("heads, kv_heads", [(20, 4), (24, 8), (6, 1), (28, 4), (24, 4)], ids=str)
+def test_groups_that_do_not_divide_the_tile(heads, kv_heads):
+    # 333 queries span several tiles (a tile boundary mid-request), 1 and 26 straddle one tile's token count
+    _check(_case([333, 1, 26, 0, 70], [1200, 1, 40, 9, 700], num_qo_heads=heads, num_kv_heads=kv_heads,
+                 seed=heads * kv_heads))
+
+
+@settings(max_examples=6)
+@given(batch=testing.ragged_batches(max_batch=16, max_q=600, max_kv=2000))
+def test_group_five_ragged_batches(batch):
+    q_lens, kv_lens = batch
+    _check(_case(q_lens, kv_lens, num_qo_heads=20, num_kv_heads=4, seed=sum(kv_lens) % 997))
+
+
 @settings(max_examples=20)
 @given(batch=testing.ragged_batches(max_batch=64, max_q=2048, max_kv=8192))
 def test_ragged_batches_match_reference(batch):

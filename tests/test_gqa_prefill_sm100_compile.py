@@ -31,9 +31,9 @@ def _config(**overrides):
     return default_paged_config("gqa_paged_prefill", **base)
 
 
-def test_registered_configs_are_the_definition():
+def test_registered_configs_are_the_definition_and_group_five():
     configs = gqa_prefill.configs("sm_100a")
-    assert configs == [_config()]
+    assert configs == [_config(), _config(num_qo_heads=20, num_kv_heads=4)]
     assert gqa_prefill.configs("sm_90a") == []
     assert find_launcher(_config()) is gqa_prefill.launch
 
@@ -77,7 +77,7 @@ def test_family_members_compile(overrides):
 def test_unsupported_configs_are_refused_with_a_reason():
     assert "sm_100a" in gqa_prefill.check_config(_config(arch="sm_90a"))
     assert "head_dim" in gqa_prefill.check_config(_config(head_dim_qk=64, head_dim_v=64))
-    assert "group size" in gqa_prefill.check_config(_config(num_qo_heads=20, num_kv_heads=4))
+    assert "group size 160" in gqa_prefill.check_config(_config(num_qo_heads=160, num_kv_heads=1))
     with pytest.raises(ValueError):
         gqa_prefill.GqaPagedPrefillSm100(_config(page_size=4))
 
@@ -107,3 +107,12 @@ def test_ptxas_assembles_without_real_spills(tmp_path):
     assert out.returncode == 0, out.stderr
     spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", out.stderr)]
     assert spills and max(spills) <= 16, out.stderr
+
+
+def test_a_group_of_five_loads_whole_tokens_in_125_q_rows():
+    """Group 5 does not divide the 128-row tile: the Q box is 25 tokens x 5 heads, and its mbarrier expects
+    exactly those bytes (125 x 128 x 2 = 32000; 32768 would never complete)."""
+    config = _config(num_qo_heads=20, num_kv_heads=4)
+    assert config.packed_rows_per_tile == 125 and gqa_prefill.check_config(config) is None
+    ptx = compile_to_ptx(config)
+    assert "32000" in ptx and "cp.async.bulk.tensor" in ptx

@@ -83,8 +83,8 @@ def test_a_junk_plan_is_named_before_index_values():
      "page_size=8: this kernel loads one page per ring stage"),
     ("gqa_paged_prefill", dict(num_qo_heads=32, num_kv_heads=4, head_dim_qk=256, head_dim_v=256, page_size=64),
      "head_dim 256 is not built yet"),
-    ("gqa_paged_prefill", dict(num_qo_heads=24, num_kv_heads=4, head_dim_qk=128, head_dim_v=128, page_size=64),
-     "group size 6 must divide tile_q_rows=128"),
+    ("gqa_paged_prefill", dict(num_qo_heads=160, num_kv_heads=1, head_dim_qk=128, head_dim_v=128, page_size=64),
+     "group size 160 exceeds the 128-row tile"),
 ])
 def test_a_shape_no_kernel_builds_is_refused_with_the_kernels_reason(kind, shape, reason):
     config = default_paged_config(kind, arch="sm_90a", causal=kind != "gqa_paged_decode", **shape)

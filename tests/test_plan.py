@@ -8,7 +8,7 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from cute_attn import plan as plan_module
@@ -302,3 +302,20 @@ def test_large_decode_batch_is_whole_tiles_in_textbook_round_lpt_order(num_kv_he
     costs = -(-np.repeat(kv_lens, num_kv_heads) // 64) * 64 + cfg.item_overhead_keys
     want_cta, want_loads = textbook_lpt(costs, num_ctas, exact=plan.num_items <= plan_module._EXACT_LPT_MAX_ITEMS)
     assert np.array_equal(item_ctas(plan), want_cta[tile]) and np.array_equal(plan.cta_cost, want_loads)
+
+
+@settings(max_examples=40, deadline=None)
+@given(group=st.integers(1, 16), num_kv=st.sampled_from([1, 2, 4]),
+       q_lens=st.lists(st.integers(0, 400), min_size=1, max_size=6))
+def test_prefill_tiles_hold_whole_tokens_for_any_group(group, num_kv, q_lens):
+    """The prefill Q box loads whole tokens: every tile starts on a token and packs at most 128 // group of them."""
+    from cute_attn.config import default_paged_config
+
+    config = default_paged_config("gqa_paged_prefill", arch="sm_90a", num_qo_heads=group * num_kv,
+                                  num_kv_heads=num_kv, head_dim_qk=128, head_dim_v=128, page_size=64, causal=True)
+    rows = config.packed_rows_per_tile
+    assert rows % group == 0 and rows <= config.tile_q_rows and rows // group == config.tile_q_rows // group
+    plan = plan_work(config.plan_config(8), q_lens, [q + 5 for q in q_lens])
+    items = plan.valid_items()
+    assert (items[:, F.Q_ROW_START] % rows == 0).all()
+    assert (items[:, F.Q_ROW_COUNT] <= rows).all()

@@ -16,7 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 import functools
 
-import cute_attn
+import importlib
+
+# the package object, whatever its import name (an exported FlashInfer-Bench Solution ships a copy under
+# another one); its public entry points are looked up at call time
+_package = importlib.import_module(__package__.rpartition(".")[0])
 
 from . import arguments as arg
 from .indices import PagedKv, paged_kv
@@ -177,7 +181,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                              page_size=plan.page_size)
         out, lse = arg.destinations(out, lse, plan.index.batch_size, plan.num_qo_heads, plan.head_dim, q.device)
         index = plan.index
-        out, lse = cute_attn.gqa_paged_decode(q, k_cache, v_cache, index.kv_indptr, index.kv_indices,
+        out, lse = _package.gqa_paged_decode(q, k_cache, v_cache, index.kv_indptr, index.kv_indices,
                                               index.kv_last_page_len, plan.sm_scale, out, lse)
         return (out, lse) if return_lse else out
 

@@ -21,7 +21,11 @@ import functools
 import numpy as np
 import torch
 
-import cute_attn
+import importlib
+
+# the package object, whatever its import name (an exported FlashInfer-Bench Solution ships a copy under
+# another one); its public entry points are looked up at call time
+_package = importlib.import_module(__package__.rpartition(".")[0])
 
 from . import arguments as arg
 from .indices import check_indptr, host_ints, on_device, qo_lengths
@@ -188,7 +192,7 @@ class BatchMLAPagedAttentionWrapper:
                              f"planned, got {tuple(q_nope.shape)} and {tuple(q_pe.shape)}")
         out, lse = arg.destinations(out, lse, plan.total_q, plan.num_heads, plan.head_dim_ckv, q_nope.device)
         natural = bool(return_lse_base_on_e) or plan.lse_mode == "basee"
-        out, lse = cute_attn.mla_paged_prefill(q_nope, q_pe, ckv_cache, kpe_cache, plan.qo_indptr, plan.kv_indptr,
+        out, lse = _package.mla_paged_prefill(q_nope, q_pe, ckv_cache, kpe_cache, plan.qo_indptr, plan.kv_indptr,
                                                plan.kv_indices, plan.sm_scale, out, lse, natural_lse=natural)
         return (out, lse) if return_lse else out
 

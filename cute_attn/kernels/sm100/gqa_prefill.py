@@ -66,7 +66,8 @@ from cutlass.memory import SmemAllocator
 from ...config import PagedAttentionConfig, default_paged_config
 from .. import register_paged_kernel
 from ..common.paged_launch import gqa_prefill_entry
-from ..common.limits import TMEM_COLUMNS, packed_q_box_reason, page_box_reason, smem_reason, target_reason
+from ..common.limits import TMEM_COLUMNS, page_box_reason, smem_reason, target_reason
+from ..common.packed_q import q_box_stage_layout
 from .prefill_roles import PrefillRoles
 from .prefill_setup import PrefillBarriers
 
@@ -111,7 +112,9 @@ def check_config(config: PagedAttentionConfig) -> str | None:
     if config.tile_q_rows != 128 or config.kv_tile != 128:
         return ("tile_q_rows and kv_tile must be 128: one 128-lane TMEM tile per item, one 128x128 tcgen05 "
                 f"S tile per key step (got {config.tile_q_rows}, {config.kv_tile})")
-    if (reason := packed_q_box_reason(config) or page_box_reason(config)) is not None:
+    if config.group_size > config.tile_q_rows:
+        return f"group size {config.group_size} exceeds the {config.tile_q_rows}-row tile (a tile packs whole tokens)"
+    if (reason := page_box_reason(config)) is not None:
         return reason
     if (reason := smem_reason(smem_bytes(config))) is not None:
         return reason
@@ -133,6 +136,7 @@ class GqaPagedPrefillSm100(PrefillRoles):
         self.head_dim = config.head_dim_qk
         self.page_size = config.page_size
         self.tile_m = config.tile_q_rows
+        self.q_rows = config.packed_rows_per_tile  # whole tokens: (tile_m // group) * group rows are loaded
         self.tile_n = config.kv_tile
         self.pages_per_tile = self.tile_n // self.page_size
         self.dtype = cutlass.BFloat16
@@ -180,7 +184,7 @@ class GqaPagedPrefillSm100(PrefillRoles):
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_atom_q, tma_q = cpasync.make_tiled_tma_atom(
-            g2s, m_q, cute.select(s_q_rows, mode=[0, 1]), ((G, M // G), D))
+            g2s, m_q, q_box_stage_layout(s_q_rows, self.q_rows, M, D), ((G, M // G), D))
         tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(g2s, m_k, s_page_layout, (self.page_size, D))
         tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(g2s, m_v, s_page_layout, (self.page_size, D))
 
@@ -223,7 +227,7 @@ class GqaPagedPrefillSm100(PrefillRoles):
         thread = cpipe.CooperativeGroup(cpipe.Agent.Thread, 1)
         tile_bytes = self.tile_n * self.head_dim * 2
         pipe_q = cpipe.PipelineTmaUmma.create(num_stages=Q_STAGES, producer_group=thread, consumer_group=thread,
-                                              tx_count=self.tile_m * self.head_dim * 2, barrier_storage=barriers.q,
+                                              tx_count=self.q_rows * self.head_dim * 2, barrier_storage=barriers.q,
                                               defer_sync=True)
         pipe_kv = cpipe.PipelineTmaUmma.create(num_stages=KV_STAGES, producer_group=thread, consumer_group=thread,
                                                tx_count=tile_bytes, barrier_storage=barriers.kv, defer_sync=True)
@@ -285,11 +289,12 @@ build, launch = gqa_prefill_entry(GqaPagedPrefillSm100, check_config)
 
 
 def configs(arch: str) -> list[PagedAttentionConfig]:
-    """The definition's config (gqa_paged_prefill_causal_h32_kv4_d128_ps64)."""
+    """The definition's config (gqa_paged_prefill_causal_h32_kv4_d128_ps64) and group 5 (h20/kv4: the Q box fills
+    125 of the tile's 128 rows)."""
     if arch != ARCH:
         return []
-    return [default_paged_config(KIND, arch=arch, num_qo_heads=32, num_kv_heads=4, head_dim_qk=128,
-                                 head_dim_v=128, page_size=64, causal=True)]
+    return [default_paged_config(KIND, arch=arch, num_qo_heads=hq, num_kv_heads=hkv, head_dim_qk=128,
+                                 head_dim_v=128, page_size=64, causal=True) for hq, hkv in ((32, 4), (20, 4))]
 
 
 register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs,

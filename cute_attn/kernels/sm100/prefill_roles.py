@@ -25,6 +25,7 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, tcgen05
 
 from ...plan import ItemField as F
+from ..common.packed_q import q_box_rows
 from .softmax_rows import NEG_INF, begin_softmax_item, load_s_row, num_key_tiles, online_softmax_row, send_row_values
 from .tmem import fence_after_sync, fence_before_sync
 
@@ -55,9 +56,10 @@ class PrefillRoles:
             if n > 0:
                 token0 = qo_indptr[b] + r0 // G
                 g_q = cute.local_tile(cute.domain_offset(((0, token0), 0), tma_q[None, None, h]),
-                                      (self.tile_m, D), (0, 0))
-                t_qs, t_qg = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1),
-                                                   cute.group_modes(s_q_rows, 0, 2), cute.group_modes(g_q, 0, 2))
+                                      (self.q_rows, D), (0, 0))
+                q_box = q_box_rows(s_q_rows, self.q_rows, self.tile_m, D, cute.size(s_q_rows, mode=[2]))
+                t_qs, t_qg = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1), cute.group_modes(q_box, 0, 2),
+                                                   cute.group_modes(g_q, 0, 2))
                 pipe_q.producer_acquire(q_state)
                 cute.copy(tma_atom_q, t_qg, t_qs[None, q_state.index],
                           tma_bar_ptr=pipe_q.producer_get_barrier(q_state))

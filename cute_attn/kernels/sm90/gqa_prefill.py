@@ -7,8 +7,10 @@ Grid: one persistent CTA per plan CTA slot (``work_indptr.shape[0] - 1``); CTA `
 Warp roles (384 threads = 3 warpgroups):
 
 * WG0, warp 0 -- producer (``setmaxnreg`` 24). Per item: TMA-loads the packed Q tile (one box over q
-  viewed as ``((group, total_q), head_dim, kv_heads)``: the block ``q[t0:t0+tile_m/group, gh:gh+group]``;
-  rows past the request are loaded but never stored), then per ``kv_tile`` keys the K pages and the V
+  viewed as ``((group, total_q), head_dim, kv_heads)``: the block ``q[t0:t0+tile_m//group, gh:gh+group]``,
+  i.e. the first ``(tile_m // group) * group`` rows of the tile, whole tokens (a group that does not divide
+  the tile, e.g. 5, leaves the last rows unloaded: stale, computed, never stored; the planner packs tiles of
+  that many rows); rows past the request are loaded but never stored), then per ``kv_tile`` keys the K pages and the V
   pages (one TMA box per page of one KV head, page ids from ``kv_indices``; a page wholly past
   ``KV_END`` gets coordinate -1, which TMA zero-fills). Warps 1-3 of WG0 exit at once.
 * WG1, WG2 -- consumers (``setmaxnreg`` 240), 64 packed rows each. Per key tile: wgmma
@@ -60,9 +62,10 @@ from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField as F
 from .. import register_paged_kernel
 from ..common.paged_launch import gqa_prefill_entry
-from ..common.limits import packed_q_box_reason, page_box_reason, smem_reason, target_reason
+from ..common.limits import page_box_reason, smem_reason, target_reason
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.named_barrier import warpgroup_barrier_arrive, warpgroup_barrier_sync
+from ..common.packed_q import q_box_rows, q_box_stage_layout
 from ..common.softmax import (acc_mn_view, acc_to_mma_a_view, make_softmax_state, rescale_rows,
                               softmax_finalize, softmax_reset, softmax_update, store_p_bf16)
 from .prefill_epilogue import store_output_rows, store_output_via_smem, store_partial_rows
@@ -96,7 +99,9 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         return f"tile_q_rows={config.tile_q_rows}: the kernel runs two 64-row consumer warpgroups (128 rows)"
     if config.kv_tile not in (64, 128):
         return f"kv_tile={config.kv_tile} must be 64 or 128"
-    if (reason := packed_q_box_reason(config) or page_box_reason(config)) is not None:
+    if config.group_size > config.tile_q_rows:
+        return f"group size {config.group_size} exceeds the {config.tile_q_rows}-row tile (a tile packs whole tokens)"
+    if (reason := page_box_reason(config)) is not None:
         return reason
     if (reason := smem_reason(smem_bytes(config))) is not None:
         return reason
@@ -116,6 +121,7 @@ class GqaPagedPrefillSm90:
         self.head_dim = config.head_dim_qk
         self.page_size = config.page_size
         self.tile_m = config.tile_q_rows
+        self.q_rows = config.packed_rows_per_tile  # whole tokens: (tile_m // group) * group rows are loaded
         self.tile_n = config.kv_tile
         self.pages_per_tile = self.tile_n // self.page_size
         self.num_stages = NUM_STAGES
@@ -155,7 +161,7 @@ class GqaPagedPrefillSm90:
             cute.make_layout((self.page_size, D), stride=(1, self.tile_n)))
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
-        tma_atom_q, tma_q = cpasync.make_tiled_tma_atom(g2s, m_q, cute.select(s_q_layout, mode=[0, 1]),
+        tma_atom_q, tma_q = cpasync.make_tiled_tma_atom(g2s, m_q, q_box_stage_layout(s_q_layout, self.q_rows, self.tile_m, D),
                                                         ((G, self.tile_m // G), D))
         tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(g2s, m_k, s_page_layout, (self.page_size, D))
         tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(g2s, m_v, s_page_layout, (self.page_size, D))
@@ -203,7 +209,7 @@ class GqaPagedPrefillSm90:
         tile_bytes = self.tile_n * self.head_dim * 2
         pipe_q = cpipe.PipelineTmaAsync.create(
             barrier_storage=mbar_q, num_stages=Q_STAGES, producer_group=producer, consumer_group=consumers,
-            tx_count=self.tile_m * self.head_dim * 2, defer_sync=True)
+            tx_count=self.q_rows * self.head_dim * 2, defer_sync=True)
         pipe_k = cpipe.PipelineTmaAsync.create(
             barrier_storage=mbar_k, num_stages=self.num_stages, producer_group=producer, consumer_group=consumers,
             tx_count=tile_bytes, defer_sync=True)
@@ -251,8 +257,9 @@ class GqaPagedPrefillSm90:
             token0 = qo_indptr[b] + r0 // G
             # Q: tile_m packed rows starting at token0 of KV head h
             g_q = cute.local_tile(cute.domain_offset(((0, token0), 0), tma_q[None, None, h]),
-                                  (self.tile_m, self.head_dim), (0, 0))
-            t_qs, t_qg = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1), cute.group_modes(s_q, 0, 2),
+                                  (self.q_rows, self.head_dim), (0, 0))
+            t_qs, t_qg = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1),
+                                               cute.group_modes(q_box_rows(s_q, self.q_rows, self.tile_m, self.head_dim, Q_STAGES), 0, 2),
                                                cute.group_modes(g_q, 0, 2))
             pipe_q.producer_acquire(q_state)
             cute.copy(tma_atom_q, t_qg, t_qs[None, q_state.index], tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
@@ -442,7 +449,8 @@ build, launch = gqa_prefill_entry(GqaPagedPrefillSm90, check_config)
 
 
 def configs(arch: str) -> list[PagedAttentionConfig]:
-    """The definition's config plus family members that exercise other page and group sizes."""
+    """The definition's config plus family members that exercise other page and group sizes (group 5: the Q box
+    fills 125 of the tile's 128 rows)."""
     if arch != ARCH:
         return []
 
@@ -450,7 +458,7 @@ def configs(arch: str) -> list[PagedAttentionConfig]:
         return default_paged_config(KIND, arch=arch, num_qo_heads=heads, num_kv_heads=kv_heads, head_dim_qk=128,
                                     head_dim_v=128, page_size=page_size, causal=True)
 
-    return [cfg(32, 4, 64), cfg(32, 4, 16), cfg(32, 8, 64)]
+    return [cfg(32, 4, 64), cfg(32, 4, 16), cfg(32, 8, 64), cfg(20, 4, 64)]
 
 
 register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs,
