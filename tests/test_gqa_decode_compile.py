@@ -76,3 +76,19 @@ def test_config_rules_of_the_base_class_apply():
     assert gqa_decode.check_config(config) is not None
     with pytest.raises(ValueError):
         compile_kernel(config)
+
+
+def test_ring_stage_counts_are_even_for_every_family_shape():
+    """The two consumer warpgroups split the ring by tile parity: an odd stage count lets a warpgroup's parity
+    wait see a phase two loads old (ABA; 3 stages failed on the H200). Every buildable shape gets an even count."""
+    from cute_attn.config import default_paged_config
+
+    for head_dim in (64, 128, 256):
+        for page_size in (16, 32, 64, 128):
+            for heads, kv_heads in ((20, 4), (8, 8), (16, 1), (32, 8)):
+                config = default_paged_config("gqa_paged_decode", arch="sm_90a", num_qo_heads=heads,
+                                              num_kv_heads=kv_heads, head_dim_qk=head_dim, head_dim_v=head_dim,
+                                              page_size=page_size, causal=False)
+                if gqa_decode.check_config(config) is None:
+                    stages = gqa_decode.num_stages(config)
+                    assert stages >= 2 and stages % 2 == 0, (config, stages)

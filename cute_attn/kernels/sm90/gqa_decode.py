@@ -106,8 +106,18 @@ def _fixed_bytes(config: PagedAttentionConfig) -> int:
 
 
 def num_stages(config: PagedAttentionConfig) -> int:
+    """Ring stages: as many as shared memory holds, rounded down to an even count.
+
+    Even, because the two consumer warpgroups split the ring by tile parity: with an even count each stage is
+    always consumed by the same warpgroup. With an odd count a stage alternates between them, so a warpgroup
+    waiting on a stage's full barrier for tile g has not itself seen the load of tile g - stages complete (the
+    other warpgroup's), and its parity wait can succeed on the phase of tile g - 2 * stages (ABA): it then reads
+    a stale or half-written stage and releases it early. Seen on the H200 with 3 stages (page 128): an
+    unspecified launch failure within 80 calls at 64 x 2048, none with 2 stages (docs/perf-notes.md).
+    """
     # the 16 mbarrier bytes per stage are reserved for MAX_STAGES stages up front
-    return min(MAX_STAGES, (smem_budget(config) - _fixed_bytes(config) - 16 * MAX_STAGES) // _tile_pair_bytes(config))
+    fit = (smem_budget(config) - _fixed_bytes(config) - 16 * MAX_STAGES) // _tile_pair_bytes(config)
+    return min(MAX_STAGES, fit) // NUM_CONSUMER_WG * NUM_CONSUMER_WG
 
 
 def smem_bytes(config: PagedAttentionConfig) -> int:
