@@ -31,6 +31,10 @@ import importlib
 # the package object, whatever its import name (an exported FlashInfer-Bench Solution ships a copy under
 # another one); its public entry points are looked up at call time
 _package = importlib.import_module(__package__)
+# the op namespace: ``cute_attn`` for the installed package; a copy under another name (an exported
+# FlashInfer-Bench Solution ships one) registers its own, so it never replaces the installed package's ops
+NAMESPACE = __package__.replace(".", "_")
+_OPS = getattr(torch.ops, NAMESPACE)
 
 __all__ = ["gqa_paged_prefill", "gqa_paged_decode", "mla_paged_prefill"]
 
@@ -63,7 +67,7 @@ def _plan_then_launch(plan_entry, entry, inputs: tuple, output, lse, natural_lse
     entry(*inputs, output, lse, plan=plan, check_indices=False, natural_lse=natural_lse)
 
 
-@_custom_op("cute_attn::gqa_paged_prefill")
+@_custom_op(f"{NAMESPACE}::gqa_paged_prefill")
 def _gqa_paged_prefill_op(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, qo_indptr: torch.Tensor,
     kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor, sm_scale: float,
@@ -74,7 +78,7 @@ def _gqa_paged_prefill_op(
                       natural_lse)
 
 
-@_custom_op("cute_attn::gqa_paged_decode")
+@_custom_op(f"{NAMESPACE}::gqa_paged_decode")
 def _gqa_paged_decode_op(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_indptr: torch.Tensor,
     kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor, sm_scale: float,
@@ -85,7 +89,7 @@ def _gqa_paged_decode_op(
                       natural_lse)
 
 
-@_custom_op("cute_attn::mla_paged_prefill")
+@_custom_op(f"{NAMESPACE}::mla_paged_prefill")
 def _mla_paged_prefill_op(
     q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor,
     qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor, sm_scale: float,
@@ -240,7 +244,7 @@ def gqa_paged_prefill(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_
     if _plain_eager(q):
         return _package.gqa_paged_prefill(*inputs, output, lse, natural_lse=natural_lse)
     output, lse = _outputs_for(output, lse, q, v_cache.shape[-1])
-    torch.ops.cute_attn.gqa_paged_prefill(*inputs, output, lse, natural_lse)
+    _OPS.gqa_paged_prefill(*inputs, output, lse, natural_lse)
     return output, lse
 
 
@@ -251,7 +255,7 @@ def gqa_paged_decode(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_le
     if _plain_eager(q):
         return _package.gqa_paged_decode(*inputs, output, lse, natural_lse=natural_lse)
     output, lse = _outputs_for(output, lse, q, v_cache.shape[-1])
-    torch.ops.cute_attn.gqa_paged_decode(*inputs, output, lse, natural_lse)
+    _OPS.gqa_paged_decode(*inputs, output, lse, natural_lse)
     return output, lse
 
 
@@ -262,5 +266,5 @@ def mla_paged_prefill(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, 
     if _plain_eager(q_nope):
         return _package.mla_paged_prefill(*inputs, output, lse, natural_lse=natural_lse)
     output, lse = _outputs_for(output, lse, q_nope, q_nope.shape[-1])
-    torch.ops.cute_attn.mla_paged_prefill(*inputs, output, lse, natural_lse)
+    _OPS.mla_paged_prefill(*inputs, output, lse, natural_lse)
     return output, lse

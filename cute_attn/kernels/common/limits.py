@@ -23,14 +23,6 @@ def smem_reason(nbytes: int, limit: int = SMEM_LIMIT_BYTES) -> str | None:
     return None
 
 
-def packed_q_box_reason(config) -> str | None:
-    """A packed GQA Q tile loaded as one TMA box holds whole tokens: the group must divide the tile."""
-    if config.tile_q_rows % config.group_size:
-        return (f"group size {config.group_size} must divide tile_q_rows={config.tile_q_rows}: the packed Q "
-                "tile is one TMA box of whole tokens (non-power-of-two groups need a gather Q load)")
-    return None
-
-
 def page_box_reason(config) -> str | None:
     """A K/V page loaded as one TMA box inside a key tile: whole 8-row swizzle atoms, pages tile the key tile."""
     if config.page_size < 8 or config.page_size > config.kv_tile or config.kv_tile % config.page_size:
