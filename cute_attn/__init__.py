@@ -12,6 +12,7 @@ from . import reference
 from .api import DevicePlan, clear_plan_cache
 from .ops.gqa_decode import gqa_paged_decode, plan_gqa_paged_decode
 from .ops.gqa_prefill import gqa_paged_prefill, plan_gqa_paged_prefill
+from .ops.mla_decode import mla_paged_decode, plan_mla_paged_decode
 from .ops.mla_prefill import mla_paged_prefill, plan_mla_paged_prefill
 from .plan import PlanCapacity, PlanConfig, WorkPlan, plan_work
 from . import torch_ops  # registers torch.ops.cute_attn.*; after the entry points, which it calls
@@ -24,9 +25,11 @@ __all__ = [
     "clear_plan_cache",
     "gqa_paged_decode",
     "gqa_paged_prefill",
+    "mla_paged_decode",
     "mla_paged_prefill",
     "plan_gqa_paged_decode",
     "plan_gqa_paged_prefill",
+    "plan_mla_paged_decode",
     "plan_mla_paged_prefill",
     "plan_work",
     "reference",

@@ -124,3 +124,28 @@ def test_inference_mode_tensors_plan_every_call(monkeypatch):
     first, last = (p.plan.valid_items() for p in (launches[0], launches[-1]))
     assert 3 in first[first[:, 0] == 0, 5] and 5 in last[last[:, 0] == 0, 5]  # request 0's KV_END: 3, then 5
     assert not api._PLANS.entries and not api._FAST.entries
+
+
+def test_mla_decode_is_mla_prefill_with_one_cached_query_per_request(monkeypatch):
+    """The decode entry hands the MLA prefill kind qo_indptr = 0..batch, one tensor per batch size (plans cache)."""
+    from cute_attn.ops import mla_decode
+
+    launches = []
+    monkeypatch.setattr(api, "_require_cuda", lambda device: None)
+    monkeypatch.setattr(api, "find_launcher", lambda config: lambda plan, *a, natural_lse=False: launches.append(
+        (plan, a)))
+    cute_attn.clear_plan_cache()
+    case = testing.make_mla_prefill_case([1, 1, 1], [40, 0, 7])
+    args = (case.q_nope, case.q_pe, case.ckv_cache, case.kpe_cache, case.kv_indptr, case.kv_indices, case.sm_scale)
+    for _ in range(2):
+        cute_attn.mla_paged_decode(*args, arch="sm_90a", num_sms=8)
+    (plan_a, first), (plan_b, second) = launches
+    assert first[4].tolist() == [0, 1, 2, 3] and first[4] is second[4] and plan_a is plan_b  # one plan, reused
+    assert plan_a.config.kind == "mla_paged_prefill"
+    with pytest.raises(ValueError, match=r"q_nope.shape\[0\] must equal batch_size = len\(kv_indptr\) - 1 \(3\)"):
+        cute_attn.mla_paged_decode(case.q_nope[:2], *args[1:])
+    bad = case.kv_indices.clone()
+    bad[0] = 10**6
+    with pytest.raises(ValueError, match="kv_indices holds token row id 1000000"):
+        cute_attn.mla_paged_decode(*args[:5], bad, case.sm_scale)
+    assert mla_decode.plan_mla_paged_decode(*args, arch="sm_90a", num_sms=8).config.kind == "mla_paged_prefill"
