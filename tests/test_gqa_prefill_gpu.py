@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 from cute_attn import testing  # noqa: E402
 
@@ -168,3 +169,16 @@ def test_variants_match_reference(variant, q_lens, kv_lens):
 def test_variants_family_members(variant, page_size, heads, kv_heads):
     _check_variant(_case([333, 1, 70], [1200, 1, 70], page_size=page_size, num_qo_heads=heads,
                          num_kv_heads=kv_heads, seed=page_size), variant, natural_lse=True)
+
+
+# The tier draws the shape too: group size (including ones that do not divide the tile), page size, head_dim.
+PREFILL_SHAPES = [(32, 4, 128, 64), (20, 4, 128, 16), (24, 8, 64, 32), (6, 1, 128, 128), (16, 16, 64, 64)]
+
+
+@settings(max_examples=8, deadline=None)
+@given(shape=st.sampled_from(PREFILL_SHAPES), batch=testing.ragged_batches(max_batch=8, max_q=300, max_kv=1200))
+def test_drawn_shapes_match_reference(shape, batch):
+    heads, kv_heads, head_dim, page_size = shape
+    q_lens, kv_lens = batch
+    _check(_case(q_lens, kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, page_size=page_size,
+                 seed=sum(kv_lens) % 991))
