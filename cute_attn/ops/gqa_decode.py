@@ -103,8 +103,9 @@ def gqa_paged_decode(
     the index tensors' identity, data pointer and version counter, so the next call with the same, unmodified
     index tensors (every layer of a step) reuses it; a repeated call takes a fast path that skips re-validation.
     Engines can plan once per batch with :func:`plan_gqa_paged_decode` and pass ``plan=`` to every layer (with
-    ``check_indices=False`` to skip re-reading the index values). One plan must not serve two launches that may
-    overlap (different streams): its split-KV merge counters are shared.
+    ``check_indices=False`` to skip re-reading the index values). A plan may serve several CUDA streams at once
+    (its split-KV scratch is kept per stream); under ``torch.inference_mode`` index tensors have no version
+    counter, so each call plans afresh.
     """
     return run(SPEC, (q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale),
                (kv_indptr, kv_indices, kv_last_page_len), output, lse, plan, check_indices, natural_lse, arch, num_sms)
