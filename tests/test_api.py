@@ -210,7 +210,7 @@ def fast(monkeypatch):
 
 
 def _decode(**kw):
-    # a shape both arches' decode kernels build (sm_100a: page 64, head_dim 128): config choice asks the kernel
+    # a shape both arches' decode kernels build: config choice asks the kernel
     return testing.make_gqa_decode_case([3, 0, 70], num_qo_heads=10, num_kv_heads=2, head_dim=128, page_size=64,
                                         **kw)
 

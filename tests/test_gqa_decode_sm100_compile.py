@@ -1,9 +1,11 @@
 """sm_100a GQA paged decode: compile-only checks (CPU; there is no Blackwell GPU to run it on).
 
 Compiles the registered configs through the one compile path and inspects the PTX for the tcgen05 /
-TMEM / TMA instructions the design relies on, plus the kernel's own shared-memory and TMEM budgets.
+TMEM / TMA instructions the design relies on, and that their counts and widths follow the config (page
+size, head_dim), plus the kernel's own shared-memory and TMEM budgets and the configs it refuses.
 """
 
+import dataclasses
 import re
 
 import pytest
@@ -15,6 +17,16 @@ from cute_attn.kernels.sm100 import gqa_decode
 
 ARCH = "sm_100a"
 CONFIGS = gqa_decode.configs(ARCH)
+FAMILY_SHAPES = {(16, 128), (128, 128), (64, 64), (64, 256)}  # (page_size, head_dim) CI must compile
+
+
+def _config_id(c):
+    return f"h{c.num_qo_heads}_kv{c.num_kv_heads}_p{c.page_size}_d{c.head_dim_v}"
+
+
+def _decode(page_size, head_dim):
+    return default_paged_config("gqa_paged_decode", arch=ARCH, num_qo_heads=32, num_kv_heads=8,
+                                head_dim_qk=head_dim, head_dim_v=head_dim, page_size=page_size, causal=False)
 
 
 pytestmark = pytest.mark.usefixtures("isolated_compile_cache")
@@ -26,9 +38,10 @@ def test_definition_config_is_registered():
     assert definition in CONFIGS
     assert find_launcher(definition) is gqa_decode.launch
     assert gqa_decode.configs("sm_90a") == []
+    assert FAMILY_SHAPES <= {(c.page_size, c.head_dim_v) for c in CONFIGS}
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"h{c.num_qo_heads}_kv{c.num_kv_heads}")
+@pytest.mark.parametrize("config", CONFIGS, ids=_config_id)
 def test_compiles_with_tcgen05_tmem_and_tma(config):
     assert gqa_decode.check_config(config) is None
     info = compile_kernel_with_info(config)
@@ -54,8 +67,23 @@ def test_compiles_with_tcgen05_tmem_and_tma(config):
     # P.V reads its A operand (P) from TMEM: "tcgen05.mma... [d_tmem], [a_tmem], b_desc, ..."
     assert re.search(r"tcgen05\.mma\S*\s+\[[^\]]+\],\s*\[", ptx)
 
+    page, head_dim = config.page_size, config.head_dim_v
+    # unrolled MMAs: K = 16 per instruction, head_dim / 16 for S = Q.K^T and page / 16 for O += P.V
+    assert len(re.findall(r"\btcgen05\.mma\.", ptx)) == head_dim // 16 + page // 16
+    # S rows out in one load of page_size columns, P back in one store of page_size / 2 (bf16 pairs)
+    assert f"tcgen05.ld.sync.aligned.32x32b.x{page}.b32" in ptx
+    assert f"tcgen05.st.sync.aligned.32x32b.x{page // 2}.b32" in ptx
+    # the plan's column count reaches tcgen05.alloc ([holder], ncols) and tcgen05.dealloc (taddr, ncols)
+    _, allocated = gqa_decode.tmem_columns(config)
+    for op in ("alloc", "dealloc"):
+        m = re.search(rf"mov\.b32\s+(%r\d+),\s*(\d+);\s*tcgen05\.{op}\S*\s+[^;]*,\s*\1;", ptx)
+        assert m is not None and int(m.group(2)) == allocated, op
+    # one TMA per 64-column box of the Q tile, the K page and the V page
+    assert ptx.count("cp.async.bulk.tensor") == 3 * gqa_decode.tma_boxes_per_tile(head_dim) == 3 * head_dim // 64
+    assert len(re.findall(r"\batom\.global\S*\.add", ptx)) == 1  # one arrival per split item
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"h{c.num_qo_heads}_kv{c.num_kv_heads}")
+
+@pytest.mark.parametrize("config", CONFIGS, ids=_config_id)
 def test_shared_memory_and_tmem_budgets(config):
     assert gqa_decode.smem_bytes(config) <= 227 * 1024
     used, allocated = gqa_decode.tmem_columns(config)
@@ -63,17 +91,56 @@ def test_shared_memory_and_tmem_budgets(config):
     assert allocated & (allocated - 1) == 0  # tcgen05.alloc takes a power of two >= 32
 
 
+@pytest.mark.parametrize("config", CONFIGS, ids=_config_id)
+def test_tmem_plan_regions_are_aligned_and_disjoint(config):
+    plan = gqa_decode.tmem_plan(config)
+    page, head_dim = config.page_size, config.head_dim_v
+    regions = [(plan.s_col[0], page), (plan.s_col[1], page), (plan.p_col, page // 2), (plan.o_col, head_dim)]
+    assert all(start % 32 == 0 for start, _ in regions)
+    ends = [start + width for start, width in regions]
+    assert all(end <= next_start for end, (next_start, _) in zip(ends, regions[1:]))
+    assert plan.end == ends[-1] <= plan.alloc <= 512
+    assert gqa_decode.kv_stages(config) >= 2
+
+
+def test_definition_plan_is_unchanged():
+    definition = CONFIGS[0]
+    assert gqa_decode.tmem_plan(definition) == ((0, 64), 128, 256, 384, 512)
+    assert gqa_decode.kv_stages(definition) == 4
+
+
+@pytest.mark.parametrize("page_size,head_dim,stages,allocated", [
+    (16, 128, 16, 256),  # 8 KiB stages: 16 fill the 128 KiB ring; S/P/O end at column 256
+    (128, 128, 2, 512),  # 64 KiB stages: 2 in the ring; O [384, 512)
+    (64, 256, 2, 512),  # 64 KiB Q + 2 x 64 KiB stages under 227 KiB; O [256, 512)
+    (128, 64, 4, 512),  # O [320, 384)
+])
+def test_plan_follows_the_config(page_size, head_dim, stages, allocated):
+    config = _decode(page_size, head_dim)
+    assert gqa_decode.check_config(config) is None
+    assert gqa_decode.kv_stages(config) == stages
+    assert gqa_decode.tmem_columns(config)[1] == allocated
+    assert gqa_decode.smem_bytes(config) <= 227 * 1024
+
+
 @pytest.mark.parametrize("change,words", [
-    (dict(page_size=16), "page_size 64"),
+    (dict(page_size=8, kv_tile=64), "page_size=8"),
+    (dict(page_size=256, kv_tile=256), "page_size=256"),  # the GQA shape rules refuse it first
+    (dict(head_dim_qk=96, head_dim_v=96), "head_dim"),  # the GQA shape rules refuse it first
+    (dict(head_dim_qk=128, head_dim_v=64), "head_dim"),
+    (dict(page_size=128, kv_tile=128, head_dim_qk=256, head_dim_v=256), "TMEM"),
     (dict(ctas_per_sm=2), "TMEM"),
     (dict(arch="sm_90a"), "sm_100a"),
     (dict(causal=True), "causal"),
 ])
 def test_rejects_what_it_does_not_implement(change, words):
-    import dataclasses
-
     config = dataclasses.replace(CONFIGS[0], **change)
     reason = gqa_decode.check_config(config)
     assert reason is not None and words in reason
     with pytest.raises(ValueError):
         gqa_decode.build(config)
+
+
+def test_page_128_head_dim_256_names_the_tmem_columns():
+    reason = gqa_decode.check_config(_decode(128, 256))
+    assert reason is not None and "768 of 512 columns" in reason

@@ -103,8 +103,8 @@ def test_plan_refuses_a_shape_no_kernel_builds_before_planning(monkeypatch):
 
 def test_can_implement_names_a_missing_arch_kernel():
     config = default_paged_config("gqa_paged_decode", arch="sm_100a", num_qo_heads=20, num_kv_heads=4,
-                                  head_dim_qk=128, head_dim_v=128, page_size=16, causal=False)
-    assert "sm_100a decode kernel is built for page_size 64" in config.can_implement()
+                                  head_dim_qk=256, head_dim_v=256, page_size=128, causal=False)
+    assert "TMEM" in config.can_implement() and "768 of 512 columns" in config.can_implement()
 
 
 def test_inference_mode_tensors_plan_every_call(monkeypatch):

@@ -1,7 +1,9 @@
 """GQA paged decode for Blackwell (sm_100a): tcgen05 MMAs with TMEM accumulators, TMA page loads.
 
-Definition: ``gqa_paged_decode_h20_kv4_d128_ps64`` (and the same family with other head counts);
-contract: ``docs/kernel-contract.md``. Compiled and inspected only (no Blackwell GPU in this project).
+Definition: ``gqa_paged_decode_h20_kv4_d128_ps64`` and its family: other head counts, ``page_size``
+16 / 32 / 64 / 128 and head_dim 64 / 128 / 256 (qk = v) where TMEM and shared memory hold them
+(:func:`check_config`: page 128 with head_dim 256 does not fit TMEM); contract:
+``docs/kernel-contract.md``. Compiled and inspected only (no Blackwell GPU in this project).
 
 Work
     Persistent grid (``num_ctas`` from the plan): CTA ``c`` runs items ``work_indptr[c] ..
@@ -11,7 +13,8 @@ Work
     never stored).
     The plan's ``tile_q_rows`` (64 by default) only bounds Q_ROW_COUNT: the MMA always uses M = 128,
     whose TMEM accumulator maps row r to lane r (one softmax thread per row). KV steps are one page
-    (``page_size`` = 64 keys); KV_START is a multiple of ``kv_tile`` (a multiple of the page size).
+    (``page_size`` keys: S = Q.K^T is one MMA of N = page_size); KV_START is a multiple of ``kv_tile``
+    (a multiple of the page size).
     Same contract, roles and item loop as the Hopper twin ``kernels/sm90/gqa_decode.py``; only the
     MMA (tcgen05, TMEM accumulators, its own warp) and the pipeline differ. The shared softmax/mask
     helpers (``kernels/common``) work on wgmma register fragments, so this file keeps its own
@@ -36,16 +39,22 @@ Warp roles (192 threads)
                s_full / o_full / kv_empty / q_empty.
     warp 5     TMA producer: Q tile (128 rows x head_dim from the item's first head; rows past
                num_qo_heads are zero-filled by the TMA, rows of other heads are finite padding), then
-               per page the K and V tiles (64 tokens x 128 dims of one KV head; the page id from
-               ``kv_indices[KV_PAGE_START + page]``, read 32 at a time one per lane, is the TMA
-               coordinate) into the smem ring. Each tile is 2 TMA boxes of 64 x 64: the 128B swizzle caps a box's inner extent at 64 bf16.
+               per page the K and V tiles (page_size tokens x head_dim of one KV head; the page id
+               from ``kv_indices[KV_PAGE_START + page]``, read 32 at a time one per lane, is the TMA
+               coordinate) into the smem ring. Each Q, K or V tile is head_dim / 64 TMA boxes of 64
+               columns: the 128B swizzle caps a box's inner extent at 64 bf16.
 
-TMEM columns (512 allocated, 288 used): S0 [0, 64), S1 [64, 128), P [128, 160) (64 bf16 keys packed
-in 32 columns), O [256, 384).
+TMEM columns (:func:`tmem_plan`; P = page_size, D = head_dim; regions start on 32-column boundaries)
+    S0 [0, P), S1 [s, s + P) with s = P rounded up to 32: fp32 scores, double-buffered
+    P  [2s, 2s + P/2): bf16 probabilities, two keys per 32-bit column (the P.V MMA's A operand)
+    O  [o, o + D): fp32 accumulator, o = the end of P rounded up to a multiple of D
+    tcgen05.alloc takes the next power of two >= o + D, all within 512. Page 64 / D 128 (the
+    definition): S0 [0, 64), S1 [64, 128), P [128, 160), O [256, 384), 512 allocated.
 
-Shared memory (bf16, 128B swizzle): Q 128x128 = 32 KiB, ring of ``KV_STAGES`` = 4 stages of
-K + V pages (2 x 16 KiB) = 128 KiB, mbarriers + TMEM address + the fused merge's arrival word; see
-:func:`smem_bytes` (~160 KiB).
+Shared memory (bf16, 128B swizzle; :func:`smem_bytes`): Q 128 x D (16 / 32 / 64 KiB), a ring of
+:func:`kv_stages` stages of one K + one V page (2 x P x D x 2 B each), as many as fit in 128 KiB and
+in the 227 KiB limit (at least 2), mbarriers (2 per stage + 6) + TMEM address + the fused merge's
+arrival word. The definition: 4 stages of 32 KiB, ~164 KiB.
 
 Pipeline (mbarriers; phases from running counters that carry across items)
     kv_full[s] / kv_empty[s]  TMA -> MMA (and softmax, for the V tail) / PV commit -> TMA
@@ -57,6 +66,7 @@ Pipeline (mbarriers; phases from running counters that carry across items)
 
 from __future__ import annotations
 
+from typing import NamedTuple
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -69,27 +79,71 @@ from cutlass.memory import SmemAllocator
 from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField
 from .. import register_paged_kernel
-from ..common.limits import SMEM_LIMIT_BYTES
+from ..common.limits import SMEM_LIMIT_BYTES, TMEM_COLUMNS
 from ..common.paged_launch import gqa_decode_entry
 from ..common.decode_merge import fold_completed_merges
 
 ARCH = "sm_100a"
 MMA_M = 128  # tcgen05 M (cta_group 1): TMEM lane r = packed row r
-KV_STAGES = 4
+PAGE_SIZES = (16, 32, 64, 128)  # S MMA N = page (16..256); P.V needs whole K=16 blocks of keys
+HEAD_DIMS = (64, 128, 256)  # whole 64-column TMA boxes (128B swizzle); P.V MMA N = head_dim <= 256
+# Ring depth: as many stages as fit in this many bytes (the definition config's 4 pages of K + V, so its
+# code is unchanged; smaller pages get more pages in flight) and in shared memory, at least 2.
+KV_RING_BYTES = 4 * 64 * (128 + 128) * 2
+MIN_KV_STAGES = 2
 PAGE_IDS_PER_LOAD = 32  # producer: one page id per lane of the load warp
 ELEM = 2  # bf16 bytes
-TMEM_ALLOC_COLS = 512
-S_COLS = (0, 64)  # two S buffers (page_size fp32 columns each)
-P_COL = 128
-O_COL = 256
+TMA_BOX_COLS = 64  # the 128B swizzle caps a box's inner extent at 64 bf16
+TMEM_ALIGN = 32  # TMEM regions start on 32-column boundaries (the tcgen05.alloc granule)
 SOFTMAX_WARPS = 4
 MMA_WARP = 4
 LOAD_WARP = 5
 NUM_THREADS = 32 * 6
-# mbarrier slots after the 2 * KV_STAGES ring barriers
+# mbarrier slots after the 2 * kv_stages ring barriers
 Q_FULL, Q_EMPTY, S_FULL, P_FULL, O_FULL = 0, 1, 2, 4, 5
-NUM_BARRIERS = 2 * KV_STAGES + 6
+NUM_MISC_BARRIERS = 6
 MERGE_BARRIER_ID = 1  # named barrier of the softmax warps (0 is __syncthreads)
+
+
+class TmemPlan(NamedTuple):
+    """TMEM columns of one CTA: S buffers ``s_col[i] .. + page``, P ``p_col .. + page/2``, O ``o_col .. +
+    head_dim``; ``end`` is one past the last used column, ``alloc`` what tcgen05.alloc takes."""
+
+    s_col: tuple[int, int]
+    p_col: int
+    o_col: int
+    end: int
+    alloc: int
+
+
+def _round_up(x: int, to: int) -> int:
+    return -(-x // to) * to
+
+
+def tmem_plan(config: PagedAttentionConfig) -> TmemPlan:
+    page, dv = config.page_size, config.head_dim_v
+    s_stride = _round_up(page, TMEM_ALIGN)
+    p_col = 2 * s_stride
+    p_cols = page // 2  # bf16 P packed two keys per 32-bit column
+    # O starts on a multiple of its own width (a 32-column multiple): the definition config keeps its
+    # original plan O [256, 384), and no family config that fits with 32-column alignment is lost by it.
+    o_col = _round_up(p_col + p_cols, max(TMEM_ALIGN, dv))
+    end = o_col + dv
+    alloc = max(TMEM_ALIGN, 1 << (end - 1).bit_length())  # tcgen05.alloc takes a power of two >= 32
+    return TmemPlan((0, s_stride), p_col, o_col, end, alloc)
+
+
+def kv_stages(config: PagedAttentionConfig) -> int:
+    """Ring stages of one K page + one V page each: as many as KV_RING_BYTES and shared memory hold."""
+    stages = max(1, KV_RING_BYTES // _kv_stage_bytes(config))
+    while stages > 1 and _smem_bytes(config, stages) > SMEM_LIMIT_BYTES:
+        stages -= 1
+    return stages
+
+
+def tma_boxes_per_tile(head_dim: int) -> int:
+    """TMA boxes (rows x 64 columns) per Q, K or V tile of ``head_dim`` columns."""
+    return head_dim // TMA_BOX_COLS
 
 
 def check_config(config: PagedAttentionConfig) -> str | None:
@@ -100,32 +154,49 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         return f"this kernel is gqa_paged_decode for {ARCH}, not {config.kind} for {config.arch}"
     if config.causal:
         return "decode attends every key of its request (causal=False)"
-    if config.page_size != 64 or config.head_dim_qk != 128 or config.head_dim_v != 128:
-        return "the sm_100a decode kernel is built for page_size 64 and head_dim 128 (one TMA box per page)"
+    if config.page_size not in PAGE_SIZES:
+        return (f"page_size={config.page_size} must be one of {PAGE_SIZES}: one page is one S MMA "
+                "(N = page_size) and whole 16-key blocks of the P.V MMA")
+    if config.head_dim_qk != config.head_dim_v:
+        return "head_dim_qk must equal head_dim_v"
+    if config.head_dim_v not in HEAD_DIMS:
+        return (f"head_dim={config.head_dim_v} must be one of {HEAD_DIMS}: whole {TMA_BOX_COLS}-column TMA "
+                "boxes, and the P.V MMA N = head_dim <= 256")
     if config.kv_tile % config.page_size:
         return f"kv_tile={config.kv_tile} must be a multiple of page_size={config.page_size}"
     if config.group_size > MMA_M or config.tile_q_rows > MMA_M:
         return f"group {config.group_size} / tile_q_rows {config.tile_q_rows} exceed the {MMA_M}-row MMA tile"
     if config.ctas_per_sm != 1:
-        return "one CTA per SM: each CTA allocates all 512 TMEM columns"
-    if smem_bytes(config) > SMEM_LIMIT_BYTES:
-        return f"shared memory {smem_bytes(config)} B exceeds {SMEM_LIMIT_BYTES} B"
+        return "one CTA per SM: the TMEM allocation and the K/V ring are sized for the whole SM"
+    plan = tmem_plan(config)
+    if plan.end > TMEM_COLUMNS:
+        return (f"TMEM: S0/S1 ({config.page_size} fp32 columns each), P ({config.page_size // 2}) and O "
+                f"({config.head_dim_v}, from column {plan.o_col}) need {plan.end} of {TMEM_COLUMNS} columns")
+    if kv_stages(config) < MIN_KV_STAGES:
+        return (f"shared memory: Q and {MIN_KV_STAGES} K/V stages need "
+                f"{_smem_bytes(config, MIN_KV_STAGES)} B, more than {SMEM_LIMIT_BYTES} B")
     return None
+
+
+def _kv_stage_bytes(config: PagedAttentionConfig) -> int:
+    return config.page_size * (config.head_dim_qk + config.head_dim_v) * ELEM
+
+
+def _smem_bytes(config: PagedAttentionConfig, stages: int) -> int:
+    q = MMA_M * config.head_dim_qk * ELEM
+    barriers = 8 * (2 * stages + NUM_MISC_BARRIERS) + 4 + 4  # mbarriers, TMEM address, merge arrival word
+    return q + stages * _kv_stage_bytes(config) + barriers + 3 * 1024  # worst-case padding of 3 buffers
 
 
 def smem_bytes(config: PagedAttentionConfig) -> int:
     """Dynamic shared memory of one CTA, as the kernel allocates it (1024 B alignment per tile buffer)."""
-    q = MMA_M * config.head_dim_qk * ELEM
-    kv_stage = config.page_size * (config.head_dim_qk + config.head_dim_v) * ELEM
-    barriers = 8 * NUM_BARRIERS + 4 + 4  # mbarriers, TMEM address, the fused merge's arrival word
-    return q + KV_STAGES * kv_stage + barriers + 3 * 1024  # worst-case alignment padding of 3 buffers
+    return _smem_bytes(config, kv_stages(config))
 
 
 def tmem_columns(config: PagedAttentionConfig) -> tuple[int, int]:
-    """(columns used, columns allocated)."""
-    used = 2 * config.page_size + config.page_size // 2 + config.head_dim_v
-    assert O_COL + config.head_dim_v <= TMEM_ALLOC_COLS and P_COL + config.page_size // 2 <= O_COL
-    return used, TMEM_ALLOC_COLS
+    """(columns used: one past the last, columns allocated)."""
+    plan = tmem_plan(config)
+    return plan.end, plan.alloc
 
 
 def _fence_before_sync():
@@ -150,6 +221,9 @@ class GqaDecodeSm100:
         self.pv_tiler = (MMA_M, self.head_dim_v, self.page)
         self.q_bytes = MMA_M * self.head_dim * ELEM
         self.kv_bytes = self.page * (self.head_dim + self.head_dim_v) * ELEM
+        self.kv_stages = kv_stages(config)
+        self.tmem = tmem_plan(config)
+        self.s_stride = self.tmem.s_col[1]  # S buffer i starts at column i * s_stride
 
     def __repr__(self) -> str:
         c = self.config
@@ -182,8 +256,8 @@ class GqaDecodeSm100:
             bf16, bf16, OperandMajorMode.K, OperandMajorMode.MN, cutlass.Float32, one, self.pv_tiler[:2],
             tcgen05.OperandSource.TMEM)
         q_layout = sm100_utils.make_smem_layout_a(qk_mma, self.qk_tiler, bf16, 1)
-        k_layout = sm100_utils.make_smem_layout_b(qk_mma, self.qk_tiler, bf16, KV_STAGES)
-        v_layout = sm100_utils.make_smem_layout_b(pv_mma, self.pv_tiler, bf16, KV_STAGES)
+        k_layout = sm100_utils.make_smem_layout_b(qk_mma, self.qk_tiler, bf16, self.kv_stages)
+        v_layout = sm100_utils.make_smem_layout_b(pv_mma, self.pv_tiler, bf16, self.kv_stages)
         p_layout = sm100_utils.make_smem_layout_a(pv_mma, self.pv_tiler, bf16, 1)
 
         # Global views in (rows, contiguous, batch...) order for the TMA atoms.
@@ -228,19 +302,19 @@ class GqaDecodeSm100:
         s_q = smem.allocate_tensor(bf16, q_layout.outer, byte_alignment=1024, swizzle=q_layout.inner)
         s_k = smem.allocate_tensor(bf16, k_layout.outer, byte_alignment=1024, swizzle=k_layout.inner)
         s_v = smem.allocate_tensor(bf16, v_layout.outer, byte_alignment=1024, swizzle=v_layout.inner)
-        bars = smem.allocate_array(cutlass.Int64, NUM_BARRIERS, byte_alignment=8)
+        bars = smem.allocate_array(cutlass.Int64, 2 * self.kv_stages + NUM_MISC_BARRIERS, byte_alignment=8)
         tmem_holder = smem.allocate_array(cutlass.Int32, 1, byte_alignment=4)
         arrival = smem.allocate_array(cutlass.Int32, 1, byte_alignment=4)  # fused merge: counter's old value
         kv_full = bars
-        kv_empty = bars + KV_STAGES
-        misc = bars + 2 * KV_STAGES
+        kv_empty = bars + self.kv_stages
+        misc = bars + 2 * self.kv_stages
 
         if warp == LOAD_WARP:
             cpasync.prefetch_descriptor(tma_q)
             cpasync.prefetch_descriptor(tma_k)
             cpasync.prefetch_descriptor(tma_v)
             with cute.arch.elect_one():
-                for s in cutlass.range_constexpr(KV_STAGES):
+                for s in cutlass.range_constexpr(self.kv_stages):
                     cute.arch.mbarrier_init(kv_full + s, 1)
                     cute.arch.mbarrier_init(kv_empty + s, 1)
                 cute.arch.mbarrier_init(misc + Q_FULL, 1)
@@ -251,7 +325,7 @@ class GqaDecodeSm100:
                 cute.arch.mbarrier_init(misc + O_FULL, 1)
             cute.arch.mbarrier_init_fence()
         if warp == MMA_WARP:
-            cute.arch.alloc_tmem(TMEM_ALLOC_COLS, tmem_holder)
+            cute.arch.alloc_tmem(self.tmem.alloc, tmem_holder)
         _fence_before_sync()
         cute.arch.sync_threads()
         _fence_after_sync()
@@ -279,7 +353,7 @@ class GqaDecodeSm100:
         if warp == MMA_WARP:
             _fence_after_sync()
             cute.arch.relinquish_tmem_alloc_permit()
-            cute.arch.dealloc_tmem(tmem_ptr, TMEM_ALLOC_COLS)
+            cute.arch.dealloc_tmem(tmem_ptr, self.tmem.alloc)
 
     # ------------------------------------------------------------------------------------------ helpers
     @cute.jit
@@ -303,7 +377,7 @@ class GqaDecodeSm100:
         t_v_s, t_v_g = cpasync.tma_partition(
             tma_v, 0, cute.make_layout(1), cute.group_modes(s_v, 0, 3),
             cute.group_modes(pv_thr.partition_B(cute.flat_divide(m_v, (self.head_dim_v, self.page))), 0, 3))
-        step = cutlass.Int32(0)  # global page step: ring slot step % KV_STAGES
+        step = cutlass.Int32(0)  # global page step: ring slot step % kv_stages
         q_count = cutlass.Int32(0)
         lane = cute.arch.lane_idx()
         for it in cutlass.range(item_begin, item_end, unroll=1):
@@ -332,8 +406,8 @@ class GqaDecodeSm100:
                         lane_page = kv_indices[first_page + t0 + lane]
                     for j in cutlass.range(cutlass.min(PAGE_IDS_PER_LOAD, steps - t0), unroll=1):
                         page = cute.arch.shuffle_sync(lane_page, j)
-                        stage = step % KV_STAGES
-                        cute.arch.mbarrier_wait(kv_empty + stage, ((step // KV_STAGES) % 2) ^ 1)
+                        stage = step % self.kv_stages
+                        cute.arch.mbarrier_wait(kv_empty + stage, ((step // self.kv_stages) % 2) ^ 1)
                         with cute.arch.elect_one():
                             cute.arch.mbarrier_arrive_and_expect_tx(kv_full + stage, self.kv_bytes)
                         cute.copy(tma_k, t_k_g[None, 0, 0, (h, page)], t_k_s[None, stage],
@@ -351,9 +425,9 @@ class GqaDecodeSm100:
         t_o_v = pv_thr.make_fragment_B(s_v)
         s_acc = qk_thr.make_fragment_C(qk_thr.partition_shape_C(self.qk_tiler[:2]))
         o_acc = pv_thr.make_fragment_C(pv_thr.partition_shape_C(self.pv_tiler[:2]))
-        t_o = cute.make_tensor(tmem_ptr + O_COL, o_acc.layout)
+        t_o = cute.make_tensor(tmem_ptr + self.tmem.o_col, o_acc.layout)
         p_frag = pv_thr.make_fragment_A(cute.make_tensor(tmem_ptr, p_layout.outer))[None, None, None, 0]
-        t_p = cute.make_tensor(cute.recast_ptr(tmem_ptr + P_COL, dtype=p_frag.element_type), p_frag.layout)
+        t_p = cute.make_tensor(cute.recast_ptr(tmem_ptr + self.tmem.p_col, dtype=p_frag.element_type), p_frag.layout)
         num_k_qk = cute.size(t_s_q, mode=[2])
         num_k_pv = cute.size(t_p, mode=[2])
 
@@ -368,10 +442,10 @@ class GqaDecodeSm100:
                 for t in cutlass.range(steps + 1, unroll=1):
                     # S_t (issued one step ahead of PV_{t-1}, so softmax overlaps the PV)
                     if t < steps:
-                        stage = s_step % KV_STAGES
+                        stage = s_step % self.kv_stages
                         buf = s_step % 2
-                        cute.arch.mbarrier_wait(kv_full + stage, (s_step // KV_STAGES) % 2)
-                        t_s = cute.make_tensor(tmem_ptr + buf * self.page, s_acc.layout)
+                        cute.arch.mbarrier_wait(kv_full + stage, (s_step // self.kv_stages) % 2)
+                        t_s = cute.make_tensor(tmem_ptr + buf * self.s_stride, s_acc.layout)
                         for kb in cutlass.range_constexpr(num_k_qk):
                             qk_mma.set(tcgen05.Field.ACCUMULATE, kb != 0)
                             cute.gemm(qk_mma, t_s, t_s_q[None, None, kb, 0], t_s_k[None, None, kb, stage], t_s)
@@ -382,7 +456,7 @@ class GqaDecodeSm100:
                         s_step += 1
                     # O += P_{t-1} . V_{t-1}
                     if t > 0:
-                        stage = pv_step % KV_STAGES
+                        stage = pv_step % self.kv_stages
                         cute.arch.mbarrier_wait(misc + P_FULL, pv_step % 2)
                         _fence_after_sync()
                         for kb in cutlass.range_constexpr(num_k_pv):
@@ -403,9 +477,9 @@ class GqaDecodeSm100:
                      kv_full, misc):
         f32 = cutlass.Float32
         neg_inf = -cutlass.Float32.inf
-        # S: one tcgen05.ld 32x32b.x64 per row; P: one tcgen05.st 32x32b.x32 (bf16 pairs).
+        # S: one tcgen05.ld 32x32b.x{page} per row; P: one tcgen05.st 32x32b.x{page/2} (bf16 pairs).
         s_acc = qk_thr.make_fragment_C(qk_thr.partition_shape_C(self.qk_tiler[:2]))
-        t_s0 = cute.make_tensor(tmem_ptr + S_COLS[0], s_acc.layout)
+        t_s0 = cute.make_tensor(tmem_ptr + self.tmem.s_col[0], s_acc.layout)
         ld_s = tcgen05.make_tmem_copy(
             cute.make_copy_atom(tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(self.page)), f32), t_s0)
         thr_ld_s = ld_s.get_slice(tidx)
@@ -415,7 +489,8 @@ class GqaDecodeSm100:
         r_s = cute.make_rmem_tensor(t_c_s.shape, f32)
 
         p_cols = self.page // 2
-        t_p = cute.make_tensor(tmem_ptr + P_COL, cute.composition(t_s0.layout, cute.make_layout((MMA_M, p_cols))))
+        t_p = cute.make_tensor(tmem_ptr + self.tmem.p_col,
+                               cute.composition(t_s0.layout, cute.make_layout((MMA_M, p_cols))))
         c_p = cute.make_tensor(c_s.iterator, cute.composition(c_s.layout, cute.make_layout((MMA_M, p_cols))))
         st_p = tcgen05.make_tmem_copy(
             cute.make_copy_atom(tcgen05.copy.St32x32bOp(tcgen05.copy.Repetition(p_cols)), f32), t_p)
@@ -427,7 +502,8 @@ class GqaDecodeSm100:
         # O in chunks of 32 columns.
         o_chunk = 32
         o_acc = pv_thr.make_fragment_C(pv_thr.partition_shape_C(self.pv_tiler[:2]))
-        t_o = cute.make_tensor(tmem_ptr + O_COL, cute.composition(o_acc.layout, cute.make_layout((MMA_M, o_chunk))))
+        t_o = cute.make_tensor(tmem_ptr + self.tmem.o_col,
+                               cute.composition(o_acc.layout, cute.make_layout((MMA_M, o_chunk))))
         c_o = pv_thr.partition_C(cute.make_identity_tensor(self.pv_tiler[:2]))
         c_o = cute.make_tensor(c_o.iterator, cute.composition(c_o.layout, cute.make_layout((MMA_M, o_chunk))))
         ld_o = tcgen05.make_tmem_copy(
@@ -447,7 +523,7 @@ class GqaDecodeSm100:
             for t in cutlass.range(steps, unroll=1):
                 buf = step % 2
                 cute.arch.mbarrier_wait(misc + S_FULL + buf, (step // 2) % 2)
-                cute.copy(ld_s, cute.make_tensor(t_ld_s.iterator + buf * self.page, t_ld_s.layout), r_s)
+                cute.copy(ld_s, cute.make_tensor(t_ld_s.iterator + buf * self.s_stride, t_ld_s.layout), r_s)
                 cute.arch.fence_view_async_tmem_load()
                 key0 = kv_start + t * self.page
                 tile_max = neg_inf
@@ -482,8 +558,8 @@ class GqaDecodeSm100:
                                 r_o[i] = r_o[i] * alpha
                             cute.copy(st_o, r_o, cute.make_tensor(t_st_o.iterator + c * o_chunk, t_st_o.layout))
                 if key0 + self.page > kv_end:  # last page: zero V rows >= KV_END (NaN poison)
-                    stage = step % KV_STAGES
-                    cute.arch.mbarrier_wait(kv_full + stage, (step // KV_STAGES) % 2)
+                    stage = step % self.kv_stages
+                    cute.arch.mbarrier_wait(kv_full + stage, (step // self.kv_stages) % 2)
                     self.zero_v_tail(s_v, stage, kv_end - key0, tidx)
                 cute.copy(st_p, r_p, t_st_p)
                 cute.arch.fence_view_async_tmem_store()
@@ -499,12 +575,15 @@ class GqaDecodeSm100:
 
     @cute.jit
     def zero_v_tail(self, s_v, stage, valid, tidx):
-        """Zero keys ``valid..page-1`` of ring slot ``stage`` of V (thread = head-dim column), then make
-        the generic-proxy stores visible to the tensor core (async proxy)."""
-        if tidx < self.head_dim_v:
-            zero = cutlass.BFloat16(0.0)
-            for j in cutlass.range(valid, self.page, unroll=1):
-                s_v[((tidx, j % 16), 0, j // 16, stage)] = zero
+        """Zero keys ``valid..page-1`` of ring slot ``stage`` of V (thread = head-dim column, in passes of
+        128 columns), then make the generic-proxy stores visible to the tensor core (async proxy)."""
+        for col0 in cutlass.range_constexpr(0, self.head_dim_v, 32 * SOFTMAX_WARPS):
+            col = tidx + col0
+            if col < self.head_dim_v:
+                zero = cutlass.BFloat16(0.0)
+                # V's smem mode 0 is one MMA atom: (head_dim columns, 16 keys of a K block)
+                for j in cutlass.range(valid, self.page, unroll=1):
+                    s_v[((col, j % 16), 0, j // 16, stage)] = zero
         cute.arch.fence_proxy("async.shared", space="cta")
 
     @cute.jit
@@ -551,15 +630,18 @@ build, launch = gqa_decode_entry(GqaDecodeSm100, check_config)
 
 
 def configs(arch: str) -> list[PagedAttentionConfig]:
-    """The definition's config (h20/kv4, d128, page 64) and one family member (h32/kv8), as on sm_90a."""
+    """The definition's config (h20/kv4, d128, page 64) and one family member (h32/kv8), as on sm_90a, plus
+    the family's extremes that change the code: pages 16 / 128 (S and P widths, ring depth) at head_dim
+    128, head_dim 64 / 256 (TMA boxes, O width) at page 64, and page 128 at head_dim 64 (O from column 320)."""
     if arch != ARCH:
         return []
 
-    def decode(hq, hkv):
+    def decode(hq, hkv, page=64, head_dim=128):
         return default_paged_config("gqa_paged_decode", arch=ARCH, num_qo_heads=hq, num_kv_heads=hkv,
-                                    head_dim_qk=128, head_dim_v=128, page_size=64, causal=False)
+                                    head_dim_qk=head_dim, head_dim_v=head_dim, page_size=page, causal=False)
 
-    return [decode(20, 4), decode(32, 8)]
+    return [decode(20, 4), decode(32, 8), decode(32, 8, page=16), decode(32, 8, page=128),
+            decode(32, 8, head_dim=64), decode(32, 8, head_dim=256), decode(32, 8, page=128, head_dim=64)]
 
 
 register_paged_kernel("gqa_paged_decode", ARCH, build=build, launch=launch, configs=configs,
