@@ -96,7 +96,8 @@ def gqa_paged_decode(
     convention) unless ``natural_lse=True``. A request with no keys gets output 0 and lse -inf.
 
     Supported (sm_90a runs on Hopper; sm_100a is compiled and PTX-checked only, never run here): any GQA ratio
-    whose group fits 64 rows, head_dim 64 / 128 / 256, page sizes 16..128 (sm_100a: page 64, head_dim 128).
+    whose group fits 64 rows, head_dim 64 / 128 / 256, page sizes 16..128 (sm_100a: the same but page 128 with
+    head_dim 256, which overflows its 512 TMEM columns).
     A shape no kernel builds raises ValueError with the kernel's reason before any work. Needs a CUDA GPU.
 
     Plans: without ``plan=``, the call plans (reading the index tensors: one host sync) and caches the plan on
