@@ -3,7 +3,8 @@
 FlashInfer-Bench's ``mla_paged_decode_h16_ckv512_kpe64_ps1`` / ``..._h8_...`` argument order. It is the MLA prefill
 kind with one query per request: a single query sees every key of its request, which is exactly the bottom-right
 causal mask, so it runs the MLA prefill kernel with ``qo_indptr = 0, 1, ..., batch`` (one cached tensor per batch
-size and device, so the plan cache keys on a stable object). A kernel of its own (split-KV at the bandwidth wall,
+size and device, so the plan cache keys on a stable object; it is allocated at the first call of a batch size, so
+make that call outside CUDA-graph capture). A kernel of its own (split-KV at the bandwidth wall,
 FlashMLA's job) is issue 11's; this entry gives engines and FlashInfer-Bench the decode argument order now.
 """
 
