@@ -22,11 +22,12 @@ CUDA graphs
     ``DevicePlan`` instead (README).
 """
 
+import importlib
 import inspect
 
 import torch
 
-import importlib
+from . import validate
 
 # the package object, whatever its import name (an exported FlashInfer-Bench Solution ships a copy under
 # another one); its public entry points are looked up at call time
@@ -103,40 +104,16 @@ def _mla_paged_prefill_op(
 # ---------------------------------------------------------------------------------------------
 # Fake impls: the metadata rules that decide the output shapes (no data, no data pointers)
 # ---------------------------------------------------------------------------------------------
-# A subset of validate.py's rules, in its words and exception types (tests/test_torch_ops.py holds them to
-# it). Contiguity, strides, alignment, sm_scale and index values are left to the real call: a fake tensor has no data
-# pointer, and under dynamic shapes every extra comparison is one more guard.
-def _tensor(name: str, x, dtype: torch.dtype, ndim: int) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype != dtype:
-        raise TypeError(f"{name} must have dtype {dtype}, got {x.dtype}")
-    if x.dim() != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(x.shape)}")
-
-
-def _dim(name: str, x: torch.Tensor, axis: int, expected, what: str) -> None:
-    if x.shape[axis] != expected:
-        raise ValueError(f"{name}.shape[{axis}] must equal {what} ({expected}), got shape {tuple(x.shape)}")
-
-
-def _one_device(named: dict) -> None:
-    first_name, first = next(iter(named.items()))
-    for name, t in named.items():
-        if t.device != first.device:
-            raise ValueError(f"all tensors must be on one device: {first_name} is on {first.device}, "
-                             f"{name} on {t.device}")
+# A subset of validate.py's rules, the very functions (tests/test_torch_ops.py holds the fake and real rules to the
+# same words and exception types). Contiguity, strides, alignment, sm_scale, aliasing and index values are left to
+# the real call: a fake tensor has no data pointer, and under dynamic shapes every extra comparison is one more guard.
+_tensor = validate.typed
+_dim = validate.check_dim
+_one_device = validate.same_device
 
 
 def _fake_outputs(output, lse, total_q, num_heads, head_dim_v, device) -> None:
-    _tensor("output", output, torch.bfloat16, 3)
-    _tensor("lse", lse, torch.float32, 2)
-    if tuple(output.shape) != (total_q, num_heads, head_dim_v):
-        raise ValueError(f"output must have shape {(total_q, num_heads, head_dim_v)}, got {tuple(output.shape)}")
-    if tuple(lse.shape) != (total_q, num_heads):
-        raise ValueError(f"lse must have shape {(total_q, num_heads)}, got {tuple(lse.shape)}")
-    if output.device != device or lse.device != device:
-        raise ValueError(f"output and lse must be on the inputs' device ({device})")
+    validate.output_metadata(output, lse, total_q, num_heads, head_dim_v, device, validate.typed)
 
 
 def _fake_gqa_common(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len):

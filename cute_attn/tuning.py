@@ -275,11 +275,6 @@ def config_line(config: PagedAttentionConfig, *, note: str = "") -> str:
 # ---------------------------------------------------------------------------------------------
 # Rules
 # ---------------------------------------------------------------------------------------------
-def _refusal(config: PagedAttentionConfig) -> str | None:
-    """Why no kernel builds this variant: ``can_implement`` asks the kind's rules, then the registered kernel's."""
-    return config.can_implement()
-
-
 def _variants(space: Mapping[str, Sequence]) -> list[dict]:
     """Every combination of the space's values, in the order given (last knob fastest)."""
     unknown = [k for k in space if k not in TUNING_KNOBS]
@@ -341,7 +336,7 @@ def sweep(kind: str, workload: Workload, space: Mapping[str, Sequence], *, arch:
 def _run_variant(config: PagedAttentionConfig, knobs: dict, workload: Workload, num_sms: int,
                  gpu: "_GpuBench | None", *, is_default: bool) -> VariantResult:
     row = VariantResult(knobs=dict(knobs), config=config, is_default=is_default)
-    reason = _refusal(config)
+    reason = config.can_implement()  # the kind's shape rules, then the registered kernel's
     if reason is not None:
         row.status, row.reason = "refused", reason
         return row

@@ -63,13 +63,19 @@ class HostIndices:
 # ---------------------------------------------------------------------------------------------
 # Metadata rules
 # ---------------------------------------------------------------------------------------------
-def dense(name: str, x, dtype: torch.dtype, ndim: int) -> torch.Tensor:
+def typed(name: str, x, dtype: torch.dtype, ndim: int) -> torch.Tensor:
+    """A tensor of this dtype and rank (the rules a fake tensor can answer too: no layout, no data)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype != dtype:
         raise TypeError(f"{name} must have dtype {dtype}, got {x.dtype}")
     if x.dim() != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(x.shape)}")
+    return x
+
+
+def dense(name: str, x, dtype: torch.dtype, ndim: int) -> torch.Tensor:
+    typed(name, x, dtype, ndim)
     if not x.is_contiguous():
         raise ValueError(f"{name} must be contiguous (row-major), got strides {x.stride()}")
     return x
@@ -157,15 +163,21 @@ def check_outputs(output, lse, total_q: int, num_heads: int, head_dim_v: int, de
         return
     if output is None or lse is None:
         raise ValueError("output and lse must be passed together (destination-passing) or both omitted")
-    dense("output", output, torch.bfloat16, 3)
-    dense("lse", lse, torch.float32, 2)
+    output_metadata(output, lse, total_q, num_heads, head_dim_v, device, dense)
+    _check_no_alias({"output": output, "lse": lse}, inputs)
+
+
+def output_metadata(output, lse, total_q: int, num_heads: int, head_dim_v: int, device, tensor_rule=dense) -> None:
+    """Dtype, rank, shape and device of the destinations; ``tensor_rule`` is ``dense`` for real tensors and
+    ``typed`` for fake ones (torch_ops' fake impls: no layout rule, no alias rule, no data pointer)."""
+    tensor_rule("output", output, torch.bfloat16, 3)
+    tensor_rule("lse", lse, torch.float32, 2)
     if tuple(output.shape) != (total_q, num_heads, head_dim_v):
         raise ValueError(f"output must have shape {(total_q, num_heads, head_dim_v)}, got {tuple(output.shape)}")
     if tuple(lse.shape) != (total_q, num_heads):
         raise ValueError(f"lse must have shape {(total_q, num_heads)}, got {tuple(lse.shape)}")
     if output.device != device or lse.device != device:
         raise ValueError(f"output and lse must be on the inputs' device ({device})")
-    _check_no_alias({"output": output, "lse": lse}, inputs)
 
 
 def check_heads(num_qo_heads: int, num_kv_heads: int) -> None:

@@ -50,14 +50,6 @@ class OpSpec:
     #: arch -> module that registers this kind's kernel for it
     kernel_modules: dict[str, str] = field(default_factory=dict)
 
-    @property
-    def num_inputs(self) -> int:
-        return len(self.arg_names) - 2
-
-    def index_of(self, args: tuple) -> tuple:
-        """The index tensors among the inputs ``args`` (definition order)."""
-        return tuple(args[self.arg_names.index(n)] for n in self.index_names)
-
 
 _SPECS: dict[str, OpSpec] = {}
 

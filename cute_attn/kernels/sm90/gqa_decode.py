@@ -60,7 +60,7 @@ from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField as F
 from .. import register_paged_kernel
 from ..common.decode_merge import FOLD_ROW_LANES, fold_completed_merges
-from ..common.limits import SMEM_LIMIT_BYTES
+from ..common.limits import SMEM_LIMIT_BYTES, target_reason
 from ..common.named_barrier import warpgroup_barrier_sync
 from ..common.work_items import guess_first_item, load_item
 from .wgmma import wgmma_gemm
@@ -128,11 +128,8 @@ def smem_bytes(config: PagedAttentionConfig) -> int:
 
 def check_config(config: PagedAttentionConfig) -> str | None:
     """None when this kernel implements ``config``, else why not (on top of ``config.can_implement``)."""
-    reason = config.shape_reason()
-    if reason is not None:
+    if (reason := target_reason(config, KIND, ARCH)) is not None:
         return reason
-    if config.kind != KIND or config.arch != ARCH:
-        return f"this kernel is {KIND} on {ARCH}, not {config.kind} on {config.arch}"
     if config.tile_q_rows != 64:
         return f"decode packs one group into a single 64-row warpgroup tile; tile_q_rows={config.tile_q_rows}"
     if config.group_size > config.tile_q_rows:
