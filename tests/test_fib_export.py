@@ -91,6 +91,15 @@ DEFINITIONS = {
          ("lse", ("total_q", "num_qo_heads"), "float32")]),
 }
 
+DEFINITION_CONFIGS = {  # the definitions' shapes as default_paged_config arguments
+    "gqa_paged_decode_h20_kv4_d128_ps64": dict(kind="gqa_paged_decode", num_qo_heads=20, num_kv_heads=4,
+                                               head_dim_qk=128, head_dim_v=128, page_size=64, causal=False),
+    "gqa_paged_prefill_causal_h32_kv4_d128_ps64": dict(kind="gqa_paged_prefill", num_qo_heads=32, num_kv_heads=4,
+                                                       head_dim_qk=128, head_dim_v=128, page_size=64, causal=True),
+    "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1": dict(kind="mla_paged_prefill", num_qo_heads=16, num_kv_heads=1,
+                                                          head_dim_qk=576, head_dim_v=512, page_size=1, causal=True),
+}
+
 CPU_CASES = {  # small CPU inputs per definition: the launcher must get as far as cute_attn's device rule
     "gqa_paged_prefill_causal_h32_kv4_d128_ps64": lambda: testing.make_gqa_prefill_case([3, 5], [70, 5]),
     "gqa_paged_decode_h20_kv4_d128_ps64": lambda: testing.make_gqa_decode_case([70, 3]),
@@ -185,5 +194,11 @@ def test_python_builder_builds_the_shipped_package(exported, definition, tmp_pat
         case = CPU_CASES[definition]()
         with pytest.raises(ValueError, match="cute_attn kernels run on a CUDA device"):
             runnable(*case.inputs(), *case.new_outputs())
+        # the shipped copy finds its own kernels: an absolute `cute_attn.kernels...` import would register them
+        # in another copy (this checkout's, on PYTHONPATH) and leave the shipped one without a launcher
+        config = shipped.config.default_paged_config(arch="sm_90a", **DEFINITION_CONFIGS[definition])
+        assert shipped.kernels.find_launcher(config) is not None
+        kernel_modules = [m for m in sys.modules if m.startswith(f"{package}.cute_attn.kernels.sm90.")]
+        assert kernel_modules, "the shipped package imported no kernel module of its own"
     finally:
         runnable.cleanup()

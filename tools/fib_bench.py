@@ -365,7 +365,9 @@ def rows_of(traces_by_definition: dict) -> list[dict]:
             ev = t.evaluation
             rows.append({"definition": name, "workload": t.workload.uuid, "solution": solution_kind(t.solution),
                          "latency_ms": ev.performance.latency_ms if ev.performance else None,
-                         "status": ev.status.value})
+                         "status": ev.status.value,
+                         # why a row failed, kept in the JSON: the trace folder is often gone by the time it is read
+                         **({} if ev.status.value == "PASSED" else {"log": (ev.log or "")[-1500:]})})
     return rows
 
 

@@ -59,9 +59,19 @@ def _paged_kernel(config) -> PagedKernel | None:
         except ValueError:
             return None
         if module is not None:
-            importlib.import_module(module)
+            importlib.import_module(_package_relative(module), package=_ROOT_PACKAGE)
         kernel = _PAGED.get((config.kind, config.arch))
     return kernel
+
+
+_ROOT_PACKAGE = __package__.rpartition(".")[0]  # "cute_attn", or "<pkg>.cute_attn" when shipped inside another
+
+
+def _package_relative(module: str) -> str:
+    """A spec's kernel module as a name relative to this copy of the package: FlashInfer-Bench's builder ships
+    cute_attn inside a package of its own, where an absolute ``cute_attn.kernels...`` would import another copy
+    (an installed one, or none) and register its kernels there, not here."""
+    return module if module.startswith(".") else "." + module.partition(".")[2]
 
 
 def find_launcher(config) -> Callable | None:

@@ -47,7 +47,8 @@ class OpSpec:
     default_tiles: Callable
     #: config -> reason | None: the kind's own shape rules (every kernel of the kind starts from them)
     shape_reason: Callable
-    #: arch -> module that registers this kind's kernel for it
+    #: arch -> module that registers this kind's kernel for it, relative to the package (``.kernels.sm90.x``), so a
+    #: copy of cute_attn shipped inside another package (FlashInfer-Bench's builder) loads its own kernels
     kernel_modules: dict[str, str] = field(default_factory=dict)
 
 

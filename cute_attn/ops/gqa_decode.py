@@ -71,7 +71,7 @@ SPEC = OpSpec(
     name="gqa_paged_decode", arg_names=ARG_NAMES, index_names=("kv_indptr", "kv_indices", "kv_last_page_len"),
     causal=False, check=check, signature=signature, reference=reference.gqa_paged_decode_ref,
     make_case=testing.make_gqa_decode_case, strategy=strategy, default_tiles=default_tiles, shape_reason=shape_reason,
-    kernel_modules={"sm_90a": "cute_attn.kernels.sm90.gqa_decode", "sm_100a": "cute_attn.kernels.sm100.gqa_decode"},
+    kernel_modules={"sm_90a": ".kernels.sm90.gqa_decode", "sm_100a": ".kernels.sm100.gqa_decode"},
 )
 
 

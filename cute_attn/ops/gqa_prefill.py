@@ -69,7 +69,7 @@ SPEC = OpSpec(
     index_names=("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"), causal=True, check=check,
     signature=signature, reference=reference.gqa_paged_prefill_ref, make_case=testing.make_gqa_prefill_case,
     strategy=strategy, default_tiles=default_tiles, shape_reason=gqa_shape_reason,
-    kernel_modules={"sm_90a": "cute_attn.kernels.sm90.gqa_prefill", "sm_100a": "cute_attn.kernels.sm100.gqa_prefill"},
+    kernel_modules={"sm_90a": ".kernels.sm90.gqa_prefill", "sm_100a": ".kernels.sm100.gqa_prefill"},
 )
 
 

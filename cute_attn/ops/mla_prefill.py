@@ -94,7 +94,7 @@ SPEC = OpSpec(
     name="mla_paged_prefill", arg_names=ARG_NAMES, index_names=("qo_indptr", "kv_indptr", "kv_indices"),
     causal=True, check=check, signature=signature, reference=reference.mla_paged_prefill_ref,
     make_case=testing.make_mla_prefill_case, strategy=strategy, default_tiles=default_tiles, shape_reason=shape_reason,
-    kernel_modules={"sm_90a": "cute_attn.kernels.sm90.mla_prefill", "sm_100a": "cute_attn.kernels.sm100.mla_prefill"},
+    kernel_modules={"sm_90a": ".kernels.sm90.mla_prefill", "sm_100a": ".kernels.sm100.mla_prefill"},
 )
 
 
