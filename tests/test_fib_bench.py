@@ -179,7 +179,8 @@ def test_rows_come_from_the_benchmarks_own_trace_records(trace_set):
 
     passed = fib.Evaluation(status=fib.EvaluationStatus.PASSED, environment=env, timestamp="t",
                             correctness=fib.Correctness(), performance=fib.Performance(latency_ms=0.0123))
-    failed = fib.Evaluation(status=fib.EvaluationStatus.RUNTIME_ERROR, environment=env, timestamp="t")
+    failed = fib.Evaluation(status=fib.EvaluationStatus.RUNTIME_ERROR, environment=env, timestamp="t",
+                            log="Traceback ...\nNotImplementedError: why")
     rows = fib_bench.rows_of({bw.DECODE: [trace("cute_attn_gqa_paged_decode_sm90a", passed),
                                           trace(fib_bench.flashinfer_solution_name(bw.DECODE), failed)]})
     assert rows == [
