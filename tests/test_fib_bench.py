@@ -187,7 +187,7 @@ def test_rows_come_from_the_benchmarks_own_trace_records(trace_set):
         {"definition": bw.DECODE, "workload": "n1_kv3232", "solution": "cute_attn", "latency_ms": 0.0123,
          "status": "PASSED"},
         {"definition": bw.DECODE, "workload": "n1_kv3232", "solution": "flashinfer", "latency_ms": None,
-         "status": "RUNTIME_ERROR"},
+         "status": "RUNTIME_ERROR", "log": "Traceback ...\nNotImplementedError: why"},
     ]
     lines = fib_bench.table(rows).splitlines()
     assert len(lines) == 3 and "0.0123" in lines[1] and lines[2].split()[-2:] == ["-", "RUNTIME_ERROR"]
