@@ -10,6 +10,7 @@ Importing the package also registers the ``torch.ops.cute_attn`` custom ops for 
 
 from . import reference
 from .api import DevicePlan, clear_plan_cache
+from .device_errors import DeviceIndexError, raise_on_device_error
 from .ops.gqa_decode import gqa_paged_decode, plan_gqa_paged_decode
 from .ops.gqa_prefill import gqa_paged_prefill, plan_gqa_paged_prefill
 from .ops.mla_decode import mla_paged_decode, plan_mla_paged_decode
@@ -18,6 +19,7 @@ from .plan import PlanCapacity, PlanConfig, WorkPlan, plan_work
 from . import torch_ops  # registers torch.ops.cute_attn.*; after the entry points, which it calls
 
 __all__ = [
+    "DeviceIndexError",
     "DevicePlan",
     "PlanCapacity",
     "PlanConfig",
@@ -32,6 +34,7 @@ __all__ = [
     "plan_mla_paged_decode",
     "plan_mla_paged_prefill",
     "plan_work",
+    "raise_on_device_error",
     "reference",
     "torch_ops",
 ]

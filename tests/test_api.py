@@ -196,9 +196,16 @@ class _FastEnv:
             self.launches.append(dict(plan=device_plan, work=device_plan.plan, inputs=inputs, output=output,
                                       lse=lse, natural_lse=natural_lse))
 
+        def host_planned(spec, args, output, lse, natural_lse, arch, num_sms):
+            # the default (device-planned) route needs a GPU for its planner: here it takes the host-planned one,
+            # whose fast path these tests are about (the device route is tested in tests/test_device_planner_gpu.py)
+            index = tuple(args[spec.arg_names.index(name)] for name in spec.index_names)
+            return api.run(spec, args, index, output, lse, None, True, natural_lse, arch, num_sms)
+
         monkeypatch.setattr(api, "_require_cuda", lambda device: None)
         monkeypatch.setattr(api, "find_launcher", lambda config: launcher)
         monkeypatch.setattr(api, "_run_full", counting_full)
+        monkeypatch.setattr(api, "_run_device", host_planned)
         cute_attn.clear_plan_cache()
 
 
@@ -432,12 +439,12 @@ def test_fast_path_with_explicit_plans(fast):
         _call(case, out, lse, plan=plan, check_indices=False)
     plan.config = config
     # check_indices=True on a hit: the same unmodified index tensors were checked; a write is checked again
-    _call(case, out, lse, plan=plan)
-    _call(case, out, lse, plan=plan)
+    _call(case, out, lse, plan=plan, check_indices=True)
+    _call(case, out, lse, plan=plan, check_indices=True)
     assert fast.full == 4
     case.kv_indices[0] = -1
     with pytest.raises(ValueError, match="kv_indices holds page id -1"):
-        _call(case, out, lse, plan=plan)
+        _call(case, out, lse, plan=plan, check_indices=True)
     with pytest.raises(TypeError, match="plan must be a DevicePlan"):
         _call(case, out, lse, plan="not a plan")
 

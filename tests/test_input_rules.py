@@ -117,9 +117,9 @@ def test_inference_mode_tensors_plan_every_call(monkeypatch):
         case = _decode()
         out, lse = case.new_outputs()
         for _ in range(2):
-            cute_attn.gqa_paged_decode(*case.inputs(), out, lse, arch="sm_90a", num_sms=8)
+            cute_attn.gqa_paged_decode(*case.inputs(), out, lse, arch="sm_90a", num_sms=8, check_indices=True)
         case.kv_last_page_len[0] = 5  # request 0 grows to 5 keys: an in-place write no version counter sees
-        cute_attn.gqa_paged_decode(*case.inputs(), out, lse, arch="sm_90a", num_sms=8)
+        cute_attn.gqa_paged_decode(*case.inputs(), out, lse, arch="sm_90a", num_sms=8, check_indices=True)
     assert len(launches) == 3 and len({id(p) for p in launches}) == 3  # a fresh plan every call
     first, last = (p.plan.valid_items() for p in (launches[0], launches[-1]))
     assert 3 in first[first[:, 0] == 0, 5] and 5 in last[last[:, 0] == 0, 5]  # request 0's KV_END: 3, then 5
@@ -138,7 +138,7 @@ def test_mla_decode_is_mla_prefill_with_one_cached_query_per_request(monkeypatch
     case = testing.make_mla_prefill_case([1, 1, 1], [40, 0, 7])
     args = (case.q_nope, case.q_pe, case.ckv_cache, case.kpe_cache, case.kv_indptr, case.kv_indices, case.sm_scale)
     for _ in range(2):
-        cute_attn.mla_paged_decode(*args, arch="sm_90a", num_sms=8)
+        cute_attn.mla_paged_decode(*args, arch="sm_90a", num_sms=8, check_indices=True)  # host-planned
     (plan_a, first), (plan_b, second) = launches
     assert first[4].tolist() == [0, 1, 2, 3] and first[4] is second[4] and plan_a is plan_b  # one plan, reused
     assert plan_a.config.kind == "mla_paged_prefill"

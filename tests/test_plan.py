@@ -16,6 +16,10 @@ from cute_attn import reference, testing
 from cute_attn.plan import ItemField as F
 from cute_attn.plan import PlanCapacity, PlanConfig, plan_work
 from cute_attn.plan_executor import execute_plan, plan_coverage
+from cute_attn.plan_partition import partition_plan
+
+# the host planner (LPT) and the device planner's numpy twin (cuts of the cost line) keep the same contract
+PLANNERS = pytest.mark.parametrize("planner", [plan_work, partition_plan], ids=["lpt", "partition"])
 
 
 @st.composite
@@ -38,21 +42,23 @@ def visible_keys(q_len, kv_len, causal):
     return (j <= i + kv_len - q_len) if causal else np.ones((q_len, kv_len), dtype=bool)
 
 
+@PLANNERS
 @given(cfg=plan_configs(), batch=testing.ragged_batches(max_batch=5, max_q=12, max_kv=40, kv_at_least_q=False))
-def test_every_visible_key_is_covered_exactly_once(cfg, batch):
+def test_every_visible_key_is_covered_exactly_once(planner, cfg, batch):
     q_lens, kv_lens = batch
-    plan = plan_work(cfg, q_lens, kv_lens)
+    plan = planner(cfg, q_lens, kv_lens)
     counts = plan_coverage(plan, q_lens, kv_lens)
     for b, (lq, lk) in enumerate(zip(q_lens, kv_lens)):
         want = np.broadcast_to(visible_keys(lq, lk, cfg.causal), counts[b].shape).astype(np.int32)
         assert np.array_equal(counts[b], want), f"request {b}: coverage differs from the visible set"
 
 
+@PLANNERS
 @given(cfg=plan_configs(), batch=testing.ragged_batches(max_batch=5, max_q=12, max_kv=40, kv_at_least_q=False))
-def test_every_query_row_is_written_exactly_once(cfg, batch):
+def test_every_query_row_is_written_exactly_once(planner, cfg, batch):
     """Rows that see no key must still be written (0, -inf): exactly one final writer per row."""
     q_lens, kv_lens = batch
-    plan = plan_work(cfg, q_lens, kv_lens)
+    plan = planner(cfg, q_lens, kv_lens)
     writes = [np.zeros((cfg.num_qo_heads, lq), dtype=np.int32) for lq in q_lens]
     g = cfg.group_size
 
@@ -69,12 +75,13 @@ def test_every_query_row_is_written_exactly_once(cfg, batch):
         assert (w == 1).all()
 
 
+@PLANNERS
 @given(cfg=plan_configs(), batch=testing.ragged_batches(max_batch=5, max_q=12, max_kv=200, kv_at_least_q=False))
-def test_every_split_item_names_the_merge_that_lists_its_slot(cfg, batch):
+def test_every_split_item_names_the_merge_that_lists_its_slot(planner, cfg, batch):
     """The fused merge (decode) relies on: MERGE = -1 iff PARTIAL_SLOT = -1; each merge's slots are a
     contiguous range holding exactly its split items' slots, and the merge covers the item's rows."""
     q_lens, kv_lens = batch
-    plan = plan_work(cfg, q_lens, kv_lens)
+    plan = planner(cfg, q_lens, kv_lens)
     items = plan.valid_items()
     assert items.shape[1] == len(F)
     slots, merges = items[:, F.PARTIAL_SLOT], items[:, F.MERGE]
@@ -93,16 +100,17 @@ def test_every_split_item_names_the_merge_that_lists_its_slot(cfg, batch):
         assert (split[:, F.MERGE] == m).sum() == ptr[m + 1] - ptr[m] >= 2
 
 
+@PLANNERS
 @given(cfg=plan_configs(), batch=testing.ragged_batches(max_batch=4, max_q=10, max_kv=30, kv_at_least_q=False),
        seed=st.integers(0, 1000))
-def test_executing_the_plan_reproduces_the_reference(cfg, batch, seed):
+def test_executing_the_plan_reproduces_the_reference(planner, cfg, batch, seed):
     q_lens, kv_lens = batch
     case = testing.make_gqa_prefill_case(q_lens, kv_lens, num_qo_heads=cfg.num_qo_heads,
                                          num_kv_heads=cfg.num_kv_heads, head_dim=8, page_size=4, seed=seed)
     kvp = case.kv_indptr.tolist()
     k_rows = [reference.gather_paged_kv(case.k_cache, case.kv_indices[kvp[b]:kvp[b + 1]], n) for b, n in enumerate(kv_lens)]
     v_rows = [reference.gather_paged_kv(case.v_cache, case.kv_indices[kvp[b]:kvp[b + 1]], n) for b, n in enumerate(kv_lens)]
-    plan = plan_work(cfg, q_lens, kv_lens)
+    plan = planner(cfg, q_lens, kv_lens)
     out, lse = execute_plan(plan, case.q, k_rows, v_rows, case.qo_indptr.tolist(), case.sm_scale)
     want_out, want_lse = reference.gqa_paged_prefill_ref(*case.inputs(), causal=cfg.causal)
     # compare in fp32 against the fp32 result before the reference's final bf16 cast

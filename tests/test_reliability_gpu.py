@@ -103,7 +103,7 @@ def split_plan(case):
 def _expect_named_error(case, corruption):
     out, lse = case.new_outputs()
     with pytest.raises(ValueError) as err:
-        run(case, out, lse)
+        run(case, out, lse, check_indices=True)  # the host check (debugging); the default checks on the GPU
     torch.cuda.synchronize()  # a launch that slipped through and faulted would surface here
     named = hostile.first_named_argument(str(err.value))
     assert named == corruption.names, f"{corruption.description}: error names {named!r}: {err.value}"

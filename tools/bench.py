@@ -56,7 +56,7 @@ def add_peer_ratios(records: List[Dict]) -> None:
     for r in records:
         groups.setdefault((r["kernel"], r["workload"]), []).append(r)
     for rows in groups.values():
-        peers = [r for r in rows if r["impl"] != "cute_attn" and r.get("gpu_us")]
+        peers = [r for r in rows if not r["impl"].startswith("cute_attn") and r.get("gpu_us")]
         good = [r for r in peers if r["passed"]] or peers
         if not good:
             continue

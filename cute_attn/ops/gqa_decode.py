@@ -77,7 +77,7 @@ SPEC = OpSpec(
 
 def gqa_paged_decode(
     q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output=None, lse=None,
-    *, plan: DevicePlan | None = None, check_indices: bool = True, natural_lse: bool = False,
+    *, plan: DevicePlan | None = None, check_indices: bool = False, natural_lse: bool = False,
     arch: str | None = None, num_sms: int | None = None,
 ):
     """GQA decode over a paged KV cache: one query token per request. Returns ``(output, lse)``.
@@ -113,7 +113,7 @@ def gqa_paged_decode(
 
 
 def plan_gqa_paged_decode(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
-                          *, arch: str | None = None, num_sms: int | None = None) -> DevicePlan:
+                          *, arch: str | None = None, num_sms: int | None = None, on_device: bool = False) -> DevicePlan:
     """Validate and plan one decode batch (reads the index tensors: one host sync) for ``plan=``.
 
     Takes the arguments of :func:`gqa_paged_decode` (outputs omitted); the plan holds the work lists and the
@@ -121,7 +121,7 @@ def plan_gqa_paged_decode(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_pa
     shapes; other q / caches / outputs are fine). A shape no kernel builds raises ValueError before planning.
     """
     return plan_for(SPEC, (q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale),
-                    arch=arch, num_sms=num_sms)
+                    arch=arch, num_sms=num_sms, on_device=on_device)
 
 
 __all__ = ["SPEC", "gqa_paged_decode", "plan_gqa_paged_decode", "check"]

@@ -75,7 +75,7 @@ SPEC = OpSpec(
 
 def gqa_paged_prefill(
     q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output=None, lse=None,
-    *, plan: DevicePlan | None = None, check_indices: bool = True, natural_lse: bool = False,
+    *, plan: DevicePlan | None = None, check_indices: bool = False, natural_lse: bool = False,
     arch: str | None = None, num_sms: int | None = None,
 ):
     """Causal GQA prefill over a paged KV cache. Returns ``(output, lse)`` (written in place if given).
@@ -106,13 +106,13 @@ def gqa_paged_prefill(
 
 
 def plan_gqa_paged_prefill(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
-                           *, arch: str | None = None, num_sms: int | None = None) -> DevicePlan:
+                           *, arch: str | None = None, num_sms: int | None = None, on_device: bool = False) -> DevicePlan:
     """Validate and plan one prefill batch (reads the index tensors: one host sync) for ``plan=``.
 
     Takes the arguments of :func:`gqa_paged_prefill` (outputs omitted); the plan serves every layer of the batch.
     """
     return plan_for(SPEC, (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale),
-                    arch=arch, num_sms=num_sms)
+                    arch=arch, num_sms=num_sms, on_device=on_device)
 
 
 __all__ = ["SPEC", "gqa_paged_prefill", "plan_gqa_paged_prefill", "check"]

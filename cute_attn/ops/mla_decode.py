@@ -40,7 +40,7 @@ def _qo_indptr(q_nope, kv_indptr) -> torch.Tensor:
 
 def mla_paged_decode(
     q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, output=None, lse=None,
-    *, plan: DevicePlan | None = None, check_indices: bool = True, natural_lse: bool = False,
+    *, plan: DevicePlan | None = None, check_indices: bool = False, natural_lse: bool = False,
     arch: str | None = None, num_sms: int | None = None,
 ):
     """Absorbed-MLA decode over a page-size-1 latent cache: one query per request. Returns ``(output, lse)``.
@@ -61,11 +61,11 @@ def mla_paged_decode(
 
 
 def plan_mla_paged_decode(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale,
-                          *, arch: str | None = None, num_sms: int | None = None) -> DevicePlan:
+                          *, arch: str | None = None, num_sms: int | None = None, on_device: bool = False) -> DevicePlan:
     """Validate and plan one MLA decode batch (reads the index tensors: one host sync) for ``plan=``."""
     qo_indptr = _qo_indptr(q_nope, kv_indptr)
     return plan_for(mla_prefill.SPEC, (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices,
-                                       sm_scale), arch=arch, num_sms=num_sms)
+                                       sm_scale), arch=arch, num_sms=num_sms, on_device=on_device)
 
 
 __all__ = ["mla_paged_decode", "plan_mla_paged_decode"]

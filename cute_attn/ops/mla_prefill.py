@@ -100,7 +100,7 @@ SPEC = OpSpec(
 
 def mla_paged_prefill(
     q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output=None, lse=None,
-    *, plan: DevicePlan | None = None, check_indices: bool = True, natural_lse: bool = False,
+    *, plan: DevicePlan | None = None, check_indices: bool = False, natural_lse: bool = False,
     arch: str | None = None, num_sms: int | None = None,
 ):
     """Causal absorbed-MLA prefill over a page-size-1 latent cache. Returns ``(output, lse)``.
@@ -125,10 +125,10 @@ def mla_paged_prefill(
 
 
 def plan_mla_paged_prefill(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale,
-                           *, arch: str | None = None, num_sms: int | None = None) -> DevicePlan:
+                           *, arch: str | None = None, num_sms: int | None = None, on_device: bool = False) -> DevicePlan:
     """Validate and plan one MLA prefill batch (reads the index tensors: one host sync) for ``plan=``."""
     return plan_for(SPEC, (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale),
-                    arch=arch, num_sms=num_sms)
+                    arch=arch, num_sms=num_sms, on_device=on_device)
 
 
 __all__ = ["SPEC", "mla_paged_prefill", "plan_mla_paged_prefill", "check"]

@@ -172,7 +172,7 @@ register_kernel(CombineConfig, build, configs=default_configs)
 def launch_combine(device_plan, output, lse, lse_out_scale: float, partial_out=None, partial_lse=None) -> None:
     """Fold the partial slots (this stream's scratch of ``device_plan`` unless given) into ``output``/``lse``
     (no-op when the plan has no merges)."""
-    if device_plan.plan.num_merges == 0:
+    if not device_plan.may_merge:
         return
     if partial_out is None:
         partial_out, partial_lse, _ = device_plan.scratch()

@@ -109,7 +109,7 @@ def launch_paged(device_plan, check_config, inputs: tuple, sm_scale, output, lse
     merge_args = (device_plan.merge_indptr, merge_counters) if fused_merge else ()
     resolved[3](*inputs, device_plan.work_indptr, device_plan.items, *merge_args, output, lse,
                 partial_out, partial_lse, float(sm_scale) * LOG2_E, lse_out_scale)
-    if not fused_merge and device_plan.plan is not None and device_plan.plan.num_merges:
+    if not fused_merge and device_plan.may_merge:
         launch_combine(device_plan, output, lse, lse_out_scale, partial_out, partial_lse)
 
 

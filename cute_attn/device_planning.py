@@ -1,0 +1,111 @@
+"""Host side of device planning: buffers sized from shapes alone, and the planner launch.
+
+A call with new index tensors then costs two launches (planner, attention) and no device-to-host copy: the
+capacity comes from the shapes the host already knows (``batch = len(kv_indptr) - 1`` and ``total_q =
+q.shape[0]``, through :meth:`PlanCapacity.for_limits`, which provably holds every plan of such a batch), the
+planner (``kernels/common/device_planner.py``) fills the work lists in the caller's stream, and the index
+checks leave their verdict in the device error word (:mod:`cute_attn.device_errors`). Everything here is
+capturable in a CUDA graph once the buffers exist: a replay re-plans from whatever the index tensors then hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .compile import compile_kernel
+from .device_errors import error_word
+from .kernels.common.device_planner import MAX_CTAS, Q_TILE_FIELDS, DevicePlannerConfig, scan_ctas
+from .plan import PlanCapacity
+
+__all__ = ["PlannerScratch", "DevicePlanRoute", "planner_config", "allocate_planned", "launch_planner"]
+
+
+@dataclass
+class PlannerScratch:
+    """The planner's own per-launch buffers (zero between launches where it says so)."""
+
+    q_tiles: torch.Tensor  # [max_items, 4] int32
+    q_tile_start: torch.Tensor  # [max_items + 1] int64
+    requests: torch.Tensor  # [max(batch, 1), 4] int32
+    request_faults: torch.Tensor  # [max(batch, 1)] int32, zero between launches
+    arrivals: torch.Tensor  # [1] int32, zero between launches
+    ones: torch.Tensor  # [max(batch, 1)] int32: kv_last_page_len of kinds without one (page size 1: MLA)
+
+    @staticmethod
+    def allocate(capacity: PlanCapacity, batch: int, device) -> "PlannerScratch":
+        rows = max(batch, 1)
+        return PlannerScratch(
+            q_tiles=torch.empty(capacity.max_items, Q_TILE_FIELDS, dtype=torch.int32, device=device),
+            q_tile_start=torch.empty(capacity.max_items + 1, dtype=torch.int64, device=device),
+            requests=torch.empty(rows, 4, dtype=torch.int32, device=device),
+            request_faults=torch.zeros(rows, dtype=torch.int32, device=device),
+            arrivals=torch.zeros(1, dtype=torch.int32, device=device),
+            ones=torch.ones(rows, dtype=torch.int32, device=device),
+        )
+
+
+def planner_config(spec, config, num_ctas: int) -> DevicePlannerConfig:
+    if num_ctas > MAX_CTAS:
+        raise ValueError(f"the device planner handles at most {MAX_CTAS} CTAs, the kernel launches {num_ctas}")
+    return DevicePlannerConfig.for_plan(config.plan_config(num_ctas), arch=config.arch,
+                                        has_qo_indptr="qo_indptr" in spec.arg_names, head_dim_v=config.head_dim_v)
+
+
+def allocate_planned(config, capacity: PlanCapacity, num_ctas: int, batch: int, device):
+    """A :class:`~cute_attn.api.DevicePlan` with the planner's scratch: its lists are written on the device."""
+    from .api import DevicePlan
+
+    plan = DevicePlan.allocate(config, capacity, num_ctas, device)
+    plan.planner = PlannerScratch.allocate(capacity, batch, device)
+    return plan
+
+
+@dataclass
+class DevicePlanRoute:
+    """What a device-planned call shape needs, resolved once: where the index tensors sit among the arguments,
+    the planner, the capacity, and one DevicePlan per CUDA stream (plans on two streams must not share lists)."""
+
+    positions: tuple  # argument positions of qo_indptr (or None), kv_indptr, kv_indices, kv_last_page_len (or None)
+    planner: object  # the compiled planner
+    capacity: PlanCapacity
+    num_ctas: int
+    batch: int
+    num_pages: int
+    total_q: int
+    slots: dict  # stream handle -> DevicePlan
+
+    @staticmethod
+    def resolve(spec, config, problem, num_ctas: int) -> "DevicePlanRoute":
+        names = spec.arg_names
+        positions = tuple(names.index(n) if n in names else None
+                          for n in ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"))
+        pconfig = planner_config(spec, config, num_ctas)
+        capacity = PlanCapacity.for_limits(pconfig.plan_config(num_ctas), max_batch=problem.batch_size,
+                                           max_total_q=problem.total_q)
+        return DevicePlanRoute(positions, compile_kernel(pconfig), capacity, num_ctas, problem.batch_size,
+                               problem.num_pages, problem.total_q, {})
+
+    def slot(self, config, stream: int, device):
+        plan = self.slots.get(stream)
+        if plan is None:
+            plan = self.slots[stream] = allocate_planned(config, self.capacity, self.num_ctas, self.batch, device)
+        return plan
+
+    def plan(self, device_plan, args: tuple, output, lse) -> None:
+        qo, kvp, kvi, last = (None if p is None else args[p] for p in self.positions)
+        launch_planner(self.planner, device_plan, qo, kvp, kvi, last, output, lse, self.num_pages, self.total_q)
+
+
+def launch_planner(planner, device_plan, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output, lse,
+                   num_pages: int, total_q: int) -> None:
+    """Plan into ``device_plan`` (which holds the planner's scratch) from the index tensors, in the current stream."""
+    s = device_plan.planner
+    device = kv_indptr.device
+    if kv_last_page_len is None:
+        kv_last_page_len = s.ones
+    planner(qo_indptr if qo_indptr is not None else kv_indptr, kv_indptr, kv_indices, kv_last_page_len, output, lse,
+            device_plan.work_indptr, device_plan.items, device_plan.merge_indptr, device_plan.merges, s.q_tiles,
+            s.q_tile_start, s.requests, s.request_faults, error_word(device), s.arrivals, num_pages, total_q,
+            device_plan.partial_out.shape[0], scan_ctas(kv_indices.shape[0]))

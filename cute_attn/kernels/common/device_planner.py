@@ -1,0 +1,574 @@
+"""Device planner: index tensors -> the work lists the attention kernels consume, in one launch, no host sync.
+
+The algorithm is :mod:`cute_attn.plan_partition`'s (its numpy twin and oracle: cuts of the cost line, so
+every step is a prefix sum or a binary search); this kernel also checks the index values, so a new batch
+costs launches only and stays safe with ``check_indices=False``.
+
+Roles / phases (:func:`scan_ctas` x 512 threads, arch-neutral SIMT code: the same source for sm_90a and sm_100a)
+    every CTA   *page scan*: a grid-stride pass over ``kv_indices[0 : min(kv_indptr[batch], len)]``; a page id
+                outside ``[0, num_pages)`` marks its request (binary search of ``kv_indptr``) in
+                ``request_faults`` and the device error word. Then fence, and one ``atom.add.acq_rel.gpu`` on
+                ``arrivals``: the CTA that arrives last (it has seen every other CTA's marks) plans; the others
+                exit. It resets ``arrivals`` and ``request_faults`` to 0, so the buffers are clean for the next
+                launch and for every CUDA-graph replay.
+    last CTA    *rules*: ``qo_indptr``/``kv_indptr`` start at 0, never decrease, end at ``total_q`` / at most
+                ``len(kv_indices)``; ``kv_last_page_len`` in ``1..page_size`` (``0..page_size`` without pages).
+                A broken indptr faults the whole batch: no items, and this CTA writes output 0 / lse ``-inf``
+                for every row. A broken request gets its tiles with no keys (the attention kernel writes 0 /
+                ``-inf`` for its rows and reads none of its pages).
+                *q tiles*: per request ``ceil(q_len * group / rows_per_tile)`` tiles (block prefix sum), per q
+                tile its request (binary search), rows, causal key end and cost; the cost line's prefix sum
+                (int64) into ``q_tile_start``.
+                *cuts*: one thread per CTA edge finds its tile (binary search) and key, snapping near edges.
+                *lists*: merges (runs of cuts inside one tile; block prefix sums give merge ids and partial slot
+                bases), ``work_indptr`` (prefix sum of items per CTA), ``merge_indptr``/``merges``, then one
+                thread per item writes its 10 fields. A plan larger than the buffers is a capacity fault.
+
+Device error word (int32 ``[4]``, cleared by :func:`cute_attn.device_errors.raise_on_device_error`):
+``[0]`` OR of the fault bits (``device_errors.Fault``), ``[1]`` the lowest faulting request (init INT32_MAX),
+``[2]``/``[3]`` one bad page id and its kv_indices position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Int64
+
+from ...compile import register_kernel
+from ...config import KernelConfig
+from ...plan import NOT_CAUSAL_OFFSET, ItemField, MergeField, PlanConfig
+from ...plan_partition import SNAP_EIGHTHS, min_piece_cost
+
+WARP = 32
+NUM_THREADS = 512
+NUM_WARPS = NUM_THREADS // WARP
+MAX_CTAS = NUM_THREADS - 1  # one thread per CTA edge (num_ctas + 1 of them)
+SCAN_IDS_PER_THREAD = 8  # page scan: CTAs = ceil(len(kv_indices) / (NUM_THREADS * this)), capped
+MAX_SCAN_CTAS = 132
+SEARCH_STEPS = 32  # binary searches over at most 2^31 entries
+Q_TILE_FIELDS = 4  # request, row start, row count, key end
+# fault bits (cute_attn.device_errors.Fault mirrors them)
+FAULT_QO_INDPTR, FAULT_KV_INDPTR, FAULT_LAST_PAGE_LEN, FAULT_PAGE_ID, FAULT_CAPACITY = 1, 2, 4, 8, 16
+INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class DevicePlannerConfig(KernelConfig):
+    """The plan rules baked into one planner build; batch, lengths, CTA count and capacities are runtime."""
+
+    kernel_name: ClassVar[str] = "device_planner"
+
+    num_kv_heads: int = 4
+    group_size: int = 5
+    rows_per_tile: int = 64  # packed rows per tile (whole tokens)
+    kv_tile: int = 64
+    page_size: int = 64
+    causal: bool = False
+    has_qo_indptr: bool = False  # decode: one query per request (token b), no qo_indptr
+    item_overhead_keys: int = 128
+    min_chunk_keys: int = 0
+    allow_split: bool = True
+    num_qo_heads: int = 20
+    head_dim_v: int = 128
+
+    @staticmethod
+    def for_plan(plan_config: PlanConfig, *, arch: str, has_qo_indptr: bool, head_dim_v: int) -> "DevicePlannerConfig":
+        return DevicePlannerConfig(
+            arch=arch, num_kv_heads=plan_config.num_kv_heads, group_size=plan_config.group_size,
+            rows_per_tile=plan_config.tile_q_rows, kv_tile=plan_config.kv_tile, page_size=plan_config.page_size,
+            causal=plan_config.causal, has_qo_indptr=has_qo_indptr, item_overhead_keys=plan_config.item_overhead_keys,
+            min_chunk_keys=plan_config.min_chunk_keys, allow_split=plan_config.allow_split,
+            num_qo_heads=plan_config.num_qo_heads, head_dim_v=head_dim_v)
+
+    def plan_config(self, num_ctas: int) -> PlanConfig:
+        return PlanConfig(num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads, causal=self.causal,
+                          tile_q_rows=self.rows_per_tile, kv_tile=self.kv_tile, num_ctas=num_ctas,
+                          item_overhead_keys=self.item_overhead_keys, allow_split=self.allow_split,
+                          min_chunk_keys=self.min_chunk_keys, page_size=self.page_size)
+
+    def can_implement(self) -> str | None:
+        if (reason := super().can_implement()) is not None:
+            return reason
+        for name in ("num_kv_heads", "group_size", "rows_per_tile", "kv_tile", "page_size", "num_qo_heads",
+                     "head_dim_v"):
+            if getattr(self, name) < 1:
+                return f"{name}={getattr(self, name)} must be >= 1"
+        if self.num_qo_heads != self.num_kv_heads * self.group_size:
+            return f"num_qo_heads={self.num_qo_heads} must be num_kv_heads * group_size"
+        if self.rows_per_tile % self.group_size:
+            return f"rows_per_tile={self.rows_per_tile} must hold whole tokens of group {self.group_size}"
+        if self.item_overhead_keys < 0 or self.min_chunk_keys < 0:
+            return "item_overhead_keys and min_chunk_keys must be >= 0"
+        return None
+
+
+def scan_ctas(num_indices: int) -> int:
+    """CTAs of the page scan for ``num_indices`` kv_indices entries (the last of them plans)."""
+    return max(1, min(MAX_SCAN_CTAS, -(-num_indices // (NUM_THREADS * SCAN_IDS_PER_THREAD))))
+
+
+# ------------------------------------------------------------------------------------------ device helpers
+@cute.jit
+def _block_exclusive_sum(value, tidx, warp_sums: cute.Tensor):
+    """(exclusive prefix of ``value`` over the CTA's threads, the CTA's total); ``warp_sums`` [NUM_WARPS]."""
+    lane = tidx % WARP
+    warp = tidx // WARP
+    inclusive = value
+    for i in cutlass.range_constexpr(5):
+        neighbour = cute.arch.shuffle_sync_up(inclusive, 1 << i)
+        if lane >= (1 << i):
+            inclusive = inclusive + neighbour
+    if lane == WARP - 1:
+        warp_sums[warp] = inclusive
+    cute.arch.sync_threads()
+    before = value - value
+    total = value - value
+    for w in cutlass.range_constexpr(NUM_WARPS):
+        s = warp_sums[w]
+        total = total + s
+        if w < warp:
+            before = before + s
+    cute.arch.sync_threads()  # warp_sums is free again
+    return before + inclusive - value, total
+
+
+@cute.jit
+def _last_at_most(sorted_values: cute.Tensor, count, key, column: cutlass.Constexpr = None):
+    """The largest ``i`` in ``[0, count)`` with ``sorted_values[i] <= key`` (0 if none): a binary search
+    (of column ``column`` of a 2-D tensor when given)."""
+    lo = Int32(0)
+    hi = Int32(count - 1)
+    for _ in cutlass.range_constexpr(SEARCH_STEPS):
+        if lo < hi:
+            mid = (lo + hi + 1) // 2
+            value = sorted_values[mid] if cutlass.const_expr(column is None) else sorted_values[mid, column]
+            if value <= key:
+                lo = mid
+            else:
+                hi = mid - 1
+    return lo
+
+
+@cute.jit
+def _record(error_word: cute.Tensor, bits, request):
+    cute.arch.atomic_or((error_word.iterator + 0).llvm_ptr, Int32(bits))
+    cute.arch.atomic_min((error_word.iterator + 1).llvm_ptr, Int32(request))
+
+
+class DevicePlanner:
+    def __init__(self, config: DevicePlannerConfig):
+        self.c = config
+        self.min_piece = min_piece_cost(config.plan_config(1))
+
+    def __repr__(self) -> str:
+        c = self.c
+        return (f"DevicePlanner_H{c.num_qo_heads}x{c.num_kv_heads}_R{c.rows_per_tile}_N{c.kv_tile}_P{c.page_size}"
+                f"_{'C' if c.causal else 'N'}{'Q' if c.has_qo_indptr else 'D'}")
+
+    @cute.jit
+    def __call__(self, qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor,
+                 kv_last_page_len: cute.Tensor, output: cute.Tensor, lse: cute.Tensor, work_indptr: cute.Tensor,
+                 items: cute.Tensor, merge_indptr: cute.Tensor, merges: cute.Tensor, q_tiles: cute.Tensor,
+                 q_tile_start: cute.Tensor, requests: cute.Tensor, request_faults: cute.Tensor,
+                 error_word: cute.Tensor, arrivals: cute.Tensor, num_pages: Int32, total_q: Int32,
+                 max_partials: Int32, num_scan_ctas: Int32, stream: cuda.CUstream):
+        self.kernel(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output, lse, work_indptr, items,
+                    merge_indptr, merges, q_tiles, q_tile_start, requests, request_faults, error_word, arrivals,
+                    num_pages, total_q, max_partials, num_scan_ctas).launch(grid=(num_scan_ctas, 1, 1), block=(NUM_THREADS, 1, 1),
+                                                     stream=stream)
+
+    @cute.kernel
+    def kernel(self, qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor,
+               kv_last_page_len: cute.Tensor, output: cute.Tensor, lse: cute.Tensor, work_indptr: cute.Tensor,
+               items: cute.Tensor, merge_indptr: cute.Tensor, merges: cute.Tensor, q_tiles: cute.Tensor,
+               q_tile_start: cute.Tensor, requests: cute.Tensor, request_faults: cute.Tensor,
+               error_word: cute.Tensor, arrivals: cute.Tensor, num_pages: Int32, total_q: Int32,
+               max_partials: Int32, num_scan_ctas: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        smem = cutlass.utils.SmemAllocator()
+        warp_sums = smem.allocate_tensor(Int64, cute.make_layout(NUM_WARPS))
+        flags = smem.allocate_tensor(Int32, cute.make_layout(NUM_WARPS + 2))
+        cut_tile = smem.allocate_tensor(Int32, cute.make_layout(NUM_THREADS))
+        cut_key = smem.allocate_tensor(Int32, cute.make_layout(NUM_THREADS))
+        cta_items = smem.allocate_tensor(Int32, cute.make_layout(NUM_THREADS))  # work_indptr, in smem too
+        merge_first_cut = smem.allocate_tensor(Int32, cute.make_layout(NUM_THREADS))
+        merge_last_cut = smem.allocate_tensor(Int32, cute.make_layout(NUM_THREADS))
+        merge_slot = smem.allocate_tensor(Int32, cute.make_layout(NUM_THREADS))
+        cut_merge = smem.allocate_tensor(Int32, cute.make_layout(NUM_THREADS))
+
+        batch = kv_indptr.shape[0] - 1
+        num_indices = kv_indices.shape[0]
+        # ---------------------------------------------------------------- page scan (every CTA)
+        scan_end = cutlass.min(cutlass.max(kv_indptr[batch], Int32(0)), num_indices)
+        for p in range(cta * NUM_THREADS + tidx, scan_end, num_scan_ctas * NUM_THREADS):
+            page = kv_indices[p]
+            if page < 0 or page >= num_pages:
+                b = _last_at_most(kv_indptr, batch, p)
+                cute.arch.atomic_or((request_faults.iterator + b).llvm_ptr, Int32(FAULT_PAGE_ID))
+                _record(error_word, FAULT_PAGE_ID, b)
+                error_word[2] = page
+                error_word[3] = p
+        cute.arch.fence_acq_rel_gpu()
+        cute.arch.sync_threads()
+        if tidx == 0:
+            flags[0] = cute.arch.atomic_add(arrivals.iterator.llvm_ptr, Int32(1), sem="acq_rel", scope="gpu")
+        cute.arch.sync_threads()
+        if flags[0] == num_scan_ctas - 1:
+            cute.arch.fence_acq_rel_gpu()
+            self.plan(tidx, qo_indptr, kv_indptr, kv_last_page_len, output, lse, work_indptr, items, merge_indptr,
+                      merges, q_tiles, q_tile_start, requests, request_faults, error_word, warp_sums, flags,
+                      cut_tile, cut_key, cta_items, merge_first_cut, merge_last_cut, merge_slot, cut_merge,
+                      batch, num_indices, total_q, max_partials)
+            if tidx == 0:
+                arrivals[0] = Int32(0)
+
+    @cute.jit
+    def plan(self, tidx, qo_indptr, kv_indptr, kv_last_page_len, output, lse, work_indptr, items, merge_indptr,
+             merges, q_tiles, q_tile_start, requests, request_faults, error_word, warp_sums, flags, cut_tile, cut_key,
+             cta_items, merge_first_cut, merge_last_cut, merge_slot, cut_merge, batch, num_indices, total_q, max_partials):
+        c = self.c
+        heads = c.num_kv_heads
+        num_ctas = work_indptr.shape[0] - 1
+        # ---------------------------------------------------------------- rules
+        bad = Int32(0)  # this thread's batch-wide faults
+        if tidx == 0:
+            if kv_indptr[0] != 0 or kv_indptr[batch] > num_indices:
+                bad = bad | FAULT_KV_INDPTR
+            if cutlass.const_expr(c.has_qo_indptr):
+                if qo_indptr[0] != 0 or qo_indptr[batch] != total_q:
+                    bad = bad | FAULT_QO_INDPTR
+        for b in range(tidx, batch, NUM_THREADS):
+            pages = kv_indptr[b + 1] - kv_indptr[b]
+            if pages < 0:
+                bad = bad | FAULT_KV_INDPTR
+            if cutlass.const_expr(c.has_qo_indptr):
+                if qo_indptr[b + 1] < qo_indptr[b]:
+                    bad = bad | FAULT_QO_INDPTR
+            last = kv_last_page_len[b]
+            lowest = Int32(1) if pages > 0 else Int32(0)
+            mine = request_faults[b]
+            if last < lowest or last > c.page_size:
+                mine = mine | FAULT_LAST_PAGE_LEN
+                _record(error_word, FAULT_LAST_PAGE_LEN, b)
+            if Int64(pages) * c.page_size > Int64(INT32_MAX - 2 * c.kv_tile):
+                mine = mine | FAULT_KV_INDPTR
+                _record(error_word, FAULT_KV_INDPTR, b)
+            request_faults[b] = Int32(0)  # clean for the next launch; the verdict moves to `requests`
+            requests[b, 3] = mine
+        if bad != 0:
+            _record(error_word, bad, 0)
+        lane_bad = cute.arch.vote_any_sync(bad != 0)
+        if tidx % WARP == 0:
+            flags[1 + tidx // WARP] = Int32(1) if lane_bad else Int32(0)
+        cute.arch.sync_threads()
+        batch_fault = Int32(0)
+        for w in cutlass.range_constexpr(NUM_WARPS):
+            batch_fault = batch_fault | flags[1 + w]
+
+        # ---------------------------------------------------------------- q tiles per request
+        num_q_tiles = Int32(0)
+        if batch_fault == 0:
+            for base in range(0, batch, NUM_THREADS):
+                b = base + tidx
+                tiles = Int32(0)
+                if b < batch:
+                    q_len = Int32(1)
+                    if cutlass.const_expr(c.has_qo_indptr):
+                        q_len = qo_indptr[b + 1] - qo_indptr[b]
+                    tiles = (q_len * c.group_size + c.rows_per_tile - 1) // c.rows_per_tile
+                    pages = kv_indptr[b + 1] - kv_indptr[b]
+                    kv_len = Int32(0)
+                    if pages > 0:
+                        kv_len = (pages - 1) * c.page_size + kv_last_page_len[b]
+                    requests[b, 1] = kv_len
+                    requests[b, 2] = q_len
+                first, total = _block_exclusive_sum(Int64(tiles), tidx, warp_sums)
+                if b < batch:
+                    requests[b, 0] = Int32(first) + num_q_tiles
+                num_q_tiles = num_q_tiles + Int32(total)
+        capacity_bad = Int32(0)
+        if Int64(num_q_tiles) * heads > Int64(items.shape[0]):
+            capacity_bad = Int32(1)
+        if batch_fault == 0 and capacity_bad == 0:
+            self.plan_tiles(tidx, qo_indptr, kv_indptr, kv_last_page_len, work_indptr, items, merge_indptr, merges,
+                            q_tiles, q_tile_start, requests, error_word, warp_sums, flags, cut_tile, cut_key,
+                            cta_items, merge_first_cut, merge_last_cut, merge_slot, cut_merge, batch, num_q_tiles,
+                            num_ctas, max_partials)
+            cute.arch.sync_threads()
+            capacity_bad = flags[NUM_WARPS + 1]
+        else:
+            if capacity_bad != 0 and tidx == 0:
+                _record(error_word, FAULT_CAPACITY, 0)
+        if batch_fault != 0 or capacity_bad != 0:
+            self.empty_plan(tidx, output, lse, work_indptr, merge_indptr, num_ctas, total_q)
+
+    @cute.jit
+    def empty_plan(self, tidx, output, lse, work_indptr, merge_indptr, num_ctas, total_q):
+        """No items; every output row 0 and lse -inf (the batch's index values cannot be trusted)."""
+        for i in range(tidx, num_ctas + 1, NUM_THREADS):
+            work_indptr[i] = Int32(0)
+        for i in range(tidx, merge_indptr.shape[0], NUM_THREADS):
+            merge_indptr[i] = Int32(0)
+        heads_q = self.c.num_qo_heads
+        rows = total_q if output.shape[0] == total_q else Int32(0)  # plan_*(on_device=True) has no output
+        for r in range(tidx, rows * heads_q, NUM_THREADS):
+            lse[r // heads_q, r % heads_q] = -cutlass.Float32.inf
+            for d in range(self.c.head_dim_v):
+                output[r // heads_q, r % heads_q, d] = cutlass.BFloat16(0.0)
+
+    @cute.jit
+    def plan_tiles(self, tidx, qo_indptr, kv_indptr, kv_last_page_len, work_indptr, items, merge_indptr, merges,
+                   q_tiles, q_tile_start, requests, error_word, warp_sums, flags, cut_tile, cut_key, cta_items,
+                   merge_first_cut, merge_last_cut, merge_slot, cut_merge, batch, num_q_tiles, num_ctas,
+                   max_partials):
+        c = self.c
+        heads = c.num_kv_heads
+        # ---------------------------------------------------------------- q tiles: rows, key end, cost line
+        line = Int64(0)
+        for base in range(0, num_q_tiles, NUM_THREADS):
+            j = base + tidx
+            cost = Int64(0)
+            if j < num_q_tiles:
+                b = _last_at_most(requests, batch, j, 0)  # column 0: first q tile of each request
+                kv_len = requests[b, 1]
+                q_len = requests[b, 2]
+                row_start = (j - requests[b, 0]) * c.rows_per_tile
+                row_count = cutlass.min(Int32(c.rows_per_tile), q_len * c.group_size - row_start)
+                kv_end = kv_len
+                if cutlass.const_expr(c.causal):
+                    kv_end = (row_start + row_count - 1) // c.group_size + 1 + kv_len - q_len
+                    kv_end = cutlass.min(cutlass.max(kv_end, Int32(0)), kv_len)
+                if requests[b, 3] != 0:
+                    kv_end = Int32(0)
+                q_tiles[j, 0] = b
+                q_tiles[j, 1] = row_start
+                q_tiles[j, 2] = row_count
+                q_tiles[j, 3] = kv_end
+                cost = Int64((kv_end + c.kv_tile - 1) // c.kv_tile * c.kv_tile + c.item_overhead_keys)
+            start, total = _block_exclusive_sum(cost, tidx, warp_sums)
+            if j < num_q_tiles:
+                q_tile_start[j] = (line + start) * heads
+            line = line + total
+        if tidx == 0:
+            q_tile_start[num_q_tiles] = line * heads
+        cute.arch.fence_acq_rel_cta()
+        cute.arch.sync_threads()
+
+        # ---------------------------------------------------------------- cuts, one thread per CTA edge
+        total_cost = line * heads
+        width = Int64(1)
+        active = Int64(0)
+        if total_cost > 0:
+            width = cutlass.max((total_cost + num_ctas - 1) // num_ctas, Int64(self.min_piece))
+            active = (total_cost + width - 1) // width
+        num_tiles = num_q_tiles * heads
+        slack = width * SNAP_EIGHTHS // 8
+        edge = tidx
+        if edge <= num_ctas:
+            t_cut = Int32(num_tiles)
+            k_cut = Int32(0)
+            if edge == 0:
+                t_cut = Int32(0)
+            elif Int64(edge) < active:
+                p = Int64(edge) * width
+                j = _last_at_most(q_tile_start, num_q_tiles, p)
+                kv_end = q_tiles[j, 3]
+                cost = Int64((kv_end + c.kv_tile - 1) // c.kv_tile * c.kv_tile + c.item_overhead_keys)
+                h = (p - q_tile_start[j]) // cost
+                o = p - q_tile_start[j] - h * cost
+                t = Int32(j * heads + Int32(h))
+                k = (o - c.item_overhead_keys + c.kv_tile // 2) // c.kv_tile * c.kv_tile
+                k = cutlass.min(cutlass.max(k, Int64(0)), Int64(kv_end))
+                up = Int32(0)
+                inside = Int32(0)
+                if cutlass.const_expr(not c.allow_split):
+                    if 2 * o >= cost:
+                        up = Int32(1)
+                else:
+                    if k == 0 or o <= slack:
+                        up = Int32(0)
+                    elif k >= kv_end or cost - o <= slack:
+                        up = Int32(1)
+                    else:
+                        inside = Int32(1)
+                t_cut = t + up
+                if inside != 0:
+                    t_cut = t
+                    k_cut = Int32(k)
+            cut_tile[edge] = t_cut
+            cut_key[edge] = k_cut
+        cute.arch.sync_threads()
+
+        # ---------------------------------------------------------------- merges: runs of cuts inside one tile
+        run_start = Int32(0)
+        run_end = Int32(0)
+        if edge <= num_ctas:
+            inside = cut_key[edge] > 0
+            continues = False
+            if edge > 0:
+                continues = inside and cut_key[edge - 1] > 0 and cut_tile[edge - 1] == cut_tile[edge]
+            if inside and not continues:
+                run_start = Int32(1)
+            if edge < num_ctas:
+                if inside and not (cut_key[edge + 1] > 0 and cut_tile[edge + 1] == cut_tile[edge]):
+                    run_end = Int32(1)
+            elif inside:
+                run_end = Int32(1)
+        merge_before, num_merges = _block_exclusive_sum(Int64(run_start), tidx, warp_sums)
+        merge = Int32(merge_before) + run_start - 1  # the merge of an inside cut (its run's id)
+        if edge <= num_ctas:
+            cut_merge[edge] = merge
+            if run_start != 0:
+                merge_first_cut[merge] = edge
+            if run_end != 0:
+                merge_last_cut[merge] = edge
+        cute.arch.sync_threads()
+        chunks = Int64(0)
+        if tidx < Int32(num_merges):
+            chunks = Int64(merge_last_cut[tidx] - merge_first_cut[tidx] + 2)
+        slot_before, num_partials = _block_exclusive_sum(chunks, tidx, warp_sums)
+        if tidx < Int32(num_merges):
+            merge_slot[tidx] = Int32(slot_before)
+
+        # ---------------------------------------------------------------- items per CTA -> work_indptr
+        count = Int32(0)
+        if edge < num_ctas:
+            first = cut_tile[edge]
+            last = cut_tile[edge + 1] - 1
+            if cut_key[edge + 1] > 0:
+                last = cut_tile[edge + 1]
+            count = cutlass.max(last - first + 1, Int32(0))
+        item_before, num_items = _block_exclusive_sum(Int64(count), tidx, warp_sums)
+        if edge <= num_ctas:
+            cta_items[edge] = Int32(item_before)
+            work_indptr[edge] = Int32(item_before)
+        too_big = Int32(0)
+        if num_items > Int64(items.shape[0]) or num_merges > Int64(merges.shape[0]):
+            too_big = Int32(1)
+        if num_merges > 0 and num_partials > Int64(max_partials):
+            too_big = Int32(1)
+        if tidx == 0:
+            flags[NUM_WARPS + 1] = too_big
+            if too_big != 0:
+                _record(error_word, FAULT_CAPACITY, 0)
+        cute.arch.sync_threads()
+        if too_big == 0:
+            self.write_lists(tidx, qo_indptr, kv_indptr, items, merge_indptr, merges, q_tiles, requests, cut_tile,
+                             cut_key, cta_items, merge_first_cut, merge_slot, cut_merge, Int32(num_items),
+                             Int32(num_merges), Int32(num_partials), num_ctas)
+
+    @cute.jit
+    def write_lists(self, tidx, qo_indptr, kv_indptr, items, merge_indptr, merges, q_tiles, requests, cut_tile,
+                    cut_key, cta_items, merge_first_cut, merge_slot, cut_merge, num_items, num_merges,
+                    num_partials, num_ctas):
+        c = self.c
+        heads = c.num_kv_heads
+        for g in range(tidx, merge_indptr.shape[0], NUM_THREADS):
+            if g < num_merges:
+                merge_indptr[g] = merge_slot[g]
+                t = cut_tile[merge_first_cut[g]]
+                j = t // heads
+                b = q_tiles[j, 0]
+                merges[g, MergeField.REQUEST] = b
+                merges[g, MergeField.KV_HEAD] = t % heads
+                merges[g, MergeField.Q_ROW_START] = q_tiles[j, 1]
+                merges[g, MergeField.Q_ROW_COUNT] = q_tiles[j, 2]
+                token_start = b
+                if cutlass.const_expr(c.has_qo_indptr):
+                    token_start = qo_indptr[b]
+                merges[g, MergeField.TOKEN_START] = token_start
+            else:
+                merge_indptr[g] = num_partials
+        for i in range(tidx, num_items, NUM_THREADS):
+            cta = _last_at_most(cta_items, num_ctas, i)
+            t = cut_tile[cta] + (i - cta_items[cta])
+            j = t // heads
+            b = q_tiles[j, 0]
+            kv_end = q_tiles[j, 3]
+            key_start = Int32(0)
+            if t == cut_tile[cta]:
+                key_start = cut_key[cta]
+            key_end = kv_end
+            if t == cut_tile[cta + 1] and cut_key[cta + 1] > 0:
+                key_end = cut_key[cta + 1]
+            slot = Int32(-1)
+            merge = Int32(-1)
+            if key_start > 0:
+                merge = cut_merge[cta]
+                slot = merge_slot[merge] + cta - merge_first_cut[merge] + 1
+            elif key_end < kv_end:
+                merge = cut_merge[cta + 1]
+                slot = merge_slot[merge]
+            offset = Int32(NOT_CAUSAL_OFFSET)
+            if cutlass.const_expr(c.causal):
+                offset = requests[b, 1] - requests[b, 2]
+            items[i, ItemField.REQUEST] = b
+            items[i, ItemField.KV_HEAD] = t % heads
+            items[i, ItemField.Q_ROW_START] = q_tiles[j, 1]
+            items[i, ItemField.Q_ROW_COUNT] = q_tiles[j, 2]
+            items[i, ItemField.KV_START] = key_start
+            items[i, ItemField.KV_END] = key_end
+            items[i, ItemField.PARTIAL_SLOT] = slot
+            items[i, ItemField.CAUSAL_OFFSET] = offset
+            items[i, ItemField.MERGE] = merge
+            items[i, ItemField.KV_PAGE_START] = kv_indptr[b] + key_start // c.page_size
+
+
+def fake_args(config: DevicePlannerConfig) -> tuple:
+    i32, i64 = cutlass.Int32, cutlass.Int64
+    fake = cute.runtime.make_fake_compact_tensor
+    sym = cute.sym_int
+    batch_plus_1 = sym(symbol="batch_plus_1")
+    total_q = sym(symbol="total_q")
+    return (
+        fake(i32, (sym(symbol="qo_indptr_len"),)),
+        fake(i32, (batch_plus_1,)),
+        fake(i32, (sym(symbol="num_indices"),)),
+        fake(i32, (sym(symbol="batch"),)),
+        fake(cutlass.BFloat16, (total_q, config.num_qo_heads, config.head_dim_v), stride_order=(2, 1, 0)),
+        fake(cutlass.Float32, (total_q, config.num_qo_heads), stride_order=(1, 0)),
+        fake(i32, (sym(symbol="ctas_plus_1"),)),
+        fake(i32, (sym(symbol="max_items"), len(ItemField)), stride_order=(1, 0)),
+        fake(i32, (sym(symbol="max_merges_plus_1"),)),
+        fake(i32, (sym(symbol="max_merges"), len(MergeField)), stride_order=(1, 0)),
+        fake(i32, (sym(symbol="max_q_tiles"), Q_TILE_FIELDS), stride_order=(1, 0)),
+        fake(i64, (sym(symbol="max_q_tiles_plus_1"),)),
+        fake(i32, (sym(symbol="request_rows"), 4), stride_order=(1, 0)),
+        fake(i32, (sym(symbol="request_faults"),)),
+        fake(i32, (4,)),
+        fake(i32, (1,)),
+        Int32(1),
+        Int32(1),
+        Int32(1),
+        Int32(1),
+        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
+    )
+
+
+def build(config: DevicePlannerConfig) -> tuple[Any, tuple[Any, ...]]:
+    return DevicePlanner(config), fake_args(config)
+
+
+def default_configs(arch: str) -> list[DevicePlannerConfig]:
+    """The planners of the three definitions' default configs."""
+    from ...config import default_paged_config
+
+    out = []
+    for kind, hq, hkv, d, dv, ps, causal, qo in (
+        ("gqa_paged_decode", 20, 4, 128, 128, 64, False, False),
+        ("gqa_paged_prefill", 32, 4, 128, 128, 64, True, True),
+        ("mla_paged_prefill", 16, 1, 576, 512, 1, True, True),
+    ):
+        cfg = default_paged_config(kind, arch=arch, num_qo_heads=hq, num_kv_heads=hkv, head_dim_qk=d, head_dim_v=dv,
+                                   page_size=ps, causal=causal)
+        out.append(DevicePlannerConfig.for_plan(cfg.plan_config(132), arch=arch, has_qo_indptr=qo, head_dim_v=dv))
+    return out
+
+
+register_kernel(DevicePlannerConfig, build, configs=default_configs)

@@ -1,0 +1,179 @@
+"""Partition planner: the work lists the *device* planner builds, written once in numpy (its twin and oracle).
+
+The host planner (:mod:`cute_attn.plan`) places tiles longest-first (LPT) and splits only when that leaves
+CTAs idle; its heap is sequential. On the GPU the plan must come out of one short kernel with no host
+round trip, so the device planner uses a rule every step of which is a prefix sum or a binary search:
+
+Cost line
+    Tiles are numbered as in the host planner (request-major, q tile, KV head). Tile ``t`` costs
+    ``round_up(keys, kv_tile) + item_overhead_keys`` (the host planner's cost); laid end to end they make a
+    line of length ``C``.
+
+Cuts
+    CTA ``c`` takes the stretch ``[c W, (c + 1) W)`` of the line, ``W = max(ceil(C / num_ctas), min_piece)``,
+    so the modelled loads are equal by construction. A cut that falls inside a tile splits it at a multiple of
+    ``kv_tile`` keys (both sides become split-KV chunks with a merge), unless it lies within ``W / 8`` of the
+    tile's start or end: then it snaps to that edge (no split; the CTA's load moves by at most ``W / 8``).
+    With ``allow_split=False`` every cut snaps to the nearer edge.
+
+Items
+    CTA ``c``'s items are the tiles (or pieces) between its two cuts, in tile order. The tiles a run of cuts
+    splits form one merge; its chunks take consecutive partial slots in key order. At most ``num_ctas - 1``
+    cuts split anything, so a plan holds at most ``tiles + num_ctas - 1`` items, ``2 (num_ctas - 1)``
+    partial slots and ``num_ctas - 1`` merges: inside :meth:`PlanCapacity.for_limits`.
+
+Faults
+    A request whose index values break a rule (``faulted``) keeps its tiles, with no keys: its rows get output 0
+    and lse ``-inf``, and none of its page ids is read.
+
+:func:`partition_plan` is the reference for ``kernels/common/device_planner.py``: the GPU tier checks that the
+kernel's work lists equal it field by field, and the CPU tier runs it through the plan executor.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .plan import NOT_CAUSAL_OFFSET, ItemField, MergeField, PlanCapacity, PlanConfig, WorkPlan
+
+__all__ = ["SNAP_EIGHTHS", "partition_plan", "piece_cost"]
+
+SNAP_EIGHTHS = 1  # a cut within SNAP_EIGHTHS / 8 of W of a tile edge snaps to it
+
+
+def _round_up(x, m):
+    return -(-x // m) * m
+
+
+def piece_cost(config: PlanConfig, keys):
+    """The modelled cost of an item of ``keys`` keys (the host planner's)."""
+    return _round_up(keys, config.kv_tile) + config.item_overhead_keys
+
+
+def min_piece_cost(config: PlanConfig) -> int:
+    """The shortest stretch a CTA takes: one split chunk of at least ``min_chunk_keys`` (and one kv_tile)."""
+    return piece_cost(config, max(config.kv_tile, _round_up(config.min_chunk_keys, config.kv_tile)))
+
+
+def partition_plan(config: PlanConfig, q_lens, kv_lens, *, kv_page_start=None, token_start=None, faulted=None,
+                   capacity: PlanCapacity | None = None) -> WorkPlan:
+    """The device planner's plan of one batch.
+
+    ``kv_page_start[b]``: request b's first position in kv_indices (``kv_indptr[b]``; default: the cumulated
+    page counts); ``token_start[b]``: its first query row (``qo_indptr[b]``; default: cumulated q_lens);
+    ``faulted[b]``: its index values broke a rule (its tiles get no keys).
+    """
+    F, MF = ItemField, MergeField
+    q_lens = np.asarray(q_lens, dtype=np.int64).reshape(-1)
+    kv_lens = np.asarray(kv_lens, dtype=np.int64).reshape(-1)
+    batch = q_lens.size
+    if faulted is None:
+        faulted = np.zeros(batch, dtype=bool)
+    if token_start is None:
+        token_start = np.cumsum(q_lens) - q_lens
+    if kv_page_start is None:
+        pages = -(-kv_lens // config.page_size) if config.page_size else np.zeros(batch, dtype=np.int64)
+        kv_page_start = np.cumsum(pages) - pages
+    if capacity is None:
+        capacity = PlanCapacity.for_limits(config, max_batch=batch, max_total_q=int(q_lens.sum()))
+    group, rows_per_tile, heads, m = config.group_size, config.tile_q_rows, config.num_kv_heads, config.num_ctas
+
+    # q tiles (the heads of one q tile cost the same)
+    rows = q_lens * group
+    per_request = -(-rows // rows_per_tile)
+    req = np.repeat(np.arange(batch), per_request)
+    first_tile = np.cumsum(per_request) - per_request
+    row_start = (np.arange(req.size) - first_tile[req]) * rows_per_tile
+    row_count = np.minimum(rows_per_tile, rows[req] - row_start)
+    q, kv = q_lens[req], kv_lens[req]
+    if config.causal:
+        kv_end = np.clip((row_start + row_count - 1) // group + 1 + kv - q, 0, kv)
+        offset = kv - q
+    else:
+        kv_end, offset = kv.copy(), np.full(req.size, NOT_CAUSAL_OFFSET)
+    kv_end[faulted[req]] = 0
+    cost = piece_cost(config, kv_end)
+    q_start = np.concatenate([[0], np.cumsum(cost)]) * heads  # line position of q tile j's head 0
+    total = int(q_start[-1])
+    num_tiles = req.size * heads
+
+    # cuts: (tile, key) per CTA edge, edge c at position c * W
+    width = max(-(-total // m), min_piece_cost(config)) if total else 1
+    active = -(-total // width) if total else 0
+    cut_tile = np.full(m + 1, num_tiles, dtype=np.int64)
+    cut_key = np.zeros(m + 1, dtype=np.int64)
+    cut_tile[0] = 0
+    slack = width * SNAP_EIGHTHS // 8
+    for c in range(1, active):
+        p = c * width
+        j = int(np.searchsorted(q_start, p, side="right") - 1)
+        h = (p - q_start[j]) // cost[j]
+        o = p - q_start[j] - h * cost[j]
+        t = j * heads + h
+        k = (o - config.item_overhead_keys + config.kv_tile // 2) // config.kv_tile * config.kv_tile
+        k = min(max(k, 0), kv_end[j])
+        if not config.allow_split:
+            up = 2 * o >= cost[j]
+        elif k == 0 or o <= slack:
+            up = False
+        elif k >= kv_end[j] or cost[j] - o <= slack:
+            up = True
+        else:
+            cut_tile[c], cut_key[c] = t, k
+            continue
+        cut_tile[c], cut_key[c] = t + up, 0
+
+    # merges: a run of cuts inside one tile splits it into (run length + 1) chunks
+    inside = cut_key > 0
+    continues = np.concatenate([[False], inside[1:] & inside[:-1] & (cut_tile[1:] == cut_tile[:-1])])
+    run_start = inside & ~continues
+    merge_of_cut = np.cumsum(run_start) - 1  # meaningful at inside cuts
+    first_cut_of_merge = np.nonzero(run_start)[0]
+    num_merges = first_cut_of_merge.size
+    chunks = np.bincount(merge_of_cut[inside], minlength=num_merges) + 1
+    slot_base = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int64)
+    num_partials = int(slot_base[-1])
+
+    # items, CTA-major, tile order inside a CTA
+    first = cut_tile[:-1]
+    last = np.where(cut_key[1:] > 0, cut_tile[1:], cut_tile[1:] - 1)
+    counts = np.maximum(last - first + 1, 0)
+    num_items = int(counts.sum())
+    if num_items > capacity.max_items or num_partials > capacity.max_partials or num_merges > capacity.max_merges:
+        raise ValueError(f"partition plan exceeds capacity: {num_items} items / {num_partials} partial slots / "
+                         f"{num_merges} merges, capacity {capacity}")
+    work_indptr = np.zeros(m + 1, dtype=np.int32)
+    work_indptr[1:] = np.cumsum(counts)
+    items = np.zeros((capacity.max_items, len(F)), dtype=np.int32)
+    cta_cost = np.zeros(m, dtype=np.int64)
+    for c in range(m):
+        for i, t in enumerate(range(first[c], first[c] + counts[c])):
+            j, h = divmod(int(t), heads)
+            b = req[j]
+            ks = cut_key[c] if t == cut_tile[c] else 0
+            ke = cut_key[c + 1] if (t == cut_tile[c + 1] and cut_key[c + 1] > 0) else kv_end[j]
+            slot = merge = -1
+            if ks > 0:
+                merge = merge_of_cut[c]
+                slot = slot_base[merge] + c - first_cut_of_merge[merge] + 1
+            elif ke < kv_end[j]:
+                merge = merge_of_cut[c + 1]
+                slot = slot_base[merge]
+            row = items[work_indptr[c] + i]
+            row[F.REQUEST], row[F.KV_HEAD] = b, h
+            row[F.Q_ROW_START], row[F.Q_ROW_COUNT] = row_start[j], row_count[j]
+            row[F.KV_START], row[F.KV_END] = ks, ke
+            row[F.PARTIAL_SLOT], row[F.CAUSAL_OFFSET], row[F.MERGE] = slot, offset[j], merge
+            row[F.KV_PAGE_START] = kv_page_start[b] + ks // config.page_size if config.page_size else -1
+            cta_cost[c] += piece_cost(config, ke - ks)
+
+    merge_indptr = np.zeros(capacity.max_merges + 1, dtype=np.int32)
+    merge_indptr[: num_merges + 1] = slot_base
+    merge_indptr[num_merges + 1:] = num_partials
+    merges = np.zeros((capacity.max_merges, len(MF)), dtype=np.int32)
+    for g, c0 in enumerate(first_cut_of_merge):
+        j, h = divmod(int(cut_tile[c0]), heads)
+        merges[g] = (req[j], h, row_start[j], row_count[j], token_start[req[j]])
+    return WorkPlan(config=config, capacity=capacity, num_ctas=int((counts > 0).sum()), work_indptr=work_indptr,
+                    items=items, num_items=num_items, merge_indptr=merge_indptr, merges=merges,
+                    num_merges=num_merges, num_partials=num_partials, cta_cost=cta_cost)

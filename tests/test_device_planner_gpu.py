@@ -1,0 +1,184 @@
+"""The device planner on a GPU: its lists equal its numpy twin's, the default (device-planned) calls match the
+reference, hostile page tables are contained, and a captured decode step replays across changing batches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+
+import cute_attn  # noqa: E402
+from cute_attn import hostile, testing  # noqa: E402
+from cute_attn.plan import ItemField as F  # noqa: E402
+from cute_attn.plan_partition import partition_plan  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    torch.cuda.init()
+    cute_attn.clear_plan_cache()
+    cute_attn.raise_on_device_error()
+    yield
+    torch.cuda.synchronize()
+
+
+def _lists(plan):
+    torch.cuda.synchronize()
+    work = plan.work_indptr.cpu().numpy()
+    n = int(work[-1])
+    merges = plan.merge_indptr.cpu().numpy()
+    return work, plan.items.cpu().numpy()[:n], merges, plan.merges.cpu().numpy()
+
+
+def _assert_twin(plan, qo, kvp, q_lens, kv_lens, what):
+    work, items, merge_ptr, merges = _lists(plan)
+    config = plan.config.plan_config(len(work) - 1)
+    twin = partition_plan(config, q_lens, kv_lens, kv_page_start=np.asarray(kvp[:-1]),
+                          token_start=np.asarray(qo[:-1]), capacity=plan_capacity(plan))
+    assert np.array_equal(work, twin.work_indptr), f"{what}: work_indptr {work.tolist()} != {twin.work_indptr.tolist()}"
+    bad = np.nonzero((items != twin.valid_items()).any(axis=1))[0]
+    assert bad.size == 0, (f"{what}: item {bad[0]}: device {items[bad[0]].tolist()} twin "
+                           f"{twin.valid_items()[bad[0]].tolist()}")
+    m = twin.num_merges
+    assert np.array_equal(merge_ptr, twin.merge_indptr), f"{what}: merge_indptr differs"
+    assert np.array_equal(merges[:m], twin.merges[:m]), f"{what}: merges differ"
+
+
+def plan_capacity(plan):
+    from cute_attn.plan import PlanCapacity
+
+    return PlanCapacity(plan.items.shape[0], plan.partial_out.shape[0], plan.merges.shape[0])
+
+
+@SETTINGS
+@given(kv_lens=st.lists(st.integers(0, 6000), min_size=1, max_size=30))
+def test_decode_lists_equal_the_twin(kv_lens):
+    case = testing.make_gqa_decode_case(kv_lens, device="cuda", seed=len(kv_lens))
+    plan = cute_attn.plan_gqa_paged_decode(*case.inputs(), on_device=True)
+    kvp = case.kv_indptr.tolist()
+    _assert_twin(plan, list(range(len(kv_lens) + 1)), kvp, [1] * len(kv_lens), kv_lens, f"decode {kv_lens}")
+
+
+@SETTINGS
+@given(batch=testing.ragged_batches(max_batch=12, max_q=700, max_kv=9000))
+def test_prefill_lists_equal_the_twin(batch):
+    q_lens, kv_lens = batch
+    case = testing.make_gqa_prefill_case(q_lens, kv_lens, device="cuda", seed=sum(q_lens))
+    plan = cute_attn.plan_gqa_paged_prefill(*case.inputs(), on_device=True)
+    _assert_twin(plan, case.qo_indptr.tolist(), case.kv_indptr.tolist(), q_lens, kv_lens, f"prefill {batch}")
+
+
+@pytest.mark.parametrize("kind", ["decode", "prefill", "mla"])
+def test_default_calls_plan_on_the_device_and_match_the_reference(kind):
+    cases = {
+        "decode": lambda s: testing.make_gqa_decode_case([3232, 0, 70, 9000, 1], device="cuda", seed=s),
+        "prefill": lambda s: testing.make_gqa_prefill_case([5, 0, 300, 1], [300, 3, 4000, 1], device="cuda", seed=s),
+        "mla": lambda s: testing.make_mla_prefill_case([3, 0, 170], [50, 4, 2000], device="cuda", seed=s),
+    }
+    for seed in range(3):  # new index tensors every call: the cold call
+        case = cases[kind](seed)
+        out, lse = case.new_outputs()
+        hostile.entry_for(case).run(*case.inputs(), out, lse)
+        torch.cuda.synchronize()
+        ref_out, ref_lse = case.reference()
+        testing.assert_close_benchmark(out, ref_out, f"{kind} output")
+        testing.assert_close_benchmark(lse, ref_lse, f"{kind} lse")
+    cute_attn.raise_on_device_error()  # nothing was faulted
+
+
+HOSTILE = {
+    "decode": lambda: testing.make_gqa_decode_case([3232, 0, 70, 129], device="cuda", seed=21),
+    "prefill": lambda: testing.make_gqa_prefill_case([5, 0, 40], [300, 3, 40], device="cuda", seed=22),
+    "mla": lambda: testing.make_mla_prefill_case([3, 0, 17], [50, 4, 17], num_pages=168, device="cuda", seed=23),
+}
+
+
+@pytest.mark.parametrize("entry", sorted(HOSTILE))
+def test_hostile_page_tables_are_contained_and_reported(entry):
+    """Default path: no error at the call, no read outside the pool (compute-sanitizer memcheck runs this test),
+    every output row written (finite: the pool's NaN never reached it), and raise_on_device_error names it."""
+    case = HOSTILE[entry]()
+    kinds = [k for k in hostile.applicable_kinds(case) if k in hostile.INPUT_ERROR_KINDS]
+
+    @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(drawn=hostile.corruptions(case, kinds))
+    def check(drawn):
+        bad_case, corruption = drawn
+        out, lse = bad_case.new_outputs()
+        hostile.entry_for(bad_case).run(*bad_case.inputs(), out, lse)
+        torch.cuda.synchronize()
+        assert not torch.isnan(out).any() and not torch.isnan(lse).any(), f"{corruption.description}: rows unwritten"
+        with pytest.raises(ValueError) as err:
+            cute_attn.raise_on_device_error()
+        named = hostile.first_named_argument(str(err.value))
+        assert named == corruption.names, f"{corruption.description}: names {named!r}: {err.value}"
+        cute_attn.raise_on_device_error()  # cleared
+
+    check()
+    out, lse = case.new_outputs()
+    hostile.entry_for(case).run(*case.inputs(), out, lse)  # and a good batch is right afterwards
+    torch.cuda.synchronize()
+    ref_out, _ = case.reference()
+    testing.assert_close_benchmark(out, ref_out, "after hostile calls")
+
+
+def test_captured_decode_step_replays_across_changing_batches():
+    """Capture plan + attention once at capacity; replay with new lengths, page tables and live batch sizes
+    (requests past the live batch are empty: output 0, lse -inf), equal to eager calls and to the reference."""
+    max_batch, page_size, pool_pages = 24, 64, 3000
+    shape = testing.make_gqa_decode_case([64] * max_batch, device="cuda", seed=0, extra_pages=pool_pages)
+    q, k_cache, v_cache = shape.q.clone(), shape.k_cache, shape.v_cache
+    k_cache.normal_()  # every page may be drawn below: no NaN poison here
+    v_cache.normal_()
+    kv_indptr = torch.zeros(max_batch + 1, dtype=torch.int32, device="cuda")
+    kv_indices = torch.zeros(k_cache.shape[0], dtype=torch.int32, device="cuda")
+    last = torch.zeros(max_batch, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device="cuda")
+    rng = np.random.default_rng(5)
+
+    def load(live):
+        lens = [int(x) for x in rng.integers(1, 9000, live)] + [0] * (max_batch - live)
+        pages = [-(-n // page_size) for n in lens]
+        ids = rng.permutation(k_cache.shape[0])[: sum(pages)]
+        kv_indptr.copy_(torch.tensor(np.concatenate([[0], np.cumsum(pages)]), dtype=torch.int32))
+        kv_indices.zero_()
+        kv_indices[: len(ids)] = torch.tensor(ids, dtype=torch.int32)
+        last.copy_(torch.tensor([(n - 1) % page_size + 1 if n else 0 for n in lens], dtype=torch.int32))
+        q.normal_()
+        return lens
+
+    def step():
+        cute_attn.gqa_paged_decode(q, k_cache, v_cache, kv_indptr, kv_indices, last, shape.sm_scale, out, lse)
+
+    load(max_batch)
+    step()  # compile and allocate outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for live in (max_batch, 1, 7, 17, 3):
+        lens = load(live)
+        graph.replay()
+        torch.cuda.synchronize()
+        replayed = out.clone(), lse.clone()
+        step()
+        torch.cuda.synchronize()
+        assert torch.equal(replayed[0], out) and torch.equal(replayed[1], lse), f"live {live}: replay != eager"
+        case = testing.GqaDecodeCase(q=q, k_cache=k_cache, v_cache=v_cache, kv_indptr=kv_indptr,
+                                     kv_indices=kv_indices[: int(kv_indptr[-1])], kv_last_page_len=last,
+                                     sm_scale=shape.sm_scale, kv_lens=lens, page_size=page_size)
+        ref_out, ref_lse = case.reference()
+        testing.assert_close_benchmark(replayed[0], ref_out, f"live {live} output")
+        testing.assert_close_benchmark(replayed[1], ref_lse, f"live {live} lse")
+        assert (replayed[0][live:] == 0).all() and torch.isneginf(replayed[1][live:]).all()
+    cute_attn.raise_on_device_error()
