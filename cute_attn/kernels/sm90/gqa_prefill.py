@@ -66,6 +66,7 @@ from ..common.limits import page_box_reason, smem_reason, target_reason
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.named_barrier import warpgroup_barrier_arrive, warpgroup_barrier_sync
 from ..common.packed_q import q_box_rows, q_box_stage_layout
+from ..common.page_ids import LANE_IDS_BELOW, id_loads, lane_page_id, load_lane_page_ids
 from ..common.softmax import (acc_mn_view, acc_to_mma_a_view, make_softmax_state, rescale_rows,
                               softmax_finalize, softmax_reset, softmax_update, store_p_bf16)
 from .prefill_epilogue import store_output_rows, store_output_via_smem, store_partial_rows
@@ -248,6 +249,8 @@ class GqaPagedPrefillSm90:
         q_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, Q_STAGES)
         kv_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages)
         page_ids = cute.make_rmem_tensor(npg, Int32)
+        lane_pages = cute.make_rmem_tensor(id_loads(npg), Int32)
+        lane = cute.arch.lane_idx()
         for it in cutlass.range(item_begin, item_end, unroll=1):
             b = items[it, int(F.REQUEST)]
             h = items[it, int(F.KV_HEAD)]
@@ -269,19 +272,32 @@ class GqaPagedPrefillSm90:
             num_tiles = cute.ceil_div(kv_end - kv_start, self.tile_n) if kv_end > kv_start else 0
             for t in cutlass.range(num_tiles, unroll=1):
                 kv_base = kv_start + t * self.tile_n
-                for i in cutlass.range_constexpr(npg):
-                    pid = Int32(-1)  # a page wholly past kv_end: TMA zero-fills the OOB box
-                    if kv_base + i * P < kv_end:
-                        pid = kv_indices[page_base + kv_base // P + i]
-                    page_ids[i] = pid
-                pipe_k.producer_acquire(kv_state)
-                for i in cutlass.range_constexpr(npg):
-                    cute.copy(tma_atom_k, t_kg[None, h, page_ids[i]], t_ks[None, i, 0, kv_state.index],
-                              tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
-                pipe_v.producer_acquire(kv_state)
-                for i in cutlass.range_constexpr(npg):
-                    cute.copy(tma_atom_v, t_vg[None, h, page_ids[i]], t_vs[None, i, 0, kv_state.index],
-                              tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+                if cutlass.const_expr(P >= LANE_IDS_BELOW):
+                    for i in cutlass.range_constexpr(npg):
+                        pid = Int32(-1)  # a page wholly past kv_end: TMA zero-fills the OOB box
+                        if kv_base + i * P < kv_end:
+                            pid = kv_indices[page_base + kv_base // P + i]
+                        page_ids[i] = pid
+                    pipe_k.producer_acquire(kv_state)
+                    for i in cutlass.range_constexpr(npg):
+                        cute.copy(tma_atom_k, t_kg[None, h, page_ids[i]], t_ks[None, i, 0, kv_state.index],
+                                  tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                    pipe_v.producer_acquire(kv_state)
+                    for i in cutlass.range_constexpr(npg):
+                        cute.copy(tma_atom_v, t_vg[None, h, page_ids[i]], t_vs[None, i, 0, kv_state.index],
+                                  tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+                else:
+                    # pages 1, 2, 4: 32..128 boxes per tile; ids one per lane (coalesced), shuffled out per box
+                    load_lane_page_ids(kv_indices, lane_pages, page_base + kv_base // P,
+                                       (kv_end - kv_base + P - 1) // P, lane)
+                    pipe_k.producer_acquire(kv_state)
+                    for i in cutlass.range_constexpr(npg):
+                        cute.copy(tma_atom_k, t_kg[None, h, lane_page_id(lane_pages, i)],
+                                  t_ks[None, i, 0, kv_state.index], tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                    pipe_v.producer_acquire(kv_state)
+                    for i in cutlass.range_constexpr(npg):
+                        cute.copy(tma_atom_v, t_vg[None, h, lane_page_id(lane_pages, i)],
+                                  t_vs[None, i, 0, kv_state.index], tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
                 kv_state.advance()
 
     @cute.jit
