@@ -1,7 +1,7 @@
 """GQA paged decode for Blackwell (sm_100a): tcgen05 MMAs with TMEM accumulators, TMA page loads.
 
 Definition: ``gqa_paged_decode_h20_kv4_d128_ps64`` and its family: other head counts, ``page_size``
-16 / 32 / 64 / 128 and head_dim 64 / 128 / 256 (qk = v) where TMEM and shared memory hold them
+1 / 2 / 4 / 8 / 16 / 32 / 64 / 128 and head_dim 64 / 128 / 256 (qk = v) where TMEM and shared memory hold them
 (:func:`check_config`: page 128 with head_dim 256 does not fit TMEM); contract:
 ``docs/kernel-contract.md``. Compiled and inspected only (no Blackwell GPU in this project).
 
@@ -14,7 +14,9 @@ Work
     The plan's ``tile_q_rows`` (64 by default) only bounds Q_ROW_COUNT: the MMA always uses M = 128,
     whose TMEM accumulator maps row r to lane r (one softmax thread per row). KV steps are one page
     (``page_size`` keys: S = Q.K^T is one MMA of N = page_size); KV_START is a multiple of ``kv_tile``
-    (a multiple of the page size).
+    (a multiple of the page size). Pages of 1, 2, 4 or 8 keys: a step is ``kv_tile`` keys (64 by default,
+    :func:`step_keys`), built from ``kv_tile / page_size`` page boxes; below, "page" as the step's width
+    (S/P TMEM columns, ring stage) then means the step.
     Same contract, roles and item loop as the Hopper twin ``kernels/sm90/gqa_decode.py``; only the
     MMA (tcgen05, TMEM accumulators, its own warp) and the pipeline differ. The shared softmax/mask
     helpers (``kernels/common``) work on wgmma register fragments, so this file keeps its own
@@ -43,6 +45,15 @@ Warp roles (192 threads)
                from ``kv_indices[KV_PAGE_START + page]``, read 32 at a time one per lane, is the TMA
                coordinate) into the smem ring. Each Q, K or V tile is head_dim / 64 TMA boxes of 64
                columns: the 128B swizzle caps a box's inner extent at 64 bf16.
+               Small pages (``load_role_pages``): the ring is also viewed as (keys, D, stage) rows (the same
+               bytes as the MMA layouts: K-major K and MN-major V both put key k at 128 B * k of each
+               64-column chunk) and each page is a box of page_size rows at row ``i * page_size``, even below
+               the 8-row swizzle atom (TMA swizzles by address; stages are 1024 B aligned). Ids one per lane
+               (``common/page_ids.py``), shuffled to the issuing lane (the DSL elects it), a page past KV_END
+               gets id -1 (zero-filled, bytes counted). TMA ``gather4`` (four rows per instruction) exists in
+               CuTe DSL 4.8.1 but only for 2-D tensor maps; the paged caches are 4-D with a symbolic page
+               stride (strided ``kv[:, 0]`` views), so a 2-D row view would need page_stride == Hkv * D: not
+               used. Page 1, D 128: 256 TMA copies per 64-key step.
 
 TMEM columns (:func:`tmem_plan`; P = page_size, D = head_dim; regions start on 32-column boundaries)
     S0 [0, P), S1 [s, s + P) with s = P rounded up to 32: fp32 scores, double-buffered

@@ -29,6 +29,22 @@ Warp roles (288 threads)
     warp 8     producer: reads the item's page ids from ``kv_indices`` (from position KV_PAGE_START) 32 at a
                time (one per lane, then shuffled out), and for each KV tile (one page = ``kv_tile`` keys) issues two TMA loads (the page's K and V boxes for the item's KV head;
                the page id is the TMA coordinate) into the stage, completing on its full mbarrier.
+               Pages of 1, 2, 4 or 8 keys (``produce_pages``): a stage stays ``kv_tile`` keys (64 by default),
+               built from ``kv_tile / page_size`` page boxes of K and of V at row offsets ``i * page_size`` of the
+               stage; one coalesced id load (one per lane, ``common/page_ids.py``) covers 32 / pages-per-stage
+               stages, or a stage takes pages-per-stage / 32 loads (page 1: 2); a page past KV_END gets id -1
+               (zero-filled, its bytes still counted), so the stage's full mbarrier keeps one expect-tx of the
+               whole stage.
+
+Small pages, the choice: a box of fewer rows than the 128B swizzle's 8-row atom (pages 1, 2, 4) at a row
+offset inside a swizzled stage is legal: TMA swizzles by shared-memory address and the stage is 1024 B
+aligned, so row ``r`` of the stage lands where the swizzled layout (Swizzle<3,4,3> on the offset) expects it.
+CuTe DSL 4.8.1 expresses it directly: the atom is built for the ``(page_size, D)`` slice (a composition) of
+the stage layout and partitioned over ``flat_divide(stage, (page_size, D))``; the PTX shows boxes 128 B apart
+at page 1. So one structure serves every page size (no cp.async row gather). The boxes are issued back to
+back by one lane: the DSL's TMA copy elects its issuing lane itself (issuing from 32 lanes at once would need
+raw PTX with the descriptor's address, which the DSL does not expose). Cost: ``2 * (kv_tile / page_size) *
+(D / 64)`` TMA copies per stage (a box is at most 64 bf16 wide under the 128B swizzle): 256 at page 1, D 128.
 
 Start: every thread loads ``work_indptr[cta]`` and, alongside, the item fields of row ``cta``
 (``common/work_items.py``: CTA ``c``'s first item whenever every CTA before it has one item, as in the
