@@ -56,8 +56,8 @@ def test_public_api_finds_the_launcher():
 @pytest.mark.parametrize(
     "change, fragment",
     [
-        (dict(kv_tile=128), "kv_tile"),  # two pages per tile: not this kernel
-        (dict(page_size=16), "page_size"),
+        (dict(kv_tile=32), "kv_tile"),  # half a page per tile
+        (dict(page_size=16, kv_tile=32), "kv_tile"),  # several pages per stage: 64- or 128-key stages only
         (dict(page_size=1, kv_tile=128), "at most 64"),  # 128 page boxes per stage
         (dict(num_qo_heads=128, num_kv_heads=1), "group"),  # 128 heads do not fit one 64-row tile
         (dict(kind="gqa_paged_prefill"), "gqa_paged_decode"),
@@ -117,3 +117,14 @@ def test_small_page_ptx_issues_one_box_per_page(page_size):
     assert min(b - a for a, b in zip(offsets, offsets[1:])) == 128 * page_size  # page i at row i * page_size
     assert "shfl.sync.idx.b32" in ptx  # ids one per lane, shuffled to the issuing lane
     assert "wgmma.mma_async" in ptx
+
+
+@pytest.mark.parametrize("page_size, kv_tile", [(16, 64), (32, 128), (64, 128)])
+def test_pages_of_16_and_more_may_take_several_per_stage(page_size, kv_tile):
+    """Opt-in (not the default): a 64- or 128-key stage of several pages of 16+ keys, for the page-16 bandwidth
+    study; the default config keeps one page per stage."""
+    base = dataclasses.replace(_definition_config(), page_size=page_size)
+    assert base.kv_tile == page_size
+    config = dataclasses.replace(base, kv_tile=kv_tile)
+    assert gqa_decode.check_config(config) is None
+    assert gqa_decode.num_stages(config) % 2 == 0

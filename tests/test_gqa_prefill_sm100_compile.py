@@ -6,6 +6,7 @@ nothing about its numerics, which have never been run.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -78,7 +79,8 @@ def test_unsupported_configs_are_refused_with_a_reason():
     assert "sm_100a" in gqa_prefill.check_config(_config(arch="sm_90a"))
     assert "head_dim" in gqa_prefill.check_config(_config(head_dim_qk=64, head_dim_v=64))
     assert "group size 160" in gqa_prefill.check_config(_config(num_qo_heads=160, num_kv_heads=1))
-    assert "tile_q_rows and kv_tile must be 128" in gqa_prefill.check_config(_config(kv_tile=64))
+    assert "tile_q_rows and kv_tile must be 128" in gqa_prefill.check_config(
+        dataclasses.replace(_config(), kv_tile=64))
     with pytest.raises(ValueError):
         gqa_prefill.GqaPagedPrefillSm100(_config(head_dim_qk=64, head_dim_v=64))
 
