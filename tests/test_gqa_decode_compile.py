@@ -123,7 +123,8 @@ def test_small_page_ptx_issues_one_box_per_page(page_size):
 def test_pages_of_16_and_more_may_take_several_per_stage(page_size, kv_tile):
     """Opt-in (not the default): a 64- or 128-key stage of several pages of 16+ keys, for the page-16 bandwidth
     study; the default config keeps one page per stage."""
-    base = dataclasses.replace(_definition_config(), page_size=page_size)
+    base = default_paged_config("gqa_paged_decode", arch="sm_90a", num_qo_heads=20, num_kv_heads=4, head_dim_qk=128,
+                                head_dim_v=128, page_size=page_size, causal=False)
     assert base.kv_tile == page_size
     config = dataclasses.replace(base, kv_tile=kv_tile)
     assert gqa_decode.check_config(config) is None
