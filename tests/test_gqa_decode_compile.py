@@ -56,8 +56,9 @@ def test_public_api_finds_the_launcher():
 @pytest.mark.parametrize(
     "change, fragment",
     [
-        (dict(kv_tile=128), "kv_tile"),  # two pages per tile: not this kernel
-        (dict(page_size=16), "page_size"),
+        (dict(kv_tile=32), "kv_tile"),  # half a page per tile
+        (dict(page_size=16, kv_tile=32), "kv_tile"),  # several pages per stage: 64- or 128-key stages only
+        (dict(page_size=1, kv_tile=128), "at most 64"),  # 128 page boxes per stage
         (dict(num_qo_heads=128, num_kv_heads=1), "group"),  # 128 heads do not fit one 64-row tile
         (dict(kind="gqa_paged_prefill"), "gqa_paged_decode"),
     ],
@@ -84,7 +85,7 @@ def test_ring_stage_counts_are_even_for_every_family_shape():
     from cute_attn.config import default_paged_config
 
     for head_dim in (64, 128, 256):
-        for page_size in (16, 32, 64, 128):
+        for page_size in (1, 2, 4, 8, 16, 32, 64, 128):
             for heads, kv_heads in ((20, 4), (8, 8), (16, 1), (32, 8)):
                 config = default_paged_config("gqa_paged_decode", arch="sm_90a", num_qo_heads=heads,
                                               num_kv_heads=kv_heads, head_dim_qk=head_dim, head_dim_v=head_dim,
@@ -92,3 +93,39 @@ def test_ring_stage_counts_are_even_for_every_family_shape():
                 if gqa_decode.check_config(config) is None:
                     stages = gqa_decode.num_stages(config)
                     assert stages >= 2 and stages % 2 == 0, (config, stages)
+
+
+@pytest.mark.parametrize("page_size", [1, 2, 4, 8])
+def test_small_pages_fill_a_64_key_stage_with_page_boxes(page_size):
+    """Pages of 1..8 keys keep the ring of page 64 (kv_tile 64 keys a stage, same stage count), each stage built
+    from 64 / page_size page boxes; nothing below 16 keys a page is refused for lack of a loader."""
+    config = dataclasses.replace(_definition_config(), page_size=page_size)
+    assert config == default_paged_config("gqa_paged_decode", arch="sm_90a", num_qo_heads=20, num_kv_heads=4,
+                                          head_dim_qk=128, head_dim_v=128, page_size=page_size, causal=False)
+    assert config.kv_tile == 64 and gqa_decode.check_config(config) is None
+    assert gqa_decode.num_stages(config) == gqa_decode.num_stages(_definition_config())
+
+
+@pytest.mark.parametrize("page_size", [1, 8])
+def test_small_page_ptx_issues_one_box_per_page(page_size):
+    config = next(c for c in gqa_decode.configs("sm_90a") if c.page_size == page_size)
+    ptx = compile_to_ptx(config)
+    pages = config.kv_tile // page_size
+    # K and V, one TMA per page per 64-column half of the 128B swizzle (Q is loaded with vector loads)
+    assert ptx.count("cp.async.bulk.tensor") == 2 * pages * config.head_dim_qk // 64
+    offsets = sorted({int(m) for m in re.findall(r"cp\.async\.bulk\.tensor\S*\s+\[%r\d+\+(\d+)\]", ptx)})
+    assert min(b - a for a, b in zip(offsets, offsets[1:])) == 128 * page_size  # page i at row i * page_size
+    assert "shfl.sync.idx.b32" in ptx  # ids one per lane, shuffled to the issuing lane
+    assert "wgmma.mma_async" in ptx
+
+
+@pytest.mark.parametrize("page_size, kv_tile", [(16, 64), (32, 128), (64, 128)])
+def test_pages_of_16_and_more_may_take_several_per_stage(page_size, kv_tile):
+    """Opt-in (not the default): a 64- or 128-key stage of several pages of 16+ keys, for the page-16 bandwidth
+    study; the default config keeps one page per stage."""
+    base = default_paged_config("gqa_paged_decode", arch="sm_90a", num_qo_heads=20, num_kv_heads=4, head_dim_qk=128,
+                                head_dim_v=128, page_size=page_size, causal=False)
+    assert base.kv_tile == page_size
+    config = dataclasses.replace(base, kv_tile=kv_tile)
+    assert gqa_decode.check_config(config) is None
+    assert gqa_decode.num_stages(config) % 2 == 0

@@ -17,7 +17,7 @@ from cute_attn.kernels.sm100 import gqa_decode
 
 ARCH = "sm_100a"
 CONFIGS = gqa_decode.configs(ARCH)
-FAMILY_SHAPES = {(16, 128), (128, 128), (64, 64), (64, 256)}  # (page_size, head_dim) CI must compile
+FAMILY_SHAPES = {(16, 128), (128, 128), (64, 64), (64, 256), (1, 128), (8, 128)}  # (page_size, head_dim) CI compiles
 
 
 def _config_id(c):
@@ -67,7 +67,8 @@ def test_compiles_with_tcgen05_tmem_and_tma(config):
     # P.V reads its A operand (P) from TMEM: "tcgen05.mma... [d_tmem], [a_tmem], b_desc, ..."
     assert re.search(r"tcgen05\.mma\S*\s+\[[^\]]+\],\s*\[", ptx)
 
-    page, head_dim = config.page_size, config.head_dim_v
+    page, head_dim = gqa_decode.step_keys(config), config.head_dim_v  # keys per step: the page, or kv_tile
+    pages_per_step = page // config.page_size
     # unrolled MMAs: K = 16 per instruction, head_dim / 16 for S = Q.K^T and page / 16 for O += P.V
     assert len(re.findall(r"\btcgen05\.mma\.", ptx)) == head_dim // 16 + page // 16
     # S rows out in one load of page_size columns, P back in one store of page_size / 2 (bf16 pairs)
@@ -78,8 +79,9 @@ def test_compiles_with_tcgen05_tmem_and_tma(config):
     for op in ("alloc", "dealloc"):
         m = re.search(rf"mov\.b32\s+(%r\d+),\s*(\d+);\s*tcgen05\.{op}\S*\s+[^;]*,\s*\1;", ptx)
         assert m is not None and int(m.group(2)) == allocated, op
-    # one TMA per 64-column box of the Q tile, the K page and the V page
-    assert ptx.count("cp.async.bulk.tensor") == 3 * gqa_decode.tma_boxes_per_tile(head_dim) == 3 * head_dim // 64
+    # one TMA per 64-column box of the Q tile and of each K page and V page of a step
+    boxes = gqa_decode.tma_boxes_per_tile(head_dim)
+    assert ptx.count("cp.async.bulk.tensor") == (1 + 2 * pages_per_step) * boxes == (1 + 2 * pages_per_step) * head_dim // 64
     assert len(re.findall(r"\batom\.global\S*\.add", ptx)) == 1  # one arrival per split item
 
 
@@ -94,7 +96,7 @@ def test_shared_memory_and_tmem_budgets(config):
 @pytest.mark.parametrize("config", CONFIGS, ids=_config_id)
 def test_tmem_plan_regions_are_aligned_and_disjoint(config):
     plan = gqa_decode.tmem_plan(config)
-    page, head_dim = config.page_size, config.head_dim_v
+    page, head_dim = gqa_decode.step_keys(config), config.head_dim_v
     regions = [(plan.s_col[0], page), (plan.s_col[1], page), (plan.p_col, page // 2), (plan.o_col, head_dim)]
     assert all(start % 32 == 0 for start, _ in regions)
     ends = [start + width for start, width in regions]
@@ -124,7 +126,8 @@ def test_plan_follows_the_config(page_size, head_dim, stages, allocated):
 
 
 @pytest.mark.parametrize("change,words", [
-    (dict(page_size=8, kv_tile=64), "page_size=8"),
+    (dict(page_size=8, kv_tile=16), "page_size=8"),  # a step of small pages is 32..128 keys
+    (dict(page_size=1, kv_tile=128), "at most 64 pages"),
     (dict(page_size=256, kv_tile=256), "page_size=256"),  # the GQA shape rules refuse it first
     (dict(head_dim_qk=96, head_dim_v=96), "head_dim"),  # the GQA shape rules refuse it first
     (dict(head_dim_qk=128, head_dim_v=64), "head_dim"),
@@ -139,6 +142,25 @@ def test_rejects_what_it_does_not_implement(change, words):
     assert reason is not None and words in reason
     with pytest.raises(ValueError):
         gqa_decode.build(config)
+
+
+@pytest.mark.parametrize("page_size", [1, 2, 4, 8])
+def test_small_pages_step_over_kv_tile_keys(page_size):
+    """Pages of 1..8 keys: a step (ring stage, S MMA N) is kv_tile = 64 keys of 64 / page_size page boxes, so the
+    TMEM plan and ring are those of page 64."""
+    config = _decode(page_size, 128)
+    assert config.kv_tile == 64 and gqa_decode.check_config(config) is None
+    assert gqa_decode.step_keys(config) == 64
+    assert gqa_decode.tmem_plan(config) == gqa_decode.tmem_plan(_decode(64, 128))
+    assert gqa_decode.kv_stages(config) == gqa_decode.kv_stages(_decode(64, 128))
+
+
+def test_page_one_boxes_are_one_row_apart():
+    config = next(c for c in CONFIGS if c.page_size == 1)
+    ptx = compile_to_ptx(config)
+    offsets = sorted({int(m) for m in re.findall(r"cp\.async\.bulk\.tensor\S*\s+\[%r\d+\+(\d+)\]", ptx)})
+    assert min(b - a for a, b in zip(offsets, offsets[1:])) == 128  # page i at row i: 128 bytes
+    assert "shfl.sync.idx.b32" in ptx  # ids one per lane, shuffled to the issuing lane
 
 
 def test_page_128_head_dim_256_names_the_tmem_columns():

@@ -61,8 +61,7 @@ def test_compiles_with_wgmma_and_tma(index):
 @pytest.mark.parametrize(
     "overrides, words",
     [
-        (dict(page_size=1), "page_size"),
-        (dict(page_size=4), "page_size"),
+        (dict(page_size=256), "page_size"),
         (dict(num_qo_heads=160, num_kv_heads=1), "group size 160"),
         (dict(head_dim_qk=256, head_dim_v=256), "head_dim"),
         (dict(causal=False), "causal"),

@@ -93,10 +93,30 @@ def test_long_request_split_over_ctas():
     _check(_case([2048], [8192], seed=12))
 
 
-@pytest.mark.parametrize("page_size, heads, kv_heads", [(16, 32, 4), (32, 32, 8), (128, 16, 2)], ids=str)
+@pytest.mark.parametrize("page_size, heads, kv_heads", [(16, 32, 4), (32, 32, 8), (128, 16, 2), (8, 32, 4)], ids=str)
 def test_family_members(page_size, heads, kv_heads):
     _check(_case([333, 1, 70], [1200, 1, 70], page_size=page_size, num_qo_heads=heads, num_kv_heads=kv_heads,
                  seed=page_size))
+
+
+# Pages below the 8-row swizzle atom (SGLang's page 1): a 128-key tile is 128 / page_size one-page TMA boxes at
+# row offsets of the swizzled stage, ids one per lane; lengths straddle page, tile and 32-page id-load ends.
+@pytest.mark.parametrize("page_size", [1, 2, 4])
+@pytest.mark.parametrize("heads, kv_heads", [(32, 4), (20, 4)], ids=str)
+def test_small_pages(page_size, heads, kv_heads):
+    _check(_case([333, 1, 70, 0, 5, 129], [1200, 1, 70, 9, 33, 257], page_size=page_size, num_qo_heads=heads,
+                 num_kv_heads=kv_heads, seed=page_size + heads))
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_small_pages_split_and_interleaved(page_size):
+    # a long request (split items + combine) over kv[:, 0] / kv[:, 1] views of one combined tensor
+    _check(testing.interleave_kv(_case([2048, 17], [8192, 17], page_size=page_size, seed=40 + page_size)))
+
+
+@pytest.mark.parametrize("variant", ["baseline", "both"])
+def test_small_page_variants(variant):
+    _check_variant(_case([300, 1, 70], [1100, 1, 70], page_size=1, seed=43), variant)
 
 
 # Groups that do not divide the 128-row tile: the Q box loads (128 // group) whole tokens, the planner packs as
@@ -172,7 +192,8 @@ def test_variants_family_members(variant, page_size, heads, kv_heads):
 
 
 # The tier draws the shape too: group size (including ones that do not divide the tile), page size, head_dim.
-PREFILL_SHAPES = [(32, 4, 128, 64), (20, 4, 128, 16), (24, 8, 64, 32), (6, 1, 128, 128), (16, 16, 64, 64)]
+PREFILL_SHAPES = [(32, 4, 128, 64), (20, 4, 128, 16), (24, 8, 64, 32), (6, 1, 128, 128), (16, 16, 64, 64),
+                  (32, 4, 128, 1), (20, 4, 128, 2), (16, 2, 64, 4), (40, 10, 128, 1)]
 
 
 @settings(max_examples=8, deadline=None)
@@ -182,3 +203,12 @@ def test_drawn_shapes_match_reference(shape, batch):
     q_lens, kv_lens = batch
     _check(_case(q_lens, kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, page_size=page_size,
                  seed=sum(kv_lens) % 991))
+
+
+@settings(max_examples=8, deadline=None)
+@given(page_size=st.sampled_from([1, 2, 4, 8, 16, 64]),
+       batch=testing.ragged_batches(max_batch=8, max_q=300, max_kv=1200))
+def test_drawn_page_sizes_match_reference(page_size, batch):
+    """The definition's heads (h32/kv4, d128) with the page size drawn: small pages and the ones that were built."""
+    q_lens, kv_lens = batch
+    _check(_case(q_lens, kv_lens, page_size=page_size, seed=sum(q_lens) % 983 + page_size))

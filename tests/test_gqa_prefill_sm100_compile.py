@@ -6,6 +6,7 @@ nothing about its numerics, which have never been run.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -31,9 +32,9 @@ def _config(**overrides):
     return default_paged_config("gqa_paged_prefill", **base)
 
 
-def test_registered_configs_are_the_definition_and_group_five():
+def test_registered_configs_are_the_definition_group_five_and_page_one():
     configs = gqa_prefill.configs("sm_100a")
-    assert configs == [_config(), _config(num_qo_heads=20, num_kv_heads=4)]
+    assert configs == [_config(), _config(num_qo_heads=20, num_kv_heads=4), _config(page_size=1)]
     assert gqa_prefill.configs("sm_90a") == []
     assert find_launcher(_config()) is gqa_prefill.launch
 
@@ -78,8 +79,23 @@ def test_unsupported_configs_are_refused_with_a_reason():
     assert "sm_100a" in gqa_prefill.check_config(_config(arch="sm_90a"))
     assert "head_dim" in gqa_prefill.check_config(_config(head_dim_qk=64, head_dim_v=64))
     assert "group size 160" in gqa_prefill.check_config(_config(num_qo_heads=160, num_kv_heads=1))
+    assert "tile_q_rows and kv_tile must be 128" in gqa_prefill.check_config(
+        dataclasses.replace(_config(), kv_tile=64))
     with pytest.raises(ValueError):
-        gqa_prefill.GqaPagedPrefillSm100(_config(page_size=4))
+        gqa_prefill.GqaPagedPrefillSm100(_config(head_dim_qk=64, head_dim_v=64))
+
+
+@pytest.mark.parametrize("page_size", [1, 2, 4, 8])
+def test_small_pages_are_accepted(page_size):
+    """Pages below the 8-row swizzle atom are one TMA box each at a row offset of the 128B-swizzled stage."""
+    assert gqa_prefill.check_config(_config(page_size=page_size)) is None
+
+
+def test_page_one_boxes_are_one_row_apart_and_take_lane_ids():
+    ptx = compile_to_ptx(_config(page_size=1))
+    offsets = sorted({int(m) for m in re.findall(r"cp\.async\.bulk\.tensor\S*\s+\[%r\d+\+(\d+)\]", ptx)})
+    assert min(b - a for a, b in zip(offsets, offsets[1:])) == 128  # one 128-byte row per page
+    assert "shfl.sync.idx.b32" in ptx  # ids loaded one per lane, shuffled to the issuing lane
 
 
 def _ptxas_13():

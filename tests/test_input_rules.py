@@ -79,8 +79,8 @@ def test_a_junk_plan_is_named_before_index_values():
 
 
 @pytest.mark.parametrize("kind, shape, reason", [
-    ("gqa_paged_decode", dict(num_qo_heads=20, num_kv_heads=4, head_dim_qk=128, head_dim_v=128, page_size=8),
-     "page_size=8: this kernel loads one page per ring stage"),
+    ("gqa_paged_decode", dict(num_qo_heads=20, num_kv_heads=4, head_dim_qk=256, head_dim_v=256, page_size=128),
+     "shared memory holds fewer than 2 K/V stages"),
     ("gqa_paged_prefill", dict(num_qo_heads=32, num_kv_heads=4, head_dim_qk=256, head_dim_v=256, page_size=64),
      "head_dim 256 is not built yet"),
     ("gqa_paged_prefill", dict(num_qo_heads=160, num_kv_heads=1, head_dim_qk=128, head_dim_v=128, page_size=64),
@@ -93,10 +93,10 @@ def test_a_shape_no_kernel_builds_is_refused_with_the_kernels_reason(kind, shape
 
 
 def test_plan_refuses_a_shape_no_kernel_builds_before_planning(monkeypatch):
-    case = testing.make_gqa_decode_case([3, 70], num_qo_heads=20, num_kv_heads=4, head_dim=128, page_size=8)
+    case = testing.make_gqa_decode_case([3, 70], num_qo_heads=20, num_kv_heads=4, head_dim=256, page_size=128)
     planned = []
     monkeypatch.setattr(api, "plan_work", lambda *a, **kw: planned.append(a))
-    with pytest.raises(ValueError, match="page_size=8: this kernel loads one page per ring stage"):
+    with pytest.raises(ValueError, match="shared memory holds fewer than 2 K/V stages"):
         cute_attn.plan_gqa_paged_decode(*case.inputs(), arch="sm_90a", num_sms=8)
     assert not planned
 

@@ -46,7 +46,8 @@ def signature(q, k, v, kvp, kvi, last, sm_scale):
 
 def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size) -> dict:
     """The group's heads are the rows of one 64-row M tile; one page is one ring stage (kv_tile = page_size)
-    for pages of 16..128 keys; split chunks >= 256 keys (with the merge fused into the kernel, batch 1 x 3232
+    for pages of 16..128 keys, and smaller pages (1, 2, 4, 8) fill a 64-key stage with 64 / page_size page
+    boxes; split chunks >= 256 keys (with the merge fused into the kernel, batch 1 x 3232
     is fastest at 128-256: docs/perf/h200-decode-variants.json)."""
     tiles = dict(tile_q_rows=64, kv_tile=64, min_chunk_keys=256)
     if 16 <= page_size <= 128:
@@ -96,8 +97,8 @@ def gqa_paged_decode(
     convention) unless ``natural_lse=True``. A request with no keys gets output 0 and lse -inf.
 
     Supported (sm_90a runs on Hopper; sm_100a is compiled and PTX-checked only, never run here): any GQA ratio
-    whose group fits 64 rows, head_dim 64 / 128 / 256, page sizes 16..128 (sm_100a: the same but page 128 with
-    head_dim 256, which overflows its 512 TMEM columns).
+    whose group fits 64 rows, head_dim 64 / 128 / 256, page sizes 1..128 (powers of two; sm_100a: the same but
+    page 128 with head_dim 256, which overflows its 512 TMEM columns).
     A shape no kernel builds raises ValueError with the kernel's reason before any work. Needs a CUDA GPU.
 
     Plans: without ``plan=``, the call plans (reading the index tensors: one host sync) and caches the plan on

@@ -94,7 +94,7 @@ def gqa_paged_prefill(
     ``lse`` is base 2 unless ``natural_lse=True``; a row that sees no key gets output 0 and lse -inf.
 
     Supported (sm_90a runs on Hopper; sm_100a is compiled and PTX-checked only, never run here): head_dim 64 and
-    128, page sizes 8..128 (powers of two), GQA groups that divide 128 packed rows (1, 2, 4, 8, 16; sm_100a:
+    128, page sizes 1..128 (powers of two), GQA groups that divide 128 packed rows (1, 2, 4, 8, 16; sm_100a:
     head_dim 128). A shape no kernel builds raises ValueError with the kernel's reason. Needs a CUDA GPU.
 
     Plans: as :func:`gqa_paged_decode` (cached on the index tensors' identity and version; or plan once with

@@ -24,10 +24,14 @@ def smem_reason(nbytes: int, limit: int = SMEM_LIMIT_BYTES) -> str | None:
 
 
 def page_box_reason(config) -> str | None:
-    """A K/V page loaded as one TMA box inside a key tile: whole 8-row swizzle atoms, pages tile the key tile."""
-    if config.page_size < 8 or config.page_size > config.kv_tile or config.kv_tile % config.page_size:
-        return (f"page_size={config.page_size} must be a power of two in 8..kv_tile={config.kv_tile}: a page "
-                "is one TMA box of whole 8-row swizzle atoms inside a key tile")
+    """A K/V page loaded as one TMA box inside a key tile: pages tile the key tile (powers of two up to kv_tile).
+
+    Boxes of fewer than 8 rows (pages 1, 2, 4) land at a row offset inside a 128B-swizzled 8-row atom: TMA
+    swizzles by shared-memory address and the tiles are 1024 B aligned, so every row lands where the swizzled
+    layout expects it (the DSL builds the atom for the (page_size, D) slice of the stage layout)."""
+    if config.page_size < 1 or config.page_size > config.kv_tile or config.kv_tile % config.page_size:
+        return (f"page_size={config.page_size} must be a power of two in 1..kv_tile={config.kv_tile}: a page "
+                "is one TMA box of page_size rows inside a key tile")
     return None
 
 

@@ -1,7 +1,7 @@
 """GQA paged decode for Blackwell (sm_100a): tcgen05 MMAs with TMEM accumulators, TMA page loads.
 
 Definition: ``gqa_paged_decode_h20_kv4_d128_ps64`` and its family: other head counts, ``page_size``
-16 / 32 / 64 / 128 and head_dim 64 / 128 / 256 (qk = v) where TMEM and shared memory hold them
+1 / 2 / 4 / 8 / 16 / 32 / 64 / 128 and head_dim 64 / 128 / 256 (qk = v) where TMEM and shared memory hold them
 (:func:`check_config`: page 128 with head_dim 256 does not fit TMEM); contract:
 ``docs/kernel-contract.md``. Compiled and inspected only (no Blackwell GPU in this project).
 
@@ -14,7 +14,9 @@ Work
     The plan's ``tile_q_rows`` (64 by default) only bounds Q_ROW_COUNT: the MMA always uses M = 128,
     whose TMEM accumulator maps row r to lane r (one softmax thread per row). KV steps are one page
     (``page_size`` keys: S = Q.K^T is one MMA of N = page_size); KV_START is a multiple of ``kv_tile``
-    (a multiple of the page size).
+    (a multiple of the page size). Pages of 1, 2, 4 or 8 keys: a step is ``kv_tile`` keys (64 by default,
+    :func:`step_keys`), built from ``kv_tile / page_size`` page boxes; below, "page" as the step's width
+    (S/P TMEM columns, ring stage) then means the step.
     Same contract, roles and item loop as the Hopper twin ``kernels/sm90/gqa_decode.py``; only the
     MMA (tcgen05, TMEM accumulators, its own warp) and the pipeline differ. The shared softmax/mask
     helpers (``kernels/common``) work on wgmma register fragments, so this file keeps its own
@@ -43,6 +45,15 @@ Warp roles (192 threads)
                from ``kv_indices[KV_PAGE_START + page]``, read 32 at a time one per lane, is the TMA
                coordinate) into the smem ring. Each Q, K or V tile is head_dim / 64 TMA boxes of 64
                columns: the 128B swizzle caps a box's inner extent at 64 bf16.
+               Small pages (``load_role_pages``): the ring is also viewed as (keys, D, stage) rows (the same
+               bytes as the MMA layouts: K-major K and MN-major V both put key k at 128 B * k of each
+               64-column chunk) and each page is a box of page_size rows at row ``i * page_size``, even below
+               the 8-row swizzle atom (TMA swizzles by address; stages are 1024 B aligned). Ids one per lane
+               (``common/page_ids.py``), shuffled to the issuing lane (the DSL elects it), a page past KV_END
+               gets id -1 (zero-filled, bytes counted). TMA ``gather4`` (four rows per instruction) exists in
+               CuTe DSL 4.8.1 but only for 2-D tensor maps; the paged caches are 4-D with a symbolic page
+               stride (strided ``kv[:, 0]`` views), so a 2-D row view would need page_stride == Hkv * D: not
+               used. Page 1, D 128: 256 TMA copies per 64-key step.
 
 TMEM columns (:func:`tmem_plan`; P = page_size, D = head_dim; regions start on 32-column boundaries)
     S0 [0, P), S1 [s, s + P) with s = P rounded up to 32: fp32 scores, double-buffered
@@ -82,10 +93,14 @@ from .. import register_paged_kernel
 from ..common.limits import SMEM_LIMIT_BYTES, TMEM_COLUMNS
 from ..common.paged_launch import gqa_decode_entry
 from ..common.decode_merge import fold_completed_merges
+from ..common.page_ids import IDS_PER_LOAD, id_loads, lane_page_id, load_lane_page_ids
 
 ARCH = "sm_100a"
 MMA_M = 128  # tcgen05 M (cta_group 1): TMEM lane r = packed row r
-PAGE_SIZES = (16, 32, 64, 128)  # S MMA N = page (16..256); P.V needs whole K=16 blocks of keys
+PAGE_SIZES = (16, 32, 64, 128)  # one page per step: S MMA N = page (16..256); P.V needs whole K=16 blocks of keys
+SMALL_PAGE_SIZES = (1, 2, 4, 8)  # a step of kv_tile keys is kv_tile / page_size page boxes
+SMALL_PAGE_STEPS = (32, 64, 128)  # kv_tile (keys per step) for the small pages
+MAX_PAGES_PER_STEP = 64
 HEAD_DIMS = (64, 128, 256)  # whole 64-column TMA boxes (128B swizzle); P.V MMA N = head_dim <= 256
 # Ring depth: as many stages as fit in this many bytes (the definition config's 4 pages of K + V, so its
 # code is unchanged; smaller pages get more pages in flight) and in shared memory, at least 2.
@@ -120,8 +135,13 @@ def _round_up(x: int, to: int) -> int:
     return -(-x // to) * to
 
 
+def step_keys(config: PagedAttentionConfig) -> int:
+    """Keys per ring stage and S MMA (N): one page for pages of 16..128 keys, else ``kv_tile`` keys of several pages."""
+    return config.page_size if config.page_size in PAGE_SIZES else config.kv_tile
+
+
 def tmem_plan(config: PagedAttentionConfig) -> TmemPlan:
-    page, dv = config.page_size, config.head_dim_v
+    page, dv = step_keys(config), config.head_dim_v
     s_stride = _round_up(page, TMEM_ALIGN)
     p_col = 2 * s_stride
     p_cols = page // 2  # bf16 P packed two keys per 32-bit column
@@ -154,9 +174,13 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         return f"this kernel is gqa_paged_decode for {ARCH}, not {config.kind} for {config.arch}"
     if config.causal:
         return "decode attends every key of its request (causal=False)"
-    if config.page_size not in PAGE_SIZES:
-        return (f"page_size={config.page_size} must be one of {PAGE_SIZES}: one page is one S MMA "
-                "(N = page_size) and whole 16-key blocks of the P.V MMA")
+    if config.page_size not in PAGE_SIZES + SMALL_PAGE_SIZES:
+        return (f"page_size={config.page_size} must be one of {PAGE_SIZES} (one page is one S MMA, N = page_size, "
+                f"and whole 16-key blocks of the P.V MMA) or {SMALL_PAGE_SIZES} (kv_tile keys of several pages)")
+    if config.page_size in SMALL_PAGE_SIZES and (config.kv_tile not in SMALL_PAGE_STEPS
+                                                 or config.kv_tile // config.page_size > MAX_PAGES_PER_STEP):
+        return (f"page_size={config.page_size}: a step of kv_tile={config.kv_tile} keys is kv_tile / page_size TMA "
+                f"boxes; kv_tile must be one of {SMALL_PAGE_STEPS} with at most {MAX_PAGES_PER_STEP} pages")
     if config.head_dim_qk != config.head_dim_v:
         return "head_dim_qk must equal head_dim_v"
     if config.head_dim_v not in HEAD_DIMS:
@@ -170,7 +194,7 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         return "one CTA per SM: the TMEM allocation and the K/V ring are sized for the whole SM"
     plan = tmem_plan(config)
     if plan.end > TMEM_COLUMNS:
-        return (f"TMEM: S0/S1 ({config.page_size} fp32 columns each), P ({config.page_size // 2}) and O "
+        return (f"TMEM: S0/S1 ({step_keys(config)} fp32 columns each), P ({step_keys(config) // 2}) and O "
                 f"({config.head_dim_v}, from column {plan.o_col}) need {plan.end} of {TMEM_COLUMNS} columns")
     if kv_stages(config) < MIN_KV_STAGES:
         return (f"shared memory: Q and {MIN_KV_STAGES} K/V stages need "
@@ -179,7 +203,7 @@ def check_config(config: PagedAttentionConfig) -> str | None:
 
 
 def _kv_stage_bytes(config: PagedAttentionConfig) -> int:
-    return config.page_size * (config.head_dim_qk + config.head_dim_v) * ELEM
+    return step_keys(config) * (config.head_dim_qk + config.head_dim_v) * ELEM
 
 
 def _smem_bytes(config: PagedAttentionConfig, stages: int) -> int:
@@ -217,10 +241,12 @@ class GqaDecodeSm100:
         self.head_dim = config.head_dim_qk
         self.head_dim_v = config.head_dim_v
         self.page = config.page_size
-        self.qk_tiler = (MMA_M, self.page, self.head_dim)
-        self.pv_tiler = (MMA_M, self.head_dim_v, self.page)
+        self.step = step_keys(config)  # keys per ring stage / S MMA N (the page for pages of 16..128 keys)
+        self.pages_per_step = self.step // self.page
+        self.qk_tiler = (MMA_M, self.step, self.head_dim)
+        self.pv_tiler = (MMA_M, self.head_dim_v, self.step)
         self.q_bytes = MMA_M * self.head_dim * ELEM
-        self.kv_bytes = self.page * (self.head_dim + self.head_dim_v) * ELEM
+        self.kv_bytes = self.step * (self.head_dim + self.head_dim_v) * ELEM
         self.kv_stages = kv_stages(config)
         self.tmem = tmem_plan(config)
         self.s_stride = self.tmem.s_col[1]  # S buffer i starts at column i * s_stride
@@ -270,10 +296,22 @@ class GqaDecodeSm100:
         op = cpasync.CopyBulkTensorTileG2SOp(one)
         tma_q, m_q = cute.nvgpu.make_tiled_tma_atom_A(
             op, q_view, cute.select(q_layout, mode=[0, 1, 2]), self.qk_tiler, qk_mma)
-        tma_k, m_k = cute.nvgpu.make_tiled_tma_atom_B(
-            op, k_view, cute.select(k_layout, mode=[0, 1, 2]), self.qk_tiler, qk_mma)
-        tma_v, m_v = cute.nvgpu.make_tiled_tma_atom_B(
-            op, v_view, cute.select(v_layout, mode=[0, 1, 2]), self.pv_tiler, pv_mma)
+        if cutlass.const_expr(self.pages_per_step > 1):
+            # Small pages: one TMA box per page of one KV head, (slot, D, Hkv, page) with the page id as coordinate,
+            # into rows [i * page, (i + 1) * page) of the stage's (keys, D) row view (kv_rows_layout: the same
+            # bytes as the MMA layouts of K and V). TMA swizzles by smem address and the stage is 1024 B aligned,
+            # so a box of fewer than 8 rows lands where the 128B-swizzled layout expects it.
+            page_layout = cute.composition(cute.select(self.kv_rows_layout(), mode=[0, 1]),
+                                           cute.make_layout((self.page, self.head_dim), stride=(1, self.step)))
+            k_rows = cute.make_tensor(k_cache.iterator, cute.select(k_cache.layout, mode=[1, 3, 2, 0]))
+            v_rows = cute.make_tensor(v_cache.iterator, cute.select(v_cache.layout, mode=[1, 3, 2, 0]))
+            tma_k, m_k = cpasync.make_tiled_tma_atom(op, k_rows, page_layout, (self.page, self.head_dim))
+            tma_v, m_v = cpasync.make_tiled_tma_atom(op, v_rows, page_layout, (self.page, self.head_dim_v))
+        else:
+            tma_k, m_k = cute.nvgpu.make_tiled_tma_atom_B(
+                op, k_view, cute.select(k_layout, mode=[0, 1, 2]), self.qk_tiler, qk_mma)
+            tma_v, m_v = cute.nvgpu.make_tiled_tma_atom_B(
+                op, v_view, cute.select(v_layout, mode=[0, 1, 2]), self.pv_tiler, pv_mma)
 
         self.kernel(
             qk_mma, pv_mma, tma_q, m_q, tma_k, m_k, tma_v, m_v, kv_indices, work_indptr, items,
@@ -300,8 +338,18 @@ class GqaDecodeSm100:
 
         smem = SmemAllocator()
         s_q = smem.allocate_tensor(bf16, q_layout.outer, byte_alignment=1024, swizzle=q_layout.inner)
-        s_k = smem.allocate_tensor(bf16, k_layout.outer, byte_alignment=1024, swizzle=k_layout.inner)
-        s_v = smem.allocate_tensor(bf16, v_layout.outer, byte_alignment=1024, swizzle=v_layout.inner)
+        if cutlass.const_expr(self.pages_per_step > 1):
+            # small pages: the ring as (keys, D, stage) rows for the page boxes; MMA views of the same bytes
+            rows = self.kv_rows_layout()
+            s_k_rows = smem.allocate_tensor(bf16, rows.outer, byte_alignment=1024, swizzle=rows.inner)
+            s_v_rows = smem.allocate_tensor(bf16, rows.outer, byte_alignment=1024, swizzle=rows.inner)
+            s_k = cute.make_tensor(cute.recast_ptr(s_k_rows.iterator, k_layout.inner, dtype=bf16), k_layout.outer)
+            s_v = cute.make_tensor(cute.recast_ptr(s_v_rows.iterator, v_layout.inner, dtype=bf16), v_layout.outer)
+        else:
+            s_k = smem.allocate_tensor(bf16, k_layout.outer, byte_alignment=1024, swizzle=k_layout.inner)
+            s_v = smem.allocate_tensor(bf16, v_layout.outer, byte_alignment=1024, swizzle=v_layout.inner)
+            s_k_rows = s_k
+            s_v_rows = s_v
         bars = smem.allocate_array(cutlass.Int64, 2 * self.kv_stages + NUM_MISC_BARRIERS, byte_alignment=8)
         tmem_holder = smem.allocate_array(cutlass.Int32, 1, byte_alignment=4)
         arrival = smem.allocate_array(cutlass.Int32, 1, byte_alignment=4)  # fused merge: counter's old value
@@ -337,8 +385,12 @@ class GqaDecodeSm100:
         item_end = work_indptr[cta + 1]
 
         if warp == LOAD_WARP:
-            self.load_role(qk_thr, pv_thr, tma_q, m_q, tma_k, m_k, tma_v, m_v, s_q, s_k, s_v,
-                           kv_indices, items, item_begin, item_end, kv_full, kv_empty, misc)
+            if cutlass.const_expr(self.pages_per_step > 1):
+                self.load_role_pages(qk_thr, tma_q, m_q, tma_k, m_k, tma_v, m_v, s_q, s_k_rows, s_v_rows,
+                                     kv_indices, items, item_begin, item_end, kv_full, kv_empty, misc)
+            else:
+                self.load_role(qk_thr, pv_thr, tma_q, m_q, tma_k, m_k, tma_v, m_v, s_q, s_k, s_v,
+                               kv_indices, items, item_begin, item_end, kv_full, kv_empty, misc)
         if warp == MMA_WARP:
             self.mma_role(qk_mma, pv_mma, qk_thr, pv_thr, s_q, s_k, s_v, p_layout, tmem_ptr,
                           items, item_begin, item_end, kv_full, kv_empty, misc)
@@ -363,7 +415,7 @@ class GqaDecodeSm100:
         kv_end = items[it, ItemField.KV_END]
         steps = cutlass.Int32(0)
         if kv_end > kv_start:
-            steps = (kv_end - kv_start + self.page - 1) // self.page
+            steps = (kv_end - kv_start + self.step - 1) // self.step
         return kv_start, kv_end, steps
 
     # ------------------------------------------------------------------------------------------ TMA warp
@@ -414,6 +466,66 @@ class GqaDecodeSm100:
                                   tma_bar_ptr=kv_full + stage)
                         cute.copy(tma_v, t_v_g[None, 0, 0, (h, page)], t_v_s[None, stage],
                                   tma_bar_ptr=kv_full + stage)
+                        step += 1
+
+    def kv_rows_layout(self):
+        """Small pages: the K (or V) ring as (keys, D, stage) rows, 128B-swizzled K-major atoms tiled keys first, so
+        key k of a 64-column chunk sits at 128 B * k: the bytes of the MMA layouts of K (K-major) and V (MN-major,
+        whose tile order puts keys first too)."""
+        atom = sm100_utils.make_smem_layout_atom(tcgen05.SmemLayoutAtomKind.K_SW128, cutlass.BFloat16)
+        return cute.tile_to_shape(atom, (self.step, self.head_dim, self.kv_stages), (0, 1, 2))
+
+    @cute.jit
+    def load_role_pages(self, qk_thr, tma_q, m_q, tma_k, m_k, tma_v, m_v, s_q, s_k_rows, s_v_rows,
+                        kv_indices, items, item_begin, item_end, kv_full, kv_empty, misc):
+        """Small pages: as :meth:`load_role`, but a step's K and V are ``pages_per_step`` page boxes each.
+
+        Page ids one per lane (``common/page_ids.py``): one coalesced load covers ``32 / pages_per_step`` whole
+        steps, or a step takes ``pages_per_step / 32`` loads; each box's id is shuffled out to the issuing lane
+        (the DSL's TMA copy elects one lane). A page wholly past KV_END gets id -1: TMA zero-fills the box and
+        still counts its bytes, so each step's kv_full expects ``kv_bytes``.
+        """
+        P, D, npg = self.page, self.head_dim, self.pages_per_step
+        steps_per_round = max(1, IDS_PER_LOAD // npg)
+        t_k_s, t_k_g = cpasync.tma_partition(
+            tma_k, 0, cute.make_layout(1), cute.group_modes(cute.flat_divide(s_k_rows, (P, D)), 0, 2),
+            cute.group_modes(m_k, 0, 2))
+        t_v_s, t_v_g = cpasync.tma_partition(
+            tma_v, 0, cute.make_layout(1), cute.group_modes(cute.flat_divide(s_v_rows, (P, self.head_dim_v)), 0, 2),
+            cute.group_modes(m_v, 0, 2))
+        step = cutlass.Int32(0)  # global step: ring slot step % kv_stages
+        q_count = cutlass.Int32(0)
+        lane = cute.arch.lane_idx()
+        lane_pages = cute.make_rmem_tensor((id_loads(npg),), cutlass.Int32)
+        for it in cutlass.range(item_begin, item_end, unroll=1):
+            kv_start, kv_end, steps = self.item_steps(items, it)
+            if steps > 0:
+                b = items[it, ItemField.REQUEST]
+                h = items[it, ItemField.KV_HEAD]
+                first_head = h * self.group + items[it, ItemField.Q_ROW_START]
+                m_q_item = cute.domain_offset((first_head, 0, 0), m_q)
+                t_q_s, t_q_g = cpasync.tma_partition(
+                    tma_q, 0, cute.make_layout(1), cute.group_modes(s_q, 0, 3),
+                    cute.group_modes(qk_thr.partition_A(cute.flat_divide(m_q_item, (MMA_M, self.head_dim))), 0, 3))
+                if q_count > 0:
+                    cute.arch.mbarrier_wait(misc + Q_EMPTY, (q_count - 1) % 2)
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive_and_expect_tx(misc + Q_FULL, self.q_bytes)
+                cute.copy(tma_q, t_q_g[None, 0, 0, b], t_q_s[None, 0], tma_bar_ptr=misc + Q_FULL)
+                q_count += 1
+                first_page = items[it, ItemField.KV_PAGE_START]
+                n_pages = (kv_end - kv_start + P - 1) // P  # pages holding the item's keys
+                for t0 in cutlass.range(0, steps, steps_per_round, unroll=1):
+                    load_lane_page_ids(kv_indices, lane_pages, first_page + t0 * npg, n_pages - t0 * npg, lane)
+                    for j in cutlass.range(cutlass.min(steps_per_round, steps - t0), unroll=1):
+                        stage = step % self.kv_stages
+                        cute.arch.mbarrier_wait(kv_empty + stage, ((step // self.kv_stages) % 2) ^ 1)
+                        with cute.arch.elect_one():
+                            cute.arch.mbarrier_arrive_and_expect_tx(kv_full + stage, self.kv_bytes)
+                        for i in cutlass.range_constexpr(npg):
+                            page = lane_page_id(lane_pages, i, j * npg)
+                            cute.copy(tma_k, t_k_g[None, h, page], t_k_s[None, i, 0, stage], tma_bar_ptr=kv_full + stage)
+                            cute.copy(tma_v, t_v_g[None, h, page], t_v_s[None, i, 0, stage], tma_bar_ptr=kv_full + stage)
                         step += 1
 
     # ------------------------------------------------------------------------------------------ MMA warp
@@ -481,14 +593,14 @@ class GqaDecodeSm100:
         s_acc = qk_thr.make_fragment_C(qk_thr.partition_shape_C(self.qk_tiler[:2]))
         t_s0 = cute.make_tensor(tmem_ptr + self.tmem.s_col[0], s_acc.layout)
         ld_s = tcgen05.make_tmem_copy(
-            cute.make_copy_atom(tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(self.page)), f32), t_s0)
+            cute.make_copy_atom(tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(self.step)), f32), t_s0)
         thr_ld_s = ld_s.get_slice(tidx)
         t_ld_s = thr_ld_s.partition_S(t_s0)
         c_s = qk_thr.partition_C(cute.make_identity_tensor(self.qk_tiler[:2]))
         t_c_s = thr_ld_s.partition_D(c_s)
         r_s = cute.make_rmem_tensor(t_c_s.shape, f32)
 
-        p_cols = self.page // 2
+        p_cols = self.step // 2
         t_p = cute.make_tensor(tmem_ptr + self.tmem.p_col,
                                cute.composition(t_s0.layout, cute.make_layout((MMA_M, p_cols))))
         c_p = cute.make_tensor(c_s.iterator, cute.composition(c_s.layout, cute.make_layout((MMA_M, p_cols))))
@@ -525,7 +637,7 @@ class GqaDecodeSm100:
                 cute.arch.mbarrier_wait(misc + S_FULL + buf, (step // 2) % 2)
                 cute.copy(ld_s, cute.make_tensor(t_ld_s.iterator + buf * self.s_stride, t_ld_s.layout), r_s)
                 cute.arch.fence_view_async_tmem_load()
-                key0 = kv_start + t * self.page
+                key0 = kv_start + t * self.step
                 tile_max = neg_inf
                 for i in cutlass.range_constexpr(cute.size(r_s)):
                     x = r_s[i] * scale_log2
@@ -557,7 +669,7 @@ class GqaDecodeSm100:
                             for i in cutlass.range_constexpr(cute.size(r_o)):
                                 r_o[i] = r_o[i] * alpha
                             cute.copy(st_o, r_o, cute.make_tensor(t_st_o.iterator + c * o_chunk, t_st_o.layout))
-                if key0 + self.page > kv_end:  # last page: zero V rows >= KV_END (NaN poison)
+                if key0 + self.step > kv_end:  # last step: zero V rows >= KV_END (NaN poison)
                     stage = step % self.kv_stages
                     cute.arch.mbarrier_wait(kv_full + stage, (step // self.kv_stages) % 2)
                     self.zero_v_tail(s_v, stage, kv_end - key0, tidx)
@@ -582,7 +694,7 @@ class GqaDecodeSm100:
             if col < self.head_dim_v:
                 zero = cutlass.BFloat16(0.0)
                 # V's smem mode 0 is one MMA atom: (head_dim columns, 16 keys of a K block)
-                for j in cutlass.range(valid, self.page, unroll=1):
+                for j in cutlass.range(valid, self.step, unroll=1):
                     s_v[((col, j % 16), 0, j // 16, stage)] = zero
         cute.arch.fence_proxy("async.shared", space="cta")
 
@@ -641,7 +753,8 @@ def configs(arch: str) -> list[PagedAttentionConfig]:
                                     head_dim_qk=head_dim, head_dim_v=head_dim, page_size=page, causal=False)
 
     return [decode(20, 4), decode(32, 8), decode(32, 8, page=16), decode(32, 8, page=128),
-            decode(32, 8, head_dim=64), decode(32, 8, head_dim=256), decode(32, 8, page=128, head_dim=64)]
+            decode(32, 8, head_dim=64), decode(32, 8, head_dim=256), decode(32, 8, page=128, head_dim=64),
+            decode(20, 4, page=1), decode(20, 4, page=8)]
 
 
 register_paged_kernel("gqa_paged_decode", ARCH, build=build, launch=launch, configs=configs,

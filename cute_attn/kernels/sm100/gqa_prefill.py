@@ -27,7 +27,12 @@ Warp roles (384 threads, 12 warps):
 * warp 9 TMA load: the packed Q tile (one box over q viewed as ``((group, total_q), d, kv_heads)``:
   the block ``q[t0:t0+128/group, gh:gh+group]``; rows past the request are loaded, never stored);
   per key tile one box per page of one KV head (page id from ``kv_indices`` via ``kv_indptr``; a page
-  wholly past ``KV_END`` gets coordinate -1, which TMA zero-fills). Warps 10-11 idle. Warps 8-11
+  wholly past ``KV_END`` gets coordinate -1, which TMA zero-fills). Pages 1, 2, 4 (32..128 boxes per
+  tile, fewer rows than a swizzle atom: TMA swizzles by address, the stage is 1024 B aligned): the ids are
+  loaded one per lane (``common/page_ids.py``) and shuffled to the issuing lane (the DSL elects it).
+  TMA ``gather4`` (four rows per instruction) exists in CuTe DSL 4.8.1 but only for 2-D tensor maps
+  (rows x columns): our caches are 4-D (slot, d, KV head, page) with a symbolic page stride (strided
+  ``kv[:, 0]`` views), so a 2-D row view would need page_stride == num_kv_heads * d; per-page boxes instead. Warps 10-11 idle. Warps 8-11
   run at ``setmaxnreg`` 64. (240/112/64: the softmax row of 128 fp32 scores + 64 packed P words
   needs ~230 registers; ptxas 13.0 reports no spills beyond an 8-byte local array.)
 
@@ -289,12 +294,13 @@ build, launch = gqa_prefill_entry(GqaPagedPrefillSm100, check_config)
 
 
 def configs(arch: str) -> list[PagedAttentionConfig]:
-    """The definition's config (gqa_paged_prefill_causal_h32_kv4_d128_ps64) and group 5 (h20/kv4: the Q box fills
-    125 of the tile's 128 rows)."""
+    """The definition's config (gqa_paged_prefill_causal_h32_kv4_d128_ps64), group 5 (h20/kv4: the Q box fills
+    125 of the tile's 128 rows) and page 1 (h32/kv4: 128 one-row boxes per K or V tile)."""
     if arch != ARCH:
         return []
     return [default_paged_config(KIND, arch=arch, num_qo_heads=hq, num_kv_heads=hkv, head_dim_qk=128,
-                                 head_dim_v=128, page_size=64, causal=True) for hq, hkv in ((32, 4), (20, 4))]
+                                 head_dim_v=128, page_size=page, causal=True)
+            for hq, hkv, page in ((32, 4, 64), (20, 4, 64), (32, 4, 1))]
 
 
 register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs,

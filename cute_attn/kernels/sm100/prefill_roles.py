@@ -26,6 +26,7 @@ from cutlass.cute.nvgpu import cpasync, tcgen05
 
 from ...plan import ItemField as F
 from ..common.packed_q import q_box_rows
+from ..common.page_ids import LANE_IDS_BELOW, id_loads, lane_page_id, load_lane_page_ids
 from .softmax_rows import NEG_INF, begin_softmax_item, load_s_row, num_key_tiles, online_softmax_row, send_row_values
 from .tmem import fence_after_sync, fence_before_sync
 
@@ -80,15 +81,25 @@ class PrefillRoles:
     def _load_tile(self, atom, t_g, t_s, kv_indices, page_ids, page_base: Int32, kv_base: Int32, kv_end: Int32,
                    h: Int32, pipe_kv, kv_state):
         P, npg = self.page_size, self.pages_per_tile
-        for i in cutlass.range_constexpr(npg):
-            pid = Int32(-1)  # a page wholly past kv_end: TMA zero-fills the out-of-bounds box
-            if kv_base + i * P < kv_end:
-                pid = kv_indices[page_base + kv_base // P + i]
-            page_ids[i] = pid
-        pipe_kv.producer_acquire(kv_state)
-        for i in cutlass.range_constexpr(npg):
-            cute.copy(atom, t_g[None, h, page_ids[i]], t_s[None, i, 0, kv_state.index],
-                      tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+        if cutlass.const_expr(P >= LANE_IDS_BELOW):
+            for i in cutlass.range_constexpr(npg):
+                pid = Int32(-1)  # a page wholly past kv_end: TMA zero-fills the out-of-bounds box
+                if kv_base + i * P < kv_end:
+                    pid = kv_indices[page_base + kv_base // P + i]
+                page_ids[i] = pid
+            pipe_kv.producer_acquire(kv_state)
+            for i in cutlass.range_constexpr(npg):
+                cute.copy(atom, t_g[None, h, page_ids[i]], t_s[None, i, 0, kv_state.index],
+                          tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+        else:
+            # pages 1, 2, 4: 32..128 boxes per tile; ids one per lane (coalesced), shuffled out per box
+            lane_pages = cute.make_rmem_tensor(id_loads(npg), Int32)
+            load_lane_page_ids(kv_indices, lane_pages, page_base + kv_base // P, (kv_end - kv_base + P - 1) // P,
+                               cute.arch.lane_idx())
+            pipe_kv.producer_acquire(kv_state)
+            for i in cutlass.range_constexpr(npg):
+                cute.copy(atom, t_g[None, h, lane_page_id(lane_pages, i)], t_s[None, i, 0, kv_state.index],
+                          tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
         kv_state.advance()
         return kv_state
 

@@ -29,6 +29,22 @@ Warp roles (288 threads)
     warp 8     producer: reads the item's page ids from ``kv_indices`` (from position KV_PAGE_START) 32 at a
                time (one per lane, then shuffled out), and for each KV tile (one page = ``kv_tile`` keys) issues two TMA loads (the page's K and V boxes for the item's KV head;
                the page id is the TMA coordinate) into the stage, completing on its full mbarrier.
+               Pages of 1, 2, 4 or 8 keys (``produce_pages``): a stage stays ``kv_tile`` keys (64 by default),
+               built from ``kv_tile / page_size`` page boxes of K and of V at row offsets ``i * page_size`` of the
+               stage; one coalesced id load (one per lane, ``common/page_ids.py``) covers 32 / pages-per-stage
+               stages, or a stage takes pages-per-stage / 32 loads (page 1: 2); a page past KV_END gets id -1
+               (zero-filled, its bytes still counted), so the stage's full mbarrier keeps one expect-tx of the
+               whole stage.
+
+Small pages, the choice: a box of fewer rows than the 128B swizzle's 8-row atom (pages 1, 2, 4) at a row
+offset inside a swizzled stage is legal: TMA swizzles by shared-memory address and the stage is 1024 B
+aligned, so row ``r`` of the stage lands where the swizzled layout (Swizzle<3,4,3> on the offset) expects it.
+CuTe DSL 4.8.1 expresses it directly: the atom is built for the ``(page_size, D)`` slice (a composition) of
+the stage layout and partitioned over ``flat_divide(stage, (page_size, D))``; the PTX shows boxes 128 B apart
+at page 1. So one structure serves every page size (no cp.async row gather). The boxes are issued back to
+back by one lane: the DSL's TMA copy elects its issuing lane itself (issuing from 32 lanes at once would need
+raw PTX with the descriptor's address, which the DSL does not expose). Cost: ``2 * (kv_tile / page_size) *
+(D / 64)`` TMA copies per stage (a box is at most 64 bf16 wide under the 128B swizzle): 256 at page 1, D 128.
 
 Start: every thread loads ``work_indptr[cta]`` and, alongside, the item fields of row ``cta``
 (``common/work_items.py``: CTA ``c``'s first item whenever every CTA before it has one item, as in the
@@ -62,6 +78,7 @@ from .. import register_paged_kernel
 from ..common.decode_merge import FOLD_ROW_LANES, fold_completed_merges
 from ..common.limits import SMEM_LIMIT_BYTES, target_reason
 from ..common.named_barrier import warpgroup_barrier_sync
+from ..common.page_ids import IDS_PER_LOAD, id_loads, lane_page_id, load_lane_page_ids
 from ..common.work_items import guess_first_item, load_item
 from .wgmma import wgmma_gemm
 from ..common.paged_launch import gqa_decode_entry
@@ -79,6 +96,11 @@ WG_BARRIER_ID = 1  # + wg: named barrier of one consumer warpgroup (0 is __synct
 BOTH_BARRIER_ID = WG_BARRIER_ID + NUM_CONSUMER_WG  # both consumer warpgroups
 Q_VEC = 8  # bf16 per 16-byte Q load
 PAGE_IDS_PER_LOAD = 32  # producer: one page id per lane of the producer warp
+MULTI_PAGE_BELOW = 16  # pages of fewer keys: a stage of kv_tile keys is kv_tile / page_size page boxes
+MAX_PAGES_PER_STAGE = 64  # page-1 decode with kv_tile 64: 64 page boxes (x D/64 columns x K, V) per stage
+# Stages of several pages are also built for pages of 16+ keys when asked for (kv_tile 64 or 128 with page 16 or
+# 32: fewer, wider tiles, i.e. fewer wgmma pairs and softmaxes per key); the defaults keep one page per stage.
+MULTI_PAGE_TILES = (64, 128)
 ITEM_FIELDS = tuple(F)  # an item's row in registers is indexed by ItemField (unused fields are dead loads)
 
 
@@ -134,12 +156,12 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         return f"decode packs one group into a single 64-row warpgroup tile; tile_q_rows={config.tile_q_rows}"
     if config.group_size > config.tile_q_rows:
         return f"group size {config.group_size} exceeds the {config.tile_q_rows}-row tile"
-    if config.page_size < 16:
-        return (f"page_size={config.page_size}: this kernel loads one page per ring stage as one TMA box of "
-                "16..128 rows; smaller pages need a row gather, not built for decode yet")
-    if config.kv_tile != config.page_size:
-        return (f"kv_tile={config.kv_tile} must equal page_size={config.page_size} "
-                "(one page is one TMA box per stage)")
+    if config.page_size >= MULTI_PAGE_BELOW and config.kv_tile not in (config.page_size, *MULTI_PAGE_TILES):
+        return (f"kv_tile={config.kv_tile} must equal page_size={config.page_size} (one page is one TMA box per "
+                f"stage) or be one of {MULTI_PAGE_TILES} (a stage of several page boxes)")
+    if config.kv_tile % config.page_size or config.kv_tile // config.page_size > MAX_PAGES_PER_STAGE:
+        return (f"page_size={config.page_size}: a stage of kv_tile={config.kv_tile} keys is built from "
+                f"kv_tile / page_size TMA boxes, which must be whole and at most {MAX_PAGES_PER_STAGE}")
     if config.kv_tile < 16 or config.kv_tile > 256:
         return f"kv_tile={config.kv_tile} must be in 16..256 (wgmma N and TMA box limits)"
     if config.head_dim_qk != config.head_dim_v:
@@ -165,6 +187,7 @@ class GqaDecodeSm90:
         self.page_size = config.page_size
         self.tile_m = config.tile_q_rows
         self.tile_n = config.kv_tile
+        self.pages_per_stage = config.kv_tile // config.page_size  # 1 for pages of 16..128 keys
         self.stages = num_stages(config)
         self.dtype = cutlass.BFloat16
         self.tile_bytes = self.tile_n * self.head_dim * 2
@@ -211,8 +234,13 @@ class GqaDecodeSm90:
         order = [1, 3, 2, 0]
         k_view = cute.make_tensor(k_cache.iterator, cute.select(k_cache.layout, mode=order))
         v_view = cute.make_tensor(v_cache.iterator, cute.select(v_cache.layout, mode=order))
-        box = (self.tile_n, self.head_dim)
         stage_layout = cute.select(sKV_layout, mode=[0, 1])
+        if cutlass.const_expr(self.pages_per_stage > 1):
+            # one page = page_size rows of the stage, at row offset i * page_size (same strides as the stage, so
+            # the 128B swizzle of the stage applies: TMA swizzles by smem address, the stage is 1024 B aligned)
+            stage_layout = cute.composition(stage_layout,
+                                            cute.make_layout((self.page_size, self.head_dim), stride=(1, self.tile_n)))
+        box = (self.page_size, self.head_dim)
         tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), k_view, stage_layout, box)
         tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), v_view, stage_layout, box)
         self.kernel(
@@ -276,8 +304,12 @@ class GqaDecodeSm90:
         )  # initialises the mbarriers (warp 0), fences and syncs the CTA
 
         if warp_idx == PRODUCER_WARP:
-            self.produce(tma_atom_k, tma_k, tma_atom_v, tma_v, sK, sV, kv_indices, items, item_begin, item_end,
-                         guess, row, pipe)
+            if cutlass.const_expr(self.pages_per_stage > 1):
+                self.produce_pages(tma_atom_k, tma_k, tma_atom_v, tma_v, sK, sV, kv_indices, items, item_begin,
+                                   item_end, guess, row, pipe)
+            else:
+                self.produce(tma_atom_k, tma_k, tma_atom_v, tma_v, sK, sV, kv_indices, items, item_begin, item_end,
+                             guess, row, pipe)
         if warp_idx < PRODUCER_WARP:
             self.consume(q, sQ, sK, sV, exchange, items, merge_indptr, merge_counters, arrival, output, lse, partial_out,
                          partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, item_begin, item_end,
@@ -313,6 +345,49 @@ class GqaDecodeSm90:
                     bar = pipe.producer_get_barrier(state)
                     cute.copy(tma_atom_k, tKgK[None, head, page], tKsK[None, state.index], tma_bar_ptr=bar)
                     cute.copy(tma_atom_v, tVgV[None, head, page], tVsV[None, state.index], tma_bar_ptr=bar)
+                    pipe.producer_commit(state)
+                    state.advance()
+
+    @cute.jit
+    def produce_pages(self, tma_atom_k, tma_k, tma_atom_v, tma_v, sK, sV, kv_indices, items, item_begin, item_end,
+                      guess, row, pipe):
+        """Pages of fewer than 16 keys: each stage (``tile_n`` keys) is ``pages_per_stage`` page boxes of K and V.
+
+        Page ids one per lane (``common/page_ids.py``): one coalesced load covers ``32 / pages_per_stage`` whole
+        stages (page 8: 4), or a stage takes ``pages_per_stage / 32`` loads (page 1: 2); each box's id is shuffled
+        out to the issuing lane. Pages wholly past KV_END get id -1 (TMA zero-fills the box and counts its bytes),
+        so the stage's full mbarrier always expects ``2 * tile_bytes``.
+        """
+        P, npg = self.page_size, self.pages_per_stage
+        stages_per_round = max(1, IDS_PER_LOAD // npg)
+        # smem pages: (box, page in stage, 1, stage)
+        tKsK, tKgK = cpasync.tma_partition(
+            tma_atom_k, 0, cute.make_layout(1), cute.group_modes(cute.flat_divide(sK, (P, self.head_dim)), 0, 2),
+            cute.group_modes(tma_k, 0, 2)
+        )
+        tVsV, tVgV = cpasync.tma_partition(
+            tma_atom_v, 0, cute.make_layout(1), cute.group_modes(cute.flat_divide(sV, (P, self.head_dim)), 0, 2),
+            cute.group_modes(tma_v, 0, 2)
+        )
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        lane = cute.arch.lane_idx()
+        lane_pages = cute.make_rmem_tensor((id_loads(npg),), Int32)
+        for it in cutlass.range(item_begin, item_end, unroll=1):
+            load_item(items, it, item_begin, guess, ITEM_FIELDS, row)
+            head = row[F.KV_HEAD]
+            n_keys = cutlass.max(row[F.KV_END] - row[F.KV_START], 0)
+            n_tiles = (n_keys + self.tile_n - 1) // self.tile_n
+            n_pages = (n_keys + P - 1) // P  # pages holding keys of the item (the last may be partial)
+            first_page = row[F.KV_PAGE_START]
+            for t0 in cutlass.range(0, n_tiles, stages_per_round, unroll=1):
+                load_lane_page_ids(kv_indices, lane_pages, first_page + t0 * npg, n_pages - t0 * npg, lane)
+                for j in cutlass.range(cutlass.min(stages_per_round, n_tiles - t0), unroll=1):
+                    pipe.producer_acquire(state)
+                    bar = pipe.producer_get_barrier(state)
+                    for i in cutlass.range_constexpr(npg):
+                        page = lane_page_id(lane_pages, i, j * npg)
+                        cute.copy(tma_atom_k, tKgK[None, head, page], tKsK[None, i, 0, state.index], tma_bar_ptr=bar)
+                        cute.copy(tma_atom_v, tVgV[None, head, page], tVsV[None, i, 0, state.index], tma_bar_ptr=bar)
                     pipe.producer_commit(state)
                     state.advance()
 
@@ -530,7 +605,8 @@ build, launch = gqa_decode_entry(GqaDecodeSm90, check_config)
 
 
 def configs(arch: str) -> list[PagedAttentionConfig]:
-    """The definition's config (h20/kv4, d128, page 64) and one family member (h32/kv8)."""
+    """The definition's config (h20/kv4, d128, page 64), one family member (h32/kv8) and the small pages (h20/kv4:
+    page 1, SGLang's default and FlashInfer-Bench's 19 page-1 GQA definitions; page 8: 8 boxes per stage)."""
     if arch != ARCH:
         return []
 
@@ -538,7 +614,7 @@ def configs(arch: str) -> list[PagedAttentionConfig]:
         return default_paged_config(KIND, arch=arch, num_qo_heads=hq, num_kv_heads=hkv, head_dim_qk=128,
                                     head_dim_v=128, page_size=ps, causal=False)
 
-    return [decode(20, 4, 64), decode(32, 8, 64)]
+    return [decode(20, 4, 64), decode(32, 8, 64), decode(20, 4, 1), decode(20, 4, 8)]
 
 
 register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs,

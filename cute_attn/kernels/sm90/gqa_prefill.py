@@ -12,7 +12,10 @@ Warp roles (384 threads = 3 warpgroups):
   the tile, e.g. 5, leaves the last rows unloaded: stale, computed, never stored; the planner packs tiles of
   that many rows); rows past the request are loaded but never stored), then per ``kv_tile`` keys the K pages and the V
   pages (one TMA box per page of one KV head, page ids from ``kv_indices``; a page wholly past
-  ``KV_END`` gets coordinate -1, which TMA zero-fills). Warps 1-3 of WG0 exit at once.
+  ``KV_END`` gets coordinate -1, which TMA zero-fills). Pages of 8+ keys: each lane loads the tile's <= 16 ids
+  itself; pages 1, 2, 4 (32..128 boxes per tile): lane l loads ids l, l + 32, ... (coalesced,
+  ``common/page_ids.py``) and each box gets its id by a shuffle; the DSL's TMA copy elects one issuing lane.
+  Warps 1-3 of WG0 exit at once.
 * WG1, WG2 -- consumers (``setmaxnreg`` 240), 64 packed rows each. Per key tile: wgmma
   ``S = Q K^T`` (smem x smem), causal / sequence-end mask only on tiles that need it, online softmax
   in base 2 (``common/softmax.py``), P converted to bf16 in registers, wgmma ``O += P V``
@@ -42,7 +45,10 @@ Compile-time variants (``PagedAttentionConfig`` fields, off by default):
   coalesced stores (``prefill_epilogue.py``); the Q stage is then released after the epilogue.
 
 Shared memory: Q ``2 x tile_m x d``, K and V ``num_stages x kv_tile x d`` each, 128B-swizzled K-major
-tiles (one page is the box ``page_size x d`` of a stage).
+tiles (one page is the box ``page_size x d`` of a stage, at row ``i * page_size``: for pages 1, 2 and 4 a box
+of fewer rows than the 8-row swizzle atom; legal because TMA swizzles by shared-memory address and the stage
+is 1024 B aligned, and CuTe DSL builds the atom from the ``(page_size, d)`` slice of the stage layout; each box
+is ``d / 64`` TMA copies of 64 columns, the 128B swizzle's width).
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ from ..common.limits import page_box_reason, smem_reason, target_reason
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.named_barrier import warpgroup_barrier_arrive, warpgroup_barrier_sync
 from ..common.packed_q import q_box_rows, q_box_stage_layout
+from ..common.page_ids import LANE_IDS_BELOW, id_loads, lane_page_id, load_lane_page_ids
 from ..common.softmax import (acc_mn_view, acc_to_mma_a_view, make_softmax_state, rescale_rows,
                               softmax_finalize, softmax_reset, softmax_update, store_p_bf16)
 from .prefill_epilogue import store_output_rows, store_output_via_smem, store_partial_rows
@@ -248,6 +255,8 @@ class GqaPagedPrefillSm90:
         q_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, Q_STAGES)
         kv_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages)
         page_ids = cute.make_rmem_tensor(npg, Int32)
+        lane_pages = cute.make_rmem_tensor(id_loads(npg), Int32)
+        lane = cute.arch.lane_idx()
         for it in cutlass.range(item_begin, item_end, unroll=1):
             b = items[it, int(F.REQUEST)]
             h = items[it, int(F.KV_HEAD)]
@@ -269,19 +278,32 @@ class GqaPagedPrefillSm90:
             num_tiles = cute.ceil_div(kv_end - kv_start, self.tile_n) if kv_end > kv_start else 0
             for t in cutlass.range(num_tiles, unroll=1):
                 kv_base = kv_start + t * self.tile_n
-                for i in cutlass.range_constexpr(npg):
-                    pid = Int32(-1)  # a page wholly past kv_end: TMA zero-fills the OOB box
-                    if kv_base + i * P < kv_end:
-                        pid = kv_indices[page_base + kv_base // P + i]
-                    page_ids[i] = pid
-                pipe_k.producer_acquire(kv_state)
-                for i in cutlass.range_constexpr(npg):
-                    cute.copy(tma_atom_k, t_kg[None, h, page_ids[i]], t_ks[None, i, 0, kv_state.index],
-                              tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
-                pipe_v.producer_acquire(kv_state)
-                for i in cutlass.range_constexpr(npg):
-                    cute.copy(tma_atom_v, t_vg[None, h, page_ids[i]], t_vs[None, i, 0, kv_state.index],
-                              tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+                if cutlass.const_expr(P >= LANE_IDS_BELOW):
+                    for i in cutlass.range_constexpr(npg):
+                        pid = Int32(-1)  # a page wholly past kv_end: TMA zero-fills the OOB box
+                        if kv_base + i * P < kv_end:
+                            pid = kv_indices[page_base + kv_base // P + i]
+                        page_ids[i] = pid
+                    pipe_k.producer_acquire(kv_state)
+                    for i in cutlass.range_constexpr(npg):
+                        cute.copy(tma_atom_k, t_kg[None, h, page_ids[i]], t_ks[None, i, 0, kv_state.index],
+                                  tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                    pipe_v.producer_acquire(kv_state)
+                    for i in cutlass.range_constexpr(npg):
+                        cute.copy(tma_atom_v, t_vg[None, h, page_ids[i]], t_vs[None, i, 0, kv_state.index],
+                                  tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+                else:
+                    # pages 1, 2, 4: 32..128 boxes per tile; ids one per lane (coalesced), shuffled out per box
+                    load_lane_page_ids(kv_indices, lane_pages, page_base + kv_base // P,
+                                       (kv_end - kv_base + P - 1) // P, lane)
+                    pipe_k.producer_acquire(kv_state)
+                    for i in cutlass.range_constexpr(npg):
+                        cute.copy(tma_atom_k, t_kg[None, h, lane_page_id(lane_pages, i)],
+                                  t_ks[None, i, 0, kv_state.index], tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                    pipe_v.producer_acquire(kv_state)
+                    for i in cutlass.range_constexpr(npg):
+                        cute.copy(tma_atom_v, t_vg[None, h, lane_page_id(lane_pages, i)],
+                                  t_vs[None, i, 0, kv_state.index], tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
                 kv_state.advance()
 
     @cute.jit
@@ -450,7 +472,7 @@ build, launch = gqa_prefill_entry(GqaPagedPrefillSm90, check_config)
 
 def configs(arch: str) -> list[PagedAttentionConfig]:
     """The definition's config plus family members that exercise other page and group sizes (group 5: the Q box
-    fills 125 of the tile's 128 rows)."""
+    fills 125 of the tile's 128 rows; page 1: 128 one-row boxes per K or V tile, ids one per lane)."""
     if arch != ARCH:
         return []
 
@@ -458,7 +480,7 @@ def configs(arch: str) -> list[PagedAttentionConfig]:
         return default_paged_config(KIND, arch=arch, num_qo_heads=heads, num_kv_heads=kv_heads, head_dim_qk=128,
                                     head_dim_v=128, page_size=page_size, causal=True)
 
-    return [cfg(32, 4, 64), cfg(32, 4, 16), cfg(32, 8, 64), cfg(20, 4, 64)]
+    return [cfg(32, 4, 64), cfg(32, 4, 16), cfg(32, 8, 64), cfg(20, 4, 64), cfg(32, 4, 1)]
 
 
 register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs,
