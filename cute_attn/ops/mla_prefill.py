@@ -80,8 +80,11 @@ def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, pag
 def shape_reason(config) -> str | None:
     if (config.head_dim_qk, config.head_dim_v) != MLA_DIMS:
         return f"MLA head dims (qk, v) must be {MLA_DIMS}, got {(config.head_dim_qk, config.head_dim_v)}"
-    if config.num_kv_heads != 1 or config.page_size != 1:
-        return "MLA prefill shares one latent KV head over a page-size-1 cache"
+    if config.num_kv_heads != 1:
+        return "MLA prefill shares one latent KV head (num_kv_heads 1)"
+    ps = config.page_size
+    if ps < 1 or ps > 128 or ps & (ps - 1):
+        return f"MLA page_size={ps} must be a power of two in 1..128"
     return None
 
 

@@ -1,4 +1,4 @@
-"""sm_90a causal absorbed-MLA paged prefill (page size 1), driven by the plan (docs/kernel-contract.md).
+"""sm_90a causal absorbed-MLA paged prefill (page sizes 1..128), driven by the plan (docs/kernel-contract.md).
 
 Definition: 16 query heads share one latent KV row per key; ``s = sm_scale * (q_nope . ckv + q_pe . kpe)``
 (576 wide), ``o = softmax(s) @ ckv`` (V = ckv, 512 wide). Packed rows: group = 16 heads, one KV head, so a
@@ -64,7 +64,8 @@ from ...config import PagedAttentionConfig
 from ...plan import ItemField as F
 from .. import register_paged_kernel
 from ..common.limits import SMEM_LIMIT_BYTES, mla_definition_reason, smem_reason, target_reason
-from ..common.mla import CKV_DIM, KIND, QK_DIM, definition_config, load_q_and_kv_tiles, mla_entry
+from ..common.mla import (CKV_DIM, DEFINITION_PAGE_SIZES, KIND, QK_DIM, definition_config, load_q_and_kv_tiles,
+                          mla_entry)
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.softmax import (acc_mn_view, make_softmax_state, rescale_rows, softmax_finalize, softmax_reset,
                               softmax_update, store_p_bf16)
@@ -282,8 +283,8 @@ build, launch = mla_entry(MlaPagedPrefillSm90, check_config)
 
 
 def configs(arch: str) -> list[PagedAttentionConfig]:
-    """The definition's config (``mla_paged_prefill_causal_h16_ckv512_kpe64_ps1``)."""
-    return [definition_config(arch)] if arch == ARCH else []
+    """The definitions' configs (``mla_paged_prefill_causal_h16_ckv512_kpe64_ps1`` and ``_ps64``)."""
+    return [definition_config(arch, ps) for ps in DEFINITION_PAGE_SIZES] if arch == ARCH else []
 
 
 register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs,
