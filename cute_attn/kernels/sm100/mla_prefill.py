@@ -38,8 +38,8 @@ warps 13-15 idle, so that every role is whole warpgroups):
   An item with no key writes 0 / -inf. Warp 4 allocates / frees TMEM.
 * warps 8-11 load (128 threads): the MLA load role shared with the sm_90a producer (``common/mla.py``;
   row gathers in ``common/row_gather.py``). Per item with keys (the MMA warp reads Q only for those) the
-  Q tile (rows >= Q_ROW_COUNT zero-filled) with 16-byte ``cp.async``; per key tile the row ids
-  ``kv_indices[kv_indptr[b] + key]`` into a double-buffered smem table, then the keys' ckv and kpe rows
+  Q tile (rows >= Q_ROW_COUNT zero-filled) with 16-byte ``cp.async``; per key tile the latent row ids
+  (``common/mla.py``: page size 1..128, page ids range-checked) into a double-buffered smem table, then the keys' ckv and kpe rows
   side by side into one ``kv_tile x 576`` stage; keys >= KV_END are never loaded and their rows are
   zero-filled (the pool holds NaN in rows no request owns and V = ckv feeds the PV MMA). Each thread:
   ``cp.async.wait_group 0``, ``fence.proxy.async.shared::cta``, arrive.

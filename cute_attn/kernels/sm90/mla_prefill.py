@@ -14,8 +14,9 @@ Warp roles (384 threads = 3 warpgroups):
   (``.cg``, L2 only). Per item, also one without keys (the consumers wait on Q for every item): the Q
   tile (64 packed rows x (512 nope + 64 pe); rows >= Q_ROW_COUNT are zero-filled, never read), then per
   ``kv_tile`` keys one smem stage holding the keys' ckv and kpe rows side by side (a ``kv_tile x 576``
-  K tile). Row ids: the first ``kv_tile`` producer threads read ``kv_indices[kv_indptr[b] + key]`` into
-  a small double-buffered smem table, then a producer named barrier; keys >= KV_END are not loaded and
+  K tile). Row ids: the first ``kv_tile`` producer threads turn each key into a latent row
+  (``page * page_size + key % page_size``, page ``kv_indices[kv_indptr[b] + key // page_size]``, an id
+  outside ``[0, num_pages)`` becoming -1: never read) in a small double-buffered smem table, then a producer named barrier; keys >= KV_END are not loaded and
   their rows are zero-filled with plain 16-byte shared stores (the pool holds NaN in rows no request
   owns, and V = ckv feeds the P V MMA). Each producer thread then ``cp.async.wait_group 0`` +
   ``fence.proxy.async.shared::cta`` (its generic-proxy writes become visible to wgmma's async proxy) +
