@@ -332,8 +332,9 @@ _DEVICE_ROUTES: dict = {}  # device-planned call shapes: key -> _Hit (no index t
 def _device_signature(args: tuple, output, lse) -> tuple:
     """Metadata of every tensor argument: a device-planned call never reads index values on the host, so new
     index tensors of the same shape hit (the cold call of an engine step, or FlashInfer-Bench's cloned inputs)."""
-    sig = tuple((t.__class__, t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15, t.is_contiguous())
-                for t in args[:-1])
+    sig = tuple(None if t is None else (t.__class__, t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15,
+                                        t.is_contiguous())
+                for t in args[:-1])  # None: an optional index tensor left out (MLA at page size 1)
     if output is None:
         return sig
     return sig + (output.__class__, output.shape, output.is_contiguous(), output.dtype, output.device,

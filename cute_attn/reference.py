@@ -178,27 +178,38 @@ def gqa_paged_decode_ref(
 
 
 def mla_paged_prefill_ref(
-    q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale,
-    *, causal: bool = True, natural_lse: bool = False,
+    q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, *rest,
+    causal: bool = True, natural_lse: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference of ``mla_paged_prefill_causal_*``: absorbed MLA, one latent KV shared by every head.
 
+    ``rest`` is ``(sm_scale,)`` (the ps1 order: a request has as many keys as pages) or ``(kv_last_page_len,
+    sm_scale)`` (the ps64 order; ``None`` at page size 1 reads as the ps1 order). Caches are ``[num_pages,
+    page_size, dim]``: key ``j`` is slot ``j % page_size`` of page ``kv_indices[kv_indptr[b] + j // page_size]``.
     Logits are the ``ckv + kpe`` wide dot product; V is ``ckv`` itself.
     """
+    if len(rest) not in (1, 2):
+        raise TypeError(f"expected (sm_scale) or (kv_last_page_len, sm_scale) after kv_indices, got {len(rest)} values")
+    kv_last_page_len, sm_scale = (None, rest[0]) if len(rest) == 1 else rest
+    page_size = ckv_cache.shape[1]
     qo = _as_list(qo_indptr)
     kvp = _as_list(kv_indptr)
+    if kv_last_page_len is None:
+        if page_size != 1:
+            raise ValueError(f"kv_last_page_len is required at page_size {page_size}")
+        kv_lens = [kvp[b + 1] - kvp[b] for b in range(len(kvp) - 1)]
+    else:
+        kv_lens = _paged_kv_lens(kv_indptr, kv_last_page_len, page_size)
     q_cat = torch.cat([q_nope, q_pe], dim=-1)
-    ckv_rows = ckv_cache.reshape(ckv_cache.shape[0], -1)
-    kpe_rows = kpe_cache.reshape(kpe_cache.shape[0], -1)
-    out = torch.zeros(q_nope.shape[0], q_nope.shape[1], ckv_rows.shape[-1], dtype=torch.float32, device=q_nope.device)
+    out = torch.zeros(q_nope.shape[0], q_nope.shape[1], ckv_cache.shape[-1], dtype=torch.float32, device=q_nope.device)
     lse = torch.full(q_nope.shape[:2], -math.inf, dtype=torch.float32, device=q_nope.device)
-    for b in range(len(qo) - 1):
+    for b, lkv in enumerate(kv_lens):
         q0, q1 = qo[b], qo[b + 1]
         if q1 == q0:
             continue
-        rows = kv_indices[kvp[b] : kvp[b + 1]].long()
-        ckv = ckv_rows[rows][:, None, :]
-        k = torch.cat([ckv, kpe_rows[rows][:, None, :]], dim=-1)
-        offset = (rows.numel() - (q1 - q0)) if causal else None
+        pages = kv_indices[kvp[b] : kvp[b + 1]]
+        ckv = gather_paged_kv(ckv_cache, pages, lkv)[:, None, :]  # [lkv, 1, ckv]
+        k = torch.cat([ckv, gather_paged_kv(kpe_cache, pages, lkv)[:, None, :]], dim=-1)
+        offset = (lkv - (q1 - q0)) if causal else None
         out[q0:q1], lse[q0:q1] = attend(q_cat[q0:q1], k, ckv, sm_scale, causal_offset=offset, natural_lse=natural_lse)
     return _finish(out, lse)

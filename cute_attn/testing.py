@@ -166,10 +166,16 @@ class MlaPrefillCase:
     sm_scale: float
     q_lens: list[int]
     kv_lens: list[int]
+    kv_last_page_len: torch.Tensor | None = None  # None: page size 1 in FlashInfer-Bench's ps1 order
+    page_size: int = 1
 
     def inputs(self) -> tuple:
-        return (self.q_nope, self.q_pe, self.ckv_cache, self.kpe_cache, self.qo_indptr, self.kv_indptr,
-                self.kv_indices, self.sm_scale)
+        """The ps1 order (no ``kv_last_page_len``) at page size 1, else the ps64 order (it before ``sm_scale``)."""
+        head = (self.q_nope, self.q_pe, self.ckv_cache, self.kpe_cache, self.qo_indptr, self.kv_indptr,
+                self.kv_indices)
+        if self.kv_last_page_len is None:
+            return (*head, self.sm_scale)
+        return (*head, self.kv_last_page_len, self.sm_scale)
 
     def new_outputs(self) -> tuple[torch.Tensor, torch.Tensor]:
         return _nan_outputs(self.q_nope.shape, self.q_nope.shape[:2], self.q_nope.device)
@@ -229,36 +235,58 @@ def make_gqa_decode_case(
 
 
 def make_mla_prefill_case(
-    q_lens, kv_lens, *, num_heads: int = 16, ckv_dim: int = 512, kpe_dim: int = 64,
+    q_lens, kv_lens, *, num_heads: int = 16, ckv_dim: int = 512, kpe_dim: int = 64, page_size: int = 1,
     num_pages: int | None = None, device="cpu", seed: int = 0, sm_scale: float = MLA_SM_SCALE,
+    with_last_page_len: bool | None = None,
 ) -> MlaPrefillCase:
-    """An absorbed-MLA prefill batch over a page-size-1 pool; rows no request owns hold NaN."""
+    """An absorbed-MLA prefill batch over a shuffled paged pool; slots no request owns hold NaN.
+
+    Page size 1 (the default): the ps1 order, no ``kv_last_page_len`` unless ``with_last_page_len``; ``num_pages``
+    is the pool's row count. Page size > 1: pages of each request at random places, NaN in unused pages and in
+    the tail of every last page, ``kv_last_page_len`` set (the ps64 order); ``num_pages`` (default: used + a
+    quarter) must hold every request's pages.
+    """
     if len(q_lens) != len(kv_lens):
         raise ValueError("q_lens and kv_lens must have one entry per request")
     g = _generator(seed)
-    total_kv = sum(kv_lens)
-    num_pages = max(2 * total_kv, 8) if num_pages is None else num_pages
-    if num_pages < total_kv:
-        raise ValueError(f"num_pages ({num_pages}) must hold every key ({total_kv})")
-    perm = torch.randperm(num_pages, generator=g)
-    used = perm[:total_kv]
-    ckv = _randn((num_pages, 1, ckv_dim), g, device)
-    kpe = _randn((num_pages, 1, kpe_dim), g, device)
-    unused = torch.ones(num_pages, dtype=torch.bool)
-    unused[used] = False
-    unused = unused.to(device)
-    ckv[unused] = float("nan")
-    kpe[unused] = float("nan")
     total_q = sum(q_lens)
+    if page_size == 1:
+        total_kv = sum(kv_lens)
+        num_pages = max(2 * total_kv, 8) if num_pages is None else num_pages
+        if num_pages < total_kv:
+            raise ValueError(f"num_pages ({num_pages}) must hold every key ({total_kv})")
+        perm = torch.randperm(num_pages, generator=g)
+        used = perm[:total_kv]
+        ckv = _randn((num_pages, 1, ckv_dim), g, device)
+        kpe = _randn((num_pages, 1, kpe_dim), g, device)
+        unused = torch.ones(num_pages, dtype=torch.bool)
+        unused[used] = False
+        unused = unused.to(device)
+        ckv[unused] = float("nan")
+        kpe[unused] = float("nan")
+        kv_indptr, kv_indices = _indptr(kv_lens), used.tolist()
+        last = [min(1, int(n)) for n in kv_lens] if with_last_page_len else None
+    else:
+        used_pages = sum(math.ceil(n / page_size) for n in kv_lens)
+        if num_pages is not None and num_pages < used_pages:
+            raise ValueError(f"num_pages ({num_pages}) must hold every request's pages ({used_pages})")
+        pool = _shuffled_pool(kv_lens, page_size, None if num_pages is None else num_pages - used_pages, g)
+        ckv = _randn((pool.num_pages, page_size, ckv_dim), g, device)
+        kpe = _randn((pool.num_pages, page_size, kpe_dim), g, device)
+        _poison(ckv, pool.poison_slots)
+        _poison(kpe, pool.poison_slots)
+        kv_indptr, kv_indices = pool.kv_indptr, pool.kv_indices
+        last = pool.kv_last_page_len if with_last_page_len is not False else None
     return MlaPrefillCase(
         q_nope=_randn((total_q, num_heads, ckv_dim), g, device),
         q_pe=_randn((total_q, num_heads, kpe_dim), g, device),
         ckv_cache=ckv, kpe_cache=kpe,
         qo_indptr=_int32(_indptr(q_lens), device),
-        kv_indptr=_int32(_indptr(kv_lens), device),
-        kv_indices=used.to(device=device, dtype=torch.int32),
+        kv_indptr=_int32(kv_indptr, device),
+        kv_indices=_int32(kv_indices, device),
         sm_scale=float(sm_scale),
         q_lens=[int(x) for x in q_lens], kv_lens=[int(x) for x in kv_lens],
+        kv_last_page_len=None if last is None else _int32(last, device), page_size=page_size,
     )
 
 

@@ -28,6 +28,7 @@ import inspect
 import torch
 
 from . import validate
+from .ops.mla_prefill import page_size_1_order as _mla_order
 
 # the package object, whatever its import name (an exported FlashInfer-Bench Solution ships a copy under
 # another one); its public entry points are looked up at call time
@@ -93,10 +94,11 @@ def _gqa_paged_decode_op(
 @_custom_op(f"{NAMESPACE}::mla_paged_prefill")
 def _mla_paged_prefill_op(
     q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor,
-    qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor, sm_scale: float,
-    output: torch.Tensor, lse: torch.Tensor, natural_lse: bool = False,
+    qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
+    kv_last_page_len: torch.Tensor | None, sm_scale: float, output: torch.Tensor, lse: torch.Tensor,
+    natural_lse: bool = False,
 ) -> None:
-    inputs = (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale)
+    inputs = (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale)
     _plan_then_launch(_package.plan_mla_paged_prefill, _package.mla_paged_prefill, inputs, output, lse,
                       natural_lse)
 
@@ -163,7 +165,7 @@ def _(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale, ou
 
 
 @_mla_paged_prefill_op.register_fake
-def _(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output, lse,
+def _(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output, lse,
       natural_lse=False):
     for name, x in (("q_nope", q_nope), ("q_pe", q_pe), ("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache)):
         _tensor(name, x, torch.bfloat16, 3)
@@ -171,12 +173,13 @@ def _(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_s
     if tuple(q_pe.shape[:2]) != (total_q, num_heads):
         raise ValueError(f"q_pe.shape[:2] must equal q_nope.shape[:2] {(total_q, num_heads)}, "
                          f"got {tuple(q_pe.shape)}")
-    num_pages = ckv_cache.shape[0]
-    if ckv_cache.shape[1] != 1:
-        raise ValueError(f"ckv_cache.shape[1] (page_size) must be 1 for MLA paged prefill, got {ckv_cache.shape[1]}")
+    num_pages, page_size = ckv_cache.shape[0], ckv_cache.shape[1]
+    if page_size < 1:
+        raise ValueError(f"ckv_cache.shape[1] (page_size) must be >= 1, got {page_size}")
     _dim("ckv_cache", ckv_cache, 2, ckv_dim, "q_nope's head dim")
-    if tuple(kpe_cache.shape) != (num_pages, 1, q_pe.shape[2]):
-        raise ValueError(f"kpe_cache must have shape {(num_pages, 1, q_pe.shape[2])}, got {tuple(kpe_cache.shape)}")
+    if tuple(kpe_cache.shape) != (num_pages, page_size, q_pe.shape[2]):
+        raise ValueError(f"kpe_cache must have shape {(num_pages, page_size, q_pe.shape[2])}, "
+                         f"got {tuple(kpe_cache.shape)}")
     if num_heads < 1:
         raise ValueError(f"q_nope must have >= 1 head, got {num_heads}")
     for name, x in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices)):
@@ -184,8 +187,17 @@ def _(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_s
     if qo_indptr.shape[0] < 1:
         raise ValueError("qo_indptr must have batch_size + 1 >= 1 entries")
     _dim("kv_indptr", kv_indptr, 0, qo_indptr.shape[0], "len(qo_indptr)")
-    _one_device(dict(q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache, qo_indptr=qo_indptr,
-                     kv_indptr=kv_indptr, kv_indices=kv_indices))
+    named = dict(q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache, qo_indptr=qo_indptr,
+                 kv_indptr=kv_indptr, kv_indices=kv_indices)
+    if kv_last_page_len is None:
+        if page_size != 1:
+            raise ValueError(f"kv_last_page_len is required at page_size {page_size} (ckv_cache.shape[1]): pass it "
+                             "before sm_scale, as FlashInfer-Bench's paged MLA definitions do")
+    else:
+        _tensor("kv_last_page_len", kv_last_page_len, torch.int32, 1)
+        _dim("kv_last_page_len", kv_last_page_len, 0, qo_indptr.shape[0] - 1, "batch_size = len(qo_indptr) - 1")
+        named["kv_last_page_len"] = kv_last_page_len
+    _one_device(named)
     _fake_outputs(output, lse, total_q, num_heads, ckv_dim, q_nope.device)
 
 
@@ -236,10 +248,13 @@ def gqa_paged_decode(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_le
     return output, lse
 
 
-def mla_paged_prefill(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale,
-                      output=None, lse=None, *, natural_lse: bool = False):
-    """Causal absorbed-MLA prefill: the entry point in eager code, the op in a graph. ``(output, lse)``."""
-    inputs = (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale)
+def mla_paged_prefill(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len=None,
+                      sm_scale=None, output=None, lse=None, *, natural_lse: bool = False):
+    """Causal absorbed-MLA prefill: the entry point in eager code, the op in a graph. ``(output, lse)``.
+
+    Both argument orders of :func:`cute_attn.mla_paged_prefill` (``kv_last_page_len`` omitted at page size 1)."""
+    kv_last_page_len, sm_scale, output, lse = _mla_order(kv_last_page_len, sm_scale, output, lse)
+    inputs = (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale)
     if _plain_eager(q_nope):
         return _package.mla_paged_prefill(*inputs, output, lse, natural_lse=natural_lse)
     output, lse = _outputs_for(output, lse, q_nope, q_nope.shape[-1])

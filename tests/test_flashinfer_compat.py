@@ -301,6 +301,29 @@ def test_mla_metadata_object_and_decode_without_causal(entry_calls):
     _assert_equal(lse, ref_lse, "lse")
 
 
+@pytest.mark.parametrize("page_size", [16, 64])
+def test_mla_paged_cache_gives_the_reference(entry_calls, page_size):
+    # requests ending mid-page, on a page boundary, and without keys
+    case = testing.make_mla_prefill_case([1, 4, 2, 0], [5, 2 * page_size, 70, 0], num_heads=4, ckv_dim=32,
+                                         kpe_dim=16, page_size=page_size, seed=7)
+    kv_len_arr = torch.tensor(case.kv_lens, dtype=torch.int32)
+    w = BatchMLAPagedAttentionWrapper(_workspace())
+    w.plan(case.qo_indptr, case.kv_indptr, case.kv_indices, kv_len_arr, 4, 32, 16, page_size, True, case.sm_scale,
+           BF16, BF16)
+    out, lse = w.run(case.q_nope, case.q_pe, case.ckv_cache, case.kpe_cache, return_lse=True)
+    assert torch.equal(entry_calls[-1].inputs[7], case.kv_last_page_len)  # derived from kv_len_arr
+    ref_out, ref_lse = case.reference()
+    _assert_equal(out, ref_out, "output")
+    _assert_equal(lse, ref_lse, "lse")
+    with pytest.raises(ValueError, match="must be 16 as planned" if page_size == 16 else "must be 64 as planned"):
+        w.run(case.q_nope, case.q_pe, case.ckv_cache[:, :1].contiguous(), case.kpe_cache[:, :1].contiguous())
+    bad = kv_len_arr.clone()
+    bad[1] += page_size  # one page more than the request holds
+    with pytest.raises(ValueError, match=r"kv_len_arr\[1\]"):
+        w.plan(case.qo_indptr, case.kv_indptr, case.kv_indices, bad, 4, 32, 16, page_size, True, case.sm_scale,
+               BF16, BF16)
+
+
 @pytest.mark.parametrize("kind", ["decode", "prefill", "mla"])
 def test_real_entry_accepts_what_the_wrapper_passes(kind):
     """No stand-in: the entry point's validation must pass (combined KV views included) up to the device rule."""
@@ -340,7 +363,7 @@ UNSUPPORTED_PLAN = [
     ("prefill", dict(max_item_len_ptr=_T)), ("prefill", dict(seq_lens=_T)), ("prefill", dict(seq_lens_q=_T)),
     ("prefill", dict(block_tables=_T)), ("prefill", dict(fixed_split_size=8)),
     ("prefill", dict(disable_split_kv=True)),
-    ("mla", dict(page_size=16)), ("mla", dict(causal=False)), ("mla", dict(use_profiler=True)),
+    ("mla", dict(page_size=12)), ("mla", dict(page_size=256)), ("mla", dict(causal=False)), ("mla", dict(use_profiler=True)),
     ("mla", dict(query_layout="packed")), ("mla", dict(kv_cache_layout="packed")),
     ("mla", dict(output_scale="per-tensor")), ("mla", dict(scale_mode="kv-per-tensor")),
     ("mla", dict(skip_softmax=True)), ("mla", dict(use_sinks=True)), ("mla", dict(q_data_type=torch.float16)),

@@ -17,6 +17,12 @@ SMEM_LIMIT = 227 * 1024
 
 pytestmark = pytest.mark.usefixtures("isolated_compile_cache")
 
+# the page id just loaded from kv_indices is compared with -1 (>= 0) and with num_pages (a kernel parameter)
+# before it becomes a row id; otherwise the id is -1 (a zero-filled row, never gathered)
+BOUNDS_CHECK = re.compile(r"ld\.global\.b32\s+(%r\d+), \[%rd\d+\];\s*setp\.gt\.s32\s+(%p\d+), \1, -1;\s*"
+                          r"setp\.gt\.s32\s+(%p\d+), %r\d+, \1;(?:\s*(?:shl|and|or)\.b32[^;]*;)*\s*"
+                          r"selp\.b32\s+(%r\d+), %r\d+, -1, \3;\s*selp\.b32\s+%r\d+, \4, -1, \2;")
+
 
 def _definition(**overrides):
     base = dict(arch="sm_90a", num_qo_heads=16, num_kv_heads=1, head_dim_qk=576, head_dim_v=512, page_size=1,
@@ -27,7 +33,7 @@ def _definition(**overrides):
 
 def test_registered_config_is_the_definition():
     configs = mla_prefill.configs("sm_90a")
-    assert configs == [_definition()]
+    assert configs == [_definition(), _definition(page_size=64)]  # the ps1 and ps64 definitions
     assert mla_prefill.configs("sm_100a") == []
     config = configs[0]
     assert (config.tile_q_rows, config.group_size) == (64, 16)  # 4 tokens x 16 heads per tile
@@ -59,6 +65,22 @@ def test_compiles_with_wgmma_and_cp_async_gather(kv_tile):
     assert mla_prefill.num_stages(config) == {64: 2, 32: 4}[kv_tile]
 
 
+@pytest.mark.parametrize("page_size", [1, 16, 64, 128])
+def test_paged_latent_rows_compile_with_bounds_checked_ids(page_size):
+    """Key j is slot j % page_size of page kv_indices[kv_indptr[b] + j // page_size] (shift and mask of a
+    power of two), and a page id outside [0, num_pages) becomes -1 (zero-filled) before any gather reads it."""
+    config = _definition(page_size=page_size)
+    assert mla_prefill.check_config(config) is None
+    ptx = compile_to_ptx(config)
+    assert ptx.count("cp.async.cg.shared.global") == 8  # the same gathers as at page size 1
+    assert len(BOUNDS_CHECK.findall(ptx)) == 1
+    if page_size > 1:
+        shift = page_size.bit_length() - 1
+        assert re.search(rf"shr\.s32\s+%r\d+, %r\d+, {shift};", ptx)
+        assert re.search(rf"shl\.b32\s+%r\d+, %r\d+, {shift};", ptx)
+        assert re.search(rf"and\.b32\s+%r\d+, %r\d+, {page_size - 1};", ptx)
+
+
 def test_smem_budget():
     config = _definition()
     q = 64 * 576 * 2
@@ -76,7 +98,8 @@ def test_smem_budget():
         (dataclasses.replace(_definition(), causal=False), "causal"),
         (dataclasses.replace(_definition(), ctas_per_sm=2), "ctas_per_sm"),
         (dataclasses.replace(_definition(), num_qo_heads=24), "group size 24"),
-        (dataclasses.replace(_definition(), page_size=64), "page"),
+        (dataclasses.replace(_definition(), page_size=48), "page_size=48 must be a power of two"),
+        (dataclasses.replace(_definition(), page_size=256), "page_size=256"),
         (dataclasses.replace(_definition(), head_dim_qk=128, head_dim_v=128), "head dims"),
         (dataclasses.replace(_definition(), arch="sm_100a"), "sm_90a"),
         (dataclasses.replace(_definition(), kind="gqa_paged_prefill"), "mla_paged_prefill"),

@@ -22,6 +22,12 @@ TMEM_LIMIT = 512
 
 pytestmark = pytest.mark.usefixtures("isolated_compile_cache")
 
+# the page id just loaded from kv_indices is compared with -1 (>= 0) and with num_pages (a kernel parameter)
+# before it becomes a row id; otherwise the id is -1 (a zero-filled row, never gathered)
+BOUNDS_CHECK = re.compile(r"ld\.global\.b32\s+(%r\d+), \[%rd\d+\];\s*setp\.gt\.s32\s+(%p\d+), \1, -1;\s*"
+                          r"setp\.gt\.s32\s+(%p\d+), %r\d+, \1;(?:\s*(?:shl|and|or)\.b32[^;]*;)*\s*"
+                          r"selp\.b32\s+(%r\d+), %r\d+, -1, \3;\s*selp\.b32\s+%r\d+, \4, -1, \2;")
+
 
 def _config(**overrides):
     return dataclasses.replace(mla_prefill.definition_config("sm_100a"), **overrides)
@@ -36,8 +42,8 @@ def _idesc(value: int) -> dict:
 
 def test_registered_configs_are_the_definition():
     configs = mla_prefill.configs("sm_100a")
-    assert configs == [_config()]
-    assert (configs[0].tile_q_rows, configs[0].kv_tile) == (64, 64)
+    assert configs == [_config(), _config(page_size=64)]  # the ps1 and ps64 definitions
+    assert all((c.tile_q_rows, c.kv_tile) == (64, 64) for c in configs)
     assert mla_prefill.configs("sm_90a") == []
     assert find_launcher(_config()) is mla_prefill.launch
 
@@ -82,13 +88,29 @@ def test_registered_config_compiles_with_tcgen05(config):
     (dict(causal=False), "causal"),
     (dict(ctas_per_sm=2), "ctas_per_sm"),
     (dict(num_qo_heads=24), "group size"),
-    (dict(page_size=64), "page"),
-], ids=["arch", "m128", "n32", "noncausal", "2ctas", "group24", "ps64"])
+    (dict(page_size=48), "page_size=48 must be a power of two"),
+    (dict(page_size=256), "page_size=256 must be a power of two in 1..128"),
+], ids=["arch", "m128", "n32", "noncausal", "2ctas", "group24", "ps48", "ps256"])
 def test_unsupported_configs_are_refused_with_a_reason(overrides, words):
     reason = mla_prefill.check_config(_config(**overrides))
     assert reason is not None and words in reason
     with pytest.raises(ValueError):
         mla_prefill.MlaPagedPrefillSm100(_config(**overrides))
+
+
+@pytest.mark.parametrize("page_size", [1, 64, 128])
+def test_paged_latent_rows_compile_with_bounds_checked_ids(page_size):
+    """Key j's row is page * page_size + j % page_size (shift + mask), and its page id is range-checked."""
+    config = _config(page_size=page_size)
+    assert mla_prefill.check_config(config) is None
+    ptx = compile_to_ptx(config)
+    assert ".target sm_100a" in ptx and "cp.async.cg.shared.global" in ptx
+    assert len(BOUNDS_CHECK.findall(ptx)) == 1
+    if page_size > 1:
+        shift = page_size.bit_length() - 1
+        assert re.search(rf"shr\.s32\s+%r\d+, %r\d+, {shift};", ptx)  # page position j // page_size
+        assert re.search(rf"shl\.b32\s+%r\d+, %r\d+, {shift};", ptx)  # page * page_size
+        assert re.search(rf"and\.b32\s+%r\d+, %r\d+, {page_size - 1};", ptx)  # slot j % page_size
 
 
 def test_shares_the_load_role_without_importing_the_sm90_kernel():

@@ -140,7 +140,9 @@ def test_decode_rule(change, exc, message):
 
 MLA_RULES = [
     (dict(q_pe=torch.zeros(5, 3, 8, dtype=torch.bfloat16)), ValueError, r"q_pe.shape\[:2\] must equal q_nope"),
-    (dict(ckv_cache=torch.zeros(10, 2, 16, dtype=torch.bfloat16)), ValueError, r"page_size\) must be 1"),
+    (dict(ckv_cache=torch.zeros(14, 2, 16, dtype=torch.bfloat16), kpe_cache=torch.zeros(14, 2, 8, dtype=torch.bfloat16)),
+     ValueError, "kv_last_page_len is required at page_size 2"),
+    (dict(ckv_cache=torch.zeros(10, 2, 16, dtype=torch.bfloat16)), ValueError, "kpe_cache must have shape"),
     (dict(ckv_cache=torch.zeros(14, 1, 32, dtype=torch.bfloat16)), ValueError, r"ckv_cache.shape\[2\] must equal"),
     (dict(kpe_cache=torch.zeros(14, 1, 4, dtype=torch.bfloat16)), ValueError, "kpe_cache must have shape"),
     (dict(kv_indptr=i32(0, 4)), ValueError, r"kv_indptr.shape\[0\] must equal len\(qo_indptr\)"),
@@ -156,6 +158,46 @@ MLA_RULES = [
 def test_mla_rule(change, exc, message):
     with pytest.raises(exc, match=message):
         validate.check_mla_paged_prefill(**mla_args(**change))
+
+
+def paged_mla_args(**over):
+    """A page-size-4 MLA batch (request 1 ends mid-page, request 2 has no page) in the ps64 order."""
+    case = testing.make_mla_prefill_case([2, 3, 1], [6, 4, 0], num_heads=4, ckv_dim=16, kpe_dim=8, page_size=4)
+    out, lse = case.new_outputs()
+    args = dict(q_nope=case.q_nope, q_pe=case.q_pe, ckv_cache=case.ckv_cache, kpe_cache=case.kpe_cache,
+                qo_indptr=case.qo_indptr, kv_indptr=case.kv_indptr, kv_indices=case.kv_indices,
+                kv_last_page_len=case.kv_last_page_len, sm_scale=case.sm_scale, output=out, lse=lse)
+    args.update(over)
+    return args
+
+
+def test_paged_mla_inputs_pass_and_give_kv_lens_from_pages():
+    problem, host = validate.check_mla_paged_prefill(**paged_mla_args())
+    assert problem.page_size == 4 and host.kv_lens.tolist() == [6, 4, 0] and host.kv_indptr.tolist() == [0, 2, 3, 3]
+    # the ps1 order positionally: a number where kv_last_page_len goes is sm_scale
+    ps1 = mla_args()
+    problem, host = validate.check_mla_paged_prefill(*list(ps1.values())[:7], ps1["sm_scale"], ps1["output"],
+                                                     ps1["lse"])
+    assert problem.page_size == 1 and host.kv_lens.tolist() == [4, 3]
+    # and page size 1 with kv_last_page_len (ones; 0 for a request without keys) means the same
+    problem, host = validate.check_mla_paged_prefill(**mla_args(kv_last_page_len=i32(1, 1)))
+    assert host.kv_lens.tolist() == [4, 3]
+
+
+PAGED_MLA_RULES = [
+    (dict(kv_last_page_len=i32(4, 4)), ValueError, r"kv_last_page_len.shape\[0\] must equal batch_size"),
+    (dict(kv_last_page_len=torch.tensor([4, 4, 0], dtype=torch.int64)), TypeError, "kv_last_page_len must have dtype"),
+    (dict(kv_last_page_len=i32(2, 5, 0)), ValueError, r"kv_last_page_len\[1\] = 5 must be in 1..page_size \(4\)"),
+    (dict(kv_last_page_len=i32(0, 4, 0)), ValueError, r"kv_last_page_len\[0\] = 0 must be in 1..page_size"),
+    (dict(kv_indices=i32(0, 1, -1)), ValueError, "kv_indices holds page id -1"),
+    (dict(kpe_cache=torch.zeros(4, 2, 8, dtype=torch.bfloat16)), ValueError, "kpe_cache must have shape"),
+]
+
+
+@pytest.mark.parametrize("change,exc,message", PAGED_MLA_RULES)
+def test_paged_mla_rule(change, exc, message):
+    with pytest.raises(exc, match=message):
+        validate.check_mla_paged_prefill(**paged_mla_args(**change))
 
 
 # ---------------------------------------------------------------------------------------------

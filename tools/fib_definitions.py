@@ -63,8 +63,6 @@ def entry_for(definition: dict) -> Served:
     if name.startswith("gqa_paged_prefill_causal"):
         return Served("gqa_paged_prefill")
     if name.startswith(("mla_paged_prefill_causal", "mla_paged_decode")):
-        if c["page_size"] != 1:
-            return Served(None, "MLA at page size 64 has no entry yet (issue 11)")
         return Served("mla_paged_prefill")  # decode = one causal query per request, which sees every key
     return Served(None, f"{definition['op_type']} is not a paged attention kind of cute_attn")
 
@@ -79,7 +77,7 @@ def config_for(definition: dict, arch: str):
     c = constants(definition)
     if served.kind == "mla_paged_prefill":
         dims = dict(num_qo_heads=c["num_qo_heads"], num_kv_heads=1, head_dim_qk=c["head_dim_ckv"] + c["head_dim_kpe"],
-                    head_dim_v=c["head_dim_ckv"], page_size=1)
+                    head_dim_v=c["head_dim_ckv"], page_size=c["page_size"])
     else:
         dims = dict(num_qo_heads=c["num_qo_heads"], num_kv_heads=c["num_kv_heads"], head_dim_qk=c["head_dim"],
                     head_dim_v=c["head_dim"], page_size=c["page_size"])
@@ -101,11 +99,12 @@ def case_for(definition: dict, q_lens, kv_lens, *, device="cpu", seed: int = 0):
         case = testing.make_gqa_prefill_case(q_lens, kv_lens, num_qo_heads=c["num_qo_heads"],
                                              num_kv_heads=c["num_kv_heads"], head_dim=c["head_dim"],
                                              page_size=c["page_size"], device=device, seed=seed)
-    elif name.startswith(("mla_paged_prefill_causal", "mla_paged_decode")) and c["page_size"] == 1:
+    elif name.startswith(("mla_paged_prefill_causal", "mla_paged_decode")):
         decode = name.startswith("mla_paged_decode")
         case = testing.make_mla_prefill_case([1] * len(kv_lens) if decode else q_lens, kv_lens,
                                              num_heads=c["num_qo_heads"], ckv_dim=c["head_dim_ckv"],
-                                             kpe_dim=c["head_dim_kpe"], device=device, seed=seed)
+                                             kpe_dim=c["head_dim_kpe"], page_size=c["page_size"], device=device,
+                                             seed=seed)
     else:
         raise ValueError(f"{name}: no case builder (see entry_for)")
     inputs = {n: getattr(case, n) for n in definition["inputs"]}

@@ -1,6 +1,6 @@
 """``BatchMLAPagedAttentionWrapper`` with FlashInfer 0.7.x's constructor, ``plan`` and ``run``, on cute_attn.
 
-Absorbed MLA over a page-size-1 latent cache: ``s = sm_scale * (q_nope . ckv + q_pe . kpe)``,
+Absorbed MLA over a paged latent cache (``[num_pages, page_size, dim]``, page size a power of two in 1..128): ``s = sm_scale * (q_nope . ckv + q_pe . kpe)``,
 ``out = softmax(s) @ ckv``. Supported: the CSR metadata, flat (``qo_indptr, kv_indptr, kv_indices,
 kv_len_arr``) or as ``metadata=MLAPlanMetadata.csr(...)`` (any object with those four attributes);
 split query and cache (``q_nope, q_pe, ckv_cache, kpe_cache``, or ``query=(q_nope, q_pe)``,
@@ -41,6 +41,8 @@ class _MlaPlan:
     qo_indptr: torch.Tensor
     kv_indptr: torch.Tensor
     kv_indices: torch.Tensor
+    kv_last_page_len: torch.Tensor | None  # None at page size 1 (a request has as many keys as pages)
+    page_size: int
     total_q: int
     num_heads: int
     head_dim_ckv: int
@@ -50,7 +52,7 @@ class _MlaPlan:
 
 
 class BatchMLAPagedAttentionWrapper:
-    """Drop-in for ``flashinfer.mla.BatchMLAPagedAttentionWrapper`` (page size 1)."""
+    """Drop-in for ``flashinfer.mla.BatchMLAPagedAttentionWrapper`` (page sizes 1..128, powers of two)."""
 
     def __init__(
         self,
@@ -133,21 +135,23 @@ class BatchMLAPagedAttentionWrapper:
         num_heads = arg.count(where, "num_heads", num_heads)
         head_dim_ckv = arg.count(where, "head_dim_ckv", head_dim_ckv)
         head_dim_kpe = arg.count(where, "head_dim_kpe", head_dim_kpe)
-        if arg.count(where, "page_size", page_size) != 1:
-            arg.reject(where, "page_size", page_size, "1 (cute_attn's MLA kernels gather one latent row per key)")
+        ps = arg.count(where, "page_size", page_size)
+        if ps < 1 or ps > 128 or ps & (ps - 1):
+            arg.reject(where, "page_size", page_size, "a power of two in 1..128 (cute_attn's MLA kernels)")
         scale = arg.resolve_sm_scale(where, sm_scale, head_dim_ckv + head_dim_kpe)
         if not isinstance(causal, bool):
             raise TypeError(f"{where}: causal must be a bool, got {type(causal).__name__}")
         qo, kvp, kvi, kv_len = csr
-        kv_lens = _kv_lens_page_size_1(where, kvp, kvi, kv_len)
+        kv_lens, last = _kv_lens_from_pages(where, kvp, kvi, kv_len, ps)
         q_lens = qo_lengths(where, "qo_indptr", qo, kv_lens.size)
         if not causal and (q_lens > 1).any():
             b = int(np.nonzero(q_lens > 1)[0][0])
             arg.reject(where, "causal", causal, f"True, or False when every request has one query token (request "
                        f"{b} has {q_lens[b]})")
         device = self.device
+        last_dev = None if ps == 1 else on_device(torch.from_numpy(last.astype(np.int32)), device, False)
         self._plan = _MlaPlan(on_device(qo, device, True), on_device(kvp, device, True), on_device(kvi, device, True),
-                              int(q_lens.sum()), num_heads, head_dim_ckv, head_dim_kpe, scale, lse_mode)
+                              last_dev, ps, int(q_lens.sum()), num_heads, head_dim_ckv, head_dim_kpe, scale, lse_mode)
 
     def run(
         self,
@@ -190,10 +194,14 @@ class BatchMLAPagedAttentionWrapper:
         if tuple(q_nope.shape) != expected or tuple(q_pe.shape) != expected[:2] + (plan.head_dim_kpe,):
             raise ValueError(f"{where}: q_nope must be {expected} and q_pe {expected[:2] + (plan.head_dim_kpe,)} as "
                              f"planned, got {tuple(q_nope.shape)} and {tuple(q_pe.shape)}")
+        if isinstance(ckv_cache, torch.Tensor) and ckv_cache.dim() == 3 and ckv_cache.shape[1] != plan.page_size:
+            raise ValueError(f"{where}: ckv_cache.shape[1] (page_size) must be {plan.page_size} as planned, got "
+                             f"{tuple(ckv_cache.shape)}")
         out, lse = arg.destinations(out, lse, plan.total_q, plan.num_heads, plan.head_dim_ckv, q_nope.device)
         natural = bool(return_lse_base_on_e) or plan.lse_mode == "basee"
         out, lse = _package.mla_paged_prefill(q_nope, q_pe, ckv_cache, kpe_cache, plan.qo_indptr, plan.kv_indptr,
-                                               plan.kv_indices, plan.sm_scale, out, lse, natural_lse=natural)
+                                               plan.kv_indices, plan.kv_last_page_len, plan.sm_scale, out, lse,
+                                               natural_lse=natural)
         return (out, lse) if return_lse else out
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
@@ -212,8 +220,9 @@ def _csr_from_metadata(where: str, metadata) -> tuple:
     return tuple(getattr(metadata, n) for n in names)
 
 
-def _kv_lens_page_size_1(where: str, kv_indptr, kv_indices, kv_len_arr) -> np.ndarray:
-    """With one token per page, ``kv_len_arr`` must restate the indptr's page counts."""
+def _kv_lens_from_pages(where: str, kv_indptr, kv_indices, kv_len_arr, page_size: int) -> tuple:
+    """``(kv_lens, kv_last_page_len)``: ``kv_len_arr`` must fit the indptr's page counts
+    (``pages == ceil(kv_len / page_size)``; at page size 1 it restates them)."""
     kvp = host_ints(where, "kv_indptr", kv_indptr)
     check_indptr(where, "kv_indptr", kvp)
     ids = host_ints(where, "kv_indices", kv_indices)
@@ -225,11 +234,16 @@ def _kv_lens_page_size_1(where: str, kv_indptr, kv_indices, kv_len_arr) -> np.nd
     pages = np.diff(kvp)
     if lens.size != pages.size:
         raise ValueError(f"{where}: kv_len_arr must have batch_size = {pages.size} entries, got {lens.size}")
-    if (lens != pages).any():
-        b = int(np.nonzero(lens != pages)[0][0])
-        raise ValueError(f"{where}: kv_len_arr[{b}] = {lens[b]} must equal request {b}'s page count "
-                         f"({pages[b]}) at page_size 1")
-    return lens
+    need = -(-lens // page_size)
+    if (lens < 0).any() or (need != pages).any():
+        b = int(np.nonzero((lens < 0) | (need != pages))[0][0])
+        if page_size == 1:
+            raise ValueError(f"{where}: kv_len_arr[{b}] = {lens[b]} must equal request {b}'s page count "
+                             f"({pages[b]}) at page_size 1")
+        raise ValueError(f"{where}: kv_len_arr[{b}] = {lens[b]} must fill request {b}'s {pages[b]} pages at "
+                         f"page_size {page_size}: ceil(kv_len / page_size) pages")
+    last = np.where(pages > 0, lens - (pages - 1) * page_size, 0)
+    return lens, last
 
 
 def _split_pair(where: str, name: str, structural, leaf_names: tuple, leaves: tuple) -> tuple:

@@ -1,34 +1,56 @@
-"""mla_paged_decode: absorbed-MLA decode, one query token per request over a page-size-1 latent cache.
+"""mla_paged_decode: absorbed-MLA decode over a paged latent cache, 1..4 query tokens per request.
 
-FlashInfer-Bench's ``mla_paged_decode_h16_ckv512_kpe64_ps1`` / ``..._h8_...`` argument order. It is the MLA prefill
-kind with one query per request: a single query sees every key of its request, which is exactly the bottom-right
-causal mask, so it runs the MLA prefill kernel with ``qo_indptr = 0, 1, ..., batch`` (one cached tensor per batch
-size and device, so the plan cache keys on a stable object; it is allocated at the first call of a batch size, so
-make that call outside CUDA-graph capture). A kernel of its own (split-KV at the bandwidth wall,
-FlashMLA's job) is issue 11's; this entry gives engines and FlashInfer-Bench the decode argument order now.
+FlashInfer-Bench's ``mla_paged_decode_h16_ckv512_kpe64_ps1`` / ``..._h8_..._ps1`` (no ``kv_last_page_len``) and
+``..._h16_..._ps64`` (``kv_last_page_len`` before ``sm_scale``) argument orders, both taken positionally as
+:func:`cute_attn.mla_paged_prefill` takes them. It is the MLA prefill kind with few queries per request: one
+query sees every key of its request, which is exactly the bottom-right causal mask, so it runs the MLA prefill
+kernel with ``qo_indptr = 0, 1, ..., batch`` (one cached tensor per batch size and device, so the plan cache
+keys on a stable object; it is allocated at the first call of a batch size, so make that call outside
+CUDA-graph capture).
+
+Multi-token decode (MTP / speculative decoding): ``qo_indptr=`` (keyword; the definitions have none) gives
+each request 1..4 query tokens, the request's last ``q_len`` positions, causal among themselves (bottom-right:
+query ``i`` of ``q_len`` sees keys ``j <= kv_len - q_len + i``). A 64-row tile holds 4 tokens x 16 heads, so
+every request is one tile. The rule ``1 <= q_len <= 4`` reads ``qo_indptr``'s values (one host sync), once
+per tensor state (like the plan cache: identity, data pointer, version), and not with ``check_indices=False``.
+
+A kernel of its own (split-KV at the bandwidth wall, FlashMLA's job) is issue 11's; this entry gives engines
+and FlashInfer-Bench the decode argument order now.
 """
 
 from __future__ import annotations
 
+import weakref
+
+import numpy as np
 import torch
 
-from ..api import DevicePlan, plan_for, run
+from .. import validate
+from ..api import DevicePlan, plan_for
 from . import mla_prefill
 
+MAX_QUERIES_PER_REQUEST = 4  # MTP / speculative decoding: one 64-row tile of 16 heads
+
 _ONE_PER_REQUEST: dict[tuple[int, torch.device], torch.Tensor] = {}
+_CHECKED_QO: dict[tuple, weakref.ref] = {}  # qo_indptr states whose q_len rule passed
 
 
-def _qo_indptr(q_nope, kv_indptr) -> torch.Tensor:
-    """``0, 1, ..., batch`` on the inputs' device; the decode rules first, in the decode arguments' names."""
+def _batch(q_nope, kv_indptr) -> int:
     for name, t, ndim in (("q_nope", q_nope, 3), ("kv_indptr", kv_indptr, 1)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != ndim:
             raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
-    batch = kv_indptr.shape[0] - 1
+    return kv_indptr.shape[0] - 1
+
+
+def _qo_indptr(q_nope, kv_indptr) -> torch.Tensor:
+    """``0, 1, ..., batch`` on the inputs' device; the decode rules first, in the decode arguments' names."""
+    batch = _batch(q_nope, kv_indptr)
     if q_nope.shape[0] != batch:
         raise ValueError(f"q_nope.shape[0] must equal batch_size = len(kv_indptr) - 1 ({batch}): one query per "
-                         f"request, got shape {tuple(q_nope.shape)}")
+                         f"request (pass qo_indptr= for 1..{MAX_QUERIES_PER_REQUEST}), got shape "
+                         f"{tuple(q_nope.shape)}")
     key = (batch, kv_indptr.device)
     indptr = _ONE_PER_REQUEST.get(key)
     if indptr is None:
@@ -38,34 +60,83 @@ def _qo_indptr(q_nope, kv_indptr) -> torch.Tensor:
     return indptr
 
 
+def check_queries(q_nope, kv_indptr, qo_indptr, *, check_indices: bool) -> None:
+    """The multi-token rules: ``qo_indptr`` int32 ``[batch + 1]``; every request has 1..4 query tokens."""
+    batch = _batch(q_nope, kv_indptr)
+    validate.dense("qo_indptr", qo_indptr, torch.int32, 1)
+    validate.check_dim("qo_indptr", qo_indptr, 0, batch + 1, "len(kv_indptr)")
+    total_q = q_nope.shape[0]
+    if not batch <= total_q <= MAX_QUERIES_PER_REQUEST * batch:
+        raise ValueError(f"q_nope.shape[0] ({total_q}) must be in batch_size .. {MAX_QUERIES_PER_REQUEST} x "
+                         f"batch_size ({batch} .. {MAX_QUERIES_PER_REQUEST * batch}): 1..{MAX_QUERIES_PER_REQUEST} "
+                         "query tokens per request")
+    if not check_indices:
+        return
+    key = (id(qo_indptr), qo_indptr.data_ptr(), qo_indptr._version, qo_indptr.device)
+    ref = _CHECKED_QO.get(key)
+    if ref is not None and ref() is qo_indptr:
+        return
+    qo = validate.host_ints(qo_indptr)
+    validate.check_indptr("qo_indptr", qo)
+    q_lens = np.diff(qo)
+    bad = (q_lens < 1) | (q_lens > MAX_QUERIES_PER_REQUEST)
+    if bad.any():
+        b = int(np.nonzero(bad)[0][0])
+        raise ValueError(f"qo_indptr gives request {b} {q_lens[b]} query tokens: decode takes 1.."
+                         f"{MAX_QUERIES_PER_REQUEST} per request (use mla_paged_prefill for more)")
+    if qo[-1] != total_q:
+        raise ValueError(f"qo_indptr[-1] ({qo[-1]}) must equal total_q = q_nope.shape[0] ({total_q})")
+    if len(_CHECKED_QO) >= 64:
+        _CHECKED_QO.clear()
+    _CHECKED_QO[key] = weakref.ref(qo_indptr)
+
+
+def _queries(q_nope, kv_indptr, qo_indptr, check_indices) -> torch.Tensor:
+    if qo_indptr is None:
+        return _qo_indptr(q_nope, kv_indptr)
+    validate.check_flag("check_indices", check_indices)
+    check_queries(q_nope, kv_indptr, qo_indptr, check_indices=check_indices)
+    return qo_indptr
+
+
 def mla_paged_decode(
-    q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, output=None, lse=None,
-    *, plan: DevicePlan | None = None, check_indices: bool = False, natural_lse: bool = False,
-    arch: str | None = None, num_sms: int | None = None,
+    q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, kv_last_page_len=None, sm_scale=None, output=None,
+    lse=None, *, qo_indptr: torch.Tensor | None = None, plan: DevicePlan | None = None, check_indices: bool = False,
+    natural_lse: bool = False, arch: str | None = None, num_sms: int | None = None,
 ):
-    """Absorbed-MLA decode over a page-size-1 latent cache: one query per request. Returns ``(output, lse)``.
+    """Absorbed-MLA decode over a paged latent cache. Returns ``(output, lse)``.
+
+    Argument orders: ``(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale)``
+    (FlashInfer-Bench ``..._ps64``) or, at page size 1, ``(..., kv_indices, sm_scale)`` (``..._ps1``).
 
     Shapes and dtypes (row-major; index tensors int32 on the same CUDA device):
-        q_nope [batch, num_heads, 512] bf16   q_pe [batch, num_heads, 64] bf16
-        ckv_cache [num_pages, 1, 512] bf16    kpe_cache [num_pages, 1, 64] bf16
-        kv_indptr [batch + 1] key offsets into kv_indices; kv_indices [kv_indptr[-1]] latent rows in [0, num_pages)
-        sm_scale Python float > 0; output [batch, num_heads, 512] bf16, lse [batch, num_heads] fp32 (optional)
-    Every key of the request is visible. ``lse`` is base 2 unless ``natural_lse=True``; a request with no keys
-    gets output 0 and lse -inf. Runs the MLA prefill kernel (sm_90a on Hopper; sm_100a compiled only) with one
-    query per request; needs a CUDA GPU. Plans: as :func:`cute_attn.gqa_paged_decode`, or
-    :func:`plan_mla_paged_decode` once and ``plan=`` per layer.
+        q_nope [total_q, num_heads, 512] bf16   q_pe [total_q, num_heads, 64] bf16   (total_q = batch without
+            qo_indptr)
+        ckv_cache [num_pages, page_size, 512] bf16    kpe_cache [num_pages, page_size, 64] bf16
+        kv_indptr [batch + 1] page offsets into kv_indices; kv_indices [kv_indptr[-1]] page ids in [0, num_pages)
+        kv_last_page_len [batch] keys in each last page (required at page_size > 1)
+        sm_scale Python float > 0; output [total_q, num_heads, 512] bf16, lse [total_q, num_heads] fp32 (optional)
+        qo_indptr (keyword) [batch + 1]: request b's queries are rows qo_indptr[b] .. qo_indptr[b+1]-1, 1..4 of
+            them, the last positions of the request, causal among themselves (bottom-right)
+    One query per request (no ``qo_indptr``) sees every key. ``lse`` is base 2 unless ``natural_lse=True``; a
+    request with no keys, or a query that sees none, gets output 0 and lse -inf. Runs the MLA prefill kernel
+    (sm_90a on Hopper; sm_100a compiled only); needs a CUDA GPU. Plans: as :func:`cute_attn.gqa_paged_decode`, or
+    :func:`plan_mla_paged_decode` once and ``plan=`` per layer (with the same ``qo_indptr=``).
     """
-    qo_indptr = _qo_indptr(q_nope, kv_indptr)
-    return run(mla_prefill.SPEC, (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale),
-               (qo_indptr, kv_indptr, kv_indices), output, lse, plan, check_indices, natural_lse, arch, num_sms)
+    kv_last_page_len, sm_scale, output, lse = mla_prefill.page_size_1_order(kv_last_page_len, sm_scale, output, lse)
+    qo = _queries(q_nope, kv_indptr, qo_indptr, check_indices)
+    return mla_prefill.run_mla(q_nope, q_pe, ckv_cache, kpe_cache, qo, kv_indptr, kv_indices, kv_last_page_len,
+                               sm_scale, output, lse, plan, check_indices, natural_lse, arch, num_sms)
 
 
-def plan_mla_paged_decode(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale,
-                          *, arch: str | None = None, num_sms: int | None = None, on_device: bool = False) -> DevicePlan:
+def plan_mla_paged_decode(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, kv_last_page_len=None,
+                          sm_scale=None, *, qo_indptr: torch.Tensor | None = None, arch: str | None = None,
+                          num_sms: int | None = None, on_device: bool = False) -> DevicePlan:
     """Validate and plan one MLA decode batch (reads the index tensors: one host sync) for ``plan=``."""
-    qo_indptr = _qo_indptr(q_nope, kv_indptr)
-    return plan_for(mla_prefill.SPEC, (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices,
-                                       sm_scale), arch=arch, num_sms=num_sms, on_device=on_device)
+    kv_last_page_len, sm_scale, _, _ = mla_prefill.page_size_1_order(kv_last_page_len, sm_scale, None, None)
+    qo = _queries(q_nope, kv_indptr, qo_indptr, True)
+    return plan_for(mla_prefill.SPEC, (q_nope, q_pe, ckv_cache, kpe_cache, qo, kv_indptr, kv_indices,
+                                       kv_last_page_len, sm_scale), arch=arch, num_sms=num_sms, on_device=on_device)
 
 
-__all__ = ["mla_paged_decode", "plan_mla_paged_decode"]
+__all__ = ["mla_paged_decode", "plan_mla_paged_decode", "check_queries", "MAX_QUERIES_PER_REQUEST"]

@@ -1,10 +1,14 @@
-"""mla_paged_prefill: causal absorbed-MLA prefill over a page-size-1 latent cache (DeepSeek-V3/R1).
+"""mla_paged_prefill: causal absorbed-MLA prefill over a paged latent cache (DeepSeek-V3/R1).
 
-The FlashInfer-Bench definition ``mla_paged_prefill_causal_h16_ckv512_kpe64_ps1``: every head shares one latent
-KV row per key; logits are the ckv + kpe wide dot product and V is ckv itself.
+The FlashInfer-Bench definitions ``mla_paged_prefill_causal_h16_ckv512_kpe64_ps1`` and ``..._ps64``: every head
+shares one latent KV row per key; logits are the ckv + kpe wide dot product and V is ckv itself. The ps64
+definition adds ``kv_last_page_len`` before ``sm_scale``; the entry takes both orders (``page_size_1_order``), and
+the spec's functions take 8 inputs (ps1 order) or 9 (``kv_last_page_len`` possibly None at page size 1).
 """
 
 from __future__ import annotations
+
+import numbers
 
 import numpy as np
 import torch
@@ -13,26 +17,52 @@ from .. import reference, testing, validate
 from ..api import DevicePlan, plan_for, run
 from . import OpSpec
 
-ARG_NAMES = ("q_nope", "q_pe", "ckv_cache", "kpe_cache", "qo_indptr", "kv_indptr", "kv_indices", "sm_scale",
-             "output", "lse")
+ARG_NAMES = ("q_nope", "q_pe", "ckv_cache", "kpe_cache", "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len",
+             "sm_scale", "output", "lse")
 MLA_DIMS = (576, 512)  # (ckv + kpe, ckv)
 
 
-def check(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output=None, lse=None,
-          *, check_indices: bool = True) -> tuple[validate.PagedProblem, validate.HostIndices | None]:
-    """Rules of ``mla_paged_prefill``: page size 1, one latent KV (``ckv``) shared by every head."""
+def page_size_1_order(kv_last_page_len, sm_scale, output, lse) -> tuple:
+    """``(kv_last_page_len, sm_scale, output, lse)`` of a call in either FlashInfer-Bench order.
+
+    The ps64 definitions pass ``kv_last_page_len`` before ``sm_scale``; the ps1 ones have none. A number where
+    ``kv_last_page_len`` goes is the ps1 order's ``sm_scale``: the arguments after it move up one place."""
+    if kv_last_page_len is None or isinstance(kv_last_page_len, torch.Tensor) \
+            or not isinstance(kv_last_page_len, numbers.Real):
+        return kv_last_page_len, sm_scale, output, lse
+    if lse is not None:
+        raise TypeError("too many positional arguments: the page-size-1 order is (..., kv_indices, sm_scale, output, "
+                        "lse), the paged one (..., kv_indices, kv_last_page_len, sm_scale, output, lse)")
+    return None, kv_last_page_len, sm_scale, output
+
+
+def canonical_inputs(args: tuple) -> tuple:
+    """The 9 inputs ``(..., kv_indices, kv_last_page_len | None, sm_scale)`` of 8 (ps1 order) or 9 inputs."""
+    if len(args) == 8:
+        return (*args[:7], None, args[7])
+    return tuple(args)
+
+
+def check(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len=None, sm_scale=None,
+          output=None, lse=None, *, check_indices: bool = True
+          ) -> tuple[validate.PagedProblem, validate.HostIndices | None]:
+    """Rules of ``mla_paged_prefill``: one latent KV (``ckv``) shared by every head, pages of 1..128 rows.
+
+    ``kv_last_page_len`` (int32 ``[batch]``, FlashInfer-Bench's ps64 order) is required at page size > 1 and
+    optional at page size 1 (then every request's key count is its page count; the ps1 order omits it)."""
+    kv_last_page_len, sm_scale, output, lse = page_size_1_order(kv_last_page_len, sm_scale, output, lse)
     for name, t in (("q_nope", q_nope), ("q_pe", q_pe), ("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache)):
         validate.dense(name, t, torch.bfloat16, 3)
     total_q, num_heads, ckv_dim = q_nope.shape
     if tuple(q_pe.shape[:2]) != (total_q, num_heads):
         raise ValueError(f"q_pe.shape[:2] must equal q_nope.shape[:2] {(total_q, num_heads)}, got {tuple(q_pe.shape)}")
     kpe_dim = q_pe.shape[2]
-    num_pages = ckv_cache.shape[0]
-    if ckv_cache.shape[1] != 1:
-        raise ValueError(f"ckv_cache.shape[1] (page_size) must be 1 for MLA paged prefill, got {ckv_cache.shape[1]}")
+    num_pages, page_size = ckv_cache.shape[:2]
+    if page_size < 1:
+        raise ValueError(f"ckv_cache.shape[1] (page_size) must be >= 1, got {page_size}")
     validate.check_dim("ckv_cache", ckv_cache, 2, ckv_dim, "q_nope's head dim")
-    if tuple(kpe_cache.shape) != (num_pages, 1, kpe_dim):
-        raise ValueError(f"kpe_cache must have shape {(num_pages, 1, kpe_dim)}, got {tuple(kpe_cache.shape)}")
+    if tuple(kpe_cache.shape) != (num_pages, page_size, kpe_dim):
+        raise ValueError(f"kpe_cache must have shape {(num_pages, page_size, kpe_dim)}, got {tuple(kpe_cache.shape)}")
     if num_heads < 1:
         raise ValueError(f"q_nope must have >= 1 head, got {num_heads}")
     for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices)):
@@ -41,14 +71,28 @@ def check(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, 
     if batch < 0:
         raise ValueError("qo_indptr must have batch_size + 1 >= 1 entries")
     validate.check_dim("kv_indptr", kv_indptr, 0, batch + 1, "len(qo_indptr)")
+    if kv_last_page_len is None:
+        if page_size != 1:
+            raise ValueError(f"kv_last_page_len is required at page_size {page_size} (ckv_cache.shape[1]): pass it "
+                             "before sm_scale, as FlashInfer-Bench's paged MLA definitions do")
+    else:
+        validate.dense("kv_last_page_len", kv_last_page_len, torch.int32, 1)
+        validate.check_dim("kv_last_page_len", kv_last_page_len, 0, batch, "batch_size = len(qo_indptr) - 1")
     validate.check_sm_scale(sm_scale)
     named = dict(q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache, qo_indptr=qo_indptr,
                  kv_indptr=kv_indptr, kv_indices=kv_indices)
+    if kv_last_page_len is not None:
+        named["kv_last_page_len"] = kv_last_page_len
     device = validate.same_device(named)
     validate.check_outputs(output, lse, total_q, num_heads, ckv_dim, device, named)
-    problem = validate.PagedProblem(batch, total_q, num_heads, 1, ckv_dim + kpe_dim, ckv_dim, 1, num_pages, device)
+    problem = validate.PagedProblem(batch, total_q, num_heads, 1, ckv_dim + kpe_dim, ckv_dim, page_size, num_pages,
+                                    device)
     host = None
     if check_indices:
+        if kv_last_page_len is not None:
+            host = validate.paged_indices(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages,
+                                          total_q)
+            return problem, host
         qo, kvp = validate.host_ints(qo_indptr), validate.host_ints(kv_indptr)
         validate.check_indptr("qo_indptr", qo)
         if qo[-1] != total_q:
@@ -61,15 +105,20 @@ def check(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, 
     return problem, host
 
 
-# page size 1: the caches are plain contiguous tensors to the rules, with no alignment rule
-def signature(q_nope, q_pe, ckv, kpe, qo, kvp, kvi, sm_scale):
-    return (q_nope.__class__, q_nope.shape, q_nope.is_contiguous(), q_nope.dtype, q_nope.device,
-            q_pe.__class__, q_pe.shape, q_pe.is_contiguous(), q_pe.dtype, q_pe.device,
-            ckv.__class__, ckv.shape, ckv.is_contiguous(), ckv.dtype, ckv.device,
-            kpe.__class__, kpe.shape, kpe.is_contiguous(), kpe.dtype, kpe.device,
-            qo.__class__, qo.shape, qo.is_contiguous(), qo.dtype, qo.device, qo.data_ptr(), qo._version,
-            kvp.__class__, kvp.shape, kvp.is_contiguous(), kvp.dtype, kvp.device, kvp.data_ptr(), kvp._version,
-            kvi.__class__, kvi.shape, kvi.is_contiguous(), kvi.dtype, kvi.device, kvi.data_ptr(), kvi._version)
+# the caches are plain contiguous tensors to the rules, with no alignment rule
+def signature(q_nope, q_pe, ckv, kpe, qo, kvp, kvi, *rest):
+    last = rest[0] if len(rest) == 2 else None  # (kv_last_page_len, sm_scale) or (sm_scale,)
+    sig = (q_nope.__class__, q_nope.shape, q_nope.is_contiguous(), q_nope.dtype, q_nope.device,
+           q_pe.__class__, q_pe.shape, q_pe.is_contiguous(), q_pe.dtype, q_pe.device,
+           ckv.__class__, ckv.shape, ckv.is_contiguous(), ckv.dtype, ckv.device,
+           kpe.__class__, kpe.shape, kpe.is_contiguous(), kpe.dtype, kpe.device,
+           qo.__class__, qo.shape, qo.is_contiguous(), qo.dtype, qo.device, qo.data_ptr(), qo._version,
+           kvp.__class__, kvp.shape, kvp.is_contiguous(), kvp.dtype, kvp.device, kvp.data_ptr(), kvp._version,
+           kvi.__class__, kvi.shape, kvi.is_contiguous(), kvi.dtype, kvi.device, kvi.data_ptr(), kvi._version)
+    if last is None:
+        return sig + (None,)
+    return sig + (last.__class__, last.shape, last.is_contiguous(), last.dtype, last.device, last.data_ptr(),
+                  last._version)
 
 
 def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size) -> dict:
@@ -80,18 +129,24 @@ def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, pag
 def shape_reason(config) -> str | None:
     if (config.head_dim_qk, config.head_dim_v) != MLA_DIMS:
         return f"MLA head dims (qk, v) must be {MLA_DIMS}, got {(config.head_dim_qk, config.head_dim_v)}"
-    if config.num_kv_heads != 1 or config.page_size != 1:
-        return "MLA prefill shares one latent KV head over a page-size-1 cache"
+    if config.num_kv_heads != 1:
+        return "MLA prefill shares one latent KV head (num_kv_heads 1)"
+    ps = config.page_size
+    if ps < 1 or ps > 128 or ps & (ps - 1):
+        return f"MLA page_size={ps} must be a power of two in 1..128"
     return None
 
 
 def strategy():
-    """MLA cases: ragged runs with kv >= q per request, empty requests."""
-    return testing.ragged_batches(max_q=128, max_kv=512).map(lambda lens: {"q_lens": lens[0], "kv_lens": lens[1]})
+    """MLA cases: ragged runs with kv >= q per request, empty requests, page sizes 1, 16 and 64."""
+    from hypothesis import strategies as st
+
+    return st.tuples(testing.ragged_batches(max_q=128, max_kv=512), st.sampled_from((1, 16, 64))).map(
+        lambda x: {"q_lens": x[0][0], "kv_lens": x[0][1], "page_size": x[1]})
 
 
 SPEC = OpSpec(
-    name="mla_paged_prefill", arg_names=ARG_NAMES, index_names=("qo_indptr", "kv_indptr", "kv_indices"),
+    name="mla_paged_prefill", arg_names=ARG_NAMES, index_names=("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"),
     causal=True, check=check, signature=signature, reference=reference.mla_paged_prefill_ref,
     make_case=testing.make_mla_prefill_case, strategy=strategy, default_tiles=default_tiles, shape_reason=shape_reason,
     kernel_modules={"sm_90a": ".kernels.sm90.mla_prefill", "sm_100a": ".kernels.sm100.mla_prefill"},
@@ -99,36 +154,56 @@ SPEC = OpSpec(
 
 
 def mla_paged_prefill(
-    q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output=None, lse=None,
-    *, plan: DevicePlan | None = None, check_indices: bool = False, natural_lse: bool = False,
+    q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len=None, sm_scale=None,
+    output=None, lse=None, *, plan: DevicePlan | None = None, check_indices: bool = False, natural_lse: bool = False,
     arch: str | None = None, num_sms: int | None = None,
 ):
-    """Causal absorbed-MLA prefill over a page-size-1 latent cache. Returns ``(output, lse)``.
+    """Causal absorbed-MLA prefill over a paged latent cache. Returns ``(output, lse)``.
+
+    Both FlashInfer-Bench argument orders: ``(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr,
+    kv_indices, kv_last_page_len, sm_scale)`` (``..._ps64``) and, at page size 1, ``(..., kv_indices,
+    sm_scale)`` (``..._ps1``: a number in ``kv_last_page_len``'s place is ``sm_scale``).
 
     Shapes and dtypes (row-major; every index tensor int32 on the same CUDA device):
         q_nope     [total_q, num_heads, 512] bf16      q_pe       [total_q, num_heads, 64] bf16
-        ckv_cache  [num_pages, 1, 512] bf16            kpe_cache  [num_pages, 1, 64] bf16
+        ckv_cache  [num_pages, page_size, 512] bf16    kpe_cache  [num_pages, page_size, 64] bf16
         qo_indptr  [batch + 1]  query rows of request b: qo_indptr[b] .. qo_indptr[b+1]-1
-        kv_indptr  [batch + 1]  key offsets into kv_indices (page size 1: one row per key)
-        kv_indices [kv_indptr[-1]] latent row ids in [0, num_pages)
+        kv_indptr  [batch + 1]  page offsets into kv_indices
+        kv_indices [kv_indptr[-1]] page ids in [0, num_pages)
+        kv_last_page_len [batch] keys in each request's last page (1..page_size; 0 for a request with no page);
+                   required at page_size > 1; omitted at page size 1, a request has as many keys as pages
         sm_scale   Python float > 0 (DeepSeek-V3: 0.1352337747812271)
         output, lse optional destinations [total_q, num_heads, 512] bf16 / [total_q, num_heads] fp32
+    Key j of request b is slot j % page_size of page kv_indices[kv_indptr[b] + j // page_size].
     s = sm_scale * (q_nope . ckv + q_pe . kpe); output = softmax(s) @ ckv, bottom-right causal per request.
     ``lse`` is base 2 unless ``natural_lse=True``; a row that sees no key gets output 0 and lse -inf.
 
-    Supported: 16 heads (any head count that packs into 64-row tiles), ckv 512 + kpe 64, page size 1; sm_90a runs
-    on Hopper (cp.async 16-byte row gathers), sm_100a is compiled and PTX-checked only, never run here. Needs a
-    CUDA GPU. Plans: as :func:`gqa_paged_decode` (or :func:`plan_mla_paged_prefill` once, then ``plan=``).
+    Supported: 16 heads (any head count that packs into 64-row tiles), ckv 512 + kpe 64, page sizes 1, 2, 4, ...,
+    128; sm_90a runs on Hopper (cp.async 16-byte row gathers), sm_100a is compiled and PTX-checked only, never run
+    here. Needs a CUDA GPU. Plans: as :func:`gqa_paged_decode` (or :func:`plan_mla_paged_prefill` once, then
+    ``plan=``). With ``check_indices=False`` and a ``plan=``, a page id outside ``[0, num_pages)`` is never read
+    (that request's result is unspecified; the others are unaffected).
     """
-    return run(SPEC, (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale),
-               (qo_indptr, kv_indptr, kv_indices), output, lse, plan, check_indices, natural_lse, arch, num_sms)
+    kv_last_page_len, sm_scale, output, lse = page_size_1_order(kv_last_page_len, sm_scale, output, lse)
+    return run_mla(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
+                   output, lse, plan, check_indices, natural_lse, arch, num_sms)
 
 
-def plan_mla_paged_prefill(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale,
-                           *, arch: str | None = None, num_sms: int | None = None, on_device: bool = False) -> DevicePlan:
+def run_mla(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output,
+            lse, plan, check_indices, natural_lse, arch, num_sms):
+    """``api.run`` with the MLA spec (inputs in the canonical order, ``kv_last_page_len`` possibly None)."""
+    inputs = (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale)
+    index = (qo_indptr, kv_indptr, kv_indices) if kv_last_page_len is None else \
+        (qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
+    return run(SPEC, inputs, index, output, lse, plan, check_indices, natural_lse, arch, num_sms)
+
+
+def plan_mla_paged_prefill(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len=None,
+                           sm_scale=None, *, arch: str | None = None, num_sms: int | None = None, on_device: bool = False) -> DevicePlan:
     """Validate and plan one MLA prefill batch (reads the index tensors: one host sync) for ``plan=``."""
-    return plan_for(SPEC, (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale),
-                    arch=arch, num_sms=num_sms, on_device=on_device)
+    kv_last_page_len, sm_scale, _, _ = page_size_1_order(kv_last_page_len, sm_scale, None, None)
+    return plan_for(SPEC, (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                           sm_scale), arch=arch, num_sms=num_sms, on_device=on_device)
 
 
-__all__ = ["SPEC", "mla_paged_prefill", "plan_mla_paged_prefill", "check"]
+__all__ = ["SPEC", "mla_paged_prefill", "plan_mla_paged_prefill", "check", "canonical_inputs", "page_size_1_order"]

@@ -36,11 +36,15 @@ def page_box_reason(config) -> str | None:
 
 
 def mla_definition_reason(config, qk_dim: int = 576, v_dim: int = 512) -> str | None:
-    """What every absorbed-MLA prefill kernel is built for: causal, (ckv + kpe, ckv) heads, page size 1."""
+    """What every absorbed-MLA prefill kernel is built for: causal, (ckv + kpe, ckv) heads, one latent KV head,
+    page sizes that are powers of two in 1..128 (row gathers: a key's row is found by a shift and a mask)."""
     if not config.causal:
         return f"the {config.arch} MLA prefill kernel is built causal (the definition); causal=False is not built"
     if (config.head_dim_qk, config.head_dim_v) != (qk_dim, v_dim):
         return f"MLA head dims must be (ckv + kpe, ckv) = ({qk_dim}, {v_dim})"
-    if config.page_size != 1 or config.num_kv_heads != 1:
-        return "page_size must be 1 and num_kv_heads 1 (one latent KV row per key)"
+    if config.num_kv_heads != 1:
+        return f"num_kv_heads={config.num_kv_heads} must be 1 (one latent KV row per key)"
+    ps = config.page_size
+    if ps < 1 or ps > 128 or ps & (ps - 1):
+        return f"page_size={ps} must be a power of two in 1..128 (the MLA kernels gather one latent row per key)"
     return None

@@ -1,19 +1,32 @@
 """What the sm_90a and sm_100a absorbed-MLA paged prefill kernels share: the definition and the load role.
 
-Definition (page size 1): 16 query heads share one latent KV row per key;
-``s = sm_scale * (q_nope . ckv + q_pe . kpe)`` (``QK_DIM`` = 576 wide), ``o = softmax(s) @ ckv``
-(V = ckv, 512 wide). Packed rows: group = all heads, one KV head, so packed row ``p`` of request ``b``
-is element row ``qo_indptr[b] * heads + p`` of ``q_nope`` viewed as ``[*, 512]`` (and of ``q_pe``).
+Definition: 16 query heads share one latent KV row per key; ``s = sm_scale * (q_nope . ckv + q_pe . kpe)``
+(``QK_DIM`` = 576 wide), ``o = softmax(s) @ ckv`` (V = ckv, 512 wide). Packed rows: group = all heads, one KV
+head, so packed row ``p`` of request ``b`` is element row ``qo_indptr[b] * heads + p`` of ``q_nope`` viewed as
+``[*, 512]`` (and of ``q_pe``). Caches ``[num_pages, page_size, 512]`` / ``[num_pages, page_size, 64]``
+(contiguous), ``page_size`` a power of two in 1..128 (a compile-time constant of the config): key ``j`` of
+request ``b`` is slot ``j % page_size`` of page ``kv_indices[kv_indptr[b] + j // page_size]``, i.e. latent row
+``page * page_size + slot`` of the caches viewed as ``[num_pages * page_size, *]``.
 
 Load role (:func:`load_q_and_kv_tiles`, one warpgroup, every thread gathering with 16-byte ``cp.async``,
 ``common/row_gather.py``). Per item: the Q tile (``tile_m`` packed rows x (512 nope + 64 pe) into one
 576-wide smem tile; rows >= ``Q_ROW_COUNT`` zero-filled), then per ``kv_tile`` keys one K stage holding
-the keys' ckv and kpe rows side by side. Row ids: the first ``kv_tile`` threads read
-``kv_indices[kv_indptr[b] + key]`` into a double-buffered smem table (double-buffered so that a fast
-thread filling the next tile's ids cannot overwrite ids a slow thread still gathers from), then a named
-barrier of the load threads; keys >= ``KV_END`` get id -1 and are zero-filled: the pool holds NaN in
-rows no request owns, and V = ckv feeds the P V MMA, where 0 * NaN would poison O. Each thread then
-waits for its copies, fences them into the async proxy and arrives on the stage's full barrier.
+the keys' ckv and kpe rows side by side. Row ids: the first ``kv_tile`` threads turn their key into a
+latent row id (page id from ``kv_indices``, slot from the key) in a double-buffered smem table
+(double-buffered so that a fast thread filling the next tile's ids cannot overwrite ids a slow thread
+still gathers from), then a named barrier of the load threads; keys >= ``KV_END`` get id -1 and are
+zero-filled: the pool holds NaN in rows no request owns, and V = ckv feeds the P V MMA, where 0 * NaN would
+poison O. Each thread then waits for its copies, fences them into the async proxy and arrives on the
+stage's full barrier.
+
+Bounds (defence in depth, issue 9): a page id outside ``[0, num_pages)`` (``num_pages`` = the cache's
+extent, a runtime value) also gets id -1, so the gathers never dereference it, even when the host skipped
+the index checks (``check_indices=False`` with a ``plan=``): the key then reads as a zero ckv / kpe row
+(logit 0, V 0), so only the request holding the bad id gets an unspecified (finite) result. One compare
+pair per key per tile, on the id-table threads only.
+
+Row gathers work for every page size; pages of >= 8 rows could be TMA boxes (whole 8-row swizzle atoms,
+as the GQA kernels load them), a possible next step for long pages.
 """
 
 from __future__ import annotations
@@ -35,10 +48,16 @@ NUM_HEADS = 16  # the definition's; head counts that divide the 64-row tile work
 
 
 # ----------------------------------------------------------------------------------------- host side
-def definition_config(arch: str) -> PagedAttentionConfig:
-    """The definition's config (``mla_paged_prefill_causal_h16_ckv512_kpe64_ps1``) for ``arch``."""
+def definition_config(arch: str, page_size: int = 1) -> PagedAttentionConfig:
+    """The definition's config (``mla_paged_prefill_causal_h16_ckv512_kpe64_ps<page_size>``) for ``arch``."""
     return default_paged_config(KIND, arch=arch, num_qo_heads=NUM_HEADS, num_kv_heads=1, head_dim_qk=QK_DIM,
-                                head_dim_v=CKV_DIM, page_size=1, causal=True)
+                                head_dim_v=CKV_DIM, page_size=page_size, causal=True)
+
+
+#: the page sizes of the FlashInfer-Bench MLA definitions (ps1, ps64): the configs each arch registers
+DEFINITION_PAGE_SIZES = (1, 64)
+#: every page size the load role gathers (row gathers: any power of two; the planner's tiles are 64 keys)
+PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 def fake_args(config: PagedAttentionConfig) -> tuple:
@@ -52,8 +71,8 @@ def fake_args(config: PagedAttentionConfig) -> tuple:
     return (
         fake(bf16, (rows, h, CKV_DIM), stride_order=(2, 1, 0), assumed_align=16),
         fake(bf16, (rows, h, KPE_DIM), stride_order=(2, 1, 0), assumed_align=16),
-        fake(bf16, (num_pages, 1, CKV_DIM), stride_order=(2, 1, 0), assumed_align=16),
-        fake(bf16, (num_pages, 1, KPE_DIM), stride_order=(2, 1, 0), assumed_align=16),
+        fake(bf16, (num_pages, config.page_size, CKV_DIM), stride_order=(2, 1, 0), assumed_align=16),
+        fake(bf16, (num_pages, config.page_size, KPE_DIM), stride_order=(2, 1, 0), assumed_align=16),
         fake(i32, (cute.sym_int(symbol="batch_plus_1"),)),
         fake(i32, (cute.sym_int(symbol="kv_indptr_len"),)),
         fake(i32, (cute.sym_int(symbol="num_indices"),)),
@@ -75,9 +94,13 @@ def mla_entry(kernel_cls, check_config) -> tuple:
     def build(config: PagedAttentionConfig) -> tuple:
         return checked_build(kernel_cls, check_config, config, fake_args(config))
 
-    def launch(device_plan, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output,
-               lse, natural_lse: bool = False) -> None:
-        """Run the plan's items, then the combine kernel if the plan split any item."""
+    def launch(device_plan, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, *rest,
+               natural_lse: bool = False) -> None:
+        """Run the plan's items, then the combine kernel if the plan split any item.
+
+        ``rest``: ``sm_scale, output, lse`` or ``kv_last_page_len, sm_scale, output, lse`` (the kernels take
+        no ``kv_last_page_len``: the plan's ``KV_END`` holds each request's key count)."""
+        sm_scale, output, lse = rest[-3:]
         launch_paged(device_plan, check_config, (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr,
                                                  kv_indices), sm_scale, output, lse, natural_lse)
 
@@ -104,8 +127,11 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
     zeros.fill(0.0)
     s_q_chunks = cute.flat_divide(s_q, (1, ROW_CHUNK))  # (1, vec, row, chunk)
     s_k_chunks = cute.flat_divide(s_k, (1, ROW_CHUNK))  # (1, vec, row, chunk, stage)
-    ckv_stride = Int64(ckv_cache.stride[0])
-    kpe_stride = Int64(kpe_cache.stride[0])
+    # latent rows: ids index the caches as [num_pages * page_size, dim] (contiguous caches: row stride = dim)
+    page_shift = ckv_cache.shape[1].bit_length() - 1  # a power of two: the static page size of the config
+    ckv_stride = Int64(ckv_cache.stride[1])
+    kpe_stride = Int64(kpe_cache.stride[1])
+    num_pages = ckv_cache.shape[0]  # kpe_cache has as many (the entry rules)
     tiles_done = Int32(0)
     for it in cutlass.range(item_begin, item_end, unroll=1):
         b = items[it, int(F.REQUEST)]
@@ -130,10 +156,7 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
             kv_base = kv_start + t * tile_n
             ids = s_ids[None, tiles_done % 2]
             if tid < tile_n:
-                rid = Int32(-1)  # keys >= KV_END: not loaded, zero-filled
-                if kv_base + tid < kv_end:
-                    rid = kv_indices[page_base + kv_base + tid]
-                ids[tid] = rid
+                ids[tid] = _latent_row(kv_indices, page_base, kv_base + tid, kv_end, num_pages, page_shift)
             cute.arch.barrier(barrier_id=ids_barrier, number_of_threads=num_threads)
             tiles_done += 1
             pipe_kv.producer_acquire(kv_state)
@@ -143,6 +166,20 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
                         num_threads, ids=ids)
             commit_rows(pipe_kv, kv_state)
             kv_state.advance()
+
+
+@cute.jit
+def _latent_row(kv_indices: cute.Tensor, page_base: Int32, key: Int32, kv_end: Int32, num_pages: Int32,
+                page_shift: cutlass.Constexpr[int]) -> Int32:
+    """Latent row of ``key`` (``page * page_size + slot``, ``page_size = 1 << page_shift``), or -1 (zero-filled,
+    never read) for a key ``>= kv_end`` or a page id outside ``[0, num_pages)``."""
+    rid = Int32(-1)
+    if key < kv_end:
+        page = kv_indices[page_base + (key >> page_shift)]
+        if page >= 0:
+            if page < num_pages:
+                rid = (page << page_shift) + (key & ((1 << page_shift) - 1))
+    return rid
 
 
 @cute.jit

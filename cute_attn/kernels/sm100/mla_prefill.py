@@ -1,4 +1,4 @@
-"""sm_100a causal absorbed-MLA paged prefill (page size 1), driven by the plan (docs/kernel-contract.md).
+"""sm_100a causal absorbed-MLA paged prefill (page sizes 1..128), driven by the plan (docs/kernel-contract.md).
 
 The Blackwell twin of ``kernels/sm90/mla_prefill.py``: same grid, item loop, gathers, masking and outputs;
 the MMAs are ``tcgen05.mma`` issued by one warp with S and O in tensor memory (TMEM). Compiled and
@@ -38,8 +38,8 @@ warps 13-15 idle, so that every role is whole warpgroups):
   An item with no key writes 0 / -inf. Warp 4 allocates / frees TMEM.
 * warps 8-11 load (128 threads): the MLA load role shared with the sm_90a producer (``common/mla.py``;
   row gathers in ``common/row_gather.py``). Per item with keys (the MMA warp reads Q only for those) the
-  Q tile (rows >= Q_ROW_COUNT zero-filled) with 16-byte ``cp.async``; per key tile the row ids
-  ``kv_indices[kv_indptr[b] + key]`` into a double-buffered smem table, then the keys' ckv and kpe rows
+  Q tile (rows >= Q_ROW_COUNT zero-filled) with 16-byte ``cp.async``; per key tile the latent row ids
+  (``common/mla.py``: page size 1..128, page ids range-checked) into a double-buffered smem table, then the keys' ckv and kpe rows
   side by side into one ``kv_tile x 576`` stage; keys >= KV_END are never loaded and their rows are
   zero-filled (the pool holds NaN in rows no request owns and V = ckv feeds the PV MMA). Each thread:
   ``cp.async.wait_group 0``, ``fence.proxy.async.shared::cta``, arrive.
@@ -84,7 +84,8 @@ from ...config import PagedAttentionConfig
 from ...plan import ItemField as F
 from .. import register_paged_kernel
 from ..common.limits import TMEM_COLUMNS, mla_definition_reason, smem_reason, target_reason
-from ..common.mla import CKV_DIM, KIND, QK_DIM, definition_config, load_q_and_kv_tiles, mla_entry
+from ..common.mla import (CKV_DIM, DEFINITION_PAGE_SIZES, KIND, QK_DIM, definition_config, load_q_and_kv_tiles,
+                          mla_entry)
 from .prefill_setup import PrefillBarriers
 from .softmax_rows import NEG_INF, begin_softmax_item, load_s_row, num_key_tiles, online_softmax_row, send_row_values
 from .tmem import fence_after_sync, fence_before_sync
@@ -500,8 +501,8 @@ build, launch = mla_entry(MlaPagedPrefillSm100, check_config)
 
 
 def configs(arch: str) -> list[PagedAttentionConfig]:
-    """The definition's config (``mla_paged_prefill_causal_h16_ckv512_kpe64_ps1``)."""
-    return [definition_config(arch)] if arch == ARCH else []
+    """The definitions' configs (``mla_paged_prefill_causal_h16_ckv512_kpe64_ps1`` and ``_ps64``)."""
+    return [definition_config(arch, ps) for ps in DEFINITION_PAGE_SIZES] if arch == ARCH else []
 
 
 register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs,

@@ -1,4 +1,4 @@
-"""sm_90a causal absorbed-MLA paged prefill (page size 1), driven by the plan (docs/kernel-contract.md).
+"""sm_90a causal absorbed-MLA paged prefill (page sizes 1..128), driven by the plan (docs/kernel-contract.md).
 
 Definition: 16 query heads share one latent KV row per key; ``s = sm_scale * (q_nope . ckv + q_pe . kpe)``
 (576 wide), ``o = softmax(s) @ ckv`` (V = ckv, 512 wide). Packed rows: group = 16 heads, one KV head, so a
@@ -14,8 +14,9 @@ Warp roles (384 threads = 3 warpgroups):
   (``.cg``, L2 only). Per item, also one without keys (the consumers wait on Q for every item): the Q
   tile (64 packed rows x (512 nope + 64 pe); rows >= Q_ROW_COUNT are zero-filled, never read), then per
   ``kv_tile`` keys one smem stage holding the keys' ckv and kpe rows side by side (a ``kv_tile x 576``
-  K tile). Row ids: the first ``kv_tile`` producer threads read ``kv_indices[kv_indptr[b] + key]`` into
-  a small double-buffered smem table, then a producer named barrier; keys >= KV_END are not loaded and
+  K tile). Row ids: the first ``kv_tile`` producer threads turn each key into a latent row
+  (``page * page_size + key % page_size``, page ``kv_indices[kv_indptr[b] + key // page_size]``, an id
+  outside ``[0, num_pages)`` becoming -1: never read) in a small double-buffered smem table, then a producer named barrier; keys >= KV_END are not loaded and
   their rows are zero-filled with plain 16-byte shared stores (the pool holds NaN in rows no request
   owns, and V = ckv feeds the P V MMA). Each producer thread then ``cp.async.wait_group 0`` +
   ``fence.proxy.async.shared::cta`` (its generic-proxy writes become visible to wgmma's async proxy) +
@@ -64,7 +65,8 @@ from ...config import PagedAttentionConfig
 from ...plan import ItemField as F
 from .. import register_paged_kernel
 from ..common.limits import SMEM_LIMIT_BYTES, mla_definition_reason, smem_reason, target_reason
-from ..common.mla import CKV_DIM, KIND, QK_DIM, definition_config, load_q_and_kv_tiles, mla_entry
+from ..common.mla import (CKV_DIM, DEFINITION_PAGE_SIZES, KIND, QK_DIM, definition_config, load_q_and_kv_tiles,
+                          mla_entry)
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.softmax import (acc_mn_view, make_softmax_state, rescale_rows, softmax_finalize, softmax_reset,
                               softmax_update, store_p_bf16)
@@ -282,8 +284,8 @@ build, launch = mla_entry(MlaPagedPrefillSm90, check_config)
 
 
 def configs(arch: str) -> list[PagedAttentionConfig]:
-    """The definition's config (``mla_paged_prefill_causal_h16_ckv512_kpe64_ps1``)."""
-    return [definition_config(arch)] if arch == ARCH else []
+    """The definitions' configs (``mla_paged_prefill_causal_h16_ckv512_kpe64_ps1`` and ``_ps64``)."""
+    return [definition_config(arch, ps) for ps in DEFINITION_PAGE_SIZES] if arch == ARCH else []
 
 
 register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs,
