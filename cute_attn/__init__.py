@@ -11,6 +11,7 @@ Importing the package also registers the ``torch.ops.cute_attn`` custom ops for 
 from . import reference
 from .api import DevicePlan, clear_plan_cache
 from .ops.gqa_decode import gqa_paged_decode, plan_gqa_paged_decode
+from .ops.gqa_multi_token_decode import gqa_paged_multi_token_decode, plan_gqa_paged_multi_token_decode
 from .ops.gqa_prefill import gqa_paged_prefill, plan_gqa_paged_prefill
 from .ops.mla_decode import mla_paged_decode, plan_mla_paged_decode
 from .ops.mla_prefill import mla_paged_prefill, plan_mla_paged_prefill
@@ -24,10 +25,12 @@ __all__ = [
     "WorkPlan",
     "clear_plan_cache",
     "gqa_paged_decode",
+    "gqa_paged_multi_token_decode",
     "gqa_paged_prefill",
     "mla_paged_decode",
     "mla_paged_prefill",
     "plan_gqa_paged_decode",
+    "plan_gqa_paged_multi_token_decode",
     "plan_gqa_paged_prefill",
     "plan_mla_paged_decode",
     "plan_mla_paged_prefill",
