@@ -389,7 +389,8 @@ class GqaDecodeSm100:
         ``s_q`` is ((MMA_M, 16), 1, K blocks, 1) (one 16-column K block per MMA); the 128B swizzle keeps each
         16-byte vector whole, so the copies stay st.shared.v4."""
         shape, stride = s_q.layout.shape, s_q.layout.stride
-        rows = cute.make_layout((shape[0][0], (shape[0][1], shape[2])), stride=(stride[0][0], (stride[0][1], stride[2])))
+        rows = cute.make_layout((shape[0][0], (shape[0][1], shape[2])),
+                                stride=(stride[0][0], (stride[0][1], stride[2])))
         return cute.zipped_divide(cute.make_tensor(s_q.iterator, rows), (1, Q_VEC))
 
     @cute.jit

@@ -300,8 +300,8 @@ class GqaDecodeSm90:
             self.produce(tma_atom_k, tma_k, tma_atom_v, tma_v, sK, sV, kv_indices, items, item_begin, item_end,
                          guess, row, pipe)
         if warp_idx < PRODUCER_WARP:
-            self.consume(q, qo_indptr, sQ, sK, sV, exchange, items, merge_indptr, merge_counters, arrival, output, lse, partial_out,
-                         partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, item_begin, item_end,
+            self.consume(q, qo_indptr, sQ, sK, sV, exchange, items, merge_indptr, merge_counters, arrival, output, lse,
+                         partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, item_begin, item_end,
                          guess, row, pipe, tidx)
 
     # ----------------------------------------------------------------------------------- producer
