@@ -12,6 +12,7 @@ from . import reference
 from .api import DevicePlan, clear_plan_cache
 from .device_errors import DeviceIndexError, raise_on_device_error
 from .ops.gqa_decode import gqa_paged_decode, plan_gqa_paged_decode
+from .ops.gqa_multi_token_decode import gqa_paged_multi_token_decode, plan_gqa_paged_multi_token_decode
 from .ops.gqa_prefill import gqa_paged_prefill, plan_gqa_paged_prefill
 from .ops.mla_decode import mla_paged_decode, plan_mla_paged_decode
 from .ops.mla_prefill import mla_paged_prefill, plan_mla_paged_prefill
@@ -26,10 +27,12 @@ __all__ = [
     "WorkPlan",
     "clear_plan_cache",
     "gqa_paged_decode",
+    "gqa_paged_multi_token_decode",
     "gqa_paged_prefill",
     "mla_paged_decode",
     "mla_paged_prefill",
     "plan_gqa_paged_decode",
+    "plan_gqa_paged_multi_token_decode",
     "plan_gqa_paged_prefill",
     "plan_mla_paged_decode",
     "plan_mla_paged_prefill",

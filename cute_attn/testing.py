@@ -26,10 +26,12 @@ __all__ = [
     "MlaPrefillCase",
     "make_gqa_prefill_case",
     "make_gqa_decode_case",
+    "make_gqa_multi_token_decode_case",
     "make_mla_prefill_case",
     "interleave_kv",
     "ragged_batches",
     "decode_batches",
+    "multi_token_batches",
     "load_hypothesis_profile",
     "benchmark_mismatches",
     "assert_close_benchmark",
@@ -234,6 +236,17 @@ def make_gqa_decode_case(
     )
 
 
+def make_gqa_multi_token_decode_case(
+    q_lens, kv_lens, *, num_qo_heads: int = 20, num_kv_heads: int = 4, head_dim: int = 128, page_size: int = 64,
+    device="cpu", seed: int = 0, extra_pages: int | None = None, sm_scale: float | None = None,
+) -> GqaPrefillCase:
+    """A multi-token (speculative) decode batch: ``q_lens[b]`` (1..8) draft tokens, the last positions of request
+    b's ``kv_lens[b]`` keys. The prefill case with the decode definition's heads (its reference is prefill's)."""
+    return make_gqa_prefill_case(q_lens, kv_lens, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+                                 head_dim=head_dim, page_size=page_size, device=device, seed=seed,
+                                 extra_pages=extra_pages, sm_scale=sm_scale)
+
+
 def make_mla_prefill_case(
     q_lens, kv_lens, *, num_heads: int = 16, ckv_dim: int = 512, kpe_dim: int = 64, page_size: int = 1,
     num_pages: int | None = None, device="cpu", seed: int = 0, sm_scale: float = MLA_SM_SCALE,
@@ -399,6 +412,26 @@ def decode_batches(*, max_batch: int = 64, max_kv: int = 4096, allow_empty: bool
     from hypothesis import strategies as st
 
     return st.lists(st.integers(0 if allow_empty else 1, max_kv), min_size=1, max_size=max_batch)
+
+
+def multi_token_batches(*, max_batch: int = 32, max_q: int = 8, max_kv: int = 4096):
+    """Strategy of ``(q_lens, kv_lens)`` for multi-token decode: 1..max_q tokens per request, kv_len >= q_len,
+    and now and then one long request among short ones (it splits: partials and the fused merge)."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def build(draw):
+        batch = draw(st.integers(1, max_batch))
+        long_one = draw(st.booleans())
+        q_lens = draw(st.lists(st.integers(1, max_q), min_size=batch, max_size=batch))
+        kv_lens = []
+        for b, q in enumerate(q_lens):
+            hi = max_kv if (long_one and b == 0) else max(q, max_kv // 8)
+            kv_lens.append(draw(st.integers(q, max(q, hi))))
+        order = draw(st.permutations(range(batch)))
+        return [q_lens[i] for i in order], [kv_lens[i] for i in order]
+
+    return build()
 
 
 def load_hypothesis_profile() -> str:

@@ -1,6 +1,7 @@
-"""``torch.library`` custom ops of the three kinds, for ``torch.compile`` (and other graph capture).
+"""``torch.library`` custom ops of the four kinds, for ``torch.compile`` (and other graph capture).
 
-``torch.ops.cute_attn.gqa_paged_prefill`` / ``gqa_paged_decode`` / ``mla_paged_prefill`` take the
+``torch.ops.cute_attn.gqa_paged_prefill`` / ``gqa_paged_decode`` / ``gqa_paged_multi_token_decode`` /
+``mla_paged_prefill`` take the
 definition's inputs in order (tensors, then ``sm_scale``), then ``output`` and ``lse``, which they write in
 place (declared mutated in the schema), then ``natural_lse``; they return nothing. Their fake impls check
 shapes only, so fake and meta tensors trace through them. The functions of the same names here are the
@@ -38,7 +39,7 @@ _package = importlib.import_module(__package__)
 NAMESPACE = __package__.replace(".", "_")
 _OPS = getattr(torch.ops, NAMESPACE)
 
-__all__ = ["gqa_paged_prefill", "gqa_paged_decode", "mla_paged_prefill"]
+__all__ = ["gqa_paged_prefill", "gqa_paged_decode", "gqa_paged_multi_token_decode", "mla_paged_prefill"]
 
 
 def _custom_op(name: str):
@@ -89,6 +90,17 @@ def _gqa_paged_decode_op(
     inputs = (q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale)
     _plan_then_launch(_package.plan_gqa_paged_decode, _package.gqa_paged_decode, inputs, output, lse,
                       natural_lse)
+
+
+@_custom_op(f"{NAMESPACE}::gqa_paged_multi_token_decode")
+def _gqa_paged_multi_token_decode_op(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor, sm_scale: float,
+    output: torch.Tensor, lse: torch.Tensor, natural_lse: bool = False,
+) -> None:
+    inputs = (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale)
+    _plan_then_launch(_package.plan_gqa_paged_multi_token_decode, _package.gqa_paged_multi_token_decode, inputs,
+                      output, lse, natural_lse)
 
 
 @_custom_op(f"{NAMESPACE}::mla_paged_prefill")
@@ -145,6 +157,7 @@ def _fake_gqa_common(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_le
 
 
 @_gqa_paged_prefill_op.register_fake
+@_gqa_paged_multi_token_decode_op.register_fake  # prefill's arguments and shape rules (token counts are values)
 def _(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output, lse,
       natural_lse=False):
     batch = _fake_gqa_common(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len)
@@ -245,6 +258,17 @@ def gqa_paged_decode(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_le
         return _package.gqa_paged_decode(*inputs, output, lse, natural_lse=natural_lse)
     output, lse = _outputs_for(output, lse, q, v_cache.shape[-1])
     _OPS.gqa_paged_decode(*inputs, output, lse, natural_lse)
+    return output, lse
+
+
+def gqa_paged_multi_token_decode(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
+                                 output=None, lse=None, *, natural_lse: bool = False):
+    """Multi-token (speculative) decode: the entry point in eager code, the op in a graph. ``(output, lse)``."""
+    inputs = (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale)
+    if _plain_eager(q):
+        return _package.gqa_paged_multi_token_decode(*inputs, output, lse, natural_lse=natural_lse)
+    output, lse = _outputs_for(output, lse, q, v_cache.shape[-1])
+    _OPS.gqa_paged_multi_token_decode(*inputs, output, lse, natural_lse)
     return output, lse
 
 

@@ -46,8 +46,12 @@ DEFINITION_LAYOUTS = {
     "gqa_paged_decode": dict(num_qo_heads=20, num_kv_heads=4, head_dim_qk=128, head_dim_v=128, page_size=64),
     "gqa_paged_prefill": dict(num_qo_heads=32, num_kv_heads=4, head_dim_qk=128, head_dim_v=128, page_size=64),
     "mla_paged_prefill": dict(num_qo_heads=16, num_kv_heads=1, head_dim_qk=576, head_dim_v=512, page_size=1),
+    # no definition of its own: the decode definition's layout (it runs on the decode kernel)
+    "gqa_paged_multi_token_decode": dict(num_qo_heads=20, num_kv_heads=4, head_dim_qk=128, head_dim_v=128,
+                                         page_size=64),
 }
-_CAUSAL = {"gqa_paged_decode": False, "gqa_paged_prefill": True, "mla_paged_prefill": True}
+_CAUSAL = {"gqa_paged_decode": False, "gqa_paged_prefill": True, "mla_paged_prefill": True,
+           "gqa_paged_multi_token_decode": True}
 
 
 def _check_kind(kind: str) -> None:
@@ -119,6 +123,11 @@ class Workload:
             return testing.make_gqa_decode_case(
                 list(self.kv_lens), num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads,
                 head_dim=self.head_dim_qk, page_size=self.page_size, device=device, seed=seed)
+        if kind == "gqa_paged_multi_token_decode":
+            return testing.make_gqa_multi_token_decode_case(
+                list(self.q_lens), list(self.kv_lens), num_qo_heads=self.num_qo_heads,
+                num_kv_heads=self.num_kv_heads, head_dim=self.head_dim_qk, page_size=self.page_size,
+                device=device, seed=seed)
         if kind == "gqa_paged_prefill":
             return testing.make_gqa_prefill_case(
                 list(self.q_lens), list(self.kv_lens), num_qo_heads=self.num_qo_heads,

@@ -461,6 +461,8 @@ FUZZ_ENTRIES = {  # public entry, a small valid case (implementable configs: the
     "mla_paged_prefill/ps16": (cute_attn.mla_paged_prefill,
                                lambda: testing.make_mla_prefill_case([2, 3], [20, 3], num_heads=4, ckv_dim=512,
                                                                      kpe_dim=64, page_size=16)),
+    "gqa_paged_multi_token_decode": (cute_attn.gqa_paged_multi_token_decode,
+                                     lambda: testing.make_gqa_multi_token_decode_case([3, 1], [5, 70])),
 }
 
 

@@ -45,6 +45,9 @@ def test_labels_match_lengths():
         elif w.kernel == bw.DECODE:
             assert set(w.q_lens) == {1}
             assert w.label == bw.decode_label(w.batch, w.kv_lens[0])
+        elif w.kernel == bw.MTP_DECODE:
+            assert 1 <= w.q_lens[0] <= 8 and len(set(w.q_lens)) == len(set(w.kv_lens)) == 1
+            assert w.label == bw.mtp_label(w.batch, w.q_lens[0], w.kv_lens[0])
         else:
             assert w.label == bw.mla_label(w.batch, sum(w.q_lens), sum(w.kv_lens))
             assert all(kv >= q >= 1 for q, kv in zip(w.q_lens, w.kv_lens))
@@ -60,7 +63,10 @@ def test_select_filters():
     assert [w.label for w in bw.select_workloads("decode", ["n64_kv2048"])] == ["n64_kv2048"]
     quick = bw.select_workloads("all", quick=True)
     assert quick and all(w.quick for w in quick)
-    assert {w.kernel for w in quick} == {bw.PREFILL, bw.DECODE, bw.MLA}
+    assert {w.kernel for w in quick} == {bw.PREFILL, bw.DECODE, bw.MLA, bw.MTP_DECODE}
+    mtp = bw.select_workloads("mtp")
+    assert [w.label for w in mtp] == ["n64_q1_kv2048", "n64_q4_kv2048"]  # q_len 4 beside q_len 1
+    assert bw.workload_bytes(mtp[1]) - bw.workload_bytes(mtp[0]) < 0.01 * bw.workload_bytes(mtp[0])
 
 
 @pytest.mark.parametrize("b,tq,tkv", [(1, 43, 46), (28, 1954, 2044), (22, 22, 17759), (5, 5, 5)])
@@ -280,7 +286,8 @@ def test_no_gpu_compiles_what_the_workloads_launch():
     kernels = ng.kernels_to_compile(workloads, plans, "sm_90a")
     roles = [(role, getattr(c, "kind", "combine")) for role, c in kernels]
     assert roles == [("attention", "gqa_paged_prefill"), ("attention", "gqa_paged_decode"),
-                     ("attention", "mla_paged_prefill"), ("combine", "combine")]
+                     ("attention", "mla_paged_prefill"), ("combine", "combine"),
+                     ("attention", "gqa_paged_multi_token_decode")]  # fused merge: no combine of its own
     assert any(p["num_merges"] for p in plans if p["kernel"] == bw.DECODE)
     assert kernels[3][1].head_dim_v == 512  # the MLA combine: n22_q22_kv17759 splits
     assert {c for _, c in kernels} <= set(registered_configs("sm_90a"))  # compile_all builds the same ones
@@ -351,8 +358,10 @@ def test_issue_targets_from_records():
         rec(bw.PREFILL, "n8_q992_kv992", "cute_attn", 10.0, passed=False), rec(bw.PREFILL, "n8_q992_kv992", "fa4", 95.0),
         rec(bw.DECODE, "n1_kv3232", "cute_attn", 7.5, wall_us=30.0),
         rec(bw.DECODE, "n64_kv2048", "cute_attn", 70.0, tbps=4.0),
+        rec(bw.MTP_DECODE, "n64_q1_kv2048", "cute_attn", 40.0), rec(bw.MTP_DECODE, "n64_q4_kv2048", "cute_attn", 44.0),
     ]
     rows = {r["target"]: r for r in bench_targets.target_rows(records)}
+    assert rows["mtp n64_q4_kv2048 / n64_q1_kv2048"]["met"] is True  # 1.10x
     assert rows["prefill n1_q992_kv992 vs FA4"]["met"] is True  # 1.35x
     assert rows["prefill n4_q992_kv992 vs FA4"]["met"] is False  # 1.06x
     assert rows["prefill n8_q992_kv992 vs FA4"]["met"] is None  # a failing kernel is not a measurement

@@ -20,13 +20,15 @@ import_all_kernels()
 
 DTYPES = {cutlass.BFloat16: torch.bfloat16, cutlass.Float32: torch.float32, cutlass.Int32: torch.int32}
 
-FUSED_MERGE = {"gqa_paged_decode"}  # kinds whose kernels fold their split-KV merges in-kernel
+FUSED_MERGE = {"gqa_paged_decode", "gqa_paged_multi_token_decode"}  # kinds whose kernels fold their split-KV merges in-kernel
 
 CASES = {
     "gqa_paged_prefill": (cute_attn.plan_gqa_paged_prefill,
                           lambda: testing.make_gqa_prefill_case([5, 300], [70, 4000])),
     "gqa_paged_decode": (cute_attn.plan_gqa_paged_decode, lambda: testing.make_gqa_decode_case([3232])),
     "mla_paged_prefill": (cute_attn.plan_mla_paged_prefill, lambda: testing.make_mla_prefill_case([4, 40], [9, 60])),
+    "gqa_paged_multi_token_decode": (cute_attn.plan_gqa_paged_multi_token_decode,
+                                     lambda: testing.make_gqa_multi_token_decode_case([4, 1], [3232, 9])),
 }
 
 

@@ -22,7 +22,7 @@ import cute_attn
 from cute_attn import reference, testing, torch_ops, validate
 
 REPO = Path(__file__).resolve().parents[1]
-KINDS = ("gqa_paged_prefill", "gqa_paged_decode", "mla_paged_prefill")
+KINDS = ("gqa_paged_prefill", "gqa_paged_decode", "mla_paged_prefill", "gqa_paged_multi_token_decode")
 
 
 def _case(kind: str, seed: int = 0):
@@ -30,6 +30,8 @@ def _case(kind: str, seed: int = 0):
         return testing.make_gqa_prefill_case([5, 0, 17], [70, 3, 200], seed=seed)
     if kind == "gqa_paged_decode":
         return testing.make_gqa_decode_case([70, 3, 200], seed=seed)
+    if kind == "gqa_paged_multi_token_decode":
+        return testing.make_gqa_multi_token_decode_case([4, 1, 8], [70, 3, 200], seed=seed)
     # page size 16, FlashInfer-Bench's ps64 order (kv_last_page_len before sm_scale): the op's full schema
     return testing.make_mla_prefill_case([5, 0, 9], [12, 3, 30], seed=seed, page_size=16)
 
@@ -44,7 +46,8 @@ def _meta(values):
 
 _REFERENCES = {"gqa_paged_prefill": reference.gqa_paged_prefill_ref,
                "gqa_paged_decode": reference.gqa_paged_decode_ref,
-               "mla_paged_prefill": reference.mla_paged_prefill_ref}
+               "mla_paged_prefill": reference.mla_paged_prefill_ref,
+               "gqa_paged_multi_token_decode": reference.gqa_paged_prefill_ref}
 
 
 @pytest.fixture

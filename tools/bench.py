@@ -36,7 +36,7 @@ from bench_no_gpu import run_planner_timing  # noqa: E402
 PEAK_TFLOPS = 790.0
 PEAK_TBPS = 4.3
 RECORD_KEYS = ("kernel", "workload", "impl", "gpu_us", "wall_us", "tflops", "tbps", "passed")
-SHORT = {bw.PREFILL: "prefill", bw.DECODE: "decode", bw.MLA: "mla"}
+SHORT = {bw.PREFILL: "prefill", bw.DECODE: "decode", bw.MLA: "mla", bw.MTP_DECODE: "mtp"}
 
 
 def make_record(kernel: str, workload: str, impl: str, *, gpu_us=None, wall_us=None,
@@ -195,7 +195,8 @@ def write_png(records: List[Dict], path: str, caption: str = "") -> None:
     except ImportError:
         print("[png] matplotlib not installed: no chart")
         return
-    metric = {bw.PREFILL: ("tflops", "TFLOP/s"), bw.DECODE: ("tbps", "TB/s"), bw.MLA: ("tflops", "TFLOP/s")}
+    metric = {bw.PREFILL: ("tflops", "TFLOP/s"), bw.DECODE: ("tbps", "TB/s"), bw.MLA: ("tflops", "TFLOP/s"),
+              bw.MTP_DECODE: ("tbps", "TB/s")}
     kernels = [k for k in SHORT if any(r["kernel"] == k and r.get(metric[k][0]) for r in records)]
     if not kernels:
         print("[png] nothing timed: no chart")

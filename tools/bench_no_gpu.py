@@ -22,7 +22,7 @@ import bench_workloads as bw
 PLANNER_BUDGET_MS = 5.0  # planning 4096 decode requests must stay below this
 PLANNER_BATCH = 4096
 _SHORT = {name: short for short, name in bw.KERNEL_ALIASES.items()}
-FUSED_MERGE_KINDS = ("gqa_paged_decode",)  # kernels/common/paged_launch.py: gqa_decode_entry, fused_merge=True
+FUSED_MERGE_KINDS = ("gqa_paged_decode", "gqa_paged_multi_token_decode")  # kernels/common/paged_launch.py: gqa_decode_entry, fused_merge=True
 
 # definition name -> (cute_attn kind, default_paged_config keyword arguments)
 _PROBLEMS = {
@@ -34,6 +34,10 @@ _PROBLEMS = {
         num_qo_heads=bw.GQA_DECODE_HEADS["num_qo_heads"], num_kv_heads=bw.GQA_DECODE_HEADS["num_kv_heads"],
         head_dim_qk=bw.GQA_DECODE_HEADS["head_dim"], head_dim_v=bw.GQA_DECODE_HEADS["head_dim"],
         page_size=bw.GQA_DECODE_HEADS["page_size"], causal=False)),
+    bw.MTP_DECODE: ("gqa_paged_multi_token_decode", dict(
+        num_qo_heads=bw.GQA_DECODE_HEADS["num_qo_heads"], num_kv_heads=bw.GQA_DECODE_HEADS["num_kv_heads"],
+        head_dim_qk=bw.GQA_DECODE_HEADS["head_dim"], head_dim_v=bw.GQA_DECODE_HEADS["head_dim"],
+        page_size=bw.GQA_DECODE_HEADS["page_size"], causal=True)),
     bw.MLA: ("mla_paged_prefill", dict(
         num_qo_heads=bw.MLA_DIMS["num_heads"], num_kv_heads=1,
         head_dim_qk=bw.MLA_DIMS["ckv_dim"] + bw.MLA_DIMS["kpe_dim"], head_dim_v=bw.MLA_DIMS["ckv_dim"],

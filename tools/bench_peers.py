@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Dict, List, Optional, Tuple
 
-from bench_workloads import DECODE, MLA, PREFILL
+from bench_workloads import DECODE, MLA, MTP_DECODE, PREFILL
 
 LN2 = math.log(2.0)
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace
@@ -45,6 +45,7 @@ _OUR_ENTRY = {  # first name found wins; definition names as a fallback spelling
     PREFILL: ("gqa_paged_prefill", PREFILL),
     DECODE: ("gqa_paged_decode", DECODE),
     MLA: ("mla_paged_prefill", MLA),
+    MTP_DECODE: ("gqa_paged_multi_token_decode",),
 }
 
 
@@ -355,6 +356,10 @@ def runners_for(kernel: str) -> List[Tuple[str, Callable]]:
                 ("flashinfer_tc", lambda c: setup_flashinfer_decode(c, True)),
                 ("flashinfer_cuda_cores", lambda c: setup_flashinfer_decode(c, False)),
                 ("fa4", lambda c: setup_fa4_gqa(c, DECODE))]
+    if kernel == MTP_DECODE:  # FlashInfer's paged prefill wrapper takes draft tokens as short causal runs
+        return [ours,
+                ("flashinfer_fa2", lambda c: setup_flashinfer_prefill(c, "fa2")),
+                ("flashinfer_fa3", lambda c: setup_flashinfer_prefill(c, "fa3"))]
     if kernel == MLA:
         return [*ours,
                 ("flashinfer_fa2", lambda c: setup_flashinfer_mla(c, "fa2")),
@@ -370,7 +375,7 @@ def reference(kernel: str, case):
     """(out, lse base 2) from cute_attn.reference, float32 math from the same inputs."""
     from cute_attn import reference as ref
 
-    fn = {PREFILL: ref.gqa_paged_prefill_ref, DECODE: ref.gqa_paged_decode_ref,
+    fn = {PREFILL: ref.gqa_paged_prefill_ref, DECODE: ref.gqa_paged_decode_ref, MTP_DECODE: ref.gqa_paged_prefill_ref,
           MLA: ref.mla_paged_prefill_ref}[kernel]
     return fn(*case.inputs())
 

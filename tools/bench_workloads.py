@@ -16,9 +16,14 @@ import numpy as np
 PREFILL = "gqa_paged_prefill_causal_h32_kv4_d128_ps64"
 DECODE = "gqa_paged_decode_h20_kv4_d128_ps64"
 MLA = "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1"
+# Multi-token (speculative) decode on the decode definition's shape: no FlashInfer-Bench definition exists for it,
+# so the name follows theirs (cute_attn's gqa_paged_multi_token_decode; 1..8 causal draft tokens per request).
+MTP_DECODE = "gqa_paged_multi_token_decode_h20_kv4_d128_ps64"
 
 # --kernel short names -> definition names.
-KERNEL_ALIASES = {"prefill": PREFILL, "decode": DECODE, "mla": MLA}
+KERNEL_ALIASES = {"prefill": PREFILL, "decode": DECODE, "mla": MLA, "mtp": MTP_DECODE}
+#: the kernels FlashInfer-Bench defines (tools/fib_bench.py): every one here but MTP_DECODE
+FIB_KERNELS = (PREFILL, DECODE, MLA)
 
 # Shape constants of each definition: the counting formulas read these, never literals.
 GQA_PREFILL_HEADS = dict(num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=64)
@@ -68,6 +73,15 @@ class Workload:
                 page_size=GQA_DECODE_HEADS["page_size"],
                 device=device, seed=seed,
             )
+        if self.kernel == MTP_DECODE:
+            return testing.make_gqa_multi_token_decode_case(
+                list(self.q_lens), list(self.kv_lens),
+                num_qo_heads=GQA_DECODE_HEADS["num_qo_heads"],
+                num_kv_heads=GQA_DECODE_HEADS["num_kv_heads"],
+                head_dim=GQA_DECODE_HEADS["head_dim"],
+                page_size=GQA_DECODE_HEADS["page_size"],
+                device=device, seed=seed,
+            )
         if self.kernel == MLA:
             return testing.make_mla_prefill_case(
                 list(self.q_lens), list(self.kv_lens),
@@ -87,6 +101,10 @@ def prefill_label(batch: int, q_len: int, kv_len: int) -> str:
 
 def decode_label(batch: int, kv_len: int) -> str:
     return f"n{batch}_kv{kv_len}"  # per-request kv length
+
+
+def mtp_label(batch: int, q_len: int, kv_len: int) -> str:
+    return f"n{batch}_q{q_len}_kv{kv_len}"  # per-request draft tokens and keys
 
 
 def mla_label(batch: int, total_q: int, total_kv: int) -> str:
@@ -140,6 +158,11 @@ def _decode_workloads() -> List[Workload]:
     return out
 
 
+def _mtp_workloads() -> List[Workload]:
+    # q_len 4 beside q_len 1 at 64 x 2048 (the decode point): the cost of 4 draft tokens over one (target <= 1.3x)
+    return [Workload(MTP_DECODE, mtp_label(64, q, 2048), (q,) * 64, (2048,) * 64, quick=q == 4) for q in (1, 4)]
+
+
 # (batch, total_q, total_kv) recorded by the engine; a subset spanning small to 16K-token chunks.
 MLA_RECORDED = (
     (1, 43, 46),
@@ -163,7 +186,7 @@ def _mla_workloads() -> List[Workload]:
 
 
 def all_workloads() -> List[Workload]:
-    return _prefill_workloads() + _decode_workloads() + _mla_workloads()
+    return _prefill_workloads() + _decode_workloads() + _mla_workloads() + _mtp_workloads()
 
 
 def select_workloads(kernel: str = "all", names: Optional[Sequence[str]] = None,
@@ -210,6 +233,9 @@ def workload_flops(w: Workload) -> int:
     elif w.kernel == DECODE:
         h, d = GQA_DECODE_HEADS["num_qo_heads"], GQA_DECODE_HEADS["head_dim"]
         per_pair, causal = 2 * h * (d + d), False  # one query sees every key
+    elif w.kernel == MTP_DECODE:
+        h, d = GQA_DECODE_HEADS["num_qo_heads"], GQA_DECODE_HEADS["head_dim"]
+        per_pair, causal = 2 * h * (d + d), True  # draft tokens: bottom-right causal
     elif w.kernel == MLA:
         h = MLA_DIMS["num_heads"]
         qk = MLA_DIMS["ckv_dim"] + MLA_DIMS["kpe_dim"]
@@ -224,14 +250,14 @@ def workload_bytes(w: Workload) -> int:
     b = w.batch
     total_q = sum(w.q_lens)
     rows = sum(keys_read(q, kv) for q, kv in zip(w.q_lens, w.kv_lens))
-    if w.kernel in (PREFILL, DECODE):
+    if w.kernel in (PREFILL, DECODE, MTP_DECODE):
         c = GQA_PREFILL_HEADS if w.kernel == PREFILL else GQA_DECODE_HEADS
         h, hk, d, ps = c["num_qo_heads"], c["num_kv_heads"], c["head_dim"], c["page_size"]
         act = 2 * total_q * h * d * BF16 + total_q * h * FP32  # q + out, lse
         kv = rows * hk * d * BF16 * 2  # K and V
         n_pages = sum(pages_of(kv, ps) for kv in w.kv_lens)
         # kv_indptr + kv_indices + kv_last_page_len (+ qo_indptr for prefill)
-        idx = ((b + 1) + n_pages + b + ((b + 1) if w.kernel == PREFILL else 0)) * INT32
+        idx = ((b + 1) + n_pages + b + ((b + 1) if w.kernel != DECODE else 0)) * INT32
         return act + kv + idx
     if w.kernel == MLA:
         h, dc, dp = MLA_DIMS["num_heads"], MLA_DIMS["ckv_dim"], MLA_DIMS["kpe_dim"]

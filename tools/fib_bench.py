@@ -212,7 +212,7 @@ def load_definitions():
 
 
 def selected_workloads(names: str) -> list[bw.Workload]:
-    every = bw.all_workloads()
+    every = [w for w in bw.all_workloads() if w.kernel in bw.FIB_KERNELS]  # FlashInfer-Bench's definitions only
     if names == "all":
         return every
     if names == "default":

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 #: spec modules, in the order kinds are listed (a new kind adds its module here)
-SPEC_MODULES = ("gqa_prefill", "gqa_decode", "mla_prefill")
+SPEC_MODULES = ("gqa_prefill", "gqa_decode", "mla_prefill", "gqa_multi_token_decode")
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: hashed by identity, a cheap fast-path key

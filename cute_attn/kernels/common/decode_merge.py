@@ -20,7 +20,7 @@ FOLD_SLOTS = 8  # slots whose loads are in flight at once
 @cute.jit
 def fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_counters, arrival, group,
                           partial_out, partial_lse, output, lse, lse_out_scale, tidx,
-                          barrier_id: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int]):
+                          barrier_id: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int], qo_indptr=None):
     """After the CTA's item loop: count each of its partials in its merge; the last arrival folds the merge.
 
     Ordering: every thread's partial stores (all items), its fence.acq_rel.gpu, the named barrier, then per
@@ -32,7 +32,10 @@ def fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_count
     Arriving after the loop rather than per item costs nothing (the fold would come after the loop anyway)
     and keeps atomics out of the KV loop; the fold itself must stay out of it: inlined there, its code
     cost the loop ~10% of its streaming rate on the H200 (``docs/perf-notes.md``).
-    ``arrival``: one smem Int32 that broadcasts thread 0's old value."""
+    ``arrival``: one smem Int32 that broadcasts thread 0's old value.
+    ``qo_indptr`` (multi-token decode): packed row r of the merge is token ``qo_indptr[REQUEST] + (Q_ROW_START +
+    r) // group``, head ``KV_HEAD * group + r % group`` (tiles hold whole tokens); None (decode): token REQUEST,
+    head ``KV_HEAD * group + Q_ROW_START + r``."""
     cute.arch.fence_acq_rel_gpu()
     for it in cutlass.range(item_begin, item_end, unroll=1):
         if items[it, F.PARTIAL_SLOT] >= 0:
@@ -46,17 +49,24 @@ def fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_count
             cute.arch.barrier(barrier_id=barrier_id, number_of_threads=num_threads)
             if arrival[0] == num_slots - 1:
                 cute.arch.fence_acq_rel_gpu()
-                first_head = items[it, F.KV_HEAD] * group + items[it, F.Q_ROW_START]
-                fold_merge(slot_begin, num_slots, items[it, F.REQUEST], first_head, items[it, F.Q_ROW_COUNT],
-                           partial_out, partial_lse, output, lse, lse_out_scale, tidx, num_threads)
+                if cutlass.const_expr(qo_indptr is None):
+                    first_head = items[it, F.KV_HEAD] * group + items[it, F.Q_ROW_START]
+                    fold_merge(slot_begin, num_slots, items[it, F.REQUEST], first_head, items[it, F.Q_ROW_COUNT],
+                               partial_out, partial_lse, output, lse, lse_out_scale, tidx, num_threads)
+                else:
+                    first_token = qo_indptr[items[it, F.REQUEST]] + items[it, F.Q_ROW_START] // group
+                    fold_merge(slot_begin, num_slots, first_token, items[it, F.KV_HEAD] * group,
+                               items[it, F.Q_ROW_COUNT], partial_out, partial_lse, output, lse, lse_out_scale, tidx,
+                               num_threads, group)
                 if tidx == 0:
                     merge_counters[merge] = Int32(0)
 
 
 @cute.jit
 def fold_merge(slot_begin, num_slots, req, first_head, row_count, partial_out, partial_lse, output, lse,
-               lse_out_scale, tidx, num_threads: cutlass.Constexpr[int]):
-    """``reference.merge_partials`` of the slots into ``output[req, first_head + r]`` / ``lse``.
+               lse_out_scale, tidx, num_threads: cutlass.Constexpr[int], token_group: cutlass.Constexpr[int] = 0):
+    """``reference.merge_partials`` of the slots into ``output[req, first_head + r]`` / ``lse`` (``token_group``
+    g > 0, multi-token decode: into ``output[req + r // g, first_head + r % g]``, ``req`` the first token's row).
 
     Latency-bound (decode: ~5 rows, up to a few dozen slots), so every row gets its own half-warp and all
     rows run at once: 16 lanes take every 16th slot's LSE (online max/sum, then shuffles) for ``L``; then
@@ -120,7 +130,10 @@ def fold_merge(slot_begin, num_slots, req, first_head, row_count, partial_out, p
                 for i in cutlass.range_constexpr(cols):
                     acc[i] = acc[i] + weights[k] * vals[k * cols + i]
         if r < row_count:
+            token, head = req, first_head + r
+            if cutlass.const_expr(token_group > 0):
+                token, head = req + r // token_group, first_head + r % token_group
             for i in cutlass.range_constexpr(cols):
-                output[req, first_head + r, lane + i * FOLD_ROW_LANES] = acc[i].to(output.element_type)
+                output[token, head, lane + i * FOLD_ROW_LANES] = acc[i].to(output.element_type)
             if lane == 0:
-                lse[req, first_head + r] = merged * lse_out_scale
+                lse[token, head] = merged * lse_out_scale

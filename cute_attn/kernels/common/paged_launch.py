@@ -2,10 +2,11 @@
 
 Every GQA paged kernel's ``@cute.jit`` entry takes the same arguments, in this order::
 
-    q, k_cache, v_cache, [qo_indptr, kv_indptr,] kv_indices, work_indptr, items,
+    q, k_cache, v_cache, [qo_indptr, [kv_indptr,]] kv_indices, work_indptr, items,
     [merge_indptr, merge_counters,] output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream
 
-(``qo_indptr`` and ``kv_indptr`` only for prefill: decode's token is its request and its items carry
+(``qo_indptr`` and ``kv_indptr`` for prefill; ``qo_indptr`` alone for multi-token decode, whose packed rows
+are tokens ``qo_indptr[b] + r // group``; neither for decode, whose token is its request; decode items carry
 their ``kv_indices`` position (``ItemField.KV_PAGE_START``); ``merge_indptr``/``merge_counters`` only for
 kernels that fold their own split-KV merges, i.e. decode: no combine launch follows them).
 ``scale_log2 = sm_scale * log2(e)``
@@ -30,8 +31,10 @@ LOG2_E = math.log2(math.e)
 _BF16_PER_16_BYTES = 8
 
 
-def paged_fake_args(config: PagedAttentionConfig, *, prefill_indptrs: bool, with_fused_merge: bool = False) -> tuple:
-    """Fake tensors (symbolic extents) for ``cute.compile``, in the entry's argument order."""
+def paged_fake_args(config: PagedAttentionConfig, *, prefill_indptrs: bool, with_fused_merge: bool = False,
+                    with_qo_indptr: bool = False) -> tuple:
+    """Fake tensors (symbolic extents) for ``cute.compile``, in the entry's argument order (``with_qo_indptr``:
+    ``qo_indptr`` without ``kv_indptr``, the multi-token decode kernels)."""
     bf16, i32, f32 = cutlass.BFloat16, cutlass.Int32, cutlass.Float32
     hq, hkv, d, dv, ps = (config.num_qo_heads, config.num_kv_heads, config.head_dim_qk, config.head_dim_v,
                           config.page_size)
@@ -52,7 +55,7 @@ def paged_fake_args(config: PagedAttentionConfig, *, prefill_indptrs: bool, with
         fake(bf16, (rows, hq, d), stride_order=(2, 1, 0), assumed_align=16),
         cache("k", d),
         cache("v", dv),
-        *(indptrs if prefill_indptrs else ()),
+        *(indptrs if prefill_indptrs else indptrs[:1] if with_qo_indptr else ()),
         fake(i32, (cute.sym_int(symbol="num_indices"),)),
         fake(i32, (cute.sym_int(symbol="ctas_plus_1"),)),
         fake(i32, (cute.sym_int(symbol="max_items"), len(ItemField)), stride_order=(1, 0)),
@@ -157,3 +160,21 @@ def gqa_decode_entry(kernel_cls, check_config) -> tuple:
 
     return build, launch
 
+
+
+def gqa_multi_token_decode_entry(kernel_cls, check_config) -> tuple:
+    """``(build, launch)`` of a multi-token GQA decode kernel class: the decode kernel with ``qo_indptr`` (packed
+    row r of request b is token ``qo_indptr[b] + r // group``); merges fold in-kernel."""
+
+    def build(config: PagedAttentionConfig) -> tuple:
+        fake = paged_fake_args(config, prefill_indptrs=False, with_fused_merge=True, with_qo_indptr=True)
+        return checked_build(kernel_cls, check_config, config, fake)
+
+    def launch(device_plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
+               output, lse, natural_lse: bool = False) -> None:
+        """Run the plan's items (kv_indptr and kv_last_page_len are already folded into their KV_PAGE_START and
+        KV_END, the causal trim into KV_END and CAUSAL_OFFSET); merges fold in-kernel."""
+        launch_paged(device_plan, check_config, (q, k_cache, v_cache, qo_indptr, kv_indices), sm_scale,
+                     output, lse, natural_lse, fused_merge=True)
+
+    return build, launch

@@ -91,11 +91,14 @@ from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField
 from .. import register_paged_kernel
 from ..common.limits import SMEM_LIMIT_BYTES, TMEM_COLUMNS
-from ..common.paged_launch import gqa_decode_entry
+from ..common.paged_launch import gqa_decode_entry, gqa_multi_token_decode_entry
 from ..common.decode_merge import fold_completed_merges
 from ..common.page_ids import IDS_PER_LOAD, id_loads, lane_page_id, load_lane_page_ids
 
 ARCH = "sm_100a"
+KIND = "gqa_paged_decode"
+MULTI_TOKEN_KIND = "gqa_paged_multi_token_decode"  # the same kernel with qo_indptr and a per-row causal mask
+Q_VEC = 8  # bf16 per 16-byte vector (multi-token decode's Q load)
 MMA_M = 128  # tcgen05 M (cta_group 1): TMEM lane r = packed row r
 PAGE_SIZES = (16, 32, 64, 128)  # one page per step: S MMA N = page (16..256); P.V needs whole K=16 blocks of keys
 SMALL_PAGE_SIZES = (1, 2, 4, 8)  # a step of kv_tile keys is kv_tile / page_size page boxes
@@ -170,13 +173,16 @@ def check_config(config: PagedAttentionConfig) -> str | None:
     """None when this Blackwell kernel can run ``config``, else why not (on top of ``config.shape_reason``)."""
     if (reason := config.shape_reason()) is not None:
         return reason
-    if config.kind != "gqa_paged_decode" or config.arch != ARCH:
+    if config.kind not in (KIND, MULTI_TOKEN_KIND) or config.arch != ARCH:
         return f"this kernel is gqa_paged_decode for {ARCH}, not {config.kind} for {config.arch}"
-    if config.causal:
+    if config.causal and config.kind == KIND:
         return "decode attends every key of its request (causal=False)"
     if config.page_size not in PAGE_SIZES + SMALL_PAGE_SIZES:
         return (f"page_size={config.page_size} must be one of {PAGE_SIZES} (one page is one S MMA, N = page_size, "
                 f"and whole 16-key blocks of the P.V MMA) or {SMALL_PAGE_SIZES} (kv_tile keys of several pages)")
+    if config.kind == MULTI_TOKEN_KIND and config.page_size < config.kv_tile:
+        return (f"page_size={config.page_size}: multi-token decode loads its query rows in the one-page-per-step "
+                f"load role; steps of several pages (page_size < kv_tile={config.kv_tile}) are single-token only here")
     if config.page_size in SMALL_PAGE_SIZES and (config.kv_tile not in SMALL_PAGE_STEPS
                                                  or config.kv_tile // config.page_size > MAX_PAGES_PER_STEP):
         return (f"page_size={config.page_size}: a step of kv_tile={config.kv_tile} keys is kv_tile / page_size TMA "
@@ -236,6 +242,8 @@ class GqaDecodeSm100:
 
     def __init__(self, config: PagedAttentionConfig) -> None:
         self.config = config
+        self.multi_token = config.kind == MULTI_TOKEN_KIND  # compile time: q_len 1 decode's code is unchanged
+        self.tile_rows = config.tile_q_rows  # multi-token: the Q rows an item may hold (the planner's bound)
         self.group = config.group_size
         self.num_qo_heads = config.num_qo_heads
         self.head_dim = config.head_dim_qk
@@ -253,7 +261,7 @@ class GqaDecodeSm100:
 
     def __repr__(self) -> str:
         c = self.config
-        return f"GqaDecodeSm100_H{c.num_qo_heads}_KV{c.num_kv_heads}_D{c.head_dim_qk}_P{c.page_size}"
+        return f"{type(self).__name__}_H{c.num_qo_heads}_KV{c.num_kv_heads}_D{c.head_dim_qk}_P{c.page_size}"
 
     @cute.jit
     def __call__(
@@ -274,6 +282,13 @@ class GqaDecodeSm100:
         lse_out_scale: cutlass.Float32,
         stream: cuda.CUstream,
     ):
+        self.launch_kernel(q, k_cache, v_cache, None, kv_indices, work_indptr, items, merge_indptr, merge_counters,
+                           output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream)
+
+    @cute.jit
+    def launch_kernel(self, q, k_cache, v_cache, qo_indptr, kv_indices, work_indptr, items, merge_indptr,
+                      merge_counters, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream):
+        """The host side of both entries (``qo_indptr`` is None for decode)."""
         bf16 = cutlass.BFloat16
         one = tcgen05.CtaGroup.ONE
         qk_mma = sm100_utils.make_trivial_tiled_mma(
@@ -313,8 +328,11 @@ class GqaDecodeSm100:
             tma_v, m_v = cute.nvgpu.make_tiled_tma_atom_B(
                 op, v_view, cute.select(v_layout, mode=[0, 1, 2]), self.pv_tiler, pv_mma)
 
+        q_rows = None  # decode loads Q by TMA (tma_q); multi-token decode reads q itself
+        if cutlass.const_expr(self.multi_token):
+            q_rows = q
         self.kernel(
-            qk_mma, pv_mma, tma_q, m_q, tma_k, m_k, tma_v, m_v, kv_indices, work_indptr, items,
+            qk_mma, pv_mma, q_rows, qo_indptr, tma_q, m_q, tma_k, m_k, tma_v, m_v, kv_indices, work_indptr, items,
             merge_indptr, merge_counters, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
             q_layout, k_layout, v_layout, p_layout,
         ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream)
@@ -322,6 +340,8 @@ class GqaDecodeSm100:
     @cute.kernel
     def kernel(
         self, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma,
+        q,  # multi-token decode: [total_q, Hq, D] bf16, read directly (its Q rows are not one TMA box); decode: None
+        qo_indptr,  # multi-token decode: [batch + 1] int32; decode: None
         tma_q: cute.CopyAtom, m_q: cute.Tensor, tma_k: cute.CopyAtom, m_k: cute.Tensor,
         tma_v: cute.CopyAtom, m_v: cute.Tensor,
         kv_indices: cute.Tensor, work_indptr: cute.Tensor, items: cute.Tensor,
@@ -385,19 +405,19 @@ class GqaDecodeSm100:
         item_end = work_indptr[cta + 1]
 
         if warp == LOAD_WARP:
-            if cutlass.const_expr(self.pages_per_step > 1):
+            if cutlass.const_expr(self.pages_per_step > 1):  # single-token only (check_config)
                 self.load_role_pages(qk_thr, tma_q, m_q, tma_k, m_k, tma_v, m_v, s_q, s_k_rows, s_v_rows,
                                      kv_indices, items, item_begin, item_end, kv_full, kv_empty, misc)
             else:
                 self.load_role(qk_thr, pv_thr, tma_q, m_q, tma_k, m_k, tma_v, m_v, s_q, s_k, s_v,
-                               kv_indices, items, item_begin, item_end, kv_full, kv_empty, misc)
+                               kv_indices, items, item_begin, item_end, kv_full, kv_empty, misc, q, qo_indptr)
         if warp == MMA_WARP:
             self.mma_role(qk_mma, pv_mma, qk_thr, pv_thr, s_q, s_k, s_v, p_layout, tmem_ptr,
                           items, item_begin, item_end, kv_full, kv_empty, misc)
         if warp < SOFTMAX_WARPS:
             self.softmax_role(qk_thr, pv_thr, s_v, tmem_ptr, tidx, items, item_begin, item_end, merge_indptr,
                               merge_counters, arrival, partial_out, partial_lse, output, lse, scale_log2,
-                              lse_out_scale, kv_full, misc)
+                              lse_out_scale, kv_full, misc, qo_indptr)
 
         # Every TMEM access has completed (softmax waited for the last PV and its loads) before this.
         _fence_before_sync()
@@ -418,10 +438,55 @@ class GqaDecodeSm100:
             steps = (kv_end - kv_start + self.step - 1) // self.step
         return kv_start, kv_end, steps
 
+    # ------------------------------------------------------------------------------------------ multi-token Q
+    def q_rows_view(self, s_q):
+        """(row, 16-byte vector) view of the MMA's Q tile in smem: ((1, Q_VEC), (MMA_M, head_dim / Q_VEC)).
+        ``s_q`` is ((MMA_M, 16), 1, K blocks, 1) (one 16-column K block per MMA); the 128B swizzle keeps each
+        16-byte vector whole, so the copies stay st.shared.v4."""
+        shape, stride = s_q.layout.shape, s_q.layout.stride
+        rows = cute.make_layout((shape[0][0], (shape[0][1], shape[2])),
+                                stride=(stride[0][0], (stride[0][1], stride[2])))
+        return cute.zipped_divide(cute.make_tensor(s_q.iterator, rows), (1, Q_VEC))
+
+    @cute.jit
+    def zero_q_padding(self, s_q, lane):
+        """Multi-token decode: Q rows tile_q_rows..MMA_M-1 never hold a packed row; zero them once, so their
+        (never stored) S/O rows stay finite. The first item's Q_FULL arrival publishes them with its rows."""
+        s_qv = self.q_rows_view(s_q)
+        vecs = self.head_dim // Q_VEC
+        zero = cute.make_rmem_tensor((Q_VEC,), cutlass.BFloat16)
+        zero.fill(0.0)
+        for j in cutlass.range_constexpr((MMA_M - self.tile_rows) * vecs // 32):
+            e = lane + j * 32
+            s_qv[None, (self.tile_rows + e // vecs, e % vecs)].store(zero.load())
+
+    @cute.jit
+    def load_q_rows(self, q, qo_indptr, s_q, items, it, lane, misc):
+        """Multi-token decode: the item's packed rows -> Q rows 0..tile_q_rows-1 (16-byte loads by the load warp;
+        row r is token qo_indptr[b] + (Q_ROW_START + r) // group, head KV_HEAD * group + r % group; rows past
+        Q_ROW_COUNT repeat the last real one), then Q_FULL (every lane fences its stores into the async proxy,
+        the warp syncs, one lane arrives: the barrier's count is 1, as for the TMA)."""
+        rows = items[it, ItemField.Q_ROW_COUNT]
+        token0 = qo_indptr[items[it, ItemField.REQUEST]] + items[it, ItemField.Q_ROW_START] // self.group
+        head0 = items[it, ItemField.KV_HEAD] * self.group
+        s_qv = self.q_rows_view(s_q)
+        g_qv = cute.zipped_divide(q, (1, 1, Q_VEC))
+        vecs = self.head_dim // Q_VEC
+        for j in cutlass.range_constexpr(self.tile_rows * vecs // 32):
+            e = lane + j * 32
+            r = e // vecs
+            cv = e % vecs
+            src = cutlass.min(r, rows - 1)
+            s_qv[None, (r, cv)].store(g_qv[None, (token0 + src // self.group, head0 + src % self.group, cv)].load())
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.sync_warp()
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive(misc + Q_FULL)
+
     # ------------------------------------------------------------------------------------------ TMA warp
     @cute.jit
     def load_role(self, qk_thr, pv_thr, tma_q, m_q, tma_k, m_k, tma_v, m_v, s_q, s_k, s_v,
-                  kv_indices, items, item_begin, item_end, kv_full, kv_empty, misc):
+                  kv_indices, items, item_begin, item_end, kv_full, kv_empty, misc, q, qo_indptr):
         # K: (slot, D, (Hkv, page)) tiles of one page; V: (D, slot, (Hkv, page)).
         t_k_s, t_k_g = cpasync.tma_partition(
             tma_k, 0, cute.make_layout(1), cute.group_modes(s_k, 0, 3),
@@ -432,23 +497,31 @@ class GqaDecodeSm100:
         step = cutlass.Int32(0)  # global page step: ring slot step % kv_stages
         q_count = cutlass.Int32(0)
         lane = cute.arch.lane_idx()
+        if cutlass.const_expr(self.multi_token):
+            self.zero_q_padding(s_q, lane)
         for it in cutlass.range(item_begin, item_end, unroll=1):
             kv_start, kv_end, steps = self.item_steps(items, it)
             if steps > 0:
                 b = items[it, ItemField.REQUEST]
                 h = items[it, ItemField.KV_HEAD]
-                first_head = h * self.group + items[it, ItemField.Q_ROW_START]
-                # Q rows = heads first_head + r of token b: offset the coordinate tensor; rows past Hq are
-                # zero-filled by the TMA, rows of other heads are finite padding (never stored).
-                m_q_item = cute.domain_offset((first_head, 0, 0), m_q)
-                t_q_s, t_q_g = cpasync.tma_partition(
-                    tma_q, 0, cute.make_layout(1), cute.group_modes(s_q, 0, 3),
-                    cute.group_modes(qk_thr.partition_A(cute.flat_divide(m_q_item, (MMA_M, self.head_dim))), 0, 3))
-                if q_count > 0:
-                    cute.arch.mbarrier_wait(misc + Q_EMPTY, (q_count - 1) % 2)
-                with cute.arch.elect_one():
-                    cute.arch.mbarrier_arrive_and_expect_tx(misc + Q_FULL, self.q_bytes)
-                cute.copy(tma_q, t_q_g[None, 0, 0, b], t_q_s[None, 0], tma_bar_ptr=misc + Q_FULL)
+                if cutlass.const_expr(self.multi_token):
+                    if q_count > 0:
+                        cute.arch.mbarrier_wait(misc + Q_EMPTY, (q_count - 1) % 2)
+                    self.load_q_rows(q, qo_indptr, s_q, items, it, lane, misc)
+                else:
+                    first_head = h * self.group + items[it, ItemField.Q_ROW_START]
+                    # Q rows = heads first_head + r of token b: offset the coordinate tensor; rows past Hq are
+                    # zero-filled by the TMA, rows of other heads are finite padding (never stored).
+                    m_q_item = cute.domain_offset((first_head, 0, 0), m_q)
+                    t_q_s, t_q_g = cpasync.tma_partition(
+                        tma_q, 0, cute.make_layout(1), cute.group_modes(s_q, 0, 3),
+                        cute.group_modes(qk_thr.partition_A(cute.flat_divide(m_q_item, (MMA_M, self.head_dim))),
+                                         0, 3))
+                    if q_count > 0:
+                        cute.arch.mbarrier_wait(misc + Q_EMPTY, (q_count - 1) % 2)
+                    with cute.arch.elect_one():
+                        cute.arch.mbarrier_arrive_and_expect_tx(misc + Q_FULL, self.q_bytes)
+                    cute.copy(tma_q, t_q_g[None, 0, 0, b], t_q_s[None, 0], tma_bar_ptr=misc + Q_FULL)
                 q_count += 1
                 first_page = items[it, ItemField.KV_PAGE_START]  # kv_indptr[b] + kv_start // page, planned
                 # page ids 32 at a time (one per lane, shuffled out): no global round trip per page
@@ -586,7 +659,7 @@ class GqaDecodeSm100:
     @cute.jit
     def softmax_role(self, qk_thr, pv_thr, s_v, tmem_ptr, tidx, items, item_begin, item_end, merge_indptr,
                      merge_counters, arrival, partial_out, partial_lse, output, lse, scale_log2, lse_out_scale,
-                     kv_full, misc):
+                     kv_full, misc, qo_indptr):
         f32 = cutlass.Float32
         neg_inf = -cutlass.Float32.inf
         # S: one tcgen05.ld 32x32b.x{page} per row; P: one tcgen05.st 32x32b.x{page/2} (bf16 pairs).
@@ -630,6 +703,12 @@ class GqaDecodeSm100:
         step = cutlass.Int32(0)  # global page step (S buffer, ring slot, p_full/o_full phases)
         for it in cutlass.range(item_begin, item_end, unroll=1):
             kv_start, kv_end, steps = self.item_steps(items, it)
+            row_limit = kv_end  # one past the last key of this thread's row: KV_END, or its causal limit
+            if cutlass.const_expr(self.multi_token):
+                # token t of the request sees keys <= t + CAUSAL_OFFSET; a padding row takes the last real row's
+                r = cutlass.min(tidx, items[it, ItemField.Q_ROW_COUNT] - 1)
+                token = (items[it, ItemField.Q_ROW_START] + r) // self.group
+                row_limit = cutlass.min(kv_end, token + items[it, ItemField.CAUSAL_OFFSET] + 1)
             row_max = neg_inf
             row_sum = f32(0.0)
             for t in cutlass.range(steps, unroll=1):
@@ -641,7 +720,7 @@ class GqaDecodeSm100:
                 tile_max = neg_inf
                 for i in cutlass.range_constexpr(cute.size(r_s)):
                     x = r_s[i] * scale_log2
-                    if key0 + t_c_s[i][1] >= kv_end:
+                    if key0 + t_c_s[i][1] >= row_limit:
                         x = neg_inf
                     r_s[i] = x
                     tile_max = cute.arch.fmax(tile_max, x)
@@ -680,10 +759,10 @@ class GqaDecodeSm100:
                 step += 1
 
             self.epilogue(items, it, steps, step, row_max, row_sum, tidx, ld_o, t_ld_o, r_o, num_o_chunks,
-                          o_chunk, partial_out, partial_lse, output, lse, lse_out_scale, misc)
+                          o_chunk, partial_out, partial_lse, output, lse, lse_out_scale, misc, qo_indptr)
         fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_counters, arrival, self.group,
                               partial_out, partial_lse, output, lse, lse_out_scale, tidx, MERGE_BARRIER_ID,
-                              32 * SOFTMAX_WARPS)
+                              32 * SOFTMAX_WARPS, qo_indptr)
 
     @cute.jit
     def zero_v_tail(self, s_v, stage, valid, tidx):
@@ -700,13 +779,16 @@ class GqaDecodeSm100:
 
     @cute.jit
     def epilogue(self, items, it, steps, step, row_max, row_sum, tidx, ld_o, t_ld_o, r_o, num_o_chunks, o_chunk,
-                 partial_out, partial_lse, output, lse, lse_out_scale, misc):
+                 partial_out, partial_lse, output, lse, lse_out_scale, misc, qo_indptr):
         """Final normalisation and stores of row ``tidx`` (0 and -inf for a row that saw no key)."""
         f32 = cutlass.Float32
         neg_inf = -cutlass.Float32.inf
         rows = items[it, ItemField.Q_ROW_COUNT]
         b = items[it, ItemField.REQUEST]  # decode: packed row r is head h*group + Q_ROW_START + r of token b
         head = items[it, ItemField.KV_HEAD] * self.group + items[it, ItemField.Q_ROW_START] + tidx
+        if cutlass.const_expr(self.multi_token):  # row r: token qo_indptr[b] + (Q_ROW_START + r) // group
+            b = qo_indptr[b] + (items[it, ItemField.Q_ROW_START] + tidx) // self.group
+            head = items[it, ItemField.KV_HEAD] * self.group + tidx % self.group
         slot = items[it, ItemField.PARTIAL_SLOT]
         if steps > 0:
             cute.arch.mbarrier_wait(misc + O_FULL, (step - 1) % 2)
@@ -737,11 +819,40 @@ class GqaDecodeSm100:
         _fence_before_sync()
 
 
+class GqaMultiTokenDecodeSm100(GqaDecodeSm100):
+    """Multi-token (speculative) decode: the decode kernel with ``qo_indptr`` (packed rows are q_len tokens'
+    heads, loaded by the load warp with 16-byte loads instead of one TMA box) and a per-row causal mask."""
+
+    @cute.jit
+    def __call__(
+        self,
+        q: cute.Tensor,  # [total_q, num_qo_heads, head_dim] bf16
+        k_cache: cute.Tensor,
+        v_cache: cute.Tensor,
+        qo_indptr: cute.Tensor,  # [batch + 1] int32
+        kv_indices: cute.Tensor,
+        work_indptr: cute.Tensor,
+        items: cute.Tensor,
+        merge_indptr: cute.Tensor,
+        merge_counters: cute.Tensor,
+        output: cute.Tensor,  # [total_q, num_qo_heads, head_dim_v] bf16
+        lse: cute.Tensor,  # [total_q, num_qo_heads] fp32
+        partial_out: cute.Tensor,
+        partial_lse: cute.Tensor,
+        scale_log2: cutlass.Float32,
+        lse_out_scale: cutlass.Float32,
+        stream: cuda.CUstream,
+    ):
+        self.launch_kernel(q, k_cache, v_cache, qo_indptr, kv_indices, work_indptr, items, merge_indptr,
+                           merge_counters, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream)
+
+
 # ---------------------------------------------------------------------------------------------- API
 build, launch = gqa_decode_entry(GqaDecodeSm100, check_config)
+multi_token_build, multi_token_launch = gqa_multi_token_decode_entry(GqaMultiTokenDecodeSm100, check_config)
 
 
-def configs(arch: str) -> list[PagedAttentionConfig]:
+def configs(arch: str, kind: str = KIND) -> list[PagedAttentionConfig]:
     """The definition's config (h20/kv4, d128, page 64) and one family member (h32/kv8), as on sm_90a, plus
     the family's extremes that change the code: pages 16 / 128 (S and P widths, ring depth) at head_dim
     128, head_dim 64 / 256 (TMA boxes, O width) at page 64, and page 128 at head_dim 64 (O from column 320)."""
@@ -749,13 +860,20 @@ def configs(arch: str) -> list[PagedAttentionConfig]:
         return []
 
     def decode(hq, hkv, page=64, head_dim=128):
-        return default_paged_config("gqa_paged_decode", arch=ARCH, num_qo_heads=hq, num_kv_heads=hkv,
-                                    head_dim_qk=head_dim, head_dim_v=head_dim, page_size=page, causal=False)
+        return default_paged_config(kind, arch=ARCH, num_qo_heads=hq, num_kv_heads=hkv, head_dim_qk=head_dim,
+                                    head_dim_v=head_dim, page_size=page, causal=kind == MULTI_TOKEN_KIND)
 
+    if kind == MULTI_TOKEN_KIND:  # the definition's heads and one family member (the Q load and mask are new)
+        return [decode(20, 4), decode(32, 8)]
     return [decode(20, 4), decode(32, 8), decode(32, 8, page=16), decode(32, 8, page=128),
             decode(32, 8, head_dim=64), decode(32, 8, head_dim=256), decode(32, 8, page=128, head_dim=64),
             decode(20, 4, page=1), decode(20, 4, page=8)]
 
 
-register_paged_kernel("gqa_paged_decode", ARCH, build=build, launch=launch, configs=configs,
-                      check_config=check_config)
+def multi_token_configs(arch: str) -> list[PagedAttentionConfig]:
+    return configs(arch, MULTI_TOKEN_KIND)
+
+
+register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs, check_config=check_config)
+register_paged_kernel(MULTI_TOKEN_KIND, ARCH, build=multi_token_build, launch=multi_token_launch,
+                      configs=multi_token_configs, check_config=check_config)

@@ -81,9 +81,11 @@ from ..common.named_barrier import warpgroup_barrier_sync
 from ..common.page_ids import IDS_PER_LOAD, id_loads, lane_page_id, load_lane_page_ids
 from ..common.work_items import guess_first_item, load_item
 from .wgmma import wgmma_gemm
-from ..common.paged_launch import gqa_decode_entry
+from ..common.paged_launch import gqa_decode_entry, gqa_multi_token_decode_entry
+from ...ops.gqa_multi_token_decode import MAX_QUERY_TOKENS
 
 KIND = "gqa_paged_decode"
+MULTI_TOKEN_KIND = "gqa_paged_multi_token_decode"  # the same kernel with qo_indptr and a per-row causal mask
 ARCH = "sm_90a"
 SMEM_PER_SM_BYTES = 228 * 1024  # per SM, of which each resident CTA reserves 1 KB
 MAX_STAGES = 32  # small pages (16 keys a stage) need many stages in flight to stream
@@ -110,10 +112,18 @@ def smem_budget(config: PagedAttentionConfig) -> int:
     return min(SMEM_LIMIT_BYTES, SMEM_PER_SM_BYTES // config.ctas_per_sm - 1024)
 
 
+def live_rows(config: PagedAttentionConfig) -> int:
+    """Packed rows an item may hold, a compile-time bound: the group (decode: one token), or (multi-token decode)
+    up to MAX_QUERY_TOKENS whole tokens of the group, at most the planner's rows per tile."""
+    if config.kind == MULTI_TOKEN_KIND:
+        return min(config.packed_rows_per_tile, MAX_QUERY_TOKENS * config.group_size)
+    return config.group_size
+
+
 def exchange_shape(config: PagedAttentionConfig) -> tuple[int, int]:
     """(threads, floats) of the warpgroup hand-over: per thread of a warp holding a real row, its 2 row maxima,
     2 partial row sums and its O fragment (tile_q_rows x head_dim over the warpgroup's 128 threads)."""
-    live_warps = min(NUM_MMA_THREADS // 32, -(-config.group_size // 16))
+    live_warps = min(NUM_MMA_THREADS // 32, -(-live_rows(config) // 16))
     return live_warps * 32, 4 + config.tile_q_rows * config.head_dim_v // NUM_MMA_THREADS
 
 
@@ -150,7 +160,8 @@ def smem_bytes(config: PagedAttentionConfig) -> int:
 
 def check_config(config: PagedAttentionConfig) -> str | None:
     """None when this kernel implements ``config``, else why not (on top of ``config.can_implement``)."""
-    if (reason := target_reason(config, KIND, ARCH)) is not None:
+    kind = config.kind if config.kind in (KIND, MULTI_TOKEN_KIND) else KIND
+    if (reason := target_reason(config, kind, ARCH)) is not None:
         return reason
     if config.tile_q_rows != 64:
         return f"decode packs one group into a single 64-row warpgroup tile; tile_q_rows={config.tile_q_rows}"
@@ -181,6 +192,8 @@ class GqaDecodeSm90:
 
     def __init__(self, config: PagedAttentionConfig) -> None:
         self.group = config.group_size
+        self.multi_token = config.kind == MULTI_TOKEN_KIND  # compile time: q_len 1 decode's code is unchanged
+        self.rows = live_rows(config)
         self.num_qo_heads = config.num_qo_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim_qk
@@ -194,7 +207,7 @@ class GqaDecodeSm90:
         self.exchange_shape = exchange_shape(config)
 
     def __repr__(self) -> str:
-        return (f"GqaDecodeSm90_H{self.num_qo_heads}x{self.num_kv_heads}_D{self.head_dim}_P{self.page_size}"
+        return (f"{type(self).__name__}_H{self.num_qo_heads}x{self.num_kv_heads}_D{self.head_dim}_P{self.page_size}"
                 f"_M{self.tile_m}_N{self.tile_n}_S{self.stages}")
 
     @cute.jit
@@ -216,6 +229,13 @@ class GqaDecodeSm90:
         lse_out_scale: Float32,
         stream: cuda.CUstream,
     ):
+        self.launch_kernel(q, k_cache, v_cache, None, kv_indices, work_indptr, items, merge_indptr, merge_counters,
+                           output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream)
+
+    @cute.jit
+    def launch_kernel(self, q, k_cache, v_cache, qo_indptr, kv_indices, work_indptr, items, merge_indptr,
+                      merge_counters, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream):
+        """The host side of both entries (``qo_indptr`` is None for decode)."""
         dtype = self.dtype
         atom = warpgroup.make_smem_layout_atom(
             sm90_helpers.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, self.head_dim), dtype
@@ -244,7 +264,7 @@ class GqaDecodeSm90:
         tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), k_view, stage_layout, box)
         tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), v_view, stage_layout, box)
         self.kernel(
-            q, tma_atom_k, tma_k, tma_atom_v, tma_v, kv_indices, work_indptr, items,
+            q, qo_indptr, tma_atom_k, tma_k, tma_atom_v, tma_v, kv_indices, work_indptr, items,
             merge_indptr, merge_counters, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
             sQ_layout, sKV_layout, tiled_mma_qk, tiled_mma_pv,
         ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream)
@@ -253,6 +273,7 @@ class GqaDecodeSm90:
     def kernel(
         self,
         q: cute.Tensor,
+        qo_indptr,  # multi-token decode: [batch + 1] int32; decode: None
         tma_atom_k: cute.CopyAtom,
         tma_k: cute.Tensor,
         tma_atom_v: cute.CopyAtom,
@@ -311,8 +332,8 @@ class GqaDecodeSm90:
                 self.produce(tma_atom_k, tma_k, tma_atom_v, tma_v, sK, sV, kv_indices, items, item_begin, item_end,
                              guess, row, pipe)
         if warp_idx < PRODUCER_WARP:
-            self.consume(q, sQ, sK, sV, exchange, items, merge_indptr, merge_counters, arrival, output, lse, partial_out,
-                         partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, item_begin, item_end,
+            self.consume(q, qo_indptr, sQ, sK, sV, exchange, items, merge_indptr, merge_counters, arrival, output, lse,
+                         partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, item_begin, item_end,
                          guess, row, pipe, tidx)
 
     # ----------------------------------------------------------------------------------- producer
@@ -393,7 +414,7 @@ class GqaDecodeSm90:
 
     # ----------------------------------------------------------------------------------- consumer
     @cute.jit
-    def consume(self, q, sQ, sK, sV, exchange, items, merge_indptr, merge_counters, arrival, output, lse,
+    def consume(self, q, qo_indptr, sQ, sK, sV, exchange, items, merge_indptr, merge_counters, arrival, output, lse,
                 partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, item_begin, item_end,
                 guess, row, pipe, tidx):
         M, N, D = self.tile_m, self.tile_n, self.head_dim
@@ -428,7 +449,8 @@ class GqaDecodeSm90:
         # fits in 8 rows (every decode group of the family) only row half 0 of warp 0 does: the rest are
         # padding rows, never stored, whose P stays 0. The softmax of one warp is the per-tile critical
         # path of the small batches, so this halves it there.
-        warp_live = (wtid // 32) * 16 < self.group
+        warp_live = (wtid // 32) * 16 < self.rows
+        row_limit = cute.make_rmem_tensor((2,), Int32)  # multi-token: keys < row_limit[h] are visible to half h
         tOrP.fill(0.0)
         # The two warpgroups split the ring: warpgroup w consumes the stages of global tiles g = w, w + 2, ...
         state = pipeline.PipelineState(self.stages, wg, wg, Int32(0))
@@ -441,6 +463,13 @@ class GqaDecodeSm90:
             kv_end = row[F.KV_END]
             n_tiles = (cutlass.max(kv_end - kv_start, 0) + N - 1) // N
             first_head = row[F.KV_HEAD] * self.group + row[F.Q_ROW_START]
+            if cutlass.const_expr(self.multi_token):
+                # packed row r is token req_token + r // group (global row), head first_head + r % group
+                # (tiles hold whole tokens: Q_ROW_START is a multiple of the group)
+                first_head = row[F.KV_HEAD] * self.group
+                req_token = qo_indptr[req] + row[F.Q_ROW_START] // self.group
+                self.causal_limits(row_limit, tScS, row[F.Q_ROW_START], row_count, row[F.CAUSAL_OFFSET], kv_end)
+                req = req_token
 
             # ---- Q: packed rows -> smem (both warpgroups are past the previous item's MMAs and exchange)
             cute.arch.barrier(barrier_id=BOTH_BARRIER_ID, number_of_threads=NUM_CONSUMER_THREADS)
@@ -449,7 +478,11 @@ class GqaDecodeSm90:
                 r = e // q_vecs_per_row
                 cv = e % q_vecs_per_row
                 src = r if r < row_count else row_count - 1
-                sQv[None, (r, cv)].store(gQv[None, (req, first_head + src, cv)].load())
+                if cutlass.const_expr(self.multi_token):
+                    src_q = gQv[None, (req + src // self.group, first_head + src % self.group, cv)]
+                    sQv[None, (r, cv)].store(src_q.load())
+                else:
+                    sQv[None, (r, cv)].store(gQv[None, (req, first_head + src, cv)].load())
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=BOTH_BARRIER_ID, number_of_threads=NUM_CONSUMER_THREADS)
 
@@ -464,8 +497,12 @@ class GqaDecodeSm90:
                 stage = state.index
                 wgmma_gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, stage], True)
                 if warp_live:
-                    self.softmax_tile(acc_S, acc_O, tOrP, tScS, tile_start, kv_end, scale_log2, row_max, row_sum,
-                                      row_scale, row_base)
+                    if cutlass.const_expr(self.multi_token):
+                        self.softmax_tile(acc_S, acc_O, tOrP, tScS, tile_start, row_limit, scale_log2, row_max,
+                                          row_sum, row_scale, row_base)
+                    else:
+                        self.softmax_tile(acc_S, acc_O, tOrP, tScS, tile_start, kv_end, scale_log2, row_max,
+                                          row_sum, row_scale, row_base)
                 if tile_start + N > kv_end:  # the item's last tile
                     self.zero_v_tail(sV, stage, kv_end - tile_start, wtid, wg)
                 wgmma_gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, stage], False)
@@ -492,19 +529,32 @@ class GqaDecodeSm90:
         if wg == 0:
             fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_counters, arrival, self.group,
                                   partial_out, partial_lse, output, lse, lse_out_scale, wtid, WG_BARRIER_ID,
-                                  NUM_MMA_THREADS)
+                                  NUM_MMA_THREADS, qo_indptr)
+
+    @cute.jit
+    def causal_limits(self, row_limit, tScS, row_start, row_count, causal_offset, kv_end):
+        """Multi-token decode: ``row_limit[h]`` = one past the last key the thread's row of half h sees, the
+        item's KV_END or its token's causal limit (token t sees keys <= t + CAUSAL_OFFSET), whichever is smaller.
+        A padding row (>= row_count) takes the last real row's limit, so it stays finite like its Q row."""
+        for h in cutlass.range_constexpr(2):
+            r = cutlass.min(tScS[2 * h][0], row_count - 1)
+            row_limit[h] = cutlass.min(kv_end, (row_start + r) // self.group + causal_offset + 1)
 
     @cute.jit
     def softmax_tile(self, acc_S, acc_O, tOrP, tScS, tile_start, kv_end, scale_log2, row_max, row_sum, row_scale,
                      row_base):
-        """Scale, mask keys >= KV_END, online softmax (base 2) of the live row halves; P -> tOrP, O rescaled."""
+        """Scale, mask keys >= KV_END (multi-token decode: ``kv_end`` is the per-half ``row_limit``, the causal
+        mask too), online softmax (base 2) of the live row halves; P -> tOrP, O rescaled."""
         neg_inf = -Float32.inf
         n_s = cute.size(acc_S)
-        halves = (0,) if self.group <= 8 else (0, 1)
+        halves = (0,) if self.rows <= 8 else (0, 1)
         for i in cutlass.range_constexpr(n_s):
             if cutlass.const_expr((i // 2) % 2 in halves):
                 key = tile_start + tScS[i][1]
-                acc_S[i] = acc_S[i] * scale_log2 if key < kv_end else neg_inf
+                limit = kv_end
+                if cutlass.const_expr(self.multi_token):
+                    limit = kv_end[(i // 2) % 2]
+                acc_S[i] = acc_S[i] * scale_log2 if key < limit else neg_inf
         for h in cutlass.range_constexpr(2):
             if cutlass.const_expr(h in halves):
                 m_new = row_max[h]
@@ -582,12 +632,14 @@ class GqaDecodeSm90:
             for i in cutlass.range_constexpr(n_o):
                 r = tOcO[i][0]
                 if r < row_count:
-                    output[req, first_head + r, tOcO[i][1]] = (acc_O[i] * row_scale[(i // 2) % 2]).to(self.dtype)
+                    token, head = self.token_head(req, first_head, r)
+                    output[token, head, tOcO[i][1]] = (acc_O[i] * row_scale[(i // 2) % 2]).to(self.dtype)
             if wtid % 4 == 0:
                 for h in cutlass.range_constexpr(2):
                     r = tOcO[2 * h][0]
                     if r < row_count:
-                        lse[req, first_head + r] = row_base[h] * lse_out_scale
+                        token, head = self.token_head(req, first_head, r)
+                        lse[token, head] = row_base[h] * lse_out_scale
         else:
             for i in cutlass.range_constexpr(n_o):
                 r = tOcO[i][0]
@@ -599,23 +651,68 @@ class GqaDecodeSm90:
                     if r < row_count:
                         partial_lse[slot, r] = row_base[h]
 
+    @cute.jit
+    def token_head(self, req, first_head, r):
+        """(output row, head) of packed row r: decode (req, first_head + r); multi-token decode, where ``req`` is
+        the item's first token's global row, (req + r // group, first_head + r % group)."""
+        token, head = req, first_head + r
+        if cutlass.const_expr(self.multi_token):
+            token, head = req + r // self.group, first_head + r % self.group
+        return token, head
+
+
+class GqaMultiTokenDecodeSm90(GqaDecodeSm90):
+    """Multi-token (speculative) decode: the decode kernel with ``qo_indptr`` (its packed rows are q_len tokens'
+    heads) and a per-row causal mask from CAUSAL_OFFSET; built for ``gqa_paged_multi_token_decode`` configs."""
+
+    @cute.jit
+    def __call__(
+        self,
+        q: cute.Tensor,  # [total_q, Hq, D] bf16
+        k_cache: cute.Tensor,
+        v_cache: cute.Tensor,
+        qo_indptr: cute.Tensor,  # [batch + 1] int32
+        kv_indices: cute.Tensor,
+        work_indptr: cute.Tensor,
+        items: cute.Tensor,
+        merge_indptr: cute.Tensor,
+        merge_counters: cute.Tensor,
+        output: cute.Tensor,  # [total_q, Hq, D] bf16
+        lse: cute.Tensor,  # [total_q, Hq] fp32
+        partial_out: cute.Tensor,
+        partial_lse: cute.Tensor,
+        scale_log2: Float32,
+        lse_out_scale: Float32,
+        stream: cuda.CUstream,
+    ):
+        self.launch_kernel(q, k_cache, v_cache, qo_indptr, kv_indices, work_indptr, items, merge_indptr,
+                           merge_counters, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream)
+
 
 # --------------------------------------------------------------------------------------------- host
 build, launch = gqa_decode_entry(GqaDecodeSm90, check_config)
+multi_token_build, multi_token_launch = gqa_multi_token_decode_entry(GqaMultiTokenDecodeSm90, check_config)
 
 
-def configs(arch: str) -> list[PagedAttentionConfig]:
-    """The definition's config (h20/kv4, d128, page 64), one family member (h32/kv8) and the small pages (h20/kv4:
-    page 1, SGLang's default and FlashInfer-Bench's 19 page-1 GQA definitions; page 8: 8 boxes per stage)."""
+def configs(arch: str, kind: str = KIND) -> list[PagedAttentionConfig]:
+    """Of ``kind``: the definition's config (h20/kv4, d128, page 64), one family member (h32/kv8) and the small
+    pages (h20/kv4: page 1, SGLang's default and FlashInfer-Bench's 19 page-1 GQA definitions; page 8: 8 boxes per
+    stage)."""
     if arch != ARCH:
         return []
 
     def decode(hq, hkv, ps):
-        return default_paged_config(KIND, arch=arch, num_qo_heads=hq, num_kv_heads=hkv, head_dim_qk=128,
-                                    head_dim_v=128, page_size=ps, causal=False)
+        return default_paged_config(kind, arch=arch, num_qo_heads=hq, num_kv_heads=hkv, head_dim_qk=128,
+                                    head_dim_v=128, page_size=ps, causal=kind == MULTI_TOKEN_KIND)
 
     return [decode(20, 4, 64), decode(32, 8, 64), decode(20, 4, 1), decode(20, 4, 8)]
 
 
+def multi_token_configs(arch: str) -> list[PagedAttentionConfig]:
+    return configs(arch, MULTI_TOKEN_KIND)
+
+
 register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs,
                       check_config=check_config)
+register_paged_kernel(MULTI_TOKEN_KIND, ARCH, build=multi_token_build, launch=multi_token_launch,
+                      configs=multi_token_configs, check_config=check_config)
