@@ -10,11 +10,13 @@ Cost line
     line of length ``C``.
 
 Cuts
-    CTA ``c`` takes the stretch ``[c W, (c + 1) W)`` of the line, ``W = max(ceil(C / num_ctas), min_piece)``,
-    so the modelled loads are equal by construction. A cut that falls inside a tile splits it at a multiple of
-    ``kv_tile`` keys (both sides become split-KV chunks with a merge), unless it lies within ``W / 8`` of the
-    tile's start or end: then it snaps to that edge (no split; the CTA's load moves by at most ``W / 8``).
-    With ``allow_split=False`` every cut snaps to the nearer edge.
+    CTA ``c`` takes the stretch ``[c W, (c + 1) W)`` of the line, ``W = max(ceil(C / num_ctas), min_width)``,
+    so the modelled loads are equal by construction (a CTA that starts inside a tile also pays one item overhead
+    the line does not hold: ``min_width`` is the shortest chunk in keys, without it). A cut that falls inside a
+    tile splits it at a multiple of ``kv_tile`` keys (both sides become split-KV chunks with a merge), unless it
+    lies within ``W / 2**SNAP_SHIFT`` of the tile's start or end: then it snaps to that edge (no split). With
+    ``allow_split=False`` every cut snaps to the nearer edge. Splits are cheap on the device path (the combine
+    launch is there anyway and partials are small), so the snap window is narrow.
 
 Items
     CTA ``c``'s items are the tiles (or pieces) between its two cuts, in tile order. The tiles a run of cuts
@@ -36,9 +38,9 @@ import numpy as np
 
 from .plan import NOT_CAUSAL_OFFSET, ItemField, MergeField, PlanCapacity, PlanConfig, WorkPlan
 
-__all__ = ["SNAP_EIGHTHS", "partition_plan", "piece_cost"]
+__all__ = ["SNAP_SHIFT", "min_width", "partition_plan", "piece_cost"]
 
-SNAP_EIGHTHS = 1  # a cut within SNAP_EIGHTHS / 8 of W of a tile edge snaps to it
+SNAP_SHIFT = 5  # a cut within W / 2**SNAP_SHIFT of a tile edge snaps to it
 
 
 def _round_up(x, m):
@@ -50,9 +52,10 @@ def piece_cost(config: PlanConfig, keys):
     return _round_up(keys, config.kv_tile) + config.item_overhead_keys
 
 
-def min_piece_cost(config: PlanConfig) -> int:
-    """The shortest stretch a CTA takes: one split chunk of at least ``min_chunk_keys`` (and one kv_tile)."""
-    return piece_cost(config, max(config.kv_tile, _round_up(config.min_chunk_keys, config.kv_tile)))
+def min_width(config: PlanConfig) -> int:
+    """The shortest stretch a CTA takes: a chunk of ``min_chunk_keys`` keys (at least one kv_tile); the item
+    overhead of a CTA that starts inside a tile comes on top."""
+    return max(config.kv_tile, _round_up(config.min_chunk_keys, config.kv_tile))
 
 
 def partition_plan(config: PlanConfig, q_lens, kv_lens, *, kv_page_start=None, token_start=None, faulted=None,
@@ -98,12 +101,12 @@ def partition_plan(config: PlanConfig, q_lens, kv_lens, *, kv_page_start=None, t
     num_tiles = req.size * heads
 
     # cuts: (tile, key) per CTA edge, edge c at position c * W
-    width = max(-(-total // m), min_piece_cost(config)) if total else 1
+    width = max(-(-total // m), min_width(config)) if total else 1
     active = -(-total // width) if total else 0
     cut_tile = np.full(m + 1, num_tiles, dtype=np.int64)
     cut_key = np.zeros(m + 1, dtype=np.int64)
     cut_tile[0] = 0
-    slack = width * SNAP_EIGHTHS // 8
+    slack = width >> SNAP_SHIFT
     for c in range(1, active):
         p = c * width
         j = int(np.searchsorted(q_start, p, side="right") - 1)

@@ -42,7 +42,7 @@ from cutlass import Int32, Int64
 from ...compile import register_kernel
 from ...config import KernelConfig
 from ...plan import NOT_CAUSAL_OFFSET, ItemField, MergeField, PlanConfig
-from ...plan_partition import SNAP_EIGHTHS, min_piece_cost
+from ...plan_partition import SNAP_SHIFT, min_width
 
 WARP = 32
 NUM_THREADS = 512
@@ -163,7 +163,7 @@ def _record(error_word: cute.Tensor, bits, request):
 class DevicePlanner:
     def __init__(self, config: DevicePlannerConfig):
         self.c = config
-        self.min_piece = min_piece_cost(config.plan_config(1))
+        self.min_width = min_width(config.plan_config(1))
 
     def __repr__(self) -> str:
         c = self.c
@@ -365,10 +365,10 @@ class DevicePlanner:
         width = Int64(1)
         active = Int64(0)
         if total_cost > 0:
-            width = cutlass.max((total_cost + num_ctas - 1) // num_ctas, Int64(self.min_piece))
+            width = cutlass.max((total_cost + num_ctas - 1) // num_ctas, Int64(self.min_width))
             active = (total_cost + width - 1) // width
         num_tiles = num_q_tiles * heads
-        slack = width * SNAP_EIGHTHS // 8
+        slack = width >> SNAP_SHIFT
         edge = tidx
         if edge <= num_ctas:
             t_cut = Int32(num_tiles)
