@@ -225,9 +225,9 @@ def paged_indices(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size,
         if qo[-1] != total_q:
             raise ValueError(f"qo_indptr[-1] ({qo[-1]}) must equal total_q = q.shape[0] ({total_q})")
     check_indptr("kv_indptr", kvp)
-    if kvp[-1] != kv_indices.numel():
-        raise ValueError(f"kv_indptr[-1] ({kvp[-1]}) must equal len(kv_indices) ({kv_indices.numel()})")
-    check_page_ids("kv_indices", kv_indices, num_pages, "page")
+    if kvp[-1] > kv_indices.numel():  # a longer buffer is fine (CUDA graphs: one buffer at capacity)
+        raise ValueError(f"kv_indptr[-1] ({kvp[-1]}) must be at most len(kv_indices) ({kv_indices.numel()})")
+    check_page_ids("kv_indices", kv_indices[: int(kvp[-1])], num_pages, "page")
     pages = np.diff(kvp)
     has_pages = pages > 0
     lowest = np.where(has_pages, 1, 0)

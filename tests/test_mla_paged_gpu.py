@@ -211,4 +211,4 @@ def test_out_of_range_page_ids_are_never_gathered(page_size, entry):
         else:
             _compare(out, lse, ref_out, ref_lse, rows)
     with pytest.raises(ValueError, match="kv_indices holds page id|kv_indices holds token row id"):
-        cute_attn.mla_paged_prefill(*case.inputs(), plan=plan)  # the host check, when it runs, names them
+        cute_attn.mla_paged_prefill(*case.inputs(), plan=plan, check_indices=True)  # the host check names them
