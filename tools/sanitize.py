@@ -15,6 +15,9 @@ Cases (small, ragged, each a registered config's shape):
     mla            absorbed MLA prefill over a shuffled page-size-1 pool
     edge-decode    an edge page table: page id num_pages - 1, two requests sharing pages, empty requests
     edge-prefill   the same for prefill
+    mtp-*          multi-token decode (1..8 causal draft tokens), mla-p*: MLA at larger pages
+    hostplan-decode  check_indices=True: the host-planned path (every other case plans on the device)
+    hostile-decode the device planner's bounds checks (ids past the pool and negative; those requests 0 / -inf)
     gather         the TMA page gather kernel (a test-side kernel)
 """
 
@@ -66,11 +69,18 @@ def _cases(arch: str) -> dict:
                                                      num_kv_heads=hkv, page_size=ps, device="cuda", seed=hq + ps)
                 return _run_api(cute_attn.gqa_paged_prefill, case, arch)
             cases[f"prefill-h{hq}kv{hkv}-p{ps}"] = (config.kind, run)
+        elif config.kind == "gqa_paged_multi_token_decode":
+            def run(hq=hq, hkv=hkv, ps=ps):
+                case = testing.make_gqa_multi_token_decode_case([4, 1, 8, 2], [3232, 3, 200, 900], num_qo_heads=hq,
+                                                                num_kv_heads=hkv, page_size=ps, device="cuda",
+                                                                seed=hq + ps)
+                return _run_api(cute_attn.gqa_paged_multi_token_decode, case, arch)
+            cases[f"mtp-h{hq}kv{hkv}-p{ps}"] = (config.kind, run)
         elif config.kind == "mla_paged_prefill":
-            def run():
-                case = testing.make_mla_prefill_case([3, 50, 0], [100, 300, 7], device="cuda", seed=5)
+            def run(ps=ps):
+                case = testing.make_mla_prefill_case([3, 50, 0], [100, 300, 7], page_size=ps, device="cuda", seed=5)
                 return _run_api(cute_attn.mla_paged_prefill, case, arch)
-            cases["mla"] = (config.kind, run)
+            cases["mla" if ps == 1 else f"mla-p{ps}"] = (config.kind, run)
 
     def edge_decode():
         case = testing.with_edge_page_table(testing.make_gqa_decode_case(
@@ -82,8 +92,31 @@ def _cases(arch: str) -> dict:
             [0, 30, 30, 1, 0], [0, 300, 300, 1, 5], device="cuda", seed=78), share=(1, 2))
         return _run_api(cute_attn.gqa_paged_prefill, case, arch)
 
+    def host_planned_decode():  # the check_indices=True path: host plan, cached (the others plan on the device)
+        case = testing.make_gqa_decode_case([3232, 0, 130, 1, 700], device="cuda", seed=79)
+        return _run_api(cute_attn.gqa_paged_decode, case, arch, check_indices=True)
+
+    def hostile_decode():  # the device planner's bounds checks: requests 1 and 3 hold ids outside the pool
+        from cute_attn.device_errors import DeviceIndexError
+
+        case = testing.make_gqa_decode_case([3232, 300, 130, 700], device="cuda", seed=80)
+        ref_out, ref_lse = case.reference()  # of the valid batch, before the corruption
+        ref_out[[1, 3]], ref_lse[[1, 3]] = 0, float("-inf")  # what faulted requests get
+        kvp = case.kv_indptr.tolist()
+        case.kv_indices[kvp[1]] = case.k_cache.shape[0] + 5
+        case.kv_indices[kvp[3]] = -7
+        out, lse, _ = _run_api(cute_attn.gqa_paged_decode, case, arch)
+        try:
+            cute_attn.raise_on_device_error()
+            raise AssertionError("the device planner recorded no fault")
+        except DeviceIndexError:
+            pass
+        return out, lse, lambda: (ref_out, ref_lse)
+
     cases["edge-decode"] = ("gqa_paged_decode", edge_decode)
     cases["edge-prefill"] = ("gqa_paged_prefill", edge_prefill)
+    cases["hostplan-decode"] = ("gqa_paged_decode", host_planned_decode)
+    cases["hostile-decode"] = ("device_planner", hostile_decode)
 
     def gather():
         from cute_attn.compile import compile_kernel
@@ -102,12 +135,12 @@ def _cases(arch: str) -> dict:
     return cases
 
 
-def _run_api(entry, case, arch):
+def _run_api(entry, case, arch, **kw):
     """Run once; the reference is a thunk, so sanitized runs (which skip the check) never compute it."""
     import torch
 
     out, lse = case.new_outputs()
-    entry(*case.inputs(), out, lse, arch=arch)
+    entry(*case.inputs(), out, lse, arch=arch, **kw)
     torch.cuda.synchronize()
     return out, lse, case.reference
 
