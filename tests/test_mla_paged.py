@@ -88,6 +88,12 @@ def launches(monkeypatch):
     monkeypatch.setattr(api, "_require_cuda", lambda device: None)
     monkeypatch.setattr(api, "find_launcher", lambda config: lambda plan, *a, natural_lse=False: calls.append(
         (plan, a)))
+
+    def host_planned(spec, args, output, lse, natural_lse, arch, num_sms):  # the device planner needs a GPU
+        index = tuple(t for t in (args[spec.arg_names.index(n)] for n in spec.index_names) if t is not None)
+        return api.run(spec, args, index, output, lse, None, True, natural_lse, arch, num_sms)
+
+    monkeypatch.setattr(api, "_run_device", host_planned)
     cute_attn.clear_plan_cache()
     yield calls
     cute_attn.clear_plan_cache()
@@ -146,7 +152,9 @@ def test_multi_token_decode_rules(launches):
             case.kv_last_page_len, case.sm_scale)
 
     def call(qo, q_nope=case.q_nope, **kw):
-        cute_attn.mla_paged_decode(q_nope, *args[1:], qo_indptr=qo, arch="sm_90a", num_sms=8, **kw)
+        # the host check (check_indices=True) is where the q_len rule lives; the device planner does not check q_len
+        cute_attn.mla_paged_decode(q_nope, *args[1:], qo_indptr=qo, arch="sm_90a", num_sms=8,
+                                   **{"check_indices": True, **kw})
 
     i32 = lambda *v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
     with pytest.raises(ValueError, match="qo_indptr gives request 0 5 query tokens: decode takes 1..4"):

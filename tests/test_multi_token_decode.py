@@ -37,8 +37,8 @@ def test_entry_and_plan_are_exported():
     assert cute_attn.gqa_paged_multi_token_decode is mtd.gqa_paged_multi_token_decode
     assert cute_attn.plan_gqa_paged_multi_token_decode is mtd.plan_gqa_paged_multi_token_decode
     assert mtd.SPEC.causal and mtd.SPEC.reference is reference.gqa_paged_prefill_ref
-    assert mtd.SPEC.kernel_modules == {"sm_90a": "cute_attn.kernels.sm90.gqa_decode",
-                                       "sm_100a": "cute_attn.kernels.sm100.gqa_decode"}
+    assert mtd.SPEC.kernel_modules == {"sm_90a": ".kernels.sm90.gqa_decode",
+                                       "sm_100a": ".kernels.sm100.gqa_decode"}
 
 
 def test_valid_batch_passes_the_rules():
@@ -90,7 +90,7 @@ def test_default_config_is_decodes_and_a_decode_kernel_builds_it(arch):
 
     from cute_attn.kernels import find_launcher
 
-    module = importlib.import_module(mtd.SPEC.kernel_modules[arch])
+    module = importlib.import_module(mtd.SPEC.kernel_modules[arch], package="cute_attn")
     assert find_launcher(config) is module.multi_token_launch
     assert find_launcher(decode) is module.launch
 
