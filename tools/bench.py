@@ -1,8 +1,10 @@
 #!/usr/bin/env python
-"""Benchmark cute_attn against FlashInfer and FlashAttention-4 on the three target definitions.
+"""Benchmark cute_attn against FlashInfer and FlashAttention-4 on the three target definitions and the family.
 
     python tools/bench.py                       # everything, GPU needed for timings
     python tools/bench.py --kernel decode --quick --json out.json
+    python tools/bench.py --kernel family --quick   # issue 10: page 1 / 16 / 64 decode, page-1 prefill
+    python tools/bench.py --kernel gqa_paged_decode_h32_kv8_d128_ps1   # any definition name: its representative
     python tools/bench.py --plan-only           # planner timing only (runs on CPU)
     python tools/bench.py --cpu --json out.json # what a machine without a GPU does (tools/bench_no_gpu.py)
 
@@ -37,6 +39,9 @@ PEAK_TFLOPS = 790.0
 PEAK_TBPS = 4.3
 RECORD_KEYS = ("kernel", "workload", "impl", "gpu_us", "wall_us", "tflops", "tbps", "passed")
 SHORT = {bw.PREFILL: "prefill", bw.DECODE: "decode", bw.MLA: "mla", bw.MTP_DECODE: "mtp"}
+#: what each definition op's chart shows: compute-bound ops in TFLOP/s, bandwidth-bound ones in TB/s
+METRIC = {"prefill": ("tflops", "TFLOP/s"), "mla": ("tflops", "TFLOP/s"), "decode": ("tbps", "TB/s"),
+          "mtp": ("tbps", "TB/s"), "mla_decode": ("tbps", "TB/s")}
 
 
 def make_record(kernel: str, workload: str, impl: str, *, gpu_us=None, wall_us=None,
@@ -153,12 +158,12 @@ def _row_note(r: Dict) -> str:
 
 
 def print_table(records: List[Dict]) -> None:
-    hdr = (f"{'kernel':8s} {'workload':22s} {'impl':22s} {'gpu_us':>9s} {'wall_us':>9s} {'TFLOP/s':>8s} "
+    hdr = (f"{'kernel':20s} {'workload':22s} {'impl':22s} {'gpu_us':>9s} {'wall_us':>9s} {'TFLOP/s':>8s} "
            f"{'TB/s':>6s} {'%peakF':>6s} {'%peakB':>6s} {'x best':>6s} {'pass':>5s}  note")
     print("\n" + hdr + "\n" + "-" * len(hdr))
     for r in records:
         tf, tb = r.get("tflops"), r.get("tbps")
-        print(f"{SHORT.get(r['kernel'], r['kernel']):8s} {r['workload']:22s} {r['impl']:22s} "
+        print(f"{bw.short_name(r['kernel']):20s} {r['workload']:22s} {r['impl']:22s} "
               f"{_fmt(r.get('gpu_us'), '9.1f'):>9s} {_fmt(r.get('wall_us'), '9.1f'):>9s} "
               f"{_fmt(tf, '8.1f'):>8s} {_fmt(tb, '6.2f'):>6s} "
               f"{_fmt(tf and 100 * tf / PEAK_TFLOPS, '6.1f'):>6s} {_fmt(tb and 100 * tb / PEAK_TBPS, '6.1f'):>6s} "
@@ -184,6 +189,31 @@ def chart_caption(label: str) -> str:
     return ", ".join(parts) + "; GPU span, cold L2, median"
 
 
+def _chart_panels(records: List[Dict]) -> List[tuple]:
+    """(title, (metric key, unit), rows, x label of a row): one panel per bench kernel (x = workload), then one
+    per op for the other family definitions (x = short definition name + workload)."""
+    def op(k):
+        try:
+            return bw.op_of(k)
+        except ValueError:
+            return None
+
+    panels = []
+    for k in SHORT:
+        rows = [r for r in records if r["kernel"] == k]
+        metric = METRIC[op(k)]
+        if any(r.get(metric[0]) for r in rows):
+            panels.append((k, metric, rows, lambda r: r["workload"]))
+    family = [r for r in records if r["kernel"] not in SHORT and op(r["kernel"]) in METRIC]
+    for o in dict.fromkeys(op(r["kernel"]) for r in family):
+        rows = [r for r in family if op(r["kernel"]) == o]
+        metric = METRIC[o]
+        if any(r.get(metric[0]) for r in rows):
+            panels.append((f"family: {o}", metric, rows,
+                           lambda r: f"{bw.short_name(r['kernel']).split(':', 1)[-1]} {r['workload']}"))
+    return panels
+
+
 def write_png(records: List[Dict], path: str, caption: str = "") -> None:
     """Grouped bars per workload, one panel per kernel: TFLOP/s for prefill (compute bound),
     TB/s for decode (bandwidth bound), with ``caption`` (date, GPU, commit) at the foot. Kept < 100 KB."""
@@ -195,28 +225,25 @@ def write_png(records: List[Dict], path: str, caption: str = "") -> None:
     except ImportError:
         print("[png] matplotlib not installed: no chart")
         return
-    metric = {bw.PREFILL: ("tflops", "TFLOP/s"), bw.DECODE: ("tbps", "TB/s"), bw.MLA: ("tflops", "TFLOP/s"),
-              bw.MTP_DECODE: ("tbps", "TB/s")}
-    kernels = [k for k in SHORT if any(r["kernel"] == k and r.get(metric[k][0]) for r in records)]
-    if not kernels:
+    panels = _chart_panels(records)
+    if not panels:
         print("[png] nothing timed: no chart")
         return
-    fig, axes = plt.subplots(len(kernels), 1, figsize=(9, 2.8 * len(kernels)), squeeze=False)
-    for ax, k in zip(axes[:, 0], kernels):
-        key, unit = metric[k]
-        rows = [r for r in records if r["kernel"] == k]
-        wls = list(dict.fromkeys(r["workload"] for r in rows))
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.8 * len(panels)), squeeze=False)
+    for ax, (title, (key, unit), rows, xkey) in zip(axes[:, 0], panels):
+        wls = list(dict.fromkeys(xkey(r) for r in rows))
         impls = list(dict.fromkeys(r["impl"] for r in rows if r.get(key)))
         width = 0.8 / max(len(impls), 1)
         for i, impl in enumerate(impls):
-            vals = [next((r[key] or 0 for r in rows if r["workload"] == wl and r["impl"] == impl), 0)
+            vals = [next((r[key] or 0 for r in rows if xkey(r) == wl and r["impl"] == impl), 0)
                     for wl in wls]
             hatch = None if all(r["passed"] for r in rows if r["impl"] == impl and r.get(key)) else "//"
             ax.bar([x + i * width for x in range(len(wls))], vals, width, label=impl, hatch=hatch)
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(wls))])
-        ax.set_xticklabels(wls, fontsize=7)
+        ax.set_xticklabels(wls, fontsize=7 if len(wls) < 12 else 5, rotation=0 if len(wls) < 12 else 60,
+                           ha="center" if len(wls) < 12 else "right")
         ax.set_ylabel(unit, fontsize=8)
-        ax.set_title(f"{k}  (hatched: failed the check)", fontsize=9)
+        ax.set_title(f"{title}  (hatched: failed the check)", fontsize=9)
         ax.legend(fontsize=6, ncol=len(impls), loc="lower center", bbox_to_anchor=(0.5, 1.08), frameon=False)
     fig.tight_layout(rect=(0, 0.03 if caption else 0, 1, 1))
     if caption:
@@ -235,10 +262,13 @@ def write_png(records: List[Dict], path: str, caption: str = "") -> None:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kernel", choices=["prefill", "decode", "mla", "all"], default="all")
+    p.add_argument("--kernel", nargs="+", default=["all"], metavar="KERNEL",
+                   help="all (default), family (issue 10's page sizes and FIB head layouts), prefill, decode, mla, "
+                        "mtp, or any definition name, e.g. gqa_paged_decode_h20_kv4_d128_ps16 (its representative "
+                        "workload when none is listed); several are merged")
     p.add_argument("--workloads", nargs="+", help="labels (or substrings), e.g. n1_kv3232")
     p.add_argument("--impls", nargs="+", help="only these implementations, e.g. cute_attn fa4")
-    p.add_argument("--quick", action="store_true", help="small subset (2 workloads per kernel)")
+    p.add_argument("--quick", action="store_true", help="small subset (2 workloads per kernel; family: 4)")
     p.add_argument("--iters", type=int, default=50, help="timed runs (median), >= 50 recommended")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
@@ -269,10 +299,14 @@ def _write_json(records, path: str, quiet: bool = False) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    workloads = bw.select_workloads(args.kernel, args.workloads, args.quick)
+    try:
+        workloads = bw.select_workloads(args.kernel, args.workloads, args.quick)
+    except ValueError as exc:
+        print(f"--kernel: {exc}")
+        return 2
     if args.list:
         for w in workloads:
-            print(f"{SHORT[w.kernel]:8s} {w.label:22s} flops={bw.workload_flops(w):.3e} "
+            print(f"{bw.short_name(w.kernel):20s} {w.label:22s} flops={bw.workload_flops(w):.3e} "
                   f"bytes={bw.workload_bytes(w):.3e}")
         return 0
     if args.plan_only:
@@ -302,7 +336,7 @@ def main(argv=None) -> int:
     flush = bench_timing.make_l2_flusher()
     records: List[Dict] = []
     for w in workloads:
-        print(f"\n== {SHORT[w.kernel]} {w.label}  (batch {w.batch}, total q {sum(w.q_lens)}, "
+        print(f"\n== {bw.short_name(w.kernel)} {w.label}  (batch {w.batch}, total q {sum(w.q_lens)}, "
               f"total kv {sum(w.kv_lens)})", flush=True)
         records.extend(bench_workload(w, args, flush))
         if args.json:  # after every workload, so a run cut short by a time limit still leaves its rows

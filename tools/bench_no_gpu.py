@@ -21,28 +21,28 @@ import bench_workloads as bw
 
 PLANNER_BUDGET_MS = 5.0  # planning 4096 decode requests must stay below this
 PLANNER_BATCH = 4096
-_SHORT = {name: short for short, name in bw.KERNEL_ALIASES.items()}
 FUSED_MERGE_KINDS = ("gqa_paged_decode", "gqa_paged_multi_token_decode")  # kernels/common/paged_launch.py: gqa_decode_entry, fused_merge=True
 
-# definition name -> (cute_attn kind, default_paged_config keyword arguments)
-_PROBLEMS = {
-    bw.PREFILL: ("gqa_paged_prefill", dict(
-        num_qo_heads=bw.GQA_PREFILL_HEADS["num_qo_heads"], num_kv_heads=bw.GQA_PREFILL_HEADS["num_kv_heads"],
-        head_dim_qk=bw.GQA_PREFILL_HEADS["head_dim"], head_dim_v=bw.GQA_PREFILL_HEADS["head_dim"],
-        page_size=bw.GQA_PREFILL_HEADS["page_size"], causal=True)),
-    bw.DECODE: ("gqa_paged_decode", dict(
-        num_qo_heads=bw.GQA_DECODE_HEADS["num_qo_heads"], num_kv_heads=bw.GQA_DECODE_HEADS["num_kv_heads"],
-        head_dim_qk=bw.GQA_DECODE_HEADS["head_dim"], head_dim_v=bw.GQA_DECODE_HEADS["head_dim"],
-        page_size=bw.GQA_DECODE_HEADS["page_size"], causal=False)),
-    bw.MTP_DECODE: ("gqa_paged_multi_token_decode", dict(
-        num_qo_heads=bw.GQA_DECODE_HEADS["num_qo_heads"], num_kv_heads=bw.GQA_DECODE_HEADS["num_kv_heads"],
-        head_dim_qk=bw.GQA_DECODE_HEADS["head_dim"], head_dim_v=bw.GQA_DECODE_HEADS["head_dim"],
-        page_size=bw.GQA_DECODE_HEADS["page_size"], causal=True)),
-    bw.MLA: ("mla_paged_prefill", dict(
-        num_qo_heads=bw.MLA_DIMS["num_heads"], num_kv_heads=1,
-        head_dim_qk=bw.MLA_DIMS["ckv_dim"] + bw.MLA_DIMS["kpe_dim"], head_dim_v=bw.MLA_DIMS["ckv_dim"],
-        page_size=bw.MLA_DIMS["page_size"], causal=True)),
-}
+# definition op (bench_workloads.Definition.op) -> cute_attn kind
+_KINDS = {"prefill": "gqa_paged_prefill", "decode": "gqa_paged_decode", "mtp": "gqa_paged_multi_token_decode",
+          "mla": "mla_paged_prefill", "mla_decode": "mla_paged_decode"}
+
+
+def _problem(kernel: str):
+    """(cute_attn kind, default_paged_config keyword arguments) of a definition name: the head layout and page
+    size come from the name (the four bench kernels' names give their GQA_*_HEADS / MLA_DIMS)."""
+    try:
+        d = bw.parse_definition(kernel)
+    except ValueError:
+        raise ValueError(f"kernel must be one of {', '.join(sorted(bw.KERNEL_ALIASES.values()))} or another "
+                         f"definition name (e.g. gqa_paged_decode_h20_kv4_d128_ps1), got {kernel!r}") from None
+    if d.op.startswith("mla"):
+        dims = dict(num_qo_heads=d.num_qo_heads, num_kv_heads=1, head_dim_qk=d.head_dim + d.kpe_dim,
+                    head_dim_v=d.head_dim)
+    else:
+        dims = dict(num_qo_heads=d.num_qo_heads, num_kv_heads=d.num_kv_heads, head_dim_qk=d.head_dim,
+                    head_dim_v=d.head_dim)
+    return _KINDS[d.op], dict(dims, page_size=d.page_size, causal=d.causal)
 
 
 def pin_dsl_arch(arch: str) -> str:
@@ -62,9 +62,7 @@ def attention_config(kernel: str, arch: str):
     """The config the API builds for ``kernel`` (a definition name) at ``arch``."""
     from cute_attn.config import default_paged_config
 
-    if kernel not in _PROBLEMS:
-        raise ValueError(f"kernel must be one of {', '.join(sorted(_PROBLEMS))}, got {kernel!r}")
-    kind, problem = _PROBLEMS[kernel]
+    kind, problem = _problem(kernel)
     return default_paged_config(kind, arch=arch, **problem)
 
 
@@ -153,7 +151,7 @@ def no_gpu_report(workloads: Sequence[bw.Workload], arch: str, compile_kernels_t
     arch = pin_dsl_arch(arch)
     plans = [plan_workload(w, arch) for w in workloads]
     for p in plans:
-        print(f"[plan] {_SHORT[p['kernel']]:8s} {p['workload']:22s} {p['num_items']:6d} items "
+        print(f"[plan] {bw.short_name(p['kernel']):20s} {p['workload']:22s} {p['num_items']:6d} items "
               f"{p['num_merges']:4d} merges  {p['plan_ms']:.3f} ms")
     kernels = kernels_to_compile(workloads, plans, arch)
     print(f"[compile] {arch}: {len(kernels)} kernel config(s) the selected workloads launch"

@@ -8,13 +8,17 @@ conversions never land inside the timed call.
 
 Missing peers and shapes a peer refuses raise `Unavailable` (reported as a skipped row);
 our own `NotImplementedError` is also `Unavailable` ("not available").
+
+Every runner takes its head layout and page size from the case's tensors (`_dims`), so any family definition
+(`bench_workloads.parse_definition`: e.g. gqa_paged_decode_h20_kv4_d128_ps1) runs through the same entries; the
+runner list is chosen by the definition's op (decode / prefill / mtp / mla).
 """
 from __future__ import annotations
 
 import math
 from typing import Callable, Dict, List, Optional, Tuple
 
-from bench_workloads import DECODE, MLA, MTP_DECODE, PREFILL
+from bench_workloads import op_of
 
 LN2 = math.log(2.0)
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace
@@ -35,17 +39,18 @@ class Prepared:
 
 
 def _dims(case) -> Dict[str, int]:
+    """Head layout and page size as the case's tensors have them: what FlashInfer's plan() is given."""
     return dict(num_qo_heads=case.q.shape[1], num_kv_heads=case.k_cache.shape[2],
                 head_dim=case.q.shape[2], page_size=case.k_cache.shape[1])
 
 
 # ----------------------------------------------------------------------------- ours
 
-_OUR_ENTRY = {  # first name found wins; definition names as a fallback spelling
-    PREFILL: ("gqa_paged_prefill", PREFILL),
-    DECODE: ("gqa_paged_decode", DECODE),
-    MLA: ("mla_paged_prefill", MLA),
-    MTP_DECODE: ("gqa_paged_multi_token_decode",),
+_OUR_ENTRY = {  # definition op -> entry names, first found wins (the definition name is a fallback spelling)
+    "prefill": ("gqa_paged_prefill",),
+    "decode": ("gqa_paged_decode",),
+    "mla": ("mla_paged_prefill",),
+    "mtp": ("gqa_paged_multi_token_decode",),
 }
 
 
@@ -64,9 +69,10 @@ def setup_cute_attn(kernel: str, case, mode: str = "default") -> Prepared:
         import cute_attn
     except ImportError as exc:
         raise Unavailable(f"not available: cannot import cute_attn ({exc})") from exc
-    fn = next((getattr(cute_attn, n) for n in _OUR_ENTRY[kernel] if hasattr(cute_attn, n)), None)
+    names = _OUR_ENTRY.get(op_of(kernel), ()) + (kernel,)
+    fn = next((getattr(cute_attn, n) for n in names if hasattr(cute_attn, n)), None)
     if fn is None:
-        raise Unavailable(f"not available: cute_attn has no {' / '.join(_OUR_ENTRY[kernel])}")
+        raise Unavailable(f"not available: cute_attn has no {' / '.join(names)}")
     out, lse = case.new_outputs()
     args = tuple(case.inputs())
     kw = {}
@@ -277,18 +283,28 @@ def fa4_lse_to_base2(lse, heads_first: bool):
     return (lse / LN2).contiguous()
 
 
+#: page sizes FA4's page-table path has run correctly at in this bench (H200, FA4 4.0.0b36): elsewhere a failure
+#: is reported as "not available" rather than an error. Its page size is k_cache.shape[1] (no argument): the
+#: TMA path at the kernel's tile width, a cp.async gather below it (``paged_kv_non_tma``).
+FA4_KNOWN_PAGE_SIZES = (64,)
+
+
 def setup_fa4_gqa(case, kernel: str) -> Prepared:
     """flash_attn_varlen_func(q, k_cache, v_cache, cu_seqlens_q=, max_seqlen_q=, seqused_k=,
     page_table=, softmax_scale=, causal=, return_lse=True). FA4's lse is natural log with
     layout [H, T] (varlen, no qv): normalised to base 2 [T, H] outside timing.
-    Decode is the same call with one query per request (causal is then irrelevant)."""
+    Decode is the same call with one query per request (causal is then irrelevant).
+    The page size is the cache's own (k_cache.shape[1]); at a page size FA4 has not run at here
+    (FA4_KNOWN_PAGE_SIZES) a failing first call is "not available", not an error."""
     import torch
 
     fn = _fa4()
+    causal = op_of(kernel) != "decode"
+    page_size = case.k_cache.shape[1]
     table, counts = _page_table(case.kv_indptr, case.kv_indices)
-    kv_lens = torch.where(counts > 0, (counts - 1) * case.k_cache.shape[1] + case.kv_last_page_len.long(),
+    kv_lens = torch.where(counts > 0, (counts - 1) * page_size + case.kv_last_page_len.long(),
                           torch.zeros_like(counts)).to(torch.int32)
-    if kernel == PREFILL:
+    if causal:
         cu_q = case.qo_indptr.to(torch.int32)
         max_q = int((cu_q[1:] - cu_q[:-1]).max().item())
     else:
@@ -301,11 +317,18 @@ def setup_fa4_gqa(case, kernel: str) -> Prepared:
     @torch.inference_mode()
     def run():
         return fn(q, k, v, cu_seqlens_q=cu_q, max_seqlen_q=max_q, seqused_k=kv_lens,
-                  page_table=table, softmax_scale=scale, causal=(kernel == PREFILL), return_lse=True)
+                  page_table=table, softmax_scale=scale, causal=causal, return_lse=True)
 
     def normalize(r):
         return r[0], fa4_lse_to_base2(r[1], heads_first=True)
 
+    if page_size not in FA4_KNOWN_PAGE_SIZES:
+        try:
+            run()  # compiles; a page size its page-table path refuses fails here
+            torch.cuda.synchronize()
+        except Exception as exc:
+            raise Unavailable(f"not available: FA4's page-table path rejected page size {page_size}: "
+                              f"{type(exc).__name__}: {str(exc)[:200]}") from exc
     return Prepared(run, normalize, note="fa4: last-page tail slots zeroed (FA4 needs finite rows)")
 
 
@@ -344,28 +367,30 @@ def setup_fa4_mla(case) -> Prepared:
 
 
 def runners_for(kernel: str) -> List[Tuple[str, Callable]]:
-    """(impl name, setup(case) -> Prepared) in display order, ours first."""
+    """(impl name, setup(case) -> Prepared) in display order, ours first; by the definition's op, so every
+    family member (any head layout / page size) gets the same peers."""
+    op = op_of(kernel)
     ours = [(impl, lambda c, mode=mode: setup_cute_attn(kernel, c, mode)) for impl, mode in CUTE_ATTN_MODES.items()]
-    if kernel == PREFILL:
+    if op == "prefill":
         return [*ours,
                 ("flashinfer_fa2", lambda c: setup_flashinfer_prefill(c, "fa2")),
                 ("flashinfer_fa3", lambda c: setup_flashinfer_prefill(c, "fa3")),
-                ("fa4", lambda c: setup_fa4_gqa(c, PREFILL))]
-    if kernel == DECODE:
+                ("fa4", lambda c: setup_fa4_gqa(c, kernel))]
+    if op == "decode":
         return [*ours,
                 ("flashinfer_tc", lambda c: setup_flashinfer_decode(c, True)),
                 ("flashinfer_cuda_cores", lambda c: setup_flashinfer_decode(c, False)),
-                ("fa4", lambda c: setup_fa4_gqa(c, DECODE))]
-    if kernel == MTP_DECODE:  # FlashInfer's paged prefill wrapper takes draft tokens as short causal runs
-        return [ours,
+                ("fa4", lambda c: setup_fa4_gqa(c, kernel))]
+    if op == "mtp":  # FlashInfer's paged prefill wrapper takes draft tokens as short causal runs
+        return [*ours,
                 ("flashinfer_fa2", lambda c: setup_flashinfer_prefill(c, "fa2")),
                 ("flashinfer_fa3", lambda c: setup_flashinfer_prefill(c, "fa3"))]
-    if kernel == MLA:
+    if op == "mla":
         return [*ours,
                 ("flashinfer_fa2", lambda c: setup_flashinfer_mla(c, "fa2")),
                 ("flashinfer_fa3", lambda c: setup_flashinfer_mla(c, "fa3")),
                 ("fa4", setup_fa4_mla)]
-    raise ValueError(kernel)
+    raise ValueError(f"the bench has no runners for {kernel!r} ({op})")
 
 
 # ----------------------------------------------------------------------------- checking
@@ -375,8 +400,8 @@ def reference(kernel: str, case):
     """(out, lse base 2) from cute_attn.reference, float32 math from the same inputs."""
     from cute_attn import reference as ref
 
-    fn = {PREFILL: ref.gqa_paged_prefill_ref, DECODE: ref.gqa_paged_decode_ref, MTP_DECODE: ref.gqa_paged_prefill_ref,
-          MLA: ref.mla_paged_prefill_ref}[kernel]
+    fn = {"prefill": ref.gqa_paged_prefill_ref, "decode": ref.gqa_paged_decode_ref, "mtp": ref.gqa_paged_prefill_ref,
+          "mla": ref.mla_paged_prefill_ref}[op_of(kernel)]
     return fn(*case.inputs())
 
 

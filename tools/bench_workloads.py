@@ -6,9 +6,11 @@ cute_attn.testing, only when a workload is actually benchmarked.
 """
 from __future__ import annotations
 
+import re
 import zlib
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from functools import lru_cache
+from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -36,6 +38,117 @@ BF16 = 2
 FP32 = 4
 INT32 = 4
 
+# ----------------------------------------------------------------------------- definition names
+
+#: The 43 paged-attention definitions of FlashInfer-Bench (../shared/spec/fib-definitions/*.json), kept here so
+#: the GPU machine (which has no shared/) knows them too; a CPU test checks this list against that folder.
+FIB_DEFINITIONS = (
+    "gqa_paged_decode_h16_kv2_d128_ps1", "gqa_paged_decode_h16_kv2_d128_ps64",
+    "gqa_paged_decode_h20_kv4_d128_ps1", "gqa_paged_decode_h20_kv4_d128_ps64",
+    "gqa_paged_decode_h24_kv4_d128_ps64",
+    "gqa_paged_decode_h24_kv8_d128_ps1", "gqa_paged_decode_h24_kv8_d128_ps64",
+    "gqa_paged_decode_h32_kv16_d128_ps1", "gqa_paged_decode_h32_kv16_d128_ps64",
+    "gqa_paged_decode_h32_kv4_d128_ps1", "gqa_paged_decode_h32_kv4_d128_ps64",
+    "gqa_paged_decode_h32_kv8_d128_ps1", "gqa_paged_decode_h32_kv8_d128_ps64",
+    "gqa_paged_decode_h48_kv8_d128_ps1",
+    "gqa_paged_decode_h5_kv1_d128_ps1",
+    "gqa_paged_decode_h6_kv1_d128_ps1", "gqa_paged_decode_h6_kv1_d128_ps64",
+    "gqa_paged_prefill_causal_h16_kv1_d128_ps64",
+    "gqa_paged_prefill_causal_h16_kv2_d128_ps1", "gqa_paged_prefill_causal_h16_kv2_d128_ps64",
+    "gqa_paged_prefill_causal_h20_kv4_d128_ps1", "gqa_paged_prefill_causal_h20_kv4_d128_ps64",
+    "gqa_paged_prefill_causal_h24_kv4_d128_ps1", "gqa_paged_prefill_causal_h24_kv4_d128_ps64",
+    "gqa_paged_prefill_causal_h24_kv8_d128_ps1", "gqa_paged_prefill_causal_h24_kv8_d128_ps64",
+    "gqa_paged_prefill_causal_h32_kv16_d128_ps1", "gqa_paged_prefill_causal_h32_kv16_d128_ps64",
+    "gqa_paged_prefill_causal_h32_kv4_d128_ps1", "gqa_paged_prefill_causal_h32_kv4_d128_ps64",
+    "gqa_paged_prefill_causal_h32_kv8_d128_ps1", "gqa_paged_prefill_causal_h32_kv8_d128_ps64",
+    "gqa_paged_prefill_causal_h40_kv10_d128_ps1",
+    "gqa_paged_prefill_causal_h5_kv1_d128_ps1", "gqa_paged_prefill_causal_h5_kv1_d128_ps64",
+    "gqa_paged_prefill_causal_h6_kv1_d128_ps1", "gqa_paged_prefill_causal_h6_kv1_d128_ps64",
+    "mla_paged_decode_h16_ckv512_kpe64_ps1", "mla_paged_decode_h16_ckv512_kpe64_ps64",
+    "mla_paged_decode_h8_ckv512_kpe64_ps1",
+    "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1", "mla_paged_prefill_causal_h16_ckv512_kpe64_ps64",
+    "mla_paged_prefill_causal_h8_ckv512_kpe64_ps1",
+)
+
+_GQA_NAME = re.compile(r"gqa_paged_(decode|prefill_causal|multi_token_decode)_h(\d+)_kv(\d+)_d(\d+)_ps(\d+)")
+_MLA_NAME = re.compile(r"mla_paged_(decode|prefill_causal)_h(\d+)_ckv(\d+)_kpe(\d+)_ps(\d+)")
+_GQA_OPS = {"decode": "decode", "prefill_causal": "prefill", "multi_token_decode": "mtp"}
+_MLA_OPS = {"decode": "mla_decode", "prefill_causal": "mla"}
+
+
+@dataclass(frozen=True)
+class Definition:
+    """What a definition name says: the operation and its head layout / page size.
+
+    ``op``: ``decode`` (one query per request), ``prefill`` (causal, ragged), ``mtp`` (1..8 causal draft tokens),
+    ``mla`` (absorbed-MLA causal prefill) or ``mla_decode``. For MLA ``head_dim`` is the ckv width (also V's),
+    ``kpe_dim`` the rope part, and there is one latent KV head."""
+
+    name: str
+    op: str
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    kpe_dim: int = 0
+
+    @property
+    def causal(self) -> bool:
+        return self.op not in ("decode", "mla_decode")
+
+    @property
+    def is_fib(self) -> bool:
+        """A FlashInfer-Bench definition (else a family name of ours, e.g. a page size 16 decode)."""
+        return self.name in FIB_DEFINITIONS
+
+    @property
+    def group(self) -> int:
+        return self.num_qo_heads // self.num_kv_heads
+
+
+@lru_cache(maxsize=None)
+def parse_definition(name: str) -> Definition:
+    """``gqa_paged_{decode,prefill_causal,multi_token_decode}_h<H>_kv<KV>_d<D>_ps<P>`` or
+    ``mla_paged_{decode,prefill_causal}_h<H>_ckv<C>_kpe<R>_ps<P>``; ValueError for anything else."""
+    m = _GQA_NAME.fullmatch(name)
+    if m:
+        op, h, kv, d, ps = m.group(1), *map(int, m.groups()[1:])
+        if not (h >= 1 and kv >= 1 and h % kv == 0 and d >= 1 and ps >= 1):
+            raise ValueError(f"{name!r}: need h a multiple of kv, all >= 1")
+        return Definition(name, _GQA_OPS[op], h, kv, d, ps)
+    m = _MLA_NAME.fullmatch(name)
+    if m:
+        op, h, ckv, kpe, ps = m.group(1), *map(int, m.groups()[1:])
+        if min(h, ckv, kpe, ps) < 1:
+            raise ValueError(f"{name!r}: every size must be >= 1")
+        return Definition(name, _MLA_OPS[op], h, 1, ckv, ps, kpe_dim=kpe)
+    raise ValueError(f"not a definition name: {name!r} (want e.g. gqa_paged_decode_h20_kv4_d128_ps1, "
+                     "gqa_paged_prefill_causal_h32_kv8_d128_ps64, mla_paged_prefill_causal_h16_ckv512_kpe64_ps1)")
+
+
+def gqa_name(op: str, num_qo_heads: int, num_kv_heads: int, page_size: int, head_dim: int = 128) -> str:
+    """The definition name of a GQA family member (``op``: decode / prefill / mtp)."""
+    spelled = {v: k for k, v in _GQA_OPS.items()}[op]
+    return f"gqa_paged_{spelled}_h{num_qo_heads}_kv{num_kv_heads}_d{head_dim}_ps{page_size}"
+
+
+def op_of(kernel: str) -> str:
+    return parse_definition(kernel).op
+
+
+def short_name(kernel: str) -> str:
+    """'decode' / 'prefill' / 'mla' / 'mtp' for the four bench kernels, else 'decode:h20/kv4/ps1' and the like."""
+    for short, name in KERNEL_ALIASES.items():
+        if name == kernel:
+            return short
+    try:
+        d = parse_definition(kernel)
+    except ValueError:
+        return kernel
+    if d.op.startswith("mla"):
+        return f"{d.op}:h{d.num_qo_heads}/ps{d.page_size}"
+    return f"{d.op}:h{d.num_qo_heads}/kv{d.num_kv_heads}/ps{d.page_size}"
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -51,45 +164,32 @@ class Workload:
     def batch(self) -> int:
         return len(self.kv_lens)
 
+    @property
+    def definition(self) -> Definition:
+        return parse_definition(self.kernel)
+
     def build_case(self, device: str, seed: int = 0):
-        """Build the case object (inputs on `device`) through cute_attn.testing."""
+        """Build the case object (inputs on `device`) through cute_attn.testing, with the head layout and page
+        size the definition name gives."""
         from cute_attn import testing  # lazy: the CPU tier tests labels without tensors
 
-        if self.kernel == PREFILL:
-            return testing.make_gqa_prefill_case(
-                list(self.q_lens), list(self.kv_lens),
-                num_qo_heads=GQA_PREFILL_HEADS["num_qo_heads"],
-                num_kv_heads=GQA_PREFILL_HEADS["num_kv_heads"],
-                head_dim=GQA_PREFILL_HEADS["head_dim"],
-                page_size=GQA_PREFILL_HEADS["page_size"],
-                device=device, seed=seed,
-            )
-        if self.kernel == DECODE:
-            return testing.make_gqa_decode_case(
-                list(self.kv_lens),
-                num_qo_heads=GQA_DECODE_HEADS["num_qo_heads"],
-                num_kv_heads=GQA_DECODE_HEADS["num_kv_heads"],
-                head_dim=GQA_DECODE_HEADS["head_dim"],
-                page_size=GQA_DECODE_HEADS["page_size"],
-                device=device, seed=seed,
-            )
-        if self.kernel == MTP_DECODE:
-            return testing.make_gqa_multi_token_decode_case(
-                list(self.q_lens), list(self.kv_lens),
-                num_qo_heads=GQA_DECODE_HEADS["num_qo_heads"],
-                num_kv_heads=GQA_DECODE_HEADS["num_kv_heads"],
-                head_dim=GQA_DECODE_HEADS["head_dim"],
-                page_size=GQA_DECODE_HEADS["page_size"],
-                device=device, seed=seed,
-            )
-        if self.kernel == MLA:
+        d = self.definition
+        gqa = dict(num_qo_heads=d.num_qo_heads, num_kv_heads=d.num_kv_heads, head_dim=d.head_dim,
+                   page_size=d.page_size, device=device, seed=seed)
+        if d.op == "prefill":
+            return testing.make_gqa_prefill_case(list(self.q_lens), list(self.kv_lens), **gqa)
+        if d.op == "decode":
+            return testing.make_gqa_decode_case(list(self.kv_lens), **gqa)
+        if d.op == "mtp":
+            return testing.make_gqa_multi_token_decode_case(list(self.q_lens), list(self.kv_lens), **gqa)
+        if d.op == "mla":
             return testing.make_mla_prefill_case(
                 list(self.q_lens), list(self.kv_lens),
-                num_heads=MLA_DIMS["num_heads"], ckv_dim=MLA_DIMS["ckv_dim"],
-                kpe_dim=MLA_DIMS["kpe_dim"], num_pages=MLA_POOL_PAGES,
+                num_heads=d.num_qo_heads, ckv_dim=d.head_dim, kpe_dim=d.kpe_dim, page_size=d.page_size,
+                num_pages=MLA_POOL_PAGES if self.kernel == MLA else None,
                 device=device, seed=seed,
             )
-        raise ValueError(f"unknown kernel {self.kernel!r}")
+        raise ValueError(f"the bench has no case builder for {self.kernel!r} ({d.op})")
 
 
 # ----------------------------------------------------------------------------- labels
@@ -186,16 +286,85 @@ def _mla_workloads() -> List[Workload]:
 
 
 def all_workloads() -> List[Workload]:
+    """The four bench kernels' lists (``--kernel all``); the family (``--kernel family``) is separate."""
     return _prefill_workloads() + _decode_workloads() + _mla_workloads() + _mtp_workloads()
 
 
-def select_workloads(kernel: str = "all", names: Optional[Sequence[str]] = None,
+# ----------------------------------------------------------------------------- the kernel family (issue 10)
+
+#: each definition's representative workload: decode 64 requests x 2048 keys, prefill 8 x 992 queries over 992
+FAMILY_DECODE = (64, 2048)
+FAMILY_PREFILL = (8, 992, 992)
+#: head layouts of the FlashInfer-Bench GQA definitions (any page size), in the folder's order
+FIB_DECODE_LAYOUTS = tuple(dict.fromkeys((d.num_qo_heads, d.num_kv_heads) for d in map(parse_definition, FIB_DEFINITIONS)
+                                         if d.op == "decode"))
+FIB_PREFILL_LAYOUTS = tuple(dict.fromkeys((d.num_qo_heads, d.num_kv_heads) for d in map(parse_definition, FIB_DEFINITIONS)
+                                          if d.op == "prefill"))
+#: page sizes every FIB head layout is benchmarked at (whether or not FIB publishes that page size)
+FAMILY_PAGE_SIZES = (1, 64)
+
+
+def representative_workloads(kernel: str, quick: bool = False) -> List[Workload]:
+    """The representative workload(s) of any GQA definition name (FIB's or a family name such as
+    ``gqa_paged_decode_h20_kv4_d128_ps16``): decode 64 x 2048, prefill 8 x 992/992, mtp q_len 1 and 4 at 64 x 2048."""
+    d = parse_definition(kernel)
+    if d.op == "decode":
+        b, kv = FAMILY_DECODE
+        return [Workload(kernel, decode_label(b, kv), (1,) * b, (kv,) * b, quick=quick)]
+    if d.op == "prefill":
+        b, q, kv = FAMILY_PREFILL
+        return [Workload(kernel, prefill_label(b, q, kv), (q,) * b, (kv,) * b, quick=quick)]
+    if d.op == "mtp":
+        b, kv = FAMILY_DECODE
+        return [Workload(kernel, mtp_label(b, q, kv), (q,) * b, (kv,) * b, quick=quick) for q in (1, 4)]
+    raise ValueError(f"no representative workload for {kernel!r} ({d.op}): the bench's MLA workloads are the "
+                     f"engine's recorded ones, --kernel mla")
+
+
+def _dedupe(workloads: Sequence[Workload]) -> List[Workload]:
+    """First occurrence of each (kernel, label) wins (so its quick flag does)."""
+    seen, out = set(), []
+    for w in workloads:
+        if (w.kernel, w.label) not in seen:
+            seen.add((w.kernel, w.label))
+            out.append(w)
+    return out
+
+
+def family_workloads() -> List[Workload]:
+    """Issue 10's points, each recorded under its definition name.
+
+    quick: decode h20/kv4 at page 1 / 16 / 64, 64 x 2048 (the page-size targets) and prefill h32/kv4 page 1 at
+    8 x 992. Then decode h20/kv4 page 1 at 128 x 4096, and every FIB GQA head layout at page 1 and 64
+    (decode 64 x 2048, prefill 8 x 992/992)."""
+    b, kv = FAMILY_DECODE
+    out = [Workload(gqa_name("decode", 20, 4, ps), decode_label(b, kv), (1,) * b, (kv,) * b, quick=True)
+           for ps in (1, 16, 64)]
+    out += representative_workloads(gqa_name("prefill", 32, 4, 1), quick=True)
+    out.append(Workload(gqa_name("decode", 20, 4, 1), decode_label(128, 4096), (1,) * 128, (4096,) * 128))
+    for op, layouts in (("decode", FIB_DECODE_LAYOUTS), ("prefill", FIB_PREFILL_LAYOUTS)):
+        for h, hk in layouts:
+            for ps in FAMILY_PAGE_SIZES:
+                out += representative_workloads(gqa_name(op, h, hk, ps))
+    return _dedupe(out)
+
+
+def _for_kernel(kernel: str) -> List[Workload]:
+    if kernel == "all":
+        return all_workloads()
+    if kernel == "family":
+        return family_workloads()
+    want = KERNEL_ALIASES.get(kernel, kernel)
+    listed = [w for w in _dedupe(all_workloads() + family_workloads()) if w.kernel == want]
+    return listed or representative_workloads(want, quick=True)  # ValueError for a name that is no definition
+
+
+def select_workloads(kernel: Union[str, Sequence[str]] = "all", names: Optional[Sequence[str]] = None,
                      quick: bool = False) -> List[Workload]:
-    """Filter by --kernel (short or definition name), --workloads (labels or substrings), --quick."""
-    wl = all_workloads()
-    if kernel != "all":
-        want = KERNEL_ALIASES.get(kernel, kernel)
-        wl = [w for w in wl if w.kernel == want]
+    """Filter by --kernel (one or more of: all, family, a short name, any definition name), --workloads (labels
+    or substrings), --quick. A definition name without listed workloads gets its representative one."""
+    kernels = [kernel] if isinstance(kernel, str) else list(kernel)
+    wl = _dedupe([w for k in kernels for w in _for_kernel(k)])
     if names:
         wl = [w for w in wl if any(n == w.label or n in w.label for n in names)]
     if quick:
@@ -227,42 +396,46 @@ def pages_of(kv_len: int, page_size: int) -> int:
 
 def workload_flops(w: Workload) -> int:
     """2 * heads * (qk_dim + v_dim) per visible pair (QK^T and PV are each 2*d FLOPs per pair)."""
-    if w.kernel == PREFILL:
-        h, d = GQA_PREFILL_HEADS["num_qo_heads"], GQA_PREFILL_HEADS["head_dim"]
-        per_pair, causal = 2 * h * (d + d), True
-    elif w.kernel == DECODE:
-        h, d = GQA_DECODE_HEADS["num_qo_heads"], GQA_DECODE_HEADS["head_dim"]
-        per_pair, causal = 2 * h * (d + d), False  # one query sees every key
-    elif w.kernel == MTP_DECODE:
-        h, d = GQA_DECODE_HEADS["num_qo_heads"], GQA_DECODE_HEADS["head_dim"]
-        per_pair, causal = 2 * h * (d + d), True  # draft tokens: bottom-right causal
-    elif w.kernel == MLA:
-        h = MLA_DIMS["num_heads"]
-        qk = MLA_DIMS["ckv_dim"] + MLA_DIMS["kpe_dim"]
-        per_pair, causal = 2 * h * (qk + MLA_DIMS["ckv_dim"]), True
+    d = w.definition
+    if d.op in ("prefill", "decode", "mtp"):
+        per_pair = 2 * d.num_qo_heads * (d.head_dim + d.head_dim)  # decode: one query sees every key
+    elif d.op in ("mla", "mla_decode"):
+        per_pair = 2 * d.num_qo_heads * ((d.head_dim + d.kpe_dim) + d.head_dim)
     else:
         raise ValueError(w.kernel)
-    return per_pair * sum(visible_pairs(q, kv, causal) for q, kv in zip(w.q_lens, w.kv_lens))
+    return per_pair * sum(visible_pairs(q, kv, d.causal) for q, kv in zip(w.q_lens, w.kv_lens))
 
 
 def workload_bytes(w: Workload) -> int:
     """Minimum unique bytes: q + output + lse + each K/V (ckv/kpe) row read once + index arrays."""
+    d = w.definition
     b = w.batch
     total_q = sum(w.q_lens)
     rows = sum(keys_read(q, kv) for q, kv in zip(w.q_lens, w.kv_lens))
-    if w.kernel in (PREFILL, DECODE, MTP_DECODE):
-        c = GQA_PREFILL_HEADS if w.kernel == PREFILL else GQA_DECODE_HEADS
-        h, hk, d, ps = c["num_qo_heads"], c["num_kv_heads"], c["head_dim"], c["page_size"]
-        act = 2 * total_q * h * d * BF16 + total_q * h * FP32  # q + out, lse
-        kv = rows * hk * d * BF16 * 2  # K and V
+    if d.op in ("prefill", "decode", "mtp"):
+        h, hk, hd, ps = d.num_qo_heads, d.num_kv_heads, d.head_dim, d.page_size
+        act = 2 * total_q * h * hd * BF16 + total_q * h * FP32  # q + out, lse
+        kv = rows * hk * hd * BF16 * 2  # K and V
         n_pages = sum(pages_of(kv, ps) for kv in w.kv_lens)
         # kv_indptr + kv_indices + kv_last_page_len (+ qo_indptr for prefill)
-        idx = ((b + 1) + n_pages + b + ((b + 1) if w.kernel != DECODE else 0)) * INT32
+        idx = ((b + 1) + n_pages + b + ((b + 1) if d.op != "decode" else 0)) * INT32
         return act + kv + idx
-    if w.kernel == MLA:
-        h, dc, dp = MLA_DIMS["num_heads"], MLA_DIMS["ckv_dim"], MLA_DIMS["kpe_dim"]
+    if d.op == "mla":
+        h, dc, dp = d.num_qo_heads, d.head_dim, d.kpe_dim
         act = total_q * h * (dc + dp) * BF16 + total_q * h * dc * BF16 + total_q * h * FP32
         kv = rows * (dc + dp) * BF16
-        idx = (2 * (b + 1) + sum(w.kv_lens)) * INT32  # qo_indptr, kv_indptr, kv_indices
+        n_pages = sum(pages_of(kv, d.page_size) for kv in w.kv_lens)
+        last = b if d.page_size > 1 else 0  # kv_last_page_len only above page size 1
+        idx = (2 * (b + 1) + n_pages + last) * INT32  # qo_indptr, kv_indptr, kv_indices
         return act + kv + idx
     raise ValueError(w.kernel)
+
+
+# The four kernels' constants and their names must agree (the formulas read the names).
+for _name, _c in ((PREFILL, GQA_PREFILL_HEADS), (DECODE, GQA_DECODE_HEADS), (MTP_DECODE, GQA_DECODE_HEADS)):
+    _d = parse_definition(_name)
+    assert (_d.num_qo_heads, _d.num_kv_heads, _d.head_dim, _d.page_size) == \
+        (_c["num_qo_heads"], _c["num_kv_heads"], _c["head_dim"], _c["page_size"]), _name
+assert (parse_definition(MLA).num_qo_heads, parse_definition(MLA).head_dim, parse_definition(MLA).kpe_dim,
+        parse_definition(MLA).page_size) == (MLA_DIMS["num_heads"], MLA_DIMS["ckv_dim"], MLA_DIMS["kpe_dim"],
+                                             MLA_DIMS["page_size"])
