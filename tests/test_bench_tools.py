@@ -368,3 +368,170 @@ def test_issue_targets_from_records():
     assert rows["prefill n16_q992_kv992 vs FA4"]["met"] is None
     assert rows["decode n1_kv3232"]["met"] is True and rows["decode n64_kv2048"]["met"] is False
     assert rows["host overhead (wall - span), worst GQA case"]["met"] is False  # 22.5 us on decode n1
+
+
+# ----------------------------------------------------------------------------- the kernel family (issue 10)
+
+
+def test_definition_names_parse():
+    d = bw.parse_definition("gqa_paged_decode_h20_kv4_d128_ps1")
+    assert (d.op, d.num_qo_heads, d.num_kv_heads, d.head_dim, d.page_size, d.causal, d.is_fib) == \
+        ("decode", 20, 4, 128, 1, False, True)
+    d = bw.parse_definition("gqa_paged_prefill_causal_h32_kv8_d128_ps1")
+    assert (d.op, d.num_qo_heads, d.num_kv_heads, d.page_size, d.causal, d.group) == ("prefill", 32, 8, 1, True, 4)
+    d = bw.parse_definition("gqa_paged_decode_h20_kv4_d128_ps16")  # ours, for the page-16 target
+    assert d.page_size == 16 and not d.is_fib
+    d = bw.parse_definition(bw.MLA)
+    assert (d.op, d.num_qo_heads, d.head_dim, d.kpe_dim, d.page_size) == ("mla", 16, 512, 64, 1)
+    assert bw.parse_definition(bw.MTP_DECODE).op == "mtp"
+    for name in bw.FIB_DEFINITIONS:  # every FIB name parses and spells back
+        d = bw.parse_definition(name)
+        if not d.op.startswith("mla"):
+            assert bw.gqa_name(d.op, d.num_qo_heads, d.num_kv_heads, d.page_size, d.head_dim) == name
+    assert len(bw.FIB_DEFINITIONS) == len(set(bw.FIB_DEFINITIONS)) == 43
+    for bad in ("gqa_ragged_prefill", "gqa_paged_decode_h20_kv3_d128_ps1", "gqa_paged_decode_h20_kv4_d128",
+                "decode", "gqa_paged_decode_h20_kv4_d128_ps1x"):
+        with pytest.raises(ValueError):
+            bw.parse_definition(bad)
+    # The four bench kernels keep their short labels; family members get a compact one.
+    assert [bw.short_name(k) for k in (bw.PREFILL, bw.DECODE, bw.MLA, bw.MTP_DECODE)] == \
+        ["prefill", "decode", "mla", "mtp"]
+    assert bw.short_name("gqa_paged_decode_h20_kv4_d128_ps16") == "decode:h20/kv4/ps16"
+
+
+def test_fib_definition_list_matches_the_spec_folder():
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "spec",
+                          "fib-definitions")
+    if not os.path.isdir(folder):
+        pytest.skip("no ../shared/spec/fib-definitions here")
+    names = sorted(f[:-5] for f in os.listdir(folder) if f.endswith(".json"))
+    assert names == sorted(bw.FIB_DEFINITIONS)
+
+
+def test_family_selection():
+    fam = bw.select_workloads("family")
+    keys = [(w.kernel, w.label) for w in fam]
+    assert len(keys) == len(set(keys))
+    for ps in (1, 16, 64):
+        assert (bw.gqa_name("decode", 20, 4, ps), "n64_kv2048") in keys
+    assert (bw.gqa_name("decode", 20, 4, 1), "n128_kv4096") in keys
+    assert (bw.gqa_name("prefill", 32, 4, 1), "n8_q992_kv992") in keys
+    assert (bw.DECODE, "n64_kv2048") in keys  # the page-64 decode is the bench's own decode definition
+    for name in bw.FIB_DEFINITIONS:  # every FIB GQA definition has its representative workload
+        d = bw.parse_definition(name)
+        if d.op == "decode":
+            assert (name, "n64_kv2048") in keys, name
+        elif d.op == "prefill":
+            assert (name, "n8_q992_kv992") in keys, name
+    for h, hk in bw.FIB_DECODE_LAYOUTS:  # and every head layout at page 1 and 64
+        assert {d.page_size for k, _ in keys for d in [bw.parse_definition(k)]
+                if d.op == "decode" and (d.num_qo_heads, d.num_kv_heads) == (h, hk)} >= {1, 64}
+    quick = bw.select_workloads("family", quick=True)
+    assert [(bw.short_name(w.kernel), w.label) for w in quick] == [
+        ("decode:h20/kv4/ps1", "n64_kv2048"), ("decode:h20/kv4/ps16", "n64_kv2048"), ("decode", "n64_kv2048"),
+        ("prefill:h32/kv4/ps1", "n8_q992_kv992")]
+    # all stays the four kernels' lists; several --kernel values merge without duplicates
+    assert not {w.kernel for w in bw.select_workloads("all")} - {bw.PREFILL, bw.DECODE, bw.MLA, bw.MTP_DECODE}
+    both = bw.select_workloads(["decode", "family"])
+    assert len(both) == len({(w.kernel, w.label) for w in both}) == len(bw.select_workloads("decode")) + len(fam) - 1
+    # a definition name: its listed workloads, or its representative one when none is listed
+    assert [w.label for w in bw.select_workloads("gqa_paged_decode_h20_kv4_d128_ps1")] == ["n64_kv2048", "n128_kv4096"]
+    (w,) = bw.select_workloads("gqa_paged_decode_h32_kv8_d128_ps16", quick=True)
+    assert w.label == "n64_kv2048" and w.batch == 64 and w.definition.page_size == 16
+    assert [w.label for w in bw.select_workloads("gqa_paged_multi_token_decode_h32_kv8_d128_ps1")] == \
+        ["n64_q1_kv2048", "n64_q4_kv2048"]
+    with pytest.raises(ValueError):
+        bw.select_workloads("gqa_ragged_prefill")
+    with pytest.raises(ValueError, match="MLA"):
+        bw.select_workloads("mla_paged_decode_h16_ckv512_kpe64_ps64")
+
+
+def test_family_counting_by_hand():
+    w = bw.Workload("gqa_paged_decode_h5_kv1_d128_ps1", "t", (1, 1), (3, 2))
+    assert bw.workload_flops(w) == 2 * 5 * 256 * 5
+    act = 2 * 2 * 5 * 128 * 2 + 2 * 5 * 4
+    kv = 5 * 1 * 128 * 2 * 2
+    idx = (3 + 5 + 2) * 4  # kv_indptr, 5 one-key pages, last_page_len
+    assert bw.workload_bytes(w) == act + kv + idx
+    w16 = bw.Workload("gqa_paged_decode_h5_kv1_d128_ps16", "t", (1, 1), (3, 2))
+    assert bw.workload_bytes(w) - bw.workload_bytes(w16) == 3 * 4  # 5 pages against 2
+
+
+@pytest.mark.parametrize("kernel,q_lens,kv_lens", [
+    ("gqa_paged_decode_h5_kv1_d128_ps1", (1, 1), (3, 70)),
+    ("gqa_paged_decode_h20_kv4_d128_ps16", (1, 1), (17, 5)),
+    ("gqa_paged_prefill_causal_h6_kv1_d128_ps1", (3, 5), (4, 5)),
+    ("gqa_paged_prefill_causal_h16_kv2_d128_ps64", (3, 5), (70, 5)),
+    ("gqa_paged_multi_token_decode_h24_kv8_d128_ps16", (2, 4), (20, 9)),
+])
+def test_family_case_on_cpu_has_the_definitions_shapes(kernel, q_lens, kv_lens):
+    w = bw.Workload(kernel, "tiny", q_lens, kv_lens)
+    d = w.definition
+    case = w.build_case("cpu")
+    assert tuple(case.q.shape) == (sum(q_lens), d.num_qo_heads, d.head_dim)
+    assert tuple(case.k_cache.shape[1:]) == (d.page_size, d.num_kv_heads, d.head_dim) == tuple(case.v_cache.shape[1:])
+    assert bp._dims(case) == dict(num_qo_heads=d.num_qo_heads, num_kv_heads=d.num_kv_heads, head_dim=d.head_dim,
+                                  page_size=d.page_size)  # what FlashInfer's plan() is given
+    pages = [bw.pages_of(n, d.page_size) for n in kv_lens]
+    assert (case.kv_indptr[1:] - case.kv_indptr[:-1]).tolist() == pages
+    ref = bp.reference(kernel, case)
+    assert ref[0].shape == case.q.shape and bp.check(ref, ref) == (True, "")
+    names = [impl for impl, setup in bp.runners_for(kernel)]  # (name, setup) pairs, ours first
+    assert names[:4] == list(bp.CUTE_ATTN_MODES) and len(names) > 4
+    assert ("fa4" in names) == (d.op != "mtp")
+
+
+def test_family_configs_for_the_no_gpu_path():
+    import bench_no_gpu as ng
+
+    c = ng.attention_config("gqa_paged_decode_h20_kv4_d128_ps1", "sm_90a")
+    assert (c.kind, c.num_qo_heads, c.num_kv_heads, c.page_size, c.causal) == ("gqa_paged_decode", 20, 4, 1, False)
+    c = ng.attention_config("gqa_paged_prefill_causal_h40_kv10_d128_ps1", "sm_90a")
+    assert (c.kind, c.num_qo_heads, c.num_kv_heads, c.page_size, c.causal) == ("gqa_paged_prefill", 40, 10, 1, True)
+    assert ng.attention_config(bw.DECODE, "sm_90a") == ng.attention_config("gqa_paged_decode_h20_kv4_d128_ps64",
+                                                                           "sm_90a")
+    quick = bw.select_workloads("family", quick=True)
+    plans = [ng.plan_workload(w, "sm_90a", iters=1) for w in quick]
+    assert all(p["num_items"] > 0 for p in plans)
+    kernels = ng.kernels_to_compile(quick, plans, "sm_90a")
+    assert [(c.kind, c.page_size) for role, c in kernels if role == "attention"] == [
+        ("gqa_paged_decode", 1), ("gqa_paged_decode", 16), ("gqa_paged_decode", 64), ("gqa_paged_prefill", 1)]
+
+
+def test_family_targets_from_records():
+    import bench_targets
+
+    def rec(kernel, workload, impl, gpu_us, tbps=None, passed=True):
+        return dict(kernel=kernel, workload=workload, impl=impl, gpu_us=gpu_us, wall_us=gpu_us + 10, tbps=tbps,
+                    passed=passed)
+
+    ps16, ps1 = bw.gqa_name("decode", 20, 4, 16), bw.gqa_name("decode", 20, 4, 1)
+    pre1 = bw.gqa_name("prefill", 32, 4, 1)
+    records = [
+        rec(bw.DECODE, "n64_kv2048", "cute_attn", 70.0, tbps=4.0), rec(bw.DECODE, "n64_kv2048", "flashinfer_tc", 80.0),
+        rec(ps16, "n64_kv2048", "cute_attn", 75.0, tbps=3.7), rec(ps16, "n64_kv2048", "flashinfer_tc", 70.0),
+        rec(ps1, "n64_kv2048", "cute_attn", 100.0, tbps=2.8), rec(ps1, "n64_kv2048", "fa4", 90.0, passed=False),
+        rec(pre1, "n8_q992_kv992", "cute_attn", 100.0), rec(pre1, "n8_q992_kv992", "flashinfer_fa3", 150.0),
+    ]
+    rows = {r["target"]: r for r in bench_targets.target_rows(records)}
+    assert rows["decode ps16 n64_kv2048 vs ps64 bandwidth"]["met"] is True  # 92%
+    assert rows["decode ps1 n64_kv2048 vs ps64 bandwidth"]["met"] is False  # 70%
+    assert rows["decode n64_kv2048 vs best peer"]["met"] is True  # 80 / 70
+    assert rows["decode:h20/kv4/ps16 n64_kv2048 vs best peer"]["met"] is False  # 70 / 75
+    assert rows["decode:h20/kv4/ps1 n64_kv2048 vs best peer"]["met"] is None  # the only peer failed its check
+    assert rows["prefill:h32/kv4/ps1 n8_q992_kv992 vs best peer"]["got"] == "1.50x"
+    fib = rows["FIB GQA definitions, representative vs best peer"]
+    # ps16 is no FIB definition, ps1's only peer failed: 2 of the 37 measured, so the row is not measured
+    assert fib["met"] is None and fib["got"] == "2/2 met" and fib["want"] == "37/37"
+    rows = {r["target"]: r for r in bench_targets.target_rows(records[:2])}
+    assert rows["decode ps16 n64_kv2048 vs ps64 bandwidth"]["met"] is None  # not measured
+    assert rows["decode ps1 n64_kv2048 vs ps64 bandwidth"]["got"] is None
+
+
+def test_cli_list_family():
+    p = _run_cli("--list", "--kernel", "family", "--quick")
+    assert p.returncode == 0, p.stderr
+    assert "decode:h20/kv4/ps16" in p.stdout and "prefill:h32/kv4/ps1" in p.stdout
+    assert len(p.stdout.strip().splitlines()) == 4
+    p = _run_cli("--list", "--kernel", "gqa_paged_nonsense")
+    assert p.returncode == 2 and "not a definition name" in p.stdout

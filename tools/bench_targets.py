@@ -4,7 +4,11 @@ Targets (issues "GQA paged prefill" and "GQA paged decode"):
 - prefill: GPU span <= FA4's / 1.25 on each seed workload (n1..n32 x 992/992), same run;
 - decode: n1_kv3232 <= 8 us, n16_kv2048 <= 25 us, >= 4.1 TB/s at n64_kv2048 and n128_kv4096;
 - both: host overhead (CUDA-event wall time - GPU span, plan cached) <= 15 us per call;
-- multi-token decode (issue 10): q_len 4 at 64 x 2048 costs <= 1.3x q_len 1 (same run, same kernel).
+- multi-token decode (issue 10): q_len 4 at 64 x 2048 costs <= 1.3x q_len 1 (same run, same kernel);
+- kernel family (issue 10): page-16 decode >= 90% and page-1 decode >= 75% of our page-64 decode bandwidth at
+  64 x 2048 (h20/kv4); each definition's representative workload (decode 64 x 2048, prefill 8 x 992) at least
+  as fast as the best peer that passed, one row per definition in the records plus a row over all 37 FIB GQA
+  definitions (measured only when every one has rows).
 """
 
 from __future__ import annotations
@@ -20,6 +24,10 @@ HOST_OVERHEAD_US = 15.0
 FA4_SPEEDUP = 1.25
 MTP_PAIR = (bw.mtp_label(64, 1, 2048), bw.mtp_label(64, 4, 2048))
 MTP_MAX_RATIO = 1.3
+FAMILY_LABEL = bw.decode_label(*bw.FAMILY_DECODE)
+PAGE_BANDWIDTH = ((16, 0.90), (1, 0.75))  # page size -> fraction of the page-64 decode bandwidth at 64 x 2048
+REPRESENTATIVE = {"decode": bw.decode_label(*bw.FAMILY_DECODE), "prefill": bw.prefill_label(*bw.FAMILY_PREFILL)}
+FIB_GQA = tuple(n for n in bw.FIB_DEFINITIONS if bw.parse_definition(n).op in REPRESENTATIVE)
 
 
 def _find(records: List[Dict], kernel: str, workload: str, impl: str) -> Optional[Dict]:
@@ -27,6 +35,24 @@ def _find(records: List[Dict], kernel: str, workload: str, impl: str) -> Optiona
         if (r["kernel"], r["workload"], r["impl"]) == (kernel, workload, impl) and r.get("gpu_us"):
             return r
     return None
+
+
+def _representative(kernel: str) -> Optional[str]:
+    """The representative workload's label of a GQA decode / prefill definition name, else None."""
+    try:
+        return REPRESENTATIVE.get(bw.parse_definition(kernel).op)
+    except ValueError:
+        return None
+
+
+def _vs_best_peer(records: List[Dict], kernel: str, label: str) -> Optional[float]:
+    """Best passing peer's GPU time / ours (cute_attn, passing); None when either is missing."""
+    ours = _find(records, kernel, label, "cute_attn")
+    peers = [r["gpu_us"] for r in records if (r["kernel"], r["workload"]) == (kernel, label)
+             and not r["impl"].startswith("cute_attn") and r.get("gpu_us") and r.get("passed")]
+    if not ours or not ours["passed"] or not peers:
+        return None
+    return min(peers) / ours["gpu_us"]
 
 
 def target_rows(records: List[Dict]) -> List[Dict]:
@@ -55,6 +81,26 @@ def target_rows(records: List[Dict]) -> List[Dict]:
     ratio = four["gpu_us"] / one["gpu_us"] if one and four and one["passed"] and four["passed"] else None
     add(f"mtp {MTP_PAIR[1]} / {MTP_PAIR[0]}", f"<= {MTP_MAX_RATIO:g}x", None if ratio is None else f"{ratio:.2f}x",
         None if ratio is None else ratio <= MTP_MAX_RATIO)
+    base = _find(records, bw.DECODE, FAMILY_LABEL, "cute_attn")
+    for ps, frac in PAGE_BANDWIDTH:
+        other = _find(records, bw.gqa_name("decode", 20, 4, ps), FAMILY_LABEL, "cute_attn")
+        ok = base and other and base["passed"] and other["passed"] and base.get("tbps") and other.get("tbps")
+        share = other["tbps"] / base["tbps"] if ok else None
+        add(f"decode ps{ps} {FAMILY_LABEL} vs ps64 bandwidth", f">= {100 * frac:.0f}%",
+            None if share is None else f"{100 * share:.0f}%", None if share is None else share >= frac)
+    verdicts = {}
+    for kernel in dict.fromkeys(r["kernel"] for r in records):
+        label = _representative(kernel)
+        if label is None:
+            continue
+        ratio = _vs_best_peer(records, kernel, label)
+        verdicts[kernel] = None if ratio is None else ratio >= 1.0
+        add(f"{bw.short_name(kernel)} {label} vs best peer", ">= 1.00x", None if ratio is None else f"{ratio:.2f}x",
+            verdicts[kernel])
+    measured = [n for n in FIB_GQA if verdicts.get(n) is not None]
+    met = sum(bool(verdicts[n]) for n in measured)
+    add("FIB GQA definitions, representative vs best peer", f"{len(FIB_GQA)}/{len(FIB_GQA)}",
+        f"{met}/{len(measured)} met", None if len(measured) < len(FIB_GQA) else met == len(FIB_GQA))
     ours = [r for r in records if r["impl"] == "cute_attn" and r.get("gpu_us") and r.get("wall_us")
             and r["kernel"] in (bw.PREFILL, bw.DECODE)]
     if ours:
@@ -69,4 +115,4 @@ def print_targets(records: List[Dict]) -> None:
     print("\nissue targets:")
     for r in rows:
         verdict = {True: "met", False: "NOT met", None: "not measured"}[r["met"]]
-        print(f"  {r['target']:45s} want {r['want']:>10s}  got {str(r['got']):>10s}  {verdict}")
+        print(f"  {r['target']:55s} want {r['want']:>10s}  got {str(r['got']):>10s}  {verdict}")
