@@ -240,8 +240,9 @@ def write_png(records: List[Dict], path: str, caption: str = "") -> None:
             hatch = None if all(r["passed"] for r in rows if r["impl"] == impl and r.get(key)) else "//"
             ax.bar([x + i * width for x in range(len(wls))], vals, width, label=impl, hatch=hatch)
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(wls))])
-        ax.set_xticklabels(wls, fontsize=7 if len(wls) < 12 else 5, rotation=0 if len(wls) < 12 else 60,
-                           ha="center" if len(wls) < 12 else "right")
+        dense = len(wls) > 6 or any(len(x) > 22 for x in wls)
+        ax.set_xticklabels(wls, fontsize=5 if dense else 7, rotation=40 if dense else 0,
+                           ha="right" if dense else "center")
         ax.set_ylabel(unit, fontsize=8)
         ax.set_title(f"{title}  (hatched: failed the check)", fontsize=9)
         ax.legend(fontsize=6, ncol=len(impls), loc="lower center", bbox_to_anchor=(0.5, 1.08), frameon=False)
