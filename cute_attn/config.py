@@ -122,6 +122,9 @@ class PagedAttentionConfig(KernelConfig):
     intra_wg_overlap: bool = False
     #: sm_90a prefill: write the bf16 output tile through shared memory with 16-byte coalesced stores
     smem_epilogue: bool = False
+    #: planner: at most this many query tokens per tile (0: as many as tile_q_rows holds); multi-token decode's
+    #: kernel computes 8 tokens' rows, so a longer request is cut into several items rather than truncated
+    max_tile_tokens: int = 0
 
     @property
     def group_size(self) -> int:
@@ -131,7 +134,10 @@ class PagedAttentionConfig(KernelConfig):
     def packed_rows_per_tile(self) -> int:
         """Packed rows the planner puts in one M tile: whole tokens, ``(tile_q_rows // group) * group`` (a group
         of 5 fills 125 of 128 rows; the kernel computes the rest and never stores them)."""
-        return max(1, self.tile_q_rows // self.group_size) * self.group_size
+        tokens = max(1, self.tile_q_rows // self.group_size)
+        if self.max_tile_tokens > 0:
+            tokens = min(tokens, self.max_tile_tokens)
+        return tokens * self.group_size
 
     def plan_config(self, num_ctas: int):
         from .plan import PlanConfig  # plan.py is numpy-only; keep config importable without it

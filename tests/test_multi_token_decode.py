@@ -213,3 +213,26 @@ def test_spec_strategy_draws_one_to_eight_tokens():
         assert all(kv >= q for q, kv in zip(lens["q_lens"], lens["kv_lens"]))
 
     check()
+
+
+@pytest.mark.parametrize("group", [1, 5, 16])
+def test_requests_past_the_kernels_token_bound_are_planned_as_several_items(group):
+    """The device path reads no q_len on the host, so a 12-token request must come out right, not truncated: no
+    item holds more than MAX_QUERY_TOKENS tokens' rows (the rows the kernel computes), and every row is covered."""
+    from cute_attn.config import default_paged_config
+    from cute_attn.plan import ItemField
+    from cute_attn.plan import plan_work
+    from cute_attn.plan_executor import plan_coverage
+    from cute_attn.plan_partition import partition_plan
+
+    config = default_paged_config(mtd.SPEC.name, arch="sm_90a", num_qo_heads=2 * group, num_kv_heads=2,
+                                  head_dim_qk=128, head_dim_v=128, page_size=64, causal=True)
+    assert config.packed_rows_per_tile <= mtd.MAX_QUERY_TOKENS * group
+    q_lens, kv_lens = [12, 3], [300, 40]
+    for planner in (plan_work, partition_plan):
+        plan = planner(config.plan_config(8), q_lens, kv_lens)
+        assert (plan.valid_items()[:, ItemField.Q_ROW_COUNT] <= mtd.MAX_QUERY_TOKENS * group).all()
+        for b, counts in enumerate(plan_coverage(plan, q_lens, kv_lens)):
+            t = np.arange(q_lens[b])[:, None]
+            j = np.arange(kv_lens[b])[None, :]
+            assert (counts == (j <= t + kv_lens[b] - q_lens[b])).all()

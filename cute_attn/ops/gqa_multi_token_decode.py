@@ -51,12 +51,19 @@ def strategy():
     return testing.multi_token_batches().map(lambda lens: {"q_lens": lens[0], "kv_lens": lens[1]})
 
 
+def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size) -> dict:
+    """Decode's tiles, with at most MAX_QUERY_TOKENS tokens per item: the kernel computes that many tokens' rows,
+    so a longer request (possible when no host check reads q_len) is planned as several items, never truncated."""
+    tiles = gqa_decode.default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size)
+    return {**tiles, "max_tile_tokens": MAX_QUERY_TOKENS}
+
+
 SPEC = OpSpec(
     name="gqa_paged_multi_token_decode", arg_names=ARG_NAMES,
     index_names=("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"), causal=True, check=check,
     signature=signature, reference=reference.gqa_paged_prefill_ref,
     make_case=testing.make_gqa_multi_token_decode_case, strategy=strategy,
-    default_tiles=gqa_decode.default_tiles, shape_reason=gqa_decode.shape_reason,
+    default_tiles=default_tiles, shape_reason=gqa_decode.shape_reason,
     kernel_modules=gqa_decode.SPEC.kernel_modules,
 )
 
@@ -71,8 +78,8 @@ def gqa_paged_multi_token_decode(
     Shapes and dtypes: those of :func:`gqa_paged_prefill` (``q [total_q, num_qo_heads, head_dim]``, ``qo_indptr
     [batch + 1]``: request b's query tokens are rows ``qo_indptr[b] .. qo_indptr[b+1]-1``), with 1..8 query tokens
     per request and ``kv_len >= q_len`` (checked from the index values with ``check_indices=True``; by default the
-    call plans on the GPU, whose index checks (:func:`cute_attn.raise_on_device_error`) do not cover q_len: a
-    request past 8 tokens gets 0 / lse -inf in its rows beyond the kernel's bound, and nothing is written elsewhere). The tokens are the
+    call plans on the GPU, which does not check q_len: a longer request is still computed right, as several items
+    of at most 8 tokens). The tokens are the
     request's last ``q_len`` positions, causal among themselves: token t sees keys ``j <= t + kv_len - q_len``.
     ``lse`` is base 2 unless ``natural_lse=True``.
 
