@@ -303,6 +303,16 @@ def _target_arch(arch: str | None, device: torch.device) -> str:
     return resolve_arch(arch)
 
 
+def _checked_config(spec, args: tuple, output, lse, arch: str | None):
+    """``(problem, config)`` after the kind's shape rules, the device rule and the kernel's rules; the index values
+    are read here only when they live on the host (free to read there: a bad one is named before the device rule)."""
+    problem, _ = spec.check(*args, output, lse, check_indices=False)
+    if problem.device.type != "cuda":
+        spec.check(*args, output, lse, check_indices=True)
+    _require_cuda(problem.device)
+    return problem, _make_config(spec, problem, arch)
+
+
 def _make_config(spec, problem: validate.PagedProblem, arch: str | None) -> PagedAttentionConfig:
     return _config_for(spec.name, problem.num_qo_heads, problem.num_kv_heads, problem.head_dim_qk, problem.head_dim_v,
                        problem.page_size, _target_arch(arch, problem.device), spec.causal)
@@ -368,11 +378,7 @@ def _device_route(spec, args, output, lse, natural_lse, arch, num_sms) -> _Hit:
     from .device_planning import DevicePlanRoute
 
     validate.check_flag("natural_lse", natural_lse)
-    problem, _ = spec.check(*args, output, lse, check_indices=False)
-    if problem.device.type != "cuda":  # index values on the host cost nothing to read: name a bad one first
-        spec.check(*args, output, lse, check_indices=True)
-    _require_cuda(problem.device)
-    config = _make_config(spec, problem, arch)
+    problem, config = _checked_config(spec, args, output, lse, arch)
     launcher = find_launcher(config)
     if launcher is None:
         raise NotImplementedError(f"no {config.arch} kernel for {config.kind} is implemented yet in this version of "
@@ -418,11 +424,7 @@ def _run_full(spec, args, index, output, lse, plan, check_indices, natural_lse, 
     validate.check_flag("check_indices", check_indices)
     if plan is not None and not isinstance(plan, DevicePlan):
         raise TypeError(f"plan must be a DevicePlan (from plan_{spec.name}), got {type(plan).__name__}")
-    problem, _ = spec.check(*args, output, lse, check_indices=False)
-    if problem.device.type != "cuda":  # index values on the host cost nothing to read: name a bad one first
-        spec.check(*args, output, lse, check_indices=True)
-    _require_cuda(problem.device)
-    config = _make_config(spec, problem, arch)
+    problem, config = _checked_config(spec, args, output, lse, arch)
     if plan is None:
         # the value rules also read the page count and total_q: a smaller cache makes old page ids invalid
         plan_key = (config, num_sms, problem.num_pages, problem.total_q)
@@ -482,11 +484,7 @@ def plan_for(spec, args: tuple, *, arch: str | None, num_sms: int | None, on_dev
     if on_device:
         from .device_planning import DevicePlanRoute, allocate_planned
 
-        problem, _ = spec.check(*args, check_indices=False)
-        if problem.device.type != "cuda":
-            spec.check(*args, check_indices=True)
-        _require_cuda(problem.device)
-        config = _make_config(spec, problem, arch)
+        problem, config = _checked_config(spec, args, None, None, arch)
         route = DevicePlanRoute.resolve(spec, config, problem, _num_ctas(config, problem.device, num_sms))
         plan = allocate_planned(config, route.capacity, route.num_ctas, route.batch, problem.device)
         no_rows = torch.empty(0, config.num_qo_heads, config.head_dim_v, dtype=torch.bfloat16, device=problem.device)

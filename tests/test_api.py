@@ -14,6 +14,7 @@ from cute_attn import api, testing
 from cute_attn.config import PagedAttentionConfig
 from cute_attn.ops import get_spec
 from cute_attn.ops import mla_prefill
+from cpu_stand_ins import host_planned_route
 
 
 def prefill_case(**kw):
@@ -197,16 +198,10 @@ class _FastEnv:
             self.launches.append(dict(plan=device_plan, work=device_plan.plan, inputs=inputs, output=output,
                                       lse=lse, natural_lse=natural_lse))
 
-        def host_planned(spec, args, output, lse, natural_lse, arch, num_sms):
-            # the default (device-planned) route needs a GPU for its planner: here it takes the host-planned one,
-            # whose fast path these tests are about (the device route is tested in tests/test_device_planner_gpu.py)
-            index = tuple(t for t in (args[spec.arg_names.index(name)] for name in spec.index_names) if t is not None)
-            return api.run(spec, args, index, output, lse, None, True, natural_lse, arch, num_sms)
-
         monkeypatch.setattr(api, "_require_cuda", lambda device: None)
         monkeypatch.setattr(api, "find_launcher", lambda config: launcher)
         monkeypatch.setattr(api, "_run_full", counting_full)
-        monkeypatch.setattr(api, "_run_device", host_planned)
+        monkeypatch.setattr(api, "_run_device", host_planned_route)
         cute_attn.clear_plan_cache()
 
 

@@ -13,6 +13,7 @@ import cute_attn
 from cute_attn import api, reference, testing
 from cute_attn.ops import mla_decode
 from cute_attn.plan import ItemField as F
+from cpu_stand_ins import host_planned_route
 
 
 def _small(q_lens, kv_lens, page_size, seed=0, **kw):
@@ -89,11 +90,7 @@ def launches(monkeypatch):
     monkeypatch.setattr(api, "find_launcher", lambda config: lambda plan, *a, natural_lse=False: calls.append(
         (plan, a)))
 
-    def host_planned(spec, args, output, lse, natural_lse, arch, num_sms):  # the device planner needs a GPU
-        index = tuple(t for t in (args[spec.arg_names.index(n)] for n in spec.index_names) if t is not None)
-        return api.run(spec, args, index, output, lse, None, True, natural_lse, arch, num_sms)
-
-    monkeypatch.setattr(api, "_run_device", host_planned)
+    monkeypatch.setattr(api, "_run_device", host_planned_route)
     cute_attn.clear_plan_cache()
     yield calls
     cute_attn.clear_plan_cache()

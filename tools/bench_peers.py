@@ -82,7 +82,8 @@ def setup_cute_attn(kernel: str, case, mode: str = "default") -> Prepared:
     elif mode == "host_cold":
         kw = dict(check_indices=True)
     if mode in ("cold", "host_cold"):
-        index = [i for i, name in enumerate(_arg_names(case)) if name in _INDEX_NAMES]
+        index_tensors = [getattr(case, name, None) for name in _INDEX_NAMES]
+        index = [i for i, a in enumerate(args) if any(a is t for t in index_tensors if t is not None)]
         ring = []
         for _ in range(_COLD_RING):
             fresh = list(args)
@@ -105,15 +106,6 @@ def setup_cute_attn(kernel: str, case, mode: str = "default") -> Prepared:
     except NotImplementedError as exc:
         raise Unavailable(f"not available: {exc or 'NotImplementedError'}") from exc
     return Prepared(run)
-
-
-def _arg_names(case) -> tuple:
-    """The entry's argument names, in case.inputs() order."""
-    if hasattr(case, "q_nope"):
-        return ("q_nope", "q_pe", "ckv_cache", "kpe_cache", "qo_indptr", "kv_indptr", "kv_indices", "sm_scale")
-    if hasattr(case, "qo_indptr"):
-        return ("q", "k_cache", "v_cache", "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "sm_scale")
-    return ("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "kv_last_page_len", "sm_scale")
 
 
 # ----------------------------------------------------------------------------- FlashInfer
