@@ -77,6 +77,30 @@ def test_prefill_lists_equal_the_twin(batch):
     _assert_twin(plan, case.qo_indptr.tolist(), case.kv_indptr.tolist(), q_lens, kv_lens, f"prefill {batch}")
 
 
+@pytest.mark.parametrize("batch, longest, scan_ctas, in_shared_memory", [
+    (64, 8000, 2, True),  # ~8000 page ids: two scan CTAs, the last to arrive plans (acq_rel arrival counter)
+    (1500, 700, 4, False),  # past SMEM_REQUESTS: the planning CTA's arrays live in the global scratch
+    (3000, 3000, 31, False),  # both, with many scan CTAs
+])
+def test_decode_lists_equal_the_twin_past_one_cta_and_shared_memory(batch, longest, scan_ctas, in_shared_memory):
+    from cute_attn.kernels.common import device_planner
+
+    kv_lens = np.random.default_rng(batch).integers(longest * 3 // 4, longest + 1, size=batch).tolist()
+    case = testing.make_gqa_decode_case(kv_lens, device="cuda", seed=batch, extra_pages=8)
+    assert device_planner.scan_ctas(case.kv_indices.shape[0]) == scan_ctas
+    assert (batch <= device_planner.SMEM_REQUESTS) == in_shared_memory
+    plan = cute_attn.plan_gqa_paged_decode(*case.inputs(), on_device=True)
+    _assert_twin(plan, list(range(batch + 1)), case.kv_indptr.tolist(), [1] * batch, kv_lens, f"decode {batch}")
+
+
+def test_prefill_lists_equal_the_twin_past_shared_memory_q_tiles():
+    # 4 x 9000 query tokens of group 8 in 128-row tiles: 2252 q tiles > SMEM_Q_TILES, the global-scratch path
+    q_lens, kv_lens = [9000, 9000, 8000, 10000], [9000, 9500, 8000, 12000]
+    case = testing.make_gqa_prefill_case(q_lens, kv_lens, device="cuda", seed=5)
+    plan = cute_attn.plan_gqa_paged_prefill(*case.inputs(), on_device=True)
+    _assert_twin(plan, case.qo_indptr.tolist(), case.kv_indptr.tolist(), q_lens, kv_lens, "prefill 36k tokens")
+
+
 @pytest.mark.parametrize("kind", ["decode", "prefill", "mla"])
 def test_default_calls_plan_on_the_device_and_match_the_reference(kind):
     cases = {

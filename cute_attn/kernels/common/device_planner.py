@@ -5,12 +5,22 @@ every step is a prefix sum or a binary search); this kernel also checks the inde
 costs launches only and stays safe with ``check_indices=False``.
 
 Roles / phases (:func:`scan_ctas` x 512 threads, arch-neutral SIMT code: the same source for sm_90a and sm_100a)
-    every CTA   *page scan*: a grid-stride pass over ``kv_indices[0 : min(kv_indptr[batch], len)]``; a page id
-                outside ``[0, num_pages)`` marks its request (binary search of ``kv_indptr``) in
-                ``request_faults`` and the device error word. Then fence, and one ``atom.add.acq_rel.gpu`` on
-                ``arrivals``: the CTA that arrives last (it has seen every other CTA's marks) plans; the others
-                exit. It resets ``arrivals`` and ``request_faults`` to 0, so the buffers are clean for the next
-                launch and for every CUDA-graph replay.
+    every CTA   ``griddepcontrol.launch_dependents`` first: the attention kernel is launched with programmatic
+                dependent launch, so its CTAs start their prologue while this grid runs and wait
+                (``griddepcontrol.wait``) only before their first global read.
+                *prefetch*: every index array to L2, before the first dependent load (a new step's indices are
+                cold: one DRAM round trip for all of them instead of one per phase).
+                *page scan*: a grid-stride pass over ``kv_indices[0 : min(kv_indptr[batch], len)]``, 8 ids in
+                flight per thread; a page id outside ``[0, num_pages)`` marks its request (binary search of
+                ``kv_indptr``) in ``request_faults`` and the device error word. With one scan CTA (up to 4096
+                ids) it plans at once; with several: fence, and one ``atom.add.acq_rel.gpu`` on ``arrivals``:
+                the CTA that arrives last (it has seen every other CTA's marks) plans; the others exit. It
+                resets ``arrivals`` and ``request_faults`` to 0, so the buffers are clean for the next launch
+                and for every CUDA-graph replay.
+                The planning CTA keeps ``requests``, ``q_tiles`` and the cost line in shared memory when the
+                batch fits (``SMEM_REQUESTS`` requests, ``SMEM_Q_TILES`` q tiles; one code path, instantiated
+                twice), so its phases hand each other data at shared-memory latency; larger batches use the
+                global scratch of the same names.
     last CTA    *rules*: ``qo_indptr``/``kv_indptr`` start at 0, never decrease, end at ``total_q`` / at most
                 ``len(kv_indices)``; ``kv_last_page_len`` in ``1..page_size`` (``0..page_size`` without pages).
                 A broken indptr faults the whole batch: no items, and this CTA writes output 0 / lse ``-inf``
@@ -51,6 +61,13 @@ MAX_CTAS = NUM_THREADS - 1  # one thread per CTA edge (num_ctas + 1 of them)
 SCAN_IDS_PER_THREAD = 8  # page scan: CTAs = ceil(len(kv_indices) / (NUM_THREADS * this)), capped
 MAX_SCAN_CTAS = 132
 SEARCH_STEPS = 32  # binary searches over at most 2^31 entries
+# The planning CTA keeps its per-request and per-q-tile arrays in shared memory when the batch fits (the
+# common case): every phase then reads what the previous one wrote at ~30 cycles instead of an L2 round trip
+# (~0.3 us), and the binary searches cost ~30 cycles a step. Larger batches use the global scratch.
+SMEM_REQUESTS = 1024
+SMEM_Q_TILES = 2048
+L2_LINE_INT32 = 32  # the index arrays are prefetched to L2 a 128-byte line at a time
+TRACE_STAMPS = 12  # trace_phases: clock64 stamps at the tail of q_tile_start (tools/planner_trace.py)
 Q_TILE_FIELDS = 4  # request, row start, row count, key end
 # fault bits (cute_attn.device_errors.Fault mirrors them)
 FAULT_QO_INDPTR, FAULT_KV_INDPTR, FAULT_LAST_PAGE_LEN, FAULT_PAGE_ID, FAULT_CAPACITY = 1, 2, 4, 8, 16
@@ -75,6 +92,9 @@ class DevicePlannerConfig(KernelConfig):
     allow_split: bool = True
     num_qo_heads: int = 20
     head_dim_v: int = 128
+    #: a development build: the planning CTA writes clock64 stamps of its phase boundaries to the last
+    #: TRACE_STAMPS entries of ``q_tile_start`` (the global scratch, unused by the shared-memory path)
+    trace_phases: bool = False
 
     @staticmethod
     def for_plan(plan_config: PlanConfig, *, arch: str, has_qo_indptr: bool, head_dim_v: int) -> "DevicePlannerConfig":
@@ -191,6 +211,15 @@ class DevicePlanner:
                max_partials: Int32, num_scan_ctas: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
+        started = Int64(0)
+        started_ns = Int64(0)
+        if cutlass.const_expr(self.c.trace_phases):
+            started = cute.arch.clock64()
+            started_ns = cute.arch.globaltimer()
+        # The attention kernel after this one is launched with programmatic dependent launch: let it run its
+        # prologue (barrier init, descriptor prefetch) now; its griddepcontrol.wait still waits for this
+        # grid to finish and its writes to be visible.
+        cute.arch.griddepcontrol_launch_dependents()
         smem = cutlass.utils.SmemAllocator()
         warp_sums = smem.allocate_tensor(Int64, cute.make_layout(NUM_WARPS))
         flags = smem.allocate_tensor(Int32, cute.make_layout(NUM_WARPS + 2))
@@ -201,37 +230,107 @@ class DevicePlanner:
         merge_last_cut = smem.allocate_tensor(Int32, cute.make_layout(NUM_THREADS))
         merge_slot = smem.allocate_tensor(Int32, cute.make_layout(NUM_THREADS))
         cut_merge = smem.allocate_tensor(Int32, cute.make_layout(NUM_THREADS))
+        requests_s = smem.allocate_tensor(Int32, cute.make_layout((SMEM_REQUESTS, 4), stride=(4, 1)), byte_alignment=16)
+        q_tiles_s = smem.allocate_tensor(Int32, cute.make_layout((SMEM_Q_TILES, Q_TILE_FIELDS), stride=(Q_TILE_FIELDS, 1)),
+                                         byte_alignment=16)
+        q_tile_start_s = smem.allocate_tensor(Int64, cute.make_layout(SMEM_Q_TILES + 1), byte_alignment=16)
 
         batch = kv_indptr.shape[0] - 1
         num_indices = kv_indices.shape[0]
+        # ---------------------------------------------------------------- L2 prefetch of every index array
+        # Issued before the first dependent load, so the scan and the rules find their lines in L2 instead of
+        # paying one DRAM round trip per phase (the bench flushes L2 before every call, as a new step would).
+        lines = (num_indices + L2_LINE_INT32 - 1) // L2_LINE_INT32
+        for line in range(cta * NUM_THREADS + tidx, lines, num_scan_ctas * NUM_THREADS):
+            cute.arch.prefetch((kv_indices.iterator + line * L2_LINE_INT32).llvm_ptr, cache_level="L2")
+        if cta == num_scan_ctas - 1:  # most likely the planner (the last to arrive); the hint is harmless else
+            for line in range(tidx, (batch + L2_LINE_INT32) // L2_LINE_INT32, NUM_THREADS):
+                cute.arch.prefetch((kv_indptr.iterator + line * L2_LINE_INT32).llvm_ptr, cache_level="L2")
+                if cutlass.const_expr(self.c.has_qo_indptr):
+                    cute.arch.prefetch((qo_indptr.iterator + line * L2_LINE_INT32).llvm_ptr, cache_level="L2")
+                if line * L2_LINE_INT32 < batch:
+                    cute.arch.prefetch((kv_last_page_len.iterator + line * L2_LINE_INT32).llvm_ptr,
+                                       cache_level="L2")
+                    cute.arch.prefetch((request_faults.iterator + line * L2_LINE_INT32).llvm_ptr, cache_level="L2")
         # ---------------------------------------------------------------- page scan (every CTA)
+        # A thread loads SCAN_IDS_PER_THREAD ids before it checks any, so their loads are in flight together.
         scan_end = cutlass.min(cutlass.max(kv_indptr[batch], Int32(0)), num_indices)
-        for p in range(cta * NUM_THREADS + tidx, scan_end, num_scan_ctas * NUM_THREADS):
-            page = kv_indices[p]
-            if page < 0 or page >= num_pages:
-                b = _last_at_most(kv_indptr, batch, p)
-                cute.arch.atomic_or((request_faults.iterator + b).llvm_ptr, Int32(FAULT_PAGE_ID))
-                _record(error_word, FAULT_PAGE_ID, b)
-                error_word[2] = page
-                error_word[3] = p
-        cute.arch.fence_acq_rel_gpu()
-        cute.arch.sync_threads()
-        if tidx == 0:
-            flags[0] = cute.arch.atomic_add(arrivals.iterator.llvm_ptr, Int32(1), sem="acq_rel", scope="gpu")
-        cute.arch.sync_threads()
-        if flags[0] == num_scan_ctas - 1:
+        ids = cute.make_rmem_tensor((SCAN_IDS_PER_THREAD,), Int32)
+        chunk = NUM_THREADS * SCAN_IDS_PER_THREAD
+        for base in range(cta * chunk, scan_end, num_scan_ctas * chunk):
+            for k in cutlass.range_constexpr(SCAN_IDS_PER_THREAD):
+                p = base + k * NUM_THREADS + tidx
+                ids[k] = Int32(0)
+                if p < scan_end:
+                    ids[k] = kv_indices[p]
+            for k in cutlass.range_constexpr(SCAN_IDS_PER_THREAD):
+                p = base + k * NUM_THREADS + tidx
+                page = ids[k]
+                if p < scan_end:
+                    if page < 0 or page >= num_pages:
+                        b = _last_at_most(kv_indptr, batch, p)
+                        cute.arch.atomic_or((request_faults.iterator + b).llvm_ptr, Int32(FAULT_PAGE_ID))
+                        _record(error_word, FAULT_PAGE_ID, b)
+                        error_word[2] = page
+                        error_word[3] = p
+        planning = Int32(1)
+        if num_scan_ctas > 1:
             cute.arch.fence_acq_rel_gpu()
-            self.plan(tidx, qo_indptr, kv_indptr, kv_last_page_len, output, lse, work_indptr, items, merge_indptr,
-                      merges, q_tiles, q_tile_start, requests, request_faults, error_word, warp_sums, flags,
-                      cut_tile, cut_key, cta_items, merge_first_cut, merge_last_cut, merge_slot, cut_merge,
-                      batch, num_indices, total_q, max_partials)
+            cute.arch.sync_threads()
+            if tidx == 0:
+                flags[0] = cute.arch.atomic_add(arrivals.iterator.llvm_ptr, Int32(1), sem="acq_rel", scope="gpu")
+            cute.arch.sync_threads()
+            planning = Int32(0)
+            if flags[0] == num_scan_ctas - 1:
+                cute.arch.fence_acq_rel_gpu()
+                planning = Int32(1)
+        else:
+            # one CTA scanned everything: its marks reach its own threads through the barrier (CTA scope)
+            cute.arch.fence_acq_rel_cta()
+            cute.arch.sync_threads()
+        if planning != 0:
+            self.stamp(q_tile_start, 0, tidx, started)
+            self.stamp(q_tile_start, 1, tidx)
+            tile_bound = Int64(batch) * ((self.c.group_size + self.c.rows_per_tile - 1) // self.c.rows_per_tile)
+            if cutlass.const_expr(self.c.has_qo_indptr):
+                tile_bound = Int64(batch) + (Int64(total_q) * self.c.group_size + self.c.rows_per_tile - 1) \
+                    // self.c.rows_per_tile
+            if batch <= SMEM_REQUESTS and tile_bound <= Int64(SMEM_Q_TILES):
+                self.plan(tidx, qo_indptr, kv_indptr, kv_last_page_len, output, lse, work_indptr, items,
+                          merge_indptr, merges, q_tiles_s, q_tile_start_s, requests_s, request_faults, error_word,
+                          warp_sums, flags, cut_tile, cut_key, cta_items, merge_first_cut, merge_last_cut, merge_slot,
+                          cut_merge, batch, num_indices, total_q, max_partials, q_tile_start)
+            else:
+                self.plan(tidx, qo_indptr, kv_indptr, kv_last_page_len, output, lse, work_indptr, items,
+                          merge_indptr, merges, q_tiles, q_tile_start, requests, request_faults, error_word,
+                          warp_sums, flags, cut_tile, cut_key, cta_items, merge_first_cut, merge_last_cut, merge_slot,
+                          cut_merge, batch, num_indices, total_q, max_partials, q_tile_start)
             if tidx == 0:
                 arrivals[0] = Int32(0)
+            self.stamp(q_tile_start, TRACE_STAMPS - 3, tidx)
+            self.stamp(q_tile_start, TRACE_STAMPS - 2, tidx, started_ns)
+            self.stamp(q_tile_start, TRACE_STAMPS - 1, tidx, "globaltimer")
+
+    @cute.jit
+    def stamp(self, trace: cute.Tensor, slot: cutlass.Constexpr, tidx, value=None):
+        """trace_phases builds only: thread 0 of the planning CTA records ``value`` (default: clock64 now;
+        "globaltimer": the global ns timer now) in stamp ``slot``; other builds emit nothing."""
+        if cutlass.const_expr(self.c.trace_phases):
+            if tidx == 0:
+                now = value
+                if cutlass.const_expr(value is None):
+                    now = cute.arch.clock64()
+                elif cutlass.const_expr(isinstance(value, str)):
+                    now = cute.arch.globaltimer()
+                trace[trace.shape[0] - TRACE_STAMPS + slot] = Int64(now)
 
     @cute.jit
     def plan(self, tidx, qo_indptr, kv_indptr, kv_last_page_len, output, lse, work_indptr, items, merge_indptr,
              merges, q_tiles, q_tile_start, requests, request_faults, error_word, warp_sums, flags, cut_tile, cut_key,
-             cta_items, merge_first_cut, merge_last_cut, merge_slot, cut_merge, batch, num_indices, total_q, max_partials):
+             cta_items, merge_first_cut, merge_last_cut, merge_slot, cut_merge, batch, num_indices, total_q, max_partials,
+             trace):
+        """The planning CTA's work; ``requests``/``q_tiles``/``q_tile_start`` are shared memory when the batch fits
+        (see SMEM_REQUESTS), else the global scratch; ``trace`` is the global q_tile_start (trace_phases)."""
         c = self.c
         heads = c.num_kv_heads
         num_ctas = work_indptr.shape[0] - 1
@@ -270,6 +369,7 @@ class DevicePlanner:
         batch_fault = Int32(0)
         for w in cutlass.range_constexpr(NUM_WARPS):
             batch_fault = batch_fault | flags[1 + w]
+        self.stamp(trace, 2, tidx)
 
         # ---------------------------------------------------------------- q tiles per request
         num_q_tiles = Int32(0)
@@ -292,14 +392,15 @@ class DevicePlanner:
                 if b < batch:
                     requests[b, 0] = Int32(first) + num_q_tiles
                 num_q_tiles = num_q_tiles + Int32(total)
+        self.stamp(trace, 3, tidx)
         capacity_bad = Int32(0)
-        if Int64(num_q_tiles) * heads > Int64(items.shape[0]):
+        if Int64(num_q_tiles) * heads > Int64(items.shape[0]) or num_q_tiles > q_tiles.shape[0]:
             capacity_bad = Int32(1)
         if batch_fault == 0 and capacity_bad == 0:
             self.plan_tiles(tidx, qo_indptr, kv_indptr, kv_last_page_len, work_indptr, items, merge_indptr, merges,
                             q_tiles, q_tile_start, requests, error_word, warp_sums, flags, cut_tile, cut_key,
                             cta_items, merge_first_cut, merge_last_cut, merge_slot, cut_merge, batch, num_q_tiles,
-                            num_ctas, max_partials)
+                            num_ctas, max_partials, trace)
             cute.arch.sync_threads()
             capacity_bad = flags[NUM_WARPS + 1]
         else:
@@ -326,9 +427,10 @@ class DevicePlanner:
     def plan_tiles(self, tidx, qo_indptr, kv_indptr, kv_last_page_len, work_indptr, items, merge_indptr, merges,
                    q_tiles, q_tile_start, requests, error_word, warp_sums, flags, cut_tile, cut_key, cta_items,
                    merge_first_cut, merge_last_cut, merge_slot, cut_merge, batch, num_q_tiles, num_ctas,
-                   max_partials):
+                   max_partials, trace):
         c = self.c
         heads = c.num_kv_heads
+        cute.arch.sync_threads()  # every request's first q tile (requests[:, 0]) is written
         # ---------------------------------------------------------------- q tiles: rows, key end, cost line
         line = Int64(0)
         for base in range(0, num_q_tiles, NUM_THREADS):
@@ -359,6 +461,7 @@ class DevicePlanner:
             q_tile_start[num_q_tiles] = line * heads
         cute.arch.fence_acq_rel_cta()
         cute.arch.sync_threads()
+        self.stamp(trace, 4, tidx)
 
         # ---------------------------------------------------------------- cuts, one thread per CTA edge
         total_cost = line * heads
@@ -404,6 +507,7 @@ class DevicePlanner:
             cut_tile[edge] = t_cut
             cut_key[edge] = k_cut
         cute.arch.sync_threads()
+        self.stamp(trace, 5, tidx)
 
         # ---------------------------------------------------------------- merges: runs of cuts inside one tile
         run_start = Int32(0)
@@ -458,6 +562,7 @@ class DevicePlanner:
             if too_big != 0:
                 _record(error_word, FAULT_CAPACITY, 0)
         cute.arch.sync_threads()
+        self.stamp(trace, 6, tidx)
         if too_big == 0:
             self.write_lists(tidx, qo_indptr, kv_indptr, items, merge_indptr, merges, q_tiles, requests, cut_tile,
                              cut_key, cta_items, merge_first_cut, merge_slot, cut_merge, Int32(num_items),

@@ -209,7 +209,7 @@ class GqaDecodeSm100:
             qk_mma, pv_mma, q_rows, qo_indptr, tma_q, m_q, tma_k, m_k, tma_v, m_v, kv_indices, work_indptr, items,
             merge_indptr, merge_counters, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
             q_layout, k_layout, v_layout, p_layout,
-        ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream)
+        ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream, use_pdl=True)
 
     @cute.kernel
     def kernel(
@@ -275,6 +275,9 @@ class GqaDecodeSm100:
 
         qk_thr = qk_mma.get_slice(0)
         pv_thr = pv_mma.get_slice(0)
+        # Launched with programmatic dependent launch (it may start while the device planner runs): nothing
+        # global is read before this wait, which returns once the previous grid has finished and flushed.
+        cute.arch.griddepcontrol_wait()
         item_begin = work_indptr[cta]
         item_end = work_indptr[cta + 1]
 

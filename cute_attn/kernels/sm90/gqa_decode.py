@@ -267,7 +267,7 @@ class GqaDecodeSm90:
             q, qo_indptr, tma_atom_k, tma_k, tma_atom_v, tma_v, kv_indices, work_indptr, items,
             merge_indptr, merge_counters, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
             sQ_layout, sKV_layout, tiled_mma_qk, tiled_mma_pv,
-        ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream)
+        ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream, use_pdl=True)
 
     @cute.kernel
     def kernel(
@@ -297,6 +297,9 @@ class GqaDecodeSm90:
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        # Launched with programmatic dependent launch (it may start while the device planner runs): nothing
+        # global is read before this wait, which returns once the previous grid has finished and flushed.
+        cute.arch.griddepcontrol_wait()
         # issued first: their latency overlaps the mbarrier setup below
         item_begin = work_indptr[cta]
         item_end = work_indptr[cta + 1]

@@ -184,7 +184,7 @@ class GqaPagedPrefillSm90:
             tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v,
             qo_indptr, kv_indptr, kv_indices, work_indptr, items, output, lse, partial_out, partial_lse,
             scale_log2, lse_out_scale, s_q_layout, s_kv_layout, s_page_layout, tiled_mma_qk, tiled_mma_pv,
-        ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(self.num_threads, 1, 1), stream=stream,
+        ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(self.num_threads, 1, 1), stream=stream, use_pdl=True,
                  min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------------------- device side
@@ -226,6 +226,9 @@ class GqaPagedPrefillSm90:
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
+        # Launched with programmatic dependent launch (it may start while the device planner runs): nothing
+        # global is read before this wait, which returns once the previous grid has finished and flushed.
+        cute.arch.griddepcontrol_wait()
         item_begin = work_indptr[cta]
         item_end = work_indptr[cta + 1]
         if warp_idx < 4:

@@ -1,0 +1,66 @@
+"""Compile-only tests of the device planner and of the launch order it relies on (no GPU needed).
+
+The planner lets the attention kernel launch early (programmatic dependent launch): the planner issues
+``griddepcontrol.launch_dependents`` and every attention kernel ``griddepcontrol.wait`` before its first global
+read. A kernel that lost its wait would read a plan still being written, so each arch's PTX is checked here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from cute_attn.compile import compile_to_ptx
+from cute_attn.config import default_paged_config
+from cute_attn.kernels.common import device_planner
+
+pytestmark = pytest.mark.usefixtures("isolated_compile_cache")
+
+ARCHES = ("sm_90a", "sm_100a")
+
+
+def _decode_planner(arch: str):
+    return device_planner.default_configs(arch)[0]
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_planner_triggers_the_dependent_launch_and_prefetches_the_indices(arch):
+    ptx = compile_to_ptx(_decode_planner(arch))
+    assert f".target {arch}" in ptx
+    assert "griddepcontrol.launch_dependents" in ptx
+    assert "prefetch.global.L2" in ptx
+    # a production build reads no clocks (trace_phases is a development build)
+    assert "%clock64" not in ptx and "%globaltimer" not in ptx
+    shared = sum(int(n) for n in re.findall(r"\.shared[^;\n]*\[(\d+)\]", ptx))
+    assert shared == 0, "the planner's shared memory is dynamic (SmemAllocator)"
+
+
+def test_trace_build_stamps_clocks():
+    ptx = compile_to_ptx(dataclasses.replace(_decode_planner("sm_90a"), trace_phases=True))
+    assert "%clock64" in ptx and "%globaltimer" in ptx
+
+
+def test_shared_memory_arrays_fit_with_room_for_the_lists():
+    # the planning CTA's requests, q tiles and cost line, plus the per-edge arrays, within one SM's 227 KiB
+    per_edge = 7 * device_planner.NUM_THREADS * 4
+    arrays = (device_planner.SMEM_REQUESTS * 16 + device_planner.SMEM_Q_TILES * 16
+              + (device_planner.SMEM_Q_TILES + 1) * 8)
+    assert per_edge + arrays < 100 * 1024
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("kind, layout", [
+    ("gqa_paged_decode", dict(num_qo_heads=20, num_kv_heads=4, head_dim_qk=128, head_dim_v=128, page_size=64,
+                              causal=False)),
+    ("gqa_paged_prefill", dict(num_qo_heads=32, num_kv_heads=4, head_dim_qk=128, head_dim_v=128, page_size=64,
+                               causal=True)),
+    ("mla_paged_prefill", dict(num_qo_heads=16, num_kv_heads=1, head_dim_qk=576, head_dim_v=512, page_size=1,
+                               causal=True)),
+])
+def test_attention_kernels_wait_for_the_planner_before_reading(arch, kind, layout):
+    ptx = compile_to_ptx(default_paged_config(kind, arch=arch, **layout))
+    assert "griddepcontrol.wait" in ptx
+    body = ptx[ptx.index(".entry"):]
+    assert body.index("griddepcontrol.wait") < body.index("ld.global"), "a global read precedes the wait"

@@ -1,0 +1,92 @@
+"""Where the device planner's time goes, phase by phase, on a GPU (one call on the H200).
+
+    python tools/planner_trace.py [--reps 30]
+
+Builds the planner of each case with ``trace_phases=True`` (the planning CTA's thread 0 writes clock64 stamps at
+its phase boundaries to the tail of the global ``q_tile_start`` scratch, which the shared-memory path leaves
+unused) and launches it after a dirty L2 flush, as the bench does. Prints the median cycles of each phase and the
+kernel's in-kernel span (globaltimer), beside the CUDA-event time of the launch. The cases are the bench's
+decode and prefill points, so the numbers line up with ``tools/bench.py``'s cold rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+PHASES = ("arrival (scan, fence, atomic)", "rules", "q tiles per request", "q tiles + cost line", "cuts",
+          "merges + item counts", "lists written")
+STAMP_SLOTS = (0, 1, 2, 3, 4, 5, 6, 9)  # clock64 stamps, in order; 10/11 are globaltimer start/end
+
+
+def _cases():
+    from cute_attn import testing
+
+    yield "decode 1 x 3232", "decode", testing.make_gqa_decode_case([3232], device="cuda", seed=1)
+    yield "decode 64 x 2048", "decode", testing.make_gqa_decode_case([2048] * 64, device="cuda", seed=2)
+    yield "decode 128 x 4096", "decode", testing.make_gqa_decode_case([4096] * 128, device="cuda", seed=3)
+    yield "prefill 8 x 992", "prefill", testing.make_gqa_prefill_case([992] * 8, [992] * 8, device="cuda", seed=4)
+
+
+def main(argv=None) -> int:
+    import torch
+
+    import cute_attn
+    import bench_timing
+    from cute_attn.compile import compile_kernel
+    from cute_attn.device_planning import launch_planner
+    from cute_attn.kernels.common.device_planner import TRACE_STAMPS, DevicePlannerConfig
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU")
+    flush = bench_timing.make_l2_flusher()
+    report = []
+    for label, kind, case in _cases():
+        planner_fn = cute_attn.plan_gqa_paged_decode if kind == "decode" else cute_attn.plan_gqa_paged_prefill
+        plan = planner_fn(*case.inputs(), on_device=True)
+        num_ctas = plan.work_indptr.shape[0] - 1
+        config = DevicePlannerConfig.for_plan(plan.config.plan_config(num_ctas), arch=plan.config.arch,
+                                              has_qo_indptr=kind != "decode", head_dim_v=plan.config.head_dim_v)
+        traced = compile_kernel(dataclasses.replace(config, trace_phases=True))
+        out, lse = case.new_outputs()
+        qo = getattr(case, "qo_indptr", None)
+        stamps, event_us = [], []
+        for _ in range(args.reps + 3):
+            flush()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            launch_planner(traced, plan, qo, case.kv_indptr, case.kv_indices, case.kv_last_page_len, out, lse,
+                           case.k_cache.shape[0], case.q.shape[0])
+            end.record()
+            torch.cuda.synchronize()
+            event_us.append(start.elapsed_time(end) * 1e3)
+            stamps.append(plan.planner.q_tile_start[-TRACE_STAMPS:].cpu().tolist())
+        stamps, event_us = stamps[3:], event_us[3:]
+        cycles = [[s[b] - s[a] for a, b in zip(STAMP_SLOTS, STAMP_SLOTS[1:])] for s in stamps]
+        phase_cycles = [statistics.median(c[i] for c in cycles) for i in range(len(PHASES))]
+        total_cycles = statistics.median(s[9] - s[0] for s in stamps)
+        span_ns = statistics.median(s[11] - s[10] for s in stamps)
+        row = dict(case=label, event_us=round(statistics.median(event_us), 2), in_kernel_ns=span_ns,
+                   total_cycles=total_cycles, phases={n: c for n, c in zip(PHASES, phase_cycles)})
+        report.append(row)
+        print(f"{label}: event {row['event_us']} us, in-kernel {span_ns / 1e3:.2f} us, {total_cycles} cycles")
+        for name, c in row["phases"].items():
+            print(f"    {c:8.0f} cycles  {name}")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
