@@ -85,8 +85,8 @@ def main(argv=None) -> int:
 
         _cpu_stand_ins(config)
 
-    def public():
-        cute_attn.gqa_paged_decode(*inputs, out, lse, **options)
+    def public():  # the host-planned route (check_indices=True): its plan cache and fast path
+        cute_attn.gqa_paged_decode(*inputs, out, lse, check_indices=True, **options)
 
     public()
     plan_key = (config, options.get("num_sms"), problem.num_pages, problem.total_q)
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
         public()
 
     pieces = {
-        "public gqa_paged_decode (fast path)": public,
+        "public, check_indices=True (host-planned fast path)": public,
         "public, plan= passed, check_indices=False (fast path)":
             lambda: cute_attn.gqa_paged_decode(*inputs, out, lse, plan=plan, check_indices=False, **options),
         "  fast path: signature (tensor metadata)":
@@ -125,7 +125,7 @@ def main(argv=None) -> int:
         "  miss: config (cached)": lambda: api._make_config(DECODE, problem, options.get("arch")),
         "  miss: plan cache lookup": lambda: api._PLANS.get(plan_key, index),
         "  compile_kernel (memory hit; off the launch path)": lambda: compile_kernel(config),
-        "public gqa_paged_decode again (order check)": public,
+        "public, check_indices=True again (order check)": public,
     }
     if cuda:
         pieces["empty torch op (x.zero_())"] = lambda: case.kv_indptr[:0].zero_()
@@ -145,7 +145,9 @@ def main(argv=None) -> int:
             cute_attn.gqa_paged_decode(*ring[turn[0]], out, lse)
 
         cold()
-        pieces["public, new index tensors each call (device planner + attention)"] = cold
+        pieces["public default (device planner + attention), same tensors"] = \
+            lambda: cute_attn.gqa_paged_decode(*inputs, out, lse)
+        pieces["public default, new index tensors each call (device planner + attention)"] = cold
         print(f"GPU: {torch.cuda.get_device_name()}  plan: {plan.plan.num_items} items, {plan.plan.num_merges} merges")
     else:
         print(f"CPU only (--cpu-pieces): compiled fn is a no-op; plan: {plan.plan.num_items} items, "

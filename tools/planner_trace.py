@@ -21,9 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-PHASES = ("arrival (scan, fence, atomic)", "rules", "q tiles per request", "q tiles + cost line", "cuts",
+PHASES = ("arrival (prefetch, scan, [fence, atomic])", "rules + q tiles per request", "q tiles + cost line", "cuts",
           "merges + item counts", "lists written")
-STAMP_SLOTS = (0, 1, 2, 3, 4, 5, 6, 9)  # clock64 stamps, in order; 10/11 are globaltimer start/end
+STAMP_SLOTS = (0, 1, 2, 4, 5, 6, 9)  # clock64 stamps, in order; 10/11 are globaltimer start/end
 
 
 def _cases():

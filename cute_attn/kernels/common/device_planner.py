@@ -60,7 +60,6 @@ NUM_WARPS = NUM_THREADS // WARP
 MAX_CTAS = NUM_THREADS - 1  # one thread per CTA edge (num_ctas + 1 of them)
 SCAN_IDS_PER_THREAD = 8  # page scan: CTAs = ceil(len(kv_indices) / (NUM_THREADS * this)), capped
 MAX_SCAN_CTAS = 132
-SEARCH_STEPS = 32  # binary searches over at most 2^31 entries
 # The planning CTA keeps its per-request and per-q-tile arrays in shared memory when the batch fits (the
 # common case): every phase then reads what the previous one wrote at ~30 cycles instead of an L2 round trip
 # (~0.3 us), and the binary searches cost ~30 cycles a step. Larger batches use the global scratch.
@@ -163,14 +162,14 @@ def _last_at_most(sorted_values: cute.Tensor, count, key, column: cutlass.Conste
     (of column ``column`` of a 2-D tensor when given)."""
     lo = Int32(0)
     hi = Int32(count - 1)
-    for _ in cutlass.range_constexpr(SEARCH_STEPS):
-        if lo < hi:
-            mid = (lo + hi + 1) // 2
-            value = sorted_values[mid] if cutlass.const_expr(column is None) else sorted_values[mid, column]
-            if value <= key:
-                lo = mid
-            else:
-                hi = mid - 1
+    # a data-dependent loop: log2(count) steps, not SEARCH_STEPS predicated ones (a batch of 1 costs nothing)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        value = sorted_values[mid] if cutlass.const_expr(column is None) else sorted_values[mid, column]
+        if value <= key:
+            lo = mid
+        else:
+            hi = mid - 1
     return lo
 
 
@@ -234,6 +233,8 @@ class DevicePlanner:
         q_tiles_s = smem.allocate_tensor(Int32, cute.make_layout((SMEM_Q_TILES, Q_TILE_FIELDS), stride=(Q_TILE_FIELDS, 1)),
                                          byte_alignment=16)
         q_tile_start_s = smem.allocate_tensor(Int64, cute.make_layout(SMEM_Q_TILES + 1), byte_alignment=16)
+        stage = smem.allocate_tensor(Int32, cute.make_layout((NUM_THREADS, len(ItemField)), stride=(len(ItemField), 1)),
+                                     byte_alignment=16)  # item rows on their way to a coalesced store
 
         batch = kv_indptr.shape[0] - 1
         num_indices = kv_indices.shape[0]
@@ -299,12 +300,12 @@ class DevicePlanner:
                 self.plan(tidx, qo_indptr, kv_indptr, kv_last_page_len, output, lse, work_indptr, items,
                           merge_indptr, merges, q_tiles_s, q_tile_start_s, requests_s, request_faults, error_word,
                           warp_sums, flags, cut_tile, cut_key, cta_items, merge_first_cut, merge_last_cut, merge_slot,
-                          cut_merge, batch, num_indices, total_q, max_partials, q_tile_start)
+                          cut_merge, stage, batch, num_indices, total_q, max_partials, q_tile_start)
             else:
                 self.plan(tidx, qo_indptr, kv_indptr, kv_last_page_len, output, lse, work_indptr, items,
                           merge_indptr, merges, q_tiles, q_tile_start, requests, request_faults, error_word,
                           warp_sums, flags, cut_tile, cut_key, cta_items, merge_first_cut, merge_last_cut, merge_slot,
-                          cut_merge, batch, num_indices, total_q, max_partials, q_tile_start)
+                          cut_merge, stage, batch, num_indices, total_q, max_partials, q_tile_start)
             if tidx == 0:
                 arrivals[0] = Int32(0)
             self.stamp(q_tile_start, TRACE_STAMPS - 3, tidx)
@@ -327,8 +328,8 @@ class DevicePlanner:
     @cute.jit
     def plan(self, tidx, qo_indptr, kv_indptr, kv_last_page_len, output, lse, work_indptr, items, merge_indptr,
              merges, q_tiles, q_tile_start, requests, request_faults, error_word, warp_sums, flags, cut_tile, cut_key,
-             cta_items, merge_first_cut, merge_last_cut, merge_slot, cut_merge, batch, num_indices, total_q, max_partials,
-             trace):
+             cta_items, merge_first_cut, merge_last_cut, merge_slot, cut_merge, stage, batch, num_indices, total_q,
+             max_partials, trace):
         """The planning CTA's work; ``requests``/``q_tiles``/``q_tile_start`` are shared memory when the batch fits
         (see SMEM_REQUESTS), else the global scratch; ``trace`` is the global q_tile_start (trace_phases)."""
         c = self.c
@@ -342,24 +343,42 @@ class DevicePlanner:
             if cutlass.const_expr(c.has_qo_indptr):
                 if qo_indptr[0] != 0 or qo_indptr[batch] != total_q:
                     bad = bad | FAULT_QO_INDPTR
-        for b in range(tidx, batch, NUM_THREADS):
-            pages = kv_indptr[b + 1] - kv_indptr[b]
-            if pages < 0:
-                bad = bad | FAULT_KV_INDPTR
-            if cutlass.const_expr(c.has_qo_indptr):
-                if qo_indptr[b + 1] < qo_indptr[b]:
-                    bad = bad | FAULT_QO_INDPTR
-            last = kv_last_page_len[b]
-            lowest = Int32(1) if pages > 0 else Int32(0)
-            mine = request_faults[b]
-            if last < lowest or last > c.page_size:
-                mine = mine | FAULT_LAST_PAGE_LEN
-                _record(error_word, FAULT_LAST_PAGE_LEN, b)
-            if Int64(pages) * c.page_size > Int64(INT32_MAX - 2 * c.kv_tile):
-                mine = mine | FAULT_KV_INDPTR
-                _record(error_word, FAULT_KV_INDPTR, b)
-            request_faults[b] = Int32(0)  # clean for the next launch; the verdict moves to `requests`
-            requests[b, 3] = mine
+        # One pass per 512 requests checks the rules and counts q tiles: the counts of a batch that breaks a
+        # rule are discarded (batch_fault) before anything uses them.
+        num_q_tiles = Int32(0)
+        for base in range(0, batch, NUM_THREADS):
+            b = base + tidx
+            tiles = Int32(0)
+            if b < batch:
+                pages = kv_indptr[b + 1] - kv_indptr[b]
+                if pages < 0:
+                    bad = bad | FAULT_KV_INDPTR
+                q_len = Int32(1)
+                if cutlass.const_expr(c.has_qo_indptr):
+                    q_len = qo_indptr[b + 1] - qo_indptr[b]
+                    if q_len < 0:
+                        bad = bad | FAULT_QO_INDPTR
+                last = kv_last_page_len[b]
+                lowest = Int32(1) if pages > 0 else Int32(0)
+                mine = request_faults[b]
+                if last < lowest or last > c.page_size:
+                    mine = mine | FAULT_LAST_PAGE_LEN
+                    _record(error_word, FAULT_LAST_PAGE_LEN, b)
+                if Int64(pages) * c.page_size > Int64(INT32_MAX - 2 * c.kv_tile):
+                    mine = mine | FAULT_KV_INDPTR
+                    _record(error_word, FAULT_KV_INDPTR, b)
+                request_faults[b] = Int32(0)  # clean for the next launch; the verdict moves to `requests`
+                tiles = (q_len * c.group_size + c.rows_per_tile - 1) // c.rows_per_tile
+                kv_len = Int32(0)
+                if pages > 0:
+                    kv_len = (pages - 1) * c.page_size + last
+                requests[b, 1] = kv_len
+                requests[b, 2] = q_len
+                requests[b, 3] = mine
+            first, total = _block_exclusive_sum(Int64(tiles), tidx, warp_sums)
+            if b < batch:
+                requests[b, 0] = Int32(first) + num_q_tiles
+            num_q_tiles = num_q_tiles + Int32(total)
         if bad != 0:
             _record(error_word, bad, 0)
         lane_bad = cute.arch.vote_any_sync(bad != 0)
@@ -370,37 +389,16 @@ class DevicePlanner:
         for w in cutlass.range_constexpr(NUM_WARPS):
             batch_fault = batch_fault | flags[1 + w]
         self.stamp(trace, 2, tidx)
-
-        # ---------------------------------------------------------------- q tiles per request
-        num_q_tiles = Int32(0)
-        if batch_fault == 0:
-            for base in range(0, batch, NUM_THREADS):
-                b = base + tidx
-                tiles = Int32(0)
-                if b < batch:
-                    q_len = Int32(1)
-                    if cutlass.const_expr(c.has_qo_indptr):
-                        q_len = qo_indptr[b + 1] - qo_indptr[b]
-                    tiles = (q_len * c.group_size + c.rows_per_tile - 1) // c.rows_per_tile
-                    pages = kv_indptr[b + 1] - kv_indptr[b]
-                    kv_len = Int32(0)
-                    if pages > 0:
-                        kv_len = (pages - 1) * c.page_size + kv_last_page_len[b]
-                    requests[b, 1] = kv_len
-                    requests[b, 2] = q_len
-                first, total = _block_exclusive_sum(Int64(tiles), tidx, warp_sums)
-                if b < batch:
-                    requests[b, 0] = Int32(first) + num_q_tiles
-                num_q_tiles = num_q_tiles + Int32(total)
         self.stamp(trace, 3, tidx)
         capacity_bad = Int32(0)
-        if Int64(num_q_tiles) * heads > Int64(items.shape[0]) or num_q_tiles > q_tiles.shape[0]:
-            capacity_bad = Int32(1)
+        if batch_fault == 0:
+            if Int64(num_q_tiles) * heads > Int64(items.shape[0]) or num_q_tiles > q_tiles.shape[0]:
+                capacity_bad = Int32(1)
         if batch_fault == 0 and capacity_bad == 0:
             self.plan_tiles(tidx, qo_indptr, kv_indptr, kv_last_page_len, work_indptr, items, merge_indptr, merges,
                             q_tiles, q_tile_start, requests, error_word, warp_sums, flags, cut_tile, cut_key,
-                            cta_items, merge_first_cut, merge_last_cut, merge_slot, cut_merge, batch, num_q_tiles,
-                            num_ctas, max_partials, trace)
+                            cta_items, merge_first_cut, merge_last_cut, merge_slot, cut_merge, stage, batch,
+                            num_q_tiles, num_ctas, max_partials, trace)
             cute.arch.sync_threads()
             capacity_bad = flags[NUM_WARPS + 1]
         else:
@@ -426,7 +424,7 @@ class DevicePlanner:
     @cute.jit
     def plan_tiles(self, tidx, qo_indptr, kv_indptr, kv_last_page_len, work_indptr, items, merge_indptr, merges,
                    q_tiles, q_tile_start, requests, error_word, warp_sums, flags, cut_tile, cut_key, cta_items,
-                   merge_first_cut, merge_last_cut, merge_slot, cut_merge, batch, num_q_tiles, num_ctas,
+                   merge_first_cut, merge_last_cut, merge_slot, cut_merge, stage, batch, num_q_tiles, num_ctas,
                    max_partials, trace):
         c = self.c
         heads = c.num_kv_heads
@@ -524,7 +522,20 @@ class DevicePlanner:
                     run_end = Int32(1)
             elif inside:
                 run_end = Int32(1)
-        merge_before, num_merges = _block_exclusive_sum(Int64(run_start), tidx, warp_sums)
+        # ---------------------------------------------------------------- items per CTA -> work_indptr
+        count = Int32(0)
+        if edge < num_ctas:
+            first = cut_tile[edge]
+            last = cut_tile[edge + 1] - 1
+            if cut_key[edge + 1] > 0:
+                last = cut_tile[edge + 1]
+            count = cutlass.max(last - first + 1, Int32(0))
+        # one prefix sum for both counts: merge runs in the high 32 bits, items in the low (each total < 2^31)
+        packed_before, packed_total = _block_exclusive_sum((Int64(run_start) << 32) + Int64(count), tidx, warp_sums)
+        merge_before = packed_before >> 32
+        num_merges = packed_total >> 32
+        item_before = packed_before & Int64(0xFFFFFFFF)
+        num_items = packed_total & Int64(0xFFFFFFFF)
         merge = Int32(merge_before) + run_start - 1  # the merge of an inside cut (its run's id)
         if edge <= num_ctas:
             cut_merge[edge] = merge
@@ -539,16 +550,6 @@ class DevicePlanner:
         slot_before, num_partials = _block_exclusive_sum(chunks, tidx, warp_sums)
         if tidx < Int32(num_merges):
             merge_slot[tidx] = Int32(slot_before)
-
-        # ---------------------------------------------------------------- items per CTA -> work_indptr
-        count = Int32(0)
-        if edge < num_ctas:
-            first = cut_tile[edge]
-            last = cut_tile[edge + 1] - 1
-            if cut_key[edge + 1] > 0:
-                last = cut_tile[edge + 1]
-            count = cutlass.max(last - first + 1, Int32(0))
-        item_before, num_items = _block_exclusive_sum(Int64(count), tidx, warp_sums)
         if edge <= num_ctas:
             cta_items[edge] = Int32(item_before)
             work_indptr[edge] = Int32(item_before)
@@ -565,12 +566,12 @@ class DevicePlanner:
         self.stamp(trace, 6, tidx)
         if too_big == 0:
             self.write_lists(tidx, qo_indptr, kv_indptr, items, merge_indptr, merges, q_tiles, requests, cut_tile,
-                             cut_key, cta_items, merge_first_cut, merge_slot, cut_merge, Int32(num_items),
+                             cut_key, cta_items, merge_first_cut, merge_slot, cut_merge, stage, Int32(num_items),
                              Int32(num_merges), Int32(num_partials), num_ctas)
 
     @cute.jit
     def write_lists(self, tidx, qo_indptr, kv_indptr, items, merge_indptr, merges, q_tiles, requests, cut_tile,
-                    cut_key, cta_items, merge_first_cut, merge_slot, cut_merge, num_items, num_merges,
+                    cut_key, cta_items, merge_first_cut, merge_slot, cut_merge, stage, num_items, num_merges,
                     num_partials, num_ctas):
         c = self.c
         heads = c.num_kv_heads
@@ -590,39 +591,50 @@ class DevicePlanner:
                 merges[g, MergeField.TOKEN_START] = token_start
             else:
                 merge_indptr[g] = num_partials
-        for i in range(tidx, num_items, NUM_THREADS):
-            cta = _last_at_most(cta_items, num_ctas, i)
-            t = cut_tile[cta] + (i - cta_items[cta])
-            j = t // heads
-            b = q_tiles[j, 0]
-            kv_end = q_tiles[j, 3]
-            key_start = Int32(0)
-            if t == cut_tile[cta]:
-                key_start = cut_key[cta]
-            key_end = kv_end
-            if t == cut_tile[cta + 1] and cut_key[cta + 1] > 0:
-                key_end = cut_key[cta + 1]
-            slot = Int32(-1)
-            merge = Int32(-1)
-            if key_start > 0:
-                merge = cut_merge[cta]
-                slot = merge_slot[merge] + cta - merge_first_cut[merge] + 1
-            elif key_end < kv_end:
-                merge = cut_merge[cta + 1]
-                slot = merge_slot[merge]
-            offset = Int32(NOT_CAUSAL_OFFSET)
-            if cutlass.const_expr(c.causal):
-                offset = requests[b, 1] - requests[b, 2]
-            items[i, ItemField.REQUEST] = b
-            items[i, ItemField.KV_HEAD] = t % heads
-            items[i, ItemField.Q_ROW_START] = q_tiles[j, 1]
-            items[i, ItemField.Q_ROW_COUNT] = q_tiles[j, 2]
-            items[i, ItemField.KV_START] = key_start
-            items[i, ItemField.KV_END] = key_end
-            items[i, ItemField.PARTIAL_SLOT] = slot
-            items[i, ItemField.CAUSAL_OFFSET] = offset
-            items[i, ItemField.MERGE] = merge
-            items[i, ItemField.KV_PAGE_START] = kv_indptr[b] + key_start // c.page_size
+        # One thread per item builds its row in shared memory; the CTA then stores the rows as one contiguous
+        # run (a row per thread straight to global would be 10 scattered 4-byte stores per item: the planning
+        # SM's store path, not the math, was what the lists phase cost).
+        fields = len(ItemField)
+        for chunk in range(0, num_items, NUM_THREADS):
+            i = chunk + tidx
+            if i < num_items:
+                cta = _last_at_most(cta_items, num_ctas, i)
+                t = cut_tile[cta] + (i - cta_items[cta])
+                j = t // heads
+                b = q_tiles[j, 0]
+                kv_end = q_tiles[j, 3]
+                key_start = Int32(0)
+                if t == cut_tile[cta]:
+                    key_start = cut_key[cta]
+                key_end = kv_end
+                if t == cut_tile[cta + 1] and cut_key[cta + 1] > 0:
+                    key_end = cut_key[cta + 1]
+                slot = Int32(-1)
+                merge = Int32(-1)
+                if key_start > 0:
+                    merge = cut_merge[cta]
+                    slot = merge_slot[merge] + cta - merge_first_cut[merge] + 1
+                elif key_end < kv_end:
+                    merge = cut_merge[cta + 1]
+                    slot = merge_slot[merge]
+                offset = Int32(NOT_CAUSAL_OFFSET)
+                if cutlass.const_expr(c.causal):
+                    offset = requests[b, 1] - requests[b, 2]
+                stage[tidx, ItemField.REQUEST] = b
+                stage[tidx, ItemField.KV_HEAD] = t % heads
+                stage[tidx, ItemField.Q_ROW_START] = q_tiles[j, 1]
+                stage[tidx, ItemField.Q_ROW_COUNT] = q_tiles[j, 2]
+                stage[tidx, ItemField.KV_START] = key_start
+                stage[tidx, ItemField.KV_END] = key_end
+                stage[tidx, ItemField.PARTIAL_SLOT] = slot
+                stage[tidx, ItemField.CAUSAL_OFFSET] = offset
+                stage[tidx, ItemField.MERGE] = merge
+                stage[tidx, ItemField.KV_PAGE_START] = kv_indptr[b] + key_start // c.page_size
+            cute.arch.sync_threads()
+            rows = cutlass.min(Int32(NUM_THREADS), num_items - chunk)
+            for e in range(tidx, rows * fields, NUM_THREADS):
+                items[chunk + e // fields, e % fields] = stage[e // fields, e % fields]
+            cute.arch.sync_threads()
 
 
 def fake_args(config: DevicePlannerConfig) -> tuple:
