@@ -466,10 +466,11 @@ def _launch(hit: _Hit, plan, args, output, lse, natural_lse):
         output = torch.empty(total_q, heads, head_dim_v, dtype=torch.bfloat16, device=device)
         lse = torch.empty(total_q, heads, dtype=torch.float32, device=device)
     route = hit.route
-    if route is not None:
+    if route is not None:  # planner + attention in one host call (kernels/common/planned_launch.py)
         device = hit.alloc[3]
         plan = route.slot(hit.config, _current_stream(device), device)
-        route.plan(plan, args, output, lse)
+        hit.launcher(plan, *args, output, lse, natural_lse=natural_lse, planned=route.planned(plan, args, output, lse))
+        return output, lse
     hit.launcher(hit.device_plan if plan is None else plan, *args, output, lse, natural_lse=natural_lse)
     return output, lse
 

@@ -147,6 +147,11 @@ def _registration(config: KernelConfig) -> _Registration:
     return reg
 
 
+def registered_build(config: KernelConfig) -> "tuple[Any, tuple[Any, ...]]":
+    """``(jit object, fake arguments)`` of ``config`` from its kernel's registered build (for composed builds)."""
+    return _registration(config).build(config)
+
+
 # --------------------------------------------------------------------------- keys
 
 

@@ -17,9 +17,11 @@ import torch
 from .compile import compile_kernel
 from .device_errors import error_word
 from .kernels.common.device_planner import MAX_CTAS, Q_TILE_FIELDS, DevicePlannerConfig, scan_ctas
+from .kernels.common.planned_launch import PlannedLaunchConfig
 from .plan import PlanCapacity
 
-__all__ = ["PlannerScratch", "DevicePlanRoute", "planner_config", "allocate_planned", "launch_planner"]
+__all__ = ["PlannerScratch", "DevicePlanRoute", "planner_config", "allocate_planned", "launch_planner",
+           "planner_arguments"]
 
 
 @dataclass
@@ -68,7 +70,8 @@ class DevicePlanRoute:
     the planner, the capacity, and one DevicePlan per CUDA stream (plans on two streams must not share lists)."""
 
     positions: tuple  # argument positions of qo_indptr (or None), kv_indptr, kv_indices, kv_last_page_len (or None)
-    planner: object  # the compiled planner
+    planner_config: DevicePlannerConfig  # compiled on first use: plan_*(on_device=True) launches it alone
+    fused: object  # the compiled planner + attention launch (kernels/common/planned_launch.py)
     capacity: PlanCapacity
     num_ctas: int
     batch: int
@@ -84,7 +87,8 @@ class DevicePlanRoute:
         pconfig = planner_config(spec, config, num_ctas)
         capacity = PlanCapacity.for_limits(pconfig.plan_config(num_ctas), max_batch=problem.batch_size,
                                            max_total_q=problem.total_q)
-        return DevicePlanRoute(positions, compile_kernel(pconfig), capacity, num_ctas, problem.batch_size,
+        fused = compile_kernel(PlannedLaunchConfig(arch=config.arch, planner=pconfig, attention=config))
+        return DevicePlanRoute(positions, pconfig, fused, capacity, num_ctas, problem.batch_size,
                                problem.num_pages, problem.total_q, {})
 
     def slot(self, config, stream: int, device):
@@ -94,18 +98,33 @@ class DevicePlanRoute:
         return plan
 
     def plan(self, device_plan, args: tuple, output, lse) -> None:
+        """Launch the planner alone (``plan_*(..., on_device=True)``)."""
+        compile_kernel(self.planner_config)(*self.planner_args(device_plan, args, output, lse))
+
+    def planner_args(self, device_plan, args: tuple, output, lse) -> tuple:
         qo, kvp, kvi, last = (None if p is None else args[p] for p in self.positions)
-        launch_planner(self.planner, device_plan, qo, kvp, kvi, last, output, lse, self.num_pages, self.total_q)
+        return planner_arguments(device_plan, qo, kvp, kvi, last, output, lse, self.num_pages, self.total_q)
+
+    def planned(self, device_plan, args: tuple, output, lse) -> tuple:
+        """What the attention launcher takes as ``planned=``: the fused function and the planner's arguments."""
+        return self.fused, self.planner_args(device_plan, args, output, lse)
 
 
 def launch_planner(planner, device_plan, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output, lse,
                    num_pages: int, total_q: int) -> None:
     """Plan into ``device_plan`` (which holds the planner's scratch) from the index tensors, in the current stream."""
+    planner(*planner_arguments(device_plan, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output, lse,
+                               num_pages, total_q))
+
+
+def planner_arguments(device_plan, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output, lse,
+                      num_pages: int, total_q: int) -> tuple:
+    """The planner's arguments in its order (the stream is the caller's current one, from the tvm-ffi env)."""
     s = device_plan.planner
     device = kv_indptr.device
     if kv_last_page_len is None:
         kv_last_page_len = s.ones
-    planner(qo_indptr if qo_indptr is not None else kv_indptr, kv_indptr, kv_indices, kv_last_page_len, output, lse,
+    return (qo_indptr if qo_indptr is not None else kv_indptr, kv_indptr, kv_indices, kv_last_page_len, output, lse,
             device_plan.work_indptr, device_plan.items, device_plan.merge_indptr, device_plan.merges, s.q_tiles,
             s.q_tile_start, s.requests, s.request_faults, error_word(device), s.arrivals, num_pages, total_q,
             device_plan.partial_out.shape[0], scan_ctas(kv_indices.shape[0]))

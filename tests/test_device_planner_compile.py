@@ -64,3 +64,20 @@ def test_attention_kernels_wait_for_the_planner_before_reading(arch, kind, layou
     assert "griddepcontrol.wait" in ptx
     body = ptx[ptx.index(".entry"):]
     assert body.index("griddepcontrol.wait") < body.index("ld.global"), "a global read precedes the wait"
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_planned_launch_is_one_host_function_with_both_kernels(arch):
+    from cute_attn.kernels.common.planned_launch import PlannedLaunchConfig
+
+    attention = default_paged_config("gqa_paged_decode", arch=arch, num_qo_heads=20, num_kv_heads=4, head_dim_qk=128,
+                                     head_dim_v=128, page_size=64, causal=False)
+    fused = PlannedLaunchConfig(arch=arch, planner=_decode_planner(arch), attention=attention)
+    assert fused.can_implement() is None
+    ptx = compile_to_ptx(fused)
+    entries = re.findall(r"\.entry\s+(\w+)", ptx)
+    assert len(entries) == 2 and any("DevicePlanner" in e for e in entries) and any("GqaDecode" in e for e in entries)
+    assert "griddepcontrol.launch_dependents" in ptx and "griddepcontrol.wait" in ptx
+    other = dataclasses.replace(fused, planner=dataclasses.replace(fused.planner, arch="sm_90a" if arch == "sm_100a"
+                                                                      else "sm_100a"))
+    assert "must target" in other.can_implement()

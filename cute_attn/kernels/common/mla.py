@@ -95,14 +95,14 @@ def mla_entry(kernel_cls, check_config) -> tuple:
         return checked_build(kernel_cls, check_config, config, fake_args(config))
 
     def launch(device_plan, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, *rest,
-               natural_lse: bool = False) -> None:
+               natural_lse: bool = False, planned=None) -> None:
         """Run the plan's items, then the combine kernel if the plan split any item.
 
         ``rest``: ``sm_scale, output, lse`` or ``kv_last_page_len, sm_scale, output, lse`` (the kernels take
         no ``kv_last_page_len``: the plan's ``KV_END`` holds each request's key count)."""
         sm_scale, output, lse = rest[-3:]
         launch_paged(device_plan, check_config, (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr,
-                                                 kv_indices), sm_scale, output, lse, natural_lse)
+                                                 kv_indices), sm_scale, output, lse, natural_lse, planned=planned)
 
     return build, launch
 

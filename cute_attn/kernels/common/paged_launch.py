@@ -91,7 +91,7 @@ def _resolve(check_config, config: PagedAttentionConfig) -> tuple:
 
 
 def launch_paged(device_plan, check_config, inputs: tuple, sm_scale, output, lse, natural_lse: bool, *,
-                 fused_merge: bool = False) -> None:
+                 fused_merge: bool = False, planned=None) -> None:
     """Run the plan's work items with ``device_plan.config``'s kernel, then the combine if anything split.
 
     ``fused_merge``: the kernel folds its merges itself (it takes ``merge_indptr, merge_counters`` after
@@ -100,7 +100,8 @@ def launch_paged(device_plan, check_config, inputs: tuple, sm_scale, output, lse
     ``inputs`` are the kernel's leading tensor arguments in its order (GQA: ``q, k_cache, v_cache,
     [qo_indptr, kv_indptr,] kv_indices``; MLA: ``q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr,
     kv_indices``); the plan, output and scale arguments follow. ``check_config(config) -> reason | None`` is
-    the kernel's own rule set.
+    the kernel's own rule set. ``planned``: ``(fused function, planner arguments)`` from a device-planned route
+    (``planned_launch.py``): the planner and this kernel go out in one host call.
     """
     config = device_plan.config
     resolved = _RESOLVED.get(id(config))
@@ -110,8 +111,12 @@ def launch_paged(device_plan, check_config, inputs: tuple, sm_scale, output, lse
     lse_out_scale = _LN2 if natural_lse else 1.0
     partial_out, partial_lse, merge_counters = device_plan.scratch()  # this stream's (DevicePlan: streams)
     merge_args = (device_plan.merge_indptr, merge_counters) if fused_merge else ()
-    resolved[3](*inputs, device_plan.work_indptr, device_plan.items, *merge_args, output, lse,
-                partial_out, partial_lse, float(sm_scale) * LOG2_E, lse_out_scale)
+    args = (*inputs, device_plan.work_indptr, device_plan.items, *merge_args, output, lse, partial_out, partial_lse,
+            float(sm_scale) * LOG2_E, lse_out_scale)
+    if planned is None:
+        resolved[3](*args)
+    else:
+        planned[0](*planned[1], *args)
     if not fused_merge and device_plan.may_merge:
         launch_combine(device_plan, output, lse, lse_out_scale, partial_out, partial_lse)
 
@@ -135,10 +140,10 @@ def gqa_prefill_entry(kernel_cls, check_config) -> tuple:
         return checked_build(kernel_cls, check_config, config, paged_fake_args(config, prefill_indptrs=True))
 
     def launch(device_plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
-               output, lse, natural_lse: bool = False) -> None:
+               output, lse, natural_lse: bool = False, planned=None) -> None:
         """Run the plan's items (kv_last_page_len is already folded into their KV_END), then the combine."""
         launch_paged(device_plan, check_config, (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices), sm_scale,
-                     output, lse, natural_lse)
+                     output, lse, natural_lse, planned=planned)
 
     return build, launch
 
@@ -152,11 +157,11 @@ def gqa_decode_entry(kernel_cls, check_config) -> tuple:
         return checked_build(kernel_cls, check_config, config, fake)
 
     def launch(device_plan, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output, lse,
-               natural_lse: bool = False) -> None:
+               natural_lse: bool = False, planned=None) -> None:
         """Run the plan's items (kv_indptr and kv_last_page_len are already folded into their KV_PAGE_START
         and KV_END); merges fold in-kernel."""
         launch_paged(device_plan, check_config, (q, k_cache, v_cache, kv_indices), sm_scale,
-                     output, lse, natural_lse, fused_merge=True)
+                     output, lse, natural_lse, fused_merge=True, planned=planned)
 
     return build, launch
 
@@ -171,10 +176,10 @@ def gqa_multi_token_decode_entry(kernel_cls, check_config) -> tuple:
         return checked_build(kernel_cls, check_config, config, fake)
 
     def launch(device_plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
-               output, lse, natural_lse: bool = False) -> None:
+               output, lse, natural_lse: bool = False, planned=None) -> None:
         """Run the plan's items (kv_indptr and kv_last_page_len are already folded into their KV_PAGE_START and
         KV_END, the causal trim into KV_END and CAUSAL_OFFSET); merges fold in-kernel."""
         launch_paged(device_plan, check_config, (q, k_cache, v_cache, qo_indptr, kv_indices), sm_scale,
-                     output, lse, natural_lse, fused_merge=True)
+                     output, lse, natural_lse, fused_merge=True, planned=planned)
 
     return build, launch
