@@ -24,6 +24,7 @@ __all__ = [
     "gqa_paged_prefill_ref",
     "gqa_paged_decode_ref",
     "mla_paged_prefill_ref",
+    "mla_paged_decode_ref",
     "gather_paged_kv",
 ]
 
@@ -213,3 +214,20 @@ def mla_paged_prefill_ref(
         offset = (lkv - (q1 - q0)) if causal else None
         out[q0:q1], lse[q0:q1] = attend(q_cat[q0:q1], k, ckv, sm_scale, causal_offset=offset, natural_lse=natural_lse)
     return _finish(out, lse)
+
+
+def mla_paged_decode_ref(
+    q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, *rest,
+    qo_indptr: torch.Tensor | None = None, natural_lse: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference of ``mla_paged_decode_*``, in the definitions' argument orders (no ``qo_indptr``).
+
+    ``rest`` is ``(sm_scale,)`` (ps1 order) or ``(kv_last_page_len, sm_scale)`` (ps64 order). One query per request
+    sees every key of its request; ``qo_indptr=`` (1..4 queries per request, the request's last positions) makes
+    them causal among themselves, bottom-right. Both are the MLA prefill reference's causal mask, because a
+    request's last query sees all of its keys.
+    """
+    if qo_indptr is None:
+        qo_indptr = torch.arange(q_nope.shape[0] + 1, dtype=torch.int32)
+    return mla_paged_prefill_ref(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, *rest,
+                                 causal=True, natural_lse=natural_lse)

@@ -24,10 +24,12 @@ __all__ = [
     "GqaPrefillCase",
     "GqaDecodeCase",
     "MlaPrefillCase",
+    "MlaDecodeCase",
     "make_gqa_prefill_case",
     "make_gqa_decode_case",
     "make_gqa_multi_token_decode_case",
     "make_mla_prefill_case",
+    "make_mla_decode_case",
     "interleave_kv",
     "ragged_batches",
     "decode_batches",
@@ -186,6 +188,23 @@ class MlaPrefillCase:
         return reference.mla_paged_prefill_ref(*self.inputs())
 
 
+@dataclass
+class MlaDecodeCase(MlaPrefillCase):
+    """An MLA decode batch: one query per request; ``inputs()`` in the decode definitions' orders (no
+    ``qo_indptr``: it stays on the case, ``0, 1, ..., batch``, for peers whose API takes one)."""
+
+    def inputs(self) -> tuple:
+        """ps1 order ``(..., kv_indices, sm_scale)`` at page size 1, else ``(..., kv_indices, kv_last_page_len,
+        sm_scale)`` (ps64)."""
+        head = (self.q_nope, self.q_pe, self.ckv_cache, self.kpe_cache, self.kv_indptr, self.kv_indices)
+        if self.kv_last_page_len is None:
+            return (*head, self.sm_scale)
+        return (*head, self.kv_last_page_len, self.sm_scale)
+
+    def reference(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return reference.mla_paged_decode_ref(*self.inputs())
+
+
 def _paged_caches(kv_lens, num_kv_heads, head_dim, page_size, extra_pages, g, device):
     pool = _shuffled_pool(kv_lens, page_size, extra_pages, g)
     shape = (pool.num_pages, page_size, num_kv_heads, head_dim)
@@ -301,6 +320,19 @@ def make_mla_prefill_case(
         q_lens=[int(x) for x in q_lens], kv_lens=[int(x) for x in kv_lens],
         kv_last_page_len=None if last is None else _int32(last, device), page_size=page_size,
     )
+
+
+def make_mla_decode_case(
+    kv_lens, *, num_heads: int = 16, ckv_dim: int = 512, kpe_dim: int = 64, page_size: int = 1,
+    num_pages: int | None = None, device="cpu", seed: int = 0, sm_scale: float = MLA_SM_SCALE,
+) -> MlaDecodeCase:
+    """An absorbed-MLA decode batch: one query per request over ``kv_lens[b]`` keys (0 allowed: no pages), in the
+    pool :func:`make_mla_prefill_case` builds (shuffled, NaN wherever no request owns a slot); ``kv_last_page_len``
+    exactly where the definition has it (page size > 1)."""
+    case = make_mla_prefill_case([1] * len(kv_lens), kv_lens, num_heads=num_heads, ckv_dim=ckv_dim, kpe_dim=kpe_dim,
+                                 page_size=page_size, num_pages=num_pages, device=device, seed=seed,
+                                 sm_scale=sm_scale, with_last_page_len=page_size > 1)
+    return MlaDecodeCase(**{f.name: getattr(case, f.name) for f in dataclasses.fields(case)})
 
 
 def with_edge_page_table(case, *, share: tuple[int, int] = (1, 2)):

@@ -107,7 +107,9 @@ class Workload:
     @staticmethod
     def from_bench(bench_workload) -> "Workload":
         """From a ``tools/bench_workloads.Workload`` (its definition name names the kind; definition layout)."""
-        kind = next((k for k in PAGED_KINDS if bench_workload.kernel.startswith(k)), None)
+        # mla_paged_decode has no kind of its own: its entry runs the MLA prefill kind (one query per request)
+        name = bench_workload.kernel.replace("mla_paged_decode", "mla_paged_prefill", 1)
+        kind = next((k for k in PAGED_KINDS if name.startswith(k)), None)
         if kind is None:
             raise ValueError(f"{bench_workload.kernel!r} is not a definition of {', '.join(PAGED_KINDS)}")
         q_lens = None if kind == "gqa_paged_decode" else bench_workload.q_lens

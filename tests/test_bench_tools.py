@@ -48,6 +48,11 @@ def test_labels_match_lengths():
         elif w.kernel == bw.MTP_DECODE:
             assert 1 <= w.q_lens[0] <= 8 and len(set(w.q_lens)) == len(set(w.kv_lens)) == 1
             assert w.label == bw.mtp_label(w.batch, w.q_lens[0], w.kv_lens[0])
+        elif w.definition.op == "mla_decode":
+            assert set(w.q_lens) == {1}
+            uniform = len(set(w.kv_lens)) == 1
+            assert w.label == (bw.decode_label(w.batch, w.kv_lens[0]) if uniform else
+                               bw.ragged_decode_label(w.batch, bw.MLA_DECODE_RAGGED[1]))
         else:
             assert w.label == bw.mla_label(w.batch, sum(w.q_lens), sum(w.kv_lens))
             assert all(kv >= q >= 1 for q, kv in zip(w.q_lens, w.kv_lens))
@@ -63,7 +68,7 @@ def test_select_filters():
     assert [w.label for w in bw.select_workloads("decode", ["n64_kv2048"])] == ["n64_kv2048"]
     quick = bw.select_workloads("all", quick=True)
     assert quick and all(w.quick for w in quick)
-    assert {w.kernel for w in quick} == {bw.PREFILL, bw.DECODE, bw.MLA, bw.MTP_DECODE}
+    assert {w.kernel for w in quick} == {bw.PREFILL, bw.DECODE, bw.MLA, bw.MTP_DECODE, bw.MLA_DECODE, bw.MLA_DECODE_PS64}
     mtp = bw.select_workloads("mtp")
     assert [w.label for w in mtp] == ["n64_q1_kv2048", "n64_q4_kv2048"]  # q_len 4 beside q_len 1
     assert bw.workload_bytes(mtp[1]) - bw.workload_bytes(mtp[0]) < 0.01 * bw.workload_bytes(mtp[0])
@@ -287,7 +292,8 @@ def test_no_gpu_compiles_what_the_workloads_launch():
     roles = [(role, getattr(c, "kind", "combine")) for role, c in kernels]
     assert roles == [("attention", "gqa_paged_prefill"), ("attention", "gqa_paged_decode"),
                      ("attention", "mla_paged_prefill"), ("combine", "combine"),
-                     ("attention", "gqa_paged_multi_token_decode")]  # fused merge: no combine of its own
+                     ("attention", "gqa_paged_multi_token_decode"),  # fused merge: no combine of its own
+                     ("attention", "mla_paged_prefill")]  # MLA decode page 64 (page 1 is MLA prefill's config)
     assert any(p["num_merges"] for p in plans if p["kernel"] == bw.DECODE)
     assert kernels[3][1].head_dim_v == 512  # the MLA combine: n22_q22_kv17759 splits
     assert {c for _, c in kernels} <= set(registered_configs("sm_90a"))  # compile_all builds the same ones
@@ -430,8 +436,9 @@ def test_family_selection():
     assert [(bw.short_name(w.kernel), w.label) for w in quick] == [
         ("decode:h20/kv4/ps1", "n64_kv2048"), ("decode:h20/kv4/ps16", "n64_kv2048"), ("decode", "n64_kv2048"),
         ("prefill:h32/kv4/ps1", "n8_q992_kv992")]
-    # all stays the four kernels' lists; several --kernel values merge without duplicates
-    assert not {w.kernel for w in bw.select_workloads("all")} - {bw.PREFILL, bw.DECODE, bw.MLA, bw.MTP_DECODE}
+    # all stays the bench kernels' lists; several --kernel values merge without duplicates
+    assert {w.kernel for w in bw.select_workloads("all")} == {bw.PREFILL, bw.DECODE, bw.MLA, bw.MTP_DECODE,
+                                                              bw.MLA_DECODE, bw.MLA_DECODE_PS64}
     both = bw.select_workloads(["decode", "family"])
     assert len(both) == len({(w.kernel, w.label) for w in both}) == len(bw.select_workloads("decode")) + len(fam) - 1
     # a definition name: its listed workloads, or its representative one when none is listed
@@ -442,8 +449,8 @@ def test_family_selection():
         ["n64_q1_kv2048", "n64_q4_kv2048"]
     with pytest.raises(ValueError):
         bw.select_workloads("gqa_ragged_prefill")
-    with pytest.raises(ValueError, match="MLA"):
-        bw.select_workloads("mla_paged_decode_h16_ckv512_kpe64_ps64")
+    with pytest.raises(ValueError, match="MLA"):  # MLA prefill's workloads are the engine's recorded ones
+        bw.select_workloads("mla_paged_prefill_causal_h16_ckv512_kpe64_ps64")
 
 
 def test_family_counting_by_hand():

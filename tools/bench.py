@@ -4,6 +4,7 @@
     python tools/bench.py                       # everything, GPU needed for timings
     python tools/bench.py --kernel decode --quick --json out.json
     python tools/bench.py --kernel family --quick   # issue 10: page 1 / 16 / 64 decode, page-1 prefill
+    python tools/bench.py --kernel mla_decode --quick   # issue 11: MLA decode at page 1 and 64
     python tools/bench.py --kernel gqa_paged_decode_h32_kv8_d128_ps1   # any definition name: its representative
     python tools/bench.py --plan-only           # planner timing only (runs on CPU)
     python tools/bench.py --cpu --json out.json # what a machine without a GPU does (tools/bench_no_gpu.py)
@@ -38,7 +39,9 @@ from bench_no_gpu import run_planner_timing  # noqa: E402
 PEAK_TFLOPS = 790.0
 PEAK_TBPS = 4.3
 RECORD_KEYS = ("kernel", "workload", "impl", "gpu_us", "wall_us", "tflops", "tbps", "passed")
-SHORT = {bw.PREFILL: "prefill", bw.DECODE: "decode", bw.MLA: "mla", bw.MTP_DECODE: "mtp"}
+#: the bench kernels: one chart panel each (x = workload); other definitions share a panel per op
+SHORT = {bw.PREFILL: "prefill", bw.DECODE: "decode", bw.MLA: "mla", bw.MTP_DECODE: "mtp",
+         bw.MLA_DECODE: "mla_decode:h16/ps1", bw.MLA_DECODE_PS64: "mla_decode:h16/ps64"}
 #: what each definition op's chart shows: compute-bound ops in TFLOP/s, bandwidth-bound ones in TB/s
 METRIC = {"prefill": ("tflops", "TFLOP/s"), "mla": ("tflops", "TFLOP/s"), "decode": ("tbps", "TB/s"),
           "mtp": ("tbps", "TB/s"), "mla_decode": ("tbps", "TB/s")}
@@ -265,7 +268,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kernel", nargs="+", default=["all"], metavar="KERNEL",
                    help="all (default), family (issue 10's page sizes and FIB head layouts), prefill, decode, mla, "
-                        "mtp, or any definition name, e.g. gqa_paged_decode_h20_kv4_d128_ps16 (its representative "
+                        "mtp, mla_decode (h16 at page 1 and 64), or any definition name, e.g. gqa_paged_decode_h20_kv4_d128_ps16 (its representative "
                         "workload when none is listed); several are merged")
     p.add_argument("--workloads", nargs="+", help="labels (or substrings), e.g. n1_kv3232")
     p.add_argument("--impls", nargs="+", help="only these implementations, e.g. cute_attn fa4")

@@ -23,14 +23,19 @@ PLANNER_BUDGET_MS = 5.0  # planning 4096 decode requests must stay below this
 PLANNER_BATCH = 4096
 FUSED_MERGE_KINDS = ("gqa_paged_decode", "gqa_paged_multi_token_decode")  # kernels/common/paged_launch.py: gqa_decode_entry, fused_merge=True
 
-# definition op (bench_workloads.Definition.op) -> cute_attn kind
+# definition op (bench_workloads.Definition.op) -> the cute_attn kind whose kernel serves it: mla_paged_decode has
+# no kind of its own yet (ops/mla_decode.py runs the MLA prefill kind with one query per request)
 _KINDS = {"prefill": "gqa_paged_prefill", "decode": "gqa_paged_decode", "mtp": "gqa_paged_multi_token_decode",
-          "mla": "mla_paged_prefill", "mla_decode": "mla_paged_decode"}
+          "mla": "mla_paged_prefill", "mla_decode": "mla_paged_prefill"}
 
 
 def _problem(kernel: str):
     """(cute_attn kind, default_paged_config keyword arguments) of a definition name: the head layout and page
-    size come from the name (the four bench kernels' names give their GQA_*_HEADS / MLA_DIMS)."""
+    size come from the name (the four bench kernels' names give their GQA_*_HEADS / MLA_DIMS); the mask is the
+    kind's own, as the API builds the config (MLA decode: the prefill kind's bottom-right causal mask, which lets
+    one query see every key)."""
+    from cute_attn.ops import get_spec
+
     try:
         d = bw.parse_definition(kernel)
     except ValueError:
@@ -42,7 +47,8 @@ def _problem(kernel: str):
     else:
         dims = dict(num_qo_heads=d.num_qo_heads, num_kv_heads=d.num_kv_heads, head_dim_qk=d.head_dim,
                     head_dim_v=d.head_dim)
-    return _KINDS[d.op], dict(dims, page_size=d.page_size, causal=d.causal)
+    kind = _KINDS[d.op]
+    return kind, dict(dims, page_size=d.page_size, causal=get_spec(kind).causal)
 
 
 def pin_dsl_arch(arch: str) -> str:

@@ -11,7 +11,7 @@ our own `NotImplementedError` is also `Unavailable` ("not available").
 
 Every runner takes its head layout and page size from the case's tensors (`_dims`), so any family definition
 (`bench_workloads.parse_definition`: e.g. gqa_paged_decode_h20_kv4_d128_ps1) runs through the same entries; the
-runner list is chosen by the definition's op (decode / prefill / mtp / mla).
+runner list is chosen by the definition's op (decode / prefill / mtp / mla / mla_decode).
 """
 from __future__ import annotations
 
@@ -51,6 +51,7 @@ _OUR_ENTRY = {  # definition op -> entry names, first found wins (the definition
     "decode": ("gqa_paged_decode",),
     "mla": ("mla_paged_prefill",),
     "mtp": ("gqa_paged_multi_token_decode",),
+    "mla_decode": ("mla_paged_decode",),  # the decode definitions' orders: no qo_indptr
 }
 
 
@@ -184,8 +185,10 @@ def setup_flashinfer_decode(case, tensor_cores: bool) -> Prepared:
     return Prepared(run, note=note)
 
 
-def setup_flashinfer_mla(case, backend: str) -> Prepared:
-    """flashinfer.mla.BatchMLAPagedAttentionWrapper(ws, backend=fa2|fa3), causal, page size 1.
+def setup_flashinfer_mla(case, backend: str, causal: bool = True) -> Prepared:
+    """flashinfer.mla.BatchMLAPagedAttentionWrapper(ws, backend=fa2|fa3), any page size the cache has.
+    Prefill: causal. Decode: the case's qo_indptr (0, 1, ..., batch) with causal=False, the same mask for one
+    query per request. kv_len_arr is each request's key count (not its page count: they differ above page 1).
     0.7.2 form: plan(metadata=MLAPlanMetadata.csr(qo_indptr, kv_indptr, kv_indices, kv_len_arr),
     ..., query_layout="split", kv_cache_layout="split", lse_mode="base2") then
     run(query=(q_nope, q_pe), kv_cache=(ckv, kpe), out=, lse=, return_lse=True).
@@ -200,10 +203,10 @@ def setup_flashinfer_mla(case, backend: str) -> Prepared:
     num_heads, ckv_dim = case.q_nope.shape[1], case.q_nope.shape[2]
     kpe_dim = case.q_pe.shape[2]
     page_size = case.ckv_cache.shape[1]
-    kv_len_arr = (case.kv_indptr[1:] - case.kv_indptr[:-1]).to(torch.int32)
+    kv_len_arr = torch.tensor(case.kv_lens, dtype=torch.int32, device=case.kv_indptr.device)
     w = fmla.BatchMLAPagedAttentionWrapper(_workspace(case.q_nope.device), backend=backend)
     common = dict(num_heads=num_heads, head_dim_ckv=ckv_dim, head_dim_kpe=kpe_dim,
-                  page_size=page_size, causal=True, sm_scale=float(case.sm_scale),
+                  page_size=page_size, causal=causal, sm_scale=float(case.sm_scale),
                   q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
     out, lse = case.new_outputs()
     meta_cls = getattr(fmla, "MLAPlanMetadata", None)
@@ -382,6 +385,10 @@ def runners_for(kernel: str) -> List[Tuple[str, Callable]]:
                 ("flashinfer_fa2", lambda c: setup_flashinfer_mla(c, "fa2")),
                 ("flashinfer_fa3", lambda c: setup_flashinfer_mla(c, "fa3")),
                 ("fa4", setup_fa4_mla)]
+    if op == "mla_decode":  # FA4 has no paged MLA decode
+        return [*ours,
+                ("flashinfer_fa2", lambda c: setup_flashinfer_mla(c, "fa2", causal=False)),
+                ("flashinfer_fa3", lambda c: setup_flashinfer_mla(c, "fa3", causal=False))]
     raise ValueError(f"the bench has no runners for {kernel!r} ({op})")
 
 
@@ -393,7 +400,7 @@ def reference(kernel: str, case):
     from cute_attn import reference as ref
 
     fn = {"prefill": ref.gqa_paged_prefill_ref, "decode": ref.gqa_paged_decode_ref, "mtp": ref.gqa_paged_prefill_ref,
-          "mla": ref.mla_paged_prefill_ref}[op_of(kernel)]
+          "mla": ref.mla_paged_prefill_ref, "mla_decode": ref.mla_paged_decode_ref}[op_of(kernel)]
     return fn(*case.inputs())
 
 

@@ -8,7 +8,10 @@ Targets (issues "GQA paged prefill" and "GQA paged decode"):
 - kernel family (issue 10): page-16 decode >= 90% and page-1 decode >= 75% of our page-64 decode bandwidth at
   64 x 2048 (h20/kv4); each definition's representative workload (decode 64 x 2048, prefill 8 x 992) at least
   as fast as the best peer that passed, one row per definition in the records plus a row over all 37 FIB GQA
-  definitions (measured only when every one has rows).
+  definitions (measured only when every one has rows);
+- MLA decode (issue 11): at least as fast as the best FlashInfer backend that passed on every MLA decode workload
+  (h16 at page 1 and 64, and any other MLA decode definition in the records), one row each plus a row over the h16
+  ones (measured only when every one has rows); >= 3.9 TB/s at 128 x 4096 page 64 and >= 3.5 TB/s at page 1.
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ FAMILY_LABEL = bw.decode_label(*bw.FAMILY_DECODE)
 PAGE_BANDWIDTH = ((16, 0.90), (1, 0.75))  # page size -> fraction of the page-64 decode bandwidth at 64 x 2048
 REPRESENTATIVE = {"decode": bw.decode_label(*bw.FAMILY_DECODE), "prefill": bw.prefill_label(*bw.FAMILY_PREFILL)}
 FIB_GQA = tuple(n for n in bw.FIB_DEFINITIONS if bw.parse_definition(n).op in REPRESENTATIVE)
+MLA_DECODE_MIN_TBPS = {(bw.MLA_DECODE_PS64, bw.decode_label(128, 4096)): 3.9,
+                       (bw.MLA_DECODE, bw.decode_label(128, 4096)): 3.5}
+#: the workload labels every MLA decode definition is benchmarked at (the same list for each)
+MLA_DECODE_LABELS = tuple(w.label for w in bw.mla_decode_workloads(bw.MLA_DECODE))
 
 
 def _find(records: List[Dict], kernel: str, workload: str, impl: str) -> Optional[Dict]:
@@ -101,12 +108,49 @@ def target_rows(records: List[Dict]) -> List[Dict]:
     met = sum(bool(verdicts[n]) for n in measured)
     add("FIB GQA definitions, representative vs best peer", f"{len(FIB_GQA)}/{len(FIB_GQA)}",
         f"{met}/{len(measured)} met", None if len(measured) < len(FIB_GQA) else met == len(FIB_GQA))
+    rows.extend(_mla_decode_rows(records))
     ours = [r for r in records if r["impl"] == "cute_attn" and r.get("gpu_us") and r.get("wall_us")
             and r["kernel"] in (bw.PREFILL, bw.DECODE)]
     if ours:
         worst = max(r["wall_us"] - r["gpu_us"] for r in ours)
         add("host overhead (wall - span), worst GQA case", f"<= {HOST_OVERHEAD_US:g} us", f"{worst:.1f} us",
             worst <= HOST_OVERHEAD_US)
+    return rows
+
+
+def _mla_decode_rows(records: List[Dict]) -> List[Dict]:
+    """Issue 11: vs the best FlashInfer backend per (MLA decode definition, workload), a row over the h16 ones,
+    and the two bandwidth floors at 128 x 4096."""
+    rows = []
+
+    def add(name, want, got, met):
+        rows.append(dict(target=name, want=want, got=got, met=met))
+
+    def is_mla_decode(kernel):
+        try:
+            return bw.parse_definition(kernel).op == "mla_decode"
+        except ValueError:
+            return False
+
+    kernels = list(dict.fromkeys([*bw.KERNEL_GROUPS["mla_decode"],
+                                  *(r["kernel"] for r in records if is_mla_decode(r["kernel"]))]))
+    verdicts = {}
+    for kernel in kernels:
+        for label in MLA_DECODE_LABELS:
+            ratio = _vs_best_peer(records, kernel, label)  # the MLA decode peers are FlashInfer's backends only
+            verdicts[kernel, label] = None if ratio is None else ratio >= 1.0
+            add(f"{bw.short_name(kernel)} {label} vs best FlashInfer", ">= 1.00x",
+                None if ratio is None else f"{ratio:.2f}x", verdicts[kernel, label])
+    h16 = [(k, label) for k in bw.KERNEL_GROUPS["mla_decode"] for label in MLA_DECODE_LABELS]
+    measured = [key for key in h16 if verdicts[key] is not None]
+    met = sum(bool(verdicts[key]) for key in measured)
+    add("MLA decode h16, each workload vs best FlashInfer", f"{len(h16)}/{len(h16)}",
+        f"{met}/{len(measured)} met", None if len(measured) < len(h16) else met == len(h16))
+    for (kernel, label), floor in MLA_DECODE_MIN_TBPS.items():
+        ours = _find(records, kernel, label, "cute_attn")
+        got = ours["tbps"] if ours and ours["passed"] and ours.get("tbps") else None
+        add(f"{bw.short_name(kernel)} {label}", f">= {floor:g} TB/s", None if got is None else f"{got:.2f} TB/s",
+            None if got is None else got >= floor)
     return rows
 
 

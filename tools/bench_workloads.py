@@ -22,8 +22,15 @@ MLA = "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1"
 # so the name follows theirs (cute_attn's gqa_paged_multi_token_decode; 1..8 causal draft tokens per request).
 MTP_DECODE = "gqa_paged_multi_token_decode_h20_kv4_d128_ps64"
 
+# MLA decode (issue 11): DeepSeek-V3's two page sizes; Kimi-K2's h8 (page 1) runs through its definition name.
+MLA_DECODE = "mla_paged_decode_h16_ckv512_kpe64_ps1"
+MLA_DECODE_PS64 = "mla_paged_decode_h16_ckv512_kpe64_ps64"
+MLA_DECODE_H8 = "mla_paged_decode_h8_ckv512_kpe64_ps1"
+
 # --kernel short names -> definition names.
 KERNEL_ALIASES = {"prefill": PREFILL, "decode": DECODE, "mla": MLA, "mtp": MTP_DECODE}
+#: --kernel short names of several definitions at once (one workload list, each page size its own rows)
+KERNEL_GROUPS = {"mla_decode": (MLA_DECODE, MLA_DECODE_PS64)}
 #: the kernels FlashInfer-Bench defines (tools/fib_bench.py): every one here but MTP_DECODE
 FIB_KERNELS = (PREFILL, DECODE, MLA)
 
@@ -182,6 +189,9 @@ class Workload:
             return testing.make_gqa_decode_case(list(self.kv_lens), **gqa)
         if d.op == "mtp":
             return testing.make_gqa_multi_token_decode_case(list(self.q_lens), list(self.kv_lens), **gqa)
+        if d.op == "mla_decode":
+            return testing.make_mla_decode_case(list(self.kv_lens), num_heads=d.num_qo_heads, ckv_dim=d.head_dim,
+                                                kpe_dim=d.kpe_dim, page_size=d.page_size, device=device, seed=seed)
         if d.op == "mla":
             return testing.make_mla_prefill_case(
                 list(self.q_lens), list(self.kv_lens),
@@ -211,6 +221,10 @@ def mla_label(batch: int, total_q: int, total_kv: int) -> str:
     return f"n{batch}_q{total_q}_kv{total_kv}"  # totals: that is how the engine recorded them
 
 
+def ragged_decode_label(batch: int, max_kv: int) -> str:
+    return f"n{batch}_kv1to{max_kv}"  # per-request kv lengths drawn from 1..max_kv
+
+
 def stable_seed(label: str) -> int:
     """A seed derived from the label (crc32), so splits never change between runs or hosts."""
     return zlib.crc32(label.encode()) & 0x7FFFFFFF
@@ -233,6 +247,12 @@ def split_mla_lengths(batch: int, total_q: int, total_kv: int, seed: int) -> Tup
     share = rng.multinomial(extra, rng.dirichlet(np.ones(batch))) if extra else np.zeros(batch, dtype=int)
     kv = q + share
     return [int(x) for x in q], [int(x) for x in kv]
+
+
+def ragged_decode_lengths(batch: int, max_kv: int, seed: int) -> List[int]:
+    """Per-request kv lengths uniform in 1..max_kv; a fixed seed keeps the draw the same on every host."""
+    rng = np.random.default_rng(seed)
+    return [int(x) for x in rng.integers(1, max_kv + 1, size=batch)]
 
 
 # ----------------------------------------------------------------------------- lists
@@ -285,9 +305,28 @@ def _mla_workloads() -> List[Workload]:
     return out
 
 
+#: (batch, kv_len per request, in --quick) of the MLA decode lists (issue 11), then one ragged batch
+MLA_DECODE_POINTS = ((1, 4096, True), (16, 4096, False), (64, 8192, False), (128, 4096, True))
+MLA_DECODE_RAGGED = (64, 32768)  # 64 requests, kv lengths 1..32768
+
+
+def mla_decode_workloads(kernel: str) -> List[Workload]:
+    """Issue 11's MLA decode points for one decode definition (any head count / page size)."""
+    if parse_definition(kernel).op != "mla_decode":
+        raise ValueError(f"{kernel!r} is no MLA decode definition")
+    out = [Workload(kernel, decode_label(b, kv), (1,) * b, (kv,) * b, quick=quick)
+           for b, kv, quick in MLA_DECODE_POINTS]
+    b, max_kv = MLA_DECODE_RAGGED
+    label = ragged_decode_label(b, max_kv)
+    out.append(Workload(kernel, label, (1,) * b, tuple(ragged_decode_lengths(b, max_kv, stable_seed(label)))))
+    return out
+
+
 def all_workloads() -> List[Workload]:
-    """The four bench kernels' lists (``--kernel all``); the family (``--kernel family``) is separate."""
-    return _prefill_workloads() + _decode_workloads() + _mla_workloads() + _mtp_workloads()
+    """The bench kernels' lists (``--kernel all``): prefill, decode, MLA prefill, MTP and MLA decode at page 1 and
+    64; the family (``--kernel family``) is separate."""
+    mla_decode = [w for k in KERNEL_GROUPS["mla_decode"] for w in mla_decode_workloads(k)]
+    return _prefill_workloads() + _decode_workloads() + _mla_workloads() + _mtp_workloads() + mla_decode
 
 
 # ----------------------------------------------------------------------------- the kernel family (issue 10)
@@ -306,8 +345,11 @@ FAMILY_PAGE_SIZES = (1, 64)
 
 def representative_workloads(kernel: str, quick: bool = False) -> List[Workload]:
     """The representative workload(s) of any GQA definition name (FIB's or a family name such as
-    ``gqa_paged_decode_h20_kv4_d128_ps16``): decode 64 x 2048, prefill 8 x 992/992, mtp q_len 1 and 4 at 64 x 2048."""
+    ``gqa_paged_decode_h20_kv4_d128_ps16``): decode 64 x 2048, prefill 8 x 992/992, mtp q_len 1 and 4 at 64 x 2048.
+    An MLA decode definition gets issue 11's whole list (its own quick flags)."""
     d = parse_definition(kernel)
+    if d.op == "mla_decode":
+        return mla_decode_workloads(kernel)
     if d.op == "decode":
         b, kv = FAMILY_DECODE
         return [Workload(kernel, decode_label(b, kv), (1,) * b, (kv,) * b, quick=quick)]
@@ -354,6 +396,8 @@ def _for_kernel(kernel: str) -> List[Workload]:
         return all_workloads()
     if kernel == "family":
         return family_workloads()
+    if kernel in KERNEL_GROUPS:
+        return [w for name in KERNEL_GROUPS[kernel] for w in _for_kernel(name)]
     want = KERNEL_ALIASES.get(kernel, kernel)
     listed = [w for w in _dedupe(all_workloads() + family_workloads()) if w.kernel == want]
     return listed or representative_workloads(want, quick=True)  # ValueError for a name that is no definition
@@ -361,7 +405,7 @@ def _for_kernel(kernel: str) -> List[Workload]:
 
 def select_workloads(kernel: Union[str, Sequence[str]] = "all", names: Optional[Sequence[str]] = None,
                      quick: bool = False) -> List[Workload]:
-    """Filter by --kernel (one or more of: all, family, a short name, any definition name), --workloads (labels
+    """Filter by --kernel (one or more of: all, family, a short name or group, any definition name), --workloads (labels
     or substrings), --quick. A definition name without listed workloads gets its representative one."""
     kernels = [kernel] if isinstance(kernel, str) else list(kernel)
     wl = _dedupe([w for k in kernels for w in _for_kernel(k)])
@@ -427,6 +471,15 @@ def workload_bytes(w: Workload) -> int:
         n_pages = sum(pages_of(kv, d.page_size) for kv in w.kv_lens)
         last = b if d.page_size > 1 else 0  # kv_last_page_len only above page size 1
         idx = (2 * (b + 1) + n_pages + last) * INT32  # qo_indptr, kv_indptr, kv_indices
+        return act + kv + idx
+    if d.op == "mla_decode":
+        # the latent cache dominates: every key's ckv + kpe row (1152 B at 512 + 64), once per request
+        h, dc, dp = d.num_qo_heads, d.head_dim, d.kpe_dim
+        act = total_q * h * (dc + dp) * BF16 + total_q * h * dc * BF16 + total_q * h * FP32  # q, out, lse
+        kv = sum(w.kv_lens) * (dc + dp) * BF16
+        n_pages = sum(pages_of(kv, d.page_size) for kv in w.kv_lens)
+        last = b if d.page_size > 1 else 0  # the ps1 definitions have no kv_last_page_len
+        idx = ((b + 1) + n_pages + last) * INT32  # kv_indptr, kv_indices (no qo_indptr: one query per request)
         return act + kv + idx
     raise ValueError(w.kernel)
 

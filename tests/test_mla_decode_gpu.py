@@ -1,0 +1,103 @@
+"""MLA decode on a GPU (issue 11's tier): drawn batches against the float32 reference, element by element.
+
+Each batch runs through ``cute_attn.mla_paged_decode`` in the FlashInfer-Bench argument order of its page size (ps1:
+no ``kv_last_page_len``; ps64: it before ``sm_scale``), at DeepSeek-V3's 16 heads and Kimi-K2's 8, with one query
+per request or 1..4 (``qo_indptr=``, the request's last positions, causal among themselves). Lengths include
+empty requests (output 0, lse -inf), one-key requests, requests shorter than their queries and long ones up to
+8K keys (split across CTAs, so the partials and their combine run). Pools are shuffled and hold NaN in every slot
+no request owns (unused pages, the tail of every last page) and outputs start as NaN, so a key read past a sequence
+end, a wrong page, a 0 x NaN in P V or an element never written fails. The plan comes from each route the bench
+times: planned on the GPU (the default), on the host (``check_indices=True``) and once for ``plan=``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from cute_attn import reference, testing  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+PAGE_SIZES = (1, 64)  # the decode definitions' page sizes
+HEADS = (16, 8)  # DeepSeek-V3 at TP8, Kimi-K2
+ROUTES = ("device", "host", "plan")
+LONG_KV = 8192
+MAX_QUERIES = 4  # cute_attn.ops.mla_decode.MAX_QUERIES_PER_REQUEST
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    import cute_attn
+
+    torch.cuda.init()  # resolve_arch asks the device only once CUDA is initialised
+    cute_attn.clear_plan_cache()
+    yield
+
+
+@st.composite
+def decode_batches(draw):
+    """``(q_lens, kv_lens, multi_token)``: one query each (``multi_token`` False) or 1..4; kv lengths empty, tiny,
+    page-sized or long, now and then one request of 4K..8K keys among them, in a drawn order."""
+    batch = draw(st.integers(1, 16))
+    multi_token = draw(st.booleans())
+    q_lens = draw(st.lists(st.integers(1, MAX_QUERIES), min_size=batch, max_size=batch)) if multi_token \
+        else [1] * batch
+    kv_len = st.one_of(st.just(0), st.integers(1, 3), st.integers(60, 130), st.integers(1, 2048))
+    kv_lens = draw(st.lists(kv_len, min_size=batch, max_size=batch))
+    if draw(st.booleans()):
+        kv_lens[0] = draw(st.integers(LONG_KV // 2, LONG_KV))
+    order = draw(st.permutations(range(batch)))
+    return [q_lens[i] for i in order], [kv_lens[i] for i in order], multi_token
+
+
+def _decode_args(case):
+    """The decode entry's positional inputs: FlashInfer-Bench's order for the case's page size."""
+    last = () if case.kv_last_page_len is None else (case.kv_last_page_len,)
+    return (case.q_nope, case.q_pe, case.ckv_cache, case.kpe_cache, case.kv_indptr, case.kv_indices, *last,
+            case.sm_scale)
+
+
+def _run_and_compare(q_lens, kv_lens, multi_token, page_size, num_heads, route, seed):
+    import cute_attn
+
+    case = testing.make_mla_prefill_case(q_lens, kv_lens, num_heads=num_heads, page_size=page_size, device="cuda",
+                                         seed=seed, with_last_page_len=page_size > 1)
+    args = _decode_args(case)
+    queries = dict(qo_indptr=case.qo_indptr) if multi_token else {}
+    out, lse = case.new_outputs()  # NaN: an element the kernel never writes fails
+    if route == "plan":
+        plan = cute_attn.plan_mla_paged_decode(*args, **queries)
+        cute_attn.mla_paged_decode(*args, out, lse, plan=plan, **queries)
+    else:
+        cute_attn.mla_paged_decode(*args, out, lse, check_indices=route == "host", **queries)
+    torch.cuda.synchronize()
+    ref_out, ref_lse = reference.mla_paged_decode_ref(*args, **queries)
+    testing.assert_close_benchmark(out, ref_out, "output")
+    testing.assert_close_benchmark(lse, ref_lse, "lse")
+
+
+@settings(max_examples=25)
+@given(batch=decode_batches(), page_size=st.sampled_from(PAGE_SIZES), num_heads=st.sampled_from(HEADS),
+       route=st.sampled_from(ROUTES))
+def test_mla_decode_drawn_batches(batch, page_size, num_heads, route):
+    q_lens, kv_lens, multi_token = batch
+    _run_and_compare(q_lens, kv_lens, multi_token, page_size, num_heads, route, seed=sum(kv_lens) + len(kv_lens))
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@pytest.mark.parametrize("num_heads", HEADS)
+@pytest.mark.parametrize("multi_token", [False, True], ids=["q1", "q1to4"])
+def test_mla_decode_long_empty_and_one_key(page_size, num_heads, multi_token):
+    """The extremes every run sees (a drawn batch may miss them): 8K keys, an empty request, one key, a request
+    with fewer keys than queries, lengths on and next to a page boundary."""
+    kv_lens = [LONG_KV, 0, 1, 2, 64, 65, 4095]
+    q_lens = [4, 1, 1, 3, 2, 4, 1] if multi_token else [1] * len(kv_lens)
+    _run_and_compare(q_lens, kv_lens, multi_token, page_size, num_heads, "device", seed=page_size + num_heads)
