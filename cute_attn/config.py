@@ -125,6 +125,9 @@ class PagedAttentionConfig(KernelConfig):
     #: planner: at most this many query tokens per tile (0: as many as tile_q_rows holds); multi-token decode's
     #: kernel computes 8 tokens' rows, so a longer request is cut into several items rather than truncated
     max_tile_tokens: int = 0
+    #: sm_90a MLA prefill: the two consumer warpgroups each compute S = Q K^T for half of a kv_tile's keys and
+    #: share P through shared memory (``kernels/sm90/mla_prefill_shared_s.py``) instead of both computing all of S
+    share_scores: bool = False
 
     @property
     def group_size(self) -> int:
@@ -185,6 +188,8 @@ def gqa_shape_reason(config: PagedAttentionConfig) -> str | None:
                 f"{(config.head_dim_qk, config.head_dim_v)}")
     if not _is_pow2(config.page_size) or config.page_size > 128:
         return f"page_size={config.page_size} must be a power of two <= 128"
+    if config.share_scores:
+        return "share_scores is a variant of the sm_90a MLA prefill kernel only"
     return None
 
 

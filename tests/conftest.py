@@ -40,3 +40,20 @@ def isolated_compile_cache(module_compile_cache, monkeypatch):
     clear_memory_cache()
     yield module_compile_cache
     clear_memory_cache()
+
+
+@pytest.fixture(params=[False, True], ids=["full_s", "shared_s"])
+def mla_share_scores(request, monkeypatch):
+    """Run a test with the sm_90a MLA prefill default config's ``share_scores`` set to False (both consumer
+    warpgroups compute all of S), then True (S computed once: ``kernels/sm90/mla_prefill_shared_s.py``), whatever
+    ``ops.mla_prefill.SM90_SHARE_SCORES`` says: every public MLA entry (prefill, decode, plan_*) then builds it.
+    Select one with ``-k shared_s`` / ``-k full_s``."""
+    from cute_attn import api
+    from cute_attn.ops import mla_prefill as op
+
+    monkeypatch.setattr(op, "SM90_SHARE_SCORES", request.param)
+    api._config_for.cache_clear()  # the per-shape config cache
+    api.clear_plan_cache()
+    yield request.param
+    api._config_for.cache_clear()
+    api.clear_plan_cache()

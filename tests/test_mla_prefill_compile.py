@@ -11,6 +11,8 @@ from cute_attn.compile import compile_kernel, compile_to_ptx
 from cute_attn.config import default_paged_config
 from cute_attn.kernels import find_launcher
 from cute_attn.kernels.sm90 import mla_prefill
+from cute_attn.kernels.sm90.mla_prefill_shared_s import (EXCHANGE_BYTES, MAX_BARRIER, P_BARRIER, SUM_BARRIER,
+                                                         MlaPagedPrefillSharedSSm90)
 
 SMEM_LIMIT = 227 * 1024
 
@@ -33,7 +35,9 @@ def _definition(**overrides):
 
 def test_registered_config_is_the_definition():
     configs = mla_prefill.configs("sm_90a")
-    assert configs == [_definition(), _definition(page_size=64)]  # the ps1 and ps64 definitions
+    definitions = [_definition(), _definition(page_size=64)]  # the ps1 and ps64 definitions
+    # then the same two with share_scores flipped: compile_all builds the variant the default is A/B'd against
+    assert configs == definitions + [dataclasses.replace(c, share_scores=not c.share_scores) for c in definitions]
     assert mla_prefill.configs("sm_100a") == []
     config = configs[0]
     assert (config.tile_q_rows, config.group_size) == (64, 16)  # 4 tokens x 16 heads per tile
@@ -103,6 +107,7 @@ def test_smem_budget():
         (dataclasses.replace(_definition(), head_dim_qk=128, head_dim_v=128), "head dims"),
         (dataclasses.replace(_definition(), arch="sm_100a"), "sm_90a"),
         (dataclasses.replace(_definition(), kind="gqa_paged_prefill"), "mla_paged_prefill"),
+        (dataclasses.replace(_definition(), kv_tile=32, share_scores=True), "share_scores needs kv_tile"),
     ],
     ids=lambda x: x if isinstance(x, str) else "",
 )
@@ -130,3 +135,106 @@ def test_no_register_spills(capfd):
     assert "Used" in log and "registers" in log  # the ptxas report was captured
     assert "0 bytes spill stores" in log and "0 bytes spill loads" in log
     assert "C7512" not in log and "serialized" not in log
+
+
+# ------------------------------------------------------------------------- share_scores: S computed once
+def _shared_s(**overrides):
+    return dataclasses.replace(_definition(**overrides), share_scores=True)
+
+
+def test_share_scores_is_a_default_off_knob_of_the_public_config():
+    from cute_attn.ops import mla_prefill as op
+
+    assert _definition().share_scores is op.SM90_SHARE_SCORES  # the one line the A/B flips
+    assert mla_prefill.check_config(_shared_s()) is None
+    assert find_launcher(_shared_s()) is mla_prefill.launch  # same registration, rules and launcher
+    assert isinstance(mla_prefill.build(_shared_s())[0], MlaPagedPrefillSharedSSm90)
+    assert not isinstance(mla_prefill.build(dataclasses.replace(_definition(), share_scores=False))[0],
+                          MlaPagedPrefillSharedSSm90)
+
+
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_share_scores_compiles_s_once_with_p_through_smem(page_size):
+    """Each warpgroup: S over its 32 keys (36 k-steps of m64n32k16), P half stored with stmatrix, PV as SS
+    wgmma (4 k-steps of m64n256k16); row max / P / row sum named barriers over the 256 consumer threads."""
+    config = _shared_s(page_size=page_size)
+    ptx = compile_to_ptx(config)
+    assert "MlaPagedPrefillSm90_H16_M64_N64_S2_SharedS" in ptx
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16") == 576 // 16
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16") == 64 // 16
+    assert "wgmma.mma_async.sync.aligned.m64n64k16" not in ptx  # no full-width (redundant) S GEMM left
+    # PV is SS: both operands are descriptors (the RS form passes A as registers in braces)
+    pv = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16\s*\{[^}]*\},\s*(\S+)", ptx)
+    assert len(pv) == 4 and all(not a.startswith("{") for a in pv), pv
+    assert ptx.count("stmatrix.sync.aligned.m8n8.x4.shared.b16") == 2  # 64 x 32 bf16 P half per warpgroup
+    for barrier in (MAX_BARRIER, P_BARRIER, SUM_BARRIER):
+        assert re.search(rf"bar\.sync\s+{barrier}, 256;", ptx), barrier
+    assert re.search(r"bar\.sync\s+1, 128;", ptx)  # the unchanged load role's row-id barrier
+    assert ptx.count("fence.proxy.async.shared::cta") >= 2  # load role + P stores before the PV wgmma
+    assert "setmaxnreg.dec.sync.aligned.u32 \t40" in ptx and "setmaxnreg.inc.sync.aligned.u32 \t232" in ptx
+    assert len(BOUNDS_CHECK.findall(ptx)) == 1  # the same load role
+    assert mla_prefill.num_stages(config) == 2
+    assert mla_prefill.smem_bytes(config) == mla_prefill.smem_bytes(_definition()) + EXCHANGE_BYTES
+    assert mla_prefill.smem_bytes(config) <= SMEM_LIMIT
+
+
+def test_share_scores_smem_budget():
+    """Q 72 KiB + 2 x 72 KiB stages + row ids + mbarriers + 1 KiB exchange + 1 KiB slack; P lives in a stage."""
+    config = _shared_s()
+    assert mla_prefill.smem_bytes(config) == 64 * 576 * 2 * 3 + 2 * 64 * 4 + 8 * 2 * 3 + 1024 + 1024
+    assert SMEM_LIMIT - mla_prefill.smem_bytes(config) < 64 * 576 * 2  # no third stage
+    # P (64 q rows x 64 keys bf16) fits exactly in the stage's kpe block (64 key rows x 64 columns)
+    assert 64 * 64 * 2 == config.kv_tile * 64 * 2
+
+
+def test_share_scores_no_register_spills(capfd):
+    import tempfile
+
+    import cutlass.cute as cute
+
+    from cute_attn.arch import dsl_arch_options
+
+    config = _shared_s()
+    fn, args = mla_prefill.build(config)
+    with tempfile.TemporaryDirectory() as dump:
+        cute.compile(fn, *args, no_jit_engine=True,
+                     options=f"{dsl_arch_options(config.arch)} --keep-ptx --dump-dir {dump} remarks{{ptx}}")
+    log = "".join(capfd.readouterr())
+    assert "Used" in log and "registers" in log
+    assert "0 bytes spill stores" in log and "0 bytes spill loads" in log
+    assert "C7512" not in log and "serialized" not in log
+
+
+def test_share_scores_refused_off_its_kernel():
+    from cute_attn.kernels.sm100 import mla_prefill as mla_sm100
+
+    gqa = dataclasses.replace(default_paged_config(
+        "gqa_paged_prefill", arch="sm_90a", num_qo_heads=32, num_kv_heads=4, head_dim_qk=128, head_dim_v=128,
+        page_size=64, causal=True), share_scores=True)
+    assert "share_scores" in gqa.can_implement()
+    assert "share_scores" in mla_sm100.check_config(dataclasses.replace(_shared_s(), arch="sm_100a"))
+
+
+def test_conftest_fixture_flips_the_public_config(mla_share_scores):
+    """The GPU tier's ``mla_share_scores`` fixture makes every public MLA entry build the variant under test."""
+    from cute_attn import api
+
+    config = api._config_for("mla_paged_prefill", 16, 1, 576, 512, 1, "sm_90a", True)
+    assert config.share_scores is mla_share_scores
+    assert mla_prefill.check_config(config) is None
+
+
+def test_ab_tool_knows_the_variants_and_workloads():
+    """tools/mla_prefill_variants.py (GPU): its variants are buildable configs and its default workloads exist."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+    import mla_prefill_variants as tool
+
+    known = tool.mla_workloads()
+    assert set(tool.DEFAULT_WORKLOADS) <= set(known)
+    assert {"n1_q1028_kv1038", "n28_q1954_kv2044", "n1_q16384_kv16387"} == set(tool.DEFAULT_WORKLOADS)
+    for overrides in tool.VARIANTS.values():
+        assert mla_prefill.check_config(dataclasses.replace(_definition(), **overrides)) is None
+    assert {v["share_scores"] for v in tool.VARIANTS.values()} == {False, True}

@@ -22,6 +22,8 @@ from cute_attn import testing  # noqa: E402
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    # every test twice: the default kernel (S in both warpgroups) and share_scores (S once); conftest.py
+    pytest.mark.usefixtures("mla_share_scores"),
 ]
 
 LN_2 = math.log(2.0)
@@ -74,7 +76,7 @@ def _split(batch: int, total_q: int, total_kv: int, seed: int) -> tuple[list[int
 
 
 RECORDED = [(1, 1, 34), (4, 4, 121), (1, 10, 12), (1, 43, 46), (3, 69, 90), (2, 123, 185), (5, 473, 491),
-            (1, 1028, 1038)]
+            (1, 1028, 1038), (28, 1954, 2044)]
 
 
 @pytest.mark.parametrize("batch, total_q, total_kv", RECORDED, ids=lambda x: str(x))
@@ -131,8 +133,10 @@ def test_ragged_batches_match_reference(batch):
     ([100, 40, 9, 0], [30, 0, 9, 5]),  # rows that see no key, an empty request
     ([8, 2], [9000, 3000]),        # split items: partials + combine
 ], ids=str)
-def test_kv_tile_32_variant(q_lens, kv_lens):
+def test_kv_tile_32_variant(q_lens, kv_lens, mla_share_scores):
     """Plan with a kv_tile 32 config (4 stages) and run its kernel on the same inputs."""
+    if mla_share_scores:
+        pytest.skip("share_scores builds kv_tile 64 only")
     from cute_attn.api import DevicePlan, _num_ctas
     from cute_attn.kernels import find_launcher
     from cute_attn.plan import plan_work
@@ -148,3 +152,12 @@ def test_kv_tile_32_variant(q_lens, kv_lens):
     find_launcher(config)(device_plan, *case.inputs(), out, lse, natural_lse=False)
     torch.cuda.synchronize()
     _compare(case, out, lse, natural_lse=False)
+
+
+def test_the_variant_under_test_is_the_one_launched(mla_share_scores):
+    import cute_attn
+
+    case = _case([5, 70], [9, 200], seed=7)
+    plan = cute_attn.plan_mla_paged_prefill(*case.inputs())
+    assert plan.config.share_scores is mla_share_scores
+    _check(case)

@@ -121,9 +121,19 @@ def signature(q_nope, q_pe, ckv, kpe, qo, kvp, kvi, *rest):
                   last._version)
 
 
+#: sm_90a: compute S = Q K^T once per tile (``PagedAttentionConfig.share_scores``, kernels/sm90/mla_prefill_shared_s.py)
+#: instead of in both consumer warpgroups. Off until the H200 A/B (tools/mla_prefill_variants.py) says otherwise:
+#: flipping this line flips the public entries, plan_* and the registered configs.
+SM90_SHARE_SCORES = False
+
+
 def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size) -> dict:
-    """One 64-row tile of packed (token, head) rows x 64 gathered key rows."""
-    return dict(tile_q_rows=64, kv_tile=64)
+    """One 64-row tile of packed (token, head) rows x 64 gathered key rows (sm_90a: S once per tile when
+    ``SM90_SHARE_SCORES``)."""
+    tiles = dict(tile_q_rows=64, kv_tile=64)
+    if arch == "sm_90a" and SM90_SHARE_SCORES:
+        tiles.update(share_scores=True)
+    return tiles
 
 
 def shape_reason(config) -> str | None:

@@ -43,13 +43,17 @@ counted in ``smem_bytes``). kv_tile 32 gives 4 stages of 36 KiB in the same budg
 swizzled K-major (8 x 64 atoms), so Q and K feed wgmma directly and V^T is an MN-major view of K's first
 512 columns.
 
+``PagedAttentionConfig.share_scores`` builds the variant that computes S once (``mla_prefill_shared_s.py``:
+S split by key halves between the warpgroups, the row max exchanged and P shared through smem); same
+registration, rules and launcher, ``MlaPagedPrefillSharedSSm90`` in the kernel symbol.
+
 Possible next steps (performance, not correctness): ping-pong or intra-warpgroup overlap of the QK GEMM
-with the softmax; splitting the QK GEMM by key halves between the warpgroups with P and the row max
-exchanged through smem (FlashMLA style); prefetching the next tile's row ids one tile ahead.
+with the softmax; prefetching the next tile's row ids one tile ahead.
 """
 
 from __future__ import annotations
 
+import dataclasses
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -88,17 +92,28 @@ def _tile_bytes(rows: int) -> int:
     return rows * QK_DIM * 2
 
 
+def _exchange_bytes(config: PagedAttentionConfig) -> int:
+    """The ``share_scores`` variant's row max / row sum exchange buffer (0 for the default kernel)."""
+    if not config.share_scores:
+        return 0
+    from .mla_prefill_shared_s import EXCHANGE_BYTES
+
+    return EXCHANGE_BYTES
+
+
 def num_stages(config: PagedAttentionConfig) -> int:
     """K stages that fit next to the Q tile, the row-id table, the mbarriers and the slack (<= MAX_STAGES)."""
-    fixed = _tile_bytes(config.tile_q_rows) + 2 * config.kv_tile * 4 + 8 * 2 * (1 + MAX_STAGES) + 1024
+    fixed = (_tile_bytes(config.tile_q_rows) + 2 * config.kv_tile * 4 + 8 * 2 * (1 + MAX_STAGES) + 1024
+             + _exchange_bytes(config))
     return max(0, min(MAX_STAGES, (SMEM_LIMIT_BYTES - fixed) // _tile_bytes(config.kv_tile)))
 
 
 def smem_bytes(config: PagedAttentionConfig) -> int:
-    """Shared memory one CTA allocates: Q, K stages, the row-id table, mbarriers, 1 KiB alignment slack."""
+    """Shared memory one CTA allocates: Q, K stages, the row-id table, mbarriers, 1 KiB alignment slack (and the
+    ``share_scores`` exchange buffer)."""
     stages = num_stages(config)
     return (_tile_bytes(config.tile_q_rows) + stages * _tile_bytes(config.kv_tile) + 2 * config.kv_tile * 4
-            + 8 * 2 * (1 + stages) + 1024)
+            + 8 * 2 * (1 + stages) + 1024 + _exchange_bytes(config))
 
 
 def check_config(config: PagedAttentionConfig) -> str | None:
@@ -119,6 +134,11 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         return f"ctas_per_sm={config.ctas_per_sm}: one CTA uses ~217 KiB of shared memory, so 1 per SM"
     if num_stages(config) < 2:
         return f"fewer than 2 K stages fit in {SMEM_LIMIT_BYTES} bytes of shared memory"
+    if config.share_scores:
+        from .mla_prefill_shared_s import shared_s_reason
+
+        if (reason := shared_s_reason(config)) is not None:
+            return reason
     return smem_reason(smem_bytes(config))
 
 
@@ -283,12 +303,25 @@ class MlaPagedPrefillSm90:
 
 
 # ----------------------------------------------------------------------------------- registration
-build, launch = mla_entry(MlaPagedPrefillSm90, check_config)
+def _kernel_for(config: PagedAttentionConfig):
+    """The kernel object of ``config``: the default kernel, or the S-computed-once variant (``share_scores``)."""
+    if config.share_scores:
+        from .mla_prefill_shared_s import MlaPagedPrefillSharedSSm90
+
+        return MlaPagedPrefillSharedSSm90(config)
+    return MlaPagedPrefillSm90(config)
+
+
+build, launch = mla_entry(_kernel_for, check_config)
 
 
 def configs(arch: str) -> list[PagedAttentionConfig]:
-    """The definitions' configs (``mla_paged_prefill_causal_h16_ckv512_kpe64_ps1`` and ``_ps64``)."""
-    return [definition_config(arch, ps) for ps in DEFINITION_PAGE_SIZES] if arch == ARCH else []
+    """The definitions' configs (``mla_paged_prefill_causal_h16_ckv512_kpe64_ps1`` and ``_ps64``), then the same two
+    with ``share_scores`` flipped (the variant the default is A/B'd against), so compile_all builds both."""
+    if arch != ARCH:
+        return []
+    definitions = [definition_config(arch, ps) for ps in DEFINITION_PAGE_SIZES]
+    return definitions + [dataclasses.replace(c, share_scores=not c.share_scores) for c in definitions]
 
 
 register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs,
