@@ -133,7 +133,8 @@ def test_ours_calls_the_decode_entry_in_the_definition_order(monkeypatch, impl):
 
     fake_decode.__name__ = "mla_paged_decode"  # the planned mode finds plan_<entry name>
     monkeypatch.setattr(cute_attn, "mla_paged_decode", fake_decode)
-    monkeypatch.setattr(cute_attn, "plan_mla_paged_decode", lambda *a: ("plan of", len(a)))
+    monkeypatch.setattr(cute_attn, "plan_mla_paged_decode",
+                        lambda *a, on_device=False: ("device plan of" if on_device else "plan of", len(a)))
     setup = dict(bp.runners_for(kernel))[impl]
     prep = setup(case)
     result = prep()
@@ -141,7 +142,8 @@ def test_ours_calls_the_decode_entry_in_the_definition_order(monkeypatch, impl):
     args, kw = calls[-1]
     assert len(args) == 10 and args[7] == case.sm_scale and args[0] is case.q_nope
     mode = bp.CUTE_ATTN_MODES[impl]
-    assert kw == {"planned": dict(plan=("plan of", 8)), "host_cold": dict(check_indices=True)}.get(mode, {})
+    assert kw == {"planned": dict(plan=("plan of", 8)), "device_planned": dict(plan=("device plan of", 8)),
+                  "host_cold": dict(check_indices=True)}.get(mode, {})
     fresh = mode in ("cold", "host_cold")  # new index tensors every call, same values
     for i, name in ((4, "kv_indptr"), (5, "kv_indices"), (6, "kv_last_page_len")):
         assert (args[i] is not getattr(case, name)) == fresh and torch.equal(args[i], getattr(case, name))

@@ -58,6 +58,7 @@ _OUR_ENTRY = {  # definition op -> entry names, first found wins (the definition
 CUTE_ATTN_MODES = {  # impl name -> how the call gets its plan
     "cute_attn": "default",  # what a caller gets: planned and checked on the GPU at every call, no host sync
     "cute_attn_planned": "planned",  # plan_*() once (host), plan= at every call: an engine's layers 2..L
+    "cute_attn_device_planned": "device_planned",  # plan_*(on_device=True) once, plan= at every call
     "cute_attn_cold": "cold",  # the default with new index tensors every call (engine step, FlashInfer-Bench)
     "cute_attn_host_cold": "host_cold",  # check_indices=True with new index tensors: the old host-planned path
 }
@@ -80,6 +81,9 @@ def setup_cute_attn(kernel: str, case, mode: str = "default") -> Prepared:
     if mode == "planned":
         planner = getattr(cute_attn, f"plan_{fn.__name__}")
         kw = dict(plan=planner(*args))
+    elif mode == "device_planned":
+        planner = getattr(cute_attn, f"plan_{fn.__name__}")
+        kw = dict(plan=planner(*args, on_device=True))
     elif mode == "host_cold":
         kw = dict(check_indices=True)
     if mode in ("cold", "host_cold"):

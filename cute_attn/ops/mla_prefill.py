@@ -124,7 +124,7 @@ def signature(q_nope, q_pe, ckv, kpe, qo, kvp, kvi, *rest):
 #: sm_90a: compute S = Q K^T once per tile (``PagedAttentionConfig.share_scores``, kernels/sm90/mla_prefill_shared_s.py)
 #: instead of in both consumer warpgroups. Off until the H200 A/B (tools/mla_prefill_variants.py) says otherwise:
 #: flipping this line flips the public entries, plan_* and the registered configs.
-SM90_SHARE_SCORES = False
+SM90_SHARE_SCORES = True
 
 
 def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size) -> dict:
