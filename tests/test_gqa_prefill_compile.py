@@ -52,9 +52,10 @@ def test_compiles_with_wgmma_and_tma(index):
     assert "mbarrier.try_wait.parity" in ptx
     assert "setmaxnreg" in ptx
     assert "GqaPagedPrefillSm90" in ptx  # readable kernel symbol
-    # one Q box (2 swizzle halves) + one box per page per half for K and V
+    # one Q box (d / 64 swizzle-width copies) + one box per page per 64 columns for K and V
     pages = config.kv_tile // config.page_size
-    assert ptx.count("cp.async.bulk.tensor") == 2 + 2 * 2 * pages
+    halves = config.head_dim_qk // 64
+    assert ptx.count("cp.async.bulk.tensor") == halves + 2 * halves * pages
     assert gqa_prefill.smem_bytes(config) <= SMEM_LIMIT
 
 
@@ -63,7 +64,8 @@ def test_compiles_with_wgmma_and_tma(index):
     [
         (dict(page_size=256), "page_size"),
         (dict(num_qo_heads=160, num_kv_heads=1), "group size 160"),
-        (dict(head_dim_qk=256, head_dim_v=256), "head_dim"),
+        (dict(head_dim_qk=64, head_dim_v=128), "head_dim"),
+        (dict(head_dim_qk=256, head_dim_v=256, page_size=128), "page_size=128 is not built at head_dim 256"),
         (dict(causal=False), "causal"),
     ],
 )
@@ -113,16 +115,20 @@ def test_variants_compile_with_wgmma_and_tma(index, variant):
         assert "_SEPI" in ptx
 
 
-def test_overlap_wgmma_is_not_serialized(capfd):
+@pytest.mark.parametrize("config", [
+    dataclasses.replace(_config(), **VARIANTS["both"]),
+    _config(num_qo_heads=16, num_kv_heads=2, head_dim_qk=256, head_dim_v=256),  # its default: overlap only
+], ids=["d128_both", "d256_default"])
+def test_overlap_wgmma_is_not_serialized(capfd, config):
     """ptxas serialises wgmma (warning C7512) when the overlapped loop needs more than 240 registers,
-    e.g. when LLVM carries the fp32 scores instead of bf16 P across the loop; that would undo the overlap."""
+    e.g. when LLVM carries the fp32 scores instead of bf16 P across the loop; that would undo the overlap.
+    At head_dim 256 the 64 x 256 fp32 O alone is 128 registers per consumer thread."""
     import tempfile
 
     import cutlass.cute as cute
 
     from cute_attn.arch import dsl_arch_options
 
-    config = dataclasses.replace(_config(), **VARIANTS["both"])
     fn, args = gqa_prefill.build(config)
     with tempfile.TemporaryDirectory() as dump:
         cute.compile(fn, *args, no_jit_engine=True,
@@ -140,3 +146,51 @@ def test_a_group_of_five_loads_whole_tokens_in_125_q_rows():
     assert config.packed_rows_per_tile == 125 and gqa_prefill.check_config(config) is None
     ptx = compile_to_ptx(config)
     assert "32000" in ptx and "cp.async.bulk.tensor" in ptx
+
+
+# ------------------------------------------------------------------------------------------ head_dim 256
+def _d256(**overrides):
+    return _config(num_qo_heads=16, num_kv_heads=2, head_dim_qk=256, head_dim_v=256, **overrides)
+
+
+def test_head_dim_256_default_tiles_fit_one_sm():
+    """128 rows x 64 keys, one Q stage: 64 KB Q + 2 stages x (K + V) x 32 KB = 192 KB (+ barriers, slack)."""
+    config = _d256()
+    assert (config.tile_q_rows, config.kv_tile) == (128, 64)
+    assert config.intra_wg_overlap is True and config.smem_epilogue is False
+    assert gqa_prefill.q_stages(256) == 1 and gqa_prefill.q_stages(128) == 2
+    assert gqa_prefill.check_config(config) is None
+    assert 192 * 1024 < gqa_prefill.smem_bytes(config) <= SMEM_LIMIT
+    assert config in gqa_prefill.configs("sm_90a")
+    assert find_launcher(config) is gqa_prefill.launch
+
+
+@pytest.mark.parametrize("page_size", [1, 2, 4, 8, 16, 32, 64])
+def test_head_dim_256_pages_up_to_the_key_tile_are_accepted(page_size):
+    assert _d256(page_size=page_size).can_implement() is None
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (dict(page_size=128), "page_size=128 is not built at head_dim 256"),
+    (dict(kv_tile=128), "kv_tile=128 must be one of (64,) at head_dim 256"),
+    (dict(kv_tile=32), "kv_tile=32 must be one of (64,)"),
+    (dict(tile_q_rows=64), "tile_q_rows=64"),
+], ids=["page128", "kv128", "kv32", "m64"])
+def test_head_dim_256_unbuildable_tiles_are_refused_with_a_reason(overrides, words):
+    config = dataclasses.replace(_d256(), **overrides)
+    assert words in (config.can_implement() or "")
+    with pytest.raises(ValueError, match="page_size|kv_tile|tile_q_rows"):
+        gqa_prefill.build(config)
+
+
+def test_head_dim_256_ptx_uses_64_key_tiles():
+    """S = Q K^T: 256 / 16 k-steps of m64n64k16, O += P V: 64 / 16 k-steps of m64n256k16, each at two sites
+    (the overlap's first tile and its steady state); Q: 4 copies of 64 columns, K and V: 4 per page."""
+    ptx = compile_to_ptx(_d256())
+    assert ".target sm_90a" in ptx and "_D256_" in ptx and "_N64_" in ptx
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") == 2 * 16
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16") == 2 * 4
+    assert ptx.count("cp.async.bulk.tensor") == 4 + 2 * 4
+    assert "wgmma.wait_group.sync.aligned \t1;" in ptx
+    # one Q stage: the Q box's mbarrier expects 128 rows x 256 x 2 bytes
+    assert "65536" in ptx

@@ -193,7 +193,8 @@ def test_variants_family_members(variant, page_size, heads, kv_heads):
 
 # The tier draws the shape too: group size (including ones that do not divide the tile), page size, head_dim.
 PREFILL_SHAPES = [(32, 4, 128, 64), (20, 4, 128, 16), (24, 8, 64, 32), (6, 1, 128, 128), (16, 16, 64, 64),
-                  (32, 4, 128, 1), (20, 4, 128, 2), (16, 2, 64, 4), (40, 10, 128, 1)]
+                  (32, 4, 128, 1), (20, 4, 128, 2), (16, 2, 64, 4), (40, 10, 128, 1),
+                  (16, 2, 256, 64), (20, 4, 256, 1), (16, 8, 256, 16), (24, 8, 256, 32)]
 
 
 @settings(max_examples=8, deadline=None)
@@ -212,3 +213,57 @@ def test_drawn_page_sizes_match_reference(page_size, batch):
     """The definition's heads (h32/kv4, d128) with the page size drawn: small pages and the ones that were built."""
     q_lens, kv_lens = batch
     _check(_case(q_lens, kv_lens, page_size=page_size, seed=sum(q_lens) % 983 + page_size))
+
+
+# ---------------------------------------------------------------------------------------- head_dim 256
+# 128 packed rows x 64-key tiles, one Q stage (kernels/sm90/gqa_prefill.py); pages 1..64. Each case compiles its
+# own config (group, page size) on first use.
+D256_SHAPES = [(16, 2, 64), (16, 8, 16), (16, 2, 1), (20, 4, 4), (32, 4, 32), (8, 8, 8), (32, 2, 2), (24, 8, 64)]
+
+
+@pytest.mark.parametrize("heads, kv_heads, page_size", D256_SHAPES, ids=str)
+def test_head_dim_256_family(heads, kv_heads, page_size):
+    # ragged, causal (bottom-right: kv > q), empty requests, tails inside a page and a 64-key tile
+    _check(_case([333, 1, 70, 0, 5, 129], [1200, 1, 70, 9, 33, 257], num_qo_heads=heads, num_kv_heads=kv_heads,
+                 head_dim=256, page_size=page_size, seed=heads + kv_heads + page_size))
+
+
+@pytest.mark.parametrize("q_lens, kv_lens", [
+    ([992] * 4, [992] * 4),                 # the seed workload's shape, kv == q
+    ([1000, 3, 250], [1000, 3, 250]),       # ragged, kv == q
+    ([64, 100], [128, 4096]),               # long items
+    ([100, 40, 9], [30, 0, 9]),             # rows that see no key, an empty KV range
+    ([1] * 40, [1, 5, 63, 64, 65, 700, 4000, 8192] * 5),  # one-token requests, tails inside a page
+], ids=str)
+def test_head_dim_256_matches_reference(q_lens, kv_lens):
+    _check(_case(q_lens, kv_lens, num_qo_heads=16, num_kv_heads=2, head_dim=256, page_size=64, seed=len(q_lens)))
+
+
+def test_head_dim_256_rows_see_no_key():
+    out, lse = _check(_case([100, 40, 9], [30, 0, 9], num_qo_heads=16, num_kv_heads=2, head_dim=256, seed=13))
+    assert torch.isinf(lse[:70]).all() and (out[:70] == 0).all()
+
+
+@pytest.mark.parametrize("page_size", [64, 1])
+def test_head_dim_256_split_and_interleaved(page_size):
+    # a long request (split items + combine at head_dim_v 256) over kv[:, 0] / kv[:, 1] views of one tensor
+    _check(testing.interleave_kv(_case([2048, 17], [8192, 17], num_qo_heads=16, num_kv_heads=2, head_dim=256,
+                                       page_size=page_size, seed=50 + page_size)), natural_lse=True)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("heads, kv_heads, page_size", [(16, 2, 64), (20, 4, 4)], ids=str)
+def test_head_dim_256_variants(variant, heads, kv_heads, page_size):
+    # the default is overlap without the smem epilogue; the other three build and must be right too
+    _check_variant(_case([333, 1, 70, 0, 5, 129], [1200, 1, 70, 9, 33, 257], num_qo_heads=heads,
+                         num_kv_heads=kv_heads, head_dim=256, page_size=page_size, seed=61), variant)
+
+
+@settings(max_examples=10, deadline=None)
+@given(shape=st.sampled_from([(16, 2, 64), (16, 8, 16), (20, 4, 1), (32, 4, 32)]),
+       batch=testing.ragged_batches(max_batch=16, max_q=600, max_kv=3000))
+def test_head_dim_256_ragged_batches(shape, batch):
+    heads, kv_heads, page_size = shape
+    q_lens, kv_lens = batch
+    _check(_case(q_lens, kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads, head_dim=256, page_size=page_size,
+                 seed=sum(kv_lens) % 977))

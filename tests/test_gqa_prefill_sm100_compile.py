@@ -32,9 +32,16 @@ def _config(**overrides):
     return default_paged_config("gqa_paged_prefill", **base)
 
 
+def _d256(**overrides):
+    base = dict(num_qo_heads=16, num_kv_heads=2, head_dim_qk=256, head_dim_v=256)
+    base.update(overrides)
+    return _config(**base)
+
+
 def test_registered_configs_are_the_definition_group_five_and_page_one():
     configs = gqa_prefill.configs("sm_100a")
-    assert configs == [_config(), _config(num_qo_heads=20, num_kv_heads=4), _config(page_size=1)]
+    assert configs == [_config(), _config(num_qo_heads=20, num_kv_heads=4), _config(page_size=1),
+                       _d256(), _d256(num_kv_heads=8, page_size=16), _d256(page_size=1)]
     assert gqa_prefill.configs("sm_90a") == []
     assert find_launcher(_config()) is gqa_prefill.launch
 
@@ -52,10 +59,12 @@ def _check_ptx(config, ptx: str):
                   "tcgen05.commit", "cp.async.bulk.tensor", "mbarrier.try_wait.parity", "setmaxnreg"):
         assert instr in ptx, instr
     assert "GqaPagedPrefillSm100" in ptx  # readable kernel symbol
-    # S = Q K^T and O += P V, 8 k-blocks each, issued at two sites each (first tile / steady state)
+    # S = Q K^T (d / 16 k-blocks) and O += P V (kv_tile / 16 k-blocks), issued at two sites each (first tile /
+    # steady state): 8 + 8 at head_dim 128, 16 + 4 at head_dim 256 (64-key tiles)
+    qk_blocks, pv_blocks = config.head_dim_qk // 16, config.kv_tile // 16
     mmas = re.findall(r"tcgen05\.mma\.cta_group::1\.kind::f16[^;]*;", ptx)
-    assert len(mmas) == 4 * 8
-    assert sum("], [" in m for m in mmas) == 2 * 8  # P V: A operand (P) read from TMEM
+    assert len(mmas) == 2 * qk_blocks + 2 * pv_blocks
+    assert sum("], [" in m for m in mmas) == 2 * pv_blocks  # P V: A operand (P) read from TMEM
     # Q: one box per 64-column swizzle half; K and V: one box per page per half, 4 load sites
     pages = config.kv_tile // config.page_size
     halves = config.head_dim_qk // 64
@@ -85,6 +94,43 @@ def test_unsupported_configs_are_refused_with_a_reason():
         gqa_prefill.GqaPagedPrefillSm100(_config(head_dim_qk=64, head_dim_v=64))
 
 
+def test_head_dim_256_budgets():
+    """128 x 64 tiles: one 64 KB Q stage + a 4-stage ring of 32 KB K/V tiles; TMEM 2 x 64 S + 256 O columns."""
+    config = _d256()
+    assert (config.tile_q_rows, config.kv_tile) == (128, 64)
+    assert gqa_prefill.stages(256) == (1, 4) and gqa_prefill.stages(128) == (2, 4)
+    assert gqa_prefill.check_config(config) is None
+    assert 192 * 1024 < gqa_prefill.smem_bytes(config) <= SMEM_LIMIT
+    assert gqa_prefill.tmem_columns(config) == 384
+    assert find_launcher(config) is gqa_prefill.launch
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (dict(page_size=128), "page_size=128 is not built at head_dim 256"),
+    (dict(kv_tile=128), "at head_dim 256 tile_q_rows must be 128 and kv_tile 64"),
+], ids=["page128", "kv128"])
+def test_head_dim_256_unbuildable_tiles_are_refused_with_a_reason(overrides, words):
+    config = dataclasses.replace(_d256(), **overrides)
+    assert words in (config.can_implement() or "")
+    with pytest.raises(ValueError, match="head_dim 256"):
+        gqa_prefill.build(config)
+
+
+@pytest.mark.parametrize("page_size", [1, 2, 4, 8, 16, 32, 64])
+def test_head_dim_256_pages_up_to_the_key_tile_are_accepted(page_size):
+    assert _d256(page_size=page_size).can_implement() is None
+
+
+def test_head_dim_256_mma_shapes():
+    """S is a 128 x 64 tcgen05 tile (N = 64 in the instruction descriptor), O a 128 x 256 one; the MMA warp runs
+    at setmaxnreg 112 (16 QK k-blocks per tile)."""
+    ptx = compile_to_ptx(_d256())
+    assert "_D256_" in ptx and "_N64_" in ptx
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+112;", ptx)
+    assert not re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+64;", ptx)  # no warp left at 64
+    assert "tcgen05.alloc" in ptx and "cp.async.bulk.tensor" in ptx
+
+
 @pytest.mark.parametrize("page_size", [1, 2, 4, 8])
 def test_small_pages_are_accepted(page_size):
     """Pages below the 8-row swizzle atom are one TMA box each at a row offset of the 128B-swizzled stage."""
@@ -108,12 +154,13 @@ def _ptxas_13():
 
 
 @pytest.mark.skipif(_ptxas_13() is None, reason="needs a CUDA 13 ptxas (sm_100a)")
-def test_ptxas_assembles_without_real_spills(tmp_path):
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_ptxas_assembles_without_real_spills(tmp_path, head_dim):
     """ptxas accepts the PTX for sm_100a and the setmaxnreg budget leaves no real spills.
 
     The DSL emits PTX ISA 9.4; a CUDA 13.0 ptxas reads 9.0, so the header is lowered for this check.
     """
-    ptx = compile_to_ptx(_config())
+    ptx = compile_to_ptx(_config() if head_dim == 128 else _d256())
     src = tmp_path / "k.ptx"
     src.write_text(re.sub(r"^\.version \d+\.\d+", ".version 9.0", ptx, count=1, flags=re.M))
     out = subprocess.run([_ptxas_13(), "-arch=sm_100a", "-v", str(src), "-o", str(tmp_path / "k.cubin")],

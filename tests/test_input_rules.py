@@ -81,8 +81,8 @@ def test_a_junk_plan_is_named_before_index_values():
 @pytest.mark.parametrize("kind, shape, reason", [
     ("gqa_paged_decode", dict(num_qo_heads=20, num_kv_heads=4, head_dim_qk=256, head_dim_v=256, page_size=128),
      "shared memory holds fewer than 2 K/V stages"),
-    ("gqa_paged_prefill", dict(num_qo_heads=32, num_kv_heads=4, head_dim_qk=256, head_dim_v=256, page_size=64),
-     "head_dim 256 is not built yet"),
+    ("gqa_paged_prefill", dict(num_qo_heads=32, num_kv_heads=4, head_dim_qk=256, head_dim_v=256, page_size=128),
+     "page_size=128 is not built at head_dim 256"),
     ("gqa_paged_prefill", dict(num_qo_heads=160, num_kv_heads=1, head_dim_qk=128, head_dim_v=128, page_size=64),
      "group size 160 exceeds the 128-row tile"),
 ])

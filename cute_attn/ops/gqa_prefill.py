@@ -52,7 +52,18 @@ def signature(q, k, v, qo, kvp, kvi, last, sm_scale):
 
 def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size) -> dict:
     """128 packed rows x 128 keys; on sm_90a the FA3 intra-warpgroup overlap and the shared-memory epilogue
-    (measured on the H200: n32 852 -> 707 us, docs/perf-notes.md; the flags mean nothing on sm_100a)."""
+    (measured on the H200: n32 852 -> 707 us, docs/perf-notes.md; the flags mean nothing on sm_100a).
+
+    head_dim 256: 128 rows x 64 keys on both arches (one 64 KB Q stage and 128 KB of K/V stages; sm_90a: O is 128
+    fp32 registers per consumer thread, S and P of a 64-key tile 48 more), so pages 1..64 (a page is one TMA box
+    inside the key tile: page 128 is refused with that reason). sm_90a keeps the overlap but not the smem
+    epilogue: with a single Q stage the epilogue would hold the only Q buffer and delay the next item's Q load
+    (not measured yet, docs/perf-notes.md "Prefill head_dim 256")."""
+    if head_dim_qk == 256:
+        tiles = dict(tile_q_rows=128, kv_tile=64)
+        if arch == "sm_90a":
+            tiles.update(intra_wg_overlap=True, smem_epilogue=False)
+        return tiles
     tiles = dict(tile_q_rows=128, kv_tile=128)
     if arch == "sm_90a":
         tiles.update(intra_wg_overlap=True, smem_epilogue=True)
@@ -93,9 +104,9 @@ def gqa_paged_prefill(
     The mask is bottom-right causal per request: query i (0-based in its request) sees keys j <= i + (Lkv - Lq).
     ``lse`` is base 2 unless ``natural_lse=True``; a row that sees no key gets output 0 and lse -inf.
 
-    Supported (sm_90a runs on Hopper; sm_100a is compiled and PTX-checked only, never run here): head_dim 64 and
-    128, page sizes 1..128 (powers of two), GQA groups that divide 128 packed rows (1, 2, 4, 8, 16; sm_100a:
-    head_dim 128). A shape no kernel builds raises ValueError with the kernel's reason. Needs a CUDA GPU.
+    Supported (sm_90a runs on Hopper; sm_100a is compiled and PTX-checked only, never run here): head_dim 64,
+    128 and 256, page sizes 1..128 (powers of two; 1..64 at head_dim 256, whose key tile is 64 keys), GQA groups
+    that divide 128 packed rows (1, 2, 4, 8, 16; sm_100a: head_dim 128 and 256). A shape no kernel builds raises ValueError with the kernel's reason. Needs a CUDA GPU.
 
     Plans: as :func:`gqa_paged_decode` (cached on the index tensors' identity and version; or plan once with
     :func:`plan_gqa_paged_prefill` and pass ``plan=`` to every layer).

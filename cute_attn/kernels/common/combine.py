@@ -158,11 +158,12 @@ def build(config: CombineConfig) -> tuple[Any, tuple[Any, ...]]:
 
 
 def default_configs(arch: str) -> list[CombineConfig]:
-    """The combine steps of the three definitions' default tile geometry."""
+    """The combine steps of the three definitions' default tile geometry (and of head_dim 256 GQA prefill)."""
     return [
         CombineConfig(arch=arch, tile_q_rows=128, head_dim_v=128, num_qo_heads=32, group_size=8),
         CombineConfig(arch=arch, tile_q_rows=64, head_dim_v=128, num_qo_heads=20, group_size=5),
         CombineConfig(arch=arch, tile_q_rows=64, head_dim_v=512, num_qo_heads=16, group_size=16),
+        CombineConfig(arch=arch, tile_q_rows=128, head_dim_v=256, num_qo_heads=16, group_size=8),  # prefill d256
     ]
 
 

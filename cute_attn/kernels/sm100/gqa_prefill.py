@@ -33,16 +33,22 @@ Warp roles (384 threads, 12 warps):
   TMA ``gather4`` (four rows per instruction) exists in CuTe DSL 4.8.1 but only for 2-D tensor maps
   (rows x columns): our caches are 4-D (slot, d, KV head, page) with a symbolic page stride (strided
   ``kv[:, 0]`` views), so a 2-D row view would need page_stride == num_kv_heads * d; per-page boxes instead. Warps 10-11 idle. Warps 8-11
-  run at ``setmaxnreg`` 64. (240/112/64: the softmax row of 128 fp32 scores + 64 packed P words
-  needs ~230 registers; ptxas 13.0 reports no spills beyond an 8-byte local array.)
+  run at ``setmaxnreg`` 64 (112 at head_dim 256: the MMA warp issues 16 QK k-blocks per tile and spilled at
+  64). (240/112/64: the softmax row of 128 fp32 scores + 64 packed P words needs ~230 registers; ptxas 13.0
+  reports no spills beyond an 8-byte local array.)
 
 TMEM (512 columns allocated, 384 used; lane = packed row):
 ``[0, 128)`` S stage 0, ``[128, 256)`` S stage 1, ``[256, 384)`` O (fp32). P(j) (bf16 pairs, 64
 columns) overwrites columns ``[64, 128)`` of its own S stage once the softmax has read S(j).
+head_dim 256 (``kv_tile`` 64): ``[0, 64)`` and ``[64, 128)`` S stages (P in their upper 32 columns),
+``[128, 384)`` O: 384 columns again.
 
 Shared memory (``smem_bytes``): Q 2 stages x 32 KB, K/V ring 4 stages x 32 KB (a stage holds one K
 or one V tile, 128B-swizzled: K-major for K, MN-major for V, the same bytes per page), mbarriers,
 the softmax -> correction vector ring (2 x 128 x 2 fp32) and the TMEM address: 197 KB with slack.
+head_dim 256: Q 1 stage x 64 KB (128 x 256 bf16), the ring 4 stages x 32 KB (64 keys x 256): also 197 KB;
+pages 1..64 (a page is one box inside the 64-key tile). With one Q stage the MMA warp frees Q right after the
+item's last QK GEMM, so the next item's Q loads under the last PV.
 
 Pipelines (mbarriers, ``cutlass.pipeline``), in consumption order:
 ``q`` (TmaUmma, 2 stages): load -> MMA, released after an item's last QK GEMM.
@@ -78,7 +84,7 @@ from .prefill_setup import PrefillBarriers
 
 KIND = "gqa_paged_prefill"
 ARCH = "sm_100a"
-Q_STAGES = 2
+Q_STAGES = 2  # head_dim 128; 1 at head_dim 256 (stages(): a 128 x 256 bf16 Q stage is 64 KB)
 KV_STAGES = 4
 C_STAGES = 2
 S_STAGES = 2
@@ -89,8 +95,21 @@ _WARP_MMA = 8
 _WARP_LOAD = 9
 NUM_THREADS = 12 * 32
 _REGS_SOFTMAX, _REGS_CORRECTION, _REGS_OTHER = 240, 112, 64
+#: head_dim 256: the MMA warp's 16 QK k-blocks need more than 64 registers (ptxas spilled 28 B stores / 220 B loads
+#: at 64, none at 112); 240 + 112 + 112 warpgroup registers still fit the 168 x 384 the launch allots
+_REGS_OTHER_D256 = 112
 _BAR_TMEM_ALLOC = 1
 _BAR_TMEM_FREE = 2
+
+
+#: the key tile per head_dim: at 256 a 64-key tile keeps one Q stage + 4 K/V stages in 192 KB of shared memory
+#: (a 128-key ring would hold 2 stages) and S + O in 2 x 64 + 256 = 384 TMEM columns
+_KV_TILE = {128: 128, 256: 64}
+
+
+def stages(head_dim: int) -> tuple[int, int]:
+    """(Q stages, K/V ring stages): 2 and 4 at head_dim 128, 1 and 4 at 256."""
+    return (1 if head_dim == 256 else Q_STAGES), KV_STAGES
 
 
 def tmem_columns(config: PagedAttentionConfig) -> int:
@@ -101,8 +120,9 @@ def tmem_columns(config: PagedAttentionConfig) -> int:
 def smem_bytes(config: PagedAttentionConfig) -> int:
     """Shared memory of one CTA: Q stages, K/V ring, mbarriers, vector ring, TMEM address (+ alignment)."""
     tile = 2 * config.head_dim_qk
-    barriers = PrefillBarriers.smem_bytes(Q_STAGES, KV_STAGES, S_STAGES, P_STAGES, C_STAGES)
-    return (Q_STAGES * config.tile_q_rows * tile + KV_STAGES * config.kv_tile * tile + barriers
+    q_stages, kv_stages = stages(config.head_dim_qk)
+    barriers = PrefillBarriers.smem_bytes(q_stages, kv_stages, S_STAGES, P_STAGES, C_STAGES)
+    return (q_stages * config.tile_q_rows * tile + kv_stages * config.kv_tile * tile + barriers
             + 4 * config.tile_q_rows * 2 * C_STAGES + 3 * 1024)
 
 
@@ -112,11 +132,18 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         return reason
     if not config.causal:
         return "the sm_100a prefill kernel is built causal (the definition); causal=False is not built"
-    if config.head_dim_qk != 128 or config.head_dim_v != 128:
-        return f"head_dim {config.head_dim_qk} is not built yet on sm_100a (supported: 128)"
-    if config.tile_q_rows != 128 or config.kv_tile != 128:
+    if config.head_dim_qk not in _KV_TILE or config.head_dim_v != config.head_dim_qk:
+        return f"head_dim {config.head_dim_qk} is not built yet on sm_100a (supported: {tuple(_KV_TILE)})"
+    if config.head_dim_qk == 128 and (config.tile_q_rows != 128 or config.kv_tile != 128):
         return ("tile_q_rows and kv_tile must be 128: one 128-lane TMEM tile per item, one 128x128 tcgen05 "
                 f"S tile per key step (got {config.tile_q_rows}, {config.kv_tile})")
+    if config.head_dim_qk == 256 and (config.tile_q_rows != 128 or config.kv_tile != 64):
+        return ("at head_dim 256 tile_q_rows must be 128 and kv_tile 64: one 128-lane TMEM tile per item, one "
+                "128x64 tcgen05 S tile per key step; one 64 KB Q stage and a 4-stage ring of 32 KB K/V tiles fill "
+                f"shared memory (got {config.tile_q_rows}, {config.kv_tile})")
+    if config.page_size > config.kv_tile:
+        return (f"page_size={config.page_size} is not built at head_dim {config.head_dim_qk}: a page is one TMA "
+                f"box inside a key tile and the tile holds {config.kv_tile} keys (use pages of 1..{config.kv_tile})")
     if config.group_size > config.tile_q_rows:
         return f"group size {config.group_size} exceeds the {config.tile_q_rows}-row tile (a tile packs whole tokens)"
     if (reason := page_box_reason(config)) is not None:
@@ -144,6 +171,8 @@ class GqaPagedPrefillSm100(PrefillRoles):
         self.q_rows = config.packed_rows_per_tile  # whole tokens: (tile_m // group) * group rows are loaded
         self.tile_n = config.kv_tile
         self.pages_per_tile = self.tile_n // self.page_size
+        self.q_stages, self.kv_stages = stages(self.head_dim)
+        self.regs_other = _REGS_OTHER_D256 if self.head_dim == 256 else _REGS_OTHER
         self.dtype = cutlass.BFloat16
         self.p_col = self.tile_n // 2  # P(j) in the upper half of its S stage
         self.o_col = S_STAGES * self.tile_n
@@ -174,16 +203,16 @@ class GqaPagedPrefillSm100(PrefillRoles):
             self.dtype, self.dtype, major_k, major_mn, Float32, tcgen05.CtaGroup.ONE, (M, D),
             tcgen05.OperandSource.TMEM)
         # MMA views of the smem buffers (Q: A operand; K: B K-major; V: B MN-major; P: A in TMEM)
-        s_q_layout = sm100_utils.make_smem_layout_a(tiled_mma_qk, (M, N, D), self.dtype, Q_STAGES)
-        s_k_layout = sm100_utils.make_smem_layout_b(tiled_mma_qk, (M, N, D), self.dtype, KV_STAGES)
-        s_v_layout = sm100_utils.make_smem_layout_b(tiled_mma_pv, (M, D, N), self.dtype, KV_STAGES)
+        s_q_layout = sm100_utils.make_smem_layout_a(tiled_mma_qk, (M, N, D), self.dtype, self.q_stages)
+        s_k_layout = sm100_utils.make_smem_layout_b(tiled_mma_qk, (M, N, D), self.dtype, self.kv_stages)
+        s_v_layout = sm100_utils.make_smem_layout_b(tiled_mma_pv, (M, D, N), self.dtype, self.kv_stages)
         p_layout = sm100_utils.make_smem_layout_a(tiled_mma_pv, (M, D, N), self.dtype, 1)
         # (rows, d, stage) views of the same bytes for TMA and V zeroing: row r at 128 B * r inside each
         # 64-column chunk, chunks tile_rows * 128 B apart (K rows = keys; V's MN-major layout puts key k
         # at the same place), so one page is the box of rows [i * page, (i + 1) * page) of a stage.
         atom = sm100_utils.make_smem_layout_atom(tcgen05.SmemLayoutAtomKind.K_SW128, self.dtype)
-        s_q_rows = cute.tile_to_shape(atom, (M, D, Q_STAGES), (0, 1, 2))
-        s_kv_rows = cute.tile_to_shape(atom, (N, D, KV_STAGES), (0, 1, 2))
+        s_q_rows = cute.tile_to_shape(atom, (M, D, self.q_stages), (0, 1, 2))
+        s_kv_rows = cute.tile_to_shape(atom, (N, D, self.kv_stages), (0, 1, 2))
         s_page_layout = cute.composition(
             cute.select(s_kv_rows, mode=[0, 1]), cute.make_layout((self.page_size, D), stride=(1, N)))
 
@@ -221,7 +250,7 @@ class GqaPagedPrefillSm100(PrefillRoles):
         q_buf = smem.allocate_tensor(self.dtype, s_q_rows.outer, 1024, s_q_rows.inner)
         kv_buf = smem.allocate_tensor(self.dtype, s_kv_rows.outer, 1024, s_kv_rows.inner)
         s_vec = smem.allocate_tensor(Float32, cute.make_layout((self.tile_m, 2, C_STAGES)), 16)
-        barriers = PrefillBarriers(smem, Q_STAGES, KV_STAGES, S_STAGES, P_STAGES, C_STAGES)
+        barriers = PrefillBarriers(smem, self.q_stages, self.kv_stages, S_STAGES, P_STAGES, C_STAGES)
         # MMA views of the same buffers
         s_q = cute.make_tensor(cute.recast_ptr(q_buf.iterator, s_q_layout.inner, dtype=self.dtype), s_q_layout.outer)
         kv_ptr = cute.recast_ptr(kv_buf.iterator, s_k_layout.inner, dtype=self.dtype)
@@ -231,10 +260,10 @@ class GqaPagedPrefillSm100(PrefillRoles):
         # q and kv: TMA (load warp) -> MMA warp, one arrival per phase on each side
         thread = cpipe.CooperativeGroup(cpipe.Agent.Thread, 1)
         tile_bytes = self.tile_n * self.head_dim * 2
-        pipe_q = cpipe.PipelineTmaUmma.create(num_stages=Q_STAGES, producer_group=thread, consumer_group=thread,
+        pipe_q = cpipe.PipelineTmaUmma.create(num_stages=self.q_stages, producer_group=thread, consumer_group=thread,
                                               tx_count=self.q_rows * self.head_dim * 2, barrier_storage=barriers.q,
                                               defer_sync=True)
-        pipe_kv = cpipe.PipelineTmaUmma.create(num_stages=KV_STAGES, producer_group=thread, consumer_group=thread,
+        pipe_kv = cpipe.PipelineTmaUmma.create(num_stages=self.kv_stages, producer_group=thread, consumer_group=thread,
                                                tx_count=tile_bytes, barrier_storage=barriers.kv, defer_sync=True)
         pipe_s, pipe_p, pipe_o, pipe_c, tmem = barriers.create_role_pipelines(_BAR_TMEM_ALLOC, _BAR_TMEM_FREE,
                                                                                _WARP_CORRECTION)
@@ -261,12 +290,12 @@ class GqaPagedPrefillSm100(PrefillRoles):
                                  cpipe.make_pipeline_state(consumer, C_STAGES), tidx - 128)
             tmem.free()  # once the softmax and MMA warps are done with TMEM
         else:
-            cute.arch.setmaxregister_decrease(_REGS_OTHER)
+            cute.arch.setmaxregister_decrease(self.regs_other)
             if warp_idx == _WARP_MMA:
                 self.mma_role(tiled_mma_qk, tiled_mma_pv, s_q, s_k, s_v, kv_buf, tmem, items, item_begin,
                               item_end, pipe_q, pipe_kv, pipe_s, pipe_p, pipe_o,
-                              cpipe.make_pipeline_state(consumer, Q_STAGES),
-                              cpipe.make_pipeline_state(consumer, KV_STAGES),
+                              cpipe.make_pipeline_state(consumer, self.q_stages),
+                              cpipe.make_pipeline_state(consumer, self.kv_stages),
                               cpipe.make_pipeline_state(producer, S_STAGES),
                               cpipe.make_pipeline_state(consumer, S_STAGES),
                               cpipe.make_pipeline_state(producer, 1))
@@ -274,8 +303,8 @@ class GqaPagedPrefillSm100(PrefillRoles):
             elif warp_idx == _WARP_LOAD:
                 self.load_role(tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v, q_buf, kv_buf,
                                qo_indptr, kv_indptr, kv_indices, items, item_begin, item_end, pipe_q, pipe_kv,
-                               cpipe.make_pipeline_state(producer, Q_STAGES),
-                               cpipe.make_pipeline_state(producer, KV_STAGES))
+                               cpipe.make_pipeline_state(producer, self.q_stages),
+                               cpipe.make_pipeline_state(producer, self.kv_stages))
 
     @cute.jit
     def tmem_tensors(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, tmem_ptr: cute.Pointer):
@@ -298,12 +327,14 @@ build, launch = gqa_prefill_entry(GqaPagedPrefillSm100, check_config)
 
 def configs(arch: str) -> list[PagedAttentionConfig]:
     """The definition's config (gqa_paged_prefill_causal_h32_kv4_d128_ps64), group 5 (h20/kv4: the Q box fills
-    125 of the tile's 128 rows) and page 1 (h32/kv4: 128 one-row boxes per K or V tile)."""
+    125 of the tile's 128 rows) and page 1 (h32/kv4: 128 one-row boxes per K or V tile); head_dim 256 (64-key
+    tiles): Qwen3-Next's h16/kv2 at page 64, Gemma's group 2 at page 16, and page 1."""
     if arch != ARCH:
         return []
-    return [default_paged_config(KIND, arch=arch, num_qo_heads=hq, num_kv_heads=hkv, head_dim_qk=128,
-                                 head_dim_v=128, page_size=page, causal=True)
-            for hq, hkv, page in ((32, 4, 64), (20, 4, 64), (32, 4, 1))]
+    return [default_paged_config(KIND, arch=arch, num_qo_heads=hq, num_kv_heads=hkv, head_dim_qk=d,
+                                 head_dim_v=d, page_size=page, causal=True)
+            for hq, hkv, page, d in ((32, 4, 64, 128), (20, 4, 64, 128), (32, 4, 1, 128),
+                                     (16, 2, 64, 256), (16, 8, 16, 256), (16, 2, 1, 256))]
 
 
 register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs,

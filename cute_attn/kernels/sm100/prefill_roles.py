@@ -7,7 +7,7 @@ fields and derives the same tile count, so the pipelines stay in lockstep withou
 Per item with ``n`` key tiles (``n = 0``: only the correction role acts, writing 0 / -inf):
 
 * load   : Q; K0; then for j = 1..n-1: Kj, V(j-1); then V(n-1)   (K and V share the smem ring)
-* mma    : S0 = Q K0^T; for j = 1..n-1: Sj = Q Kj^T, O (+)= P(j-1) V(j-1); then O += P(n-1) V(n-1)
+* mma    : S0 = Q K0^T; for j = 1..n-1: Sj = Q Kj^T, O (+)= P(j-1) V(j-1); release Q; then O += P(n-1) V(n-1)
 * softmax: for each j: S -> mask -> online softmax -> P (bf16, into TMEM) ; row scale (j >= 1) and the
   final (row_sum, row_max) go to the correction role through a small smem vector ring
 * correction: for j = 1..n-1: wait PV(j-1), O *= scale_j in TMEM; then the epilogue after PV(n-1)
@@ -131,12 +131,14 @@ class PrefillRoles:
                     kv_state, p_state, o_state = self._mma_pv(
                         tiled_mma_pv, t_rv, tmem_ptr, p_layout, t_o, s_kv_rows, j > 1, N, pipe_kv, pipe_p, pipe_o,
                         kv_state, p_state, o_state)
+                # every QK GEMM of the item is issued: free the Q stage (its commit fires once they complete),
+                # so the next item's Q loads under the last PV (with one Q stage, at head_dim 256, that matters)
+                pipe_q.consumer_release(q_state)
+                q_state.advance()
                 # the last tile may end inside a page: zero its V rows >= kv_end first (NaN pool tails)
                 kv_state, p_state, o_state = self._mma_pv(
                     tiled_mma_pv, t_rv, tmem_ptr, p_layout, t_o, s_kv_rows, n > 1, kv_end - kv_start - (n - 1) * N,
                     pipe_kv, pipe_p, pipe_o, kv_state, p_state, o_state)
-                pipe_q.consumer_release(q_state)
-                q_state.advance()
 
     @cute.jit
     def _mma_qk(self, tiled_mma, t_rq, t_rk, t_s, q_stage: Int32, pipe_kv, pipe_s, kv_state, s_state):

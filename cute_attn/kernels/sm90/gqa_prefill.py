@@ -30,6 +30,8 @@ Warp roles (384 threads = 3 warpgroups):
 Pipelines (mbarriers, ``cutlass.pipeline.PipelineTmaAsync``): Q has 2 stages (released after the
 item's last QK GEMM, so the next item's Q and first K/V tiles load during this item's tail and
 epilogue), K and V have ``num_stages`` stages each; K and V of one key tile share a stage index.
+head_dim 256 (``q_stages``): one Q stage, released after the item's main loop (so the next item's Q and
+first K/V load under this item's epilogue; with ``smem_epilogue`` only after it), and 64-key tiles.
 
 Consumer ping-pong (FA3): named barriers 2 and 3 give the two consumer warpgroups alternate GEMM
 turns (wait on your own before issuing a GEMM, arrive on the other's after issuing the QK GEMM and
@@ -44,11 +46,14 @@ Compile-time variants (``PagedAttentionConfig`` fields, off by default):
 * ``smem_epilogue``: final bf16 output goes through shared memory (the item's Q stage) with 16-byte
   coalesced stores (``prefill_epilogue.py``); the Q stage is then released after the epilogue.
 
-Shared memory: Q ``2 x tile_m x d``, K and V ``num_stages x kv_tile x d`` each, 128B-swizzled K-major
+Shared memory: Q ``q_stages x tile_m x d``, K and V ``num_stages x kv_tile x d`` each, 128B-swizzled K-major
 tiles (one page is the box ``page_size x d`` of a stage, at row ``i * page_size``: for pages 1, 2 and 4 a box
 of fewer rows than the 8-row swizzle atom; legal because TMA swizzles by shared-memory address and the stage
 is 1024 B aligned, and CuTe DSL builds the atom from the ``(page_size, d)`` slice of the stage layout; each box
-is ``d / 64`` TMA copies of 64 columns, the 128B swizzle's width).
+is ``d / 64`` TMA copies of 64 columns, the 128B swizzle's width). head_dim 128, kv_tile 128: 64 + 128 KB;
+head_dim 256, kv_tile 64: one 64 KB Q stage + 2 x 2 x 32 KB of K/V = 192 KB (pages 1..64: a page is one box
+inside the key tile). Registers per consumer thread at head_dim 256: O 64 x 256 fp32 over 128 threads = 128, S
+of a 64-key tile 32, bf16 P 16 (under the 240 of ``setmaxnreg``; ptxas: no spills with the default flags).
 """
 
 from __future__ import annotations
@@ -81,17 +86,26 @@ from .wgmma import wgmma_gemm
 KIND = "gqa_paged_prefill"
 ARCH = "sm_90a"
 NUM_STAGES = 2
-Q_STAGES = 2  # the next item's Q (and its first K/V) load while the current item finishes
-_SUPPORTED_HEAD_DIMS = (64, 128)
+_SUPPORTED_HEAD_DIMS = (64, 128, 256)
+#: key tile per head_dim; at 256 a 64-key tile keeps the consumers in registers (O alone is 64 x 256 fp32 per
+#: warpgroup = 128 per thread) and one Q stage + 2 K/V stages in shared memory (64 + 128 KB)
+_KV_TILES = {64: (64, 128), 128: (64, 128), 256: (64,)}
 _ZERO_V_BARRIER = 1  # named barrier id used by the two consumer warpgroups
 _SCHED_BARRIER = 2  # ids 2, 3: consumer warpgroup w waits on 2 + w before issuing its GEMMs
+
+
+def q_stages(head_dim: int) -> int:
+    """Q stages: 2 (the next item's Q and first K/V load while the current item finishes), 1 at head_dim 256
+    (a 128 x 256 bf16 Q stage is 64 KB; two would leave room for only one K/V stage)."""
+    return 1 if head_dim == 256 else 2
 
 
 def smem_bytes(config: PagedAttentionConfig, num_stages: int = NUM_STAGES) -> int:
     """Shared memory of one CTA: Q tile, K and V stages, mbarriers (plus alignment slack)."""
     tile = 2 * config.head_dim_qk
-    return (Q_STAGES * config.tile_q_rows * tile + 2 * num_stages * config.kv_tile * tile
-            + 8 * (2 * Q_STAGES + 4 * num_stages) + 3 * 1024)
+    qs = q_stages(config.head_dim_qk)
+    return (qs * config.tile_q_rows * tile + 2 * num_stages * config.kv_tile * tile
+            + 8 * (2 * qs + 4 * num_stages) + 3 * 1024)
 
 
 def check_config(config: PagedAttentionConfig) -> str | None:
@@ -104,8 +118,14 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         return f"head_dim {config.head_dim_qk} is not built yet (supported: {_SUPPORTED_HEAD_DIMS})"
     if config.tile_q_rows != 128:
         return f"tile_q_rows={config.tile_q_rows}: the kernel runs two 64-row consumer warpgroups (128 rows)"
-    if config.kv_tile not in (64, 128):
-        return f"kv_tile={config.kv_tile} must be 64 or 128"
+    kv_tiles = _KV_TILES[config.head_dim_qk]
+    if config.kv_tile not in kv_tiles:
+        return (f"kv_tile={config.kv_tile} must be one of {kv_tiles} at head_dim {config.head_dim_qk}"
+                + (" (O is 128 fp32 registers per consumer thread; 2 K/V stages of 64 keys fill shared memory "
+                   "next to the 64 KB Q tile)" if config.head_dim_qk == 256 else ""))
+    if config.page_size > config.kv_tile:
+        return (f"page_size={config.page_size} is not built at head_dim {config.head_dim_qk}: a page is one TMA "
+                f"box inside a key tile and the tile holds {config.kv_tile} keys (use pages of 1..{config.kv_tile})")
     if config.group_size > config.tile_q_rows:
         return f"group size {config.group_size} exceeds the {config.tile_q_rows}-row tile (a tile packs whole tokens)"
     if (reason := page_box_reason(config)) is not None:
@@ -132,6 +152,7 @@ class GqaPagedPrefillSm90:
         self.tile_n = config.kv_tile
         self.pages_per_tile = self.tile_n // self.page_size
         self.num_stages = NUM_STAGES
+        self.q_stages = q_stages(self.head_dim)
         self.num_mma_wg = self.tile_m // 64
         self.num_mma_threads = 128 * self.num_mma_wg
         self.num_threads = 128 + self.num_mma_threads
@@ -160,7 +181,7 @@ class GqaPagedPrefillSm90:
 
         atom = warpgroup.make_smem_layout_atom(
             sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, D), self.dtype)
-        s_q_layout = cute.tile_to_shape(atom, (self.tile_m, D, Q_STAGES), (0, 1, 2))
+        s_q_layout = cute.tile_to_shape(atom, (self.tile_m, D, self.q_stages), (0, 1, 2))
         s_kv_layout = cute.tile_to_shape(atom, (self.tile_n, D, self.num_stages), (0, 1, 2))
         # one page = the first page_size rows of a stage (same strides as inside the stage)
         s_page_layout = cute.composition(
@@ -207,7 +228,7 @@ class GqaPagedPrefillSm90:
         s_q = smem.allocate_tensor(self.dtype, s_q_layout.outer, 1024, s_q_layout.inner)
         s_k = smem.allocate_tensor(self.dtype, s_kv_layout.outer, 1024, s_kv_layout.inner)
         s_v = smem.allocate_tensor(self.dtype, s_kv_layout.outer, 1024, s_kv_layout.inner)
-        mbar_q = smem.allocate_array(Int64, 2 * Q_STAGES, byte_alignment=8)
+        mbar_q = smem.allocate_array(Int64, 2 * self.q_stages, byte_alignment=8)
         mbar_k = smem.allocate_array(Int64, 2 * self.num_stages, byte_alignment=8)
         mbar_v = smem.allocate_array(Int64, 2 * self.num_stages, byte_alignment=8)
 
@@ -215,7 +236,7 @@ class GqaPagedPrefillSm90:
         consumers = cpipe.CooperativeGroup(cpipe.Agent.Thread, self.num_mma_threads // 32)
         tile_bytes = self.tile_n * self.head_dim * 2
         pipe_q = cpipe.PipelineTmaAsync.create(
-            barrier_storage=mbar_q, num_stages=Q_STAGES, producer_group=producer, consumer_group=consumers,
+            barrier_storage=mbar_q, num_stages=self.q_stages, producer_group=producer, consumer_group=consumers,
             tx_count=self.q_rows * self.head_dim * 2, defer_sync=True)
         pipe_k = cpipe.PipelineTmaAsync.create(
             barrier_storage=mbar_k, num_stages=self.num_stages, producer_group=producer, consumer_group=consumers,
@@ -255,7 +276,7 @@ class GqaPagedPrefillSm90:
         t_vs, t_vg = cpasync.tma_partition(
             tma_atom_v, 0, cute.make_layout(1),
             cute.group_modes(cute.flat_divide(s_v, (P, self.head_dim)), 0, 2), cute.group_modes(tma_v, 0, 2))
-        q_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, Q_STAGES)
+        q_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.q_stages)
         kv_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages)
         page_ids = cute.make_rmem_tensor(npg, Int32)
         lane_pages = cute.make_rmem_tensor(id_loads(npg), Int32)
@@ -271,7 +292,7 @@ class GqaPagedPrefillSm90:
             g_q = cute.local_tile(cute.domain_offset(((0, token0), 0), tma_q[None, None, h]),
                                   (self.q_rows, self.head_dim), (0, 0))
             t_qs, t_qg = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1),
-                                               cute.group_modes(q_box_rows(s_q, self.q_rows, self.tile_m, self.head_dim, Q_STAGES), 0, 2),
+                                               cute.group_modes(q_box_rows(s_q, self.q_rows, self.tile_m, self.head_dim, self.q_stages), 0, 2),
                                                cute.group_modes(g_q, 0, 2))
             pipe_q.producer_acquire(q_state)
             cute.copy(tma_atom_q, t_qg, t_qs[None, q_state.index], tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
@@ -333,7 +354,7 @@ class GqaPagedPrefillSm90:
         c_o = thr_pv.partition_C(cute.make_identity_tensor((self.tile_m, D)))
 
         row_max, row_sum = make_softmax_state(cute.size(acc_mn_view(acc_s), mode=[0]))
-        q_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, Q_STAGES)
+        q_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, self.q_stages)
         if wg == 0:  # warpgroup 0 issues first: pre-arrive on its own scheduler barrier
             cute.arch.barrier_arrive(barrier_id=_SCHED_BARRIER, number_of_threads=self.num_mma_threads)
         kv_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, self.num_stages)
@@ -475,15 +496,17 @@ build, launch = gqa_prefill_entry(GqaPagedPrefillSm90, check_config)
 
 def configs(arch: str) -> list[PagedAttentionConfig]:
     """The definition's config plus family members that exercise other page and group sizes (group 5: the Q box
-    fills 125 of the tile's 128 rows; page 1: 128 one-row boxes per K or V tile, ids one per lane)."""
+    fills 125 of the tile's 128 rows; page 1: 128 one-row boxes per K or V tile, ids one per lane) and head_dim
+    256 (Qwen3-Next's h16/kv2 at page 64, Gemma's group 2 at page 16, page 1: 64 one-row boxes per 64-key tile)."""
     if arch != ARCH:
         return []
 
-    def cfg(heads, kv_heads, page_size):
-        return default_paged_config(KIND, arch=arch, num_qo_heads=heads, num_kv_heads=kv_heads, head_dim_qk=128,
-                                    head_dim_v=128, page_size=page_size, causal=True)
+    def cfg(heads, kv_heads, page_size, head_dim=128):
+        return default_paged_config(KIND, arch=arch, num_qo_heads=heads, num_kv_heads=kv_heads, head_dim_qk=head_dim,
+                                    head_dim_v=head_dim, page_size=page_size, causal=True)
 
-    return [cfg(32, 4, 64), cfg(32, 4, 16), cfg(32, 8, 64), cfg(20, 4, 64), cfg(32, 4, 1)]
+    return [cfg(32, 4, 64), cfg(32, 4, 16), cfg(32, 8, 64), cfg(20, 4, 64), cfg(32, 4, 1),
+            cfg(16, 2, 64, 256), cfg(16, 8, 16, 256), cfg(16, 2, 1, 256)]
 
 
 register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs,
