@@ -16,7 +16,10 @@ Cuts
     tile splits it at a multiple of ``kv_tile`` keys (both sides become split-KV chunks with a merge), unless it
     lies within ``W / 2**SNAP_SHIFT`` of the tile's start or end: then it snaps to that edge (no split). With
     ``allow_split=False`` every cut snaps to the nearer edge. Splits are cheap on the device path (the combine
-    launch is there anyway and partials are small), so the snap window is narrow.
+    launch is there anyway and partials are small), so the snap window is narrow. But when cutting every edge at
+    its nearer tile edge instead leaves no CTA above ``W + W / 2**WHOLE_TILE_SHIFT``, the plan takes whole tiles:
+    on the GPU a plan without merges ran 4.6 µs faster at decode 64 x 2048 (no in-kernel fold, fewer item starts)
+    than the split one the model rated equal.
 
 Items
     CTA ``c``'s items are the tiles (or pieces) between its two cuts, in tile order. The tiles a run of cuts
@@ -38,9 +41,10 @@ import numpy as np
 
 from .plan import NOT_CAUSAL_OFFSET, ItemField, MergeField, PlanCapacity, PlanConfig, WorkPlan
 
-__all__ = ["SNAP_SHIFT", "min_width", "partition_plan", "piece_cost"]
+__all__ = ["SNAP_SHIFT", "WHOLE_TILE_SHIFT", "min_width", "partition_plan", "piece_cost"]
 
 SNAP_SHIFT = 5  # a cut within W / 2**SNAP_SHIFT of a tile edge snaps to it
+WHOLE_TILE_SHIFT = 3  # whole tiles (every cut at its nearer tile edge) when no CTA then exceeds W + W / 2**this
 
 
 def _round_up(x, m):
@@ -107,6 +111,9 @@ def partition_plan(config: PlanConfig, q_lens, kv_lens, *, kv_page_start=None, t
     cut_key = np.zeros(m + 1, dtype=np.int64)
     cut_tile[0] = 0
     slack = width >> SNAP_SHIFT
+    snap_tile = cut_tile.copy()
+    snap_pos = np.full(m + 1, total, dtype=np.int64)
+    snap_pos[0] = 0
     for c in range(1, active):
         p = c * width
         j = int(np.searchsorted(q_start, p, side="right") - 1)
@@ -115,6 +122,8 @@ def partition_plan(config: PlanConfig, q_lens, kv_lens, *, kv_page_start=None, t
         t = j * heads + h
         k = (o - config.item_overhead_keys + config.kv_tile // 2) // config.kv_tile * config.kv_tile
         k = min(max(k, 0), kv_end[j])
+        nearer = int(2 * o >= cost[j])
+        snap_tile[c], snap_pos[c] = t + nearer, q_start[j] + (h + nearer) * cost[j]
         if not config.allow_split:
             up = 2 * o >= cost[j]
         elif k == 0 or o <= slack:
@@ -125,6 +134,8 @@ def partition_plan(config: PlanConfig, q_lens, kv_lens, *, kv_page_start=None, t
             cut_tile[c], cut_key[c] = t, k
             continue
         cut_tile[c], cut_key[c] = t + up, 0
+    if config.allow_split and np.diff(snap_pos).max(initial=0) <= width + (width >> WHOLE_TILE_SHIFT):
+        cut_tile, cut_key = snap_tile, np.zeros(m + 1, dtype=np.int64)
 
     # merges: a run of cuts inside one tile splits it into (run length + 1) chunks
     inside = cut_key > 0

@@ -52,7 +52,7 @@ from cutlass import Int32, Int64
 from ...compile import register_kernel
 from ...config import KernelConfig
 from ...plan import NOT_CAUSAL_OFFSET, ItemField, MergeField, PlanConfig
-from ...plan_partition import SNAP_SHIFT, min_width
+from ...plan_partition import SNAP_SHIFT, WHOLE_TILE_SHIFT, min_width
 
 WARP = 32
 NUM_THREADS = 512
@@ -482,26 +482,35 @@ class DevicePlanner:
         num_tiles = num_q_tiles * heads
         slack = width >> SNAP_SHIFT
         edge = tidx
+        t_snap = Int32(num_tiles)  # the same edge at the nearer tile boundary (whole tiles, no merge)
+        p_snap = total_cost
         if edge <= num_ctas:
             t_cut = Int32(num_tiles)
             k_cut = Int32(0)
             if edge == 0:
                 t_cut = Int32(0)
+                t_snap = Int32(0)
+                p_snap = Int64(0)
             elif Int64(edge) < active:
                 p = Int64(edge) * width
                 j = _last_at_most(q_tile_start, num_q_tiles, p)
                 kv_end = q_tiles[j, 3]
                 cost = Int64((kv_end + c.kv_tile - 1) // c.kv_tile * c.kv_tile + c.item_overhead_keys)
-                h = (p - q_tile_start[j]) // cost
-                o = p - q_tile_start[j] - h * cost
+                j_start = q_tile_start[j]
+                h = (p - j_start) // cost
+                o = p - j_start - h * cost
                 t = Int32(j * heads + Int32(h))
                 k = (o - c.item_overhead_keys + c.kv_tile // 2) // c.kv_tile * c.kv_tile
                 k = cutlass.min(cutlass.max(k, Int64(0)), Int64(kv_end))
+                nearer = Int32(0)
+                if 2 * o >= cost:
+                    nearer = Int32(1)
+                t_snap = t + nearer
+                p_snap = j_start + (h + Int64(nearer)) * cost
                 up = Int32(0)
                 inside = Int32(0)
                 if cutlass.const_expr(not c.allow_split):
-                    if 2 * o >= cost:
-                        up = Int32(1)
+                    up = nearer
                 else:
                     if k == 0 or o <= slack:
                         up = Int32(0)
@@ -515,7 +524,29 @@ class DevicePlanner:
                     k_cut = Int32(k)
             cut_tile[edge] = t_cut
             cut_key[edge] = k_cut
+            if cutlass.const_expr(c.allow_split):
+                stage[edge, 0] = Int32(p_snap & Int64(0xFFFFFFFF))  # the stage is free until the lists
+                stage[edge, 1] = Int32(p_snap >> 32)
         cute.arch.sync_threads()
+        if cutlass.const_expr(c.allow_split):
+            # Whole tiles when no CTA's load then exceeds W + W / 2**WHOLE_TILE_SHIFT: a plan without merges
+            # runs faster than the model says a split one does (no fold, fewer item starts)
+            too_long = False
+            if edge < num_ctas:
+                nxt = (Int64(stage[edge + 1, 1]) << 32) | (Int64(stage[edge + 1, 0]) & Int64(0xFFFFFFFF))
+                here = (Int64(stage[edge, 1]) << 32) | (Int64(stage[edge, 0]) & Int64(0xFFFFFFFF))
+                too_long = nxt - here > width + (width >> WHOLE_TILE_SHIFT)
+            lane_long = cute.arch.vote_any_sync(too_long)
+            if tidx % WARP == 0:
+                flags[1 + tidx // WARP] = Int32(1) if lane_long else Int32(0)
+            cute.arch.sync_threads()
+            split = Int32(0)
+            for w in cutlass.range_constexpr(NUM_WARPS):
+                split = split | flags[1 + w]
+            if split == 0 and edge <= num_ctas:
+                cut_tile[edge] = t_snap
+                cut_key[edge] = Int32(0)
+            cute.arch.sync_threads()
         self.stamp(trace, 5, tidx)
 
         # ---------------------------------------------------------------- merges: runs of cuts inside one tile
