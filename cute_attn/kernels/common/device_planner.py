@@ -29,10 +29,13 @@ Roles / phases (:func:`scan_ctas` x 512 threads, arch-neutral SIMT code: the sam
                 *q tiles*: per request ``ceil(q_len * group / rows_per_tile)`` tiles (block prefix sum), per q
                 tile its request (binary search), rows, causal key end and cost; the cost line's prefix sum
                 (int64) into ``q_tile_start``.
-                *cuts*: one thread per CTA edge finds its tile (binary search) and key, snapping near edges.
+                *cuts*: one thread per CTA edge finds its tile (binary search) and key, snapping near edges;
+                the same thread also finds the edge's nearer tile boundary, and when those whole-tile cuts
+                leave no CTA above ``W + W / 2**WHOLE_TILE_SHIFT`` (one vote) they replace the split cuts.
                 *lists*: merges (runs of cuts inside one tile; block prefix sums give merge ids and partial slot
                 bases), ``work_indptr`` (prefix sum of items per CTA), ``merge_indptr``/``merges``, then one
-                thread per item writes its 10 fields. A plan larger than the buffers is a capacity fault.
+                thread per item builds its 10 fields in shared memory and the CTA stores each 512-item chunk as
+                one contiguous run. A plan larger than the buffers is a capacity fault.
 
 Device error word (int32 ``[4]``, cleared by :func:`cute_attn.device_errors.raise_on_device_error`):
 ``[0]`` OR of the fault bits (``device_errors.Fault``), ``[1]`` the lowest faulting request (init INT32_MAX),
