@@ -117,7 +117,7 @@ class MlaPagedPrefillSharedSSm90(MlaPagedPrefillSm90):
                     output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, s_q_layout, s_k_layout,
                     tiled_mma_qk, tiled_mma_pv,
                     ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream,
-                             min_blocks_per_mp=1)
+                             use_pdl=True, min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------------------- device side
     @cute.kernel
@@ -148,6 +148,9 @@ class MlaPagedPrefillSharedSSm90(MlaPagedPrefillSm90):
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
+        # Launched with programmatic dependent launch (it may start while the device planner runs): nothing
+        # global is read before this wait, which returns once the previous grid has finished and flushed.
+        cute.arch.griddepcontrol_wait()
         item_begin = work_indptr[cta]
         item_end = work_indptr[cta + 1]
         if warp_idx < PRODUCER_THREADS // 32:
