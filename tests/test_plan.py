@@ -182,6 +182,46 @@ def test_batch_one_decode_is_split_across_the_gpu():
     assert plan.num_partials == 0
 
 
+def test_partition_takes_whole_tiles_when_they_fit():
+    """Decode 64 x 2048 and 128 x 4096 (the definition's config): cutting at tile edges leaves no CTA above
+    W + W/8, so the device plan has no merges, as the host LPT plan; batch 1 still splits across the GPU."""
+    from cute_attn.plan_partition import WHOLE_TILE_SHIFT
+
+    cfg = PlanConfig(num_qo_heads=20, num_kv_heads=4, causal=False, tile_q_rows=60, kv_tile=64, num_ctas=132,
+                     item_overhead_keys=128, min_chunk_keys=256)
+    for batch, kv in ((64, 2048), (128, 4096)):
+        plan = partition_plan(cfg, [1] * batch, [kv] * batch)
+        assert plan.num_merges == 0 and plan.num_items == batch * 4
+        cost = 4 * batch * (kv + 128)
+        width = -(-cost // 132)
+        assert plan.cta_cost.max() <= width + (width >> WHOLE_TILE_SHIFT)
+        assert plan.cta_cost.max() == plan_work(cfg, [1] * batch, [kv] * batch).cta_cost.max()
+    assert partition_plan(cfg, [1], [3232]).num_merges == 4
+
+
+@given(cfg=plan_configs(), batch=testing.ragged_batches(max_batch=12, max_q=64, max_kv=2000))
+def test_partition_whole_tile_plans_stay_within_their_bound(cfg, batch):
+    """A partition plan without a split piece (whole tiles) never loads a CTA above W + W/8 of the cost line."""
+    from cute_attn.plan_partition import WHOLE_TILE_SHIFT, min_width, piece_cost
+
+    q_lens, kv_lens = batch
+    plan = partition_plan(cfg, q_lens, kv_lens)
+    items = plan.valid_items()
+    assume(plan.num_merges == 0 and items.size and cfg.allow_split)
+    rows = np.asarray(q_lens) * cfg.group_size
+    tiles = -(-rows // cfg.tile_q_rows)
+    total = 0
+    for q, kv, n in zip(q_lens, kv_lens, tiles):  # the line: every tile's cost, every KV head
+        for r in range(n):
+            count = min(cfg.tile_q_rows, q * cfg.group_size - r * cfg.tile_q_rows)
+            end = kv if not cfg.causal else int(np.clip((r * cfg.tile_q_rows + count - 1) // cfg.group_size + 1
+                                                        + kv - q, 0, kv))
+            total += cfg.num_kv_heads * int(piece_cost(cfg, end))
+    width = max(-(-total // cfg.num_ctas), min_width(cfg))
+    assert plan.cta_cost.max() <= width + (width >> WHOLE_TILE_SHIFT) or plan.cta_cost.max() <= max(
+        piece_cost(cfg, items[:, F.KV_END] - items[:, F.KV_START]))
+
+
 def test_empty_batch_and_empty_requests():
     cfg = PlanConfig(8, 2, True, 16, 16, 4)
     plan = plan_work(cfg, [0, 0], [5, 0])
