@@ -543,3 +543,21 @@ def test_cli_list_family():
     assert len(p.stdout.strip().splitlines()) == 4
     p = _run_cli("--list", "--kernel", "gqa_paged_nonsense")
     assert p.returncode == 2 and "not a definition name" in p.stdout
+
+
+def test_cold_span_targets_from_records():
+    import bench_targets as bt
+
+    def row(workload, impl, us, passed=True):
+        return dict(kernel=bw.DECODE, workload=workload, impl=impl, gpu_us=us, passed=passed)
+
+    records = [row("n1_kv3232", "cute_attn_planned", 10.3), row("n1_kv3232", "cute_attn_cold", 19.1),
+               row("n64_kv2048", "cute_attn_planned", 75.3), row("n64_kv2048", "cute_attn_cold", 87.5),
+               row("n16_kv2048", "cute_attn_cold", 30.0),  # no warm row: no verdict
+               row("n128_kv4096", "cute_attn_planned", 250.0), row("n128_kv4096", "cute_attn_cold", 255.0, False)]
+    rows = {r["target"]: r for r in bt._cold_rows(records)}
+    assert set(rows) == {"decode n1_kv3232 cold - warm span", "decode n64_kv2048 cold - warm span"}
+    assert rows["decode n1_kv3232 cold - warm span"]["met"] is True
+    assert rows["decode n1_kv3232 cold - warm span"]["got"] == "+8.8 us"
+    assert rows["decode n64_kv2048 cold - warm span"]["met"] is False
+    assert any(r["target"].endswith("cold - warm span") for r in bt.target_rows(records))

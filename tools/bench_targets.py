@@ -9,6 +9,8 @@ Targets (issues "GQA paged prefill" and "GQA paged decode"):
   64 x 2048 (h20/kv4); each definition's representative workload (decode 64 x 2048, prefill 8 x 992) at least
   as fast as the best peer that passed, one row per definition in the records plus a row over all 37 FIB GQA
   definitions (measured only when every one has rows);
+- cold call (issue 9): on every workload with both rows, the default call with new index tensors every call
+  (``cute_attn_cold``: device planner + attention) spans <= 10 us more than a reused host plan (``cute_attn_planned``);
 - MLA decode (issue 11): at least as fast as the best FlashInfer backend that passed on every MLA decode workload
   (h16 at page 1 and 64, and any other MLA decode definition in the records), one row each plus a row over the h16
   ones (measured only when every one has rows); >= 3.9 TB/s at 128 x 4096 page 64 and >= 3.5 TB/s at page 1.
@@ -31,6 +33,7 @@ FAMILY_LABEL = bw.decode_label(*bw.FAMILY_DECODE)
 PAGE_BANDWIDTH = ((16, 0.90), (1, 0.75))  # page size -> fraction of the page-64 decode bandwidth at 64 x 2048
 REPRESENTATIVE = {"decode": bw.decode_label(*bw.FAMILY_DECODE), "prefill": bw.prefill_label(*bw.FAMILY_PREFILL)}
 FIB_GQA = tuple(n for n in bw.FIB_DEFINITIONS if bw.parse_definition(n).op in REPRESENTATIVE)
+COLD_SPAN_US = 10.0
 MLA_DECODE_MIN_TBPS = {(bw.MLA_DECODE_PS64, bw.decode_label(128, 4096)): 3.9,
                        (bw.MLA_DECODE, bw.decode_label(128, 4096)): 3.5}
 #: the workload labels every MLA decode definition is benchmarked at (the same list for each)
@@ -109,12 +112,26 @@ def target_rows(records: List[Dict]) -> List[Dict]:
     add("FIB GQA definitions, representative vs best peer", f"{len(FIB_GQA)}/{len(FIB_GQA)}",
         f"{met}/{len(measured)} met", None if len(measured) < len(FIB_GQA) else met == len(FIB_GQA))
     rows.extend(_mla_decode_rows(records))
+    rows.extend(_cold_rows(records))
     ours = [r for r in records if r["impl"] == "cute_attn" and r.get("gpu_us") and r.get("wall_us")
             and r["kernel"] in (bw.PREFILL, bw.DECODE)]
     if ours:
         worst = max(r["wall_us"] - r["gpu_us"] for r in ours)
         add("host overhead (wall - span), worst GQA case", f"<= {HOST_OVERHEAD_US:g} us", f"{worst:.1f} us",
             worst <= HOST_OVERHEAD_US)
+    return rows
+
+
+def _cold_rows(records: List[Dict]) -> List[Dict]:
+    """Issue 9: cold span - warm span per workload that has both (passing) rows."""
+    rows = []
+    for kernel, label in dict.fromkeys((r["kernel"], r["workload"]) for r in records):
+        cold, warm = (_find(records, kernel, label, impl) for impl in ("cute_attn_cold", "cute_attn_planned"))
+        if not (cold and warm and cold.get("passed") and warm.get("passed")):
+            continue
+        extra = cold["gpu_us"] - warm["gpu_us"]
+        rows.append(dict(target=f"{bw.short_name(kernel)} {label} cold - warm span", want=f"<= {COLD_SPAN_US:g} us",
+                         got=f"{extra:+.1f} us", met=extra <= COLD_SPAN_US))
     return rows
 
 
