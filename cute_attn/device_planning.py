@@ -1,6 +1,7 @@
 """Host side of device planning: buffers sized from shapes alone, and the planner launch.
 
-A call with new index tensors then costs two launches (planner, attention) and no device-to-host copy: the
+A call with new index tensors then costs two launches (planner, attention), issued by one host call
+(``kernels/common/planned_launch.py``), and no device-to-host copy: the
 capacity comes from the shapes the host already knows (``batch = len(kv_indptr) - 1`` and ``total_q =
 q.shape[0]``, through :meth:`PlanCapacity.for_limits`, which provably holds every plan of such a batch), the
 planner (``kernels/common/device_planner.py``) fills the work lists in the caller's stream, and the index
