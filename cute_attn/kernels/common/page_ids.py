@@ -38,3 +38,16 @@ def load_lane_page_ids(kv_indices: cute.Tensor, lane_pages: cute.Tensor, first_i
 def lane_page_id(lane_pages: cute.Tensor, i: cutlass.Constexpr[int], lane_offset: Int32 = 0) -> Int32:
     """Page ``lane_offset + i`` of the ids :func:`load_lane_page_ids` loaded (``lane_offset + i % 32 < 32``)."""
     return cute.arch.shuffle_sync(lane_pages[i // IDS_PER_LOAD], lane_offset + i % IDS_PER_LOAD)
+
+
+@cute.jit
+def load_tile_page_ids(kv_indices: cute.Tensor, page_ids: cute.Tensor, page_base: Int32, kv_base: Int32,
+                       kv_end: Int32, page_size: cutlass.Constexpr[int]):
+    """Pages of 8+ keys: ``page_ids[i]`` = the id of the tile's ``i``-th page (the tile starts at key ``kv_base`` of
+    a request whose ids start at ``kv_indices[page_base]``), -1 for a page wholly past ``kv_end`` (TMA zero-fills
+    its out-of-bounds box)."""
+    for i in cutlass.range_constexpr(cute.size(page_ids)):
+        pid = Int32(-1)
+        if kv_base + i * page_size < kv_end:
+            pid = kv_indices[page_base + kv_base // page_size + i]
+        page_ids[i] = pid

@@ -134,20 +134,27 @@ def _online_update(acc_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tens
         cur = _row_max(row, ncol, prev)
         cur = cute.arch.warp_reduction_max(cur, threads_in_group=quad)
         row_max[r] = cur
-        safe = Float32(0.0) if cur == -Float32.inf else cur
-        safe_scaled = safe * scale_log2
-        # prev == -inf: exp2(-inf) = 0 and the (zero) old sum and O vanish; never inf - inf
-        prev_safe = safe if prev == -Float32.inf else prev
-        scale = cute.math.exp2(prev_safe * scale_log2 - safe_scaled, fastmath=True)
-        scale = Float32(0.0) if prev == -Float32.inf else scale
-        row_scale[r] = scale
-        total = row_sum[r] * scale
-        for c in cutlass.range_constexpr(ncol):
-            p = cute.math.exp2(row[c] * scale_log2 - safe_scaled, fastmath=True)
-            row[c] = p
-            total += p
-        row_sum[r] = total
+        row_scale[r], row_sum[r] = exp_row_against_max(row, ncol, prev, cur, row_sum[r], scale_log2)
     return row_scale
+
+
+@cute.jit
+def exp_row_against_max(row: cute.Tensor, ncol: cutlass.Constexpr[int], prev, cur, old_sum, scale_log2: Float32):
+    """One row's online-softmax step once its new running max ``cur`` is known (``prev``: the old one): the row's
+    logits become ``exp2((s - cur) * scale_log2)`` in place; returns (the factor that rescales the old sum and O,
+    the new row sum)."""
+    safe = Float32(0.0) if cur == -Float32.inf else cur
+    safe_scaled = safe * scale_log2
+    # prev == -inf: exp2(-inf) = 0 and the (zero) old sum and O vanish; never inf - inf
+    prev_safe = safe if prev == -Float32.inf else prev
+    scale = cute.math.exp2(prev_safe * scale_log2 - safe_scaled, fastmath=True)
+    scale = Float32(0.0) if prev == -Float32.inf else scale
+    total = old_sum * scale
+    for c in cutlass.range_constexpr(ncol):
+        p = cute.math.exp2(row[c] * scale_log2 - safe_scaled, fastmath=True)
+        row[c] = p
+        total += p
+    return scale, total
 
 
 @cute.jit

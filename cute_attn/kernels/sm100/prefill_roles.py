@@ -26,7 +26,7 @@ from cutlass.cute.nvgpu import cpasync, tcgen05
 
 from ...plan import ItemField as F
 from ..common.packed_q import q_box_rows
-from ..common.page_ids import LANE_IDS_BELOW, id_loads, lane_page_id, load_lane_page_ids
+from ..common.page_ids import LANE_IDS_BELOW, id_loads, lane_page_id, load_lane_page_ids, load_tile_page_ids
 from .softmax_rows import NEG_INF, begin_softmax_item, load_s_row, num_key_tiles, online_softmax_row, send_row_values
 from .tmem import fence_after_sync, fence_before_sync
 
@@ -82,11 +82,7 @@ class PrefillRoles:
                    h: Int32, pipe_kv, kv_state):
         P, npg = self.page_size, self.pages_per_tile
         if cutlass.const_expr(P >= LANE_IDS_BELOW):
-            for i in cutlass.range_constexpr(npg):
-                pid = Int32(-1)  # a page wholly past kv_end: TMA zero-fills the out-of-bounds box
-                if kv_base + i * P < kv_end:
-                    pid = kv_indices[page_base + kv_base // P + i]
-                page_ids[i] = pid
+            load_tile_page_ids(kv_indices, page_ids, page_base, kv_base, kv_end, P)
             pipe_kv.producer_acquire(kv_state)
             for i in cutlass.range_constexpr(npg):
                 cute.copy(atom, t_g[None, h, page_ids[i]], t_s[None, i, 0, kv_state.index],

@@ -77,7 +77,7 @@ from ..common.limits import page_box_reason, smem_reason, target_reason
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.named_barrier import warpgroup_barrier_arrive, warpgroup_barrier_sync
 from ..common.packed_q import q_box_rows, q_box_stage_layout
-from ..common.page_ids import LANE_IDS_BELOW, id_loads, lane_page_id, load_lane_page_ids
+from ..common.page_ids import LANE_IDS_BELOW, id_loads, lane_page_id, load_lane_page_ids, load_tile_page_ids
 from ..common.softmax import (acc_mn_view, acc_to_mma_a_view, make_softmax_state, rescale_rows,
                               softmax_finalize, softmax_reset, softmax_update, store_p_bf16)
 from .prefill_epilogue import store_output_rows, store_output_via_smem, store_partial_rows
@@ -303,11 +303,7 @@ class GqaPagedPrefillSm90:
             for t in cutlass.range(num_tiles, unroll=1):
                 kv_base = kv_start + t * self.tile_n
                 if cutlass.const_expr(P >= LANE_IDS_BELOW):
-                    for i in cutlass.range_constexpr(npg):
-                        pid = Int32(-1)  # a page wholly past kv_end: TMA zero-fills the OOB box
-                        if kv_base + i * P < kv_end:
-                            pid = kv_indices[page_base + kv_base // P + i]
-                        page_ids[i] = pid
+                    load_tile_page_ids(kv_indices, page_ids, page_base, kv_base, kv_end, P)
                     pipe_k.producer_acquire(kv_state)
                     for i in cutlass.range_constexpr(npg):
                         cute.copy(tma_atom_k, t_kg[None, h, page_ids[i]], t_ks[None, i, 0, kv_state.index],

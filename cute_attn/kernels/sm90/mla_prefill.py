@@ -202,6 +202,7 @@ class MlaPagedPrefillSm90:
         s_q = smem.allocate_tensor(self.dtype, s_q_layout.outer, 1024, s_q_layout.inner)
         s_k = smem.allocate_tensor(self.dtype, s_k_layout.outer, 1024, s_k_layout.inner)
         s_ids = smem.allocate_tensor(Int32, cute.make_layout((self.tile_n, 2)), 16)
+        s_red = self.allocate_exchange(smem)
         mbar_q = smem.allocate_array(Int64, 2, byte_alignment=8)
         mbar_k = smem.allocate_array(Int64, 2 * self.num_stages, byte_alignment=8)
 
@@ -229,9 +230,19 @@ class MlaPagedPrefillSm90:
                                 q_for_keyless_items=True)
         else:
             cute.arch.setmaxregister_increase(MMA_REGS)
-            self.consume(tidx - PRODUCER_THREADS, s_q, s_k, qo_indptr, items, item_begin, item_end, output, lse,
-                         partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv,
-                         pipe_q, pipe_k)
+            self.consume_items(tidx - PRODUCER_THREADS, s_q, s_k, s_red, qo_indptr, items, item_begin, item_end,
+                               output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk,
+                               tiled_mma_pv, pipe_q, pipe_k)
+
+    # The two hooks the share_scores kernel (mla_prefill_shared_s.py) overrides; the rest of the kernel is shared.
+    def allocate_exchange(self, smem):
+        """Shared memory the consumer warpgroups exchange row statistics through (none: each computes all of S)."""
+        return None
+
+    def consume_items(self, ctid, s_q, s_k, s_red, qo_indptr, items, item_begin, item_end, output, lse, partial_out,
+                      partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k):
+        self.consume(ctid, s_q, s_k, qo_indptr, items, item_begin, item_end, output, lse, partial_out, partial_lse,
+                     scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k)
 
     # ------------------------------------------------------------------------------- consumers
     @cute.jit

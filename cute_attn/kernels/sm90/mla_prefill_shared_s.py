@@ -55,18 +55,17 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32, Int32, Int64
+from cutlass import Float32, Int32
 from cutlass import pipeline as cpipe
 from cutlass.cute.nvgpu import warpgroup
-from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
 from ...plan import ItemField as F
-from ..common.mla import CKV_DIM, KPE_DIM, QK_DIM, load_q_and_kv_tiles
+from ..common.mla import CKV_DIM, KPE_DIM, QK_DIM
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
-from ..common.softmax import _row_max, acc_mn_view, make_softmax_state, rescale_rows, softmax_reset
-from .mla_prefill import (MMA_REGS, MMA_THREADS, NUM_THREADS, PRODUCER_REGS, PRODUCER_THREADS, MlaPagedPrefillSm90,
-                          _IDS_BARRIER)
+from ..common.softmax import (_row_max, acc_mn_view, exp_row_against_max, make_softmax_state, rescale_rows,
+                              softmax_reset)
+from .mla_prefill import MMA_THREADS, NUM_THREADS, MlaPagedPrefillSm90
 from .prefill_epilogue import smem_store_atom, store_output_rows, store_partial_rows
 from .wgmma import wgmma_gemm
 
@@ -120,60 +119,17 @@ class MlaPagedPrefillSharedSSm90(MlaPagedPrefillSm90):
                              use_pdl=True, min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------------------- device side
-    @cute.kernel
-    def kernel(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
-               qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor,
-               items: cute.Tensor, output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor,
-               partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32,
-               s_q_layout: cute.ComposedLayout, s_k_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma,
-               tiled_mma_pv: cute.TiledMma):
-        tidx, _, _ = cute.arch.thread_idx()
-        cta, _, _ = cute.arch.block_idx()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-
-        smem = SmemAllocator()
-        s_q = smem.allocate_tensor(self.dtype, s_q_layout.outer, 1024, s_q_layout.inner)
-        s_k = smem.allocate_tensor(self.dtype, s_k_layout.outer, 1024, s_k_layout.inner)
-        s_ids = smem.allocate_tensor(Int32, cute.make_layout((self.tile_n, 2)), 16)
-        s_red = smem.allocate_tensor(Float32, cute.make_layout((self.tile_m, 2, 2)), 16)
-        mbar_q = smem.allocate_array(Int64, 2, byte_alignment=8)
-        mbar_k = smem.allocate_array(Int64, 2 * self.num_stages, byte_alignment=8)
-
-        producers = cpipe.CooperativeGroup(cpipe.Agent.Thread, PRODUCER_THREADS)
-        consumers = cpipe.CooperativeGroup(cpipe.Agent.Thread, MMA_THREADS)
-        pipe_q = cpipe.PipelineAsync.create(barrier_storage=mbar_q, num_stages=1, producer_group=producers,
-                                            consumer_group=consumers, defer_sync=True)
-        pipe_k = cpipe.PipelineAsync.create(barrier_storage=mbar_k, num_stages=self.num_stages,
-                                            producer_group=producers, consumer_group=consumers, defer_sync=True)
-        cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
-
-        # Launched with programmatic dependent launch (it may start while the device planner runs): nothing
-        # global is read before this wait, which returns once the previous grid has finished and flushed.
-        cute.arch.griddepcontrol_wait()
-        item_begin = work_indptr[cta]
-        item_end = work_indptr[cta + 1]
-        if warp_idx < PRODUCER_THREADS // 32:
-            cute.arch.setmaxregister_decrease(PRODUCER_REGS)
-            load_q_and_kv_tiles(tidx, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, items,
-                                item_begin, item_end, s_q, s_k, s_ids, pipe_q, pipe_k,
-                                cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, 1),
-                                cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages),
-                                group=self.group, num_threads=PRODUCER_THREADS, ids_barrier=_IDS_BARRIER,
-                                q_for_keyless_items=True)
-        else:
-            cute.arch.setmaxregister_increase(MMA_REGS)
-            self.consume_shared(tidx - PRODUCER_THREADS, s_q, s_k, s_red, qo_indptr, items, item_begin, item_end,
-                                output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk,
-                                tiled_mma_pv, pipe_q, pipe_k)
+    # The base class's kernel, with the row-statistics exchange buffer and this class's consumers.
+    def allocate_exchange(self, smem):
+        return smem.allocate_tensor(Float32, cute.make_layout((self.tile_m, 2, 2)), 16)
 
     # ------------------------------------------------------------------------------- consumers
     @cute.jit
-    def consume_shared(self, ctid: Int32, s_q: cute.Tensor, s_k: cute.Tensor, s_red: cute.Tensor,
-                       qo_indptr: cute.Tensor, items: cute.Tensor, item_begin: Int32, item_end: Int32,
-                       output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor,
-                       scale_log2: Float32, lse_out_scale: Float32, tiled_mma_qk: cute.TiledMma,
-                       tiled_mma_pv: cute.TiledMma, pipe_q, pipe_k):
+    def consume_items(self, ctid: Int32, s_q: cute.Tensor, s_k: cute.Tensor, s_red: cute.Tensor,
+                      qo_indptr: cute.Tensor, items: cute.Tensor, item_begin: Int32, item_end: Int32,
+                      output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor,
+                      scale_log2: Float32, lse_out_scale: Float32, tiled_mma_qk: cute.TiledMma,
+                      tiled_mma_pv: cute.TiledMma, pipe_q, pipe_k):
         G = self.group
         wg = cute.arch.make_warp_uniform(ctid // 128)
         thr_qk = tiled_mma_qk.get_slice(ctid)
@@ -275,19 +231,7 @@ def shared_softmax_update(acc_s: cute.Tensor, c_s: cute.Tensor, row_max: cute.Te
         prev = row_max[r]
         cur = cute.arch.fmax(local[r], s_red[c_mn[r, 0][0], 1 - wg, 0])
         row_max[r] = cur
-        safe = Float32(0.0) if cur == -Float32.inf else cur
-        safe_scaled = safe * scale_log2
-        # prev == -inf: exp2(-inf) = 0 and the (zero) old sum and O vanish; never inf - inf
-        prev_safe = safe if prev == -Float32.inf else prev
-        scale = cute.math.exp2(prev_safe * scale_log2 - safe_scaled, fastmath=True)
-        scale = Float32(0.0) if prev == -Float32.inf else scale
-        row_scale[r] = scale
-        total = row_sum[r] * scale
-        for c in cutlass.range_constexpr(ncol):
-            p = cute.math.exp2(row[c] * scale_log2 - safe_scaled, fastmath=True)
-            row[c] = p
-            total += p
-        row_sum[r] = total
+        row_scale[r], row_sum[r] = exp_row_against_max(row, ncol, prev, cur, row_sum[r], scale_log2)
     return row_scale
 
 
