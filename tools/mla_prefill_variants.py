@@ -20,7 +20,6 @@ status 3 if a step hangs (e.g. a barrier deadlock). Flip the default afterwards 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -33,7 +32,7 @@ sys.path.insert(0, os.path.dirname(_TOOLS))
 
 import bench_timing  # noqa: E402
 import bench_workloads as bw  # noqa: E402
-from prefill_variants import Watchdog, _close  # noqa: E402
+from prefill_variants import Watchdog, run_ours  # noqa: E402
 
 VARIANTS = {  # the validated kernel first: a hang in the new one loses the least
     "full_s": dict(share_scores=False),
@@ -45,36 +44,6 @@ STEP_TIMEOUT_S = 240  # the 16K case's reference and compile fit; a deadlocked k
 
 def mla_workloads() -> dict:
     return {w.label: w for w in bw.all_workloads() if w.kernel == bw.MLA}
-
-
-def run_variant(name: str, overrides: dict, plan, case, ref, flush, iters: int, warmup: int) -> dict:
-    import torch
-
-    from cute_attn.api import DevicePlan
-    from cute_attn.compile import compile_kernel
-    from cute_attn.kernels import find_launcher
-
-    config = dataclasses.replace(plan.config, **overrides)
-    row = dict(impl=name, config=config.cache_key())
-    t0 = time.perf_counter()
-    compile_kernel(config)
-    row["compile_s"] = round(time.perf_counter() - t0, 2)
-    device_plan = DevicePlan.upload(config, plan.plan, case.q_nope.device)
-    launcher = find_launcher(config)
-    out, lse = case.new_outputs()
-    args = tuple(case.inputs())
-
-    def run():
-        launcher(device_plan, *args, out, lse)
-
-    run()
-    torch.cuda.synchronize()
-    ok_o, why_o = _close(out, ref[0], "output")
-    ok_l, why_l = _close(lse, ref[1], "lse")
-    row.update(passed=ok_o and ok_l, note="; ".join(x for x in (why_o, why_l) if x))
-    t = bench_timing.measure(run, flush, iters=iters, warmup=warmup)
-    row.update(gpu_us=t.gpu_us, wall_us=t.wall_us, n_kernels=t.n_kernels, timing_status=t.status)
-    return row
 
 
 def run_flashinfer(case, ref, flush, iters: int, warmup: int) -> dict:
@@ -142,7 +111,7 @@ def main(argv=None) -> int:
                 if impl == "flashinfer_fa3":
                     row = run_flashinfer(case, ref, flush, args.iters, args.warmup)
                 else:
-                    row = run_variant(impl, VARIANTS[impl], plan, case, ref, flush, args.iters, args.warmup)
+                    row = run_ours(impl, VARIANTS[impl], plan, case, ref, flush, args.iters, args.warmup)
             except Exception as exc:  # compile error, launch failure, missing peer: record and go on
                 row = dict(impl=impl, passed=False, gpu_us=None, note=f"error: {type(exc).__name__}: {exc}"[:500])
                 traceback.print_exc()

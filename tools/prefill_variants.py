@@ -92,9 +92,9 @@ def run_ours(variant: str, overrides: dict, plan, case, ref, flush, iters: int, 
     t0 = time.perf_counter()
     compile_kernel(config)
     row["compile_s"] = round(time.perf_counter() - t0, 2)
-    device_plan = DevicePlan.upload(config, plan.plan, case.q.device)
-    launcher = find_launcher(config)
     out, lse = case.new_outputs()
+    device_plan = DevicePlan.upload(config, plan.plan, out.device)  # GQA (q) and MLA (q_nope) cases alike
+    launcher = find_launcher(config)
     args = tuple(case.inputs())
 
     def run():
