@@ -177,15 +177,6 @@ def _last_at_most(sorted_values: cute.Tensor, count, key, column: cutlass.Conste
 
 
 @cute.jit
-def _prefetch(values: cute.Tensor, offset, to_l1):
-    """A prefetch hint for the line holding ``values[offset]``: into L1 (and L2) when ``to_l1``, else into L2."""
-    if to_l1:
-        cute.arch.prefetch((values.iterator + offset).llvm_ptr, cache_level="L1")
-    else:
-        cute.arch.prefetch((values.iterator + offset).llvm_ptr, cache_level="L2")
-
-
-@cute.jit
 def _record(error_word: cute.Tensor, bits, request):
     cute.arch.atomic_or((error_word.iterator + 0).llvm_ptr, Int32(bits))
     cute.arch.atomic_min((error_word.iterator + 1).llvm_ptr, Int32(request))
@@ -257,16 +248,15 @@ class DevicePlanner:
         for line in range(cta * NUM_THREADS + tidx, lines, num_scan_ctas * NUM_THREADS):
             cute.arch.prefetch((kv_indices.iterator + line * L2_LINE_INT32).llvm_ptr, cache_level="L2")
         if cta == num_scan_ctas - 1:  # most likely the planner (the last to arrive); the hint is harmless else
-            # one scan CTA is the planner for sure: its per-request arrays go to its own L1 (its rules and lists
-            # phases then load them at L1 latency); else to L2
-            near = num_scan_ctas == 1
+            # (to L1 for a one-CTA scan measured no gain: the rules phase is its scan, not its loads)
             for line in range(tidx, (batch + L2_LINE_INT32) // L2_LINE_INT32, NUM_THREADS):
-                _prefetch(kv_indptr, line * L2_LINE_INT32, near)
+                cute.arch.prefetch((kv_indptr.iterator + line * L2_LINE_INT32).llvm_ptr, cache_level="L2")
                 if cutlass.const_expr(self.c.has_qo_indptr):
-                    _prefetch(qo_indptr, line * L2_LINE_INT32, near)
+                    cute.arch.prefetch((qo_indptr.iterator + line * L2_LINE_INT32).llvm_ptr, cache_level="L2")
                 if line * L2_LINE_INT32 < batch:
-                    _prefetch(kv_last_page_len, line * L2_LINE_INT32, near)
-                    _prefetch(request_faults, line * L2_LINE_INT32, near)
+                    cute.arch.prefetch((kv_last_page_len.iterator + line * L2_LINE_INT32).llvm_ptr,
+                                       cache_level="L2")
+                    cute.arch.prefetch((request_faults.iterator + line * L2_LINE_INT32).llvm_ptr, cache_level="L2")
         # ---------------------------------------------------------------- page scan (every CTA)
         # A thread loads SCAN_IDS_PER_THREAD ids before it checks any, so their loads are in flight together.
         scan_end = cutlass.min(cutlass.max(kv_indptr[batch], Int32(0)), num_indices)
