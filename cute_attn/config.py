@@ -118,6 +118,9 @@ class PagedAttentionConfig(KernelConfig):
     ctas_per_sm: int = 1
     #: planner: split-KV chunks at least this long (fewer partials to merge; measured in decode_variants.py)
     min_chunk_keys: int = 0
+    #: planner cost model: the fixed cost of one work item (Q load, pipeline fill, epilogue), in key-equivalents.
+    #: The host's LPT barely depends on it; the device planner's contiguous cuts do (docs/perf-notes.md, session 7)
+    item_overhead_keys: int = 128
     #: sm_90a prefill: issue S_{j+1} = Q K_{j+1}^T before the softmax of tile j (FA3 intra-warpgroup overlap)
     intra_wg_overlap: bool = False
     #: sm_90a prefill: write the bf16 output tile through shared memory with 16-byte coalesced stores
@@ -148,7 +151,7 @@ class PagedAttentionConfig(KernelConfig):
         return PlanConfig(
             num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads, causal=self.causal,
             tile_q_rows=min(self.tile_q_rows, self.packed_rows_per_tile), kv_tile=self.kv_tile, num_ctas=num_ctas, min_chunk_keys=self.min_chunk_keys,
-            page_size=self.page_size,
+            item_overhead_keys=self.item_overhead_keys, page_size=self.page_size,
         )
 
     def can_implement(self) -> str | None:

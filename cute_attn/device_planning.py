@@ -17,7 +17,7 @@ import torch
 
 from .compile import compile_kernel
 from .device_errors import error_word
-from .kernels.common.device_planner import MAX_CTAS, Q_TILE_FIELDS, DevicePlannerConfig, scan_ctas
+from .kernels.common.device_planner import MAX_CTAS, Q_TILE_FIELDS, REQUEST_FIELDS, DevicePlannerConfig, scan_ctas
 from .kernels.common.planned_launch import PlannedLaunchConfig
 from .plan import PlanCapacity
 
@@ -31,7 +31,7 @@ class PlannerScratch:
 
     q_tiles: torch.Tensor  # [max_items, 4] int32
     q_tile_start: torch.Tensor  # [max_items + 1] int64
-    requests: torch.Tensor  # [max(batch, 1), 4] int32
+    requests: torch.Tensor  # [max(batch, 1), REQUEST_FIELDS] int32
     request_faults: torch.Tensor  # [max(batch, 1)] int32, zero between launches
     arrivals: torch.Tensor  # [1] int32, zero between launches
     ones: torch.Tensor  # [max(batch, 1)] int32: kv_last_page_len of kinds without one (page size 1: MLA)
@@ -42,7 +42,7 @@ class PlannerScratch:
         return PlannerScratch(
             q_tiles=torch.empty(capacity.max_items, Q_TILE_FIELDS, dtype=torch.int32, device=device),
             q_tile_start=torch.empty(capacity.max_items + 1, dtype=torch.int64, device=device),
-            requests=torch.empty(rows, 4, dtype=torch.int32, device=device),
+            requests=torch.empty(rows, REQUEST_FIELDS, dtype=torch.int32, device=device),
             request_faults=torch.zeros(rows, dtype=torch.int32, device=device),
             arrivals=torch.zeros(1, dtype=torch.int32, device=device),
             ones=torch.ones(rows, dtype=torch.int32, device=device),

@@ -48,9 +48,13 @@ def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, pag
     """The group's heads are the rows of one 64-row M tile; one page is one ring stage (kv_tile = page_size)
     for pages of 16..128 keys, and smaller pages (1, 2, 4, 8) fill a 64-key stage with 64 / page_size page
     boxes; split chunks >= 256 keys (with the merge fused into the kernel, batch 1 x 3232
-    is fastest at 128-256: docs/perf/h200-decode-variants.json)."""
+    is fastest at 128-256: docs/perf/h200-decode-variants.json).
+
+    sm_90a page 16: a 64-key stage of four page boxes, not one page per stage (H200, 64 x 2048: one page per stage
+    81.5 us, page 8's stages of eight boxes 74.6, page 64 74.6; docs/perf-notes.md, session 7).
+    The sm_100a kernel builds page 16 one page per step only."""
     tiles = dict(tile_q_rows=64, kv_tile=64, min_chunk_keys=256)
-    if 16 <= page_size <= 128:
+    if 16 <= page_size <= 128 and not (arch == "sm_90a" and page_size == 16):
         tiles.update(kv_tile=page_size)
     return tiles
 

@@ -39,6 +39,10 @@ def check(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_le
     return problem, host
 
 
+#: fitted to the H200's device-planned / host-planned prefill times over the bench's seven workloads (~300-380)
+PREFILL_ITEM_OVERHEAD_KEYS = 320
+
+
 # Unrolled on purpose: the fast path calls this once per call (api.py explains what each field stands for).
 def signature(q, k, v, qo, kvp, kvi, last, sm_scale):
     return (q.__class__, q.shape, q.is_contiguous(), q.dtype, q.device,
@@ -58,13 +62,17 @@ def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, pag
     fp32 registers per consumer thread, S and P of a 64-key tile 48 more), so pages 1..64 (a page is one TMA box
     inside the key tile: page 128 is refused with that reason). sm_90a keeps the overlap but not the smem
     epilogue: with a single Q stage the epilogue would hold the only Q buffer and delay the next item's Q load
-    (not measured yet, docs/perf-notes.md "Prefill head_dim 256")."""
+    (not measured yet, docs/perf-notes.md "Prefill head_dim 256").
+
+    An item costs the planner 320 key-equivalents, not the default 128: with 128 the device planner's contiguous
+    cuts gave some CTAs 4x the items of others, and device-planned prefill ran 1.16-1.5x its host-planned time
+    on the H200 (docs/perf-notes.md, session 7)."""
     if head_dim_qk == 256:
-        tiles = dict(tile_q_rows=128, kv_tile=64)
+        tiles = dict(tile_q_rows=128, kv_tile=64, item_overhead_keys=PREFILL_ITEM_OVERHEAD_KEYS)
         if arch == "sm_90a":
             tiles.update(intra_wg_overlap=True, smem_epilogue=False)
         return tiles
-    tiles = dict(tile_q_rows=128, kv_tile=128)
+    tiles = dict(tile_q_rows=128, kv_tile=128, item_overhead_keys=PREFILL_ITEM_OVERHEAD_KEYS)
     if arch == "sm_90a":
         tiles.update(intra_wg_overlap=True, smem_epilogue=True)
     return tiles

@@ -71,6 +71,9 @@ SMEM_Q_TILES = 2048
 L2_LINE_INT32 = 32  # the index arrays are prefetched to L2 a 128-byte line at a time
 TRACE_STAMPS = 12  # trace_phases: clock64 stamps at the tail of q_tile_start (tools/planner_trace.py)
 Q_TILE_FIELDS = 4  # request, row start, row count, key end
+# first q tile, keys, query tokens, fault bits, first page (kv_indptr[b]), first token (qo_indptr[b]): the lists
+# phase reads a request's page and token starts here, at shared-memory latency, not from global per item
+REQUEST_FIELDS = 6
 # fault bits (cute_attn.device_errors.Fault mirrors them)
 FAULT_QO_INDPTR, FAULT_KV_INDPTR, FAULT_LAST_PAGE_LEN, FAULT_PAGE_ID, FAULT_CAPACITY = 1, 2, 4, 8, 16
 INT32_MAX = 2**31 - 1
@@ -232,7 +235,8 @@ class DevicePlanner:
         merge_last_cut = smem.allocate_tensor(Int32, cute.make_layout(NUM_THREADS))
         merge_slot = smem.allocate_tensor(Int32, cute.make_layout(NUM_THREADS))
         cut_merge = smem.allocate_tensor(Int32, cute.make_layout(NUM_THREADS))
-        requests_s = smem.allocate_tensor(Int32, cute.make_layout((SMEM_REQUESTS, 4), stride=(4, 1)), byte_alignment=16)
+        requests_s = smem.allocate_tensor(Int32, cute.make_layout((SMEM_REQUESTS, REQUEST_FIELDS), stride=(REQUEST_FIELDS, 1)),
+                                          byte_alignment=16)
         q_tiles_s = smem.allocate_tensor(Int32, cute.make_layout((SMEM_Q_TILES, Q_TILE_FIELDS), stride=(Q_TILE_FIELDS, 1)),
                                          byte_alignment=16)
         q_tile_start_s = smem.allocate_tensor(Int64, cute.make_layout(SMEM_Q_TILES + 1), byte_alignment=16)
@@ -354,14 +358,19 @@ class DevicePlanner:
             b = base + tidx
             tiles = Int32(0)
             if b < batch:
-                pages = kv_indptr[b + 1] - kv_indptr[b]
+                page_start = kv_indptr[b]
+                pages = kv_indptr[b + 1] - page_start
                 if pages < 0:
                     bad = bad | FAULT_KV_INDPTR
                 q_len = Int32(1)
+                token_start = b
                 if cutlass.const_expr(c.has_qo_indptr):
-                    q_len = qo_indptr[b + 1] - qo_indptr[b]
+                    token_start = qo_indptr[b]
+                    q_len = qo_indptr[b + 1] - token_start
                     if q_len < 0:
                         bad = bad | FAULT_QO_INDPTR
+                requests[b, 4] = page_start
+                requests[b, 5] = token_start
                 last = kv_last_page_len[b]
                 lowest = Int32(1) if pages > 0 else Int32(0)
                 mine = request_faults[b]
@@ -600,12 +609,12 @@ class DevicePlanner:
         cute.arch.sync_threads()
         self.stamp(trace, 6, tidx)
         if too_big == 0:
-            self.write_lists(tidx, qo_indptr, kv_indptr, items, merge_indptr, merges, q_tiles, requests, cut_tile,
+            self.write_lists(tidx, items, merge_indptr, merges, q_tiles, requests, cut_tile,
                              cut_key, cta_items, merge_first_cut, merge_slot, cut_merge, stage, Int32(num_items),
                              Int32(num_merges), Int32(num_partials), num_ctas)
 
     @cute.jit
-    def write_lists(self, tidx, qo_indptr, kv_indptr, items, merge_indptr, merges, q_tiles, requests, cut_tile,
+    def write_lists(self, tidx, items, merge_indptr, merges, q_tiles, requests, cut_tile,
                     cut_key, cta_items, merge_first_cut, merge_slot, cut_merge, stage, num_items, num_merges,
                     num_partials, num_ctas):
         c = self.c
@@ -620,10 +629,7 @@ class DevicePlanner:
                 merges[g, MergeField.KV_HEAD] = t % heads
                 merges[g, MergeField.Q_ROW_START] = q_tiles[j, 1]
                 merges[g, MergeField.Q_ROW_COUNT] = q_tiles[j, 2]
-                token_start = b
-                if cutlass.const_expr(c.has_qo_indptr):
-                    token_start = qo_indptr[b]
-                merges[g, MergeField.TOKEN_START] = token_start
+                merges[g, MergeField.TOKEN_START] = requests[b, 5]
             else:
                 merge_indptr[g] = num_partials
         # One thread per item builds its row in shared memory; the CTA then stores the rows as one contiguous
@@ -664,7 +670,7 @@ class DevicePlanner:
                 stage[tidx, ItemField.PARTIAL_SLOT] = slot
                 stage[tidx, ItemField.CAUSAL_OFFSET] = offset
                 stage[tidx, ItemField.MERGE] = merge
-                stage[tidx, ItemField.KV_PAGE_START] = kv_indptr[b] + key_start // c.page_size
+                stage[tidx, ItemField.KV_PAGE_START] = requests[b, 4] + key_start // c.page_size
             cute.arch.sync_threads()
             rows = cutlass.min(Int32(NUM_THREADS), num_items - chunk)
             for e in range(tidx, rows * fields, NUM_THREADS):
@@ -691,7 +697,7 @@ def fake_args(config: DevicePlannerConfig) -> tuple:
         fake(i32, (sym(symbol="max_merges"), len(MergeField)), stride_order=(1, 0)),
         fake(i32, (sym(symbol="max_q_tiles"), Q_TILE_FIELDS), stride_order=(1, 0)),
         fake(i64, (sym(symbol="max_q_tiles_plus_1"),)),
-        fake(i32, (sym(symbol="request_rows"), 4), stride_order=(1, 0)),
+        fake(i32, (sym(symbol="request_rows"), REQUEST_FIELDS), stride_order=(1, 0)),
         fake(i32, (sym(symbol="request_faults"),)),
         fake(i32, (4,)),
         fake(i32, (1,)),

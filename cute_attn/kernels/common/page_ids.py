@@ -35,6 +35,18 @@ def load_lane_page_ids(kv_indices: cute.Tensor, lane_pages: cute.Tensor, first_i
 
 
 @cute.jit
+def rotate_lane_page_ids(kv_indices: cute.Tensor, lane_pages: cute.Tensor, next_pages: cute.Tensor, next_first: Int32,
+                         next_count: Int32, lane: Int32):
+    """Software-pipelined ids: this round's move from ``next_pages`` (loaded a round earlier) to ``lane_pages``,
+    and the next round's (``next_count`` pages from ``kv_indices[next_first]``; none when ``<= 0``) load into
+    ``next_pages``. Their latency (a DRAM round trip on a new step's indices) then overlaps this round's box issue
+    instead of stalling its first shuffle: at page 1 a round is one stage, so every stage paid it."""
+    for c in cutlass.range_constexpr(cute.size(lane_pages)):
+        lane_pages[c] = next_pages[c]
+    load_lane_page_ids(kv_indices, next_pages, next_first, next_count, lane)
+
+
+@cute.jit
 def lane_page_id(lane_pages: cute.Tensor, i: cutlass.Constexpr[int], lane_offset: Int32 = 0) -> Int32:
     """Page ``lane_offset + i`` of the ids :func:`load_lane_page_ids` loaded (``lane_offset + i % 32 < 32``)."""
     return cute.arch.shuffle_sync(lane_pages[i // IDS_PER_LOAD], lane_offset + i % IDS_PER_LOAD)

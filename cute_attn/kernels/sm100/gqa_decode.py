@@ -90,7 +90,7 @@ from ...plan import ItemField
 from .. import register_paged_kernel
 from ..common.paged_launch import gqa_decode_entry, gqa_multi_token_decode_entry
 from ..common.decode_merge import fold_completed_merges
-from ..common.page_ids import IDS_PER_LOAD, id_loads, lane_page_id, load_lane_page_ids
+from ..common.page_ids import IDS_PER_LOAD, id_loads, lane_page_id, load_lane_page_ids, rotate_lane_page_ids
 
 from .decode_config import (  # noqa: F401  (re-exported: the kernel's constants and rules)
     ARCH, KIND, MULTI_TOKEN_KIND, Q_VEC, MMA_M, PAGE_SIZES,
@@ -447,6 +447,7 @@ class GqaDecodeSm100:
         q_count = cutlass.Int32(0)
         lane = cute.arch.lane_idx()
         lane_pages = cute.make_rmem_tensor((id_loads(npg),), cutlass.Int32)
+        next_pages = cute.make_rmem_tensor((id_loads(npg),), cutlass.Int32)
         for it in cutlass.range(item_begin, item_end, unroll=1):
             kv_start, kv_end, steps = self.item_steps(items, it)
             if steps > 0:
@@ -465,8 +466,11 @@ class GqaDecodeSm100:
                 q_count += 1
                 first_page = items[it, ItemField.KV_PAGE_START]
                 n_pages = (kv_end - kv_start + P - 1) // P  # pages holding the item's keys
+                load_lane_page_ids(kv_indices, next_pages, first_page, n_pages, lane)
                 for t0 in cutlass.range(0, steps, steps_per_round, unroll=1):
-                    load_lane_page_ids(kv_indices, lane_pages, first_page + t0 * npg, n_pages - t0 * npg, lane)
+                    t1 = t0 + steps_per_round
+                    rotate_lane_page_ids(kv_indices, lane_pages, next_pages, first_page + t1 * npg, n_pages - t1 * npg,
+                                         lane)
                     for j in cutlass.range(cutlass.min(steps_per_round, steps - t0), unroll=1):
                         stage = step % self.kv_stages
                         cute.arch.mbarrier_wait(kv_empty + stage, ((step // self.kv_stages) % 2) ^ 1)

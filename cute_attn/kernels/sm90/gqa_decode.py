@@ -78,7 +78,7 @@ from .. import register_paged_kernel
 from ..common.decode_merge import FOLD_ROW_LANES, fold_completed_merges
 from ..common.limits import SMEM_LIMIT_BYTES, target_reason
 from ..common.named_barrier import warpgroup_barrier_sync
-from ..common.page_ids import IDS_PER_LOAD, id_loads, lane_page_id, load_lane_page_ids
+from ..common.page_ids import IDS_PER_LOAD, id_loads, lane_page_id, load_lane_page_ids, rotate_lane_page_ids
 from ..common.work_items import guess_first_item, load_item
 from .wgmma import wgmma_gemm
 from ..common.paged_launch import gqa_decode_entry, gqa_multi_token_decode_entry
@@ -396,6 +396,7 @@ class GqaDecodeSm90:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         lane = cute.arch.lane_idx()
         lane_pages = cute.make_rmem_tensor((id_loads(npg),), Int32)
+        next_pages = cute.make_rmem_tensor((id_loads(npg),), Int32)
         for it in cutlass.range(item_begin, item_end, unroll=1):
             load_item(items, it, item_begin, guess, ITEM_FIELDS, row)
             head = row[F.KV_HEAD]
@@ -403,8 +404,10 @@ class GqaDecodeSm90:
             n_tiles = (n_keys + self.tile_n - 1) // self.tile_n
             n_pages = (n_keys + P - 1) // P  # pages holding keys of the item (the last may be partial)
             first_page = row[F.KV_PAGE_START]
+            load_lane_page_ids(kv_indices, next_pages, first_page, n_pages, lane)
             for t0 in cutlass.range(0, n_tiles, stages_per_round, unroll=1):
-                load_lane_page_ids(kv_indices, lane_pages, first_page + t0 * npg, n_pages - t0 * npg, lane)
+                t1 = t0 + stages_per_round
+                rotate_lane_page_ids(kv_indices, lane_pages, next_pages, first_page + t1 * npg, n_pages - t1 * npg, lane)
                 for j in cutlass.range(cutlass.min(stages_per_round, n_tiles - t0), unroll=1):
                     pipe.producer_acquire(state)
                     bar = pipe.producer_get_barrier(state)
@@ -700,7 +703,7 @@ multi_token_build, multi_token_launch = gqa_multi_token_decode_entry(GqaMultiTok
 def configs(arch: str, kind: str = KIND) -> list[PagedAttentionConfig]:
     """Of ``kind``: the definition's config (h20/kv4, d128, page 64), one family member (h32/kv8) and the small
     pages (h20/kv4: page 1, SGLang's default and FlashInfer-Bench's 19 page-1 GQA definitions; page 8: 8 boxes per
-    stage)."""
+    stage; page 16, vLLM's FlashInfer default: 4 boxes per 64-key stage, decode only)."""
     if arch != ARCH:
         return []
 
@@ -708,7 +711,8 @@ def configs(arch: str, kind: str = KIND) -> list[PagedAttentionConfig]:
         return default_paged_config(kind, arch=arch, num_qo_heads=hq, num_kv_heads=hkv, head_dim_qk=128,
                                     head_dim_v=128, page_size=ps, causal=kind == MULTI_TOKEN_KIND)
 
-    return [decode(20, 4, 64), decode(32, 8, 64), decode(20, 4, 1), decode(20, 4, 8)]
+    small = [decode(20, 4, 1), decode(20, 4, 8)] + ([decode(20, 4, 16)] if kind == KIND else [])
+    return [decode(20, 4, 64), decode(32, 8, 64), *small]
 
 
 def multi_token_configs(arch: str) -> list[PagedAttentionConfig]:
