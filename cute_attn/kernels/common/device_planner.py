@@ -72,7 +72,8 @@ L2_LINE_INT32 = 32  # the index arrays are prefetched to L2 a 128-byte line at a
 TRACE_STAMPS = 12  # trace_phases: clock64 stamps at the tail of q_tile_start (tools/planner_trace.py)
 Q_TILE_FIELDS = 4  # request, row start, row count, key end
 # first q tile, keys, query tokens, fault bits, first page (kv_indptr[b]), first token (qo_indptr[b]): the lists
-# phase reads a request's page and token starts here, at shared-memory latency, not from global per item
+# phase reads a request's page and token starts here, not from global per item (on the H200 the phase's time did
+# not change: its cost is the search over CTA edges and the barriers, docs/perf-notes.md session 7)
 REQUEST_FIELDS = 6
 # fault bits (cute_attn.device_errors.Fault mirrors them)
 FAULT_QO_INDPTR, FAULT_KV_INDPTR, FAULT_LAST_PAGE_LEN, FAULT_PAGE_ID, FAULT_CAPACITY = 1, 2, 4, 8, 16
