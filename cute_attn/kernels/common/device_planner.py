@@ -164,6 +164,20 @@ def _block_exclusive_sum(value, tidx, warp_sums: cute.Tensor):
 
 
 @cute.jit
+def _block_any(predicate, tidx, flags: cute.Tensor) -> Int32:
+    """1 when ``predicate`` holds on any thread of the CTA, else 0 (every thread gets it); ``flags[1 : 1 +
+    NUM_WARPS]`` carries one vote per warp across the barrier."""
+    lane_any = cute.arch.vote_any_sync(predicate)
+    if tidx % WARP == 0:
+        flags[1 + tidx // WARP] = Int32(1) if lane_any else Int32(0)
+    cute.arch.sync_threads()
+    any_set = Int32(0)
+    for w in cutlass.range_constexpr(NUM_WARPS):
+        any_set = any_set | flags[1 + w]
+    return any_set
+
+
+@cute.jit
 def _last_at_most(sorted_values: cute.Tensor, count, key, column: cutlass.Constexpr = None):
     """The largest ``i`` in ``[0, count)`` with ``sorted_values[i] <= key`` (0 if none): a binary search
     (of column ``column`` of a 2-D tensor when given)."""
@@ -395,13 +409,7 @@ class DevicePlanner:
             num_q_tiles = num_q_tiles + Int32(total)
         if bad != 0:
             _record(error_word, bad, 0)
-        lane_bad = cute.arch.vote_any_sync(bad != 0)
-        if tidx % WARP == 0:
-            flags[1 + tidx // WARP] = Int32(1) if lane_bad else Int32(0)
-        cute.arch.sync_threads()
-        batch_fault = Int32(0)
-        for w in cutlass.range_constexpr(NUM_WARPS):
-            batch_fault = batch_fault | flags[1 + w]
+        batch_fault = _block_any(bad != 0, tidx, flags)
         self.stamp(trace, 2, tidx)
         self.stamp(trace, 3, tidx)
         capacity_bad = Int32(0)
@@ -539,13 +547,7 @@ class DevicePlanner:
                 nxt = (Int64(stage[edge + 1, 1]) << 32) | (Int64(stage[edge + 1, 0]) & Int64(0xFFFFFFFF))
                 here = (Int64(stage[edge, 1]) << 32) | (Int64(stage[edge, 0]) & Int64(0xFFFFFFFF))
                 too_long = nxt - here > width + (width >> WHOLE_TILE_SHIFT)
-            lane_long = cute.arch.vote_any_sync(too_long)
-            if tidx % WARP == 0:
-                flags[1 + tidx // WARP] = Int32(1) if lane_long else Int32(0)
-            cute.arch.sync_threads()
-            split = Int32(0)
-            for w in cutlass.range_constexpr(NUM_WARPS):
-                split = split | flags[1 + w]
+            split = _block_any(too_long, tidx, flags)
             if split == 0 and edge <= num_ctas:
                 cut_tile[edge] = t_snap
                 cut_key[edge] = Int32(0)
