@@ -106,6 +106,19 @@ def test_small_pages_fill_a_64_key_stage_with_page_boxes(page_size):
     assert gqa_decode.num_stages(config) == gqa_decode.num_stages(_definition_config())
 
 
+def test_page_1_boxes_are_issued_by_one_elected_lane():
+    """Page 1: one election per stage, not per box (256 per stage made page 1 issue-bound on the H200); the boxes
+    land 128 bytes apart (page i at row i), from the atoms' own descriptors."""
+    config = next(c for c in gqa_decode.configs("sm_90a") if c.page_size == 1)
+    ptx = compile_to_ptx(config)
+    assert ptx.count("cp.async.bulk.tensor.3d.shared::cta.global.tile.mbarrier::complete_tx::bytes") == 256
+    assert ptx.count("elect.sync") < 8
+    assert ptx.count("cvta.param.u64") >= 2  # the K and V tensor maps, kernel parameters
+    first_box = re.search(r"cp\.async\.bulk\.tensor\.3d\S*\s+\[(%r\d+)\]", ptx).group(1)
+    row_offsets = sorted(int(m) for m in re.findall(rf"add\.s32\s+%r\d+, {first_box}, (\d+);", ptx))
+    assert [o for o in row_offsets if o < 8192][:3] == [128, 256, 384]  # page i at row i of the stage
+
+
 @pytest.mark.parametrize("page_size", [1, 8])
 def test_small_page_ptx_issues_one_box_per_page(page_size):
     config = next(c for c in gqa_decode.configs("sm_90a") if c.page_size == page_size)
@@ -113,6 +126,8 @@ def test_small_page_ptx_issues_one_box_per_page(page_size):
     pages = config.kv_tile // page_size
     # K and V, one TMA per page per 64-column half of the 128B swizzle (Q is loaded with vector loads)
     assert ptx.count("cp.async.bulk.tensor") == 2 * pages * config.head_dim_qk // 64
+    if page_size == 1:
+        return  # addressed in registers: test_page_1_boxes_are_issued_by_one_elected_lane
     offsets = sorted({int(m) for m in re.findall(r"cp\.async\.bulk\.tensor\S*\s+\[%r\d+\+(\d+)\]", ptx)})
     assert min(b - a for a, b in zip(offsets, offsets[1:])) == 128 * page_size  # page i at row i * page_size
     assert "shfl.sync.idx.b32" in ptx  # ids one per lane, shuffled to the issuing lane
