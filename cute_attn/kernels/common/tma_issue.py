@@ -8,6 +8,7 @@ boxes back to back as raw ``cp.async.bulk.tensor`` on the atom's own descriptor 
 
 from __future__ import annotations
 
+import cutlass
 import cutlass._mlir.dialects.cute as _cute_ir
 import cutlass._mlir.dialects.cute_nvgpu as _cute_nvgpu_ir
 import cutlass.cute as cute
@@ -33,3 +34,16 @@ def tma_load_3d(dst_smem: Int32, descriptor: Int64, c0: Int32, c1: Int32, c2: In
         "[{$r0}], [{$r1}, {{$r2}, {$r3}, {$r4}}], [{$r5}];",
         read_only_args=[dst_smem, descriptor, c0, c1, c2, mbar_smem],
     )
+
+
+@cute.jit
+def issue_row_boxes(descriptor: Int64, stage_addr: Int32, pages: cute.Tensor, head: Int32, mbar: Int32,
+                    rows: cutlass.Constexpr[int], col_blocks: cutlass.Constexpr[int],
+                    block_bytes: cutlass.Constexpr[int]):
+    """Page 1: a stage's ``rows`` one-row boxes (``col_blocks`` 64-column blocks each, ``block_bytes`` apart; row
+    ``i`` at ``i * 128`` bytes of its block, where the 128B-swizzled layout starts it) for KV head ``head``, row
+    ``i`` from page ``pages[i]`` (registers of every lane), issued back to back by one elected lane."""
+    with cute.arch.elect_one():
+        for i in cutlass.range_constexpr(rows):
+            for h in cutlass.range_constexpr(col_blocks):
+                tma_load_3d(stage_addr + (h * block_bytes + i * 128), descriptor, Int32(h * 64), head, pages[i], mbar)

@@ -79,7 +79,7 @@ from ..common.decode_merge import FOLD_ROW_LANES, fold_completed_merges
 from ..common.limits import SMEM_LIMIT_BYTES, target_reason
 from ..common.named_barrier import warpgroup_barrier_sync
 from ..common.page_ids import IDS_PER_LOAD, id_loads, lane_page_id, load_lane_page_ids, rotate_lane_page_ids
-from ..common.tma_issue import tma_descriptor_address, tma_load_3d
+from ..common.tma_issue import issue_row_boxes, tma_descriptor_address
 from ..common.work_items import guess_first_item, load_item
 from .wgmma import wgmma_gemm
 from ..common.paged_launch import gqa_decode_entry, gqa_multi_token_decode_entry
@@ -428,22 +428,15 @@ class GqaDecodeSm90:
     @cute.jit
     def issue_page_rows(self, desc_k, desc_v, sK, sV, lane_pages, pages, first, head, bar, stage):
         """Page 1: every lane shuffles out the stage's page ids, then one elected lane issues all its one-row boxes
-        back to back (``common/tma_issue.py``: no election per box). A box lands where the DSL's partition puts it:
-        row ``i`` at ``i * 128`` bytes of its 64-column block, blocks ``tile_n * 128`` bytes apart, stages
-        ``tile_n * D * 2`` bytes apart (the 128B swizzle is applied by the TMA from the address)."""
+        back to back (``common/tma_issue.py``: no election per box), where the DSL's partition puts them: 64-column
+        blocks ``tile_n * 128`` bytes apart, stages ``tile_n * D * 2`` bytes apart."""
         N, D = self.tile_n, self.head_dim
         for i in cutlass.range_constexpr(self.pages_per_stage):
             pages[i] = lane_page_id(lane_pages, i, first)
-        stage_bytes = N * D * 2
-        k_stage = sK.iterator.toint() + stage * stage_bytes
-        v_stage = sV.iterator.toint() + stage * stage_bytes
         mbar = bar.toint()
-        with cute.arch.elect_one():
-            for i in cutlass.range_constexpr(self.pages_per_stage):
-                for h in cutlass.range_constexpr(D // 64):
-                    offset = h * N * 128 + i * 128
-                    tma_load_3d(k_stage + offset, desc_k, Int32(h * 64), head, pages[i], mbar)
-                    tma_load_3d(v_stage + offset, desc_v, Int32(h * 64), head, pages[i], mbar)
+        for s_tile, desc in ((sK, desc_k), (sV, desc_v)):
+            issue_row_boxes(desc, s_tile.iterator.toint() + stage * (N * D * 2), pages, head, mbar,
+                            self.pages_per_stage, D // 64, N * 128)
 
     # ----------------------------------------------------------------------------------- consumer
     @cute.jit
