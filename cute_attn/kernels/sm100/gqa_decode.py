@@ -91,6 +91,7 @@ from .. import register_paged_kernel
 from ..common.paged_launch import gqa_decode_entry, gqa_multi_token_decode_entry
 from ..common.decode_merge import fold_completed_merges
 from ..common.page_ids import IDS_PER_LOAD, id_loads, lane_page_id, load_lane_page_ids, rotate_lane_page_ids
+from ..common.tma_issue import issue_row_boxes, tma_descriptor_address
 
 from .decode_config import (  # noqa: F401  (re-exported: the kernel's constants and rules)
     ARCH, KIND, MULTI_TOKEN_KIND, Q_VEC, MMA_M, PAGE_SIZES,
@@ -448,6 +449,9 @@ class GqaDecodeSm100:
         lane = cute.arch.lane_idx()
         lane_pages = cute.make_rmem_tensor((id_loads(npg),), cutlass.Int32)
         next_pages = cute.make_rmem_tensor((id_loads(npg),), cutlass.Int32)
+        pages = cute.make_rmem_tensor((npg,), cutlass.Int32)
+        desc_k = tma_descriptor_address(tma_k)
+        desc_v = tma_descriptor_address(tma_v)
         for it in cutlass.range(item_begin, item_end, unroll=1):
             kv_start, kv_end, steps = self.item_steps(items, it)
             if steps > 0:
@@ -476,10 +480,23 @@ class GqaDecodeSm100:
                         cute.arch.mbarrier_wait(kv_empty + stage, ((step // self.kv_stages) % 2) ^ 1)
                         with cute.arch.elect_one():
                             cute.arch.mbarrier_arrive_and_expect_tx(kv_full + stage, self.kv_bytes)
-                        for i in cutlass.range_constexpr(npg):
-                            page = lane_page_id(lane_pages, i, j * npg)
-                            cute.copy(tma_k, t_k_g[None, h, page], t_k_s[None, i, 0, stage], tma_bar_ptr=kv_full + stage)
-                            cute.copy(tma_v, t_v_g[None, h, page], t_v_s[None, i, 0, stage], tma_bar_ptr=kv_full + stage)
+                        if cutlass.const_expr(P == 1):
+                            # one elected lane per step, not per box (common/tma_issue.py), where the partition puts
+                            # the boxes: 64-column blocks step * 128 bytes apart, stages step * D * 2 bytes apart
+                            for i in cutlass.range_constexpr(npg):
+                                pages[i] = lane_page_id(lane_pages, i, j * npg)
+                            mbar = (kv_full + stage).toint()
+                            issue_row_boxes(desc_k, s_k_rows.iterator.toint() + stage * (self.step * D * 2), pages, h,
+                                            mbar, npg, D // 64, self.step * 128)
+                            issue_row_boxes(desc_v, s_v_rows.iterator.toint() + stage * (self.step * self.head_dim_v * 2),
+                                            pages, h, mbar, npg, self.head_dim_v // 64, self.step * 128)
+                        else:
+                            for i in cutlass.range_constexpr(npg):
+                                page = lane_page_id(lane_pages, i, j * npg)
+                                cute.copy(tma_k, t_k_g[None, h, page], t_k_s[None, i, 0, stage],
+                                          tma_bar_ptr=kv_full + stage)
+                                cute.copy(tma_v, t_v_g[None, h, page], t_v_s[None, i, 0, stage],
+                                          tma_bar_ptr=kv_full + stage)
                         step += 1
 
     # ------------------------------------------------------------------------------------------ MMA warp
