@@ -16,6 +16,10 @@ from cutlass import Int32, Int64
 from cutlass.cute.typing import AddressSpace, _to_mlir_address_space
 from cutlass.cutlass_dsl import T, dsl_user_op
 
+#: small-page producers issue a stage's boxes from one elected lane; False keeps the DSL's per-box ``cute.copy``
+#: (the A/B the H200 run of this branch needs)
+ONE_ELECTION = True
+
 
 @dsl_user_op
 def tma_descriptor_address(atom: cute.CopyAtom, *, loc=None, ip=None) -> Int64:
@@ -37,13 +41,29 @@ def tma_load_3d(dst_smem: Int32, descriptor: Int64, c0: Int32, c1: Int32, c2: In
 
 
 @cute.jit
-def issue_row_boxes(descriptor: Int64, stage_addr: Int32, pages: cute.Tensor, head: Int32, mbar: Int32,
-                    rows: cutlass.Constexpr[int], col_blocks: cutlass.Constexpr[int],
-                    block_bytes: cutlass.Constexpr[int]):
-    """Page 1: a stage's ``rows`` one-row boxes (``col_blocks`` 64-column blocks each, ``block_bytes`` apart; row
-    ``i`` at ``i * 128`` bytes of its block, where the 128B-swizzled layout starts it) for KV head ``head``, row
-    ``i`` from page ``pages[i]`` (registers of every lane), issued back to back by one elected lane."""
+def tma_load_4d(dst_smem: Int32, descriptor: Int64, c0: Int32, c1: Int32, c2: Int32, c3: Int32, mbar_smem: Int32):
+    """One 4-D tile box into shared memory (pages of 2+ rows: column, row in page, head, page)."""
+    cute.arch.inline_ptx(
+        "cp.async.bulk.tensor.4d.shared::cta.global.tile.mbarrier::complete_tx::bytes "
+        "[{$r0}], [{$r1}, {{$r2}, {$r3}, {$r4}, {$r5}}], [{$r6}];",
+        read_only_args=[dst_smem, descriptor, c0, c1, c2, c3, mbar_smem],
+    )
+
+
+@cute.jit
+def issue_page_boxes(descriptor: Int64, stage_addr: Int32, pages: cute.Tensor, head: Int32, mbar: Int32,
+                     num_pages: cutlass.Constexpr[int], page_rows: cutlass.Constexpr[int],
+                     col_blocks: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int]):
+    """A stage's ``num_pages`` page boxes of ``page_rows`` rows (``col_blocks`` 64-column blocks each,
+    ``block_bytes`` apart; page ``i`` at row ``i * page_rows``, 128 bytes a row, where the 128B-swizzled layout
+    starts it) for KV head ``head``, page ``i`` from ``pages[i]`` (registers of every lane), issued back to back
+    by one elected lane. The descriptor's dims are those the DSL builds for the page view: (column, head, page)
+    for one-row pages, (column, row, head, page) for more."""
     with cute.arch.elect_one():
-        for i in cutlass.range_constexpr(rows):
+        for i in cutlass.range_constexpr(num_pages):
             for h in cutlass.range_constexpr(col_blocks):
-                tma_load_3d(stage_addr + (h * block_bytes + i * 128), descriptor, Int32(h * 64), head, pages[i], mbar)
+                dst = stage_addr + (h * block_bytes + i * page_rows * 128)
+                if cutlass.const_expr(page_rows == 1):
+                    tma_load_3d(dst, descriptor, Int32(h * 64), head, pages[i], mbar)
+                else:
+                    tma_load_4d(dst, descriptor, Int32(h * 64), Int32(0), head, pages[i], mbar)

@@ -91,7 +91,7 @@ from .. import register_paged_kernel
 from ..common.paged_launch import gqa_decode_entry, gqa_multi_token_decode_entry
 from ..common.decode_merge import fold_completed_merges
 from ..common.page_ids import IDS_PER_LOAD, id_loads, lane_page_id, load_lane_page_ids, rotate_lane_page_ids
-from ..common.tma_issue import issue_row_boxes, tma_descriptor_address
+from ..common.tma_issue import ONE_ELECTION, issue_page_boxes, tma_descriptor_address
 
 from .decode_config import (  # noqa: F401  (re-exported: the kernel's constants and rules)
     ARCH, KIND, MULTI_TOKEN_KIND, Q_VEC, MMA_M, PAGE_SIZES,
@@ -480,16 +480,16 @@ class GqaDecodeSm100:
                         cute.arch.mbarrier_wait(kv_empty + stage, ((step // self.kv_stages) % 2) ^ 1)
                         with cute.arch.elect_one():
                             cute.arch.mbarrier_arrive_and_expect_tx(kv_full + stage, self.kv_bytes)
-                        if cutlass.const_expr(P == 1):
+                        if cutlass.const_expr(ONE_ELECTION):
                             # one elected lane per step, not per box (common/tma_issue.py), where the partition puts
                             # the boxes: 64-column blocks step * 128 bytes apart, stages step * D * 2 bytes apart
                             for i in cutlass.range_constexpr(npg):
                                 pages[i] = lane_page_id(lane_pages, i, j * npg)
                             mbar = (kv_full + stage).toint()
-                            issue_row_boxes(desc_k, s_k_rows.iterator.toint() + stage * (self.step * D * 2), pages, h,
-                                            mbar, npg, D // 64, self.step * 128)
-                            issue_row_boxes(desc_v, s_v_rows.iterator.toint() + stage * (self.step * self.head_dim_v * 2),
-                                            pages, h, mbar, npg, self.head_dim_v // 64, self.step * 128)
+                            issue_page_boxes(desc_k, s_k_rows.iterator.toint() + stage * (self.step * D * 2), pages, h,
+                                             mbar, npg, P, D // 64, self.step * 128)
+                            issue_page_boxes(desc_v, s_v_rows.iterator.toint() + stage * (self.step * self.head_dim_v * 2),
+                                             pages, h, mbar, npg, P, self.head_dim_v // 64, self.step * 128)
                         else:
                             for i in cutlass.range_constexpr(npg):
                                 page = lane_page_id(lane_pages, i, j * npg)

@@ -79,7 +79,7 @@ from ..common.decode_merge import FOLD_ROW_LANES, fold_completed_merges
 from ..common.limits import SMEM_LIMIT_BYTES, target_reason
 from ..common.named_barrier import warpgroup_barrier_sync
 from ..common.page_ids import IDS_PER_LOAD, id_loads, lane_page_id, load_lane_page_ids, rotate_lane_page_ids
-from ..common.tma_issue import issue_row_boxes, tma_descriptor_address
+from ..common.tma_issue import ONE_ELECTION, issue_page_boxes, tma_descriptor_address
 from ..common.work_items import guess_first_item, load_item
 from .wgmma import wgmma_gemm
 from ..common.paged_launch import gqa_decode_entry, gqa_multi_token_decode_entry
@@ -415,8 +415,8 @@ class GqaDecodeSm90:
                 for j in cutlass.range(cutlass.min(stages_per_round, n_tiles - t0), unroll=1):
                     pipe.producer_acquire(state)
                     bar = pipe.producer_get_barrier(state)
-                    if cutlass.const_expr(P == 1):
-                        self.issue_page_rows(desc_k, desc_v, sK, sV, lane_pages, pages, j * npg, head, bar, state.index)
+                    if cutlass.const_expr(ONE_ELECTION):
+                        self.issue_pages(desc_k, desc_v, sK, sV, lane_pages, pages, j * npg, head, bar, state.index)
                     else:
                         for i in cutlass.range_constexpr(npg):
                             page = lane_page_id(lane_pages, i, j * npg)
@@ -426,17 +426,17 @@ class GqaDecodeSm90:
                     state.advance()
 
     @cute.jit
-    def issue_page_rows(self, desc_k, desc_v, sK, sV, lane_pages, pages, first, head, bar, stage):
-        """Page 1: every lane shuffles out the stage's page ids, then one elected lane issues all its one-row boxes
-        back to back (``common/tma_issue.py``: no election per box), where the DSL's partition puts them: 64-column
-        blocks ``tile_n * 128`` bytes apart, stages ``tile_n * D * 2`` bytes apart."""
+    def issue_pages(self, desc_k, desc_v, sK, sV, lane_pages, pages, first, head, bar, stage):
+        """Every lane shuffles out the stage's page ids, then one elected lane issues all its page boxes back to
+        back (``common/tma_issue.py``: no election per box), where the DSL's partition puts them: page ``i`` at row
+        ``i * page_size``, 64-column blocks ``tile_n * 128`` bytes apart, stages ``tile_n * D * 2`` bytes apart."""
         N, D = self.tile_n, self.head_dim
         for i in cutlass.range_constexpr(self.pages_per_stage):
             pages[i] = lane_page_id(lane_pages, i, first)
         mbar = bar.toint()
         for s_tile, desc in ((sK, desc_k), (sV, desc_v)):
-            issue_row_boxes(desc, s_tile.iterator.toint() + stage * (N * D * 2), pages, head, mbar,
-                            self.pages_per_stage, D // 64, N * 128)
+            issue_page_boxes(desc, s_tile.iterator.toint() + stage * (N * D * 2), pages, head, mbar,
+                             self.pages_per_stage, self.page_size, D // 64, N * 128)
 
     # ----------------------------------------------------------------------------------- consumer
     @cute.jit
