@@ -19,6 +19,10 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 #: small-page producers issue a stage's boxes from one elected lane; False keeps the DSL's per-box ``cute.copy``
 #: (the A/B the H200 run of this branch needs)
 ONE_ELECTION = True
+#: with ONE_ELECTION: every lane issues the boxes of its own page ids (``issue_lane_page_boxes``) instead of one
+#: elected lane issuing them all; the H200 A/B decides (env for the experiment only: not in the cache key)
+import os as _os
+LANE_ISSUE = _os.environ.get("CUTE_ATTN_LANE_ISSUE", "0") == "1"
 
 
 @dsl_user_op
@@ -30,40 +34,63 @@ def tma_descriptor_address(atom: cute.CopyAtom, *, loc=None, ip=None) -> Int64:
     return ptr.toint(loc=loc, ip=ip)  # the dialect hands back a cute Pointer (generic: 64-bit)
 
 
-@cute.jit
-def tma_load_3d(dst_smem: Int32, descriptor: Int64, c0: Int32, c1: Int32, c2: Int32, mbar_smem: Int32):
-    """One 3-D tile box into shared memory, completing ``mbar_smem``'s transaction bytes (one thread calls it)."""
-    cute.arch.inline_ptx(
-        "cp.async.bulk.tensor.3d.shared::cta.global.tile.mbarrier::complete_tx::bytes "
-        "[{$r0}], [{$r1}, {{$r2}, {$r3}, {$r4}}], [{$r5}];",
-        read_only_args=[dst_smem, descriptor, c0, c1, c2, mbar_smem],
-    )
+def _tma_load_ptx(rank: int) -> str:
+    coords = ", ".join(f"{{$r{2 + d}}}" for d in range(rank))
+    return (f"cp.async.bulk.tensor.{rank}d.shared::cta.global.tile.mbarrier::complete_tx::bytes "
+            f"[{{$r0}}], [{{$r1}}, {{{coords}}}], [{{$r{2 + rank}}}];")
 
 
-@cute.jit
-def tma_load_4d(dst_smem: Int32, descriptor: Int64, c0: Int32, c1: Int32, c2: Int32, c3: Int32, mbar_smem: Int32):
-    """One 4-D tile box into shared memory (pages of 2+ rows: column, row in page, head, page)."""
-    cute.arch.inline_ptx(
-        "cp.async.bulk.tensor.4d.shared::cta.global.tile.mbarrier::complete_tx::bytes "
-        "[{$r0}], [{$r1}, {{$r2}, {$r3}, {$r4}, {$r5}}], [{$r6}];",
-        read_only_args=[dst_smem, descriptor, c0, c1, c2, c3, mbar_smem],
-    )
+def tma_load(dst_smem: Int32, descriptor: Int64, coords: list, mbar_smem: Int32):
+    """One tile box into shared memory at ``coords`` (innermost first, as many as the descriptor has dims),
+    completing ``mbar_smem``'s transaction bytes (one thread calls it; traced inline, the rank fixed by ``coords``)."""
+    cute.arch.inline_ptx(_tma_load_ptx(len(coords)), read_only_args=[dst_smem, descriptor, *coords, mbar_smem])
+
+
+def page_box_rank(page_rows: int, num_kv_heads: int) -> int:
+    """The dims of the DSL's tensor map for a page view: (column, row, head, page), less the static modes of
+    size 1 (the row at page 1, the head when there is one KV head), which the DSL leaves out of the map."""
+    return 2 + (page_rows > 1) + (num_kv_heads > 1)
 
 
 @cute.jit
 def issue_page_boxes(descriptor: Int64, stage_addr: Int32, pages: cute.Tensor, head: Int32, mbar: Int32,
                      num_pages: cutlass.Constexpr[int], page_rows: cutlass.Constexpr[int],
-                     col_blocks: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int]):
+                     col_blocks: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int],
+                     num_kv_heads: cutlass.Constexpr[int]):
     """A stage's ``num_pages`` page boxes of ``page_rows`` rows (``col_blocks`` 64-column blocks each,
     ``block_bytes`` apart; page ``i`` at row ``i * page_rows``, 128 bytes a row, where the 128B-swizzled layout
     starts it) for KV head ``head``, page ``i`` from ``pages[i]`` (registers of every lane), issued back to back
-    by one elected lane. The descriptor's dims are those the DSL builds for the page view: (column, head, page)
-    for one-row pages, (column, row, head, page) for more."""
+    by one elected lane. The coordinates follow the descriptor's dims (:func:`page_box_rank`)."""
     with cute.arch.elect_one():
         for i in cutlass.range_constexpr(num_pages):
             for h in cutlass.range_constexpr(col_blocks):
                 dst = stage_addr + (h * block_bytes + i * page_rows * 128)
-                if cutlass.const_expr(page_rows == 1):
-                    tma_load_3d(dst, descriptor, Int32(h * 64), head, pages[i], mbar)
-                else:
-                    tma_load_4d(dst, descriptor, Int32(h * 64), Int32(0), head, pages[i], mbar)
+                coords = [Int32(h * 64)]
+                if cutlass.const_expr(page_rows > 1):
+                    coords.append(Int32(0))
+                if cutlass.const_expr(num_kv_heads > 1):
+                    coords.append(head)
+                coords.append(pages[i])
+                tma_load(dst, descriptor, coords, mbar)
+
+
+@cute.jit
+def issue_lane_page_boxes(descriptor: Int64, stage_addr: Int32, lane_pages: cute.Tensor, first: Int32, head: Int32,
+                          mbar: Int32, lane: Int32, num_pages: cutlass.Constexpr[int],
+                          page_rows: cutlass.Constexpr[int], col_blocks: cutlass.Constexpr[int],
+                          block_bytes: cutlass.Constexpr[int], num_kv_heads: cutlass.Constexpr[int]):
+    """As :func:`issue_page_boxes`, but every lane issues the boxes of the page ids it loaded itself
+    (``lane_pages[c]`` = id ``32 c + lane`` of the round, ``common/page_ids.py``; the stage's pages are ids
+    ``first .. first + num_pages - 1``): no shuffles, and up to 32 lanes issue at once instead of one."""
+    for c in cutlass.range_constexpr(cute.size(lane_pages)):
+        i = c * 32 + lane - first
+        if i >= 0 and i < num_pages:
+            for h in cutlass.range_constexpr(col_blocks):
+                dst = stage_addr + (h * block_bytes + i * (page_rows * 128))
+                coords = [Int32(h * 64)]
+                if cutlass.const_expr(page_rows > 1):
+                    coords.append(Int32(0))
+                if cutlass.const_expr(num_kv_heads > 1):
+                    coords.append(head)
+                coords.append(lane_pages[c])
+                tma_load(dst, descriptor, coords, mbar)

@@ -487,9 +487,10 @@ class GqaDecodeSm100:
                                 pages[i] = lane_page_id(lane_pages, i, j * npg)
                             mbar = (kv_full + stage).toint()
                             issue_page_boxes(desc_k, s_k_rows.iterator.toint() + stage * (self.step * D * 2), pages, h,
-                                             mbar, npg, P, D // 64, self.step * 128)
+                                             mbar, npg, P, D // 64, self.step * 128, self.config.num_kv_heads)
                             issue_page_boxes(desc_v, s_v_rows.iterator.toint() + stage * (self.step * self.head_dim_v * 2),
-                                             pages, h, mbar, npg, P, self.head_dim_v // 64, self.step * 128)
+                                             pages, h, mbar, npg, P, self.head_dim_v // 64, self.step * 128,
+                                             self.config.num_kv_heads)
                         else:
                             for i in cutlass.range_constexpr(npg):
                                 page = lane_page_id(lane_pages, i, j * npg)

@@ -101,7 +101,7 @@ class PrefillRoles:
                     page_ids[i] = lane_page_id(lane_pages, i)
                 issue_page_boxes(tma_descriptor_address(atom), t_s[None, 0, 0, kv_state.index].iterator.toint(),
                                  page_ids, h, pipe_kv.producer_get_barrier(kv_state).toint(), npg, P,
-                                 self.head_dim // 64, self.tile_n * 128)
+                                 self.head_dim // 64, self.tile_n * 128, self.num_kv_heads)
             else:
                 for i in cutlass.range_constexpr(npg):
                     cute.copy(atom, t_g[None, h, lane_page_id(lane_pages, i)], t_s[None, i, 0, kv_state.index],

@@ -79,7 +79,7 @@ from ..common.decode_merge import FOLD_ROW_LANES, fold_completed_merges
 from ..common.limits import SMEM_LIMIT_BYTES, target_reason
 from ..common.named_barrier import warpgroup_barrier_sync
 from ..common.page_ids import IDS_PER_LOAD, id_loads, lane_page_id, load_lane_page_ids, rotate_lane_page_ids
-from ..common.tma_issue import ONE_ELECTION, issue_page_boxes, tma_descriptor_address
+from ..common.tma_issue import LANE_ISSUE, ONE_ELECTION, issue_lane_page_boxes, issue_page_boxes, tma_descriptor_address
 from ..common.work_items import guess_first_item, load_item
 from .wgmma import wgmma_gemm
 from ..common.paged_launch import gqa_decode_entry, gqa_multi_token_decode_entry
@@ -415,7 +415,12 @@ class GqaDecodeSm90:
                 for j in cutlass.range(cutlass.min(stages_per_round, n_tiles - t0), unroll=1):
                     pipe.producer_acquire(state)
                     bar = pipe.producer_get_barrier(state)
-                    if cutlass.const_expr(ONE_ELECTION):
+                    if cutlass.const_expr(ONE_ELECTION and LANE_ISSUE):
+                        for s_tile, desc in ((sK, desc_k), (sV, desc_v)):
+                            issue_lane_page_boxes(desc, s_tile.iterator.toint() + state.index * self.tile_bytes,
+                                                  lane_pages, j * npg, head, bar.toint(), lane, npg, P,
+                                                  self.head_dim // 64, self.tile_n * 128, self.num_kv_heads)
+                    elif cutlass.const_expr(ONE_ELECTION):
                         self.issue_pages(desc_k, desc_v, sK, sV, lane_pages, pages, j * npg, head, bar, state.index)
                     else:
                         for i in cutlass.range_constexpr(npg):
@@ -436,7 +441,7 @@ class GqaDecodeSm90:
         mbar = bar.toint()
         for s_tile, desc in ((sK, desc_k), (sV, desc_v)):
             issue_page_boxes(desc, s_tile.iterator.toint() + stage * (N * D * 2), pages, head, mbar,
-                             self.pages_per_stage, self.page_size, D // 64, N * 128)
+                             self.pages_per_stage, self.page_size, D // 64, N * 128, self.num_kv_heads)
 
     # ----------------------------------------------------------------------------------- consumer
     @cute.jit
