@@ -119,6 +119,19 @@ def test_page_1_boxes_are_issued_by_one_elected_lane():
     assert [o for o in row_offsets if o < 8192][:3] == [128, 256, 384]  # page i at row i of the stage
 
 
+@pytest.mark.parametrize("page_size, rank", [(4, 3), (1, 2)])
+def test_raw_page_boxes_follow_the_descriptors_rank_with_one_kv_head(page_size, rank):
+    """One KV head: the DSL leaves the size-1 head mode (and the row mode at page 1) out of the tensor map, so the
+    raw boxes must too. 4-D boxes on its 3-D map faulted the H200 at head_dim 256, h16/kv1, page 4."""
+    config = default_paged_config("gqa_paged_decode", arch="sm_90a", num_qo_heads=16, num_kv_heads=1,
+                                  head_dim_qk=256, head_dim_v=256, page_size=page_size, causal=False)
+    ptx = compile_to_ptx(config)
+    boxes = re.findall(r"cp\.async\.bulk\.tensor\.(\d)d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes "
+                       r"\[%r\d+\], \[%rd\d+, \{([^}]*)\}\]", ptx)
+    assert boxes and {int(d) for d, _ in boxes} == {rank}
+    assert all(len(coords.split(",")) == rank for _, coords in boxes)
+
+
 @pytest.mark.parametrize("page_size", [1, 8])
 def test_small_page_ptx_issues_one_box_per_page(page_size):
     config = next(c for c in gqa_decode.configs("sm_90a") if c.page_size == page_size)

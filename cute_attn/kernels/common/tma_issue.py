@@ -19,10 +19,6 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 #: small-page producers issue a stage's boxes from one elected lane; False keeps the DSL's per-box ``cute.copy``
 #: (the A/B the H200 run of this branch needs)
 ONE_ELECTION = True
-#: with ONE_ELECTION: every lane issues the boxes of its own page ids (``issue_lane_page_boxes``) instead of one
-#: elected lane issuing them all; the H200 A/B decides (env for the experiment only: not in the cache key)
-import os as _os
-LANE_ISSUE = _os.environ.get("CUTE_ATTN_LANE_ISSUE", "0") == "1"
 
 
 @dsl_user_op
@@ -73,24 +69,3 @@ def issue_page_boxes(descriptor: Int64, stage_addr: Int32, pages: cute.Tensor, h
                 coords.append(pages[i])
                 tma_load(dst, descriptor, coords, mbar)
 
-
-@cute.jit
-def issue_lane_page_boxes(descriptor: Int64, stage_addr: Int32, lane_pages: cute.Tensor, first: Int32, head: Int32,
-                          mbar: Int32, lane: Int32, num_pages: cutlass.Constexpr[int],
-                          page_rows: cutlass.Constexpr[int], col_blocks: cutlass.Constexpr[int],
-                          block_bytes: cutlass.Constexpr[int], num_kv_heads: cutlass.Constexpr[int]):
-    """As :func:`issue_page_boxes`, but every lane issues the boxes of the page ids it loaded itself
-    (``lane_pages[c]`` = id ``32 c + lane`` of the round, ``common/page_ids.py``; the stage's pages are ids
-    ``first .. first + num_pages - 1``): no shuffles, and up to 32 lanes issue at once instead of one."""
-    for c in cutlass.range_constexpr(cute.size(lane_pages)):
-        i = c * 32 + lane - first
-        if i >= 0 and i < num_pages:
-            for h in cutlass.range_constexpr(col_blocks):
-                dst = stage_addr + (h * block_bytes + i * (page_rows * 128))
-                coords = [Int32(h * 64)]
-                if cutlass.const_expr(page_rows > 1):
-                    coords.append(Int32(0))
-                if cutlass.const_expr(num_kv_heads > 1):
-                    coords.append(head)
-                coords.append(lane_pages[c])
-                tma_load(dst, descriptor, coords, mbar)

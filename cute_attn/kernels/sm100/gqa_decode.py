@@ -49,8 +49,8 @@ Warp roles (192 threads)
                bytes as the MMA layouts: K-major K and MN-major V both put key k at 128 B * k of each
                64-column chunk) and each page is a box of page_size rows at row ``i * page_size``, even below
                the 8-row swizzle atom (TMA swizzles by address; stages are 1024 B aligned). Ids one per lane
-               (``common/page_ids.py``), shuffled to the issuing lane (the DSL elects it), a page past KV_END
-               gets id -1 (zero-filled, bytes counted). TMA ``gather4`` (four rows per instruction) exists in
+               (``common/page_ids.py``), shuffled out, then one elected lane issues the step's boxes
+               (``common/tma_issue.py``); a page past KV_END gets id -1 (zero-filled, bytes counted). TMA ``gather4`` (four rows per instruction) exists in
                CuTe DSL 4.8.1 but only for 2-D tensor maps; the paged caches are 4-D with a symbolic page
                stride (strided ``kv[:, 0]`` views), so a 2-D row view would need page_stride == Hkv * D: not
                used. Page 1, D 128: 256 TMA copies per 64-key step.

@@ -42,9 +42,11 @@ aligned, so row ``r`` of the stage lands where the swizzled layout (Swizzle<3,4,
 CuTe DSL 4.8.1 expresses it directly: the atom is built for the ``(page_size, D)`` slice (a composition) of
 the stage layout and partitioned over ``flat_divide(stage, (page_size, D))``; the PTX shows boxes 128 B apart
 at page 1. So one structure serves every page size (no cp.async row gather). The boxes are issued back to
-back by one lane: the DSL's TMA copy elects its issuing lane itself (issuing from 32 lanes at once would need
-raw PTX with the descriptor's address, which the DSL does not expose). Cost: ``2 * (kv_tile / page_size) *
-(D / 64)`` TMA copies per stage (a box is at most 64 bf16 wide under the 128B swizzle): 256 at page 1, D 128.
+back by one elected lane per stage as raw ``cp.async.bulk.tensor`` on the atoms' own descriptors
+(``common/tma_issue.py``): the DSL's ``cute.copy`` wraps every box in its own ``elect.sync`` and branch, which made
+page 1 issue-bound (H200, 64 x 2048: 245 -> 172 us). Issuing from every lane at once (each its own ids) ran 2.2x
+slower. Cost: ``2 * (kv_tile / page_size) * (D / 64)`` boxes per stage (a box is at most 64 bf16 wide under the
+128B swizzle): 256 at page 1, D 128.
 
 Start: every thread loads ``work_indptr[cta]`` and, alongside, the item fields of row ``cta``
 (``common/work_items.py``: CTA ``c``'s first item whenever every CTA before it has one item, as in the
@@ -79,7 +81,7 @@ from ..common.decode_merge import FOLD_ROW_LANES, fold_completed_merges
 from ..common.limits import SMEM_LIMIT_BYTES, target_reason
 from ..common.named_barrier import warpgroup_barrier_sync
 from ..common.page_ids import IDS_PER_LOAD, id_loads, lane_page_id, load_lane_page_ids, rotate_lane_page_ids
-from ..common.tma_issue import LANE_ISSUE, ONE_ELECTION, issue_lane_page_boxes, issue_page_boxes, tma_descriptor_address
+from ..common.tma_issue import ONE_ELECTION, issue_page_boxes, tma_descriptor_address
 from ..common.work_items import guess_first_item, load_item
 from .wgmma import wgmma_gemm
 from ..common.paged_launch import gqa_decode_entry, gqa_multi_token_decode_entry
@@ -415,12 +417,7 @@ class GqaDecodeSm90:
                 for j in cutlass.range(cutlass.min(stages_per_round, n_tiles - t0), unroll=1):
                     pipe.producer_acquire(state)
                     bar = pipe.producer_get_barrier(state)
-                    if cutlass.const_expr(ONE_ELECTION and LANE_ISSUE):
-                        for s_tile, desc in ((sK, desc_k), (sV, desc_v)):
-                            issue_lane_page_boxes(desc, s_tile.iterator.toint() + state.index * self.tile_bytes,
-                                                  lane_pages, j * npg, head, bar.toint(), lane, npg, P,
-                                                  self.head_dim // 64, self.tile_n * 128, self.num_kv_heads)
-                    elif cutlass.const_expr(ONE_ELECTION):
+                    if cutlass.const_expr(ONE_ELECTION):
                         self.issue_pages(desc_k, desc_v, sK, sV, lane_pages, pages, j * npg, head, bar, state.index)
                     else:
                         for i in cutlass.range_constexpr(npg):
