@@ -81,6 +81,7 @@ from ..common.decode_merge import FOLD_ROW_LANES, fold_completed_merges
 from ..common.limits import SMEM_LIMIT_BYTES, target_reason
 from ..common.named_barrier import warpgroup_barrier_sync
 from ..common.page_ids import IDS_PER_LOAD, id_loads, lane_page_id, load_lane_page_ids, rotate_lane_page_ids
+from ..common.row_gather import ROW_CHUNK, gather_one_row_pages
 from ..common.tma_issue import ONE_ELECTION, issue_page_boxes, tma_descriptor_address
 from ..common.work_items import guess_first_item, load_item
 from .wgmma import wgmma_gemm
@@ -106,6 +107,9 @@ MAX_PAGES_PER_STAGE = 64  # page-1 decode with kv_tile 64: 64 page boxes (x D/64
 # Stages of several pages are also built for pages of 16+ keys when asked for (kv_tile 64 or 128 with page 16 or
 # 32: fewer, wider tiles, i.e. fewer wgmma pairs and softmaxes per key); the defaults keep one page per stage.
 MULTI_PAGE_TILES = (64, 128)
+# Pages of one key: 16-byte cp.async rows from the producer warp (produce_rows), not one-row TMA boxes (the TMA
+# unit's rate for 128-byte boxes held page 1 to 43% of page 64 even with one election per stage)
+ROW_GATHER_PAGE_SIZE = 1
 ITEM_FIELDS = tuple(F)  # an item's row in registers is indexed by ItemField (unused fields are dead loads)
 
 
@@ -204,6 +208,7 @@ class GqaDecodeSm90:
         self.tile_m = config.tile_q_rows
         self.tile_n = config.kv_tile
         self.pages_per_stage = config.kv_tile // config.page_size  # 1 for pages of 16..128 keys
+        self.row_gather = config.page_size == ROW_GATHER_PAGE_SIZE
         self.stages = num_stages(config)
         self.dtype = cutlass.BFloat16
         self.tile_bytes = self.tile_n * self.head_dim * 2
@@ -266,8 +271,9 @@ class GqaDecodeSm90:
         box = (self.page_size, self.head_dim)
         tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), k_view, stage_layout, box)
         tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), v_view, stage_layout, box)
+        k_rows, v_rows = (k_cache, v_cache) if cutlass.const_expr(self.row_gather) else (None, None)
         self.kernel(
-            q, qo_indptr, tma_atom_k, tma_k, tma_atom_v, tma_v, kv_indices, work_indptr, items,
+            q, qo_indptr, tma_atom_k, tma_k, tma_atom_v, tma_v, k_rows, v_rows, kv_indices, work_indptr, items,
             merge_indptr, merge_counters, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
             sQ_layout, sKV_layout, tiled_mma_qk, tiled_mma_pv,
         ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream, use_pdl=True)
@@ -281,6 +287,8 @@ class GqaDecodeSm90:
         tma_k: cute.Tensor,
         tma_atom_v: cute.CopyAtom,
         tma_v: cute.Tensor,
+        k_rows,  # page 1 (row gather): the caches themselves, [pages, 1, Hkv, D]; else None
+        v_rows,
         kv_indices: cute.Tensor,
         work_indptr: cute.Tensor,
         items: cute.Tensor,
@@ -318,20 +326,31 @@ class GqaDecodeSm90:
                                         byte_alignment=16)
         arrival = smem.allocate_array(cutlass.Int32, 1, byte_alignment=4)  # fused merge: counter's old value
 
-        if warp_idx == PRODUCER_WARP:
-            cpasync.prefetch_descriptor(tma_atom_k)
-            cpasync.prefetch_descriptor(tma_atom_v)
-        pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=mbar,
-            num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-            # a stage is consumed by one warpgroup: one arrival per warp of it
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, NUM_MMA_THREADS // 32),
-            tx_count=2 * self.tile_bytes,
-        )  # initialises the mbarriers (warp 0), fences and syncs the CTA
+        if cutlass.const_expr(self.row_gather):
+            # every producer lane's copies arrive on the full mbarrier (cp.async.mbarrier.arrive.noinc); the
+            # consumers of PipelineCpAsync arrive from every thread, so the empty count is the warpgroup's
+            pipe = pipeline.PipelineCpAsync.create(
+                barrier_storage=mbar, num_stages=self.stages,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, NUM_MMA_THREADS),
+            )
+        else:
+            if warp_idx == PRODUCER_WARP:
+                cpasync.prefetch_descriptor(tma_atom_k)
+                cpasync.prefetch_descriptor(tma_atom_v)
+            pipe = pipeline.PipelineTmaAsync.create(
+                barrier_storage=mbar,
+                num_stages=self.stages,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+                # a stage is consumed by one warpgroup: one arrival per warp of it
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, NUM_MMA_THREADS // 32),
+                tx_count=2 * self.tile_bytes,
+            )  # initialises the mbarriers (warp 0), fences and syncs the CTA
 
         if warp_idx == PRODUCER_WARP:
-            if cutlass.const_expr(self.pages_per_stage > 1):
+            if cutlass.const_expr(self.row_gather):
+                self.produce_rows(k_rows, v_rows, sK, sV, kv_indices, items, item_begin, item_end, guess, row, pipe)
+            elif cutlass.const_expr(self.pages_per_stage > 1):
                 self.produce_pages(tma_atom_k, tma_k, tma_atom_v, tma_v, sK, sV, kv_indices, items, item_begin,
                                    item_end, guess, row, pipe)
             else:
@@ -428,6 +447,33 @@ class GqaDecodeSm90:
                     state.advance()
 
     @cute.jit
+    def produce_rows(self, k_rows, v_rows, sK, sV, kv_indices, items, item_begin, item_end, guess, row, pipe):
+        """Page 1: each stage's ``tile_n`` K and V rows as 16-byte ``cp.async`` copies by the 32 producer lanes
+        (``common/row_gather.gather_one_row_pages``), ids one per lane loaded a round ahead; the consumers fence
+        the rows into the async proxy before their wgmmas read them."""
+        N = self.tile_n
+        sK_chunks = cute.flat_divide(sK, (1, ROW_CHUNK))  # (1, vec, row, chunk, stage)
+        sV_chunks = cute.flat_divide(sV, (1, ROW_CHUNK))
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        lane = cute.arch.lane_idx()
+        lane_pages = cute.make_rmem_tensor((id_loads(N),), Int32)
+        next_pages = cute.make_rmem_tensor((id_loads(N),), Int32)
+        for it in cutlass.range(item_begin, item_end, unroll=1):
+            load_item(items, it, item_begin, guess, ITEM_FIELDS, row)
+            n_keys = cutlass.max(row[F.KV_END] - row[F.KV_START], 0)  # = pages: one key a page
+            first_page = row[F.KV_PAGE_START]
+            load_lane_page_ids(kv_indices, next_pages, first_page, n_keys, lane)
+            for t in cutlass.range((n_keys + N - 1) // N, unroll=1):
+                t1 = t + 1
+                rotate_lane_page_ids(kv_indices, lane_pages, next_pages, first_page + t1 * N, n_keys - t1 * N, lane)
+                pipe.producer_acquire(state)
+                gather_one_row_pages(k_rows, v_rows, sK_chunks[None, None, None, None, state.index],
+                                     sV_chunks[None, None, None, None, state.index], lane_pages, row[F.KV_HEAD], lane,
+                                     N, self.head_dim)
+                pipe.producer_commit(state)
+                state.advance()
+
+    @cute.jit
     def issue_pages(self, desc_k, desc_v, sK, sV, lane_pages, pages, first, head, bar, stage):
         """Every lane shuffles out the stage's page ids, then one elected lane issues all its page boxes back to
         back (``common/tma_issue.py``: no election per box), where the DSL's partition puts them: page ``i`` at row
@@ -522,6 +568,8 @@ class GqaDecodeSm90:
             for t in cutlass.range(t_first, n_tiles, 2, unroll=1):
                 tile_start = kv_start + t * N
                 pipe.consumer_wait(state)
+                if cutlass.const_expr(self.row_gather):
+                    cute.arch.fence_view_async_shared()  # the producer's cp.async rows, seen by this warp's wgmmas
                 stage = state.index
                 wgmma_gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, stage], True)
                 if warp_live:
