@@ -29,24 +29,23 @@ Warp roles (288 threads)
     warp 8     producer: reads the item's page ids from ``kv_indices`` (from position KV_PAGE_START) 32 at a
                time (one per lane, then shuffled out), and for each KV tile (one page = ``kv_tile`` keys) issues two TMA loads (the page's K and V boxes for the item's KV head;
                the page id is the TMA coordinate) into the stage, completing on its full mbarrier.
-               Pages of 1, 2, 4 or 8 keys (``produce_pages``): a stage stays ``kv_tile`` keys (64 by default),
-               built from ``kv_tile / page_size`` page boxes of K and of V at row offsets ``i * page_size`` of the
-               stage; one coalesced id load (one per lane, ``common/page_ids.py``) covers 32 / pages-per-stage
-               stages, or a stage takes pages-per-stage / 32 loads (page 1: 2); a page past KV_END gets id -1
-               (zero-filled, its bytes still counted), so the stage's full mbarrier keeps one expect-tx of the
-               whole stage.
+               Pages of 2, 4 or 8 keys (and 16 in 64-key stages; ``produce_pages``): a stage stays ``kv_tile``
+               keys, built from ``kv_tile / page_size`` page boxes of K and of V at row offsets ``i * page_size``;
+               one coalesced id load (one per lane, ``common/page_ids.py``) covers 32 / pages-per-stage stages; a
+               page past KV_END gets id -1 (zero-filled, its bytes counted), so the full mbarrier keeps one
+               expect-tx of the whole stage. Page 1 (``produce_rows``): 16-byte cp.async rows instead, below.
 
-Small pages, the choice: a box of fewer rows than the 128B swizzle's 8-row atom (pages 1, 2, 4) at a row
-offset inside a swizzled stage is legal: TMA swizzles by shared-memory address and the stage is 1024 B
-aligned, so row ``r`` of the stage lands where the swizzled layout (Swizzle<3,4,3> on the offset) expects it.
-CuTe DSL 4.8.1 expresses it directly: the atom is built for the ``(page_size, D)`` slice (a composition) of
-the stage layout and partitioned over ``flat_divide(stage, (page_size, D))``; the PTX shows boxes 128 B apart
-at page 1. So one structure serves every page size (no cp.async row gather). The boxes are issued back to
-back by one elected lane per stage as raw ``cp.async.bulk.tensor`` on the atoms' own descriptors
-(``common/tma_issue.py``): the DSL's ``cute.copy`` wraps every box in its own ``elect.sync`` and branch, which made
-page 1 issue-bound (H200, 64 x 2048: 245 -> 172 us). Issuing from every lane at once (each its own ids) ran 2.2x
-slower. Cost: ``2 * (kv_tile / page_size) * (D / 64)`` boxes per stage (a box is at most 64 bf16 wide under the
-128B swizzle): 256 at page 1, D 128.
+Small pages: a box of fewer rows than the 128B swizzle's 8-row atom (pages 2, 4) at a row offset inside a swizzled
+stage is legal: TMA swizzles by shared-memory address and the stage is 1024 B aligned. The atom is built for the
+``(page_size, D)`` slice (a composition) of the stage layout; one elected lane issues a stage's boxes as raw
+``cp.async.bulk.tensor`` on the atoms' own descriptors (``common/tma_issue.py``: the DSL's ``cute.copy`` wraps
+every box in its own ``elect.sync``). Page 1 would be 256 one-row boxes a stage, and the TMA unit's rate for them
+held it to 172 us at 64 x 2048 (43% of page 64, H200) even from one election; every lane issuing its own boxes ran
+2.2x slower. So page 1 gathers rows: each producer lane issues 64 branch-free 16-byte ``cp.async`` a stage
+(``common/row_gather.gather_one_row_pages``: ids shuffled from registers, out-of-pool rows zero-filled by
+``src-size`` 0, the 128B swizzle applied to the raw addresses), completing on the stage's full mbarrier through
+``cp.async.mbarrier.arrive.noinc`` (``PipelineCpAsync``); the consumers fence them into the async proxy before
+their wgmmas. 85 us at 64 x 2048 (88% of page 64).
 
 Start: every thread loads ``work_indptr[cta]`` and, alongside, the item fields of row ``cta``
 (``common/work_items.py``: CTA ``c``'s first item whenever every CTA before it has one item, as in the
