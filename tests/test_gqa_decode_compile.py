@@ -106,15 +106,53 @@ def test_small_pages_fill_a_64_key_stage_with_page_boxes(page_size):
     assert gqa_decode.num_stages(config) == gqa_decode.num_stages(_definition_config())
 
 
-@pytest.mark.parametrize("page_size", [1, 8])
+def test_page_1_rows_are_gathered_by_cp_async_from_the_producer_warp():
+    """Page 1: 16-byte cp.async rows (the TMA unit's rate for 128-byte boxes held page 1 to 43% of page 64 on the
+    H200), branch-free: an out-of-pool id is a zero-fill (src-size 0), every chunk placed by the 128B swizzle, the
+    copies completing on the stage's full mbarrier, the consumers fencing them into the async proxy."""
+    config = next(c for c in gqa_decode.configs("sm_90a") if c.page_size == 1)
+    ptx = compile_to_ptx(config)
+    copies = re.findall(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[g\], 16, (%r\d+);", ptx)
+    # K and V: 64 rows x 16 chunks each per stage over 32 lanes
+    assert len(copies) == 2 * config.kv_tile * (config.head_dim_qk // 8) // 32
+    assert "selp.b32" in ptx and len(set(copies)) == len(copies) // 2  # one src-size per row, K and V share it
+    assert ptx.count("and.b32") and len(re.findall(r"and\.b32\s+%r\d+, %r\d+, 112;", ptx)) >= len(copies)
+    assert "cp.async.mbarrier.arrive.noinc.shared" in ptx
+    assert "fence.proxy.async" in ptx
+    assert "cp.async.bulk.tensor" not in ptx  # Q by vector loads, K/V by rows
+    assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+@pytest.mark.parametrize("kind, page_size, rank", [("gqa_paged_decode", 4, 3), ("gqa_paged_prefill", 1, 2)])
+def test_raw_page_boxes_follow_the_descriptors_rank_with_one_kv_head(kind, page_size, rank):
+    """One KV head: the DSL leaves the size-1 head mode (and the row mode at page 1) out of the tensor map, so the
+    raw boxes must too. 4-D boxes on its 3-D map faulted the H200 at head_dim 256, h16/kv1, page 4."""
+    decode = kind == "gqa_paged_decode"
+    config = default_paged_config(kind, arch="sm_90a", num_qo_heads=16, num_kv_heads=1,
+                                  head_dim_qk=256 if decode else 128, head_dim_v=256 if decode else 128,
+                                  page_size=page_size, causal=not decode)
+    ptx = compile_to_ptx(config)
+    boxes = re.findall(r"cp\.async\.bulk\.tensor\.(\d)d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes "
+                       r"\[%r\d+\], \[%rd\d+, \{([^}]*)\}\]", ptx)
+    assert boxes and {int(d) for d, _ in boxes} == {rank}
+    assert all(len(coords.split(",")) == rank for _, coords in boxes)
+
+
+@pytest.mark.parametrize("page_size", [8, 16])
 def test_small_page_ptx_issues_one_box_per_page(page_size):
     config = next(c for c in gqa_decode.configs("sm_90a") if c.page_size == page_size)
     ptx = compile_to_ptx(config)
     pages = config.kv_tile // page_size
     # K and V, one TMA per page per 64-column half of the 128B swizzle (Q is loaded with vector loads)
     assert ptx.count("cp.async.bulk.tensor") == 2 * pages * config.head_dim_qk // 64
-    offsets = sorted({int(m) for m in re.findall(r"cp\.async\.bulk\.tensor\S*\s+\[%r\d+\+(\d+)\]", ptx)})
-    assert min(b - a for a, b in zip(offsets, offsets[1:])) == 128 * page_size  # page i at row i * page_size
+    # one elected lane issues them (common/tma_issue.py): addresses are the first box's stage base plus offsets
+    first_box = re.search(r"cp\.async\.bulk\.tensor\.\dd\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes\s+"
+                          r"\[(%r\d+)\]", ptx).group(1)
+    base = re.search(rf"add\.s32\s+{first_box}, (%r\d+), (\d+);", ptx)
+    base_reg, first = (base.group(1), int(base.group(2))) if base else (first_box, 0)
+    offsets = sorted({int(m) - first for m in re.findall(rf"add\.s32\s+%r\d+, {base_reg}, (\d+);", ptx)})
+    assert min(o for o in offsets if o > 0) == 128 * page_size  # page i at row i * page_size
+    assert ptx.count("elect.sync") < 8  # one election per stage, not per box
     assert "shfl.sync.idx.b32" in ptx  # ids one per lane, shuffled to the issuing lane
     assert "wgmma.mma_async" in ptx
 

@@ -194,3 +194,11 @@ def test_head_dim_256_ptx_uses_64_key_tiles():
     assert "wgmma.wait_group.sync.aligned \t1;" in ptx
     # one Q stage: the Q box's mbarrier expects 128 rows x 256 x 2 bytes
     assert "65536" in ptx
+
+
+def test_page_1_tiles_are_issued_by_one_elected_lane_per_tile():
+    """Page 1: each K or V tile's 2 x 128 one-row boxes come from one election, not one per box."""
+    config = next(c for c in gqa_prefill.configs("sm_90a") if c.page_size == 1 and c.head_dim_qk == 128)
+    ptx = compile_to_ptx(config)
+    assert ptx.count("cp.async.bulk.tensor.3d.shared::cta.global.tile.mbarrier::complete_tx::bytes") == 2 * 2 * 128
+    assert ptx.count("elect.sync") < 20

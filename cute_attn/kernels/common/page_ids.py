@@ -3,8 +3,8 @@
 A stage (key tile) of ``kv_tile`` keys with pages of ``page_size < kv_tile`` keys is ``kv_tile / page_size`` TMA
 boxes, one per page, each with its page id as the box coordinate. The producer warp loads the ids it needs from
 ``kv_indices`` one per lane (coalesced, :func:`load_lane_page_ids`), then hands each box its id with a warp
-shuffle (:func:`lane_page_id`); the DSL's TMA copy elects its issuing lane by itself, so the boxes are issued by
-one lane, back to back. Ids of pages wholly past the item's keys are -1: such a box is out of bounds, which TMA
+shuffle (:func:`lane_page_id`); one elected lane then issues the stage's boxes back to back
+(``common/tma_issue.py``). Ids of pages wholly past the item's keys are -1: such a box is out of bounds, which TMA
 zero-fills while still counting its bytes, so a stage's full mbarrier always expects the whole stage.
 """
 

@@ -49,8 +49,8 @@ Warp roles (192 threads)
                bytes as the MMA layouts: K-major K and MN-major V both put key k at 128 B * k of each
                64-column chunk) and each page is a box of page_size rows at row ``i * page_size``, even below
                the 8-row swizzle atom (TMA swizzles by address; stages are 1024 B aligned). Ids one per lane
-               (``common/page_ids.py``), shuffled to the issuing lane (the DSL elects it), a page past KV_END
-               gets id -1 (zero-filled, bytes counted). TMA ``gather4`` (four rows per instruction) exists in
+               (``common/page_ids.py``), shuffled out, then one elected lane issues the step's boxes
+               (``common/tma_issue.py``); a page past KV_END gets id -1 (zero-filled, bytes counted). TMA ``gather4`` (four rows per instruction) exists in
                CuTe DSL 4.8.1 but only for 2-D tensor maps; the paged caches are 4-D with a symbolic page
                stride (strided ``kv[:, 0]`` views), so a 2-D row view would need page_stride == Hkv * D: not
                used. Page 1, D 128: 256 TMA copies per 64-key step.
@@ -91,6 +91,7 @@ from .. import register_paged_kernel
 from ..common.paged_launch import gqa_decode_entry, gqa_multi_token_decode_entry
 from ..common.decode_merge import fold_completed_merges
 from ..common.page_ids import IDS_PER_LOAD, id_loads, lane_page_id, load_lane_page_ids, rotate_lane_page_ids
+from ..common.tma_issue import ONE_ELECTION, issue_page_boxes, tma_descriptor_address
 
 from .decode_config import (  # noqa: F401  (re-exported: the kernel's constants and rules)
     ARCH, KIND, MULTI_TOKEN_KIND, Q_VEC, MMA_M, PAGE_SIZES,
@@ -448,6 +449,9 @@ class GqaDecodeSm100:
         lane = cute.arch.lane_idx()
         lane_pages = cute.make_rmem_tensor((id_loads(npg),), cutlass.Int32)
         next_pages = cute.make_rmem_tensor((id_loads(npg),), cutlass.Int32)
+        pages = cute.make_rmem_tensor((npg,), cutlass.Int32)
+        desc_k = tma_descriptor_address(tma_k)
+        desc_v = tma_descriptor_address(tma_v)
         for it in cutlass.range(item_begin, item_end, unroll=1):
             kv_start, kv_end, steps = self.item_steps(items, it)
             if steps > 0:
@@ -476,10 +480,24 @@ class GqaDecodeSm100:
                         cute.arch.mbarrier_wait(kv_empty + stage, ((step // self.kv_stages) % 2) ^ 1)
                         with cute.arch.elect_one():
                             cute.arch.mbarrier_arrive_and_expect_tx(kv_full + stage, self.kv_bytes)
-                        for i in cutlass.range_constexpr(npg):
-                            page = lane_page_id(lane_pages, i, j * npg)
-                            cute.copy(tma_k, t_k_g[None, h, page], t_k_s[None, i, 0, stage], tma_bar_ptr=kv_full + stage)
-                            cute.copy(tma_v, t_v_g[None, h, page], t_v_s[None, i, 0, stage], tma_bar_ptr=kv_full + stage)
+                        if cutlass.const_expr(ONE_ELECTION):
+                            # one elected lane per step, not per box (common/tma_issue.py), where the partition puts
+                            # the boxes: 64-column blocks step * 128 bytes apart, stages step * D * 2 bytes apart
+                            for i in cutlass.range_constexpr(npg):
+                                pages[i] = lane_page_id(lane_pages, i, j * npg)
+                            mbar = (kv_full + stage).toint()
+                            issue_page_boxes(desc_k, s_k_rows.iterator.toint() + stage * (self.step * D * 2), pages, h,
+                                             mbar, npg, P, D // 64, self.step * 128, self.config.num_kv_heads)
+                            issue_page_boxes(desc_v, s_v_rows.iterator.toint() + stage * (self.step * self.head_dim_v * 2),
+                                             pages, h, mbar, npg, P, self.head_dim_v // 64, self.step * 128,
+                                             self.config.num_kv_heads)
+                        else:
+                            for i in cutlass.range_constexpr(npg):
+                                page = lane_page_id(lane_pages, i, j * npg)
+                                cute.copy(tma_k, t_k_g[None, h, page], t_k_s[None, i, 0, stage],
+                                          tma_bar_ptr=kv_full + stage)
+                                cute.copy(tma_v, t_v_g[None, h, page], t_v_s[None, i, 0, stage],
+                                          tma_bar_ptr=kv_full + stage)
                         step += 1
 
     # ------------------------------------------------------------------------------------------ MMA warp

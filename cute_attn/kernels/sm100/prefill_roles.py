@@ -27,6 +27,7 @@ from cutlass.cute.nvgpu import cpasync, tcgen05
 from ...plan import ItemField as F
 from ..common.packed_q import q_box_rows
 from ..common.page_ids import LANE_IDS_BELOW, id_loads, lane_page_id, load_lane_page_ids, load_tile_page_ids
+from ..common.tma_issue import ONE_ELECTION, issue_page_boxes, tma_descriptor_address
 from .softmax_rows import NEG_INF, begin_softmax_item, load_s_row, num_key_tiles, online_softmax_row, send_row_values
 from .tmem import fence_after_sync, fence_before_sync
 
@@ -93,9 +94,18 @@ class PrefillRoles:
             load_lane_page_ids(kv_indices, lane_pages, page_base + kv_base // P, (kv_end - kv_base + P - 1) // P,
                                cute.arch.lane_idx())
             pipe_kv.producer_acquire(kv_state)
-            for i in cutlass.range_constexpr(npg):
-                cute.copy(atom, t_g[None, h, lane_page_id(lane_pages, i)], t_s[None, i, 0, kv_state.index],
-                          tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+            if cutlass.const_expr(ONE_ELECTION):
+                # one elected lane per tile, not per box (common/tma_issue.py): row i at i * 128 bytes of its
+                # 64-column block, blocks tile_n * 128 bytes apart, from the stage's first box
+                for i in cutlass.range_constexpr(npg):
+                    page_ids[i] = lane_page_id(lane_pages, i)
+                issue_page_boxes(tma_descriptor_address(atom), t_s[None, 0, 0, kv_state.index].iterator.toint(),
+                                 page_ids, h, pipe_kv.producer_get_barrier(kv_state).toint(), npg, P,
+                                 self.head_dim // 64, self.tile_n * 128, self.num_kv_heads)
+            else:
+                for i in cutlass.range_constexpr(npg):
+                    cute.copy(atom, t_g[None, h, lane_page_id(lane_pages, i)], t_s[None, i, 0, kv_state.index],
+                              tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
         kv_state.advance()
         return kv_state
 

@@ -29,22 +29,23 @@ Warp roles (288 threads)
     warp 8     producer: reads the item's page ids from ``kv_indices`` (from position KV_PAGE_START) 32 at a
                time (one per lane, then shuffled out), and for each KV tile (one page = ``kv_tile`` keys) issues two TMA loads (the page's K and V boxes for the item's KV head;
                the page id is the TMA coordinate) into the stage, completing on its full mbarrier.
-               Pages of 1, 2, 4 or 8 keys (``produce_pages``): a stage stays ``kv_tile`` keys (64 by default),
-               built from ``kv_tile / page_size`` page boxes of K and of V at row offsets ``i * page_size`` of the
-               stage; one coalesced id load (one per lane, ``common/page_ids.py``) covers 32 / pages-per-stage
-               stages, or a stage takes pages-per-stage / 32 loads (page 1: 2); a page past KV_END gets id -1
-               (zero-filled, its bytes still counted), so the stage's full mbarrier keeps one expect-tx of the
-               whole stage.
+               Pages of 2, 4 or 8 keys (and 16 in 64-key stages; ``produce_pages``): a stage stays ``kv_tile``
+               keys, built from ``kv_tile / page_size`` page boxes of K and of V at row offsets ``i * page_size``;
+               one coalesced id load (one per lane, ``common/page_ids.py``) covers 32 / pages-per-stage stages; a
+               page past KV_END gets id -1 (zero-filled, its bytes counted), so the full mbarrier keeps one
+               expect-tx of the whole stage. Page 1 (``produce_rows``): 16-byte cp.async rows instead, below.
 
-Small pages, the choice: a box of fewer rows than the 128B swizzle's 8-row atom (pages 1, 2, 4) at a row
-offset inside a swizzled stage is legal: TMA swizzles by shared-memory address and the stage is 1024 B
-aligned, so row ``r`` of the stage lands where the swizzled layout (Swizzle<3,4,3> on the offset) expects it.
-CuTe DSL 4.8.1 expresses it directly: the atom is built for the ``(page_size, D)`` slice (a composition) of
-the stage layout and partitioned over ``flat_divide(stage, (page_size, D))``; the PTX shows boxes 128 B apart
-at page 1. So one structure serves every page size (no cp.async row gather). The boxes are issued back to
-back by one lane: the DSL's TMA copy elects its issuing lane itself (issuing from 32 lanes at once would need
-raw PTX with the descriptor's address, which the DSL does not expose). Cost: ``2 * (kv_tile / page_size) *
-(D / 64)`` TMA copies per stage (a box is at most 64 bf16 wide under the 128B swizzle): 256 at page 1, D 128.
+Small pages: a box of fewer rows than the 128B swizzle's 8-row atom (pages 2, 4) at a row offset inside a swizzled
+stage is legal: TMA swizzles by shared-memory address and the stage is 1024 B aligned. The atom is built for the
+``(page_size, D)`` slice (a composition) of the stage layout; one elected lane issues a stage's boxes as raw
+``cp.async.bulk.tensor`` on the atoms' own descriptors (``common/tma_issue.py``: the DSL's ``cute.copy`` wraps
+every box in its own ``elect.sync``). Page 1 would be 256 one-row boxes a stage, and the TMA unit's rate for them
+held it to 172 us at 64 x 2048 (43% of page 64, H200) even from one election; every lane issuing its own boxes ran
+2.2x slower. So page 1 gathers rows: each producer lane issues 64 branch-free 16-byte ``cp.async`` a stage
+(``common/row_gather.gather_one_row_pages``: ids shuffled from registers, out-of-pool rows zero-filled by
+``src-size`` 0, the 128B swizzle applied to the raw addresses), completing on the stage's full mbarrier through
+``cp.async.mbarrier.arrive.noinc`` (``PipelineCpAsync``); the consumers fence them into the async proxy before
+their wgmmas. 85 us at 64 x 2048 (88% of page 64).
 
 Start: every thread loads ``work_indptr[cta]`` and, alongside, the item fields of row ``cta``
 (``common/work_items.py``: CTA ``c``'s first item whenever every CTA before it has one item, as in the
@@ -79,6 +80,8 @@ from ..common.decode_merge import FOLD_ROW_LANES, fold_completed_merges
 from ..common.limits import SMEM_LIMIT_BYTES, target_reason
 from ..common.named_barrier import warpgroup_barrier_sync
 from ..common.page_ids import IDS_PER_LOAD, id_loads, lane_page_id, load_lane_page_ids, rotate_lane_page_ids
+from ..common.row_gather import ROW_CHUNK, gather_one_row_pages
+from ..common.tma_issue import ONE_ELECTION, issue_page_boxes, tma_descriptor_address
 from ..common.work_items import guess_first_item, load_item
 from .wgmma import wgmma_gemm
 from ..common.paged_launch import gqa_decode_entry, gqa_multi_token_decode_entry
@@ -103,6 +106,9 @@ MAX_PAGES_PER_STAGE = 64  # page-1 decode with kv_tile 64: 64 page boxes (x D/64
 # Stages of several pages are also built for pages of 16+ keys when asked for (kv_tile 64 or 128 with page 16 or
 # 32: fewer, wider tiles, i.e. fewer wgmma pairs and softmaxes per key); the defaults keep one page per stage.
 MULTI_PAGE_TILES = (64, 128)
+# Pages of one key: 16-byte cp.async rows from the producer warp (produce_rows), not one-row TMA boxes (the TMA
+# unit's rate for 128-byte boxes held page 1 to 43% of page 64 even with one election per stage)
+ROW_GATHER_PAGE_SIZE = 1
 ITEM_FIELDS = tuple(F)  # an item's row in registers is indexed by ItemField (unused fields are dead loads)
 
 
@@ -201,6 +207,7 @@ class GqaDecodeSm90:
         self.tile_m = config.tile_q_rows
         self.tile_n = config.kv_tile
         self.pages_per_stage = config.kv_tile // config.page_size  # 1 for pages of 16..128 keys
+        self.row_gather = config.page_size == ROW_GATHER_PAGE_SIZE
         self.stages = num_stages(config)
         self.dtype = cutlass.BFloat16
         self.tile_bytes = self.tile_n * self.head_dim * 2
@@ -263,8 +270,9 @@ class GqaDecodeSm90:
         box = (self.page_size, self.head_dim)
         tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), k_view, stage_layout, box)
         tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), v_view, stage_layout, box)
+        k_rows, v_rows = (k_cache, v_cache) if cutlass.const_expr(self.row_gather) else (None, None)
         self.kernel(
-            q, qo_indptr, tma_atom_k, tma_k, tma_atom_v, tma_v, kv_indices, work_indptr, items,
+            q, qo_indptr, tma_atom_k, tma_k, tma_atom_v, tma_v, k_rows, v_rows, kv_indices, work_indptr, items,
             merge_indptr, merge_counters, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
             sQ_layout, sKV_layout, tiled_mma_qk, tiled_mma_pv,
         ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream, use_pdl=True)
@@ -278,6 +286,8 @@ class GqaDecodeSm90:
         tma_k: cute.Tensor,
         tma_atom_v: cute.CopyAtom,
         tma_v: cute.Tensor,
+        k_rows,  # page 1 (row gather): the caches themselves, [pages, 1, Hkv, D]; else None
+        v_rows,
         kv_indices: cute.Tensor,
         work_indptr: cute.Tensor,
         items: cute.Tensor,
@@ -315,20 +325,31 @@ class GqaDecodeSm90:
                                         byte_alignment=16)
         arrival = smem.allocate_array(cutlass.Int32, 1, byte_alignment=4)  # fused merge: counter's old value
 
-        if warp_idx == PRODUCER_WARP:
-            cpasync.prefetch_descriptor(tma_atom_k)
-            cpasync.prefetch_descriptor(tma_atom_v)
-        pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=mbar,
-            num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-            # a stage is consumed by one warpgroup: one arrival per warp of it
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, NUM_MMA_THREADS // 32),
-            tx_count=2 * self.tile_bytes,
-        )  # initialises the mbarriers (warp 0), fences and syncs the CTA
+        if cutlass.const_expr(self.row_gather):
+            # every producer lane's copies arrive on the full mbarrier (cp.async.mbarrier.arrive.noinc); the
+            # consumers of PipelineCpAsync arrive from every thread, so the empty count is the warpgroup's
+            pipe = pipeline.PipelineCpAsync.create(
+                barrier_storage=mbar, num_stages=self.stages,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, NUM_MMA_THREADS),
+            )
+        else:
+            if warp_idx == PRODUCER_WARP:
+                cpasync.prefetch_descriptor(tma_atom_k)
+                cpasync.prefetch_descriptor(tma_atom_v)
+            pipe = pipeline.PipelineTmaAsync.create(
+                barrier_storage=mbar,
+                num_stages=self.stages,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+                # a stage is consumed by one warpgroup: one arrival per warp of it
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, NUM_MMA_THREADS // 32),
+                tx_count=2 * self.tile_bytes,
+            )  # initialises the mbarriers (warp 0), fences and syncs the CTA
 
         if warp_idx == PRODUCER_WARP:
-            if cutlass.const_expr(self.pages_per_stage > 1):
+            if cutlass.const_expr(self.row_gather):
+                self.produce_rows(k_rows, v_rows, sK, sV, kv_indices, items, item_begin, item_end, guess, row, pipe)
+            elif cutlass.const_expr(self.pages_per_stage > 1):
                 self.produce_pages(tma_atom_k, tma_k, tma_atom_v, tma_v, sK, sV, kv_indices, items, item_begin,
                                    item_end, guess, row, pipe)
             else:
@@ -397,6 +418,9 @@ class GqaDecodeSm90:
         lane = cute.arch.lane_idx()
         lane_pages = cute.make_rmem_tensor((id_loads(npg),), Int32)
         next_pages = cute.make_rmem_tensor((id_loads(npg),), Int32)
+        pages = cute.make_rmem_tensor((npg,), Int32)
+        desc_k = tma_descriptor_address(tma_atom_k)
+        desc_v = tma_descriptor_address(tma_atom_v)
         for it in cutlass.range(item_begin, item_end, unroll=1):
             load_item(items, it, item_begin, guess, ITEM_FIELDS, row)
             head = row[F.KV_HEAD]
@@ -411,12 +435,55 @@ class GqaDecodeSm90:
                 for j in cutlass.range(cutlass.min(stages_per_round, n_tiles - t0), unroll=1):
                     pipe.producer_acquire(state)
                     bar = pipe.producer_get_barrier(state)
-                    for i in cutlass.range_constexpr(npg):
-                        page = lane_page_id(lane_pages, i, j * npg)
-                        cute.copy(tma_atom_k, tKgK[None, head, page], tKsK[None, i, 0, state.index], tma_bar_ptr=bar)
-                        cute.copy(tma_atom_v, tVgV[None, head, page], tVsV[None, i, 0, state.index], tma_bar_ptr=bar)
+                    if cutlass.const_expr(ONE_ELECTION):
+                        self.issue_pages(desc_k, desc_v, sK, sV, lane_pages, pages, j * npg, head, bar, state.index)
+                    else:
+                        for i in cutlass.range_constexpr(npg):
+                            page = lane_page_id(lane_pages, i, j * npg)
+                            cute.copy(tma_atom_k, tKgK[None, head, page], tKsK[None, i, 0, state.index], tma_bar_ptr=bar)
+                            cute.copy(tma_atom_v, tVgV[None, head, page], tVsV[None, i, 0, state.index], tma_bar_ptr=bar)
                     pipe.producer_commit(state)
                     state.advance()
+
+    @cute.jit
+    def produce_rows(self, k_rows, v_rows, sK, sV, kv_indices, items, item_begin, item_end, guess, row, pipe):
+        """Page 1: each stage's ``tile_n`` K and V rows as 16-byte ``cp.async`` copies by the 32 producer lanes
+        (``common/row_gather.gather_one_row_pages``), ids one per lane loaded a round ahead; the consumers fence
+        the rows into the async proxy before their wgmmas read them."""
+        N = self.tile_n
+        sK_chunks = cute.flat_divide(sK, (1, ROW_CHUNK))  # (1, vec, row, chunk, stage)
+        sV_chunks = cute.flat_divide(sV, (1, ROW_CHUNK))
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        lane = cute.arch.lane_idx()
+        lane_pages = cute.make_rmem_tensor((id_loads(N),), Int32)
+        next_pages = cute.make_rmem_tensor((id_loads(N),), Int32)
+        for it in cutlass.range(item_begin, item_end, unroll=1):
+            load_item(items, it, item_begin, guess, ITEM_FIELDS, row)
+            n_keys = cutlass.max(row[F.KV_END] - row[F.KV_START], 0)  # = pages: one key a page
+            first_page = row[F.KV_PAGE_START]
+            load_lane_page_ids(kv_indices, next_pages, first_page, n_keys, lane)
+            for t in cutlass.range((n_keys + N - 1) // N, unroll=1):
+                t1 = t + 1
+                rotate_lane_page_ids(kv_indices, lane_pages, next_pages, first_page + t1 * N, n_keys - t1 * N, lane)
+                pipe.producer_acquire(state)
+                gather_one_row_pages(k_rows, v_rows, sK_chunks[None, None, None, None, state.index],
+                                     sV_chunks[None, None, None, None, state.index], lane_pages, row[F.KV_HEAD], lane,
+                                     N, self.head_dim)
+                pipe.producer_commit(state)
+                state.advance()
+
+    @cute.jit
+    def issue_pages(self, desc_k, desc_v, sK, sV, lane_pages, pages, first, head, bar, stage):
+        """Every lane shuffles out the stage's page ids, then one elected lane issues all its page boxes back to
+        back (``common/tma_issue.py``: no election per box), where the DSL's partition puts them: page ``i`` at row
+        ``i * page_size``, 64-column blocks ``tile_n * 128`` bytes apart, stages ``tile_n * D * 2`` bytes apart."""
+        N, D = self.tile_n, self.head_dim
+        for i in cutlass.range_constexpr(self.pages_per_stage):
+            pages[i] = lane_page_id(lane_pages, i, first)
+        mbar = bar.toint()
+        for s_tile, desc in ((sK, desc_k), (sV, desc_v)):
+            issue_page_boxes(desc, s_tile.iterator.toint() + stage * (N * D * 2), pages, head, mbar,
+                             self.pages_per_stage, self.page_size, D // 64, N * 128, self.num_kv_heads)
 
     # ----------------------------------------------------------------------------------- consumer
     @cute.jit
@@ -500,6 +567,8 @@ class GqaDecodeSm90:
             for t in cutlass.range(t_first, n_tiles, 2, unroll=1):
                 tile_start = kv_start + t * N
                 pipe.consumer_wait(state)
+                if cutlass.const_expr(self.row_gather):
+                    cute.arch.fence_view_async_shared()  # the producer's cp.async rows, seen by this warp's wgmmas
                 stage = state.index
                 wgmma_gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, stage], True)
                 if warp_live:

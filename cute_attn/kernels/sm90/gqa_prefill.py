@@ -78,6 +78,7 @@ from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.named_barrier import warpgroup_barrier_arrive, warpgroup_barrier_sync
 from ..common.packed_q import q_box_rows, q_box_stage_layout
 from ..common.page_ids import LANE_IDS_BELOW, id_loads, lane_page_id, load_lane_page_ids, load_tile_page_ids
+from ..common.tma_issue import ONE_ELECTION, issue_page_boxes, tma_descriptor_address
 from ..common.softmax import (acc_mn_view, acc_to_mma_a_view, make_softmax_state, rescale_rows,
                               softmax_finalize, softmax_reset, softmax_update, store_p_bf16)
 from .prefill_epilogue import store_output_rows, store_output_via_smem, store_partial_rows
@@ -281,6 +282,8 @@ class GqaPagedPrefillSm90:
         page_ids = cute.make_rmem_tensor(npg, Int32)
         lane_pages = cute.make_rmem_tensor(id_loads(npg), Int32)
         lane = cute.arch.lane_idx()
+        desc_k = tma_descriptor_address(tma_atom_k)
+        desc_v = tma_descriptor_address(tma_atom_v)
         for it in cutlass.range(item_begin, item_end, unroll=1):
             b = items[it, int(F.REQUEST)]
             h = items[it, int(F.KV_HEAD)]
@@ -316,14 +319,32 @@ class GqaPagedPrefillSm90:
                     # pages 1, 2, 4: 32..128 boxes per tile; ids one per lane (coalesced), shuffled out per box
                     load_lane_page_ids(kv_indices, lane_pages, page_base + kv_base // P,
                                        (kv_end - kv_base + P - 1) // P, lane)
-                    pipe_k.producer_acquire(kv_state)
-                    for i in cutlass.range_constexpr(npg):
-                        cute.copy(tma_atom_k, t_kg[None, h, lane_page_id(lane_pages, i)],
-                                  t_ks[None, i, 0, kv_state.index], tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
-                    pipe_v.producer_acquire(kv_state)
-                    for i in cutlass.range_constexpr(npg):
-                        cute.copy(tma_atom_v, t_vg[None, h, lane_page_id(lane_pages, i)],
-                                  t_vs[None, i, 0, kv_state.index], tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+                    if cutlass.const_expr(ONE_ELECTION):
+                        # one elected lane per tile, not per box (common/tma_issue.py); boxes where the partition
+                        # puts them: page i at row i * P, 64-column blocks tile_n * 128 bytes apart, stages
+                        # tile_n * D * 2 bytes apart
+                        for i in cutlass.range_constexpr(npg):
+                            page_ids[i] = lane_page_id(lane_pages, i)
+                        stage_offset = kv_state.index * (self.tile_n * self.head_dim * 2)
+                        pipe_k.producer_acquire(kv_state)
+                        issue_page_boxes(desc_k, s_k.iterator.toint() + stage_offset, page_ids, h,
+                                         pipe_k.producer_get_barrier(kv_state).toint(), npg, P, self.head_dim // 64,
+                                         self.tile_n * 128, self.num_kv_heads)
+                        pipe_v.producer_acquire(kv_state)
+                        issue_page_boxes(desc_v, s_v.iterator.toint() + stage_offset, page_ids, h,
+                                         pipe_v.producer_get_barrier(kv_state).toint(), npg, P, self.head_dim // 64,
+                                         self.tile_n * 128, self.num_kv_heads)
+                    else:
+                        pipe_k.producer_acquire(kv_state)
+                        for i in cutlass.range_constexpr(npg):
+                            cute.copy(tma_atom_k, t_kg[None, h, lane_page_id(lane_pages, i)],
+                                      t_ks[None, i, 0, kv_state.index],
+                                      tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                        pipe_v.producer_acquire(kv_state)
+                        for i in cutlass.range_constexpr(npg):
+                            cute.copy(tma_atom_v, t_vg[None, h, lane_page_id(lane_pages, i)],
+                                      t_vs[None, i, 0, kv_state.index],
+                                      tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
                 kv_state.advance()
 
     @cute.jit

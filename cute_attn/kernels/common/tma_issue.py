@@ -1,0 +1,71 @@
+"""TMA page boxes issued by one lane, without the DSL's per-copy election (device helpers, sm_90a / sm_100a).
+
+``cute.copy`` with a TMA atom wraps every copy in its own ``elect.sync`` and branch: a stage of 256 one-row page
+boxes (decode, page 1) is then 256 warp-wide elect-and-reconverge sequences, ~30 cycles each in one warp, which
+is what page 1 costs on the H200 (docs/perf-notes.md, session 7). Here one elected lane issues all of a stage's
+boxes back to back as raw ``cp.async.bulk.tensor`` on the atom's own descriptor (``get_tma_desc_addr``).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass._mlir.dialects.cute as _cute_ir
+import cutlass._mlir.dialects.cute_nvgpu as _cute_nvgpu_ir
+import cutlass.cute as cute
+from cutlass import Int32, Int64
+from cutlass.cute.typing import AddressSpace, _to_mlir_address_space
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+#: small-page producers issue a stage's boxes from one elected lane; False keeps the DSL's per-box ``cute.copy``
+#: (the A/B the H200 run of this branch needs)
+ONE_ELECTION = True
+
+
+@dsl_user_op
+def tma_descriptor_address(atom: cute.CopyAtom, *, loc=None, ip=None) -> Int64:
+    """The generic address of ``atom``'s tensor map (a kernel parameter), for raw TMA issue."""
+    ptr_ty = _cute_ir.PtrType.get(T.i8(), _to_mlir_address_space(AddressSpace.generic), 64, None)
+    executable = _cute_nvgpu_ir.atom_make_exec_tma(atom._trait.value, loc=loc, ip=ip)
+    ptr = _cute_nvgpu_ir.get_tma_desc_addr(ptr_ty, executable, loc=loc, ip=ip)
+    return ptr.toint(loc=loc, ip=ip)  # the dialect hands back a cute Pointer (generic: 64-bit)
+
+
+def _tma_load_ptx(rank: int) -> str:
+    coords = ", ".join(f"{{$r{2 + d}}}" for d in range(rank))
+    return (f"cp.async.bulk.tensor.{rank}d.shared::cta.global.tile.mbarrier::complete_tx::bytes "
+            f"[{{$r0}}], [{{$r1}}, {{{coords}}}], [{{$r{2 + rank}}}];")
+
+
+def tma_load(dst_smem: Int32, descriptor: Int64, coords: list, mbar_smem: Int32):
+    """One tile box into shared memory at ``coords`` (innermost first, as many as the descriptor has dims),
+    completing ``mbar_smem``'s transaction bytes (one thread calls it; traced inline, the rank fixed by ``coords``)."""
+    cute.arch.inline_ptx(_tma_load_ptx(len(coords)), read_only_args=[dst_smem, descriptor, *coords, mbar_smem])
+
+
+def page_box_rank(page_rows: int, num_kv_heads: int) -> int:
+    """The dims of the DSL's tensor map for a page view: (column, row, head, page), less the static modes of
+    size 1 (the row at page 1, the head when there is one KV head), which the DSL leaves out of the map."""
+    return 2 + (page_rows > 1) + (num_kv_heads > 1)
+
+
+@cute.jit
+def issue_page_boxes(descriptor: Int64, stage_addr: Int32, pages: cute.Tensor, head: Int32, mbar: Int32,
+                     num_pages: cutlass.Constexpr[int], page_rows: cutlass.Constexpr[int],
+                     col_blocks: cutlass.Constexpr[int], block_bytes: cutlass.Constexpr[int],
+                     num_kv_heads: cutlass.Constexpr[int]):
+    """A stage's ``num_pages`` page boxes of ``page_rows`` rows (``col_blocks`` 64-column blocks each,
+    ``block_bytes`` apart; page ``i`` at row ``i * page_rows``, 128 bytes a row, where the 128B-swizzled layout
+    starts it) for KV head ``head``, page ``i`` from ``pages[i]`` (registers of every lane), issued back to back
+    by one elected lane. The coordinates follow the descriptor's dims (:func:`page_box_rank`)."""
+    with cute.arch.elect_one():
+        for i in cutlass.range_constexpr(num_pages):
+            for h in cutlass.range_constexpr(col_blocks):
+                dst = stage_addr + (h * block_bytes + i * page_rows * 128)
+                coords = [Int32(h * 64)]
+                if cutlass.const_expr(page_rows > 1):
+                    coords.append(Int32(0))
+                if cutlass.const_expr(num_kv_heads > 1):
+                    coords.append(head)
+                coords.append(pages[i])
+                tma_load(dst, descriptor, coords, mbar)
+
