@@ -466,9 +466,9 @@ class GqaDecodeSm90:
                 t1 = t + 1
                 rotate_lane_page_ids(kv_indices, lane_pages, next_pages, first_page + t1 * N, n_keys - t1 * N, lane)
                 pipe.producer_acquire(state)
-                gather_one_row_pages(k_rows, v_rows, sK_chunks[None, None, None, None, state.index],
-                                     sV_chunks[None, None, None, None, state.index], lane_pages, row[F.KV_HEAD], lane,
-                                     N, self.head_dim)
+                gather_one_row_pages(k_rows, sK_chunks[None, None, None, None, state.index], lane_pages,
+                                     row[F.KV_HEAD], lane, N, self.head_dim, v_rows,
+                                     sV_chunks[None, None, None, None, state.index])
                 pipe.producer_commit(state)
                 state.advance()
 
