@@ -124,7 +124,7 @@ def test_page_1_rows_are_gathered_by_cp_async_from_the_producer_warp():
     assert "ld.local" not in ptx and "st.local" not in ptx
 
 
-@pytest.mark.parametrize("kind, page_size, rank", [("gqa_paged_decode", 4, 3), ("gqa_paged_prefill", 1, 2)])
+@pytest.mark.parametrize("kind, page_size, rank", [("gqa_paged_decode", 4, 3), ("gqa_paged_prefill", 2, 3)])
 def test_raw_page_boxes_follow_the_descriptors_rank_with_one_kv_head(kind, page_size, rank):
     """One KV head: the DSL leaves the size-1 head mode (and the row mode at page 1) out of the tensor map, so the
     raw boxes must too. 4-D boxes on its 3-D map faulted the H200 at head_dim 256, h16/kv1, page 4."""
