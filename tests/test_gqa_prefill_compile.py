@@ -55,7 +55,7 @@ def test_compiles_with_wgmma_and_tma(index):
     assert "GqaPagedPrefillSm90" in ptx  # readable kernel symbol
     # one Q box (d / 64 swizzle-width copies) + one box per page per 64 columns for K and V; page 1: K/V rows by
     # cp.async instead (test_page_1_tiles_gather_rows_by_cp_async)
-    pages = 0 if config.page_size == 1 else config.kv_tile // config.page_size
+    pages = 0 if config.page_size in gqa_prefill.ROW_GATHER_PAGE_SIZES else config.kv_tile // config.page_size
     halves = config.head_dim_qk // 64
     assert ptx.count("cp.async.bulk.tensor") == halves + 2 * halves * pages
     assert gqa_prefill.smem_bytes(config) <= SMEM_LIMIT
@@ -198,11 +198,13 @@ def test_head_dim_256_ptx_uses_64_key_tiles():
     assert "65536" in ptx
 
 
-def test_page_1_tiles_gather_rows_by_cp_async():
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_page_1_tiles_gather_rows_by_cp_async(page_size):
     """Page 1: each 128-key K or V tile is 64 branch-free 16-byte cp.async per producer lane (128 one-row TMA boxes
     a tile held decode page 1 to 43% of page 64), swizzled, completing on the tile's mbarrier (one noinc arrive
     each), fenced by the consumers before every wgmma that reads them."""
-    config = next(c for c in gqa_prefill.configs("sm_90a") if c.page_size == 1 and c.head_dim_qk == 128)
+    config = dataclasses.replace(next(c for c in gqa_prefill.configs("sm_90a") if c.page_size == 1
+                                      and c.head_dim_qk == 128), page_size=page_size)
     ptx = compile_to_ptx(config)
     copies = re.findall(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[g\], 16, %r\d+;", ptx)
     assert len(copies) == 2 * config.kv_tile * (config.head_dim_qk // 8) // 32

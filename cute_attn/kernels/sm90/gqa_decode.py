@@ -29,11 +29,11 @@ Warp roles (288 threads)
     warp 8     producer: reads the item's page ids from ``kv_indices`` (from position KV_PAGE_START) 32 at a
                time (one per lane, then shuffled out), and for each KV tile (one page = ``kv_tile`` keys) issues two TMA loads (the page's K and V boxes for the item's KV head;
                the page id is the TMA coordinate) into the stage, completing on its full mbarrier.
-               Pages of 2, 4 or 8 keys (and 16 in 64-key stages; ``produce_pages``): a stage stays ``kv_tile``
+               Pages of 4 or 8 keys (and 16 in 64-key stages; ``produce_pages``): a stage stays ``kv_tile``
                keys, built from ``kv_tile / page_size`` page boxes of K and of V at row offsets ``i * page_size``;
                one coalesced id load (one per lane, ``common/page_ids.py``) covers 32 / pages-per-stage stages; a
                page past KV_END gets id -1 (zero-filled, its bytes counted), so the full mbarrier keeps one
-               expect-tx of the whole stage. Page 1 (``produce_rows``): 16-byte cp.async rows instead, below.
+               expect-tx of the whole stage. Pages 1, 2 (``produce_rows``): 16-byte cp.async rows, below.
 
 Small pages: a box of fewer rows than the 128B swizzle's 8-row atom (pages 2, 4) at a row offset inside a swizzled
 stage is legal: TMA swizzles by shared-memory address and the stage is 1024 B aligned. The atom is built for the
@@ -106,9 +106,9 @@ MAX_PAGES_PER_STAGE = 64  # page-1 decode with kv_tile 64: 64 page boxes (x D/64
 # Stages of several pages are also built for pages of 16+ keys when asked for (kv_tile 64 or 128 with page 16 or
 # 32: fewer, wider tiles, i.e. fewer wgmma pairs and softmaxes per key); the defaults keep one page per stage.
 MULTI_PAGE_TILES = (64, 128)
-# Pages of one key: 16-byte cp.async rows from the producer warp (produce_rows), not one-row TMA boxes (the TMA
-# unit's rate for 128-byte boxes held page 1 to 43% of page 64 even with one election per stage)
-ROW_GATHER_PAGE_SIZE = 1
+# Pages of one or two keys: 16-byte cp.async rows from the producer warp (produce_rows), not page boxes (the TMA
+# unit's rate for 128-byte boxes held page 1 to 43% of page 64 even with one election per stage; rows: 88%)
+ROW_GATHER_PAGE_SIZES = (1, 2)
 ITEM_FIELDS = tuple(F)  # an item's row in registers is indexed by ItemField (unused fields are dead loads)
 
 
@@ -207,7 +207,7 @@ class GqaDecodeSm90:
         self.tile_m = config.tile_q_rows
         self.tile_n = config.kv_tile
         self.pages_per_stage = config.kv_tile // config.page_size  # 1 for pages of 16..128 keys
-        self.row_gather = config.page_size == ROW_GATHER_PAGE_SIZE
+        self.row_gather = config.page_size in ROW_GATHER_PAGE_SIZES
         self.stages = num_stages(config)
         self.dtype = cutlass.BFloat16
         self.tile_bytes = self.tile_n * self.head_dim * 2
@@ -447,28 +447,31 @@ class GqaDecodeSm90:
 
     @cute.jit
     def produce_rows(self, k_rows, v_rows, sK, sV, kv_indices, items, item_begin, item_end, guess, row, pipe):
-        """Page 1: each stage's ``tile_n`` K and V rows as 16-byte ``cp.async`` copies by the 32 producer lanes
-        (``common/row_gather.gather_one_row_pages``), ids one per lane loaded a round ahead; the consumers fence
-        the rows into the async proxy before their wgmmas read them."""
-        N = self.tile_n
+        """Pages of 1 or 2 keys: each stage's ``tile_n`` K and V rows as 16-byte ``cp.async`` copies by the 32
+        producer lanes (``common/row_gather.gather_one_row_pages``), page ids one per lane loaded a round ahead;
+        the consumers fence the rows into the async proxy before their wgmmas read them."""
+        N, P = self.tile_n, self.page_size
+        npg = N // P
         sK_chunks = cute.flat_divide(sK, (1, ROW_CHUNK))  # (1, vec, row, chunk, stage)
         sV_chunks = cute.flat_divide(sV, (1, ROW_CHUNK))
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         lane = cute.arch.lane_idx()
-        lane_pages = cute.make_rmem_tensor((id_loads(N),), Int32)
-        next_pages = cute.make_rmem_tensor((id_loads(N),), Int32)
+        lane_pages = cute.make_rmem_tensor((id_loads(npg),), Int32)
+        next_pages = cute.make_rmem_tensor((id_loads(npg),), Int32)
         for it in cutlass.range(item_begin, item_end, unroll=1):
             load_item(items, it, item_begin, guess, ITEM_FIELDS, row)
-            n_keys = cutlass.max(row[F.KV_END] - row[F.KV_START], 0)  # = pages: one key a page
+            n_keys = cutlass.max(row[F.KV_END] - row[F.KV_START], 0)
+            n_pages = (n_keys + P - 1) // P
             first_page = row[F.KV_PAGE_START]
-            load_lane_page_ids(kv_indices, next_pages, first_page, n_keys, lane)
+            load_lane_page_ids(kv_indices, next_pages, first_page, n_pages, lane)
             for t in cutlass.range((n_keys + N - 1) // N, unroll=1):
                 t1 = t + 1
-                rotate_lane_page_ids(kv_indices, lane_pages, next_pages, first_page + t1 * N, n_keys - t1 * N, lane)
+                rotate_lane_page_ids(kv_indices, lane_pages, next_pages, first_page + t1 * npg, n_pages - t1 * npg,
+                                     lane)
                 pipe.producer_acquire(state)
                 gather_one_row_pages(k_rows, sK_chunks[None, None, None, None, state.index], lane_pages,
                                      row[F.KV_HEAD], lane, N, self.head_dim, v_rows,
-                                     sV_chunks[None, None, None, None, state.index])
+                                     sV_chunks[None, None, None, None, state.index], P)
                 pipe.producer_commit(state)
                 state.advance()
 

@@ -88,9 +88,9 @@ from .wgmma import wgmma_gemm
 KIND = "gqa_paged_prefill"
 ARCH = "sm_90a"
 NUM_STAGES = 2
-# Pages of one key: 16-byte cp.async rows from the producer warp, not 128 one-row TMA boxes per tile (decode's
-# measured gain at page 1: 172 -> 85 us, H200)
-ROW_GATHER_PAGE_SIZE = 1
+# Pages of one or two keys: 16-byte cp.async rows from the producer warp, not 128 / 64 page boxes per tile
+# (decode's measured gain at page 1: 172 -> 85 us, H200)
+ROW_GATHER_PAGE_SIZES = (1, 2)
 _SUPPORTED_HEAD_DIMS = (64, 128, 256)
 #: key tile per head_dim; at 256 a 64-key tile keeps the consumers in registers (O alone is 64 x 256 fp32 per
 #: warpgroup = 128 per thread) and one Q stage + 2 K/V stages in shared memory (64 + 128 KB)
@@ -156,7 +156,7 @@ class GqaPagedPrefillSm90:
         self.q_rows = config.packed_rows_per_tile  # whole tokens: (tile_m // group) * group rows are loaded
         self.tile_n = config.kv_tile
         self.pages_per_tile = self.tile_n // self.page_size
-        self.row_gather = self.page_size == ROW_GATHER_PAGE_SIZE
+        self.row_gather = self.page_size in ROW_GATHER_PAGE_SIZES
         self.num_stages = NUM_STAGES
         self.q_stages = q_stages(self.head_dim)
         self.num_mma_wg = self.tile_m // 64
@@ -340,14 +340,14 @@ class GqaPagedPrefillSm90:
                     load_lane_page_ids(kv_indices, lane_pages, page_base + kv_base // P,
                                        (kv_end - kv_base + P - 1) // P, lane)
                     if cutlass.const_expr(self.row_gather):
-                        # page 1: 16-byte cp.async rows (common/row_gather.py), not 128 one-row boxes per tile
+                        # pages 1, 2: 16-byte cp.async rows (common/row_gather.py), not 128 / 64 page boxes per tile
                         pipe_k.producer_acquire(kv_state)
                         gather_one_row_pages(k_rows, s_k_chunks[None, None, None, None, kv_state.index], lane_pages,
-                                             h, lane, self.tile_n, self.head_dim)
+                                             h, lane, self.tile_n, self.head_dim, page_rows=P)
                         pipe_k.producer_commit(kv_state)
                         pipe_v.producer_acquire(kv_state)
                         gather_one_row_pages(v_rows, s_v_chunks[None, None, None, None, kv_state.index], lane_pages,
-                                             h, lane, self.tile_n, self.head_dim)
+                                             h, lane, self.tile_n, self.head_dim, page_rows=P)
                         pipe_v.producer_commit(kv_state)
                     elif cutlass.const_expr(ONE_ELECTION):
                         # one elected lane per tile, not per box (common/tma_issue.py); boxes where the partition
