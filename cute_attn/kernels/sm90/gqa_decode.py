@@ -102,7 +102,6 @@ BOTH_BARRIER_ID = WG_BARRIER_ID + NUM_CONSUMER_WG  # both consumer warpgroups
 Q_VEC = 8  # bf16 per 16-byte Q load
 PAGE_IDS_PER_LOAD = 32  # producer: one page id per lane of the producer warp
 MULTI_PAGE_BELOW = 16  # pages of fewer keys: a stage of kv_tile keys is kv_tile / page_size page boxes
-MAX_PAGES_PER_STAGE = 64  # page-1 decode with kv_tile 64: 64 page boxes (x D/64 columns x K, V) per stage
 # Stages of several pages are also built for pages of 16+ keys when asked for (kv_tile 64 or 128 with page 16 or
 # 32: fewer, wider tiles, i.e. fewer wgmma pairs and softmaxes per key); the defaults keep one page per stage.
 MULTI_PAGE_TILES = (64, 128)
@@ -176,9 +175,9 @@ def check_config(config: PagedAttentionConfig) -> str | None:
     if config.page_size >= MULTI_PAGE_BELOW and config.kv_tile not in (config.page_size, *MULTI_PAGE_TILES):
         return (f"kv_tile={config.kv_tile} must equal page_size={config.page_size} (one page is one TMA box per "
                 f"stage) or be one of {MULTI_PAGE_TILES} (a stage of several page boxes)")
-    if config.kv_tile % config.page_size or config.kv_tile // config.page_size > MAX_PAGES_PER_STAGE:
-        return (f"page_size={config.page_size}: a stage of kv_tile={config.kv_tile} keys is built from "
-                f"kv_tile / page_size TMA boxes, which must be whole and at most {MAX_PAGES_PER_STAGE}")
+    if config.kv_tile % config.page_size:
+        return (f"page_size={config.page_size}: a stage of kv_tile={config.kv_tile} keys must hold whole pages "
+                "(kv_tile / page_size page boxes, or rows at pages 1 and 2)")
     if config.kv_tile < 16 or config.kv_tile > 256:
         return f"kv_tile={config.kv_tile} must be in 16..256 (wgmma N and TMA box limits)"
     if config.head_dim_qk != config.head_dim_v:
