@@ -92,40 +92,60 @@ def cp_async_chunk(dst_smem: Int32, src_global: Int64, src_bytes: Int32):
 
 
 @cute.jit
-def gather_one_row_pages(k_rows: cute.Tensor, v_rows: cute.Tensor, s_k_chunks: cute.Tensor, s_v_chunks: cute.Tensor,
-                         lane_pages: cute.Tensor, head: Int32, lane: Int32, num_rows: cutlass.Constexpr[int],
-                         head_dim: cutlass.Constexpr[int]):
-    """One ring stage of a page-1 pool: ``num_rows`` K and V rows of KV head ``head`` by the 32 lanes of one warp,
-    fully unrolled (the one-warp loop with a shared id table and a branch per row was latency-bound: 266 µs).
+def gather_one_row_pages(rows: cute.Tensor, s_chunks: cute.Tensor, lane_pages: cute.Tensor, head: Int32, lane: Int32,
+                         num_rows: cutlass.Constexpr[int], head_dim: cutlass.Constexpr[int],
+                         rows_b: cute.Tensor | None = None, s_chunks_b: cute.Tensor | None = None,
+                         page_rows: cutlass.Constexpr[int] = 1):
+    """One tile of a small-page pool: ``num_rows`` rows of KV head ``head`` by the 32 lanes of one warp, fully
+    unrolled (the one-warp loop with a shared id table and a branch per row was latency-bound: 266 µs at decode
+    page 1).
 
-    ``k_rows`` / ``v_rows``: the caches, ``[pages, 1, Hkv, D]``; ``s_*_chunks``: the stage as ``(1, vec, row,
-    chunk)`` of a 128B-swizzled tile (:func:`swizzle_128b` places every chunk); ``lane_pages[c]``: the id of stage row ``32 c +
-    lane`` (``common/page_ids.py``), shuffled to the lanes copying that row. Each lane copies one 16-byte chunk
-    column of ``32 / chunks`` rows per pass; an id outside ``[0, pages)`` (past the item's keys, or hostile) zero-fills
-    its row. The copies complete on the stage's full mbarrier (``cp.async.mbarrier.arrive.noinc``, the pipeline's
-    producer commit), so the lane never waits for them.
+    ``rows``: a cache, ``[pages, page_rows, Hkv, D]``; ``s_chunks``: the tile as ``(1, vec, row, chunk)`` of a
+    128B-swizzled stage (:func:`swizzle_128b` places every chunk); ``rows_b`` / ``s_chunks_b``: a second cache
+    and tile with the same ids (decode: V beside K), copied in the same pass. ``lane_pages[c]``: the id of the
+    tile's page ``32 c + lane`` (``common/page_ids.py``; tile row ``r`` is slot ``r % page_rows`` of page
+    ``r // page_rows``), shuffled to the lanes copying that row. Each lane copies one 16-byte chunk column of
+    ``32 / chunks`` rows per pass; an id outside ``[0, pages)`` (past the item's keys, or hostile) zero-fills its
+    row. The copies complete on the stage's full mbarrier (``cp.async.mbarrier.arrive.noinc``,
+    ``PipelineCpAsync``'s producer commit), so the lane never waits for them.
     """
     chunks = head_dim // ROW_CHUNK
     rows_per_pass = 32 // chunks
     chunk = lane % chunks
     sub = lane // chunks
-    num_pages = k_rows.shape[0]
-    elem = k_rows.element_type.width // 8
-    k_base = k_rows.iterator.toint() + Int64(head * k_rows.stride[2] + chunk * ROW_CHUNK) * elem
-    v_base = v_rows.iterator.toint() + Int64(head * v_rows.stride[2] + chunk * ROW_CHUNK) * elem
-    k_page = Int64(k_rows.stride[0]) * elem
-    v_page = Int64(v_rows.stride[0]) * elem
+    num_pages = rows.shape[0]
+    elem = rows.element_type.width // 8
+    base = rows.iterator.toint() + Int64(head * rows.stride[2] + chunk * ROW_CHUNK) * elem
+    page_bytes = Int64(rows.stride[0]) * elem
+    slot_bytes = Int64(rows.stride[1]) * elem
+    base_b = base
+    page_bytes_b = page_bytes
+    slot_bytes_b = slot_bytes
+    if cutlass.const_expr(rows_b is not None):
+        base_b = rows_b.iterator.toint() + Int64(head * rows_b.stride[2] + chunk * ROW_CHUNK) * elem
+        page_bytes_b = Int64(rows_b.stride[0]) * elem
+        slot_bytes_b = Int64(rows_b.stride[1]) * elem
+    page_shift = page_rows.bit_length() - 1
     for p in cutlass.range_constexpr(num_rows // rows_per_pass):
         r0 = p * rows_per_pass
-        pid = cute.arch.shuffle_sync(lane_pages[r0 // 32], r0 % 32 + sub)
+        r = r0 + sub
+        if cutlass.const_expr(page_rows == 1):
+            pid = cute.arch.shuffle_sync(lane_pages[r0 // 32], r0 % 32 + sub)
+        else:
+            # a register holds 32 pages = 32 * page_rows rows, a multiple of rows_per_pass: constant per pass
+            pid = cute.arch.shuffle_sync(lane_pages[r0 // (32 * page_rows)], (r >> page_shift) & 31)
         nbytes = Int32(0)
         src_page = Int64(0)
         if pid >= 0:
             if pid < num_pages:
                 nbytes = Int32(16)
                 src_page = Int64(pid)
-        r = r0 + sub
-        cp_async_chunk(swizzle_128b(s_k_chunks[0, None, r, chunk].iterator.toint()), k_base + src_page * k_page,
-                       nbytes)
-        cp_async_chunk(swizzle_128b(s_v_chunks[0, None, r, chunk].iterator.toint()), v_base + src_page * v_page,
-                       nbytes)
+        src = base + src_page * page_bytes
+        src_b = base_b + src_page * page_bytes_b
+        if cutlass.const_expr(page_rows > 1):
+            slot = Int64(r & (page_rows - 1))
+            src = src + slot * slot_bytes
+            src_b = src_b + slot * slot_bytes_b
+        cp_async_chunk(swizzle_128b(s_chunks[0, None, r, chunk].iterator.toint()), src, nbytes)
+        if cutlass.const_expr(rows_b is not None):
+            cp_async_chunk(swizzle_128b(s_chunks_b[0, None, r, chunk].iterator.toint()), src_b, nbytes)
