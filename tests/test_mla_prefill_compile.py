@@ -24,6 +24,8 @@ pytestmark = pytest.mark.usefixtures("isolated_compile_cache")
 BOUNDS_CHECK = re.compile(r"ld\.global\.b32\s+(%r\d+), \[%rd\d+\];\s*setp\.gt\.s32\s+(%p\d+), \1, -1;\s*"
                           r"setp\.gt\.s32\s+(%p\d+), %r\d+, \1;(?:\s*(?:shl|and|or)\.b32[^;]*;)*\s*"
                           r"selp\.b32\s+(%r\d+), %r\d+, -1, \3;\s*selp\.b32\s+%r\d+, \4, -1, \2;")
+# a K-stage row copy (common/row_gather.cp_async_chunk): its src-size is a register (16, or 0 to zero-fill)
+K_ROW_COPY = re.compile(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[g\], 16, %r\d+;")
 
 
 def _definition(**overrides):
@@ -64,6 +66,9 @@ def test_compiles_with_wgmma_and_cp_async_gather(kv_tile):
     assert "fence.proxy.async.shared::cta" in ptx  # gathered rows made visible to wgmma
     assert "st.shared.v4.b32" in ptx  # zero-fill of rows past KV_END / Q_ROW_COUNT
     assert "mbarrier.try_wait.parity" in ptx
+    # K stages: every row one unrolled cp.async (zero-fill by src-size), completing on the full barrier by itself
+    assert len(K_ROW_COPY.findall(ptx)) == kv_tile * (512 + 64) // 8 // 128
+    assert ptx.count("cp.async.mbarrier.arrive.noinc.shared") == 1
     assert "setmaxnreg.dec.sync.aligned.u32 \t40" in ptx and "setmaxnreg.inc.sync.aligned.u32 \t232" in ptx
     assert mla_prefill.smem_bytes(config) <= SMEM_LIMIT
     assert mla_prefill.num_stages(config) == {64: 2, 32: 4}[kv_tile]
@@ -76,7 +81,9 @@ def test_paged_latent_rows_compile_with_bounds_checked_ids(page_size):
     config = _definition(page_size=page_size)
     assert mla_prefill.check_config(config) is None
     ptx = compile_to_ptx(config)
-    assert ptx.count("cp.async.cg.shared.global") == 8  # the same gathers as at page size 1
+    # the same gathers as at page size 1: Q's (two passes unrolled, nope and pe) and the K stage's 36 row copies
+    assert ptx.count("cp.async.cg.shared.global") - len(K_ROW_COPY.findall(ptx)) == 4
+    assert len(K_ROW_COPY.findall(ptx)) == 36
     assert len(BOUNDS_CHECK.findall(ptx)) == 1
     if page_size > 1:
         shift = page_size.bit_length() - 1

@@ -149,3 +149,31 @@ def gather_one_row_pages(rows: cute.Tensor, s_chunks: cute.Tensor, lane_pages: c
         cp_async_chunk(swizzle_128b(s_chunks[0, None, r, chunk].iterator.toint()), src, nbytes)
         if cutlass.const_expr(rows_b is not None):
             cp_async_chunk(swizzle_128b(s_chunks_b[0, None, r, chunk].iterator.toint()), src_b, nbytes)
+
+
+@cute.jit
+def gather_rows_zero_fill(src: cute.Tensor, row_stride: Int64, s_chunks: cute.Tensor, chunk0: cutlass.Constexpr[int],
+                          width: cutlass.Constexpr[int], tid: Int32, num_threads: cutlass.Constexpr[int],
+                          ids: cute.Tensor):
+    """:func:`gather_rows` by ids, every row a ``cp.async`` (an id of -1 zero-fills its row by ``src-size`` 0, not
+    by a shared store) and every pass unrolled: all of the tile's writes are then cp.async, so the pipeline's
+    producer commit can be ``cp.async.mbarrier.arrive.noinc`` (``PipelineCpAsync``) and the thread goes on to the
+    next tile while this one is in flight. The consumers fence the rows into the async proxy after their wait."""
+    chunks = width // ROW_CHUNK
+    rows_per_pass = num_threads // chunks
+    num_rows = cute.size(s_chunks, mode=[2])
+    chunk = tid % chunks
+    sub = tid // chunks
+    elem = src.element_type.width // 8
+    base = src.iterator.toint() + Int64(chunk * ROW_CHUNK * elem)
+    row_bytes = row_stride * elem
+    for p in cutlass.range_constexpr(num_rows // rows_per_pass):
+        r = p * rows_per_pass + sub
+        rid = ids[r]
+        nbytes = Int32(0)
+        src_row = Int64(0)
+        if rid >= 0:
+            nbytes = Int32(16)
+            src_row = Int64(rid)
+        cp_async_chunk(swizzle_128b(s_chunks[0, None, r, chunk0 + chunk].iterator.toint()), base + src_row * row_bytes,
+                       nbytes)

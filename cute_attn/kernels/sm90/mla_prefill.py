@@ -16,11 +16,14 @@ Warp roles (384 threads = 3 warpgroups):
   ``kv_tile`` keys one smem stage holding the keys' ckv and kpe rows side by side (a ``kv_tile x 576``
   K tile). Row ids: the first ``kv_tile`` producer threads turn each key into a latent row
   (``page * page_size + key % page_size``, page ``kv_indices[kv_indptr[b] + key // page_size]``, an id
-  outside ``[0, num_pages)`` becoming -1: never read) in a small double-buffered smem table, then a producer named barrier; keys >= KV_END are not loaded and
-  their rows are zero-filled with plain 16-byte shared stores (the pool holds NaN in rows no request
-  owns, and V = ckv feeds the P V MMA). Each producer thread then ``cp.async.wait_group 0`` +
-  ``fence.proxy.async.shared::cta`` (its generic-proxy writes become visible to wgmma's async proxy) +
-  ``mbarrier.arrive`` on the stage's full barrier (arrival count 128).
+  outside ``[0, num_pages)`` becoming -1: never read) in a small double-buffered smem table, then a producer
+  named barrier; keys >= KV_END are not loaded: their rows are zero-filled by ``cp.async`` with ``src-size`` 0
+  (the pool holds NaN in rows no request owns, and V = ckv feeds the P V MMA). Every row is one unrolled,
+  branch-free ``cp.async`` (``gather_rows_zero_fill``), and each producer thread's copies complete on the stage's
+  full barrier by themselves (``cp.async.mbarrier.arrive.noinc``, ``PipelineCpAsync``, 128 arrivals): the thread
+  goes on to the next tile at once, so both stages load at the same time (a thread waiting for its copies before
+  arriving kept one tile in flight). The consumers ``fence.proxy.async.shared::cta`` after each K wait (the rows are
+  generic-proxy writes, read by wgmma's async proxy). Q keeps the wait + fence + arrive (once per item).
 * WG1, WG2 -- consumers (``setmaxnreg`` 232). O ``[64 x 512]`` fp32 is split by V columns: WG ``w`` owns
   columns ``256 w .. 256 w + 255`` (128 fp32 registers per thread). Both warpgroups compute the same
   ``S = Q K^T`` (wgmma SS over K = 576, 36 k-steps of 16) for the whole 64 x kv_tile tile, so the softmax
@@ -210,8 +213,9 @@ class MlaPagedPrefillSm90:
         consumers = cpipe.CooperativeGroup(cpipe.Agent.Thread, MMA_THREADS)
         pipe_q = cpipe.PipelineAsync.create(barrier_storage=mbar_q, num_stages=1, producer_group=producers,
                                             consumer_group=consumers, defer_sync=True)
-        pipe_k = cpipe.PipelineAsync.create(barrier_storage=mbar_k, num_stages=self.num_stages,
-                                            producer_group=producers, consumer_group=consumers, defer_sync=True)
+        # K stages complete by themselves (cp.async.mbarrier.arrive.noinc per producer thread): two in flight
+        pipe_k = cpipe.PipelineCpAsync.create(barrier_storage=mbar_k, num_stages=self.num_stages,
+                                              producer_group=producers, consumer_group=consumers, defer_sync=True)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -227,7 +231,7 @@ class MlaPagedPrefillSm90:
                                 cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, 1),
                                 cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages),
                                 group=self.group, num_threads=PRODUCER_THREADS, ids_barrier=_IDS_BARRIER,
-                                q_for_keyless_items=True)
+                                q_for_keyless_items=True, async_kv=True)
         else:
             cute.arch.setmaxregister_increase(MMA_REGS)
             self.consume_items(tidx - PRODUCER_THREADS, s_q, s_k, s_red, qo_indptr, items, item_begin, item_end,
@@ -286,6 +290,7 @@ class MlaPagedPrefillSm90:
                 kv_base = kv_start + t * self.tile_n
                 stage = k_state.index
                 pipe_k.consumer_wait(k_state)
+                cute.arch.fence_view_async_shared()  # the producers' cp.async rows, seen by this warp's wgmmas
                 wgmma_gemm(tiled_mma_qk, acc_s, t_sq, t_sk[None, None, None, stage], True)
                 if t == num_tiles - 1:  # the item's last read of Q: the next item's Q may load now
                     pipe_q.consumer_release(q_state)
