@@ -9,6 +9,7 @@ import torch
 from cute_attn import api, reference, testing
 from cute_attn.compile import compile_kernel_with_info, compile_to_ptx
 from cute_attn.config import default_paged_config
+from cute_attn.kernels.common import combine
 from cute_attn.kernels.common.combine import CombineConfig, default_configs, launch_combine
 from cute_attn.plan import plan_work
 
@@ -30,7 +31,7 @@ def test_combine_loads_each_slot_row_chunk_in_one_vector_per_lane(head_dim_v, ve
     group of slots is loaded before any is accumulated (no branch between a slot's weight and its load)."""
     config = CombineConfig(arch="sm_90a", tile_q_rows=64, head_dim_v=head_dim_v, num_qo_heads=16, group_size=16)
     ptx = compile_to_ptx(config)
-    assert ptx.count(f"ld.global.{vector}.b32") == 4  # SLOTS_IN_FLIGHT slot rows per pass
+    assert ptx.count(f"ld.global.{vector}.b32") == combine.SLOTS_IN_FLIGHT  # slot rows per pass
     assert "ld.local" not in ptx
 
 

@@ -34,7 +34,7 @@ from ...plan import MergeField
 WARP = 32
 WARPS_PER_CTA = 4  # one (packed row, column chunk) per warp at a time
 LANE_COLUMNS = 4  # consecutive fp32 columns per lane: one 16-byte load per slot
-SLOTS_IN_FLIGHT = 4  # slot rows a warp loads before it accumulates any
+SLOTS_IN_FLIGHT = 8  # slot rows a warp loads before it accumulates any (8 x 512 B in flight per warp)
 ROWS_PER_MERGE_PASS = 16  # rows of one merge handled concurrently (CTAs per merge x warps)
 
 
