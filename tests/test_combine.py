@@ -23,6 +23,7 @@ def test_combine_compiles_for_both_arches(arch):
         assert compile_kernel_with_info(config).fn is not None
         ptx = compile_to_ptx(config)
         assert f".target {arch}" in ptx and "ex2.approx" in ptx and "lg2.approx" in ptx
+        assert "griddepcontrol.wait" in ptx  # launched with PDL behind the attention kernel
 
 
 @pytest.mark.parametrize("head_dim_v, vector", [(512, "v4"), (128, "v4"), (64, "v2")])

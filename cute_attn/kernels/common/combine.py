@@ -10,7 +10,9 @@ spreads the row's partial LSEs over its lanes and reduces them with shuffles to 
 its row, so the rows' loads overlap), each lane accumulating 4 consecutive columns of the chunk with one 16-byte
 load per slot (``o = sum_i w_i * partial_out[slot_i, row, :]``; a slot whose LSE is ``-inf`` saw no key and adds
 nothing, whatever its row holds). The chunk is stored as bf16, and lane 0 of chunk 0 writes ``lse = L *
-lse_out_scale``. A row whose partials are all ``-inf`` (it saw no key) gets 0 and ``-inf``.
+lse_out_scale``. A row whose partials are all ``-inf`` (it saw no key) gets 0 and ``-inf``. Launched with
+programmatic dependent launch: its launch overlaps the attention kernel's tail, and it waits for that grid
+(``griddepcontrol.wait``) before its first global read.
 
 Packed row ``r`` of (request ``b``, KV head ``h``) is token ``TOKEN_START + r // group`` and query head
 ``h * group + r % group`` (``docs/kernel-contract.md``).
@@ -94,13 +96,16 @@ class LseCombine:
     ):
         self.kernel(partial_out, partial_lse, merge_indptr, merges, output, lse, lse_out_scale).launch(
             grid=(merges.shape[0], self.row_blocks, self.dim_blocks), block=(WARPS_PER_CTA * WARP, 1, 1),
-            stream=stream
+            stream=stream, use_pdl=True
         )
 
     @cute.kernel
     def kernel(self, partial_out, partial_lse, merge_indptr, merges, output, lse, lse_out_scale: cutlass.Float32):
         tidx, _, _ = cute.arch.thread_idx()
         m, row_block, dim_block = cute.arch.block_idx()
+        # launched with programmatic dependent launch behind the attention kernel (its launch overlaps that
+        # kernel's tail): nothing global is read before this wait, which returns once that grid has finished
+        cute.arch.griddepcontrol_wait()
         lane = tidx % WARP
         warp = tidx // WARP
         slot_begin = merge_indptr[m]
