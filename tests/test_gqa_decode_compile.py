@@ -59,7 +59,7 @@ def test_public_api_finds_the_launcher():
     [
         (dict(kv_tile=32), "kv_tile"),  # half a page per tile
         (dict(page_size=16, kv_tile=32), "kv_tile"),  # several pages per stage: 64- or 128-key stages only
-        (dict(page_size=4, kv_tile=18), "whole pages"),  # a stage of 4.5 pages
+        (dict(page_size=128, kv_tile=64), "whole pages"),  # half a page per stage
         (dict(num_qo_heads=128, num_kv_heads=1), "group"),  # 128 heads do not fit one 64-row tile
         (dict(kind="gqa_paged_prefill"), "gqa_paged_decode"),
     ],
