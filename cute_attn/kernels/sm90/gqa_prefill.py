@@ -272,7 +272,8 @@ class GqaPagedPrefillSm90:
         item_begin = work_indptr[cta]
         item_end = work_indptr[cta + 1]
         if warp_idx < 4:
-            cute.arch.setmaxregister_decrease(24)
+            # the row gather's unrolled copies get 32 (2 x 128 x 240 + 128 x 32 = the 64 K register file)
+            cute.arch.setmaxregister_decrease(32 if cutlass.const_expr(self.row_gather) else 24)
             if warp_idx == 0:
                 self.produce(tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v, k_rows, v_rows, s_q, s_k, s_v,
                              qo_indptr, kv_indptr, kv_indices, items, item_begin, item_end, pipe_q, pipe_k, pipe_v)
