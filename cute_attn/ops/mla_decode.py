@@ -34,11 +34,11 @@ MAX_QUERIES_PER_REQUEST = 4  # MTP / speculative decoding: one 64-row tile of 16
 #: sm_90a, one query token per request: the swapped-product kernel (``kernels/sm90/mla_decode.py``: heads as the
 #: wgmma N, no padding rows) instead of the 64-row prefill tile; flipping this line flips the entry and its plan_*
 SM90_SWAPPED = True
-_SWAPPED_HEADS = (16,)  # kernels/sm90/mla_decode.HEAD_COUNTS
+_SWAPPED_HEADS = (8, 16)  # kernels/sm90/mla_decode.HEAD_COUNTS
 
 
 def one_token_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size) -> dict:
-    """The MLA prefill kind's tiles, or (sm_90a, ``SM90_SWAPPED``, 16 heads) one token a tile."""
+    """The MLA prefill kind's tiles, or (sm_90a, ``SM90_SWAPPED``, 8 or 16 heads) one token a tile."""
     if arch == "sm_90a" and SM90_SWAPPED and num_qo_heads in _SWAPPED_HEADS:
         return dict(tile_q_rows=num_qo_heads, kv_tile=64, share_scores=False)
     return mla_prefill.default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size)

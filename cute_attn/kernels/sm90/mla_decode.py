@@ -1,7 +1,7 @@
 """sm_90a absorbed-MLA decode, the swapped product: one query token per tile, keys as the wgmma M dimension.
 
 The MLA prefill kernel (``mla_prefill.py``: read its docstring first; same load role, plan contract, pipelines and
-registration) with ``tile_q_rows`` = the head count (16): a tile is ONE query token's heads. There, the 64-row
+registration) with ``tile_q_rows`` = the head count (16 or 8): a tile is ONE query token's heads. There, the 64-row
 M tile of a decode holds 16 live rows and 48 of padding: 3/4 of every MMA is waste. Here the products are
 transposed so that the 16 (8) heads are the wgmma N dimension:
 
@@ -44,7 +44,7 @@ from .mla_prefill import MMA_THREADS, NUM_THREADS, MlaPagedPrefillSm90
 from .wgmma import wgmma_gemm
 
 #: the head counts this kernel builds (wgmma N: a multiple of 8)
-HEAD_COUNTS = (16,)  # h8 (N = 8): acc_mn_view needs the 8-column accumulator without its column-group mode
+HEAD_COUNTS = (8, 16)
 KV_TILE = 64  # wgmma M: one K stage of 64 keys is one M tile of S^T
 WG_COLUMNS = CKV_DIM // (MMA_THREADS // 128)  # V columns per consumer warpgroup
 RED_BARRIER = 2  # + warpgroup: the named barrier of one consumer warpgroup (1 is the producers')
