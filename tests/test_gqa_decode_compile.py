@@ -11,6 +11,7 @@ from cute_attn.compile import compile_kernel, compile_to_ptx
 from cute_attn.config import default_paged_config
 from cute_attn.kernels import find_launcher
 from cute_attn.kernels.sm90 import gqa_decode
+from ptx_boxes import raw_box_offsets
 
 SMEM_LIMIT = 227 * 1024
 
@@ -147,11 +148,7 @@ def test_small_page_ptx_issues_one_box_per_page(page_size):
     # K and V, one TMA per page per 64-column half of the 128B swizzle (Q is loaded with vector loads)
     assert ptx.count("cp.async.bulk.tensor") == 2 * pages * config.head_dim_qk // 64
     # one elected lane issues them (common/tma_issue.py): addresses are the first box's stage base plus offsets
-    first_box = re.search(r"cp\.async\.bulk\.tensor\.\dd\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes\s+"
-                          r"\[(%r\d+)\]", ptx).group(1)
-    base = re.search(rf"add\.s32\s+{first_box}, (%r\d+), (\d+);", ptx)
-    base_reg, first = (base.group(1), int(base.group(2))) if base else (first_box, 0)
-    offsets = sorted({int(m) - first for m in re.findall(rf"add\.s32\s+%r\d+, {base_reg}, (\d+);", ptx)})
+    offsets = sorted(set(raw_box_offsets(ptx)))
     assert min(o for o in offsets if o > 0) == 128 * page_size  # page i at row i * page_size
     assert ptx.count("elect.sync") < 8  # one election per stage, not per box
     assert "shfl.sync.idx.b32" in ptx  # ids one per lane, shuffled to the issuing lane

@@ -14,6 +14,7 @@ from cute_attn.compile import compile_kernel, compile_kernel_with_info, compile_
 from cute_attn.config import default_paged_config
 from cute_attn.kernels import find_launcher
 from cute_attn.kernels.sm100 import gqa_decode
+from ptx_boxes import raw_box_offsets
 
 ARCH = "sm_100a"
 CONFIGS = gqa_decode.configs(ARCH)
@@ -159,11 +160,7 @@ def test_page_one_boxes_are_one_row_apart():
     config = next(c for c in CONFIGS if c.page_size == 1)
     ptx = compile_to_ptx(config)
     # one elected lane issues the stage's boxes (common/tma_issue.py): addresses are the first box's plus offsets
-    first_box = re.search(r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes\s+"
-                          r"\[(%r\d+)\]", ptx).group(1)
-    base = re.search(rf"add\.s32\s+{first_box}, (%r\d+), (\d+);", ptx)  # the stage base plus a constant, or none
-    base_reg, first = (base.group(1), int(base.group(2))) if base else (first_box, 0)
-    offsets = sorted(int(m) - first for m in re.findall(rf"add\.s32\s+%r\d+, {base_reg}, (\d+);", ptx))
+    offsets = raw_box_offsets(ptx, rank="3")
     assert [o for o in offsets if 0 < o < 8192][:2] == [128, 256]  # page i at row i: 128 bytes
     assert ptx.count("elect.sync") < 100  # not one election per box (256+ per stage)
     assert "shfl.sync.idx.b32" in ptx  # ids one per lane, shuffled to the issuing lane

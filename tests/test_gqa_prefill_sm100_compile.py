@@ -17,6 +17,7 @@ from cute_attn.compile import compile_kernel, compile_to_ptx
 from cute_attn.config import default_paged_config
 from cute_attn.kernels import find_launcher
 from cute_attn.kernels.sm100 import gqa_prefill
+from ptx_boxes import raw_box_offsets
 
 SMEM_LIMIT = 227 * 1024
 TMEM_LIMIT = 512
@@ -140,11 +141,7 @@ def test_small_pages_are_accepted(page_size):
 def test_page_one_boxes_are_one_row_apart_and_take_lane_ids():
     ptx = compile_to_ptx(_config(page_size=1))
     # one elected lane issues the stage's boxes (common/tma_issue.py): addresses are the first box's plus offsets
-    first_box = re.search(r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes\s+"
-                          r"\[(%r\d+)\]", ptx).group(1)
-    base = re.search(rf"add\.s32\s+{first_box}, (%r\d+), (\d+);", ptx)  # the stage base plus a constant, or none
-    base_reg, first = (base.group(1), int(base.group(2))) if base else (first_box, 0)
-    offsets = sorted(int(m) - first for m in re.findall(rf"add\.s32\s+%r\d+, {base_reg}, (\d+);", ptx))
+    offsets = raw_box_offsets(ptx, rank="3")
     assert [o for o in offsets if 0 < o < 8192][:2] == [128, 256]  # page i at row i: 128 bytes
     assert ptx.count("elect.sync") < 100  # not one election per box (256+ per stage)
     assert "shfl.sync.idx.b32" in ptx  # ids loaded one per lane, shuffled to the issuing lane

@@ -42,12 +42,6 @@ def tma_load(dst_smem: Int32, descriptor: Int64, coords: list, mbar_smem: Int32)
     cute.arch.inline_ptx(_tma_load_ptx(len(coords)), read_only_args=[dst_smem, descriptor, *coords, mbar_smem])
 
 
-def page_box_rank(page_rows: int, num_kv_heads: int) -> int:
-    """The dims of the DSL's tensor map for a page view: (column, row, head, page), less the static modes of
-    size 1 (the row at page 1, the head when there is one KV head), which the DSL leaves out of the map."""
-    return 2 + (page_rows > 1) + (num_kv_heads > 1)
-
-
 @cute.jit
 def issue_page_boxes(descriptor: Int64, stage_addr: Int32, pages: cute.Tensor, head: Int32, mbar: Int32,
                      num_pages: cutlass.Constexpr[int], page_rows: cutlass.Constexpr[int],
@@ -56,7 +50,9 @@ def issue_page_boxes(descriptor: Int64, stage_addr: Int32, pages: cute.Tensor, h
     """A stage's ``num_pages`` page boxes of ``page_rows`` rows (``col_blocks`` 64-column blocks each,
     ``block_bytes`` apart; page ``i`` at row ``i * page_rows``, 128 bytes a row, where the 128B-swizzled layout
     starts it) for KV head ``head``, page ``i`` from ``pages[i]`` (registers of every lane), issued back to back
-    by one elected lane. The coordinates follow the descriptor's dims (:func:`page_box_rank`)."""
+    by one elected lane. The coordinates follow the dims of the DSL's tensor map for the page view: (column, row,
+    head, page), less the static modes of size 1 (the row at page 1, the head with one KV head), which the DSL
+    leaves out of the map."""
     with cute.arch.elect_one():
         for i in cutlass.range_constexpr(num_pages):
             for h in cutlass.range_constexpr(col_blocks):
