@@ -209,8 +209,9 @@ def test_share_scores_refused_off_its_kernel():
 def test_conftest_fixture_flips_the_public_config(mla_share_scores):
     """The GPU tier's ``mla_share_scores`` fixture makes every public MLA entry build the variant under test."""
     from cute_attn import api
+    from cute_attn.ops import get_spec
 
-    config = api._config_for("mla_paged_prefill", 16, 1, 576, 512, 1, "sm_90a", True)
+    config = api._config_for(get_spec("mla_paged_prefill"), 16, 1, 576, 512, 1, "sm_90a")
     assert config.share_scores is mla_share_scores
     assert mla_prefill.check_config(config) is None
 
@@ -229,3 +230,35 @@ def test_ab_tool_knows_the_variants_and_workloads():
     for overrides in tool.VARIANTS.values():
         assert mla_prefill.check_config(dataclasses.replace(_definition(), **overrides)) is None
     assert {v["share_scores"] for v in tool.VARIANTS.values()} == {False, True}
+
+
+@pytest.mark.parametrize("heads, page_size", [(16, 1), (16, 64), (8, 1)])
+def test_one_token_decode_builds_the_swapped_product(heads, page_size):
+    """MLA decode with one query per request: S^T = K Q^T with the heads as wgmma N (36 m64n<heads>k16 over the
+    576 dims), O^T = V^T P^T (V^T MN-major from the stage: 4 M-tiles x 4 k-steps per warpgroup), no padding rows."""
+    from cute_attn.ops import mla_decode
+
+    config = dataclasses.replace(_definition(page_size=page_size), num_qo_heads=heads, tile_q_rows=heads,
+                                 share_scores=False)
+    assert mla_decode.one_token_tiles("sm_90a", heads, 1, 576, 512, page_size) == dict(
+        tile_q_rows=heads, kv_tile=64, share_scores=False)
+    assert mla_prefill.check_config(config) is None and config.can_implement() is None
+    ptx = compile_to_ptx(config)
+    assert "MlaPagedDecodeSwappedSm90" in ptx
+    mmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{heads}k16\.f32\.bf16\.bf16 [^;]*p, 1,  1, ([01]), 0;",
+                      ptx)
+    assert mmas.count("0") == 576 // 16 and mmas.count("1") == 4 * 4  # S^T (K-major A), O^T (MN-major V^T)
+    assert "wgmma.mma_async.sync.aligned.m64n64" not in ptx  # no 64-row query tile
+    assert len(K_ROW_COPY.findall(ptx)) == 36 and "cp.async.mbarrier.arrive.noinc.shared" in ptx
+    assert "ld.local" not in ptx and mla_prefill.num_stages(config) == 2
+
+
+def test_swapped_decode_refuses_what_it_does_not_build():
+    base = dataclasses.replace(_definition(), tile_q_rows=16, share_scores=False)
+    assert "kv_tile" in mla_prefill.check_config(dataclasses.replace(base, kv_tile=32))
+    assert "share_scores" in mla_prefill.check_config(dataclasses.replace(base, share_scores=True))
+    assert "head count" in mla_prefill.check_config(dataclasses.replace(base, tile_q_rows=8))
+    from cute_attn.ops import mla_decode
+
+    assert mla_decode.one_token_tiles("sm_90a", 32, 1, 576, 512, 1)["tile_q_rows"] == 64  # 32 heads: not built
+    assert mla_decode.one_token_tiles("sm_100a", 16, 1, 576, 512, 1)["tile_q_rows"] == 64  # sm_100a: the twin

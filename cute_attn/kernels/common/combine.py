@@ -197,6 +197,9 @@ def default_configs(arch: str) -> list[CombineConfig]:
         CombineConfig(arch=arch, tile_q_rows=128, head_dim_v=128, num_qo_heads=32, group_size=8),
         CombineConfig(arch=arch, tile_q_rows=64, head_dim_v=128, num_qo_heads=20, group_size=5),
         CombineConfig(arch=arch, tile_q_rows=64, head_dim_v=512, num_qo_heads=16, group_size=16),
+        # MLA decode, one token a tile (the swapped sm_90a kernel): h16 and h8
+        CombineConfig(arch=arch, tile_q_rows=16, head_dim_v=512, num_qo_heads=16, group_size=16),
+        CombineConfig(arch=arch, tile_q_rows=8, head_dim_v=512, num_qo_heads=8, group_size=8),
         CombineConfig(arch=arch, tile_q_rows=128, head_dim_v=256, num_qo_heads=16, group_size=8),  # prefill d256
     ]
 

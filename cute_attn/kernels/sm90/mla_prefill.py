@@ -95,8 +95,18 @@ def _tile_bytes(rows: int) -> int:
     return rows * QK_DIM * 2
 
 
+def swapped(config: PagedAttentionConfig) -> bool:
+    """One query token per tile (``tile_q_rows`` = heads): the swapped-product decode kernel (``mla_decode.py``)."""
+    return config.tile_q_rows < 64
+
+
 def _exchange_bytes(config: PagedAttentionConfig) -> int:
-    """The ``share_scores`` variant's row max / row sum exchange buffer (0 for the default kernel)."""
+    """The ``share_scores`` variant's row max / row sum exchange buffer, the swapped decode kernel's P^T and column
+    buffers (0 for the default kernel)."""
+    if swapped(config):
+        from .mla_decode import exchange_bytes
+
+        return exchange_bytes(config.tile_q_rows)
     if not config.share_scores:
         return 0
     from .mla_prefill_shared_s import EXCHANGE_BYTES
@@ -125,9 +135,15 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         return reason
     if (reason := mla_definition_reason(config, QK_DIM, CKV_DIM)) is not None:
         return reason
-    if config.tile_q_rows != 64:
+    if swapped(config):
+        from .mla_decode import swapped_reason
+
+        if (reason := swapped_reason(config)) is not None:
+            return reason
+    elif config.tile_q_rows != 64:
         return (f"tile_q_rows={config.tile_q_rows}: the kernel runs one 64-row M tile whose O (64 x 512) is "
-                "split across two consumer warpgroups by V columns")
+                "split across two consumer warpgroups by V columns (or, with tile_q_rows = the head count, one "
+                "token a tile: the swapped decode kernel)")
     if config.kv_tile not in (32, 64):
         return f"kv_tile={config.kv_tile} must be 32 or 64 (a 64 x kv_tile x 576 K stage, >= 2 stages in smem)"
     if config.tile_q_rows % config.group_size:
@@ -320,7 +336,12 @@ class MlaPagedPrefillSm90:
 
 # ----------------------------------------------------------------------------------- registration
 def _kernel_for(config: PagedAttentionConfig):
-    """The kernel object of ``config``: the default kernel, or the S-computed-once variant (``share_scores``)."""
+    """The kernel object of ``config``: the default kernel, the S-computed-once variant (``share_scores``), or the
+    swapped-product decode kernel (one token a tile)."""
+    if swapped(config):
+        from .mla_decode import MlaPagedDecodeSwappedSm90
+
+        return MlaPagedDecodeSwappedSm90(config)
     if config.share_scores:
         from .mla_prefill_shared_s import MlaPagedPrefillSharedSSm90
 
