@@ -26,6 +26,7 @@ BOUNDS_CHECK = re.compile(r"ld\.global\.b32\s+(%r\d+), \[%rd\d+\];\s*setp\.gt\.s
                           r"selp\.b32\s+(%r\d+), %r\d+, -1, \3;\s*selp\.b32\s+%r\d+, \4, -1, \2;")
 # a K-stage row copy (common/row_gather.cp_async_chunk): its src-size is a register (16, or 0 to zero-fill)
 K_ROW_COPY = re.compile(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[g\], 16, %r\d+;")
+Q_ROW_COPY = re.compile(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[%rd\d+(\+\d+)?\], 16, 16;")
 
 
 def _definition(**overrides):
@@ -250,7 +251,28 @@ def test_one_token_decode_builds_the_swapped_product(heads, page_size):
     assert mmas.count("0") == 576 // 16 and mmas.count("1") == 4 * 4  # S^T (K-major A), O^T (MN-major V^T)
     assert "wgmma.mma_async.sync.aligned.m64n64" not in ptx  # no 64-row query tile
     assert len(K_ROW_COPY.findall(ptx)) == 36 and "cp.async.mbarrier.arrive.noinc.shared" in ptx
+    # Q: the nope part (a loop unrolled twice) and the pe part (one pass; at h8 its 8 rows fill half a pass, the
+    # case whose copies were once left out: the H200 caught S^T without the pe dims)
+    assert len(Q_ROW_COPY.findall(ptx)) == 3
     assert "ld.local" not in ptx and mla_prefill.num_stages(config) == 2
+
+
+@pytest.mark.parametrize("num_rows, chunks, num_threads", [(8, 8, 128), (16, 8, 128), (8, 64, 128), (64, 72, 128),
+                                                           (64, 8, 128), (3, 64, 128), (5, 16, 256)])
+def test_row_passes_cover_every_row_once(num_rows, chunks, num_threads):
+    """The row-gather pass count: every (row, chunk) of the tile is one thread's copy in one pass, none twice, none
+    outside the tile (``guarded``: the threads past the last row in the last pass copy nothing)."""
+    from cute_attn.kernels.common.row_gather import row_passes
+
+    if num_threads % chunks:
+        with pytest.raises(ValueError, match="threads cannot share rows"):
+            row_passes(num_rows, chunks, num_threads)
+        return
+    rows_per_pass, passes, guarded = row_passes(num_rows, chunks, num_threads)
+    copies = [(p * rows_per_pass + tid // chunks, tid % chunks) for p in range(passes) for tid in range(num_threads)]
+    inside = [c for c in copies if c[0] < num_rows]
+    assert sorted(inside) == [(r, c) for r in range(num_rows) for c in range(chunks)]
+    assert guarded == (len(inside) != len(copies))
 
 
 def test_swapped_decode_refuses_what_it_does_not_build():

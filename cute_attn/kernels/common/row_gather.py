@@ -28,6 +28,18 @@ def make_row_copy_atom(dtype) -> cute.CopyAtom:
                                num_bits_per_copy=16 * ROW_CHUNK)
 
 
+def row_passes(num_rows: int, chunks: int, num_threads: int) -> tuple[int, int, bool]:
+    """``(rows_per_pass, passes, guarded)`` for ``num_threads`` threads copying ``num_rows`` rows of ``chunks``
+    16-byte chunks, one chunk column each: every row is covered once; ``guarded`` when the last pass overshoots
+    the tile (fewer rows than a pass holds, e.g. the 64-column pe part of an 8-row query tile), so its threads past
+    the last row copy nothing."""
+    if chunks > num_threads or num_threads % chunks:
+        raise ValueError(f"{num_threads} threads cannot share rows of {chunks} chunks (a multiple is needed)")
+    rows_per_pass = num_threads // chunks
+    passes = -(-num_rows // rows_per_pass)
+    return rows_per_pass, passes, passes * rows_per_pass != num_rows
+
+
 @cute.jit
 def gather_rows(copy_atom: cute.CopyAtom, zeros: cute.Tensor, src: cute.Tensor, row_stride: Int64,
                 s_chunks: cute.Tensor, chunk0: cutlass.Constexpr[int], width: cutlass.Constexpr[int], tid: Int32,
@@ -43,26 +55,37 @@ def gather_rows(copy_atom: cute.CopyAtom, zeros: cute.Tensor, src: cute.Tensor, 
     rows per pass.
     """
     chunks = width // ROW_CHUNK
-    rows_per_pass = num_threads // chunks
     num_rows = cute.size(s_chunks, mode=[2])
+    rows_per_pass, passes, guarded = row_passes(num_rows, chunks, num_threads)
     chunk = tid % chunks
-    base = src.iterator
-    for i in cutlass.range(num_rows // rows_per_pass, unroll=2):
+    for i in cutlass.range(passes, unroll=2):
         r = i * rows_per_pass + tid // chunks
-        dst = s_chunks[0, None, r, chunk0 + chunk]
-        if cutlass.const_expr(ids is None):
-            src_row = row0 + r
-            ok = r < valid_rows
+        if cutlass.const_expr(guarded):
+            if r < num_rows:
+                _copy_row(copy_atom, zeros, src, row_stride, s_chunks, chunk0, chunk, r, row0, valid_rows, ids)
         else:
-            rid = ids[r]
-            src_row = Int64(rid)
-            ok = rid >= 0
-        if ok:
-            offset = src_row * row_stride + chunk * ROW_CHUNK
-            ptr = cute.make_ptr(src.element_type, (base + offset).toint(), cute.AddressSpace.gmem, assumed_align=16)
-            cute.copy(copy_atom, cute.make_tensor(ptr, cute.make_layout(ROW_CHUNK)), dst)
-        else:
-            cute.autovec_copy(zeros, dst)
+            _copy_row(copy_atom, zeros, src, row_stride, s_chunks, chunk0, chunk, r, row0, valid_rows, ids)
+
+
+@cute.jit
+def _copy_row(copy_atom: cute.CopyAtom, zeros: cute.Tensor, src: cute.Tensor, row_stride: Int64, s_chunks: cute.Tensor,
+              chunk0: cutlass.Constexpr[int], chunk: Int32, r: Int32, row0, valid_rows, ids):
+    """One chunk of tile row ``r`` (:func:`gather_rows`' rules for its source row and zero fill)."""
+    dst = s_chunks[0, None, r, chunk0 + chunk]
+    if cutlass.const_expr(ids is None):
+        src_row = row0 + r
+        ok = r < valid_rows
+    else:
+        rid = ids[r]
+        src_row = Int64(rid)
+        ok = rid >= 0
+    if ok:
+        offset = src_row * row_stride + chunk * ROW_CHUNK
+        ptr = cute.make_ptr(src.element_type, (src.iterator + offset).toint(), cute.AddressSpace.gmem,
+                            assumed_align=16)
+        cute.copy(copy_atom, cute.make_tensor(ptr, cute.make_layout(ROW_CHUNK)), dst)
+    else:
+        cute.autovec_copy(zeros, dst)
 
 
 @cute.jit
@@ -160,14 +183,16 @@ def gather_rows_zero_fill(src: cute.Tensor, row_stride: Int64, s_chunks: cute.Te
     producer commit can be ``cp.async.mbarrier.arrive.noinc`` (``PipelineCpAsync``) and the thread goes on to the
     next tile while this one is in flight. The consumers fence the rows into the async proxy after their wait."""
     chunks = width // ROW_CHUNK
-    rows_per_pass = num_threads // chunks
     num_rows = cute.size(s_chunks, mode=[2])
+    rows_per_pass, passes, guarded = row_passes(num_rows, chunks, num_threads)
+    if cutlass.const_expr(guarded):
+        raise ValueError(f"gather_rows_zero_fill: {num_rows} rows are not whole passes of {rows_per_pass}")
     chunk = tid % chunks
     sub = tid // chunks
     elem = src.element_type.width // 8
     base = src.iterator.toint() + Int64(chunk * ROW_CHUNK * elem)
     row_bytes = row_stride * elem
-    for p in cutlass.range_constexpr(num_rows // rows_per_pass):
+    for p in cutlass.range_constexpr(passes):
         r = p * rows_per_pass + sub
         rid = ids[r]
         nbytes = Int32(0)
