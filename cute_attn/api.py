@@ -37,7 +37,7 @@ import torch
 
 from . import validate
 from .arch import resolve_arch, sm_count
-from .buffers import outside_graph_pools
+from .buffers import allocate_outside_graph_pools
 from .config import PagedAttentionConfig, default_paged_config
 from .kernels import find_launcher
 from .plan import ItemField, MergeField, PlanCapacity, WorkPlan, plan_work
@@ -93,9 +93,9 @@ class DevicePlan:
             if not self.stream_scratch:
                 scratch = (self.partial_out, self.partial_lse, self.merge_counters)
             else:  # counters start at zero, as the kernels leave them after every launch
-                with outside_graph_pools(device):  # kept with the plan: never in a graph's private pool
-                    scratch = (torch.empty_like(self.partial_out), torch.empty_like(self.partial_lse),
-                               torch.zeros_like(self.merge_counters))
+                scratch = allocate_outside_graph_pools(device, lambda: (  # kept with the plan: not in a graph's pool
+                    torch.empty_like(self.partial_out), torch.empty_like(self.partial_lse),
+                    torch.zeros_like(self.merge_counters)))
             self.stream_scratch[handle] = scratch
         return scratch
 

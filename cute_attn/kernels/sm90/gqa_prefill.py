@@ -78,6 +78,7 @@ from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.named_barrier import warpgroup_barrier_arrive, warpgroup_barrier_sync
 from ..common.packed_q import q_box_rows, q_box_stage_layout
 from ..common.page_ids import LANE_IDS_BELOW, id_loads, lane_page_id, load_lane_page_ids, load_tile_page_ids
+from ..common.registers import register_split_reason
 from ..common.row_gather import ROW_CHUNK, gather_one_row_pages
 from ..common.tma_issue import ONE_ELECTION, issue_page_boxes, tma_descriptor_address
 from ..common.softmax import (acc_mn_view, acc_to_mma_a_view, make_softmax_state, rescale_rows,
@@ -95,6 +96,9 @@ _SUPPORTED_HEAD_DIMS = (64, 128, 256)
 #: key tile per head_dim; at 256 a 64-key tile keeps the consumers in registers (O alone is 64 x 256 fp32 per
 #: warpgroup = 128 per thread) and one Q stage + 2 K/V stages in shared memory (64 + 128 KB)
 _KV_TILES = {64: (64, 128), 128: (64, 128), 256: (64,)}
+# setmaxnreg split of the 384 threads (launched at 168 each): the producer warpgroup's release pays exactly for the
+# consumers' increase (a producer at 32 left the consumers 1024 registers short: they waited forever, H200)
+PRODUCER_REGS, CONSUMER_REGS = 24, 240
 _ZERO_V_BARRIER = 1  # named barrier id used by the two consumer warpgroups
 _SCHED_BARRIER = 2  # ids 2, 3: consumer warpgroup w waits on 2 + w before issuing its GEMMs
 
@@ -134,6 +138,8 @@ def check_config(config: PagedAttentionConfig) -> str | None:
     if config.group_size > config.tile_q_rows:
         return f"group size {config.group_size} exceeds the {config.tile_q_rows}-row tile (a tile packs whole tokens)"
     if (reason := page_box_reason(config)) is not None:
+        return reason
+    if (reason := register_split_reason([(128, PRODUCER_REGS), (config.tile_q_rows * 2, CONSUMER_REGS)])) is not None:
         return reason
     if (reason := smem_reason(smem_bytes(config))) is not None:
         return reason
@@ -272,13 +278,12 @@ class GqaPagedPrefillSm90:
         item_begin = work_indptr[cta]
         item_end = work_indptr[cta + 1]
         if warp_idx < 4:
-            # the row gather's unrolled copies get 32 (2 x 128 x 240 + 128 x 32 = the 64 K register file)
-            cute.arch.setmaxregister_decrease(32 if cutlass.const_expr(self.row_gather) else 24)
+            cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp_idx == 0:
                 self.produce(tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v, k_rows, v_rows, s_q, s_k, s_v,
                              qo_indptr, kv_indptr, kv_indices, items, item_begin, item_end, pipe_q, pipe_k, pipe_v)
         else:
-            cute.arch.setmaxregister_increase(240)
+            cute.arch.setmaxregister_increase(CONSUMER_REGS)
             self.consume(tidx - 128, s_q, s_k, s_v, qo_indptr, items, item_begin, item_end, output, lse,
                          partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv,
                          pipe_q, pipe_k, pipe_v)

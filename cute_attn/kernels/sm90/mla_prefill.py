@@ -75,6 +75,7 @@ from ..common.limits import SMEM_LIMIT_BYTES, mla_definition_reason, smem_reason
 from ..common.mla import (CKV_DIM, DEFINITION_PAGE_SIZES, KIND, QK_DIM, definition_config, load_q_and_kv_tiles,
                           mla_entry)
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
+from ..common.registers import register_split_reason
 from ..common.softmax import (acc_mn_view, make_softmax_state, rescale_rows, softmax_finalize, softmax_reset,
                               softmax_update, store_p_bf16)
 from .prefill_epilogue import store_output_rows, store_partial_rows
@@ -151,6 +152,8 @@ def check_config(config: PagedAttentionConfig) -> str | None:
                 "packs whole tokens")
     if config.ctas_per_sm != 1:
         return f"ctas_per_sm={config.ctas_per_sm}: one CTA uses ~217 KiB of shared memory, so 1 per SM"
+    if (reason := register_split_reason([(PRODUCER_THREADS, PRODUCER_REGS), (MMA_THREADS, MMA_REGS)])) is not None:
+        return reason
     if num_stages(config) < 2:
         return f"fewer than 2 K stages fit in {SMEM_LIMIT_BYTES} bytes of shared memory"
     if config.share_scores:
