@@ -198,7 +198,7 @@ def test_head_dim_256_ptx_uses_64_key_tiles():
     assert "65536" in ptx
 
 
-@pytest.mark.parametrize("page_size", [1, 2])
+@pytest.mark.parametrize("page_size", gqa_prefill.ROW_GATHER_PAGE_SIZES)
 def test_page_1_tiles_gather_rows_by_cp_async(page_size):
     """Page 1: each 128-key K or V tile is 64 branch-free 16-byte cp.async per producer lane (128 one-row TMA boxes
     a tile held decode page 1 to 43% of page 64), swizzled, completing on the tile's mbarrier (one noinc arrive

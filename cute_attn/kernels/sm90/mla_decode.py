@@ -19,8 +19,8 @@ transposed so that the 16 (8) heads are the wgmma N dimension:
 * Epilogue from the coordinate tensor of the O^T partition: element (d, n) → ``output[token, head n, d]`` or
   ``partial_out[slot, n, d]`` (16 KiB / 32 KiB an item), lse per column (warpgroup 0).
 
-Built and PTX-checked only (session 8): never run. ``tile_q_rows`` = heads selects it (``mla_prefill._kernel_for``);
-the MLA decode entry asks for it on one-token batches (``ops/mla_decode.py``).
+Runs on the H200 (GPU tier, memcheck + racecheck clean, session 9). ``tile_q_rows`` = heads selects it
+(``mla_prefill._kernel_for``); the MLA decode entry asks for it on one-token batches (``ops/mla_decode.py``).
 
 Shared memory: Q N x 576 bf16 (18 KiB at h16), 2 K stages of 72 KiB, ``s_pt`` 2 x 2 KiB, ``s_red`` 2 x 2 x 4 x N
 fp32, the row-id table and mbarriers.
