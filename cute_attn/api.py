@@ -37,6 +37,7 @@ import torch
 
 from . import validate
 from .arch import resolve_arch, sm_count
+from .buffers import allocate_outside_graph_pools
 from .config import PagedAttentionConfig, default_paged_config
 from .kernels import find_launcher
 from .plan import ItemField, MergeField, PlanCapacity, WorkPlan, plan_work
@@ -92,8 +93,9 @@ class DevicePlan:
             if not self.stream_scratch:
                 scratch = (self.partial_out, self.partial_lse, self.merge_counters)
             else:  # counters start at zero, as the kernels leave them after every launch
-                scratch = (torch.empty_like(self.partial_out), torch.empty_like(self.partial_lse),
-                           torch.zeros_like(self.merge_counters))
+                scratch = allocate_outside_graph_pools(device, lambda: (  # kept with the plan: not in a graph's pool
+                    torch.empty_like(self.partial_out), torch.empty_like(self.partial_lse),
+                    torch.zeros_like(self.merge_counters)))
             self.stream_scratch[handle] = scratch
         return scratch
 
@@ -314,19 +316,19 @@ def _checked_config(spec, args: tuple, output, lse, arch: str | None):
 
 
 def _make_config(spec, problem: validate.PagedProblem, arch: str | None) -> PagedAttentionConfig:
-    return _config_for(spec.name, problem.num_qo_heads, problem.num_kv_heads, problem.head_dim_qk, problem.head_dim_v,
-                       problem.page_size, _target_arch(arch, problem.device), spec.causal)
+    return _config_for(spec, problem.num_qo_heads, problem.num_kv_heads, problem.head_dim_qk, problem.head_dim_v,
+                       problem.page_size, _target_arch(arch, problem.device))
 
 
 @functools.lru_cache(maxsize=256)  # host overhead: one config per problem shape, built once
-def _config_for(kind, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size, arch, causal):
+def _config_for(spec, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size, arch):
     config = default_paged_config(
-        kind, arch=arch, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
-        head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, page_size=page_size, causal=causal,
+        spec.name, arch=arch, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+        head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, page_size=page_size, causal=spec.causal, spec=spec,
     )
     reason = config.can_implement()
     if reason is not None:
-        raise ValueError(f"{kind}: unsupported configuration: {reason}")
+        raise ValueError(f"{spec.name}: unsupported configuration: {reason}")
     return config
 
 

@@ -175,8 +175,9 @@ class PagedAttentionConfig(KernelConfig):
             return str(exc)
         if self.num_kv_heads < 1 or self.num_qo_heads % self.num_kv_heads:
             return f"num_qo_heads={self.num_qo_heads} must be a positive multiple of num_kv_heads={self.num_kv_heads}"
-        if self.tile_q_rows not in (64, 128):
-            return f"tile_q_rows={self.tile_q_rows} must be 64 or 128 (one or two MMA warpgroups of 64 rows)"
+        if self.tile_q_rows not in (8, 16, 64, 128):
+            return (f"tile_q_rows={self.tile_q_rows} must be 64 or 128 (one or two MMA warpgroups of 64 rows), or 8 "
+                    "or 16 (one query token's heads as the N of a swapped product: the MLA decode kernel)")
         if not _is_pow2(self.kv_tile) or not 16 <= self.kv_tile <= 256:
             return f"kv_tile={self.kv_tile} must be a power of two in 16..256"
         if self.ctas_per_sm < 1:
@@ -197,12 +198,14 @@ def gqa_shape_reason(config: PagedAttentionConfig) -> str | None:
 
 
 def default_paged_config(kind: str, *, arch: str, num_qo_heads: int, num_kv_heads: int, head_dim_qk: int,
-                         head_dim_v: int, page_size: int, causal: bool) -> PagedAttentionConfig:
+                         head_dim_v: int, page_size: int, causal: bool, spec=None) -> PagedAttentionConfig:
     """The tuned tile geometry for a problem: the kind's policy (``OpSpec.default_tiles``; the tuning notebooks
-    print lines for it). Raises ValueError for an unknown kind."""
+    print lines for it), or ``spec``'s (an entry's own policy over the same kind, e.g. MLA decode's one-token
+    tiles). Raises ValueError for an unknown kind."""
     from .ops import get_spec
 
-    tiles = get_spec(kind).default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size)
+    policy = (spec or get_spec(kind)).default_tiles
+    tiles = policy(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size)
     return PagedAttentionConfig(
         arch=arch, kind=kind, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim_qk=head_dim_qk,
         head_dim_v=head_dim_v, page_size=page_size, causal=causal, **tiles,

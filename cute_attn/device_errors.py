@@ -14,6 +14,8 @@ from enum import IntFlag
 
 import torch
 
+from .buffers import allocate_outside_graph_pools
+
 __all__ = ["Fault", "DeviceIndexError", "error_word", "raise_on_device_error", "peek_device_error"]
 
 INT32_MAX = 2**31 - 1
@@ -68,7 +70,8 @@ def error_word(device) -> torch.Tensor:
     device = _device(device)
     word = _WORDS.get(device)
     if word is None:
-        word = _WORDS[device] = _fresh(device)
+        # kept for the process: not in a graph's private pool
+        word = _WORDS[device] = allocate_outside_graph_pools(device, lambda: _fresh(device))
     return word
 
 

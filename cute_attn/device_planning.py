@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .buffers import allocate_outside_graph_pools
 from .compile import compile_kernel
 from .device_errors import error_word
 from .kernels.common.device_planner import MAX_CTAS, Q_TILE_FIELDS, REQUEST_FIELDS, DevicePlannerConfig, scan_ctas
@@ -60,9 +61,12 @@ def allocate_planned(config, capacity: PlanCapacity, num_ctas: int, batch: int, 
     """A :class:`~cute_attn.api.DevicePlan` with the planner's scratch: its lists are written on the device."""
     from .api import DevicePlan
 
-    plan = DevicePlan.allocate(config, capacity, num_ctas, device)
-    plan.planner = PlannerScratch.allocate(capacity, batch, device)
-    return plan
+    def make():
+        plan = DevicePlan.allocate(config, capacity, num_ctas, device)
+        plan.planner = PlannerScratch.allocate(capacity, batch, device)
+        return plan
+
+    return allocate_outside_graph_pools(device, make)  # kept for the route's later calls: not in a graph's pool
 
 
 @dataclass

@@ -8,23 +8,21 @@ shapes only, so fake and meta tensors trace through them. The functions of the s
 one-line form for model code: they allocate missing outputs and return ``(output, lse)``.
 
 Index tensors inside a graph: identity says nothing about values
-    The public entry points cache plans on the index tensors' identity, data pointer and version counter.
-    Inside an Inductor graph that is not enough: Inductor hands a dead intermediate's buffer to the next
-    one of the same size (``buf8 = buf2; del buf2  # reuse``: the same tensor object) and its kernels write
-    without bumping the version counter, so one object can reach two calls holding two sets of values. So
-    the ops never let an entry point match index tensors by identity: each call reads the index values and
-    plans (one host sync), then launches with that explicit plan. The wrappers take the entry points' fast
-    path only in plain eager code, where every torch write bumps the version counter.
+    Inside an Inductor graph one tensor object can reach two calls holding two sets of values: Inductor hands
+    a dead intermediate's buffer to the next one of the same size (``buf8 = buf2; del buf2  # reuse``) and its
+    kernels write without bumping the version counter. So the ops take the entry points' device route: every
+    launch plans on the GPU from the values the index tensors hold when it runs (``cute_attn.api``'s device
+    route is keyed on shapes, strides and dtypes only, never on identity or version), with the index checks on
+    the device (``cute_attn.raise_on_device_error``). No host sync, no host plan.
 
 CUDA graphs
-    The plan is host data made from the index values, so a captured graph would replay a stale plan (and
-    the value read cannot be captured). The ops carry ``torch.Tag.cudagraph_unsafe`` where torch has it,
-    which keeps them out of Inductor's ``mode="reduce-overhead"`` graphs; capture by hand with a
-    ``DevicePlan`` instead (README).
+    Planning is part of the launch, so a captured graph re-plans at every replay from whatever the index
+    tensors hold then: the ops are capturable, Inductor's ``mode="reduce-overhead"`` included. Make the first
+    call of a shape outside capture (cudagraph trees warm up eagerly first): it allocates the route's plan
+    buffers, which later calls and replays reuse.
 """
 
 import importlib
-import inspect
 
 import torch
 
@@ -43,19 +41,12 @@ __all__ = ["gqa_paged_prefill", "gqa_paged_decode", "gqa_paged_multi_token_decod
 
 
 def _custom_op(name: str):
-    """``torch.library.custom_op`` writing ``output`` and ``lse``, tagged ``cudagraph_unsafe`` where torch can.
-
-    Older torch builds lack the tag or ``custom_op``'s ``tags``: there Inductor's CUDA graphs could capture
-    the ops, and the README's ``DevicePlan`` recipe is the only safe capture.
-    """
-    options = {"mutates_args": ("output", "lse")}
-    if hasattr(torch.Tag, "cudagraph_unsafe") and "tags" in inspect.signature(torch.library.custom_op).parameters:
-        options["tags"] = (torch.Tag.cudagraph_unsafe,)
-    return torch.library.custom_op(name, **options)
+    """``torch.library.custom_op`` writing ``output`` and ``lse`` (capturable: it plans on the GPU)."""
+    return torch.library.custom_op(name, mutates_args=("output", "lse"))
 
 
 # ---------------------------------------------------------------------------------------------
-# The ops' real impl: validate and plan from the index values, then launch with that plan
+# The ops' real impl: the entry point's device route (plan on the GPU from the index values, then launch)
 # ---------------------------------------------------------------------------------------------
 def _require_cuda(device: torch.device) -> None:
     # checked before planning, which on another device fails less clearly (arch resolution)
@@ -63,11 +54,10 @@ def _require_cuda(device: torch.device) -> None:
         raise ValueError(f"cute_attn kernels run on a CUDA device; the inputs are on {device}")
 
 
-def _plan_then_launch(plan_entry, entry, inputs: tuple, output, lse, natural_lse: bool) -> None:
+def _launch_device_planned(entry, inputs: tuple, output, lse, natural_lse: bool) -> None:
     _require_cuda(inputs[0].device)
-    plan = plan_entry(*inputs)  # every rule, index values included; a fresh plan whatever the tensors' identity
-    # plan= keys the fast path on this plan object, which dies with the call: no match across calls
-    entry(*inputs, output, lse, plan=plan, check_indices=False, natural_lse=natural_lse)
+    # no plan=, check_indices=False: planned on the GPU from the values, whatever the tensors' identity
+    entry(*inputs, output, lse, natural_lse=natural_lse)
 
 
 @_custom_op(f"{NAMESPACE}::gqa_paged_prefill")
@@ -77,8 +67,7 @@ def _gqa_paged_prefill_op(
     output: torch.Tensor, lse: torch.Tensor, natural_lse: bool = False,
 ) -> None:
     inputs = (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale)
-    _plan_then_launch(_package.plan_gqa_paged_prefill, _package.gqa_paged_prefill, inputs, output, lse,
-                      natural_lse)
+    _launch_device_planned(_package.gqa_paged_prefill, inputs, output, lse, natural_lse)
 
 
 @_custom_op(f"{NAMESPACE}::gqa_paged_decode")
@@ -88,8 +77,7 @@ def _gqa_paged_decode_op(
     output: torch.Tensor, lse: torch.Tensor, natural_lse: bool = False,
 ) -> None:
     inputs = (q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale)
-    _plan_then_launch(_package.plan_gqa_paged_decode, _package.gqa_paged_decode, inputs, output, lse,
-                      natural_lse)
+    _launch_device_planned(_package.gqa_paged_decode, inputs, output, lse, natural_lse)
 
 
 @_custom_op(f"{NAMESPACE}::gqa_paged_multi_token_decode")
@@ -99,8 +87,7 @@ def _gqa_paged_multi_token_decode_op(
     output: torch.Tensor, lse: torch.Tensor, natural_lse: bool = False,
 ) -> None:
     inputs = (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale)
-    _plan_then_launch(_package.plan_gqa_paged_multi_token_decode, _package.gqa_paged_multi_token_decode, inputs,
-                      output, lse, natural_lse)
+    _launch_device_planned(_package.gqa_paged_multi_token_decode, inputs, output, lse, natural_lse)
 
 
 @_custom_op(f"{NAMESPACE}::mla_paged_prefill")
@@ -111,8 +98,7 @@ def _mla_paged_prefill_op(
     natural_lse: bool = False,
 ) -> None:
     inputs = (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale)
-    _plan_then_launch(_package.plan_mla_paged_prefill, _package.mla_paged_prefill, inputs, output, lse,
-                      natural_lse)
+    _launch_device_planned(_package.mla_paged_prefill, inputs, output, lse, natural_lse)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,8 +209,8 @@ def _plain_eager(x) -> bool:
     Dynamo folds ``is_compiling()`` to True while it traces, so a compiled graph records the op. Fake,
     functional and meta tensors, and any active dispatch mode (make_fx, opcheck, FakeTensorMode), must see
     the op too: the entry point launches past the dispatcher. Inference tensors (made under
-    ``torch.inference_mode``) have no version counter, which the entry points' plan cache reads; the op
-    passes an explicit plan and needs none.
+    ``torch.inference_mode``) have no version counter, which the entry points' host-plan cache reads; the op's
+    device route reads none.
     """
     return (not torch.compiler.is_compiling() and x.__class__ is torch.Tensor and x.device.type == "cuda"
             and not x.is_inference() and not torch._C._len_torch_dispatch_stack())

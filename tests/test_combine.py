@@ -9,6 +9,7 @@ import torch
 from cute_attn import api, reference, testing
 from cute_attn.compile import compile_kernel_with_info, compile_to_ptx
 from cute_attn.config import default_paged_config
+from cute_attn.kernels.common import combine
 from cute_attn.kernels.common.combine import CombineConfig, default_configs, launch_combine
 from cute_attn.plan import plan_work
 
@@ -22,6 +23,17 @@ def test_combine_compiles_for_both_arches(arch):
         assert compile_kernel_with_info(config).fn is not None
         ptx = compile_to_ptx(config)
         assert f".target {arch}" in ptx and "ex2.approx" in ptx and "lg2.approx" in ptx
+        assert "griddepcontrol.wait" in ptx  # launched with PDL behind the attention kernel
+
+
+@pytest.mark.parametrize("head_dim_v, vector", [(512, "v4"), (128, "v4"), (64, "v2")])
+def test_combine_loads_each_slot_row_chunk_in_one_vector_per_lane(head_dim_v, vector):
+    """A warp folds 128 columns (64 at head_dim 64) of a row: a lane's columns of a slot are one vector load, and a
+    group of slots is loaded before any is accumulated (no branch between a slot's weight and its load)."""
+    config = CombineConfig(arch="sm_90a", tile_q_rows=64, head_dim_v=head_dim_v, num_qo_heads=16, group_size=16)
+    ptx = compile_to_ptx(config)
+    assert ptx.count(f"ld.global.{vector}.b32") == combine.SLOTS_IN_FLIGHT  # slot rows per pass
+    assert "ld.local" not in ptx
 
 
 def test_combine_rejects_a_head_dim_it_cannot_split():
@@ -29,21 +41,25 @@ def test_combine_rejects_a_head_dim_it_cannot_split():
 
 
 def _split_plan(kind, q_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim, causal, num_ctas=132):
+    mla = kind == "mla_paged_prefill"  # (576, 512), one latent head, page 1
     cfg = default_paged_config(kind, arch="sm_90a", num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
-                               head_dim_qk=head_dim, head_dim_v=head_dim, page_size=64, causal=causal)
+                               head_dim_qk=head_dim + 64 * mla, head_dim_v=head_dim, page_size=1 if mla else 64,
+                               causal=causal)
     plan = plan_work(cfg.plan_config(num_ctas), q_lens, kv_lens)
     assert plan.num_merges > 0
     return cfg, plan
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind,q_lens,kv_lens,heads,causal", [
-    ("gqa_paged_decode", [1], [3232], (20, 4), False),
-    ("gqa_paged_decode", [1] * 7, [5000, 0, 1, 64, 9000, 130, 2048], (20, 4), False),
-    ("gqa_paged_prefill", [3], [40000], (32, 4), True),
+@pytest.mark.parametrize("kind,q_lens,kv_lens,heads,causal,head_dim", [
+    ("gqa_paged_decode", [1], [3232], (20, 4), False, 128),
+    ("gqa_paged_decode", [1] * 7, [5000, 0, 1, 64, 9000, 130, 2048], (20, 4), False, 128),
+    ("gqa_paged_prefill", [3], [40000], (32, 4), True, 128),
+    ("gqa_paged_prefill", [3], [40000], (32, 4), True, 64),
+    ("mla_paged_prefill", [1, 1], [4096, 70], (16, 1), True, 512),  # batch-1 MLA decode: 64 slots of 512 columns
 ])
-def test_combine_matches_reference_merge(kind, q_lens, kv_lens, heads, causal):
-    cfg, plan = _split_plan(kind, q_lens, kv_lens, *heads, 128, causal)
+def test_combine_matches_reference_merge(kind, q_lens, kv_lens, heads, causal, head_dim):
+    cfg, plan = _split_plan(kind, q_lens, kv_lens, *heads, head_dim, causal)
     dp = api.DevicePlan.upload(cfg, plan, "cuda")
     g = torch.Generator(device="cuda").manual_seed(1)
     dp.partial_out.copy_(torch.randn(dp.partial_out.shape, generator=g, device="cuda"))
@@ -52,7 +68,7 @@ def test_combine_matches_reference_merge(kind, q_lens, kv_lens, heads, causal):
     dp.partial_lse.copy_(plse)
     dp.partial_out[::3, ::4] = math.nan  # ... and whose o must then be ignored
     total_q = sum(q_lens)
-    out = torch.full((total_q, heads[0], 128), math.nan, dtype=torch.bfloat16, device="cuda")
+    out = torch.full((total_q, heads[0], head_dim), math.nan, dtype=torch.bfloat16, device="cuda")
     lse = torch.full((total_q, heads[0]), math.nan, dtype=torch.float32, device="cuda")
     launch_combine(dp, out, lse, 1.0)
     torch.cuda.synchronize()

@@ -60,7 +60,7 @@ def test_public_api_finds_the_launcher():
     [
         (dict(kv_tile=32), "kv_tile"),  # half a page per tile
         (dict(page_size=16, kv_tile=32), "kv_tile"),  # several pages per stage: 64- or 128-key stages only
-        (dict(page_size=1, kv_tile=128), "at most 64"),  # 128 page boxes per stage
+        (dict(page_size=128, kv_tile=64), "whole pages"),  # half a page per stage
         (dict(num_qo_heads=128, num_kv_heads=1), "group"),  # 128 heads do not fit one 64-row tile
         (dict(kind="gqa_paged_prefill"), "gqa_paged_decode"),
     ],
@@ -108,11 +108,12 @@ def test_small_pages_fill_a_64_key_stage_with_page_boxes(page_size):
     assert gqa_decode.num_stages(config) == gqa_decode.num_stages(_definition_config())
 
 
-def test_page_1_rows_are_gathered_by_cp_async_from_the_producer_warp():
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_page_1_rows_are_gathered_by_cp_async_from_the_producer_warp(page_size):
     """Page 1: 16-byte cp.async rows (the TMA unit's rate for 128-byte boxes held page 1 to 43% of page 64 on the
     H200), branch-free: an out-of-pool id is a zero-fill (src-size 0), every chunk placed by the 128B swizzle, the
     copies completing on the stage's full mbarrier, the consumers fencing them into the async proxy."""
-    config = next(c for c in gqa_decode.configs("sm_90a") if c.page_size == 1)
+    config = dataclasses.replace(_definition_config(), page_size=page_size, kv_tile=64)
     ptx = compile_to_ptx(config)
     copies = re.findall(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[g\], 16, (%r\d+);", ptx)
     # K and V: 64 rows x 16 chunks each per stage over 32 lanes
@@ -125,7 +126,7 @@ def test_page_1_rows_are_gathered_by_cp_async_from_the_producer_warp():
     assert "ld.local" not in ptx and "st.local" not in ptx
 
 
-@pytest.mark.parametrize("kind, page_size, rank", [("gqa_paged_decode", 4, 3), ("gqa_paged_prefill", 1, 2)])
+@pytest.mark.parametrize("kind, page_size, rank", [("gqa_paged_decode", 4, 3), ("gqa_paged_prefill", 4, 3)])
 def test_raw_page_boxes_follow_the_descriptors_rank_with_one_kv_head(kind, page_size, rank):
     """One KV head: the DSL leaves the size-1 head mode (and the row mode at page 1) out of the tensor map, so the
     raw boxes must too. 4-D boxes on its 3-D map faulted the H200 at head_dim 256, h16/kv1, page 4."""

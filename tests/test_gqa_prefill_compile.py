@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -52,8 +53,9 @@ def test_compiles_with_wgmma_and_tma(index):
     assert "mbarrier.try_wait.parity" in ptx
     assert "setmaxnreg" in ptx
     assert "GqaPagedPrefillSm90" in ptx  # readable kernel symbol
-    # one Q box (d / 64 swizzle-width copies) + one box per page per 64 columns for K and V
-    pages = config.kv_tile // config.page_size
+    # one Q box (d / 64 swizzle-width copies) + one box per page per 64 columns for K and V; page 1: K/V rows by
+    # cp.async instead (test_page_1_tiles_gather_rows_by_cp_async)
+    pages = 0 if config.page_size in gqa_prefill.ROW_GATHER_PAGE_SIZES else config.kv_tile // config.page_size
     halves = config.head_dim_qk // 64
     assert ptx.count("cp.async.bulk.tensor") == halves + 2 * halves * pages
     assert gqa_prefill.smem_bytes(config) <= SMEM_LIMIT
@@ -196,9 +198,17 @@ def test_head_dim_256_ptx_uses_64_key_tiles():
     assert "65536" in ptx
 
 
-def test_page_1_tiles_are_issued_by_one_elected_lane_per_tile():
-    """Page 1: each K or V tile's 2 x 128 one-row boxes come from one election, not one per box."""
-    config = next(c for c in gqa_prefill.configs("sm_90a") if c.page_size == 1 and c.head_dim_qk == 128)
+@pytest.mark.parametrize("page_size", gqa_prefill.ROW_GATHER_PAGE_SIZES)
+def test_page_1_tiles_gather_rows_by_cp_async(page_size):
+    """Page 1: each 128-key K or V tile is 64 branch-free 16-byte cp.async per producer lane (128 one-row TMA boxes
+    a tile held decode page 1 to 43% of page 64), swizzled, completing on the tile's mbarrier (one noinc arrive
+    each), fenced by the consumers before every wgmma that reads them."""
+    config = dataclasses.replace(next(c for c in gqa_prefill.configs("sm_90a") if c.page_size == 1
+                                      and c.head_dim_qk == 128), page_size=page_size)
     ptx = compile_to_ptx(config)
-    assert ptx.count("cp.async.bulk.tensor.3d.shared::cta.global.tile.mbarrier::complete_tx::bytes") == 2 * 2 * 128
-    assert ptx.count("elect.sync") < 20
+    copies = re.findall(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[g\], 16, %r\d+;", ptx)
+    assert len(copies) == 2 * config.kv_tile * (config.head_dim_qk // 8) // 32
+    assert len(re.findall(r"and\.b32\s+%r\d+, %r\d+, 112;", ptx)) >= len(copies)  # the 128B swizzle
+    assert ptx.count("cp.async.mbarrier.arrive.noinc.shared") == 2  # K, V
+    assert ptx.count("fence.proxy.async") >= 6  # 4 K / V waits of the overlapped main loop, the V tail, the epilogue
+    assert "ld.local" not in ptx and "st.local" not in ptx

@@ -24,6 +24,9 @@ pytestmark = pytest.mark.usefixtures("isolated_compile_cache")
 BOUNDS_CHECK = re.compile(r"ld\.global\.b32\s+(%r\d+), \[%rd\d+\];\s*setp\.gt\.s32\s+(%p\d+), \1, -1;\s*"
                           r"setp\.gt\.s32\s+(%p\d+), %r\d+, \1;(?:\s*(?:shl|and|or)\.b32[^;]*;)*\s*"
                           r"selp\.b32\s+(%r\d+), %r\d+, -1, \3;\s*selp\.b32\s+%r\d+, \4, -1, \2;")
+# a K-stage row copy (common/row_gather.cp_async_chunk): its src-size is a register (16, or 0 to zero-fill)
+K_ROW_COPY = re.compile(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[g\], 16, %r\d+;")
+Q_ROW_COPY = re.compile(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[%rd\d+(\+\d+)?\], 16, 16;")
 
 
 def _definition(**overrides):
@@ -64,6 +67,9 @@ def test_compiles_with_wgmma_and_cp_async_gather(kv_tile):
     assert "fence.proxy.async.shared::cta" in ptx  # gathered rows made visible to wgmma
     assert "st.shared.v4.b32" in ptx  # zero-fill of rows past KV_END / Q_ROW_COUNT
     assert "mbarrier.try_wait.parity" in ptx
+    # K stages: every row one unrolled cp.async (zero-fill by src-size), completing on the full barrier by itself
+    assert len(K_ROW_COPY.findall(ptx)) == kv_tile * (512 + 64) // 8 // 128
+    assert ptx.count("cp.async.mbarrier.arrive.noinc.shared") == 1
     assert "setmaxnreg.dec.sync.aligned.u32 \t40" in ptx and "setmaxnreg.inc.sync.aligned.u32 \t232" in ptx
     assert mla_prefill.smem_bytes(config) <= SMEM_LIMIT
     assert mla_prefill.num_stages(config) == {64: 2, 32: 4}[kv_tile]
@@ -76,7 +82,9 @@ def test_paged_latent_rows_compile_with_bounds_checked_ids(page_size):
     config = _definition(page_size=page_size)
     assert mla_prefill.check_config(config) is None
     ptx = compile_to_ptx(config)
-    assert ptx.count("cp.async.cg.shared.global") == 8  # the same gathers as at page size 1
+    # the same gathers as at page size 1: Q's (two passes unrolled, nope and pe) and the K stage's 36 row copies
+    assert ptx.count("cp.async.cg.shared.global") - len(K_ROW_COPY.findall(ptx)) == 4
+    assert len(K_ROW_COPY.findall(ptx)) == 36
     assert len(BOUNDS_CHECK.findall(ptx)) == 1
     if page_size > 1:
         shift = page_size.bit_length() - 1
@@ -202,8 +210,9 @@ def test_share_scores_refused_off_its_kernel():
 def test_conftest_fixture_flips_the_public_config(mla_share_scores):
     """The GPU tier's ``mla_share_scores`` fixture makes every public MLA entry build the variant under test."""
     from cute_attn import api
+    from cute_attn.ops import get_spec
 
-    config = api._config_for("mla_paged_prefill", 16, 1, 576, 512, 1, "sm_90a", True)
+    config = api._config_for(get_spec("mla_paged_prefill"), 16, 1, 576, 512, 1, "sm_90a")
     assert config.share_scores is mla_share_scores
     assert mla_prefill.check_config(config) is None
 
@@ -222,3 +231,56 @@ def test_ab_tool_knows_the_variants_and_workloads():
     for overrides in tool.VARIANTS.values():
         assert mla_prefill.check_config(dataclasses.replace(_definition(), **overrides)) is None
     assert {v["share_scores"] for v in tool.VARIANTS.values()} == {False, True}
+
+
+@pytest.mark.parametrize("heads, page_size", [(16, 1), (16, 64), (8, 1)])
+def test_one_token_decode_builds_the_swapped_product(heads, page_size):
+    """MLA decode with one query per request: S^T = K Q^T with the heads as wgmma N (36 m64n<heads>k16 over the
+    576 dims), O^T = V^T P^T (V^T MN-major from the stage: 4 M-tiles x 4 k-steps per warpgroup), no padding rows."""
+    from cute_attn.ops import mla_decode
+
+    config = dataclasses.replace(_definition(page_size=page_size), num_qo_heads=heads, tile_q_rows=heads,
+                                 share_scores=False)
+    assert mla_decode.one_token_tiles("sm_90a", heads, 1, 576, 512, page_size) == dict(
+        tile_q_rows=heads, kv_tile=64, share_scores=False)
+    assert mla_prefill.check_config(config) is None and config.can_implement() is None
+    ptx = compile_to_ptx(config)
+    assert "MlaPagedDecodeSwappedSm90" in ptx
+    mmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{heads}k16\.f32\.bf16\.bf16 [^;]*p, 1,  1, ([01]), 0;",
+                      ptx)
+    assert mmas.count("0") == 576 // 16 and mmas.count("1") == 4 * 4  # S^T (K-major A), O^T (MN-major V^T)
+    assert "wgmma.mma_async.sync.aligned.m64n64" not in ptx  # no 64-row query tile
+    assert len(K_ROW_COPY.findall(ptx)) == 36 and "cp.async.mbarrier.arrive.noinc.shared" in ptx
+    # Q: the nope part (a loop unrolled twice) and the pe part (one pass; at h8 its 8 rows fill half a pass, the
+    # case whose copies were once left out: the H200 caught S^T without the pe dims)
+    assert len(Q_ROW_COPY.findall(ptx)) == 3
+    assert "ld.local" not in ptx and mla_prefill.num_stages(config) == 2
+
+
+@pytest.mark.parametrize("num_rows, chunks, num_threads", [(8, 8, 128), (16, 8, 128), (8, 64, 128), (64, 72, 128),
+                                                           (64, 8, 128), (3, 64, 128), (5, 16, 256)])
+def test_row_passes_cover_every_row_once(num_rows, chunks, num_threads):
+    """The row-gather pass count: every (row, chunk) of the tile is one thread's copy in one pass, none twice, none
+    outside the tile (``guarded``: the threads past the last row in the last pass copy nothing)."""
+    from cute_attn.kernels.common.row_gather import row_passes
+
+    if num_threads % chunks:
+        with pytest.raises(ValueError, match="threads cannot share rows"):
+            row_passes(num_rows, chunks, num_threads)
+        return
+    rows_per_pass, passes, guarded = row_passes(num_rows, chunks, num_threads)
+    copies = [(p * rows_per_pass + tid // chunks, tid % chunks) for p in range(passes) for tid in range(num_threads)]
+    inside = [c for c in copies if c[0] < num_rows]
+    assert sorted(inside) == [(r, c) for r in range(num_rows) for c in range(chunks)]
+    assert guarded == (len(inside) != len(copies))
+
+
+def test_swapped_decode_refuses_what_it_does_not_build():
+    base = dataclasses.replace(_definition(), tile_q_rows=16, share_scores=False)
+    assert "kv_tile" in mla_prefill.check_config(dataclasses.replace(base, kv_tile=32))
+    assert "share_scores" in mla_prefill.check_config(dataclasses.replace(base, share_scores=True))
+    assert "head count" in mla_prefill.check_config(dataclasses.replace(base, tile_q_rows=8))
+    from cute_attn.ops import mla_decode
+
+    assert mla_decode.one_token_tiles("sm_90a", 32, 1, 576, 512, 1)["tile_q_rows"] == 64  # 32 heads: not built
+    assert mla_decode.one_token_tiles("sm_100a", 16, 1, 576, 512, 1)["tile_q_rows"] == 64  # sm_100a: the twin

@@ -53,7 +53,7 @@ _REFERENCES = {"gqa_paged_prefill": reference.gqa_paged_prefill_ref,
 @pytest.fixture
 def stand_in_launch(monkeypatch):
     """CPU stand-ins for the device rule and the public entry points; records every plan and launch."""
-    calls = {"plans": [], "launches": []}
+    calls = {"plans": [], "launches": [], "index_values": []}
     monkeypatch.setattr(torch_ops, "_require_cuda", lambda device: None)
     for kind in KINDS:
         def plan(*inputs, kind=kind):
@@ -63,6 +63,7 @@ def stand_in_launch(monkeypatch):
         def launch(*args, kind=kind, **options):
             *inputs, output, lse = args
             calls["launches"].append((kind, options))
+            calls["index_values"].append((kind, [t.tolist() for t in inputs if _is_index(t)]))
             ref_out, ref_lse = _REFERENCES[kind](*inputs)
             output.copy_(ref_out)
             lse.copy_(ref_lse)
@@ -99,12 +100,10 @@ def test_schema_is_the_entry_points_argument_order_with_mutated_outputs(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_ops_are_kept_out_of_cuda_graphs(kind):
-    taggable = "tags" in inspect.signature(torch.library.custom_op).parameters
-    if not hasattr(torch.Tag, "cudagraph_unsafe") or not taggable:
-        pytest.skip(f"torch {torch.__version__} cannot tag a custom op cudagraph_unsafe")
-    # the plan is host data made from the index values: a replayed capture would reuse a stale one
-    assert torch.Tag.cudagraph_unsafe in _op(kind).tags
+def test_ops_may_be_captured_in_cuda_graphs(kind):
+    # the op plans on the GPU inside its launch: a replayed capture re-plans from the index values of the replay
+    unsafe = torch.Tag.__members__.get("cudagraph_unsafe")
+    assert unsafe is None or unsafe not in _op(kind).tags
 
 
 def test_package_import_registers_the_ops_without_the_dsl():
@@ -125,7 +124,7 @@ def test_meta_tensors_go_through_the_fake_impl_only(kind, monkeypatch):
     def no_launch(*args, **kwargs):
         raise AssertionError("the real impl ran on meta tensors")
 
-    monkeypatch.setattr(torch_ops, "_plan_then_launch", no_launch)
+    monkeypatch.setattr(torch_ops, "_launch_device_planned", no_launch)
     case = _case(kind)
     inputs = _meta(case.inputs())
     out, lse = _meta(case.new_outputs())
@@ -289,7 +288,8 @@ def test_opcheck_with_a_cpu_stand_in_for_the_launch(kind, stand_in_launch):
 # Index tensors: the op never trusts their identity
 # ---------------------------------------------------------------------------------------------
 def test_each_call_plans_from_the_values_it_is_given(stand_in_launch):
-    """Same tensor objects, rewritten without a version bump (as Inductor's kernels write): planned anew."""
+    """Same tensor objects, rewritten without a version bump (as Inductor's kernels write): each launch takes the
+    device route (no plan=, no host check), which plans from the values the launch sees."""
     a = testing.make_gqa_decode_case([3232, 128], seed=1)
     b_last = torch.tensor([1, 1], dtype=torch.int32)
     out, lse = a.new_outputs()
@@ -299,17 +299,17 @@ def test_each_call_plans_from_the_values_it_is_given(stand_in_launch):
     last.data.copy_(b_last)  # .data: the write does not reach the tensor's version counter
     assert last._version == version
     torch.ops.cute_attn.gqa_paged_decode(*a.inputs(), out, lse)
-    assert [p[1][-1] for p in stand_in_launch["plans"]] == [[32, 64], [1, 1]]
+    assert [v[1][-1] for v in stand_in_launch["index_values"]] == [[32, 64], [1, 1]]
     options = [launch[1] for launch in stand_in_launch["launches"]]
-    assert [o["natural_lse"] for o in options] == [True, False]
-    assert all(o["check_indices"] is False and o["plan"] is not None for o in options)
+    assert options == [dict(natural_lse=True), dict(natural_lse=False)]  # no plan=, check_indices left False
+    assert stand_in_launch["plans"] == []  # no host plan
 
 
 def test_inference_tensors_go_through_the_op(stand_in_launch):
     with torch.inference_mode():
         case = _case("gqa_paged_decode")
         out, lse = torch_ops.gqa_paged_decode(*case.inputs())
-    assert out.is_inference() and len(stand_in_launch["plans"]) == 1
+    assert out.is_inference() and len(stand_in_launch["launches"]) == 1 and not stand_in_launch["plans"]
     ref_out, ref_lse = case.reference()
     testing.assert_close_benchmark(out, ref_out, "output")
     testing.assert_close_benchmark(lse, ref_lse, "lse")
@@ -341,13 +341,13 @@ class _TwoDecodesOverComputedLengths(torch.nn.Module):
                     reason="Inductor CPU needs a C++ compiler")
 def test_inductor_buffer_reuse_gets_a_fresh_plan(stand_in_launch, monkeypatch):
     seen = []
-    real_plan = cute_attn.plan_gqa_paged_decode
+    stand_in = cute_attn.gqa_paged_decode
 
-    def plan(*inputs):
-        seen.append((id(inputs[5]), inputs[5].data_ptr(), inputs[5]._version))
-        return real_plan(*inputs)
+    def launch(*args, **options):
+        seen.append((id(args[5]), args[5].data_ptr(), args[5]._version))
+        return stand_in(*args, **options)
 
-    monkeypatch.setattr(cute_attn, "plan_gqa_paged_decode", plan)
+    monkeypatch.setattr(cute_attn, "gqa_paged_decode", launch)
     torch._dynamo.reset()
     case = testing.make_gqa_decode_case([3232, 128], seed=2)
     model = torch.compile(_TwoDecodesOverComputedLengths(case.sm_scale, case.page_size), fullgraph=True)
@@ -357,8 +357,8 @@ def test_inductor_buffer_reuse_gets_a_fresh_plan(stand_in_launch, monkeypatch):
     assert len(seen) == 2
     if seen[0] != seen[1]:
         pytest.skip(f"this Inductor gave the second lengths a new tensor ({seen}): nothing to alias")
-    # one object, one pointer, one version, two sets of values: the second call must not reuse the first plan
-    assert [p[1][-1] for p in stand_in_launch["plans"]] == [[32, 64], [1, 1]]
+    # one object, one pointer, one version, two sets of values: the second launch must see the second values
+    assert [v[1][-1] for v in stand_in_launch["index_values"]] == [[32, 64], [1, 1]]
     inputs_b = (case.q, case.k_cache, case.v_cache, case.kv_indptr, case.kv_indices,
                 torch.tensor([1, 1], dtype=torch.int32), case.sm_scale)
     ref_out_b, ref_lse_b = reference.gqa_paged_decode_ref(*inputs_b)

@@ -81,6 +81,12 @@ def _cases(arch: str) -> dict:
                 case = testing.make_mla_prefill_case([3, 50, 0], [100, 300, 7], page_size=ps, device="cuda", seed=5)
                 return _run_api(cute_attn.mla_paged_prefill, case, arch)
             cases["mla" if ps == 1 else f"mla-p{ps}"] = (config.kind, run)
+            for heads in (16, 8):  # one query a request: the decode spec's own kernel (heads as the MMA's N)
+                def run_decode(ps=ps, heads=heads):
+                    case = testing.make_mla_decode_case([4100, 0, 1, 300, 65], num_heads=heads, page_size=ps,
+                                                        device="cuda", seed=6 + heads)
+                    return _run_api(cute_attn.mla_paged_decode, case, arch)
+                cases[f"mla-decode-h{heads}-p{ps}"] = ("mla_paged_decode", run_decode)
 
     def edge_decode():
         case = testing.with_edge_page_table(testing.make_gqa_decode_case(

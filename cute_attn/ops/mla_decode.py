@@ -20,6 +20,7 @@ and FlashInfer-Bench the decode argument order now.
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 
 import numpy as np
@@ -30,6 +31,21 @@ from ..api import DevicePlan, plan_for
 from . import mla_prefill
 
 MAX_QUERIES_PER_REQUEST = 4  # MTP / speculative decoding: one 64-row tile of 16 heads
+#: sm_90a, one query token per request: the swapped-product kernel (``kernels/sm90/mla_decode.py``: heads as the
+#: wgmma N, no padding rows) instead of the 64-row prefill tile; flipping this line flips the entry and its plan_*
+SM90_SWAPPED = True
+_SWAPPED_HEADS = (8, 16)  # kernels/sm90/mla_decode.HEAD_COUNTS
+
+
+def one_token_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size) -> dict:
+    """The MLA prefill kind's tiles, or (sm_90a, ``SM90_SWAPPED``, 8 or 16 heads) one token a tile."""
+    if arch == "sm_90a" and SM90_SWAPPED and num_qo_heads in _SWAPPED_HEADS:
+        return dict(tile_q_rows=num_qo_heads, kv_tile=64, share_scores=False)
+    return mla_prefill.default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size)
+
+
+#: the MLA prefill kind with one-token tiles: the spec of the decode entry's one-query-per-request calls
+ONE_TOKEN_SPEC = dataclasses.replace(mla_prefill.SPEC, default_tiles=one_token_tiles)
 
 _ONE_PER_REQUEST: dict[tuple[int, torch.device], torch.Tensor] = {}
 _CHECKED_QO: dict[tuple, weakref.ref] = {}  # qo_indptr states whose q_len rule passed
@@ -125,8 +141,9 @@ def mla_paged_decode(
     """
     kv_last_page_len, sm_scale, output, lse = mla_prefill.page_size_1_order(kv_last_page_len, sm_scale, output, lse)
     qo = _queries(q_nope, kv_indptr, qo_indptr, check_indices)
+    spec = ONE_TOKEN_SPEC if qo_indptr is None else mla_prefill.SPEC
     return mla_prefill.run_mla(q_nope, q_pe, ckv_cache, kpe_cache, qo, kv_indptr, kv_indices, kv_last_page_len,
-                               sm_scale, output, lse, plan, check_indices, natural_lse, arch, num_sms)
+                               sm_scale, output, lse, plan, check_indices, natural_lse, arch, num_sms, spec=spec)
 
 
 def plan_mla_paged_decode(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, kv_last_page_len=None,
@@ -135,7 +152,8 @@ def plan_mla_paged_decode(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indi
     """Validate and plan one MLA decode batch (reads the index tensors: one host sync) for ``plan=``."""
     kv_last_page_len, sm_scale, _, _ = mla_prefill.page_size_1_order(kv_last_page_len, sm_scale, None, None)
     qo = _queries(q_nope, kv_indptr, qo_indptr, True)
-    return plan_for(mla_prefill.SPEC, (q_nope, q_pe, ckv_cache, kpe_cache, qo, kv_indptr, kv_indices,
+    spec = ONE_TOKEN_SPEC if qo_indptr is None else mla_prefill.SPEC
+    return plan_for(spec, (q_nope, q_pe, ckv_cache, kpe_cache, qo, kv_indptr, kv_indices,
                                        kv_last_page_len, sm_scale), arch=arch, num_sms=num_sms, on_device=on_device)
 
 

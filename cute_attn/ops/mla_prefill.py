@@ -200,12 +200,13 @@ def mla_paged_prefill(
 
 
 def run_mla(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output,
-            lse, plan, check_indices, natural_lse, arch, num_sms):
-    """``api.run`` with the MLA spec (inputs in the canonical order, ``kv_last_page_len`` possibly None)."""
+            lse, plan, check_indices, natural_lse, arch, num_sms, spec=None):
+    """``api.run`` with the MLA spec, or ``spec`` (the decode entry's one-token tiles; inputs in the canonical order,
+    ``kv_last_page_len`` possibly None)."""
     inputs = (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale)
     index = (qo_indptr, kv_indptr, kv_indices) if kv_last_page_len is None else \
         (qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
-    return run(SPEC, inputs, index, output, lse, plan, check_indices, natural_lse, arch, num_sms)
+    return run(spec or SPEC, inputs, index, output, lse, plan, check_indices, natural_lse, arch, num_sms)
 
 
 def plan_mla_paged_prefill(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len=None,

@@ -1,13 +1,18 @@
 """LSE combine: fold split-KV partials into the final output (shared by every kernel and both arches).
 
-Roles / pipeline: grid ``(max_merges, row_blocks)`` (fixed by the plan capacity, so a CUDA graph
-replays any plan that fits; merges past ``num_merges`` have no slots and exit), 4 warps per CTA, one
-packed row per warp at a time. A warp spreads the row's partial LSEs over its lanes and reduces them
-with shuffles to the merged base-2 LSE ``L = m + log2(sum 2^(lse_i - m))``; then each lane owns every
-32nd element of the head dimension and accumulates ``o = sum_i 2^(lse_i - L) * partial_out[slot_i, row, :]``
-(one coalesced read of a slot's row per warp, slots unrolled so loads overlap), stores it as bf16, and
-lane 0 writes ``lse = L * lse_out_scale``. A row whose partials are all ``-inf`` (it saw no key) gets 0
-and ``-inf``. Latency matters more than bandwidth here: batch-1 decode merges ~26 slots per row.
+Roles / pipeline: grid ``(max_merges, row_blocks, dim_blocks)`` (fixed by the plan capacity, so a CUDA
+graph replays any plan that fits; merges past ``num_merges`` have no slots and exit), 4 warps per CTA, one
+(packed row, 128-column chunk of the head dimension) per warp at a time: a 512-wide MLA row is four warps'
+work, not one's (one warp folding 64 slots x 512 fp32 of a batch-1 MLA decode was latency-bound). A warp
+spreads the row's partial LSEs over its lanes and reduces them with shuffles to the merged base-2 LSE
+``L = m + log2(sum 2^(lse_i - m))``; then, 32 slots at a time, each lane turns its slot's LSE into the weight
+``2^(lse_i - L)`` and the warp walks the slots taking each weight by a shuffle (no load between a slot's weight and
+its row, so the rows' loads overlap), each lane accumulating 4 consecutive columns of the chunk with one 16-byte
+load per slot (``o = sum_i w_i * partial_out[slot_i, row, :]``; a slot whose LSE is ``-inf`` saw no key and adds
+nothing, whatever its row holds). The chunk is stored as bf16, and lane 0 of chunk 0 writes ``lse = L *
+lse_out_scale``. A row whose partials are all ``-inf`` (it saw no key) gets 0 and ``-inf``. Launched with
+programmatic dependent launch: its launch overlaps the attention kernel's tail, and it waits for that grid
+(``griddepcontrol.wait``) before its first global read.
 
 Packed row ``r`` of (request ``b``, KV head ``h``) is token ``TOKEN_START + r // group`` and query head
 ``h * group + r % group`` (``docs/kernel-contract.md``).
@@ -29,7 +34,9 @@ from ...config import KernelConfig, PagedAttentionConfig
 from ...plan import MergeField
 
 WARP = 32
-WARPS_PER_CTA = 4  # one packed row per warp at a time
+WARPS_PER_CTA = 4  # one (packed row, column chunk) per warp at a time
+LANE_COLUMNS = 4  # consecutive fp32 columns per lane: one 16-byte load per slot
+SLOTS_IN_FLIGHT = 8  # slot rows a warp loads before it accumulates any (8 x 512 B in flight per warp)
 ROWS_PER_MERGE_PASS = 16  # rows of one merge handled concurrently (CTAs per merge x warps)
 
 
@@ -52,8 +59,8 @@ class CombineConfig(KernelConfig):
     def can_implement(self) -> str | None:
         if (reason := super().can_implement()) is not None:
             return reason
-        if self.head_dim_v % WARP:
-            return f"head_dim_v={self.head_dim_v} must be a multiple of {WARP} (one warp spans a row)"
+        if self.head_dim_v % (WARP * 2):
+            return f"head_dim_v={self.head_dim_v} must be a multiple of {WARP * 2} (a warp spans a column chunk)"
         if self.group_size < 1 or self.num_qo_heads % self.group_size:
             return f"num_qo_heads={self.num_qo_heads} must be a multiple of group_size={self.group_size}"
         return None
@@ -63,7 +70,10 @@ class LseCombine:
     def __init__(self, config: CombineConfig) -> None:
         self.config = config
         self.group = config.group_size
-        self.dims_per_lane = config.head_dim_v // WARP
+        # a warp folds a chunk of 32 lanes x 4 columns (x 2 at head_dim 64)
+        self.dims_per_lane = min(LANE_COLUMNS, config.head_dim_v // WARP)
+        self.chunk = WARP * self.dims_per_lane
+        self.dim_blocks = config.head_dim_v // self.chunk
         # enough CTAs per merge that short merges (decode: 5 rows) spread over warps, few enough that
         # a 128-row merge loops instead of launching idle CTAs
         self.row_blocks = max(1, min(config.tile_q_rows, ROWS_PER_MERGE_PASS) // WARPS_PER_CTA)
@@ -85,13 +95,17 @@ class LseCombine:
         stream: cuda.CUstream,
     ):
         self.kernel(partial_out, partial_lse, merge_indptr, merges, output, lse, lse_out_scale).launch(
-            grid=(merges.shape[0], self.row_blocks, 1), block=(WARPS_PER_CTA * WARP, 1, 1), stream=stream
+            grid=(merges.shape[0], self.row_blocks, self.dim_blocks), block=(WARPS_PER_CTA * WARP, 1, 1),
+            stream=stream, use_pdl=True
         )
 
     @cute.kernel
     def kernel(self, partial_out, partial_lse, merge_indptr, merges, output, lse, lse_out_scale: cutlass.Float32):
         tidx, _, _ = cute.arch.thread_idx()
-        m, row_block, _ = cute.arch.block_idx()
+        m, row_block, dim_block = cute.arch.block_idx()
+        # launched with programmatic dependent launch behind the attention kernel (its launch overlaps that
+        # kernel's tail): nothing global is read before this wait, which returns once that grid has finished
+        cute.arch.griddepcontrol_wait()
         lane = tidx % WARP
         warp = tidx // WARP
         slot_begin = merge_indptr[m]
@@ -103,7 +117,11 @@ class LseCombine:
         if slot_end <= slot_begin:
             row_count = 0
         neg_inf = -cutlass.Float32.inf
-        acc = cute.make_rmem_tensor((self.dims_per_lane,), cutlass.Float32)
+        vec = self.dims_per_lane
+        col0 = dim_block * self.chunk + lane * vec  # this lane's first column
+        acc = cute.make_rmem_tensor((vec,), cutlass.Float32)
+        parts = cute.make_rmem_tensor((vec, SLOTS_IN_FLIGHT), cutlass.Float32)
+        weights = cute.make_rmem_tensor((SLOTS_IN_FLIGHT,), cutlass.Float32)
         row_stride = self.row_blocks * WARPS_PER_CTA
         for r in range(row_block * WARPS_PER_CTA + warp, row_count, row_stride):
             # the row's partial LSEs, spread over the lanes, reduced with shuffles
@@ -119,22 +137,38 @@ class LseCombine:
             merged_lse = neg_inf
             if total > 0.0:
                 merged_lse = safe_max + cute.math.log2(total, fastmath=True)
-            for i in cutlass.range_constexpr(self.dims_per_lane):
-                acc[i] = cutlass.Float32(0.0)
-            # each lane owns dims lane, lane + 32, ...: every slot's row is one coalesced read per warp
-            for s in range(slot_begin, slot_end, unroll=4):
-                part_lse = partial_lse[s, r]
-                if part_lse != neg_inf:  # a chunk that saw no key adds nothing, whatever its o
-                    weight = cute.math.exp2(part_lse - merged_lse, fastmath=True)
-                    for i in cutlass.range_constexpr(self.dims_per_lane):
-                        acc[i] = acc[i] + weight * partial_out[s, r, lane + i * WARP]
+            acc.fill(0.0)
+            for g in range(slot_begin, slot_end, WARP):
+                # lane j holds slot g + j's weight; 0 for a slot that saw no key (its row may hold anything)
+                lane_weight = cutlass.Float32(0.0)
+                if g + lane < slot_end:
+                    lane_lse = partial_lse[g + lane, r]
+                    if lane_lse != neg_inf:
+                        lane_weight = cute.math.exp2(lane_lse - merged_lse, fastmath=True)
+                n = cutlass.min(WARP, slot_end - g)
+                for j0 in range(0, n, SLOTS_IN_FLIGHT):
+                    # all the group's rows are loaded before any is used: their latencies overlap
+                    for u in cutlass.range_constexpr(SLOTS_IN_FLIGHT):
+                        j = cutlass.min(j0 + u, n - 1)  # past the last slot: reread it, with weight 0
+                        weights[u] = cute.arch.shuffle_sync(lane_weight, j)
+                        if j0 + u >= n:
+                            weights[u] = cutlass.Float32(0.0)
+                        offset = (cutlass.Int64(g + j) * partial_out.stride[0] + r * partial_out.stride[1] + col0) * 4
+                        src = cute.make_ptr(cutlass.Float32, partial_out.iterator.toint() + offset,
+                                            cute.AddressSpace.gmem, assumed_align=4 * vec)
+                        cute.autovec_copy(cute.make_tensor(src, cute.make_layout(vec)), parts[None, u])
+                    for u in cutlass.range_constexpr(SLOTS_IN_FLIGHT):
+                        for i in cutlass.range_constexpr(vec):
+                            term = weights[u] * parts[i, u]
+                            acc[i] = acc[i] + (term if weights[u] > 0.0 else cutlass.Float32(0.0))
             packed = row_start + r
             token = token_start + packed // self.group
             head = kv_head * self.group + packed % self.group
-            for i in cutlass.range_constexpr(self.dims_per_lane):
-                output[token, head, lane + i * WARP] = acc[i].to(cutlass.BFloat16)
-            if lane == 0:
-                lse[token, head] = merged_lse * lse_out_scale
+            for i in cutlass.range_constexpr(vec):
+                output[token, head, col0 + i] = acc[i].to(cutlass.BFloat16)
+            if dim_block == 0:
+                if lane == 0:
+                    lse[token, head] = merged_lse * lse_out_scale
 
 
 def build(config: CombineConfig) -> tuple[Any, tuple[Any, ...]]:
@@ -163,6 +197,9 @@ def default_configs(arch: str) -> list[CombineConfig]:
         CombineConfig(arch=arch, tile_q_rows=128, head_dim_v=128, num_qo_heads=32, group_size=8),
         CombineConfig(arch=arch, tile_q_rows=64, head_dim_v=128, num_qo_heads=20, group_size=5),
         CombineConfig(arch=arch, tile_q_rows=64, head_dim_v=512, num_qo_heads=16, group_size=16),
+        # MLA decode, one token a tile (the swapped sm_90a kernel): h16 and h8
+        CombineConfig(arch=arch, tile_q_rows=16, head_dim_v=512, num_qo_heads=16, group_size=16),
+        CombineConfig(arch=arch, tile_q_rows=8, head_dim_v=512, num_qo_heads=8, group_size=8),
         CombineConfig(arch=arch, tile_q_rows=128, head_dim_v=256, num_qo_heads=16, group_size=8),  # prefill d256
     ]
 

@@ -17,7 +17,8 @@ latent row id (page id from ``kv_indices``, slot from the key) in a double-buffe
 still gathers from), then a named barrier of the load threads; keys >= ``KV_END`` get id -1 and are
 zero-filled: the pool holds NaN in rows no request owns, and V = ckv feeds the P V MMA, where 0 * NaN would
 poison O. Each thread then waits for its copies, fences them into the async proxy and arrives on the
-stage's full barrier.
+stage's full barrier; or (``async_kv``, sm_90a) the K stage's rows, zero-fills included, are all cp.async and
+complete on the full barrier by themselves (``noinc``), so two stages load at once, and the consumers fence.
 
 Bounds (defence in depth, issue 9): a page id outside ``[0, num_pages)`` (``num_pages`` = the cache's
 extent, a runtime value) also gets id -1, so the gathers never dereference it, even when the host skipped
@@ -38,7 +39,7 @@ from cutlass import Int32, Int64
 from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField as F
 from .paged_launch import checked_build, launch_paged
-from .row_gather import ROW_CHUNK, commit_rows, gather_rows, make_row_copy_atom
+from .row_gather import ROW_CHUNK, commit_rows, gather_rows, gather_rows_zero_fill, make_row_copy_atom
 
 KIND = "mla_paged_prefill"
 CKV_DIM = 512
@@ -114,12 +115,16 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
                         kv_indices: cute.Tensor, items: cute.Tensor, item_begin: Int32, item_end: Int32,
                         s_q: cute.Tensor, s_k: cute.Tensor, s_ids: cute.Tensor, pipe_q, pipe_kv, q_state, kv_state,
                         group: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int],
-                        ids_barrier: cutlass.Constexpr[int], q_for_keyless_items: cutlass.Constexpr[bool]):
+                        ids_barrier: cutlass.Constexpr[int], q_for_keyless_items: cutlass.Constexpr[bool],
+                        async_kv: cutlass.Constexpr[bool] = False):
     """The load role over items ``item_begin .. item_end - 1`` (thread ``tid`` of ``num_threads``).
 
     ``s_q``: ``(tile_m, 576)`` smem tile; ``s_k``: ``(kv_tile, 576, stage)``; ``s_ids``: ``(kv_tile, 2)``
     Int32 row-id table; ``ids_barrier``: a named barrier id free for the load threads.
     ``q_for_keyless_items``: load Q for items without keys too (their consumers still wait on Q).
+    ``async_kv``: K stages gathered by :func:`gather_rows_zero_fill` and committed with the pipeline's own producer
+    commit (``PipelineCpAsync``: ``cp.async.mbarrier.arrive.noinc``), so the thread does not wait for a tile to land
+    before gathering the next one (two tiles in flight instead of one); the consumers fence after their wait.
     """
     tile_n = cute.size(s_k, mode=[0])
     copy_atom = make_row_copy_atom(s_q.element_type)
@@ -161,10 +166,16 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
             tiles_done += 1
             pipe_kv.producer_acquire(kv_state)
             s_stage = s_k_chunks[None, None, None, None, kv_state.index]
-            gather_rows(copy_atom, zeros, ckv_cache, ckv_stride, s_stage, 0, CKV_DIM, tid, num_threads, ids=ids)
-            gather_rows(copy_atom, zeros, kpe_cache, kpe_stride, s_stage, CKV_DIM // ROW_CHUNK, KPE_DIM, tid,
-                        num_threads, ids=ids)
-            commit_rows(pipe_kv, kv_state)
+            if cutlass.const_expr(async_kv):
+                gather_rows_zero_fill(ckv_cache, ckv_stride, s_stage, 0, CKV_DIM, tid, num_threads, ids)
+                gather_rows_zero_fill(kpe_cache, kpe_stride, s_stage, CKV_DIM // ROW_CHUNK, KPE_DIM, tid, num_threads,
+                                      ids)
+                pipe_kv.producer_commit(kv_state)
+            else:
+                gather_rows(copy_atom, zeros, ckv_cache, ckv_stride, s_stage, 0, CKV_DIM, tid, num_threads, ids=ids)
+                gather_rows(copy_atom, zeros, kpe_cache, kpe_stride, s_stage, CKV_DIM // ROW_CHUNK, KPE_DIM, tid,
+                            num_threads, ids=ids)
+                commit_rows(pipe_kv, kv_state)
             kv_state.advance()
 
 

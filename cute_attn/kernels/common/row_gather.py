@@ -28,6 +28,18 @@ def make_row_copy_atom(dtype) -> cute.CopyAtom:
                                num_bits_per_copy=16 * ROW_CHUNK)
 
 
+def row_passes(num_rows: int, chunks: int, num_threads: int) -> tuple[int, int, bool]:
+    """``(rows_per_pass, passes, guarded)`` for ``num_threads`` threads copying ``num_rows`` rows of ``chunks``
+    16-byte chunks, one chunk column each: every row is covered once; ``guarded`` when the last pass overshoots
+    the tile (fewer rows than a pass holds, e.g. the 64-column pe part of an 8-row query tile), so its threads past
+    the last row copy nothing."""
+    if chunks > num_threads or num_threads % chunks:
+        raise ValueError(f"{num_threads} threads cannot share rows of {chunks} chunks (a multiple is needed)")
+    rows_per_pass = num_threads // chunks
+    passes = -(-num_rows // rows_per_pass)
+    return rows_per_pass, passes, passes * rows_per_pass != num_rows
+
+
 @cute.jit
 def gather_rows(copy_atom: cute.CopyAtom, zeros: cute.Tensor, src: cute.Tensor, row_stride: Int64,
                 s_chunks: cute.Tensor, chunk0: cutlass.Constexpr[int], width: cutlass.Constexpr[int], tid: Int32,
@@ -43,26 +55,37 @@ def gather_rows(copy_atom: cute.CopyAtom, zeros: cute.Tensor, src: cute.Tensor, 
     rows per pass.
     """
     chunks = width // ROW_CHUNK
-    rows_per_pass = num_threads // chunks
     num_rows = cute.size(s_chunks, mode=[2])
+    rows_per_pass, passes, guarded = row_passes(num_rows, chunks, num_threads)
     chunk = tid % chunks
-    base = src.iterator
-    for i in cutlass.range(num_rows // rows_per_pass, unroll=2):
+    for i in cutlass.range(passes, unroll=2):
         r = i * rows_per_pass + tid // chunks
-        dst = s_chunks[0, None, r, chunk0 + chunk]
-        if cutlass.const_expr(ids is None):
-            src_row = row0 + r
-            ok = r < valid_rows
+        if cutlass.const_expr(guarded):
+            if r < num_rows:
+                _copy_row(copy_atom, zeros, src, row_stride, s_chunks, chunk0, chunk, r, row0, valid_rows, ids)
         else:
-            rid = ids[r]
-            src_row = Int64(rid)
-            ok = rid >= 0
-        if ok:
-            offset = src_row * row_stride + chunk * ROW_CHUNK
-            ptr = cute.make_ptr(src.element_type, (base + offset).toint(), cute.AddressSpace.gmem, assumed_align=16)
-            cute.copy(copy_atom, cute.make_tensor(ptr, cute.make_layout(ROW_CHUNK)), dst)
-        else:
-            cute.autovec_copy(zeros, dst)
+            _copy_row(copy_atom, zeros, src, row_stride, s_chunks, chunk0, chunk, r, row0, valid_rows, ids)
+
+
+@cute.jit
+def _copy_row(copy_atom: cute.CopyAtom, zeros: cute.Tensor, src: cute.Tensor, row_stride: Int64, s_chunks: cute.Tensor,
+              chunk0: cutlass.Constexpr[int], chunk: Int32, r: Int32, row0, valid_rows, ids):
+    """One chunk of tile row ``r`` (:func:`gather_rows`' rules for its source row and zero fill)."""
+    dst = s_chunks[0, None, r, chunk0 + chunk]
+    if cutlass.const_expr(ids is None):
+        src_row = row0 + r
+        ok = r < valid_rows
+    else:
+        rid = ids[r]
+        src_row = Int64(rid)
+        ok = rid >= 0
+    if ok:
+        offset = src_row * row_stride + chunk * ROW_CHUNK
+        ptr = cute.make_ptr(src.element_type, (src.iterator + offset).toint(), cute.AddressSpace.gmem,
+                            assumed_align=16)
+        cute.copy(copy_atom, cute.make_tensor(ptr, cute.make_layout(ROW_CHUNK)), dst)
+    else:
+        cute.autovec_copy(zeros, dst)
 
 
 @cute.jit
@@ -92,40 +115,90 @@ def cp_async_chunk(dst_smem: Int32, src_global: Int64, src_bytes: Int32):
 
 
 @cute.jit
-def gather_one_row_pages(k_rows: cute.Tensor, v_rows: cute.Tensor, s_k_chunks: cute.Tensor, s_v_chunks: cute.Tensor,
-                         lane_pages: cute.Tensor, head: Int32, lane: Int32, num_rows: cutlass.Constexpr[int],
-                         head_dim: cutlass.Constexpr[int]):
-    """One ring stage of a page-1 pool: ``num_rows`` K and V rows of KV head ``head`` by the 32 lanes of one warp,
-    fully unrolled (the one-warp loop with a shared id table and a branch per row was latency-bound: 266 µs).
+def gather_one_row_pages(rows: cute.Tensor, s_chunks: cute.Tensor, lane_pages: cute.Tensor, head: Int32, lane: Int32,
+                         num_rows: cutlass.Constexpr[int], head_dim: cutlass.Constexpr[int],
+                         rows_b: cute.Tensor | None = None, s_chunks_b: cute.Tensor | None = None,
+                         page_rows: cutlass.Constexpr[int] = 1):
+    """One tile of a small-page pool: ``num_rows`` rows of KV head ``head`` by the 32 lanes of one warp, fully
+    unrolled (the one-warp loop with a shared id table and a branch per row was latency-bound: 266 µs at decode
+    page 1).
 
-    ``k_rows`` / ``v_rows``: the caches, ``[pages, 1, Hkv, D]``; ``s_*_chunks``: the stage as ``(1, vec, row,
-    chunk)`` of a 128B-swizzled tile (:func:`swizzle_128b` places every chunk); ``lane_pages[c]``: the id of stage row ``32 c +
-    lane`` (``common/page_ids.py``), shuffled to the lanes copying that row. Each lane copies one 16-byte chunk
-    column of ``32 / chunks`` rows per pass; an id outside ``[0, pages)`` (past the item's keys, or hostile) zero-fills
-    its row. The copies complete on the stage's full mbarrier (``cp.async.mbarrier.arrive.noinc``, the pipeline's
-    producer commit), so the lane never waits for them.
+    ``rows``: a cache, ``[pages, page_rows, Hkv, D]``; ``s_chunks``: the tile as ``(1, vec, row, chunk)`` of a
+    128B-swizzled stage (:func:`swizzle_128b` places every chunk); ``rows_b`` / ``s_chunks_b``: a second cache
+    and tile with the same ids (decode: V beside K), copied in the same pass. ``lane_pages[c]``: the id of the
+    tile's page ``32 c + lane`` (``common/page_ids.py``; tile row ``r`` is slot ``r % page_rows`` of page
+    ``r // page_rows``), shuffled to the lanes copying that row. Each lane copies one 16-byte chunk column of
+    ``32 / chunks`` rows per pass; an id outside ``[0, pages)`` (past the item's keys, or hostile) zero-fills its
+    row. The copies complete on the stage's full mbarrier (``cp.async.mbarrier.arrive.noinc``,
+    ``PipelineCpAsync``'s producer commit), so the lane never waits for them.
     """
     chunks = head_dim // ROW_CHUNK
     rows_per_pass = 32 // chunks
     chunk = lane % chunks
     sub = lane // chunks
-    num_pages = k_rows.shape[0]
-    elem = k_rows.element_type.width // 8
-    k_base = k_rows.iterator.toint() + Int64(head * k_rows.stride[2] + chunk * ROW_CHUNK) * elem
-    v_base = v_rows.iterator.toint() + Int64(head * v_rows.stride[2] + chunk * ROW_CHUNK) * elem
-    k_page = Int64(k_rows.stride[0]) * elem
-    v_page = Int64(v_rows.stride[0]) * elem
+    num_pages = rows.shape[0]
+    elem = rows.element_type.width // 8
+    base = rows.iterator.toint() + Int64(head * rows.stride[2] + chunk * ROW_CHUNK) * elem
+    page_bytes = Int64(rows.stride[0]) * elem
+    slot_bytes = Int64(rows.stride[1]) * elem
+    base_b = base
+    page_bytes_b = page_bytes
+    slot_bytes_b = slot_bytes
+    if cutlass.const_expr(rows_b is not None):
+        base_b = rows_b.iterator.toint() + Int64(head * rows_b.stride[2] + chunk * ROW_CHUNK) * elem
+        page_bytes_b = Int64(rows_b.stride[0]) * elem
+        slot_bytes_b = Int64(rows_b.stride[1]) * elem
+    page_shift = page_rows.bit_length() - 1
     for p in cutlass.range_constexpr(num_rows // rows_per_pass):
         r0 = p * rows_per_pass
-        pid = cute.arch.shuffle_sync(lane_pages[r0 // 32], r0 % 32 + sub)
+        r = r0 + sub
+        if cutlass.const_expr(page_rows == 1):
+            pid = cute.arch.shuffle_sync(lane_pages[r0 // 32], r0 % 32 + sub)
+        else:
+            # a register holds 32 pages = 32 * page_rows rows, a multiple of rows_per_pass: constant per pass
+            pid = cute.arch.shuffle_sync(lane_pages[r0 // (32 * page_rows)], (r >> page_shift) & 31)
         nbytes = Int32(0)
         src_page = Int64(0)
         if pid >= 0:
             if pid < num_pages:
                 nbytes = Int32(16)
                 src_page = Int64(pid)
-        r = r0 + sub
-        cp_async_chunk(swizzle_128b(s_k_chunks[0, None, r, chunk].iterator.toint()), k_base + src_page * k_page,
-                       nbytes)
-        cp_async_chunk(swizzle_128b(s_v_chunks[0, None, r, chunk].iterator.toint()), v_base + src_page * v_page,
+        src = base + src_page * page_bytes
+        src_b = base_b + src_page * page_bytes_b
+        if cutlass.const_expr(page_rows > 1):
+            slot = Int64(r & (page_rows - 1))
+            src = src + slot * slot_bytes
+            src_b = src_b + slot * slot_bytes_b
+        cp_async_chunk(swizzle_128b(s_chunks[0, None, r, chunk].iterator.toint()), src, nbytes)
+        if cutlass.const_expr(rows_b is not None):
+            cp_async_chunk(swizzle_128b(s_chunks_b[0, None, r, chunk].iterator.toint()), src_b, nbytes)
+
+
+@cute.jit
+def gather_rows_zero_fill(src: cute.Tensor, row_stride: Int64, s_chunks: cute.Tensor, chunk0: cutlass.Constexpr[int],
+                          width: cutlass.Constexpr[int], tid: Int32, num_threads: cutlass.Constexpr[int],
+                          ids: cute.Tensor):
+    """:func:`gather_rows` by ids, every row a ``cp.async`` (an id of -1 zero-fills its row by ``src-size`` 0, not
+    by a shared store) and every pass unrolled: all of the tile's writes are then cp.async, so the pipeline's
+    producer commit can be ``cp.async.mbarrier.arrive.noinc`` (``PipelineCpAsync``) and the thread goes on to the
+    next tile while this one is in flight. The consumers fence the rows into the async proxy after their wait."""
+    chunks = width // ROW_CHUNK
+    num_rows = cute.size(s_chunks, mode=[2])
+    rows_per_pass, passes, guarded = row_passes(num_rows, chunks, num_threads)
+    if cutlass.const_expr(guarded):
+        raise ValueError(f"gather_rows_zero_fill: {num_rows} rows are not whole passes of {rows_per_pass}")
+    chunk = tid % chunks
+    sub = tid // chunks
+    elem = src.element_type.width // 8
+    base = src.iterator.toint() + Int64(chunk * ROW_CHUNK * elem)
+    row_bytes = row_stride * elem
+    for p in cutlass.range_constexpr(passes):
+        r = p * rows_per_pass + sub
+        rid = ids[r]
+        nbytes = Int32(0)
+        src_row = Int64(0)
+        if rid >= 0:
+            nbytes = Int32(16)
+            src_row = Int64(rid)
+        cp_async_chunk(swizzle_128b(s_chunks[0, None, r, chunk0 + chunk].iterator.toint()), base + src_row * row_bytes,
                        nbytes)

@@ -35,8 +35,13 @@ LN_2 = math.log(2.0)
 
 
 def acc_mn_view(acc: cute.Tensor) -> cute.Tensor:
-    """``acc`` ((2, 2, V), MMA_M, MMA_N) viewed as (rows, cols) = ((2, MMA_M), (2, V, MMA_N))."""
+    """``acc`` ((2, 2, V), MMA_M, MMA_N) viewed as (rows, cols) = ((2, MMA_M), (2, V, MMA_N)); an 8-column MMA's
+    ((2, 2), MMA_M, MMA_N) (no V mode) as ((2, MMA_M), (2, MMA_N))."""
     flat = cute.make_layout(acc.layout.shape)  # column-major over the same shape
+    if len(flat.shape[0]) == 2:
+        shape = ((flat.shape[0][1], flat.shape[1]), (flat.shape[0][0], flat.shape[2]))
+        stride = ((flat.stride[0][1], flat.stride[1]), (flat.stride[0][0], flat.stride[2]))
+        return cute.make_tensor(acc.iterator, cute.composition(acc.layout, cute.make_layout(shape, stride=stride)))
     shape = ((flat.shape[0][1], flat.shape[1]), (flat.shape[0][0], flat.shape[0][2], flat.shape[2]))
     stride = ((flat.stride[0][1], flat.stride[1]), (flat.stride[0][0], flat.stride[0][2], flat.stride[2]))
     return cute.make_tensor(acc.iterator, cute.composition(acc.layout, cute.make_layout(shape, stride=stride)))

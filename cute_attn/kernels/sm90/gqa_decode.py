@@ -29,11 +29,11 @@ Warp roles (288 threads)
     warp 8     producer: reads the item's page ids from ``kv_indices`` (from position KV_PAGE_START) 32 at a
                time (one per lane, then shuffled out), and for each KV tile (one page = ``kv_tile`` keys) issues two TMA loads (the page's K and V boxes for the item's KV head;
                the page id is the TMA coordinate) into the stage, completing on its full mbarrier.
-               Pages of 2, 4 or 8 keys (and 16 in 64-key stages; ``produce_pages``): a stage stays ``kv_tile``
+               Pages of 4 or 8 keys (and 16 in 64-key stages; ``produce_pages``): a stage stays ``kv_tile``
                keys, built from ``kv_tile / page_size`` page boxes of K and of V at row offsets ``i * page_size``;
                one coalesced id load (one per lane, ``common/page_ids.py``) covers 32 / pages-per-stage stages; a
                page past KV_END gets id -1 (zero-filled, its bytes counted), so the full mbarrier keeps one
-               expect-tx of the whole stage. Page 1 (``produce_rows``): 16-byte cp.async rows instead, below.
+               expect-tx of the whole stage. Pages 1, 2 (``produce_rows``): 16-byte cp.async rows, below.
 
 Small pages: a box of fewer rows than the 128B swizzle's 8-row atom (pages 2, 4) at a row offset inside a swizzled
 stage is legal: TMA swizzles by shared-memory address and the stage is 1024 B aligned. The atom is built for the
@@ -102,13 +102,12 @@ BOTH_BARRIER_ID = WG_BARRIER_ID + NUM_CONSUMER_WG  # both consumer warpgroups
 Q_VEC = 8  # bf16 per 16-byte Q load
 PAGE_IDS_PER_LOAD = 32  # producer: one page id per lane of the producer warp
 MULTI_PAGE_BELOW = 16  # pages of fewer keys: a stage of kv_tile keys is kv_tile / page_size page boxes
-MAX_PAGES_PER_STAGE = 64  # page-1 decode with kv_tile 64: 64 page boxes (x D/64 columns x K, V) per stage
 # Stages of several pages are also built for pages of 16+ keys when asked for (kv_tile 64 or 128 with page 16 or
 # 32: fewer, wider tiles, i.e. fewer wgmma pairs and softmaxes per key); the defaults keep one page per stage.
 MULTI_PAGE_TILES = (64, 128)
-# Pages of one key: 16-byte cp.async rows from the producer warp (produce_rows), not one-row TMA boxes (the TMA
-# unit's rate for 128-byte boxes held page 1 to 43% of page 64 even with one election per stage)
-ROW_GATHER_PAGE_SIZE = 1
+# Pages of one or two keys: 16-byte cp.async rows from the producer warp (produce_rows), not page boxes (the TMA
+# unit's rate for 128-byte boxes held page 1 to 43% of page 64 even with one election per stage; rows: 88%)
+ROW_GATHER_PAGE_SIZES = (1, 2)
 ITEM_FIELDS = tuple(F)  # an item's row in registers is indexed by ItemField (unused fields are dead loads)
 
 
@@ -176,9 +175,9 @@ def check_config(config: PagedAttentionConfig) -> str | None:
     if config.page_size >= MULTI_PAGE_BELOW and config.kv_tile not in (config.page_size, *MULTI_PAGE_TILES):
         return (f"kv_tile={config.kv_tile} must equal page_size={config.page_size} (one page is one TMA box per "
                 f"stage) or be one of {MULTI_PAGE_TILES} (a stage of several page boxes)")
-    if config.kv_tile % config.page_size or config.kv_tile // config.page_size > MAX_PAGES_PER_STAGE:
-        return (f"page_size={config.page_size}: a stage of kv_tile={config.kv_tile} keys is built from "
-                f"kv_tile / page_size TMA boxes, which must be whole and at most {MAX_PAGES_PER_STAGE}")
+    if config.kv_tile % config.page_size:
+        return (f"page_size={config.page_size}: a stage of kv_tile={config.kv_tile} keys must hold whole pages "
+                "(kv_tile / page_size page boxes, or rows at pages 1 and 2)")
     if config.kv_tile < 16 or config.kv_tile > 256:
         return f"kv_tile={config.kv_tile} must be in 16..256 (wgmma N and TMA box limits)"
     if config.head_dim_qk != config.head_dim_v:
@@ -207,7 +206,7 @@ class GqaDecodeSm90:
         self.tile_m = config.tile_q_rows
         self.tile_n = config.kv_tile
         self.pages_per_stage = config.kv_tile // config.page_size  # 1 for pages of 16..128 keys
-        self.row_gather = config.page_size == ROW_GATHER_PAGE_SIZE
+        self.row_gather = config.page_size in ROW_GATHER_PAGE_SIZES
         self.stages = num_stages(config)
         self.dtype = cutlass.BFloat16
         self.tile_bytes = self.tile_n * self.head_dim * 2
@@ -447,28 +446,31 @@ class GqaDecodeSm90:
 
     @cute.jit
     def produce_rows(self, k_rows, v_rows, sK, sV, kv_indices, items, item_begin, item_end, guess, row, pipe):
-        """Page 1: each stage's ``tile_n`` K and V rows as 16-byte ``cp.async`` copies by the 32 producer lanes
-        (``common/row_gather.gather_one_row_pages``), ids one per lane loaded a round ahead; the consumers fence
-        the rows into the async proxy before their wgmmas read them."""
-        N = self.tile_n
+        """Pages of 1 or 2 keys: each stage's ``tile_n`` K and V rows as 16-byte ``cp.async`` copies by the 32
+        producer lanes (``common/row_gather.gather_one_row_pages``), page ids one per lane loaded a round ahead;
+        the consumers fence the rows into the async proxy before their wgmmas read them."""
+        N, P = self.tile_n, self.page_size
+        npg = N // P
         sK_chunks = cute.flat_divide(sK, (1, ROW_CHUNK))  # (1, vec, row, chunk, stage)
         sV_chunks = cute.flat_divide(sV, (1, ROW_CHUNK))
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         lane = cute.arch.lane_idx()
-        lane_pages = cute.make_rmem_tensor((id_loads(N),), Int32)
-        next_pages = cute.make_rmem_tensor((id_loads(N),), Int32)
+        lane_pages = cute.make_rmem_tensor((id_loads(npg),), Int32)
+        next_pages = cute.make_rmem_tensor((id_loads(npg),), Int32)
         for it in cutlass.range(item_begin, item_end, unroll=1):
             load_item(items, it, item_begin, guess, ITEM_FIELDS, row)
-            n_keys = cutlass.max(row[F.KV_END] - row[F.KV_START], 0)  # = pages: one key a page
+            n_keys = cutlass.max(row[F.KV_END] - row[F.KV_START], 0)
+            n_pages = (n_keys + P - 1) // P
             first_page = row[F.KV_PAGE_START]
-            load_lane_page_ids(kv_indices, next_pages, first_page, n_keys, lane)
+            load_lane_page_ids(kv_indices, next_pages, first_page, n_pages, lane)
             for t in cutlass.range((n_keys + N - 1) // N, unroll=1):
                 t1 = t + 1
-                rotate_lane_page_ids(kv_indices, lane_pages, next_pages, first_page + t1 * N, n_keys - t1 * N, lane)
+                rotate_lane_page_ids(kv_indices, lane_pages, next_pages, first_page + t1 * npg, n_pages - t1 * npg,
+                                     lane)
                 pipe.producer_acquire(state)
-                gather_one_row_pages(k_rows, v_rows, sK_chunks[None, None, None, None, state.index],
-                                     sV_chunks[None, None, None, None, state.index], lane_pages, row[F.KV_HEAD], lane,
-                                     N, self.head_dim)
+                gather_one_row_pages(k_rows, sK_chunks[None, None, None, None, state.index], lane_pages,
+                                     row[F.KV_HEAD], lane, N, self.head_dim, v_rows,
+                                     sV_chunks[None, None, None, None, state.index], P)
                 pipe.producer_commit(state)
                 state.advance()
 

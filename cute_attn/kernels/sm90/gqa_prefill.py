@@ -14,8 +14,11 @@ Warp roles (384 threads = 3 warpgroups):
   pages (one TMA box per page of one KV head, page ids from ``kv_indices``; a page wholly past
   ``KV_END`` gets coordinate -1, which TMA zero-fills). Pages of 8+ keys: each lane loads the tile's <= 16 ids
   itself; pages 1, 2, 4 (32..128 boxes per tile): lane l loads ids l, l + 32, ... (coalesced,
-  ``common/page_ids.py``) and each box gets its id by a shuffle; the DSL's TMA copy elects one issuing lane.
-  Warps 1-3 of WG0 exit at once.
+  ``common/page_ids.py``) and each box gets its id by a shuffle; one elected lane issues a tile's boxes
+  (``common/tma_issue.py``). Page 1 (``ROW_GATHER_PAGE_SIZES``): no boxes; the 32 lanes cp.async the tile's
+  rows, 16 bytes each (``common/row_gather.gather_one_row_pages``), into ``PipelineCpAsync`` stages that
+  complete by ``noinc`` arrives; the consumers fence after every K / V wait. ``setmaxnreg`` 24: the release
+  pays exactly for the consumers' 240 (``common/registers.py``). Warps 1-3 of WG0 exit at once.
 * WG1, WG2 -- consumers (``setmaxnreg`` 240), 64 packed rows each. Per key tile: wgmma
   ``S = Q K^T`` (smem x smem), causal / sequence-end mask only on tiles that need it, online softmax
   in base 2 (``common/softmax.py``), P converted to bf16 in registers, wgmma ``O += P V``
@@ -78,6 +81,8 @@ from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.named_barrier import warpgroup_barrier_arrive, warpgroup_barrier_sync
 from ..common.packed_q import q_box_rows, q_box_stage_layout
 from ..common.page_ids import LANE_IDS_BELOW, id_loads, lane_page_id, load_lane_page_ids, load_tile_page_ids
+from ..common.registers import register_split_reason
+from ..common.row_gather import ROW_CHUNK, gather_one_row_pages
 from ..common.tma_issue import ONE_ELECTION, issue_page_boxes, tma_descriptor_address
 from ..common.softmax import (acc_mn_view, acc_to_mma_a_view, make_softmax_state, rescale_rows,
                               softmax_finalize, softmax_reset, softmax_update, store_p_bf16)
@@ -87,10 +92,17 @@ from .wgmma import wgmma_gemm
 KIND = "gqa_paged_prefill"
 ARCH = "sm_90a"
 NUM_STAGES = 2
+# Pages of one key: 16-byte cp.async rows from the producer warp, not 128 one-row page boxes per tile (H200,
+# 8 x 992: 484 -> 442 us). At page 2 the rows measured slower than the 64 two-row boxes (311 against 281 us): the
+# one producer warp's 4096 copies a 128-key K + V tile are the limit there, not the TMA unit's box rate.
+ROW_GATHER_PAGE_SIZES = (1,)
 _SUPPORTED_HEAD_DIMS = (64, 128, 256)
 #: key tile per head_dim; at 256 a 64-key tile keeps the consumers in registers (O alone is 64 x 256 fp32 per
 #: warpgroup = 128 per thread) and one Q stage + 2 K/V stages in shared memory (64 + 128 KB)
 _KV_TILES = {64: (64, 128), 128: (64, 128), 256: (64,)}
+# setmaxnreg split of the 384 threads (launched at 168 each): the producer warpgroup's release pays exactly for the
+# consumers' increase (a producer at 32 left the consumers 1024 registers short: they waited forever, H200)
+PRODUCER_REGS, CONSUMER_REGS = 24, 240
 _ZERO_V_BARRIER = 1  # named barrier id used by the two consumer warpgroups
 _SCHED_BARRIER = 2  # ids 2, 3: consumer warpgroup w waits on 2 + w before issuing its GEMMs
 
@@ -131,6 +143,8 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         return f"group size {config.group_size} exceeds the {config.tile_q_rows}-row tile (a tile packs whole tokens)"
     if (reason := page_box_reason(config)) is not None:
         return reason
+    if (reason := register_split_reason([(128, PRODUCER_REGS), (config.tile_q_rows * 2, CONSUMER_REGS)])) is not None:
+        return reason
     if (reason := smem_reason(smem_bytes(config))) is not None:
         return reason
     return None
@@ -152,6 +166,7 @@ class GqaPagedPrefillSm90:
         self.q_rows = config.packed_rows_per_tile  # whole tokens: (tile_m // group) * group rows are loaded
         self.tile_n = config.kv_tile
         self.pages_per_tile = self.tile_n // self.page_size
+        self.row_gather = self.page_size in ROW_GATHER_PAGE_SIZES
         self.num_stages = NUM_STAGES
         self.q_stages = q_stages(self.head_dim)
         self.num_mma_wg = self.tile_m // 64
@@ -202,8 +217,9 @@ class GqaPagedPrefillSm90:
             self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
             atom_layout_mnk=(self.num_mma_wg, 1, 1), tiler_mn=(64, D), a_source=warpgroup.OperandSource.RMEM)
 
+        k_rows, v_rows = (k_cache, v_cache) if cutlass.const_expr(self.row_gather) else (None, None)
         self.kernel(
-            tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v,
+            tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v, k_rows, v_rows,
             qo_indptr, kv_indptr, kv_indices, work_indptr, items, output, lse, partial_out, partial_lse,
             scale_log2, lse_out_scale, s_q_layout, s_kv_layout, s_page_layout, tiled_mma_qk, tiled_mma_pv,
         ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(self.num_threads, 1, 1), stream=stream, use_pdl=True,
@@ -212,8 +228,8 @@ class GqaPagedPrefillSm90:
     # ------------------------------------------------------------------------------- device side
     @cute.kernel
     def kernel(self, tma_atom_q: cute.CopyAtom, tma_q: cute.Tensor, tma_atom_k: cute.CopyAtom, tma_k: cute.Tensor,
-               tma_atom_v: cute.CopyAtom, tma_v: cute.Tensor, qo_indptr: cute.Tensor, kv_indptr: cute.Tensor,
-               kv_indices: cute.Tensor, work_indptr: cute.Tensor, items: cute.Tensor, output: cute.Tensor,
+               tma_atom_v: cute.CopyAtom, tma_v: cute.Tensor, k_rows, v_rows, qo_indptr: cute.Tensor,
+               kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor, items: cute.Tensor, output: cute.Tensor,
                lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor, scale_log2: Float32,
                lse_out_scale: Float32, s_q_layout: cute.ComposedLayout, s_kv_layout: cute.ComposedLayout,
                s_page_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma):
@@ -239,12 +255,24 @@ class GqaPagedPrefillSm90:
         pipe_q = cpipe.PipelineTmaAsync.create(
             barrier_storage=mbar_q, num_stages=self.q_stages, producer_group=producer, consumer_group=consumers,
             tx_count=self.q_rows * self.head_dim * 2, defer_sync=True)
-        pipe_k = cpipe.PipelineTmaAsync.create(
-            barrier_storage=mbar_k, num_stages=self.num_stages, producer_group=producer, consumer_group=consumers,
-            tx_count=tile_bytes, defer_sync=True)
-        pipe_v = cpipe.PipelineTmaAsync.create(
-            barrier_storage=mbar_v, num_stages=self.num_stages, producer_group=producer, consumer_group=consumers,
-            tx_count=tile_bytes, defer_sync=True)
+        if cutlass.const_expr(self.row_gather):
+            # page 1: the producer warp's 32 lanes cp.async the rows and arrive (noinc) on the full mbarrier;
+            # PipelineCpAsync's consumers arrive from every thread
+            row_producers = cpipe.CooperativeGroup(cpipe.Agent.Thread, 32)
+            row_consumers = cpipe.CooperativeGroup(cpipe.Agent.Thread, self.num_mma_threads)
+            pipe_k = cpipe.PipelineCpAsync.create(
+                barrier_storage=mbar_k, num_stages=self.num_stages, producer_group=row_producers,
+                consumer_group=row_consumers, defer_sync=True)
+            pipe_v = cpipe.PipelineCpAsync.create(
+                barrier_storage=mbar_v, num_stages=self.num_stages, producer_group=row_producers,
+                consumer_group=row_consumers, defer_sync=True)
+        else:
+            pipe_k = cpipe.PipelineTmaAsync.create(
+                barrier_storage=mbar_k, num_stages=self.num_stages, producer_group=producer,
+                consumer_group=consumers, tx_count=tile_bytes, defer_sync=True)
+            pipe_v = cpipe.PipelineTmaAsync.create(
+                barrier_storage=mbar_v, num_stages=self.num_stages, producer_group=producer,
+                consumer_group=consumers, tx_count=tile_bytes, defer_sync=True)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -254,19 +282,19 @@ class GqaPagedPrefillSm90:
         item_begin = work_indptr[cta]
         item_end = work_indptr[cta + 1]
         if warp_idx < 4:
-            cute.arch.setmaxregister_decrease(24)
+            cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp_idx == 0:
-                self.produce(tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v, s_q, s_k, s_v,
+                self.produce(tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v, k_rows, v_rows, s_q, s_k, s_v,
                              qo_indptr, kv_indptr, kv_indices, items, item_begin, item_end, pipe_q, pipe_k, pipe_v)
         else:
-            cute.arch.setmaxregister_increase(240)
+            cute.arch.setmaxregister_increase(CONSUMER_REGS)
             self.consume(tidx - 128, s_q, s_k, s_v, qo_indptr, items, item_begin, item_end, output, lse,
                          partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv,
                          pipe_q, pipe_k, pipe_v)
 
     @cute.jit
     def produce(self, tma_atom_q: cute.CopyAtom, tma_q: cute.Tensor, tma_atom_k: cute.CopyAtom, tma_k: cute.Tensor,
-                tma_atom_v: cute.CopyAtom, tma_v: cute.Tensor, s_q: cute.Tensor, s_k: cute.Tensor,
+                tma_atom_v: cute.CopyAtom, tma_v: cute.Tensor, k_rows, v_rows, s_q: cute.Tensor, s_k: cute.Tensor,
                 s_v: cute.Tensor, qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor,
                 items: cute.Tensor, item_begin: Int32, item_end: Int32, pipe_q, pipe_k, pipe_v):
         G, P, npg = self.group, self.page_size, self.pages_per_tile
@@ -284,6 +312,8 @@ class GqaPagedPrefillSm90:
         lane = cute.arch.lane_idx()
         desc_k = tma_descriptor_address(tma_atom_k)
         desc_v = tma_descriptor_address(tma_atom_v)
+        s_k_chunks = cute.flat_divide(s_k, (1, ROW_CHUNK))  # page 1: (1, vec, row, chunk, stage)
+        s_v_chunks = cute.flat_divide(s_v, (1, ROW_CHUNK))
         for it in cutlass.range(item_begin, item_end, unroll=1):
             b = items[it, int(F.REQUEST)]
             h = items[it, int(F.KV_HEAD)]
@@ -319,7 +349,17 @@ class GqaPagedPrefillSm90:
                     # pages 1, 2, 4: 32..128 boxes per tile; ids one per lane (coalesced), shuffled out per box
                     load_lane_page_ids(kv_indices, lane_pages, page_base + kv_base // P,
                                        (kv_end - kv_base + P - 1) // P, lane)
-                    if cutlass.const_expr(ONE_ELECTION):
+                    if cutlass.const_expr(self.row_gather):
+                        # pages 1, 2: 16-byte cp.async rows (common/row_gather.py), not 128 / 64 page boxes per tile
+                        pipe_k.producer_acquire(kv_state)
+                        gather_one_row_pages(k_rows, s_k_chunks[None, None, None, None, kv_state.index], lane_pages,
+                                             h, lane, self.tile_n, self.head_dim, page_rows=P)
+                        pipe_k.producer_commit(kv_state)
+                        pipe_v.producer_acquire(kv_state)
+                        gather_one_row_pages(v_rows, s_v_chunks[None, None, None, None, kv_state.index], lane_pages,
+                                             h, lane, self.tile_n, self.head_dim, page_rows=P)
+                        pipe_v.producer_commit(kv_state)
+                    elif cutlass.const_expr(ONE_ELECTION):
                         # one elected lane per tile, not per box (common/tma_issue.py); boxes where the partition
                         # puts them: page i at row i * P, 64-column blocks tile_n * 128 bytes apart, stages
                         # tile_n * D * 2 bytes apart
@@ -396,7 +436,7 @@ class GqaPagedPrefillSm90:
                 for t in cutlass.range(num_tiles, unroll=1):
                     kv_base = kv_start + t * self.tile_n
                     stage = kv_state.index
-                    pipe_k.consumer_wait(kv_state)
+                    self.wait_rows(pipe_k, kv_state)
                     wgmma_gemm(tiled_mma_qk, acc_s, t_sq_cur, t_sk[None, None, None, stage], True, wait=False)
                     self.sched_arrive(wg)
                     warpgroup.wait_group(0)
@@ -405,7 +445,7 @@ class GqaPagedPrefillSm90:
                     row_scale = softmax_update(acc_s, row_max, row_sum, scale_log2)
                     rescale_rows(acc_o, row_scale)
                     t_op.store(acc_to_mma_a_view(acc_s).load().to(self.dtype))
-                    pipe_v.consumer_wait(kv_state)
+                    self.wait_rows(pipe_v, kv_state)
                     if kv_base + self.tile_n > kv_end:
                         self.zero_v_tail(s_v, stage, kv_end - kv_base, ctid)
                     self.sched_wait(wg)
@@ -448,7 +488,7 @@ class GqaPagedPrefillSm90:
         """One item's key tiles with S_{j+1} issued before the softmax of tile j; returns the KV state."""
         if num_tiles > 0:
             # first half: S_0 and its softmax; acc_o is zero, so no rescale; P_0 waits in t_op
-            pipe_k.consumer_wait(kv_state)
+            self.wait_rows(pipe_k, kv_state)
             wgmma_gemm(tiled_mma_qk, acc_s, t_sq, t_sk[None, None, None, kv_state.index], True)
             pipe_k.consumer_release(kv_state)
             self.mask(acc_s, c_s, r0, kv_start, kv_end, first_token, causal_offset)
@@ -458,10 +498,10 @@ class GqaPagedPrefillSm90:
                 kv_base = kv_start + t * self.tile_n
                 v_state = kv_state.clone()  # tile t - 1: its V feeds this turn's P V GEMM
                 kv_state.advance()
-                pipe_k.consumer_wait(kv_state)
+                self.wait_rows(pipe_k, kv_state)
                 self.sched_wait(wg)
                 wgmma_gemm(tiled_mma_qk, acc_s, t_sq, t_sk[None, None, None, kv_state.index], True, wait=False)
-                pipe_v.consumer_wait(v_state)  # tiles before the last are whole: no V tail to zero
+                self.wait_rows(pipe_v, v_state)  # tiles before the last are whole: no V tail to zero
                 wgmma_gemm(tiled_mma_pv, acc_o, t_op, t_ovt[None, None, None, v_state.index], False, wait=False)
                 self.sched_arrive(wg)
                 warpgroup.wait_group(1)  # S_t is ready; P_{t-1} V_{t-1} may still run
@@ -474,13 +514,20 @@ class GqaPagedPrefillSm90:
                 store_p_bf16(acc_s, t_op)
             # last half: P V of the last tile (the only one that can end inside a page)
             last_base = kv_start + (num_tiles - 1) * self.tile_n
-            pipe_v.consumer_wait(kv_state)
+            self.wait_rows(pipe_v, kv_state)
             if last_base + self.tile_n > kv_end:
                 self.zero_v_tail(s_v, kv_state.index, kv_end - last_base, ctid)
             wgmma_gemm(tiled_mma_pv, acc_o, t_op, t_ovt[None, None, None, kv_state.index], False)
             pipe_v.consumer_release(kv_state)
             kv_state.advance()
         return kv_state
+
+    @cute.jit
+    def wait_rows(self, pipe, state):
+        """A K or V stage is full; page 1's cp.async rows (generic proxy) are then fenced for this warp's wgmmas."""
+        pipe.consumer_wait(state)
+        if cutlass.const_expr(self.row_gather):
+            cute.arch.fence_view_async_shared()
 
     @cute.jit
     def mask(self, acc_s: cute.Tensor, c_s: cute.Tensor, r0: Int32, kv_base: Int32, kv_end: Int32,

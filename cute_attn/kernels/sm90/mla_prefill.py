@@ -16,11 +16,14 @@ Warp roles (384 threads = 3 warpgroups):
   ``kv_tile`` keys one smem stage holding the keys' ckv and kpe rows side by side (a ``kv_tile x 576``
   K tile). Row ids: the first ``kv_tile`` producer threads turn each key into a latent row
   (``page * page_size + key % page_size``, page ``kv_indices[kv_indptr[b] + key // page_size]``, an id
-  outside ``[0, num_pages)`` becoming -1: never read) in a small double-buffered smem table, then a producer named barrier; keys >= KV_END are not loaded and
-  their rows are zero-filled with plain 16-byte shared stores (the pool holds NaN in rows no request
-  owns, and V = ckv feeds the P V MMA). Each producer thread then ``cp.async.wait_group 0`` +
-  ``fence.proxy.async.shared::cta`` (its generic-proxy writes become visible to wgmma's async proxy) +
-  ``mbarrier.arrive`` on the stage's full barrier (arrival count 128).
+  outside ``[0, num_pages)`` becoming -1: never read) in a small double-buffered smem table, then a producer
+  named barrier; keys >= KV_END are not loaded: their rows are zero-filled by ``cp.async`` with ``src-size`` 0
+  (the pool holds NaN in rows no request owns, and V = ckv feeds the P V MMA). Every row is one unrolled,
+  branch-free ``cp.async`` (``gather_rows_zero_fill``), and each producer thread's copies complete on the stage's
+  full barrier by themselves (``cp.async.mbarrier.arrive.noinc``, ``PipelineCpAsync``, 128 arrivals): the thread
+  goes on to the next tile at once, so both stages load at the same time (a thread waiting for its copies before
+  arriving kept one tile in flight). The consumers ``fence.proxy.async.shared::cta`` after each K wait (the rows are
+  generic-proxy writes, read by wgmma's async proxy). Q keeps the wait + fence + arrive (once per item).
 * WG1, WG2 -- consumers (``setmaxnreg`` 232). O ``[64 x 512]`` fp32 is split by V columns: WG ``w`` owns
   columns ``256 w .. 256 w + 255`` (128 fp32 registers per thread). Both warpgroups compute the same
   ``S = Q K^T`` (wgmma SS over K = 576, 36 k-steps of 16) for the whole 64 x kv_tile tile, so the softmax
@@ -72,6 +75,7 @@ from ..common.limits import SMEM_LIMIT_BYTES, mla_definition_reason, smem_reason
 from ..common.mla import (CKV_DIM, DEFINITION_PAGE_SIZES, KIND, QK_DIM, definition_config, load_q_and_kv_tiles,
                           mla_entry)
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
+from ..common.registers import register_split_reason
 from ..common.softmax import (acc_mn_view, make_softmax_state, rescale_rows, softmax_finalize, softmax_reset,
                               softmax_update, store_p_bf16)
 from .prefill_epilogue import store_output_rows, store_partial_rows
@@ -92,8 +96,18 @@ def _tile_bytes(rows: int) -> int:
     return rows * QK_DIM * 2
 
 
+def swapped(config: PagedAttentionConfig) -> bool:
+    """One query token per tile (``tile_q_rows`` = heads): the swapped-product decode kernel (``mla_decode.py``)."""
+    return config.tile_q_rows < 64
+
+
 def _exchange_bytes(config: PagedAttentionConfig) -> int:
-    """The ``share_scores`` variant's row max / row sum exchange buffer (0 for the default kernel)."""
+    """The ``share_scores`` variant's row max / row sum exchange buffer, the swapped decode kernel's P^T and column
+    buffers (0 for the default kernel)."""
+    if swapped(config):
+        from .mla_decode import exchange_bytes
+
+        return exchange_bytes(config.tile_q_rows)
     if not config.share_scores:
         return 0
     from .mla_prefill_shared_s import EXCHANGE_BYTES
@@ -122,9 +136,15 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         return reason
     if (reason := mla_definition_reason(config, QK_DIM, CKV_DIM)) is not None:
         return reason
-    if config.tile_q_rows != 64:
+    if swapped(config):
+        from .mla_decode import swapped_reason
+
+        if (reason := swapped_reason(config)) is not None:
+            return reason
+    elif config.tile_q_rows != 64:
         return (f"tile_q_rows={config.tile_q_rows}: the kernel runs one 64-row M tile whose O (64 x 512) is "
-                "split across two consumer warpgroups by V columns")
+                "split across two consumer warpgroups by V columns (or, with tile_q_rows = the head count, one "
+                "token a tile: the swapped decode kernel)")
     if config.kv_tile not in (32, 64):
         return f"kv_tile={config.kv_tile} must be 32 or 64 (a 64 x kv_tile x 576 K stage, >= 2 stages in smem)"
     if config.tile_q_rows % config.group_size:
@@ -132,6 +152,8 @@ def check_config(config: PagedAttentionConfig) -> str | None:
                 "packs whole tokens")
     if config.ctas_per_sm != 1:
         return f"ctas_per_sm={config.ctas_per_sm}: one CTA uses ~217 KiB of shared memory, so 1 per SM"
+    if (reason := register_split_reason([(PRODUCER_THREADS, PRODUCER_REGS), (MMA_THREADS, MMA_REGS)])) is not None:
+        return reason
     if num_stages(config) < 2:
         return f"fewer than 2 K stages fit in {SMEM_LIMIT_BYTES} bytes of shared memory"
     if config.share_scores:
@@ -210,8 +232,9 @@ class MlaPagedPrefillSm90:
         consumers = cpipe.CooperativeGroup(cpipe.Agent.Thread, MMA_THREADS)
         pipe_q = cpipe.PipelineAsync.create(barrier_storage=mbar_q, num_stages=1, producer_group=producers,
                                             consumer_group=consumers, defer_sync=True)
-        pipe_k = cpipe.PipelineAsync.create(barrier_storage=mbar_k, num_stages=self.num_stages,
-                                            producer_group=producers, consumer_group=consumers, defer_sync=True)
+        # K stages complete by themselves (cp.async.mbarrier.arrive.noinc per producer thread): two in flight
+        pipe_k = cpipe.PipelineCpAsync.create(barrier_storage=mbar_k, num_stages=self.num_stages,
+                                              producer_group=producers, consumer_group=consumers, defer_sync=True)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -227,7 +250,7 @@ class MlaPagedPrefillSm90:
                                 cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, 1),
                                 cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages),
                                 group=self.group, num_threads=PRODUCER_THREADS, ids_barrier=_IDS_BARRIER,
-                                q_for_keyless_items=True)
+                                q_for_keyless_items=True, async_kv=True)
         else:
             cute.arch.setmaxregister_increase(MMA_REGS)
             self.consume_items(tidx - PRODUCER_THREADS, s_q, s_k, s_red, qo_indptr, items, item_begin, item_end,
@@ -286,6 +309,7 @@ class MlaPagedPrefillSm90:
                 kv_base = kv_start + t * self.tile_n
                 stage = k_state.index
                 pipe_k.consumer_wait(k_state)
+                cute.arch.fence_view_async_shared()  # the producers' cp.async rows, seen by this warp's wgmmas
                 wgmma_gemm(tiled_mma_qk, acc_s, t_sq, t_sk[None, None, None, stage], True)
                 if t == num_tiles - 1:  # the item's last read of Q: the next item's Q may load now
                     pipe_q.consumer_release(q_state)
@@ -315,7 +339,12 @@ class MlaPagedPrefillSm90:
 
 # ----------------------------------------------------------------------------------- registration
 def _kernel_for(config: PagedAttentionConfig):
-    """The kernel object of ``config``: the default kernel, or the S-computed-once variant (``share_scores``)."""
+    """The kernel object of ``config``: the default kernel, the S-computed-once variant (``share_scores``), or the
+    swapped-product decode kernel (one token a tile)."""
+    if swapped(config):
+        from .mla_decode import MlaPagedDecodeSwappedSm90
+
+        return MlaPagedDecodeSwappedSm90(config)
     if config.share_scores:
         from .mla_prefill_shared_s import MlaPagedPrefillSharedSSm90
 

@@ -173,6 +173,7 @@ class MlaPagedPrefillSharedSSm90(MlaPagedPrefillSm90):
                 kv_base = kv_start + t * self.tile_n
                 stage = k_state.index
                 pipe_k.consumer_wait(k_state)
+                cute.arch.fence_view_async_shared()  # the producers' cp.async rows, seen by this warp's wgmmas
                 wgmma_gemm(tiled_mma_qk, acc_s, t_sq, t_sk[None, None, None, stage], True)
                 if t == num_tiles - 1:  # the item's last read of Q: the next item's Q may load now
                     pipe_q.consumer_release(q_state)

@@ -1,0 +1,281 @@
+"""sm_90a absorbed-MLA decode, the swapped product: one query token per tile, keys as the wgmma M dimension.
+
+The MLA prefill kernel (``mla_prefill.py``: read its docstring first; same load role, plan contract, pipelines and
+registration) with ``tile_q_rows`` = the head count (16 or 8): a tile is ONE query token's heads. There, the 64-row
+M tile of a decode holds 16 live rows and 48 of padding: 3/4 of every MMA is waste. Here the products are
+transposed so that the 16 (8) heads are the wgmma N dimension:
+
+* ``S^T (64 keys x N) = K (64 x 576) . Q^T``: A = the K stage (K-major), B = the Q tile (N x 576, K-major),
+  36 ``m64nNk16`` per tile. Both consumer warpgroups compute all of S^T (2 x 1.2 MFLOP), so their softmax
+  states are identical without an exchange between them.
+* Softmax along M (keys) per column (head): a thread's 2 rows, ``shfl.xor`` 4, 8, 16 over the lanes of one
+  column, then the warpgroup's 4 warps through ``s_red`` and a warpgroup named barrier. Every thread then holds
+  the same new max for each of its columns, so O^T's columns rescale locally (the same N layout). Column sums
+  stay per-thread partials until the item ends, then the same reduction.
+* ``O^T (512 x N) = V^T . P^T``: A = the stage's ckv columns viewed as V^T (MN-major), B = P^T (N x 64 keys,
+  K-major, 2 KiB of bf16 per warpgroup in ``s_pt``, written from the S^T accumulator, fenced into the async proxy
+  and ordered by the warpgroup barrier). Warpgroup ``w`` owns V columns ``256 w .. 256 w + 255`` (4 M-tiles).
+  2.2 MFLOP a tile in all instead of 8.9, under the ~2.8 µs a 72 KiB tile takes at 3.5 TB/s per SM share.
+* Epilogue from the coordinate tensor of the O^T partition: element (d, n) → ``output[token, head n, d]`` or
+  ``partial_out[slot, n, d]`` (16 KiB / 32 KiB an item), lse per column (warpgroup 0).
+
+Runs on the H200 (GPU tier, memcheck + racecheck clean, session 9). ``tile_q_rows`` = heads selects it
+(``mla_prefill._kernel_for``); the MLA decode entry asks for it on one-token batches (``ops/mla_decode.py``).
+
+Shared memory: Q N x 576 bf16 (18 KiB at h16), 2 K stages of 72 KiB, ``s_pt`` 2 x 2 KiB, ``s_red`` 2 x 2 x 4 x N
+fp32, the row-id table and mbarriers.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32
+from cutlass import pipeline as cpipe
+from cutlass.cute.nvgpu import warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from ...plan import ItemField as F
+from ..common.mla import CKV_DIM, QK_DIM
+from ..common.softmax import acc_mn_view
+from .mla_prefill import MMA_THREADS, NUM_THREADS, MlaPagedPrefillSm90
+from .wgmma import wgmma_gemm
+
+#: the head counts this kernel builds (wgmma N: a multiple of 8)
+HEAD_COUNTS = (8, 16)
+KV_TILE = 64  # wgmma M: one K stage of 64 keys is one M tile of S^T
+WG_COLUMNS = CKV_DIM // (MMA_THREADS // 128)  # V columns per consumer warpgroup
+RED_BARRIER = 2  # + warpgroup: the named barrier of one consumer warpgroup (1 is the producers')
+
+
+def swapped_reason(config) -> str | None:
+    """Why this variant cannot run ``config`` (None when it can)."""
+    if config.tile_q_rows != config.group_size or config.group_size not in HEAD_COUNTS:
+        return (f"the swapped MLA decode kernel takes one query token per tile: tile_q_rows must equal the head "
+                f"count, one of {HEAD_COUNTS} (got tile_q_rows={config.tile_q_rows}, {config.group_size} heads)")
+    if config.kv_tile != KV_TILE:
+        return f"kv_tile={config.kv_tile}: the swapped MLA decode kernel's S^T tile is {KV_TILE} keys (wgmma M)"
+    if config.share_scores:
+        return "share_scores is the 64-row prefill kernel's variant; the swapped decode kernel computes S^T in both"
+    return None
+
+
+def exchange_bytes(num_heads: int) -> int:
+    """``s_pt`` (2 warpgroups x heads x 64 keys bf16), ``s_red`` (2 x (max, sum) x 4 warps x heads fp32), and
+    1 KiB of alignment (``s_pt`` is a 128B-swizzled operand)."""
+    return 2 * num_heads * KV_TILE * 2 + 2 * 2 * 4 * num_heads * 4 + 1024
+
+
+class MlaPagedDecodeSwappedSm90(MlaPagedPrefillSm90):
+    """MLA decode with S^T = K Q^T (module docstring); the host side, load role and pipelines are the prefill
+    kernel's."""
+
+    def __repr__(self) -> str:
+        return f"MlaPagedDecodeSwappedSm90_H{self.num_heads}_N{self.tile_n}_S{self.num_stages}"
+
+    @cute.jit
+    def __call__(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
+                 qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor,
+                 items: cute.Tensor, output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor,
+                 partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
+        atom = warpgroup.make_smem_layout_atom(
+            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, QK_DIM), self.dtype)
+        s_q_layout = cute.tile_to_shape(atom, (self.tile_m, QK_DIM), (0, 1))
+        s_k_layout = cute.tile_to_shape(atom, (self.tile_n, QK_DIM, self.num_stages), (0, 1, 2))
+        n = self.tile_m
+        # S^T = K Q^T: M = keys (the stage, K-major A), N = heads (the Q tile, K-major B)
+        tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
+            atom_layout_mnk=(1, 1, 1), tiler_mn=(self.tile_n, n))
+        # O^T = V^T P^T: M = V columns (MN-major A from the stage), N = heads (P^T, K-major B); one warpgroup each
+        tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.MN, cute.nvgpu.OperandMajorMode.K, Float32,
+            atom_layout_mnk=(1, 1, 1), tiler_mn=(64, n))
+        self.kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
+                    output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, s_q_layout, s_k_layout,
+                    tiled_mma_qk, tiled_mma_pv,
+                    ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream,
+                             use_pdl=True, min_blocks_per_mp=1)
+
+    def allocate_exchange(self, smem):
+        """``(s_pt, s_red)``: each warpgroup's P^T operand (heads x 64 keys, 128B-swizzled K-major) and its
+        (max | sum, warp, head) column reduction buffer."""
+        atom = warpgroup.make_smem_layout_atom(
+            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, self.tile_n), self.dtype)
+        pt_layout = cute.tile_to_shape(atom, (self.tile_m, self.tile_n, MMA_THREADS // 128), (0, 1, 2))
+        s_pt = smem.allocate_tensor(self.dtype, pt_layout.outer, 1024, pt_layout.inner)
+        s_red = smem.allocate_tensor(Float32, cute.make_layout((2, 4, self.tile_m, MMA_THREADS // 128)), 16)
+        return s_pt, s_red
+
+    @cute.jit
+    def consume_items(self, ctid, s_q, s_k, s_red, qo_indptr, items, item_begin, item_end, output, lse, partial_out,
+                      partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k):
+        s_pt, s_cols = s_red
+        N, K = self.tile_m, self.tile_n
+        wg = cute.arch.make_warp_uniform(ctid // 128)
+        wtid = ctid % 128
+        warp = wtid // 32
+        lane = wtid % 32
+        thr_qk = tiled_mma_qk.get_slice(wtid)
+        wg_qk = tiled_mma_qk.get_slice(0)
+        thr_pv = tiled_mma_pv.get_slice(wtid)
+        wg_pv = tiled_mma_pv.get_slice(0)
+        # V^T of this warpgroup's 256 columns: (column, key, stage) over the stages' ckv part (MN-major A)
+        s_vt = cute.composition(s_k, cute.make_layout((CKV_DIM, K, self.num_stages),
+                                                      stride=(K, 1, K * QK_DIM)))
+        s_vt_wg = cute.local_tile(s_vt, (WG_COLUMNS, K, self.num_stages), (wg, 0, 0))
+        s_pt_wg = s_pt[None, None, wg]  # (head, key) K-major: the B operand of O^T
+        # P^T written from the S^T accumulator: (key, head) -> s_pt_wg[head, key]
+        s_pt_store = cute.composition(s_pt_wg, cute.make_layout((K, N), stride=(N, 1)))
+
+        t_sk = wg_qk.make_fragment_A(wg_qk.partition_A(s_k))
+        t_sq = wg_qk.make_fragment_B(wg_qk.partition_B(s_q))
+        t_svt = wg_pv.make_fragment_A(wg_pv.partition_A(s_vt_wg))
+        t_spt = wg_pv.make_fragment_B(wg_pv.partition_B(s_pt_wg))
+        acc_s = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((K, N)), Float32)
+        acc_o = cute.make_rmem_tensor(tiled_mma_pv.partition_shape_C((WG_COLUMNS, N)), Float32)
+        c_s = thr_qk.partition_C(cute.make_identity_tensor((K, N)))
+        c_o = thr_pv.partition_C(cute.make_identity_tensor((WG_COLUMNS, N)))
+        t_pt = thr_qk.partition_C(s_pt_store)
+        s_mn = acc_mn_view(acc_s)
+        o_mn = acc_mn_view(acc_o)
+        c_mn = acc_mn_view(c_s)
+        cols = cute.size(s_mn, mode=[1])
+        col_max = cute.make_rmem_tensor(cols, Float32)  # running max of the raw logits, per column
+        col_sum = cute.make_rmem_tensor(cols, Float32)  # this thread's partial sum of p, per column
+        scale = cute.make_rmem_tensor(cols, Float32)
+        neg_inf = -Float32.inf
+
+        q_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, 1)
+        k_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, self.num_stages)
+        for it in cutlass.range(item_begin, item_end, unroll=1):
+            r0 = items[it, int(F.Q_ROW_START)]
+            kv_start = items[it, int(F.KV_START)]
+            kv_end = items[it, int(F.KV_END)]
+            causal_offset = items[it, int(F.CAUSAL_OFFSET)]
+            # one token a tile: every column sees keys < min(KV_END, its causal limit + 1)
+            key_end = cutlass.min(kv_end, r0 // self.group + causal_offset + 1)
+            col_max.fill(neg_inf)
+            col_sum.fill(0.0)
+            acc_o.fill(0.0)
+            num_tiles = cute.ceil_div(kv_end - kv_start, K) if kv_end > kv_start else 0
+            pipe_q.consumer_wait(q_state)
+            for t in cutlass.range(num_tiles, unroll=1):
+                kv_base = kv_start + t * K
+                stage = k_state.index
+                pipe_k.consumer_wait(k_state)
+                cute.arch.fence_view_async_shared()  # the producers' cp.async rows, seen by this warp's wgmmas
+                wgmma_gemm(tiled_mma_qk, acc_s, t_sk[None, None, None, stage], t_sq, True)
+                if t == num_tiles - 1:  # the item's last read of Q
+                    pipe_q.consumer_release(q_state)
+                self.column_softmax(acc_s, s_mn, c_mn, o_mn, col_max, col_sum, scale, s_cols, kv_base, key_end,
+                                    scale_log2, wg, warp, lane)
+                for i in cutlass.range_constexpr(cute.size(acc_s)):
+                    t_pt[i] = acc_s[i].to(self.dtype)
+                cute.arch.fence_view_async_shared()  # generic P^T stores -> the PV wgmma (async proxy)
+                cute.arch.barrier(barrier_id=RED_BARRIER + wg, number_of_threads=128)
+                wgmma_gemm(tiled_mma_pv, acc_o, t_svt[None, None, None, stage], t_spt, False)
+                pipe_k.consumer_release(k_state)
+                k_state.advance()
+            if num_tiles == 0:
+                pipe_q.consumer_release(q_state)
+            q_state.advance()
+
+            b = items[it, int(F.REQUEST)]
+            row_count = items[it, int(F.Q_ROW_COUNT)]
+            slot = items[it, int(F.PARTIAL_SLOT)]
+            self.column_totals(col_sum, s_cols, c_mn, wg, warp, lane)
+            token = qo_indptr[b] + r0 // self.group
+            for c in cutlass.range_constexpr(cols):
+                inv = Float32(0.0)
+                if col_sum[c] > 0.0:
+                    inv = 1.0 / col_sum[c]
+                scale[c] = inv
+            for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
+                for c in cutlass.range_constexpr(cols):
+                    o_mn[r, c] = o_mn[r, c] * scale[c]
+            for i in cutlass.range_constexpr(cute.size(acc_o)):
+                d, head = c_o[i]
+                column = wg * WG_COLUMNS + d
+                if head < row_count:
+                    if slot < 0:
+                        output[token, (r0 + head) % self.group, column] = acc_o[i].to(output.element_type)
+                    else:
+                        partial_out[slot, head, column] = acc_o[i]
+            # lse per column, by warpgroup 0's lanes holding row 0 of the tile (lane // 4 == 0, warp 0)
+            if wg == 0:
+                if warp == 0:
+                    if lane < 4:
+                        for c in cutlass.range_constexpr(cols):
+                            head = c_mn[0, c][1]
+                            col_lse = neg_inf
+                            if col_sum[c] > 0.0:
+                                col_lse = col_max[c] * scale_log2 + cute.math.log2(col_sum[c], fastmath=True)
+                            if head < row_count:
+                                if slot < 0:
+                                    lse[token, (r0 + head) % self.group] = col_lse * lse_out_scale
+                                else:
+                                    partial_lse[slot, head] = col_lse
+
+    @cute.jit
+    def column_softmax(self, acc_s, s_mn, c_mn, o_mn, col_max, col_sum, scale, s_cols, kv_base, key_end, scale_log2,
+                       wg, warp, lane):
+        """Mask keys >= ``key_end``, then the new running max per column over the 64 keys (2 rows a thread,
+        3 shuffles, 4 warps through ``s_cols[0]``), p = 2^((s - max) * scale_log2) in place, the O^T rescale and
+        this thread's column sums."""
+        neg_inf = -Float32.inf
+        rows, cols = cute.size(s_mn, mode=[0]), cute.size(s_mn, mode=[1])
+        for r in cutlass.range_constexpr(rows):
+            for c in cutlass.range_constexpr(cols):
+                if kv_base + c_mn[r, c][0] >= key_end:
+                    s_mn[r, c] = neg_inf
+        for c in cutlass.range_constexpr(cols):
+            v = s_mn[0, c]
+            for r in cutlass.range_constexpr(1, rows):
+                v = cute.arch.fmax(v, s_mn[r, c])
+            for x in (4, 8, 16):  # the lanes of one column: same lane % 4
+                v = cute.arch.fmax(v, cute.arch.shuffle_sync_bfly(v, offset=x))
+            if lane < 4:
+                s_cols[0, warp, c_mn[0, c][1], wg] = v
+        cute.arch.barrier(barrier_id=RED_BARRIER + wg, number_of_threads=128)
+        for c in cutlass.range_constexpr(cols):
+            head = c_mn[0, c][1]
+            m = col_max[c]
+            for w in cutlass.range_constexpr(4):
+                m = cute.arch.fmax(m, s_cols[0, w, head, wg])
+            safe = m if m != neg_inf else Float32(0.0)
+            scale[c] = cute.math.exp2((col_max[c] - safe) * scale_log2, fastmath=True) if col_max[c] != neg_inf \
+                else Float32(0.0)
+            col_max[c] = m
+            col_sum[c] = col_sum[c] * scale[c]
+            for r in cutlass.range_constexpr(rows):
+                p = cute.math.exp2((s_mn[r, c] - safe) * scale_log2, fastmath=True)
+                s_mn[r, c] = p
+                col_sum[c] = col_sum[c] + p
+        for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
+            for c in cutlass.range_constexpr(cols):
+                o_mn[r, c] = o_mn[r, c] * scale[c]
+
+    @cute.jit
+    def column_totals(self, col_sum, s_cols, c_mn, wg, warp, lane):
+        """Every thread's partial column sums reduced to the column's total (3 shuffles, 4 warps through
+        ``s_cols[1]``); the barriers order the buffer against the next item's first max exchange."""
+        cols = cute.size(col_sum)
+        for c in cutlass.range_constexpr(cols):
+            v = col_sum[c]
+            for x in (4, 8, 16):
+                v = v + cute.arch.shuffle_sync_bfly(v, offset=x)
+            if lane < 4:
+                s_cols[1, warp, c_mn[0, c][1], wg] = v
+        cute.arch.barrier(barrier_id=RED_BARRIER + wg, number_of_threads=128)
+        for c in cutlass.range_constexpr(cols):
+            total = Float32(0.0)
+            for w in cutlass.range_constexpr(4):
+                total = total + s_cols[1, w, c_mn[0, c][1], wg]
+            col_sum[c] = total
+        cute.arch.barrier(barrier_id=RED_BARRIER + wg, number_of_threads=128)
+
+
+__all__ = ["MlaPagedDecodeSwappedSm90", "swapped_reason", "exchange_bytes", "HEAD_COUNTS"]
