@@ -200,14 +200,15 @@ def test_head_dim_256_ptx_uses_64_key_tiles():
 
 @pytest.mark.parametrize("page_size", gqa_prefill.ROW_GATHER_PAGE_SIZES)
 def test_page_1_tiles_gather_rows_by_cp_async(page_size):
-    """Page 1: each 128-key K or V tile is 64 branch-free 16-byte cp.async per producer lane (128 one-row TMA boxes
-    a tile held decode page 1 to 43% of page 64), swizzled, completing on the tile's mbarrier (one noinc arrive
+    """Page 1: each 128-key K or V tile is 16 branch-free 16-byte cp.async per lane of the four producer warps (128
+    one-row TMA boxes a tile held decode page 1 to 43% of page 64; one warp gathering it all, 442 us), swizzled, completing on the tile's mbarrier (one noinc arrive
     each), fenced by the consumers before every wgmma that reads them."""
     config = dataclasses.replace(next(c for c in gqa_prefill.configs("sm_90a") if c.page_size == 1
                                       and c.head_dim_qk == 128), page_size=page_size)
     ptx = compile_to_ptx(config)
     copies = re.findall(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[g\], 16, %r\d+;", ptx)
-    assert len(copies) == 2 * config.kv_tile * (config.head_dim_qk // 8) // 32
+    # each of the producer warpgroup's four warps copies a quarter of the K and V tiles' rows
+    assert len(copies) == 2 * (config.kv_tile // 4) * (config.head_dim_qk // 8) // 32
     assert len(re.findall(r"and\.b32\s+%r\d+, %r\d+, 112;", ptx)) >= len(copies)  # the 128B swizzle
     assert ptx.count("cp.async.mbarrier.arrive.noinc.shared") == 2  # K, V
     assert ptx.count("fence.proxy.async") >= 6  # 4 K / V waits of the overlapped main loop, the V tail, the epilogue

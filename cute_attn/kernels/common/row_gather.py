@@ -118,7 +118,7 @@ def cp_async_chunk(dst_smem: Int32, src_global: Int64, src_bytes: Int32):
 def gather_one_row_pages(rows: cute.Tensor, s_chunks: cute.Tensor, lane_pages: cute.Tensor, head: Int32, lane: Int32,
                          num_rows: cutlass.Constexpr[int], head_dim: cutlass.Constexpr[int],
                          rows_b: cute.Tensor | None = None, s_chunks_b: cute.Tensor | None = None,
-                         page_rows: cutlass.Constexpr[int] = 1):
+                         page_rows: cutlass.Constexpr[int] = 1, tile_row0: Int32 | None = None):
     """One tile of a small-page pool: ``num_rows`` rows of KV head ``head`` by the 32 lanes of one warp, fully
     unrolled (the one-warp loop with a shared id table and a branch per row was latency-bound: 266 µs at decode
     page 1).
@@ -130,7 +130,9 @@ def gather_one_row_pages(rows: cute.Tensor, s_chunks: cute.Tensor, lane_pages: c
     ``r // page_rows``), shuffled to the lanes copying that row. Each lane copies one 16-byte chunk column of
     ``32 / chunks`` rows per pass; an id outside ``[0, pages)`` (past the item's keys, or hostile) zero-fills its
     row. The copies complete on the stage's full mbarrier (``cp.async.mbarrier.arrive.noinc``,
-    ``PipelineCpAsync``'s producer commit), so the lane never waits for them.
+    ``PipelineCpAsync``'s producer commit), so the lane never waits for them. ``tile_row0``: the rows are the
+    tile's ``tile_row0 ..`` (a warp's slice of a tile that several warps gather; ``lane_pages`` holds the slice's
+    ids).
     """
     chunks = head_dim // ROW_CHUNK
     rows_per_pass = 32 // chunks
@@ -169,9 +171,10 @@ def gather_one_row_pages(rows: cute.Tensor, s_chunks: cute.Tensor, lane_pages: c
             slot = Int64(r & (page_rows - 1))
             src = src + slot * slot_bytes
             src_b = src_b + slot * slot_bytes_b
-        cp_async_chunk(swizzle_128b(s_chunks[0, None, r, chunk].iterator.toint()), src, nbytes)
+        row = r if cutlass.const_expr(tile_row0 is None) else tile_row0 + r
+        cp_async_chunk(swizzle_128b(s_chunks[0, None, row, chunk].iterator.toint()), src, nbytes)
         if cutlass.const_expr(rows_b is not None):
-            cp_async_chunk(swizzle_128b(s_chunks_b[0, None, r, chunk].iterator.toint()), src_b, nbytes)
+            cp_async_chunk(swizzle_128b(s_chunks_b[0, None, row, chunk].iterator.toint()), src_b, nbytes)
 
 
 @cute.jit
