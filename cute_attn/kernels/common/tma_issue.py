@@ -4,6 +4,8 @@
 boxes (decode, page 1) is then 256 warp-wide elect-and-reconverge sequences, ~30 cycles each in one warp, which
 is what page 1 costs on the H200 (docs/perf-notes.md, session 7). Here one elected lane issues all of a stage's
 boxes back to back as raw ``cp.async.bulk.tensor`` on the atom's own descriptor (``get_tma_desc_addr``).
+On sm_100a also ``tile::gather4`` (:func:`tma_gather4`): four rows by index per instruction, for row pools the DSL's
+gather4 atoms do not describe (the MLA latent rows).
 """
 
 from __future__ import annotations
@@ -40,6 +42,18 @@ def tma_load(dst_smem: Int32, descriptor: Int64, coords: list, mbar_smem: Int32)
     """One tile box into shared memory at ``coords`` (innermost first, as many as the descriptor has dims),
     completing ``mbar_smem``'s transaction bytes (one thread calls it; traced inline, the rank fixed by ``coords``)."""
     cute.arch.inline_ptx(_tma_load_ptx(len(coords)), read_only_args=[dst_smem, descriptor, *coords, mbar_smem])
+
+
+#: ``tile::gather4`` (sm_100a): four rows of a 2-D tensor map, picked by row index, one box of columns each, land
+#: as four consecutive 128-byte rows of the destination (the map's box is one row of ``box_cols`` columns)
+_GATHER4_PTX = ("cp.async.bulk.tensor.2d.shared::cta.global.tile::gather4.mbarrier::complete_tx::bytes "
+                "[{$r0}], [{$r1}, {{$r2}, {$r3}, {$r4}, {$r5}, {$r6}}], [{$r7}];")
+
+
+def tma_gather4(dst_smem: Int32, descriptor: Int64, col: Int32, rows: list, mbar_smem: Int32):
+    """Rows ``rows[0..3]`` (columns ``col ..`` of the map's box) into ``dst_smem`` .. + 4 box rows, completing
+    ``mbar_smem``'s transaction bytes (one thread; a row outside the map, e.g. -1, is zero-filled and counted)."""
+    cute.arch.inline_ptx(_GATHER4_PTX, read_only_args=[dst_smem, descriptor, col, *rows, mbar_smem])
 
 
 @cute.jit
