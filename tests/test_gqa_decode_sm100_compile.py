@@ -9,12 +9,13 @@ import dataclasses
 import re
 
 import pytest
+from ptx_boxes import raw_box_offsets
 
 from cute_attn.compile import compile_kernel, compile_kernel_with_info, compile_to_ptx
 from cute_attn.config import default_paged_config
 from cute_attn.kernels import find_launcher
+from cute_attn.kernels.common.tma_issue import GATHER4_PAGE_SIZES
 from cute_attn.kernels.sm100 import gqa_decode
-from ptx_boxes import raw_box_offsets
 
 ARCH = "sm_100a"
 CONFIGS = gqa_decode.configs(ARCH)
@@ -80,9 +81,12 @@ def test_compiles_with_tcgen05_tmem_and_tma(config):
     for op in ("alloc", "dealloc"):
         m = re.search(rf"mov\.b32\s+(%r\d+),\s*(\d+);\s*tcgen05\.{op}\S*\s+[^;]*,\s*\1;", ptx)
         assert m is not None and int(m.group(2)) == allocated, op
-    # one TMA per 64-column box of the Q tile and of each K page and V page of a step
+    # one TMA per 64-column box of the Q tile and of each K page and V page of a step (page 1: one gather4 per
+    # four pages)
     boxes = gqa_decode.tma_boxes_per_tile(head_dim)
-    assert ptx.count("cp.async.bulk.tensor") == (1 + 2 * pages_per_step) * boxes == (1 + 2 * pages_per_step) * head_dim // 64
+    assert boxes == head_dim // 64
+    page_loads = pages_per_step // 4 if config.page_size in GATHER4_PAGE_SIZES else pages_per_step
+    assert ptx.count("cp.async.bulk.tensor") == (1 + 2 * page_loads) * boxes
     assert len(re.findall(r"\batom\.global\S*\.add", ptx)) == 1  # one arrival per split item
 
 
@@ -156,13 +160,28 @@ def test_small_pages_step_over_kv_tile_keys(page_size):
     assert gqa_decode.kv_stages(config) == gqa_decode.kv_stages(_decode(64, 128))
 
 
-def test_page_one_boxes_are_one_row_apart():
+def test_page_two_boxes_are_two_rows_apart():
+    config = next(c for c in CONFIGS if c.page_size == 1)
+    ptx = compile_to_ptx(dataclasses.replace(config, page_size=2))
+    # one elected lane issues the stage's boxes (common/tma_issue.py): addresses are the first box's plus offsets
+    offsets = raw_box_offsets(ptx, rank="4")
+    assert [o for o in offsets if 0 < o < 8192][:2] == [256, 512]  # page i at row 2 i: 256 bytes
+    assert ptx.count("elect.sync") < 100  # not one election per box (64+ per stage)
+
+
+def test_page_one_steps_are_tma_gather4_boxes():
+    """Page 1: a 64-key step's K and V are tile::gather4 boxes, four pages an instruction (16 quads x 2 column
+    blocks each at head_dim 128) over two 2-D tensor maps (the caches as rows of pages), from one elected lane;
+    no one-row boxes are left (Q's box is the only other TMA load)."""
     config = next(c for c in CONFIGS if c.page_size == 1)
     ptx = compile_to_ptx(config)
-    # one elected lane issues the stage's boxes (common/tma_issue.py): addresses are the first box's plus offsets
-    offsets = raw_box_offsets(ptx, rank="3")
-    assert [o for o in offsets if 0 < o < 8192][:2] == [128, 256]  # page i at row i: 128 bytes
-    assert ptx.count("elect.sync") < 100  # not one election per box (256+ per stage)
+    gathers = re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile::gather4\.mbarrier::"
+                         r"complete_tx::bytes \[%r\d+\], \[%rd(\d+), \{%r\d+, %r\d+, %r\d+, %r\d+, %r\d+\}\], ", ptx)
+    assert len(gathers) == 2 * (config.kv_tile // 4) * (config.head_dim_qk // 64)
+    assert len(set(gathers)) == 2  # K's and V's maps
+    others = [line for line in ptx.splitlines() if "cp.async.bulk.tensor" in line and "gather4" not in line]
+    assert len(others) <= 2, others  # Q
+    assert ptx.count("elect.sync") < 40  # one election per step's boxes, not one per box
     assert "shfl.sync.idx.b32" in ptx  # ids one per lane, shuffled to the issuing lane
 
 

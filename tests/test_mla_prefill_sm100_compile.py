@@ -111,6 +111,24 @@ def test_paged_latent_rows_compile_with_bounds_checked_ids(page_size):
         assert re.search(rf"and\.b32\s+%r\d+, %r\d+, {page_size - 1};", ptx)  # slot j % page_size
 
 
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_key_stages_are_tma_gather4_boxes(page_size):
+    """A K stage is 16 row quads x (8 ckv + 1 kpe) 64-column ``tile::gather4`` boxes from one thread (latent row
+    ids four at a time, -1 zero-filled as out of the map), completing on the stage's mbarrier by its 64 x 576 x 2
+    bytes; only Q's rows are 16-byte cp.async."""
+    config = _config(page_size=page_size)
+    ptx = compile_to_ptx(config)
+    gathers = re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile::gather4\.mbarrier::"
+                         r"complete_tx::bytes \[%r\d+\], \[%rd(\d+), \{(\d+), %r\d+, %r\d+, %r\d+, %r\d+\}\], "
+                         r"\[%r\d+\];", ptx)
+    assert len(gathers) == config.kv_tile // 4 * 9
+    columns = sorted({int(col) for _, col in gathers})
+    assert columns == [64 * c for c in range(8)]  # ckv blocks; kpe's block is column 0 of its own map
+    assert len({desc for desc, _ in gathers}) == 2  # the ckv and kpe tensor maps
+    assert str(config.kv_tile * 576 * 2) in ptx  # the stage's transaction bytes
+    assert ptx.count("cp.async.cg.shared.global") == 4  # Q: nope (two unrolled passes) and pe rows
+
+
 def test_shares_the_load_role_without_importing_the_sm90_kernel():
     """The load role lives in ``kernels/common``; an arch's kernel module never imports the other arch's."""
     tree = ast.parse(inspect.getsource(mla_prefill))

@@ -40,6 +40,7 @@ from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField as F
 from .paged_launch import checked_build, launch_paged
 from .row_gather import ROW_CHUNK, commit_rows, gather_rows, gather_rows_zero_fill, make_row_copy_atom
+from .tma_issue import tma_gather4
 
 KIND = "mla_paged_prefill"
 CKV_DIM = 512
@@ -116,7 +117,7 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
                         s_q: cute.Tensor, s_k: cute.Tensor, s_ids: cute.Tensor, pipe_q, pipe_kv, q_state, kv_state,
                         group: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int],
                         ids_barrier: cutlass.Constexpr[int], q_for_keyless_items: cutlass.Constexpr[bool],
-                        async_kv: cutlass.Constexpr[bool] = False):
+                        async_kv: cutlass.Constexpr[bool] = False, kv_gather4=None):
     """The load role over items ``item_begin .. item_end - 1`` (thread ``tid`` of ``num_threads``).
 
     ``s_q``: ``(tile_m, 576)`` smem tile; ``s_k``: ``(kv_tile, 576, stage)``; ``s_ids``: ``(kv_tile, 2)``
@@ -125,6 +126,9 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
     ``async_kv``: K stages gathered by :func:`gather_rows_zero_fill` and committed with the pipeline's own producer
     commit (``PipelineCpAsync``: ``cp.async.mbarrier.arrive.noinc``), so the thread does not wait for a tile to land
     before gathering the next one (two tiles in flight instead of one); the consumers fence after their wait.
+    ``kv_gather4`` (sm_100a): ``(ckv, kpe)`` tensor-map addresses of the caches as rows (:func:`row_view`, boxes of
+    one row x 64 columns); the K stages are then TMA ``gather4`` boxes from one elected thread of warp 0
+    (:func:`gather4_latent_tile`; ``pipe_kv`` a TMA pipeline counting the stage's bytes), not cp.async.
     """
     tile_n = cute.size(s_k, mode=[0])
     copy_atom = make_row_copy_atom(s_q.element_type)
@@ -171,19 +175,50 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
                 ids[tid] = _page_row(page, kv_base + tid, num_pages, page_shift)
             cute.arch.barrier(barrier_id=ids_barrier, number_of_threads=num_threads)
             tiles_done += 1
-            pipe_kv.producer_acquire(kv_state)
-            s_stage = s_k_chunks[None, None, None, None, kv_state.index]
-            if cutlass.const_expr(async_kv):
+            if cutlass.const_expr(kv_gather4 is not None):
+                if tid < 32:  # the TMA pipeline's producer: one elected thread of warp 0
+                    pipe_kv.producer_acquire(kv_state)
+                    gather4_latent_tile(kv_gather4[0], kv_gather4[1],
+                                        s_k.iterator.toint() + kv_state.index * (tile_n * QK_DIM * 2), ids,
+                                        pipe_kv.producer_get_barrier(kv_state).toint(), tile_n)
+            elif cutlass.const_expr(async_kv):
+                pipe_kv.producer_acquire(kv_state)
+                s_stage = s_k_chunks[None, None, None, None, kv_state.index]
                 gather_rows_zero_fill(ckv_cache, ckv_stride, s_stage, 0, CKV_DIM, tid, num_threads, ids)
                 gather_rows_zero_fill(kpe_cache, kpe_stride, s_stage, CKV_DIM // ROW_CHUNK, KPE_DIM, tid, num_threads,
                                       ids)
                 pipe_kv.producer_commit(kv_state)
             else:
+                pipe_kv.producer_acquire(kv_state)
+                s_stage = s_k_chunks[None, None, None, None, kv_state.index]
                 gather_rows(copy_atom, zeros, ckv_cache, ckv_stride, s_stage, 0, CKV_DIM, tid, num_threads, ids=ids)
                 gather_rows(copy_atom, zeros, kpe_cache, kpe_stride, s_stage, CKV_DIM // ROW_CHUNK, KPE_DIM, tid,
                             num_threads, ids=ids)
                 commit_rows(pipe_kv, kv_state)
             kv_state.advance()
+
+
+def row_view(cache: cute.Tensor, dim: int) -> cute.Tensor:
+    """A compact ``[pages, page_size, dim]`` cache as ``[pages * page_size, dim]`` rows (the latent row ids' index
+    space), for a 2-D tensor map."""
+    return cute.make_tensor(cache.iterator, cute.make_layout((cache.shape[0] * cache.shape[1], dim), stride=(dim, 1)))
+
+
+@cute.jit
+def gather4_latent_tile(desc_ckv: Int64, desc_kpe: Int64, stage_addr: Int32, ids: cute.Tensor, mbar: Int32,
+                        tile_n: cutlass.Constexpr[int]):
+    """One K stage by TMA ``gather4``: rows ``ids[4 q .. 4 q + 3]`` (-1: zero-filled, as out of the map) into stage
+    rows ``4 q ..`` of each 64-column block (block ``c`` at ``c * tile_n * 128`` bytes, 128 bytes a row: the
+    128B-swizzled stage, which TMA swizzles by address), 8 ckv blocks and 1 kpe block: ``tile_n / 4 * 9``
+    instructions from one elected lane instead of ``tile_n * 72`` 16-byte cp.async from 128 threads."""
+    with cute.arch.elect_one():
+        for q in cutlass.range_constexpr(tile_n // 4):
+            rows = []
+            for j in cutlass.range_constexpr(4):
+                rows.append(ids[4 * q + j])
+            for c in cutlass.range_constexpr(CKV_DIM // 64):
+                tma_gather4(stage_addr + (c * tile_n + 4 * q) * 128, desc_ckv, Int32(c * 64), rows, mbar)
+            tma_gather4(stage_addr + ((CKV_DIM // 64) * tile_n + 4 * q) * 128, desc_kpe, Int32(0), rows, mbar)
 
 
 @cute.jit

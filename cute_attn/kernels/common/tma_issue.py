@@ -4,6 +4,8 @@
 boxes (decode, page 1) is then 256 warp-wide elect-and-reconverge sequences, ~30 cycles each in one warp, which
 is what page 1 costs on the H200 (docs/perf-notes.md, session 7). Here one elected lane issues all of a stage's
 boxes back to back as raw ``cp.async.bulk.tensor`` on the atom's own descriptor (``get_tma_desc_addr``).
+On sm_100a also ``tile::gather4`` (:func:`tma_gather4`): four rows by index per instruction, for row pools the DSL's
+gather4 atoms do not describe (the MLA latent rows).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64
 from cutlass.cute.typing import AddressSpace, _to_mlir_address_space
 from cutlass.cutlass_dsl import T, dsl_user_op
+
+from .page_ids import lane_page_id
 
 #: small-page producers issue a stage's boxes from one elected lane; False restores the DSL's per-box ``cute.copy``
 #: (the H200 A/B, session 8: decode page 1 245 -> 172 us, prefill page 1 655 -> 484 us with one election)
@@ -42,6 +46,23 @@ def tma_load(dst_smem: Int32, descriptor: Int64, coords: list, mbar_smem: Int32)
     cute.arch.inline_ptx(_tma_load_ptx(len(coords)), read_only_args=[dst_smem, descriptor, *coords, mbar_smem])
 
 
+#: page sizes whose sm_100a pages go by ``tile::gather4`` (four one-key pages an instruction; :func:`issue_page_gather4`):
+#: only one-key pages put consecutive gathered rows on consecutive stage rows
+GATHER4_PAGE_SIZES = (1,)
+GATHER4_IDS = 16  # page ids shuffled out per election of the gather4 issue
+
+#: ``tile::gather4`` (sm_100a): four rows of a 2-D tensor map, picked by row index, one box of columns each, land
+#: as four consecutive 128-byte rows of the destination (the map's box is one row of ``box_cols`` columns)
+_GATHER4_PTX = ("cp.async.bulk.tensor.2d.shared::cta.global.tile::gather4.mbarrier::complete_tx::bytes "
+                "[{$r0}], [{$r1}, {{$r2}, {$r3}, {$r4}, {$r5}, {$r6}}], [{$r7}];")
+
+
+def tma_gather4(dst_smem: Int32, descriptor: Int64, col: Int32, rows: list, mbar_smem: Int32):
+    """Rows ``rows[0..3]`` (columns ``col ..`` of the map's box) into ``dst_smem`` .. + 4 box rows, completing
+    ``mbar_smem``'s transaction bytes (one thread; a row outside the map, e.g. -1, is zero-filled and counted)."""
+    cute.arch.inline_ptx(_GATHER4_PTX, read_only_args=[dst_smem, descriptor, col, *rows, mbar_smem])
+
+
 @cute.jit
 def issue_page_boxes(descriptor: Int64, stage_addr: Int32, pages: cute.Tensor, head: Int32, mbar: Int32,
                      num_pages: cutlass.Constexpr[int], page_rows: cutlass.Constexpr[int],
@@ -65,3 +86,33 @@ def issue_page_boxes(descriptor: Int64, stage_addr: Int32, pages: cute.Tensor, h
                 coords.append(pages[i])
                 tma_load(dst, descriptor, coords, mbar)
 
+
+def pages_as_rows(cache: cute.Tensor) -> cute.Tensor:
+    """A ``[num_pages, page_size, Hkv, D]`` cache with compact pages (any page stride) as 2-D rows of pages,
+    ``[num_pages, page_size * Hkv * D]``: the tensor map :func:`issue_page_gather4` gathers from."""
+    width = cache.shape[1] * cache.shape[2] * cache.shape[3]
+    return cute.make_tensor(cache.iterator, cute.make_layout((cache.shape[0], width), stride=(cache.stride[0], 1)))
+
+
+@cute.jit
+def issue_page_gather4(descriptor: Int64, stage_addr: Int32, lane_pages: cute.Tensor, lane_offset, head: Int32,
+                       mbar: Int32, num_pages: cutlass.Constexpr[int], col_blocks: cutlass.Constexpr[int],
+                       block_bytes: cutlass.Constexpr[int], head_dim: cutlass.Constexpr[int]):
+    """Page 1 on sm_100a: a stage's ``num_pages`` one-key pages as ``tile::gather4`` boxes, four pages an
+    instruction. ``descriptor``: the cache as rows of pages (:func:`pages_as_rows`), a box of one row x 64
+    columns; KV head ``head``'s block ``c`` is column ``head * head_dim + 64 c``. Page ``i`` is
+    ``lane_page_id(lane_pages, i, lane_offset)`` (``common/page_ids.py``) and lands at stage row ``i`` (128 bytes a
+    row, 64-column blocks ``block_bytes`` apart: where the 128B-swizzled layout puts key ``i``); an id of -1 (or any
+    id outside the map) is zero-filled and counted. The ids are shuffled out 16 at a time by the whole warp
+    (shuffles cannot sit under an election), then one elected lane issues their 4 x ``col_blocks`` boxes: 16
+    registers of ids live, not ``num_pages`` (128 spilled at a load warp's 64 registers)."""
+    for chunk in cutlass.range_constexpr(num_pages // GATHER4_IDS):
+        ids = []
+        for j in cutlass.range_constexpr(GATHER4_IDS):
+            ids.append(lane_page_id(lane_pages, chunk * GATHER4_IDS + j, lane_offset))
+        with cute.arch.elect_one():
+            for q in cutlass.range_constexpr(GATHER4_IDS // 4):
+                row = chunk * GATHER4_IDS + 4 * q
+                for c in cutlass.range_constexpr(col_blocks):
+                    tma_gather4(stage_addr + (c * block_bytes + row * 128), descriptor, head * head_dim + c * 64,
+                                ids[4 * q:4 * q + 4], mbar)

@@ -50,10 +50,11 @@ Warp roles (192 threads)
                64-column chunk) and each page is a box of page_size rows at row ``i * page_size``, even below
                the 8-row swizzle atom (TMA swizzles by address; stages are 1024 B aligned). Ids one per lane
                (``common/page_ids.py``), shuffled out, then one elected lane issues the step's boxes
-               (``common/tma_issue.py``); a page past KV_END gets id -1 (zero-filled, bytes counted). TMA ``gather4`` (four rows per instruction) exists in
-               CuTe DSL 4.8.1 but only for 2-D tensor maps; the paged caches are 4-D with a symbolic page
-               stride (strided ``kv[:, 0]`` views), so a 2-D row view would need page_stride == Hkv * D: not
-               used. Page 1, D 128: 256 TMA copies per 64-key step.
+               (``common/tma_issue.py``); a page past KV_END gets id -1 (zero-filled, bytes counted). Page 1:
+               TMA ``tile::gather4`` over the caches as 2-D rows of pages (``[num_pages, Hkv * D]`` with the
+               page stride, whatever it is: pages are compact), four pages an instruction, KV head h's
+               64-column block c at column h * D + 64 c: 64 instructions per 64-key K + V step at D 128,
+               where one-row boxes took 256.
 
 TMEM columns (:func:`tmem_plan`; P = page_size, D = head_dim; regions start on 32-column boundaries)
     S0 [0, P), S1 [s, s + P) with s = P rounded up to 32: fp32 scores, double-buffered
@@ -91,7 +92,8 @@ from .. import register_paged_kernel
 from ..common.paged_launch import gqa_decode_entry, gqa_multi_token_decode_entry
 from ..common.decode_merge import fold_completed_merges
 from ..common.page_ids import IDS_PER_LOAD, id_loads, lane_page_id, load_lane_page_ids, rotate_lane_page_ids
-from ..common.tma_issue import ONE_ELECTION, issue_page_boxes, tma_descriptor_address
+from ..common.tma_issue import (GATHER4_PAGE_SIZES, ONE_ELECTION, issue_page_boxes, issue_page_gather4,
+                                pages_as_rows, tma_descriptor_address)
 
 from .decode_config import (  # noqa: F401  (re-exported: the kernel's constants and rules)
     ARCH, KIND, MULTI_TOKEN_KIND, Q_VEC, MMA_M, PAGE_SIZES,
@@ -126,6 +128,7 @@ class GqaDecodeSm100:
         self.page = config.page_size
         self.step = step_keys(config)  # keys per ring stage / S MMA N (the page for pages of 16..128 keys)
         self.pages_per_step = self.step // self.page
+        self.gather4 = self.page in GATHER4_PAGE_SIZES  # steps of 32..128 keys: whole quads of pages
         self.qk_tiler = (MMA_M, self.step, self.head_dim)
         self.pv_tiler = (MMA_M, self.head_dim_v, self.step)
         self.q_bytes = MMA_M * self.head_dim * ELEM
@@ -186,7 +189,14 @@ class GqaDecodeSm100:
         op = cpasync.CopyBulkTensorTileG2SOp(one)
         tma_q, m_q = cute.nvgpu.make_tiled_tma_atom_A(
             op, q_view, cute.select(q_layout, mode=[0, 1, 2]), self.qk_tiler, qk_mma)
-        if cutlass.const_expr(self.pages_per_step > 1):
+        if cutlass.const_expr(self.gather4):
+            # Page 1: the caches as rows of pages ([num_pages, Hkv * D], any page stride: pages are compact), a
+            # box of one row x 64 columns, for raw tile::gather4 (four pages an instruction; tma_issue.py)
+            row_box = cute.composition(cute.select(self.kv_rows_layout(), mode=[0, 1]),
+                                       cute.make_layout((1, 64), stride=(1, self.step)))
+            tma_k, m_k = cpasync.make_tiled_tma_atom(op, pages_as_rows(k_cache), row_box, (1, 64))
+            tma_v, m_v = cpasync.make_tiled_tma_atom(op, pages_as_rows(v_cache), row_box, (1, 64))
+        elif cutlass.const_expr(self.pages_per_step > 1):
             # Small pages: one TMA box per page of one KV head, (slot, D, Hkv, page) with the page id as coordinate,
             # into rows [i * page, (i + 1) * page) of the stage's (keys, D) row view (kv_rows_layout: the same
             # bytes as the MMA layouts of K and V). TMA swizzles by smem address and the stage is 1024 B aligned,
@@ -438,12 +448,14 @@ class GqaDecodeSm100:
         """
         P, D, npg = self.page, self.head_dim, self.pages_per_step
         steps_per_round = max(1, IDS_PER_LOAD // npg)
-        t_k_s, t_k_g = cpasync.tma_partition(
-            tma_k, 0, cute.make_layout(1), cute.group_modes(cute.flat_divide(s_k_rows, (P, D)), 0, 2),
-            cute.group_modes(m_k, 0, 2))
-        t_v_s, t_v_g = cpasync.tma_partition(
-            tma_v, 0, cute.make_layout(1), cute.group_modes(cute.flat_divide(s_v_rows, (P, self.head_dim_v)), 0, 2),
-            cute.group_modes(m_v, 0, 2))
+        t_k_s, t_k_g, t_v_s, t_v_g = None, None, None, None
+        if cutlass.const_expr(not self.gather4):
+            t_k_s, t_k_g = cpasync.tma_partition(
+                tma_k, 0, cute.make_layout(1), cute.group_modes(cute.flat_divide(s_k_rows, (P, D)), 0, 2),
+                cute.group_modes(m_k, 0, 2))
+            t_v_s, t_v_g = cpasync.tma_partition(
+                tma_v, 0, cute.make_layout(1),
+                cute.group_modes(cute.flat_divide(s_v_rows, (P, self.head_dim_v)), 0, 2), cute.group_modes(m_v, 0, 2))
         step = cutlass.Int32(0)  # global step: ring slot step % kv_stages
         q_count = cutlass.Int32(0)
         lane = cute.arch.lane_idx()
@@ -480,7 +492,15 @@ class GqaDecodeSm100:
                         cute.arch.mbarrier_wait(kv_empty + stage, ((step // self.kv_stages) % 2) ^ 1)
                         with cute.arch.elect_one():
                             cute.arch.mbarrier_arrive_and_expect_tx(kv_full + stage, self.kv_bytes)
-                        if cutlass.const_expr(ONE_ELECTION):
+                        if cutlass.const_expr(self.gather4):
+                            mbar = (kv_full + stage).toint()
+                            issue_page_gather4(desc_k, s_k_rows.iterator.toint() + stage * (self.step * D * 2),
+                                               lane_pages, j * npg, h, mbar, npg, D // 64, self.step * 128, D)
+                            issue_page_gather4(desc_v,
+                                               s_v_rows.iterator.toint() + stage * (self.step * self.head_dim_v * 2),
+                                               lane_pages, j * npg, h, mbar, npg, self.head_dim_v // 64,
+                                               self.step * 128, self.head_dim_v)
+                        elif cutlass.const_expr(ONE_ELECTION):
                             # one elected lane per step, not per box (common/tma_issue.py), where the partition puts
                             # the boxes: 64-column blocks step * 128 bytes apart, stages step * D * 2 bytes apart
                             for i in cutlass.range_constexpr(npg):

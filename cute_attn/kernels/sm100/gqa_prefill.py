@@ -29,10 +29,10 @@ Warp roles (384 threads, 12 warps):
   per key tile one box per page of one KV head (page id from ``kv_indices`` via ``kv_indptr``; a page
   wholly past ``KV_END`` gets coordinate -1, which TMA zero-fills). Pages 1, 2, 4 (32..128 boxes per
   tile, fewer rows than a swizzle atom: TMA swizzles by address, the stage is 1024 B aligned): the ids are
-  loaded one per lane (``common/page_ids.py``) and shuffled to the issuing lane (the DSL elects it).
-  TMA ``gather4`` (four rows per instruction) exists in CuTe DSL 4.8.1 but only for 2-D tensor maps
-  (rows x columns): our caches are 4-D (slot, d, KV head, page) with a symbolic page stride (strided
-  ``kv[:, 0]`` views), so a 2-D row view would need page_stride == num_kv_heads * d; per-page boxes instead. Warps 10-11 idle. Warps 8-11
+  loaded one per lane (``common/page_ids.py``) and shuffled to the issuing lane, which issues the tile's boxes
+  (``common/tma_issue.py``). Page 1: TMA ``tile::gather4`` over the caches as 2-D rows of pages
+  (``[num_pages, Hkv * d]`` with the page stride, whatever it is: pages are compact), four pages an
+  instruction: 32 instructions a 128-key tile at d 128, where one-row boxes took 256. Warps 10-11 idle. Warps 8-11
   run at ``setmaxnreg`` 64 (112 at head_dim 256: the MMA warp issues 16 QK k-blocks per tile and spilled at
   64). (240/112/64: the softmax row of 128 fp32 scores + 64 packed P words needs ~230 registers; ptxas 13.0
   reports no spills beyond an 8-byte local array.)
@@ -79,6 +79,7 @@ from .. import register_paged_kernel
 from ..common.paged_launch import gqa_prefill_entry
 from ..common.limits import TMEM_COLUMNS, page_box_reason, smem_reason, target_reason
 from ..common.packed_q import q_box_stage_layout
+from ..common.tma_issue import GATHER4_PAGE_SIZES, pages_as_rows
 from .prefill_roles import PrefillRoles
 from .prefill_setup import PrefillBarriers
 
@@ -171,6 +172,7 @@ class GqaPagedPrefillSm100(PrefillRoles):
         self.q_rows = config.packed_rows_per_tile  # whole tokens: (tile_m // group) * group rows are loaded
         self.tile_n = config.kv_tile
         self.pages_per_tile = self.tile_n // self.page_size
+        self.gather4 = self.page_size in GATHER4_PAGE_SIZES  # one-key pages: tile::gather4, four an instruction
         self.q_stages, self.kv_stages = stages(self.head_dim)
         self.regs_other = _REGS_OTHER_D256 if self.head_dim == 256 else _REGS_OTHER
         self.dtype = cutlass.BFloat16
@@ -219,8 +221,14 @@ class GqaPagedPrefillSm100(PrefillRoles):
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_atom_q, tma_q = cpasync.make_tiled_tma_atom(
             g2s, m_q, q_box_stage_layout(s_q_rows, self.q_rows, M, D), ((G, M // G), D))
-        tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(g2s, m_k, s_page_layout, (self.page_size, D))
-        tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(g2s, m_v, s_page_layout, (self.page_size, D))
+        if cutlass.const_expr(self.gather4):
+            # page 1: the caches as rows of pages, a box of one row x 64 columns, for raw gather4 (tma_issue.py)
+            row_box = cute.composition(cute.select(s_kv_rows, mode=[0, 1]), cute.make_layout((1, 64), stride=(1, N)))
+            tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(g2s, pages_as_rows(k_cache), row_box, (1, 64))
+            tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(g2s, pages_as_rows(v_cache), row_box, (1, 64))
+        else:
+            tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(g2s, m_k, s_page_layout, (self.page_size, D))
+            tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(g2s, m_v, s_page_layout, (self.page_size, D))
 
         self.kernel(
             tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v, qo_indptr, kv_indptr, kv_indices,

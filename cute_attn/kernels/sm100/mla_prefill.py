@@ -40,9 +40,11 @@ warps 13-15 idle, so that every role is whole warpgroups):
   row gathers in ``common/row_gather.py``). Per item with keys (the MMA warp reads Q only for those) the
   Q tile (rows >= Q_ROW_COUNT zero-filled) with 16-byte ``cp.async``; per key tile the latent row ids
   (``common/mla.py``: page size 1..128, page ids range-checked) into a double-buffered smem table, then the keys' ckv and kpe rows
-  side by side into one ``kv_tile x 576`` stage; keys >= KV_END are never loaded and their rows are
-  zero-filled (the pool holds NaN in rows no request owns and V = ckv feeds the PV MMA). Each thread:
-  ``cp.async.wait_group 0``, ``fence.proxy.async.shared::cta``, arrive.
+  side by side into one ``kv_tile x 576`` stage by TMA ``tile::gather4`` (``common/mla.gather4_latent_tile``: one
+  elected thread, four row ids an instruction, 16 x 9 boxes of 64 columns a stage, over 2-D tensor maps of the
+  caches as latent rows), completing on the stage's mbarrier by bytes; keys >= KV_END get id -1, which TMA
+  zero-fills as out of the map (the pool holds NaN in rows no request owns and V = ckv feeds the PV MMA). Q's
+  rows: each thread ``cp.async.wait_group 0``, ``fence.proxy.async.shared::cta``, arrive.
 * warp 12 MMA: ``S_j = Q K_j^T`` (36 k-blocks of 16), ``O^T (+)= V_j^T P_j^T`` (4 chunks x 4 k-blocks),
   order S0, S1, PV0, S2, PV1, ..., PV(n-1); ``tcgen05.commit`` releases Q after the item's last S, a K
   stage after its PV, P after the PV that read it.
@@ -53,7 +55,7 @@ row-id table 512 B, vector ring 1 KiB, mbarriers, TMEM address, 1 KiB alignment 
 
 Pipelines (``cutlass.pipeline``), in consumption order:
 ``q`` (AsyncUmma, 1): load -> MMA, released after the item's last S MMA.
-``kv`` (AsyncUmma, 2): load -> MMA; waited before S_j, released after PV_j (V is the same stage).
+``kv`` (TmaUmma, 2): load (gather4 bytes) -> MMA; waited before S_j, released after PV_j (V is the same stage).
 ``s`` (UmmaAsync, 2): MMA -> softmax, released once S_j is in registers.
 ``p`` (AsyncUmma, 1): softmax -> MMA, "P_j in smem"; released by the PV commit.
 ``o`` (UmmaAsync, 1): MMA -> correction, "PV_j landed"; released once O is rescaled / read out.
@@ -65,7 +67,7 @@ ownership and those fences (``tmem.py``), the softmax-role steps (per-item heade
 online softmax, vector ring: ``softmax_rows.py``).
 
 Possible next steps (performance): 128-row tiles (2 x 64 rows) so S uses all TMEM lanes and the
-softmax all threads; S/P in TMEM with O^T; TMA ``gather4`` for the K rows; a third K stage with kv_tile 32.
+softmax all threads; S/P in TMEM with O^T; a third K stage with kv_tile 32; Q by gather4 too.
 """
 
 from __future__ import annotations
@@ -77,15 +79,16 @@ import cutlass.cute as cute
 import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass import Float32, Int32
 from cutlass import pipeline as cpipe
-from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 from cutlass.memory import SmemAllocator
 
 from ...config import PagedAttentionConfig
 from ...plan import ItemField as F
 from .. import register_paged_kernel
 from ..common.limits import TMEM_COLUMNS, mla_definition_reason, smem_reason, target_reason
-from ..common.mla import (CKV_DIM, DEFINITION_PAGE_SIZES, KIND, QK_DIM, definition_config, load_q_and_kv_tiles,
-                          mla_entry)
+from ..common.mla import (CKV_DIM, DEFINITION_PAGE_SIZES, KIND, KPE_DIM, QK_DIM, definition_config,
+                          load_q_and_kv_tiles, mla_entry, row_view)
+from ..common.tma_issue import tma_descriptor_address
 from .prefill_setup import PrefillBarriers
 from .softmax_rows import NEG_INF, begin_softmax_item, load_s_row, num_key_tiles, online_softmax_row, send_row_values
 from .tmem import fence_after_sync, fence_before_sync
@@ -197,10 +200,17 @@ class MlaPagedPrefillSm100:
         s_q_rows = cute.tile_to_shape(atom, (M, QK_DIM), (0, 1))
         s_kv_rows = cute.tile_to_shape(atom, (N, QK_DIM, KV_STAGES), (0, 1, 2))
         s_p_rows = cute.tile_to_shape(atom, (M, N), (0, 1))
+        # K stages by TMA gather4: the caches as latent rows, a box of one row x 64 columns (the stage's 128-byte
+        # row of one 64-column block, swizzled by address); the descriptors only, the loads are raw gather4
+        row_box = cute.composition(cute.select(s_kv_rows, mode=[0, 1]), cute.make_layout((1, 64), stride=(1, N)))
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_atom_ckv, _ = cpasync.make_tiled_tma_atom(g2s, row_view(ckv_cache, CKV_DIM), row_box, (1, 64))
+        tma_atom_kpe, _ = cpasync.make_tiled_tma_atom(g2s, row_view(kpe_cache, KPE_DIM), row_box, (1, 64))
 
         self.kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
                     output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv,
-                    s_q_layout, s_k_layout, s_vt_layout, s_p_layout, s_q_rows, s_kv_rows, s_p_rows,
+                    s_q_layout, s_k_layout, s_vt_layout, s_p_layout, s_q_rows, s_kv_rows, s_p_rows, tma_atom_ckv,
+                    tma_atom_kpe,
                     ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream, use_pdl=True,
                              min_blocks_per_mp=1)
 
@@ -212,7 +222,8 @@ class MlaPagedPrefillSm100:
                partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32, tiled_mma_qk: cute.TiledMma,
                tiled_mma_pv: cute.TiledMma, s_q_layout: cute.ComposedLayout, s_k_layout: cute.ComposedLayout,
                s_vt_layout: cute.ComposedLayout, s_p_layout: cute.ComposedLayout, s_q_rows: cute.ComposedLayout,
-               s_kv_rows: cute.ComposedLayout, s_p_rows: cute.ComposedLayout):
+               s_kv_rows: cute.ComposedLayout, s_p_rows: cute.ComposedLayout, tma_atom_ckv: cute.CopyAtom,
+               tma_atom_kpe: cute.CopyAtom):
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -225,13 +236,15 @@ class MlaPagedPrefillSm100:
         s_vec = smem.allocate_tensor(Float32, cute.make_layout((self.tile_m, 2, C_STAGES)), 16)
         barriers = PrefillBarriers(smem, Q_STAGES, KV_STAGES, S_STAGES, P_STAGES, C_STAGES)
 
-        # q and kv: cp.async by the whole load warpgroup (each thread arrives), consumed by the MMA thread
+        # q: cp.async by the whole load warpgroup (each thread arrives); kv: TMA gather4 from one thread, complete
+        # by bytes; both consumed by the MMA thread
         thread = cpipe.CooperativeGroup(cpipe.Agent.Thread, 1)
         loaders = cpipe.CooperativeGroup(cpipe.Agent.Thread, LOAD_THREADS)
         pipe_q = cpipe.PipelineAsyncUmma.create(num_stages=Q_STAGES, producer_group=loaders, consumer_group=thread,
                                                 barrier_storage=barriers.q, defer_sync=True)
-        pipe_kv = cpipe.PipelineAsyncUmma.create(num_stages=KV_STAGES, producer_group=loaders,
-                                                 consumer_group=thread, barrier_storage=barriers.kv, defer_sync=True)
+        pipe_kv = cpipe.PipelineTmaUmma.create(num_stages=KV_STAGES, producer_group=thread, consumer_group=thread,
+                                               tx_count=self.tile_n * QK_DIM * 2, barrier_storage=barriers.kv,
+                                               defer_sync=True)
         pipe_s, pipe_p, pipe_o, pipe_c, tmem = barriers.create_role_pipelines(_BAR_TMEM_ALLOC, _BAR_TMEM_FREE,
                                                                                _WARP_CORRECTION)
 
@@ -258,12 +271,17 @@ class MlaPagedPrefillSm100:
             tmem.free()  # once the softmax and MMA warps are done with TMEM
         elif warp_idx < _WARP_MMA:
             cute.arch.setmaxregister_decrease(_REGS_OTHER)
+            if warp_idx == _WARP_LOAD:
+                cpasync.prefetch_descriptor(tma_atom_ckv)
+                cpasync.prefetch_descriptor(tma_atom_kpe)
             load_q_and_kv_tiles(tidx - 32 * _WARP_LOAD, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr,
                                 kv_indices, items, item_begin, item_end, q_buf, kv_buf, s_ids, pipe_q, pipe_kv,
                                 cpipe.make_pipeline_state(producer, Q_STAGES),
                                 cpipe.make_pipeline_state(producer, KV_STAGES),
                                 group=self.group, num_threads=LOAD_THREADS, ids_barrier=_BAR_IDS,
-                                q_for_keyless_items=False)
+                                q_for_keyless_items=False,
+                                kv_gather4=(tma_descriptor_address(tma_atom_ckv),
+                                            tma_descriptor_address(tma_atom_kpe)))
         else:
             cute.arch.setmaxregister_decrease(_REGS_OTHER)
         if warp_idx == _WARP_MMA:

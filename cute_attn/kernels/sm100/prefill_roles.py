@@ -27,7 +27,7 @@ from cutlass.cute.nvgpu import cpasync, tcgen05
 from ...plan import ItemField as F
 from ..common.packed_q import q_box_rows
 from ..common.page_ids import LANE_IDS_BELOW, id_loads, lane_page_id, load_lane_page_ids, load_tile_page_ids
-from ..common.tma_issue import ONE_ELECTION, issue_page_boxes, tma_descriptor_address
+from ..common.tma_issue import ONE_ELECTION, issue_page_boxes, issue_page_gather4, tma_descriptor_address
 from .softmax_rows import NEG_INF, begin_softmax_item, load_s_row, num_key_tiles, online_softmax_row, send_row_values
 from .tmem import fence_after_sync, fence_before_sync
 
@@ -42,11 +42,13 @@ class PrefillRoles:
                   pipe_q, pipe_kv, q_state, kv_state):
         G, P, npg, N, D = self.group, self.page_size, self.pages_per_tile, self.tile_n, self.head_dim
         # one page of one KV head = one TMA box; smem pages: (box, page in tile, 1, stage)
-        s_pages = cute.group_modes(cute.flat_divide(s_kv_rows, (P, D)), 0, 2)
-        t_ks, t_kg = cpasync.tma_partition(tma_atom_k, 0, cute.make_layout(1), s_pages,
-                                           cute.group_modes(tma_k, 0, 2))
-        t_vs, t_vg = cpasync.tma_partition(tma_atom_v, 0, cute.make_layout(1), s_pages,
-                                           cute.group_modes(tma_v, 0, 2))
+        t_ks, t_kg, t_vs, t_vg = s_kv_rows, None, s_kv_rows, None  # page 1 (gather4): the stages themselves
+        if cutlass.const_expr(not self.gather4):
+            s_pages = cute.group_modes(cute.flat_divide(s_kv_rows, (P, D)), 0, 2)
+            t_ks, t_kg = cpasync.tma_partition(tma_atom_k, 0, cute.make_layout(1), s_pages,
+                                               cute.group_modes(tma_k, 0, 2))
+            t_vs, t_vg = cpasync.tma_partition(tma_atom_v, 0, cute.make_layout(1), s_pages,
+                                               cute.group_modes(tma_v, 0, 2))
         page_ids = cute.make_rmem_tensor(npg, Int32)
         for it in cutlass.range(item_begin, item_end, unroll=1):
             b = items[it, int(F.REQUEST)]
@@ -94,7 +96,13 @@ class PrefillRoles:
             load_lane_page_ids(kv_indices, lane_pages, page_base + kv_base // P, (kv_end - kv_base + P - 1) // P,
                                cute.arch.lane_idx())
             pipe_kv.producer_acquire(kv_state)
-            if cutlass.const_expr(ONE_ELECTION):
+            if cutlass.const_expr(self.gather4):
+                # four pages an instruction (tma_issue.py); t_s is the (rows, d, stage) ring itself
+                issue_page_gather4(tma_descriptor_address(atom),
+                                   t_s.iterator.toint() + kv_state.index * (self.tile_n * self.head_dim * 2),
+                                   lane_pages, 0, h, pipe_kv.producer_get_barrier(kv_state).toint(), npg,
+                                   self.head_dim // 64, self.tile_n * 128, self.head_dim)
+            elif cutlass.const_expr(ONE_ELECTION):
                 # one elected lane per tile, not per box (common/tma_issue.py): row i at i * 128 bytes of its
                 # 64-column block, blocks tile_n * 128 bytes apart, from the stage's first box
                 for i in cutlass.range_constexpr(npg):
