@@ -6,6 +6,7 @@ import dataclasses
 import re
 
 import pytest
+from ptx_ids import BOUNDS_CHECK, prefetched_bounds_checks
 
 from cute_attn.compile import compile_kernel, compile_to_ptx
 from cute_attn.config import default_paged_config
@@ -21,9 +22,6 @@ pytestmark = pytest.mark.usefixtures("isolated_compile_cache")
 
 # the page id just loaded from kv_indices is compared with -1 (>= 0) and with num_pages (a kernel parameter)
 # before it becomes a row id; otherwise the id is -1 (a zero-filled row, never gathered)
-BOUNDS_CHECK = re.compile(r"ld\.global\.b32\s+(%r\d+), \[%rd\d+\];\s*setp\.gt\.s32\s+(%p\d+), \1, -1;\s*"
-                          r"setp\.gt\.s32\s+(%p\d+), %r\d+, \1;(?:\s*(?:shl|and|or)\.b32[^;]*;)*\s*"
-                          r"selp\.b32\s+(%r\d+), %r\d+, -1, \3;\s*selp\.b32\s+%r\d+, \4, -1, \2;")
 # a K-stage row copy (common/row_gather.cp_async_chunk): its src-size is a register (16, or 0 to zero-fill)
 K_ROW_COPY = re.compile(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[g\], 16, %r\d+;")
 Q_ROW_COPY = re.compile(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[%rd\d+(\+\d+)?\], 16, 16;")
@@ -85,7 +83,7 @@ def test_paged_latent_rows_compile_with_bounds_checked_ids(page_size):
     # the same gathers as at page size 1: Q's (two passes unrolled, nope and pe) and the K stage's 36 row copies
     assert ptx.count("cp.async.cg.shared.global") - len(K_ROW_COPY.findall(ptx)) == 4
     assert len(K_ROW_COPY.findall(ptx)) == 36
-    assert len(BOUNDS_CHECK.findall(ptx)) == 1
+    assert len(BOUNDS_CHECK.findall(ptx)) == 1 and prefetched_bounds_checks(ptx) == 1
     if page_size > 1:
         shift = page_size.bit_length() - 1
         assert re.search(rf"shr\.s32\s+%r\d+, %r\d+, {shift};", ptx)
@@ -181,7 +179,7 @@ def test_share_scores_compiles_s_once_with_p_through_smem(page_size):
     assert re.search(r"bar\.sync\s+1, 128;", ptx)  # the unchanged load role's row-id barrier
     assert ptx.count("fence.proxy.async.shared::cta") >= 2  # load role + P stores before the PV wgmma
     assert "setmaxnreg.dec.sync.aligned.u32 \t40" in ptx and "setmaxnreg.inc.sync.aligned.u32 \t232" in ptx
-    assert len(BOUNDS_CHECK.findall(ptx)) == 1  # the same load role
+    assert len(BOUNDS_CHECK.findall(ptx)) == 1 and prefetched_bounds_checks(ptx) == 1  # the same load role
     assert mla_prefill.num_stages(config) == 2
     full_s = dataclasses.replace(_definition(page_size=page_size), share_scores=False)
     assert mla_prefill.smem_bytes(config) == mla_prefill.smem_bytes(full_s) + EXCHANGE_BYTES

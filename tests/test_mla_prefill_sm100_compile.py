@@ -12,6 +12,7 @@ import inspect
 import re
 
 import pytest
+from ptx_ids import BOUNDS_CHECK, prefetched_bounds_checks
 
 from cute_attn.compile import compile_kernel, compile_to_ptx
 from cute_attn.kernels import find_launcher
@@ -24,9 +25,6 @@ pytestmark = pytest.mark.usefixtures("isolated_compile_cache")
 
 # the page id just loaded from kv_indices is compared with -1 (>= 0) and with num_pages (a kernel parameter)
 # before it becomes a row id; otherwise the id is -1 (a zero-filled row, never gathered)
-BOUNDS_CHECK = re.compile(r"ld\.global\.b32\s+(%r\d+), \[%rd\d+\];\s*setp\.gt\.s32\s+(%p\d+), \1, -1;\s*"
-                          r"setp\.gt\.s32\s+(%p\d+), %r\d+, \1;(?:\s*(?:shl|and|or)\.b32[^;]*;)*\s*"
-                          r"selp\.b32\s+(%r\d+), %r\d+, -1, \3;\s*selp\.b32\s+%r\d+, \4, -1, \2;")
 
 
 def _config(**overrides):
@@ -105,7 +103,7 @@ def test_paged_latent_rows_compile_with_bounds_checked_ids(page_size):
     assert mla_prefill.check_config(config) is None
     ptx = compile_to_ptx(config)
     assert ".target sm_100a" in ptx and "cp.async.cg.shared.global" in ptx
-    assert len(BOUNDS_CHECK.findall(ptx)) == 1
+    assert len(BOUNDS_CHECK.findall(ptx)) == 1 and prefetched_bounds_checks(ptx) == 1
     if page_size > 1:
         shift = page_size.bit_length() - 1
         assert re.search(rf"shr\.s32\s+%r\d+, %r\d+, {shift};", ptx)  # page position j // page_size

@@ -12,7 +12,7 @@ Load role (:func:`load_q_and_kv_tiles`, one warpgroup, every thread gathering wi
 ``common/row_gather.py``). Per item: the Q tile (``tile_m`` packed rows x (512 nope + 64 pe) into one
 576-wide smem tile; rows >= ``Q_ROW_COUNT`` zero-filled), then per ``kv_tile`` keys one K stage holding
 the keys' ckv and kpe rows side by side. Row ids: the first ``kv_tile`` threads turn their key into a
-latent row id (page id from ``kv_indices``, slot from the key) in a double-buffered smem table
+latent row id (page id from ``kv_indices``, loaded one tile ahead; slot from the key) in a double-buffered smem table
 (double-buffered so that a fast thread filling the next tile's ids cannot overwrite ids a slow thread
 still gathers from), then a named barrier of the load threads; keys >= ``KV_END`` get id -1 and are
 zero-filled: the pool holds NaN in rows no request owns, and V = ckv feeds the P V MMA, where 0 * NaN would
@@ -161,11 +161,18 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
                 _load_q_tile(copy_atom, zeros, q_nope, q_pe, qo_indptr, b, r0, row_count, s_q_chunks, tid, group,
                              num_threads, pipe_q, q_state)
                 q_state.advance()
+        # each thread's key of the next tile: its page id is loaded a tile ahead, so the load's latency runs under
+        # this tile's copies instead of in front of them (every tile paid it, and the named barrier made every
+        # load thread wait for the slowest)
+        ids_end = kv_end if tid < tile_n else kv_start  # the id threads: one key a tile each
+        next_page = _key_page(kv_indices, page_base, kv_start + tid, ids_end, page_shift)
         for t in cutlass.range(num_tiles, unroll=1):
             kv_base = kv_start + t * tile_n
+            page = next_page
+            next_page = _key_page(kv_indices, page_base, kv_base + tile_n + tid, ids_end, page_shift)
             ids = s_ids[None, tiles_done % 2]
             if tid < tile_n:
-                ids[tid] = _latent_row(kv_indices, page_base, kv_base + tid, kv_end, num_pages, page_shift)
+                ids[tid] = _page_row(page, kv_base + tid, num_pages, page_shift)
             cute.arch.barrier(barrier_id=ids_barrier, number_of_threads=num_threads)
             tiles_done += 1
             if cutlass.const_expr(kv_gather4 is not None):
@@ -215,16 +222,23 @@ def gather4_latent_tile(desc_ckv: Int64, desc_kpe: Int64, stage_addr: Int32, ids
 
 
 @cute.jit
-def _latent_row(kv_indices: cute.Tensor, page_base: Int32, key: Int32, kv_end: Int32, num_pages: Int32,
-                page_shift: cutlass.Constexpr[int]) -> Int32:
-    """Latent row of ``key`` (``page * page_size + slot``, ``page_size = 1 << page_shift``), or -1 (zero-filled,
-    never read) for a key ``>= kv_end`` or a page id outside ``[0, num_pages)``."""
-    rid = Int32(-1)
+def _key_page(kv_indices: cute.Tensor, page_base: Int32, key: Int32, kv_end: Int32,
+              page_shift: cutlass.Constexpr[int]) -> Int32:
+    """The page id of ``key`` (as ``kv_indices`` holds it, unchecked), or -1 for a key ``>= kv_end``."""
+    page = Int32(-1)
     if key < kv_end:
         page = kv_indices[page_base + (key >> page_shift)]
-        if page >= 0:
-            if page < num_pages:
-                rid = (page << page_shift) + (key & ((1 << page_shift) - 1))
+    return page
+
+
+@cute.jit
+def _page_row(page: Int32, key: Int32, num_pages: Int32, page_shift: cutlass.Constexpr[int]) -> Int32:
+    """Latent row of ``key`` in ``page`` (:func:`_key_page`), or -1 (zero-filled, never read) for a page id outside
+    ``[0, num_pages)`` (a key past the item's end included)."""
+    rid = Int32(-1)
+    if page >= 0:
+        if page < num_pages:
+            rid = (page << page_shift) + (key & ((1 << page_shift) - 1))
     return rid
 
 
