@@ -97,6 +97,10 @@ class PlanConfig:
     allow_split: bool = True
     min_chunk_keys: int = 0  # split chunks are at least this long (fewer partials to merge; a tuning knob)
     page_size: int = 0  # tokens per KV page, for ItemField.KV_PAGE_START (0: not planned, the column is -1)
+    #: device plans of causal kinds: a request's q tiles lie on the cost line short, long, next short, next long...
+    #: (``plan_partition``), so adjacent tiles pair up and the CTA cuts fall near tile edges (fewer splits); the
+    #: MLA kinds take it, whose split partials are 512 fp32 a row
+    zigzag: bool = False
 
     def __post_init__(self):
         for name in ("num_qo_heads", "num_kv_heads", "tile_q_rows", "kv_tile", "num_ctas"):

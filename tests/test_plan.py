@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from cute_attn import plan as plan_module
 from cute_attn import reference, testing
 from cute_attn.plan import ItemField as F
+from cute_attn.config import default_paged_config
 from cute_attn.plan import PlanCapacity, PlanConfig, plan_work
 from cute_attn.plan_executor import execute_plan, plan_coverage
 from cute_attn.plan_partition import partition_plan
@@ -31,7 +32,7 @@ def plan_configs(draw, causal=None):
         causal=draw(st.booleans()) if causal is None else causal,
         tile_q_rows=draw(st.sampled_from([4, 8, 16])), kv_tile=draw(st.sampled_from([2, 4, 8])),
         num_ctas=draw(st.integers(1, 12)), item_overhead_keys=draw(st.sampled_from([0, 4, 16])),
-        min_chunk_keys=draw(st.sampled_from([0, 0, 8, 64])),
+        min_chunk_keys=draw(st.sampled_from([0, 0, 8, 64])), zigzag=draw(st.booleans()),
     )
 
 
@@ -180,6 +181,22 @@ def test_batch_one_decode_is_split_across_the_gpu():
     # a large batch fills the GPU alone: no split
     plan = plan_work(cfg, [1] * 128, [4096] * 128)
     assert plan.num_partials == 0
+
+
+def test_zigzag_pairs_a_long_causal_requests_tiles():
+    """MLA prefill 1 x 1028 (16 heads, 64-row tiles: 257 tiles rising in cost over 132 CTAs): tile order cut
+    97 tiles into split-KV chunks (194 partials of 64 x 512 fp32); short, long, short... pairs the tiles, so
+    the cuts snap to tile edges: no merge, and the max CTA load within 5% of the host LPT plan's."""
+    config = default_paged_config("mla_paged_prefill", arch="sm_90a", num_qo_heads=16, num_kv_heads=1,
+                                  head_dim_qk=576, head_dim_v=512, page_size=1, causal=True)
+    cfg = config.plan_config(132)
+    assert cfg.zigzag
+    in_order = partition_plan(dataclasses.replace(cfg, zigzag=False), [1028], [1038])
+    zigzag = partition_plan(cfg, [1028], [1038])
+    assert in_order.num_merges == 97 and zigzag.num_merges == 0
+    assert zigzag.cta_cost.max() <= 1.05 * plan_work(cfg, [1028], [1038]).cta_cost.max()
+    rows = sorted(int(r) for r in zigzag.valid_items()[:, F.Q_ROW_START])
+    assert rows == [64 * t for t in range(257)]  # every q tile once, in whatever order
 
 
 def test_partition_takes_whole_tiles_when_they_fit():

@@ -96,6 +96,7 @@ class DevicePlannerConfig(KernelConfig):
     item_overhead_keys: int = 128
     min_chunk_keys: int = 0
     allow_split: bool = True
+    zigzag: bool = False  # PlanConfig.zigzag: a causal request's q tiles short, long, short... on the line
     num_qo_heads: int = 20
     head_dim_v: int = 128
     #: a development build: the planning CTA writes clock64 stamps of its phase boundaries to the last
@@ -109,13 +110,13 @@ class DevicePlannerConfig(KernelConfig):
             rows_per_tile=plan_config.tile_q_rows, kv_tile=plan_config.kv_tile, page_size=plan_config.page_size,
             causal=plan_config.causal, has_qo_indptr=has_qo_indptr, item_overhead_keys=plan_config.item_overhead_keys,
             min_chunk_keys=plan_config.min_chunk_keys, allow_split=plan_config.allow_split,
-            num_qo_heads=plan_config.num_qo_heads, head_dim_v=head_dim_v)
+            zigzag=plan_config.zigzag, num_qo_heads=plan_config.num_qo_heads, head_dim_v=head_dim_v)
 
     def plan_config(self, num_ctas: int) -> PlanConfig:
         return PlanConfig(num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads, causal=self.causal,
                           tile_q_rows=self.rows_per_tile, kv_tile=self.kv_tile, num_ctas=num_ctas,
                           item_overhead_keys=self.item_overhead_keys, allow_split=self.allow_split,
-                          min_chunk_keys=self.min_chunk_keys, page_size=self.page_size)
+                          min_chunk_keys=self.min_chunk_keys, page_size=self.page_size, zigzag=self.zigzag)
 
     def can_implement(self) -> str | None:
         if (reason := super().can_implement()) is not None:
@@ -460,7 +461,12 @@ class DevicePlanner:
                 b = _last_at_most(requests, batch, j, 0)  # column 0: first q tile of each request
                 kv_len = requests[b, 1]
                 q_len = requests[b, 2]
-                row_start = (j - requests[b, 0]) * c.rows_per_tile
+                local = j - requests[b, 0]  # the tile's position on the line within its request
+                if cutlass.const_expr(c.zigzag and c.causal):  # plan_partition's order: tile p/2 or n-1-(p-1)/2
+                    half = local // 2
+                    n_tiles = (q_len * c.group_size + c.rows_per_tile - 1) // c.rows_per_tile
+                    local = half + (local - 2 * half) * (n_tiles - 1 - 2 * half)
+                row_start = local * c.rows_per_tile
                 row_count = cutlass.min(Int32(c.rows_per_tile), q_len * c.group_size - row_start)
                 kv_end = kv_len
                 if cutlass.const_expr(c.causal):
