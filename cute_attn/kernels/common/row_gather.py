@@ -135,7 +135,9 @@ def gather_one_row_pages(rows: cute.Tensor, s_chunks: cute.Tensor, lane_pages: c
     ids).
     """
     chunks = head_dim // ROW_CHUNK
-    rows_per_pass = 32 // chunks
+    rows_per_pass, passes, guarded = row_passes(num_rows, chunks, 32)
+    if cutlass.const_expr(guarded):
+        raise ValueError(f"gather_one_row_pages: {num_rows} rows are not whole passes of {rows_per_pass}")
     chunk = lane % chunks
     sub = lane // chunks
     num_pages = rows.shape[0]
@@ -151,7 +153,7 @@ def gather_one_row_pages(rows: cute.Tensor, s_chunks: cute.Tensor, lane_pages: c
         page_bytes_b = Int64(rows_b.stride[0]) * elem
         slot_bytes_b = Int64(rows_b.stride[1]) * elem
     page_shift = page_rows.bit_length() - 1
-    for p in cutlass.range_constexpr(num_rows // rows_per_pass):
+    for p in cutlass.range_constexpr(passes):
         r0 = p * rows_per_pass
         r = r0 + sub
         if cutlass.const_expr(page_rows == 1):

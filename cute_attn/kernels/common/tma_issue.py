@@ -14,6 +14,7 @@ import cutlass
 import cutlass._mlir.dialects.cute as _cute_ir
 import cutlass._mlir.dialects.cute_nvgpu as _cute_nvgpu_ir
 import cutlass.cute as cute
+from cutlass.cute.nvgpu import cpasync
 from cutlass import Int32, Int64
 from cutlass.cute.typing import AddressSpace, _to_mlir_address_space
 from cutlass.cutlass_dsl import T, dsl_user_op
@@ -85,6 +86,16 @@ def issue_page_boxes(descriptor: Int64, stage_addr: Int32, pages: cute.Tensor, h
                     coords.append(head)
                 coords.append(pages[i])
                 tma_load(dst, descriptor, coords, mbar)
+
+
+def make_gather4_atom(op, rows: cute.Tensor, stage_rows_layout):
+    """``(atom, tma tensor)`` of 2-D ``rows`` for raw gather4: a box of one row x 64 columns where the stage's
+    ``(rows, columns[, stage])`` 128B-swizzled layout puts it (rows 128 bytes apart in each 64-column block). Only
+    the atom's descriptor is used (:func:`tma_gather4`)."""
+    tile_rows = cute.size(stage_rows_layout, mode=[0])
+    box = cute.composition(cute.select(stage_rows_layout, mode=[0, 1]),
+                           cute.make_layout((1, 64), stride=(1, tile_rows)))
+    return cpasync.make_tiled_tma_atom(op, rows, box, (1, 64))
 
 
 def pages_as_rows(cache: cute.Tensor) -> cute.Tensor:

@@ -93,7 +93,7 @@ from ..common.paged_launch import gqa_decode_entry, gqa_multi_token_decode_entry
 from ..common.decode_merge import fold_completed_merges
 from ..common.page_ids import IDS_PER_LOAD, id_loads, lane_page_id, load_lane_page_ids, rotate_lane_page_ids
 from ..common.tma_issue import (GATHER4_PAGE_SIZES, ONE_ELECTION, issue_page_boxes, issue_page_gather4,
-                                pages_as_rows, tma_descriptor_address)
+                                make_gather4_atom, pages_as_rows, tma_descriptor_address)
 
 from .decode_config import (  # noqa: F401  (re-exported: the kernel's constants and rules)
     ARCH, KIND, MULTI_TOKEN_KIND, Q_VEC, MMA_M, PAGE_SIZES,
@@ -192,10 +192,8 @@ class GqaDecodeSm100:
         if cutlass.const_expr(self.gather4):
             # Page 1: the caches as rows of pages ([num_pages, Hkv * D], any page stride: pages are compact), a
             # box of one row x 64 columns, for raw tile::gather4 (four pages an instruction; tma_issue.py)
-            row_box = cute.composition(cute.select(self.kv_rows_layout(), mode=[0, 1]),
-                                       cute.make_layout((1, 64), stride=(1, self.step)))
-            tma_k, m_k = cpasync.make_tiled_tma_atom(op, pages_as_rows(k_cache), row_box, (1, 64))
-            tma_v, m_v = cpasync.make_tiled_tma_atom(op, pages_as_rows(v_cache), row_box, (1, 64))
+            tma_k, m_k = make_gather4_atom(op, pages_as_rows(k_cache), self.kv_rows_layout())
+            tma_v, m_v = make_gather4_atom(op, pages_as_rows(v_cache), self.kv_rows_layout())
         elif cutlass.const_expr(self.pages_per_step > 1):
             # Small pages: one TMA box per page of one KV head, (slot, D, Hkv, page) with the page id as coordinate,
             # into rows [i * page, (i + 1) * page) of the stage's (keys, D) row view (kv_rows_layout: the same

@@ -79,7 +79,7 @@ from .. import register_paged_kernel
 from ..common.paged_launch import gqa_prefill_entry
 from ..common.limits import TMEM_COLUMNS, page_box_reason, smem_reason, target_reason
 from ..common.packed_q import q_box_stage_layout
-from ..common.tma_issue import GATHER4_PAGE_SIZES, pages_as_rows
+from ..common.tma_issue import GATHER4_PAGE_SIZES, make_gather4_atom, pages_as_rows
 from .prefill_roles import PrefillRoles
 from .prefill_setup import PrefillBarriers
 
@@ -223,9 +223,8 @@ class GqaPagedPrefillSm100(PrefillRoles):
             g2s, m_q, q_box_stage_layout(s_q_rows, self.q_rows, M, D), ((G, M // G), D))
         if cutlass.const_expr(self.gather4):
             # page 1: the caches as rows of pages, a box of one row x 64 columns, for raw gather4 (tma_issue.py)
-            row_box = cute.composition(cute.select(s_kv_rows, mode=[0, 1]), cute.make_layout((1, 64), stride=(1, N)))
-            tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(g2s, pages_as_rows(k_cache), row_box, (1, 64))
-            tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(g2s, pages_as_rows(v_cache), row_box, (1, 64))
+            tma_atom_k, tma_k = make_gather4_atom(g2s, pages_as_rows(k_cache), s_kv_rows)
+            tma_atom_v, tma_v = make_gather4_atom(g2s, pages_as_rows(v_cache), s_kv_rows)
         else:
             tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(g2s, m_k, s_page_layout, (self.page_size, D))
             tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(g2s, m_v, s_page_layout, (self.page_size, D))

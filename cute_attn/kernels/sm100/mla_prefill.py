@@ -88,7 +88,7 @@ from .. import register_paged_kernel
 from ..common.limits import TMEM_COLUMNS, mla_definition_reason, smem_reason, target_reason
 from ..common.mla import (CKV_DIM, DEFINITION_PAGE_SIZES, KIND, KPE_DIM, QK_DIM, definition_config,
                           load_q_and_kv_tiles, mla_entry, row_view)
-from ..common.tma_issue import tma_descriptor_address
+from ..common.tma_issue import make_gather4_atom, tma_descriptor_address
 from .prefill_setup import PrefillBarriers
 from .softmax_rows import NEG_INF, begin_softmax_item, load_s_row, num_key_tiles, online_softmax_row, send_row_values
 from .tmem import fence_after_sync, fence_before_sync
@@ -202,10 +202,9 @@ class MlaPagedPrefillSm100:
         s_p_rows = cute.tile_to_shape(atom, (M, N), (0, 1))
         # K stages by TMA gather4: the caches as latent rows, a box of one row x 64 columns (the stage's 128-byte
         # row of one 64-column block, swizzled by address); the descriptors only, the loads are raw gather4
-        row_box = cute.composition(cute.select(s_kv_rows, mode=[0, 1]), cute.make_layout((1, 64), stride=(1, N)))
         g2s = cpasync.CopyBulkTensorTileG2SOp()
-        tma_atom_ckv, _ = cpasync.make_tiled_tma_atom(g2s, row_view(ckv_cache, CKV_DIM), row_box, (1, 64))
-        tma_atom_kpe, _ = cpasync.make_tiled_tma_atom(g2s, row_view(kpe_cache, KPE_DIM), row_box, (1, 64))
+        tma_atom_ckv, _ = make_gather4_atom(g2s, row_view(ckv_cache, CKV_DIM), s_kv_rows)
+        tma_atom_kpe, _ = make_gather4_atom(g2s, row_view(kpe_cache, KPE_DIM), s_kv_rows)
 
         self.kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
                     output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv,

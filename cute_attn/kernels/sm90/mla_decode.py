@@ -80,10 +80,7 @@ class MlaPagedDecodeSwappedSm90(MlaPagedPrefillSm90):
                  qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor,
                  items: cute.Tensor, output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor,
                  partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
-        atom = warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, QK_DIM), self.dtype)
-        s_q_layout = cute.tile_to_shape(atom, (self.tile_m, QK_DIM), (0, 1))
-        s_k_layout = cute.tile_to_shape(atom, (self.tile_n, QK_DIM, self.num_stages), (0, 1, 2))
+        s_q_layout, s_k_layout = self.smem_layouts()
         n = self.tile_m
         # S^T = K Q^T: M = keys (the stage, K-major A), N = heads (the Q tile, K-major B)
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(

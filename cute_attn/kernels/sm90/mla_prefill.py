@@ -183,15 +183,20 @@ class MlaPagedPrefillSm90:
         return f"MlaPagedPrefillSm90_H{self.num_heads}_M{self.tile_m}_N{self.tile_n}_S{self.num_stages}"
 
     # ------------------------------------------------------------------------------- host side
+    def smem_layouts(self):
+        """``(Q tile, K stages)``: 128B-swizzled row-major atoms of the 576-wide rows (every variant's, traced on
+        the host side)."""
+        atom = warpgroup.make_smem_layout_atom(
+            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, QK_DIM), self.dtype)
+        return (cute.tile_to_shape(atom, (self.tile_m, QK_DIM), (0, 1)),
+                cute.tile_to_shape(atom, (self.tile_n, QK_DIM, self.num_stages), (0, 1, 2)))
+
     @cute.jit
     def __call__(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
                  qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor,
                  items: cute.Tensor, output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor,
                  partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
-        atom = warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, QK_DIM), self.dtype)
-        s_q_layout = cute.tile_to_shape(atom, (self.tile_m, QK_DIM), (0, 1))
-        s_k_layout = cute.tile_to_shape(atom, (self.tile_n, QK_DIM, self.num_stages), (0, 1, 2))
+        s_q_layout, s_k_layout = self.smem_layouts()
 
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,

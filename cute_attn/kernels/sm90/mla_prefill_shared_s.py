@@ -57,8 +57,6 @@ import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass import pipeline as cpipe
-from cutlass.cute.nvgpu import warpgroup
-from cutlass.tensor_utils import LayoutEnum
 
 from ...plan import ItemField as F
 from ..common.mla import CKV_DIM, KPE_DIM, QK_DIM
@@ -98,10 +96,7 @@ class MlaPagedPrefillSharedSSm90(MlaPagedPrefillSm90):
                  qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor,
                  items: cute.Tensor, output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor,
                  partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
-        atom = warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, QK_DIM), self.dtype)
-        s_q_layout = cute.tile_to_shape(atom, (self.tile_m, QK_DIM), (0, 1))
-        s_k_layout = cute.tile_to_shape(atom, (self.tile_n, QK_DIM, self.num_stages), (0, 1, 2))
+        s_q_layout, s_k_layout = self.smem_layouts()
         wgs = MMA_THREADS // 128
         # S = Q K^T: two warpgroups side by side along N (keys), 64 x kv_tile/2 each
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
