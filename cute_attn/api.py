@@ -468,7 +468,7 @@ def _launch(hit: _Hit, plan, args, output, lse, natural_lse):
         output = torch.empty(total_q, heads, head_dim_v, dtype=torch.bfloat16, device=device)
         lse = torch.empty(total_q, heads, dtype=torch.float32, device=device)
     route = hit.route
-    if route is not None:  # planner + attention in one host call (kernels/common/planned_launch.py)
+    if route is not None:  # planner + attention (+ combine) in one host call (kernels/common/launch_chain.py)
         device = hit.alloc[3]
         plan = route.slot(hit.config, _current_stream(device), device)
         hit.launcher(plan, *args, output, lse, natural_lse=natural_lse, planned=route.planned(plan, args, output, lse))

@@ -1,7 +1,7 @@
 """Host side of device planning: buffers sized from shapes alone, and the planner launch.
 
 A call with new index tensors then costs two launches (planner, attention), issued by one host call
-(``kernels/common/planned_launch.py``), and no device-to-host copy: the
+(``kernels/common/launch_chain.py``), and no device-to-host copy: the
 capacity comes from the shapes the host already knows (``batch = len(kv_indptr) - 1`` and ``total_q =
 q.shape[0]``, through :meth:`PlanCapacity.for_limits`, which provably holds every plan of such a batch), the
 planner (``kernels/common/device_planner.py``) fills the work lists in the caller's stream, and the index
@@ -19,7 +19,8 @@ from .buffers import allocate_outside_graph_pools
 from .compile import compile_kernel
 from .device_errors import error_word
 from .kernels.common.device_planner import MAX_CTAS, Q_TILE_FIELDS, REQUEST_FIELDS, DevicePlannerConfig, scan_ctas
-from .kernels.common.planned_launch import PlannedLaunchConfig
+from .kernels.common.combine import CombineConfig
+from .kernels.common.launch_chain import LaunchChainConfig
 from .plan import PlanCapacity
 
 __all__ = ["PlannerScratch", "DevicePlanRoute", "planner_config", "allocate_planned", "launch_planner",
@@ -76,7 +77,7 @@ class DevicePlanRoute:
 
     positions: tuple  # argument positions of qo_indptr (or None), kv_indptr, kv_indices, kv_last_page_len (or None)
     planner_config: DevicePlannerConfig  # compiled on first use: plan_*(on_device=True) launches it alone
-    fused: object  # the compiled planner + attention launch (kernels/common/planned_launch.py)
+    chains: dict  # (attention config, with combine) -> the compiled planner + attention [+ combine] launch
     capacity: PlanCapacity
     num_ctas: int
     batch: int
@@ -92,9 +93,18 @@ class DevicePlanRoute:
         pconfig = planner_config(spec, config, num_ctas)
         capacity = PlanCapacity.for_limits(pconfig.plan_config(num_ctas), max_batch=problem.batch_size,
                                            max_total_q=problem.total_q)
-        fused = compile_kernel(PlannedLaunchConfig(arch=config.arch, planner=pconfig, attention=config))
-        return DevicePlanRoute(positions, pconfig, fused, capacity, num_ctas, problem.batch_size,
+        return DevicePlanRoute(positions, pconfig, {}, capacity, num_ctas, problem.batch_size,
                                problem.num_pages, problem.total_q, {})
+
+    def chain(self, config, with_combine: bool):
+        """The planner, ``config``'s attention kernel and (``with_combine``) its combine as one host function
+        (``kernels/common/launch_chain.py``), compiled on first use."""
+        key = (id(config), with_combine)
+        hit = self.chains.get(key)
+        if hit is None or hit[0] is not config:
+            stages = (self.planner_config, config, *((CombineConfig.for_paged(config),) if with_combine else ()))
+            hit = self.chains[key] = (config, compile_kernel(LaunchChainConfig(arch=config.arch, stages=stages)))
+        return hit[1]
 
     def slot(self, config, stream: int, device):
         plan = self.slots.get(stream)
@@ -111,8 +121,9 @@ class DevicePlanRoute:
         return planner_arguments(device_plan, qo, kvp, kvi, last, output, lse, self.num_pages, self.total_q)
 
     def planned(self, device_plan, args: tuple, output, lse) -> tuple:
-        """What the attention launcher takes as ``planned=``: the fused function and the planner's arguments."""
-        return self.fused, self.planner_args(device_plan, args, output, lse)
+        """What the attention launcher takes as ``planned=``: this route (its :meth:`chain`) and the planner's
+        arguments."""
+        return self, self.planner_args(device_plan, args, output, lse)
 
 
 def launch_planner(planner, device_plan, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output, lse,

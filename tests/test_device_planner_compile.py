@@ -68,16 +68,35 @@ def test_attention_kernels_wait_for_the_planner_before_reading(arch, kind, layou
 
 @pytest.mark.parametrize("arch", ARCHES)
 def test_planned_launch_is_one_host_function_with_both_kernels(arch):
-    from cute_attn.kernels.common.planned_launch import PlannedLaunchConfig
+    from cute_attn.kernels.common.launch_chain import LaunchChainConfig
 
     attention = default_paged_config("gqa_paged_decode", arch=arch, num_qo_heads=20, num_kv_heads=4, head_dim_qk=128,
                                      head_dim_v=128, page_size=64, causal=False)
-    fused = PlannedLaunchConfig(arch=arch, planner=_decode_planner(arch), attention=attention)
+    fused = LaunchChainConfig(arch=arch, stages=(_decode_planner(arch), attention))
     assert fused.can_implement() is None
     ptx = compile_to_ptx(fused)
     entries = re.findall(r"\.entry\s+(\w+)", ptx)
     assert len(entries) == 2 and any("DevicePlanner" in e for e in entries) and any("GqaDecode" in e for e in entries)
     assert "griddepcontrol.launch_dependents" in ptx and "griddepcontrol.wait" in ptx
-    other = dataclasses.replace(fused, planner=dataclasses.replace(fused.planner, arch="sm_90a" if arch == "sm_100a"
-                                                                      else "sm_100a"))
+    other_arch = "sm_90a" if arch == "sm_100a" else "sm_100a"
+    other = dataclasses.replace(fused, stages=(dataclasses.replace(fused.stages[0], arch=other_arch), attention))
     assert "must target" in other.can_implement()
+    assert "two or more" in LaunchChainConfig(arch=arch, stages=(attention,)).can_implement()
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_attention_and_combine_chain_is_one_host_function(arch):
+    """A split MLA decode's combine goes out in the attention kernel's host call, and waits for it (PDL)."""
+    from cute_attn.kernels.common.combine import CombineConfig
+    from cute_attn.kernels.common.launch_chain import LaunchChainConfig
+    from cute_attn.ops.mla_decode import ONE_TOKEN_SPEC
+
+    attention = default_paged_config("mla_paged_prefill", arch=arch, num_qo_heads=16, num_kv_heads=1,
+                                     head_dim_qk=576, head_dim_v=512, page_size=1, causal=True, spec=ONE_TOKEN_SPEC)
+    chain = LaunchChainConfig(arch=arch, stages=(attention, CombineConfig.for_paged(attention)))
+    assert chain.can_implement() is None
+    ptx = compile_to_ptx(chain)
+    entries = re.findall(r"\.entry\s+(\w+)", ptx)
+    assert len(entries) == 2 and any("LseCombine" in e for e in entries), entries
+    combine_body = ptx[ptx.index(next(e for e in entries if "LseCombine" in e)):]
+    assert "griddepcontrol.wait" in combine_body

@@ -25,7 +25,8 @@ import cutlass.cute as cute
 from ...compile import compile_kernel
 from ...config import PagedAttentionConfig
 from ...plan import ItemField
-from .combine import launch_combine
+from .combine import CombineConfig
+from .launch_chain import LaunchChainConfig
 
 LOG2_E = math.log2(math.e)
 _BF16_PER_16_BYTES = 8
@@ -100,8 +101,9 @@ def launch_paged(device_plan, check_config, inputs: tuple, sm_scale, output, lse
     ``inputs`` are the kernel's leading tensor arguments in its order (GQA: ``q, k_cache, v_cache,
     [qo_indptr, kv_indptr,] kv_indices``; MLA: ``q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr,
     kv_indices``); the plan, output and scale arguments follow. ``check_config(config) -> reason | None`` is
-    the kernel's own rule set. ``planned``: ``(fused function, planner arguments)`` from a device-planned route
-    (``planned_launch.py``): the planner and this kernel go out in one host call.
+    the kernel's own rule set. ``planned``: ``(route, planner arguments)`` from a device-planned route
+    (``device_planning.DevicePlanRoute``): the planner, this kernel and the combine go out in one host call
+    (``launch_chain.py``).
     """
     config = device_plan.config
     resolved = _RESOLVED.get(id(config))
@@ -113,12 +115,26 @@ def launch_paged(device_plan, check_config, inputs: tuple, sm_scale, output, lse
     merge_args = (device_plan.merge_indptr, merge_counters) if fused_merge else ()
     args = (*inputs, device_plan.work_indptr, device_plan.items, *merge_args, output, lse, partial_out, partial_lse,
             float(sm_scale) * LOG2_E, lse_out_scale)
-    if planned is None:
-        resolved[3](*args)
+    # the combine goes out in the same host call as the attention kernel (launch_chain.py): from its own call it
+    # reached the GPU ~10 us after a short attention kernel had ended
+    combine = () if fused_merge or not device_plan.may_merge else (
+        partial_out, partial_lse, device_plan.merge_indptr, device_plan.merges, output, lse, lse_out_scale)
+    if planned is not None:
+        route, planner_args = planned
+        route.chain(config, bool(combine))(*planner_args, *args, *combine)
+    elif combine:
+        _attend_then_combine(resolved)(*args, *combine)
     else:
-        planned[0](*planned[1], *args)
-    if not fused_merge and device_plan.may_merge:
-        launch_combine(device_plan, output, lse, lse_out_scale, partial_out, partial_lse)
+        resolved[3](*args)
+
+
+def _attend_then_combine(resolved: tuple):
+    """The compiled attention + combine chain of a resolved config (looked up once per config, as ``_RESOLVED``)."""
+    if len(resolved) == 4:
+        config = resolved[0]
+        chain = compile_kernel(LaunchChainConfig(arch=config.arch, stages=(config, CombineConfig.for_paged(config))))
+        resolved = _RESOLVED[id(config)] = (*resolved, chain)
+    return resolved[4]
 
 
 # ----------------------------------------------------------------------------- per-kind entry points
