@@ -131,6 +131,9 @@ class PagedAttentionConfig(KernelConfig):
     #: sm_90a MLA prefill: the two consumer warpgroups each compute S = Q K^T for half of a kv_tile's keys and
     #: share P through shared memory (``kernels/sm90/mla_prefill_shared_s.py``) instead of both computing all of S
     share_scores: bool = False
+    #: sm_90a GQA kernels: K/V tiles as 16-byte cp.async rows (True) or as TMA page boxes (False); None: the
+    #: kernel's page-size policy (its ``ROW_GATHER_PAGE_SIZES``). A knob for ``tuning.sweep`` A/Bs in one process
+    row_gather: bool | None = None
 
     @property
     def group_size(self) -> int:

@@ -213,3 +213,30 @@ def test_page_1_tiles_gather_rows_by_cp_async(page_size):
     assert ptx.count("cp.async.mbarrier.arrive.noinc.shared") == 2  # K, V
     assert ptx.count("fence.proxy.async") >= 6  # 4 K / V waits of the overlapped main loop, the V tail, the epilogue
     assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+@pytest.mark.parametrize("page_size,row_gather", [(4, True), (1, False)])
+def test_row_gather_knob_chooses_rows_or_page_boxes(page_size, row_gather):
+    """``row_gather`` overrides the page-size policy (a tuning.sweep A/B in one process): rows issue no K/V box,
+    boxes no row copy."""
+    base = next(c for c in gqa_prefill.configs("sm_90a") if c.page_size == 1 and c.head_dim_qk == 128)
+    config = dataclasses.replace(base, page_size=page_size, row_gather=row_gather)
+    assert gqa_prefill.check_config(config) is None
+    ptx = compile_to_ptx(config)
+    halves = config.head_dim_qk // 64
+    pages = 0 if row_gather else config.kv_tile // page_size
+    assert ptx.count("cp.async.bulk.tensor") == halves + 2 * halves * pages
+    copies = re.findall(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[g\], 16, %r\d+;", ptx)
+    assert len(copies) == (2 * (config.kv_tile // 4) * (config.head_dim_qk // 8) // 32 if row_gather else 0)
+
+
+def test_row_gather_is_refused_where_no_kernel_gathers_rows():
+    from cute_attn.config import PagedAttentionConfig
+
+    base = next(c for c in gqa_prefill.configs("sm_90a") if c.page_size == 1 and c.head_dim_qk == 128)
+    assert "at most 8 keys" in gqa_prefill.check_config(dataclasses.replace(base, page_size=16, row_gather=True))
+    assert "sm_90a GQA kernels only" in dataclasses.replace(base, arch="sm_100a", row_gather=True).can_implement()
+    mla = PagedAttentionConfig(arch="sm_90a", kind="mla_paged_prefill", num_qo_heads=16, num_kv_heads=1,
+                               head_dim_qk=576, head_dim_v=512, page_size=1, tile_q_rows=64, kv_tile=64,
+                               row_gather=False)
+    assert "sm_90a GQA kernels only" in mla.can_implement()

@@ -17,6 +17,32 @@ def target_reason(config, kind: str, arch: str) -> str | None:
     return config.shape_reason()
 
 
+#: the sm_90a GQA kernels gather rows (cp.async, 16 bytes a copy) only for pages below one 8-row swizzle atom
+ROW_GATHER_MAX_PAGE = 8
+
+
+def uses_row_gather(config, policy_page_sizes: tuple) -> bool:
+    """An sm_90a GQA kernel's choice: ``config.row_gather``, or (None) whether the page size is in its policy."""
+    return config.page_size in policy_page_sizes if config.row_gather is None else bool(config.row_gather)
+
+
+def row_gather_reason(config, policy_page_sizes: tuple, rows_per_warp: int) -> str | None:
+    """Rows for pages of at most ``ROW_GATHER_MAX_PAGE`` keys, whole pages in each gathering warp's rows."""
+    if uses_row_gather(config, policy_page_sizes) and (config.page_size > min(ROW_GATHER_MAX_PAGE, rows_per_warp)):
+        return (f"row_gather at page_size={config.page_size}: K/V rows are gathered for pages of at most "
+                f"{min(ROW_GATHER_MAX_PAGE, rows_per_warp)} keys (a page inside one warp's rows; larger pages are "
+                "TMA boxes)")
+    return None
+
+
+def row_gather_choice_reason(config) -> str | None:
+    """``row_gather`` (rows or page boxes) is a choice of the sm_90a GQA kernels only; the others leave it None."""
+    if getattr(config, "row_gather", None) is not None:
+        return (f"row_gather={config.row_gather} is a choice of the sm_90a GQA kernels only (the MLA kernels always "
+                "gather latent rows; sm_100a gathers one-key pages with TMA gather4, larger pages as boxes)")
+    return None
+
+
 def smem_reason(nbytes: int, limit: int = SMEM_LIMIT_BYTES) -> str | None:
     if nbytes > limit:
         return f"needs {nbytes} bytes of shared memory, more than {limit}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ...config import PagedAttentionConfig
-from ..common.limits import SMEM_LIMIT_BYTES, TMEM_COLUMNS
+from ..common.limits import SMEM_LIMIT_BYTES, TMEM_COLUMNS, row_gather_choice_reason
 
 ARCH = "sm_100a"
 KIND = "gqa_paged_decode"
@@ -88,6 +88,8 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         return reason
     if config.kind not in (KIND, MULTI_TOKEN_KIND) or config.arch != ARCH:
         return f"this kernel is gqa_paged_decode for {ARCH}, not {config.kind} for {config.arch}"
+    if (reason := row_gather_choice_reason(config)) is not None:
+        return reason
     if config.causal and config.kind == KIND:
         return "decode attends every key of its request (causal=False)"
     if config.page_size not in PAGE_SIZES + SMALL_PAGE_SIZES:

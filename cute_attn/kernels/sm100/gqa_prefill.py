@@ -77,7 +77,7 @@ from cutlass.memory import SmemAllocator
 from ...config import PagedAttentionConfig, default_paged_config
 from .. import register_paged_kernel
 from ..common.paged_launch import gqa_prefill_entry
-from ..common.limits import TMEM_COLUMNS, page_box_reason, smem_reason, target_reason
+from ..common.limits import TMEM_COLUMNS, page_box_reason, row_gather_choice_reason, smem_reason, target_reason
 from ..common.packed_q import q_box_stage_layout
 from ..common.tma_issue import GATHER4_PAGE_SIZES, make_gather4_atom, pages_as_rows
 from .prefill_roles import PrefillRoles
@@ -129,7 +129,7 @@ def smem_bytes(config: PagedAttentionConfig) -> int:
 
 def check_config(config: PagedAttentionConfig) -> str | None:
     """None when this kernel can build ``config``, else a readable reason."""
-    if (reason := target_reason(config, KIND, ARCH)) is not None:
+    if (reason := target_reason(config, KIND, ARCH) or row_gather_choice_reason(config)) is not None:
         return reason
     if not config.causal:
         return "the sm_100a prefill kernel is built causal (the definition); causal=False is not built"

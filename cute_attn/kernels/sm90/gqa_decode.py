@@ -77,7 +77,7 @@ from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField as F
 from .. import register_paged_kernel
 from ..common.decode_merge import FOLD_ROW_LANES, fold_completed_merges
-from ..common.limits import SMEM_LIMIT_BYTES, target_reason
+from ..common.limits import SMEM_LIMIT_BYTES, row_gather_reason, target_reason, uses_row_gather
 from ..common.named_barrier import warpgroup_barrier_sync
 from ..common.page_ids import IDS_PER_LOAD, id_loads, lane_page_id, load_lane_page_ids, rotate_lane_page_ids
 from ..common.row_gather import ROW_CHUNK, gather_one_row_pages
@@ -170,6 +170,8 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         return reason
     if config.tile_q_rows != 64:
         return f"decode packs one group into a single 64-row warpgroup tile; tile_q_rows={config.tile_q_rows}"
+    if (reason := row_gather_reason(config, ROW_GATHER_PAGE_SIZES, rows_per_warp=config.kv_tile)) is not None:
+        return reason
     if config.group_size > config.tile_q_rows:
         return f"group size {config.group_size} exceeds the {config.tile_q_rows}-row tile"
     if config.page_size >= MULTI_PAGE_BELOW and config.kv_tile not in (config.page_size, *MULTI_PAGE_TILES):
@@ -206,7 +208,7 @@ class GqaDecodeSm90:
         self.tile_m = config.tile_q_rows
         self.tile_n = config.kv_tile
         self.pages_per_stage = config.kv_tile // config.page_size  # 1 for pages of 16..128 keys
-        self.row_gather = config.page_size in ROW_GATHER_PAGE_SIZES
+        self.row_gather = uses_row_gather(config, ROW_GATHER_PAGE_SIZES)
         self.stages = num_stages(config)
         self.dtype = cutlass.BFloat16
         self.tile_bytes = self.tile_n * self.head_dim * 2

@@ -76,7 +76,7 @@ from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField as F
 from .. import register_paged_kernel
 from ..common.paged_launch import gqa_prefill_entry
-from ..common.limits import page_box_reason, smem_reason, target_reason
+from ..common.limits import page_box_reason, row_gather_reason, smem_reason, target_reason, uses_row_gather
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.named_barrier import warpgroup_barrier_arrive, warpgroup_barrier_sync
 from ..common.packed_q import q_box_rows, q_box_stage_layout
@@ -144,6 +144,9 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         return f"group size {config.group_size} exceeds the {config.tile_q_rows}-row tile (a tile packs whole tokens)"
     if (reason := page_box_reason(config)) is not None:
         return reason
+    # the four producer warps gather a quarter of each key tile apiece (produce_rows)
+    if (reason := row_gather_reason(config, ROW_GATHER_PAGE_SIZES, rows_per_warp=config.kv_tile // 4)) is not None:
+        return reason
     if (reason := register_split_reason([(128, PRODUCER_REGS), (config.tile_q_rows * 2, CONSUMER_REGS)])) is not None:
         return reason
     if (reason := smem_reason(smem_bytes(config))) is not None:
@@ -167,7 +170,7 @@ class GqaPagedPrefillSm90:
         self.q_rows = config.packed_rows_per_tile  # whole tokens: (tile_m // group) * group rows are loaded
         self.tile_n = config.kv_tile
         self.pages_per_tile = self.tile_n // self.page_size
-        self.row_gather = self.page_size in ROW_GATHER_PAGE_SIZES
+        self.row_gather = uses_row_gather(config, ROW_GATHER_PAGE_SIZES)
         self.num_stages = NUM_STAGES
         self.q_stages = q_stages(self.head_dim)
         self.num_mma_wg = self.tile_m // 64

@@ -1,0 +1,84 @@
+"""Several ``cute_attn.tuning.sweep`` A/Bs in one process (one device call), written to one JSON.
+
+    python tools/sweep_many.py OUT.json SPEC [SPEC ...]
+    SPEC = kind;layout;workload;space, e.g.
+        "gqa_paged_prefill;page_size=2;8x992/992;row_gather=False,True"
+        "mla_paged_prefill;page_size=64;128x1/4096;tile_q_rows=64,16"
+
+``layout``: ``field=value`` pairs (comma-separated) over the kind's definition layout, or empty;
+``workload``: ``N x Q / KV`` (N requests of Q queries over KV keys; decode: ``N x 1 / KV``);
+``space``: ``knob=v1,v2`` pairs joined by ``&`` (``True`` / ``False`` / ``None`` / ints). Each variant is checked
+against the float32 reference and timed with the cold-L2 timer (median of 50), as ``tuning.sweep`` does; a
+failing spec is recorded with its error and the rest still run. Without a GPU it compiles and plans only.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from cute_attn import tuning  # noqa: E402
+
+
+def _value(text: str):
+    text = text.strip()
+    if text in ("True", "False", "None"):
+        return {"True": True, "False": False, "None": None}[text]
+    return int(text)
+
+
+def parse_spec(spec: str) -> tuple[str, dict, tuple, dict]:
+    """``(kind, layout, (n, q, kv), space)`` of one SPEC string; ValueError naming what is malformed."""
+    parts = spec.split(";")
+    if len(parts) != 4:
+        raise ValueError(f"spec {spec!r} must be kind;layout;workload;space")
+    kind, layout_text, workload_text, space_text = parts
+    layout = {}
+    for pair in filter(None, layout_text.split(",")):
+        name, _, value = pair.partition("=")
+        layout[name.strip()] = _value(value)
+    count, _, lengths = workload_text.partition("x")
+    q_len, _, kv_len = lengths.partition("/")
+    if not (count and q_len and kv_len):
+        raise ValueError(f"workload {workload_text!r} must be N x Q / KV, e.g. 8x992/992")
+    space = {}
+    for pair in filter(None, space_text.split("&")):
+        name, _, values = pair.partition("=")
+        space[name.strip()] = [_value(v) for v in values.split(",")]
+    return kind.strip(), layout, (int(count), int(q_len), int(kv_len)), space
+
+
+def run_spec(spec: str) -> dict:
+    kind, layout, (n, q_len, kv_len), space = parse_spec(spec)
+    q_lens = None if kind == "gqa_paged_decode" else [q_len] * n
+    workload = tuning.Workload.for_kind(kind, [kv_len] * n, q_lens, **layout)
+    result = tuning.sweep(kind, workload, space, progress=lambda row: print(f"  {row.summary()}", flush=True))
+    print(result.table(), flush=True)
+    return {"spec": spec, "workload": workload.label, "arch": result.arch, "rows": result.to_dicts()}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        print(__doc__)
+        return 2
+    out, specs = argv[0], argv[1:]
+    for spec in specs:  # malformed specs fail before any compile
+        parse_spec(spec)
+    results = []
+    for spec in specs:
+        print(f"== {spec}", flush=True)
+        try:
+            results.append(run_spec(spec))
+        except Exception as exc:  # noqa: BLE001 - record and go on: one device call runs them all
+            traceback.print_exc()
+            results.append({"spec": spec, "error": f"{type(exc).__name__}: {exc}"})
+        with open(out, "w") as f:  # after each spec: a later hang keeps the earlier rows
+            json.dump(results, f, indent=1, default=str)
+    return 0 if all("error" not in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
