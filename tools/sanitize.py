@@ -119,6 +119,15 @@ def _cases(arch: str) -> dict:
             pass
         return out, lse, lambda: (ref_out, ref_lse)
 
+    def prefill_small_pages(page_size):  # pages 2..8 gather rows as page 1 does (no registered config of their own)
+        def run():
+            case = testing.make_gqa_prefill_case([1, 40, 0, 200], [700, 40, 5, 1500], page_size=page_size,
+                                                 device="cuda", seed=90 + page_size)
+            return _run_api(cute_attn.gqa_paged_prefill, case, arch)
+        return run
+
+    for page_size in (2, 4, 8):
+        cases[f"prefill-rows-p{page_size}"] = ("gqa_paged_prefill", prefill_small_pages(page_size))
     cases["edge-decode"] = ("gqa_paged_decode", edge_decode)
     cases["edge-prefill"] = ("gqa_paged_prefill", edge_prefill)
     cases["hostplan-decode"] = ("gqa_paged_decode", host_planned_decode)

@@ -15,10 +15,12 @@ Warp roles (384 threads = 3 warpgroups):
   ``KV_END`` gets coordinate -1, which TMA zero-fills). Pages of 8+ keys: each lane loads the tile's <= 16 ids
   itself; pages 1, 2, 4 (32..128 boxes per tile): lane l loads ids l, l + 32, ... (coalesced,
   ``common/page_ids.py``) and each box gets its id by a shuffle; one elected lane issues a tile's boxes
-  (``common/tma_issue.py``). Page 1 (``ROW_GATHER_PAGE_SIZES``): no boxes; the 32 lanes cp.async the tile's
-  rows, 16 bytes each (``common/row_gather.gather_one_row_pages``), into ``PipelineCpAsync`` stages that
-  complete by ``noinc`` arrives; the consumers fence after every K / V wait. ``setmaxnreg`` 24: the release
-  pays exactly for the consumers' 240 (``common/registers.py``). Warps 1-3 of WG0 exit at once.
+  (``common/tma_issue.py``; pages 2..8 only with ``row_gather=False``). Pages 1..8 (``ROW_GATHER_PAGE_SIZES``,
+  ``PagedAttentionConfig.row_gather``): no K/V boxes; each of WG0's four warps cp.asyncs a quarter of every
+  tile's rows, 16 bytes each (``common/row_gather.gather_one_row_pages``), its page ids a tile ahead, into
+  ``PipelineCpAsync`` stages that complete by ``noinc`` arrives; the consumers fence after every K / V wait.
+  ``setmaxnreg`` 24: the release pays exactly for the consumers' 240 (``common/registers.py``). With boxes,
+  warps 1-3 of WG0 exit at once.
 * WG1, WG2 -- consumers (``setmaxnreg`` 240), 64 packed rows each. Per key tile: wgmma
   ``S = Q K^T`` (smem x smem), causal / sequence-end mask only on tiles that need it, online softmax
   in base 2 (``common/softmax.py``), P converted to bf16 in registers, wgmma ``O += P V``
@@ -93,10 +95,10 @@ from .wgmma import wgmma_gemm
 KIND = "gqa_paged_prefill"
 ARCH = "sm_90a"
 NUM_STAGES = 2
-# Pages of one key: 16-byte cp.async rows from the producer warp, not 128 one-row page boxes per tile (H200,
-# 8 x 992: 484 -> 442 us). At page 2 the rows measured slower than the 64 two-row boxes (311 against 281 us): the
-# one producer warp's 4096 copies a 128-key K + V tile are the limit there, not the TMA unit's box rate.
-ROW_GATHER_PAGE_SIZES = (1,)
+# Pages below one 8-row swizzle atom: 16-byte cp.async rows from the four producer warps, not kv_tile / page_size
+# page boxes a tile. H200, 8 x 992, one process (tools/sweep_many.py, session 10): rows against boxes at page
+# 2 215.7 / 282.9 us, page 4 211.8 / 216.9, page 8 208.4 / 242.0; page 1 rows 219.5 (boxes were 484).
+ROW_GATHER_PAGE_SIZES = (1, 2, 4, 8)
 _SUPPORTED_HEAD_DIMS = (64, 128, 256)
 #: key tile per head_dim; at 256 a 64-key tile keeps the consumers in registers (O alone is 64 x 256 fp32 per
 #: warpgroup = 128 per thread) and one Q stage + 2 K/V stages in shared memory (64 + 128 KB)
