@@ -99,16 +99,16 @@ def test_family_members(page_size, heads, kv_heads):
                  seed=page_size))
 
 
-# Pages below the 8-row swizzle atom (SGLang's page 1): a 128-key tile is 128 / page_size one-page TMA boxes at
-# row offsets of the swizzled stage, ids one per lane; lengths straddle page, tile and 32-page id-load ends.
-@pytest.mark.parametrize("page_size", [1, 2, 4])
+# Pages of 1..8 keys (SGLang's page 1): the sm_90a kernel gathers a 128-key tile as 16-byte rows by four warps, a
+# quarter each, ids a tile ahead; lengths straddle page, tile, warp-slice and 32-page id-load ends.
+@pytest.mark.parametrize("page_size", [1, 2, 4, 8])
 @pytest.mark.parametrize("heads, kv_heads", [(32, 4), (20, 4)], ids=str)
 def test_small_pages(page_size, heads, kv_heads):
     _check(_case([333, 1, 70, 0, 5, 129], [1200, 1, 70, 9, 33, 257], page_size=page_size, num_qo_heads=heads,
                  num_kv_heads=kv_heads, seed=page_size + heads))
 
 
-@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("page_size", [1, 4, 8])
 def test_small_pages_split_and_interleaved(page_size):
     # a long request (split items + combine) over kv[:, 0] / kv[:, 1] views of one combined tensor
     _check(testing.interleave_kv(_case([2048, 17], [8192, 17], page_size=page_size, seed=40 + page_size)))
