@@ -27,18 +27,37 @@ STAMP_SLOTS = (0, 1, 2, 4, 5, 6, 9)  # clock64 stamps, in order; 10/11 are globa
 
 
 def _cases():
+    """(label, plan_* entry, case, qo_indptr or None, cache pages, query rows): the bench's decode and prefill points,
+    then MLA prefill (the seed) and MLA decode at 128 x 4096 (their cold spans: +25 / +12.5 us, session 10)."""
+    import cute_attn
     from cute_attn import testing
 
-    yield "decode 1 x 3232", "decode", testing.make_gqa_decode_case([3232], device="cuda", seed=1)
-    yield "decode 64 x 2048", "decode", testing.make_gqa_decode_case([2048] * 64, device="cuda", seed=2)
-    yield "decode 128 x 4096", "decode", testing.make_gqa_decode_case([4096] * 128, device="cuda", seed=3)
-    yield "prefill 8 x 992", "prefill", testing.make_gqa_prefill_case([992] * 8, [992] * 8, device="cuda", seed=4)
+    def gqa(label, plan, case, qo):
+        return label, plan, case, qo, case.k_cache.shape[0], case.q.shape[0]
+
+    def mla(label, plan, case):
+        return label, plan, case, case.qo_indptr, case.ckv_cache.shape[0], case.q_nope.shape[0]
+
+    decode, prefill = cute_attn.plan_gqa_paged_decode, cute_attn.plan_gqa_paged_prefill
+    yield gqa("decode 1 x 3232", decode, testing.make_gqa_decode_case([3232], device="cuda", seed=1), None)
+    yield gqa("decode 64 x 2048", decode, testing.make_gqa_decode_case([2048] * 64, device="cuda", seed=2), None)
+    yield gqa("decode 128 x 4096", decode, testing.make_gqa_decode_case([4096] * 128, device="cuda", seed=3), None)
+    case = testing.make_gqa_prefill_case([992] * 8, [992] * 8, device="cuda", seed=4)
+    yield gqa("prefill 8 x 992", prefill, case, case.qo_indptr)
+    case = testing.make_gqa_prefill_case([992] * 8, [992] * 8, page_size=1, device="cuda", seed=5)
+    yield gqa("prefill 8 x 992 page 1", prefill, case, case.qo_indptr)
+    import bench_workloads as bw
+
+    seed = next(w for w in bw.all_workloads() if w.kernel.startswith("mla_paged_prefill") and w.label.startswith("n28"))
+    yield mla("MLA prefill 28 / 1954 / 2044", cute_attn.plan_mla_paged_prefill,
+              testing.make_mla_prefill_case(list(seed.q_lens), list(seed.kv_lens), device="cuda", seed=6))
+    yield mla("MLA decode 128 x 4096", cute_attn.plan_mla_paged_decode,
+              testing.make_mla_decode_case([4096] * 128, device="cuda", seed=7))
 
 
 def main(argv=None) -> int:
     import torch
 
-    import cute_attn
     import bench_timing
     from cute_attn.compile import compile_kernel
     from cute_attn.device_planning import launch_planner
@@ -52,22 +71,20 @@ def main(argv=None) -> int:
         p.error("needs a CUDA GPU")
     flush = bench_timing.make_l2_flusher()
     report = []
-    for label, kind, case in _cases():
-        planner_fn = cute_attn.plan_gqa_paged_decode if kind == "decode" else cute_attn.plan_gqa_paged_prefill
+    for label, planner_fn, case, qo, num_pages, total_q in _cases():
         plan = planner_fn(*case.inputs(), on_device=True)
         num_ctas = plan.work_indptr.shape[0] - 1
         config = DevicePlannerConfig.for_plan(plan.config.plan_config(num_ctas), arch=plan.config.arch,
-                                              has_qo_indptr=kind != "decode", head_dim_v=plan.config.head_dim_v)
+                                              has_qo_indptr=qo is not None, head_dim_v=plan.config.head_dim_v)
         traced = compile_kernel(dataclasses.replace(config, trace_phases=True))
         out, lse = case.new_outputs()
-        qo = getattr(case, "qo_indptr", None)
         stamps, event_us = [], []
         for _ in range(args.reps + 3):
             flush()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             launch_planner(traced, plan, qo, case.kv_indptr, case.kv_indices, case.kv_last_page_len, out, lse,
-                           case.k_cache.shape[0], case.q.shape[0])
+                           num_pages, total_q)
             end.record()
             torch.cuda.synchronize()
             event_us.append(start.elapsed_time(end) * 1e3)
