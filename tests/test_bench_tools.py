@@ -561,3 +561,21 @@ def test_cold_span_targets_from_records():
     assert rows["decode n1_kv3232 cold - warm span"]["got"] == "+8.8 us"
     assert rows["decode n64_kv2048 cold - warm span"]["met"] is False
     assert any(r["target"].endswith("cold - warm span") for r in bt.target_rows(records))
+
+
+def test_plan_quality_models_the_planners_costs():
+    """tools/plan_quality.py: its tile costs add up to the host plan's total (a merge-free plan costs exactly its
+    tiles), and on the MLA seed the serpentine deal matches LPT where the device cuts leave 21 merges."""
+    import numpy as np
+    import plan_quality as tool
+
+    seed = next(w for w in bw._mla_workloads() if w.label == "n28_q1954_kv2044")
+    row = tool.compare("mla_paged_prefill", seed.q_lens, seed.kv_lens)
+    assert row["lpt_merges"] == 0 and row["cuts_merges"] > 0
+    assert row["serpentine"] <= row["lpt"] + 0.01 < row["cuts"]
+    config = tool.default_paged_config("mla_paged_prefill", arch="sm_90a", causal=True,
+                                       **tool.LAYOUTS["mla_paged_prefill"]).plan_config(132)
+    lpt = tool.plan_work(config, np.asarray(seed.q_lens), np.asarray(seed.kv_lens))
+    assert tool.tile_costs(config, seed.q_lens, seed.kv_lens).sum() == lpt.cta_cost.sum()
+    loads = tool.serpentine_loads(np.array([5, 4, 3, 2, 1]), 2)  # 5 | 4, 3 | 2, 1 dealt 0, 1, 1, 0, 0
+    assert loads.tolist() == [8, 7]
