@@ -40,11 +40,13 @@ kernel's work lists equal it field by field, and the CPU tier runs it through th
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from .plan import NOT_CAUSAL_OFFSET, ItemField, MergeField, PlanCapacity, PlanConfig, WorkPlan
 
-__all__ = ["SNAP_SHIFT", "WHOLE_TILE_SHIFT", "min_width", "partition_plan", "piece_cost"]
+__all__ = ["SNAP_SHIFT", "WHOLE_TILE_SHIFT", "QTiles", "min_width", "partition_plan", "piece_cost", "q_tiles"]
 
 SNAP_SHIFT = 5  # a cut within W / 2**SNAP_SHIFT of a tile edge snaps to it
 WHOLE_TILE_SHIFT = 3  # whole tiles (every cut at its nearer tile edge) when no CTA then exceeds W + W / 2**this
@@ -63,6 +65,46 @@ def min_width(config: PlanConfig) -> int:
     """The shortest stretch a CTA takes: a chunk of ``min_chunk_keys`` keys (at least one kv_tile); the item
     overhead of a CTA that starts inside a tile comes on top."""
     return max(config.kv_tile, _round_up(config.min_chunk_keys, config.kv_tile))
+
+
+class QTiles(NamedTuple):
+    """The q tiles of a batch in cost-line order (the heads of one q tile cost the same)."""
+
+    request: np.ndarray
+    row_start: np.ndarray
+    row_count: np.ndarray
+    kv_end: np.ndarray  # keys the tile attends (causal: its last row's limit; 0 for a faulted request)
+    causal_offset: np.ndarray
+    cost: np.ndarray  # piece_cost of kv_end
+
+
+def q_tiles(config: PlanConfig, q_lens, kv_lens, faulted=None) -> QTiles:
+    """Every q tile of the batch as the device planner lays them on its cost line (``zigzag`` order included)."""
+    q_lens = np.asarray(q_lens, dtype=np.int64).reshape(-1)
+    kv_lens = np.asarray(kv_lens, dtype=np.int64).reshape(-1)
+    if faulted is None:
+        faulted = np.zeros(q_lens.size, dtype=bool)
+    group, rows_per_tile = config.group_size, config.tile_q_rows
+    rows = q_lens * group
+    per_request = -(-rows // rows_per_tile)
+    req = np.repeat(np.arange(q_lens.size), per_request)
+    first_tile = np.cumsum(per_request) - per_request
+    local = np.arange(req.size) - first_tile[req]  # the tile's position on the line within its request
+    if config.zigzag and config.causal:
+        # position p takes tile p / 2 (even p) or n - 1 - (p - 1) / 2 (odd p): a causal request's costs rise with
+        # the tile, so each adjacent pair costs about the same (MLA n1 x 1028: 97 merges -> 0, max 1472 -> 1408)
+        half = local // 2
+        local = half + (local - 2 * half) * (per_request[req] - 1 - 2 * half)
+    row_start = local * rows_per_tile
+    row_count = np.minimum(rows_per_tile, rows[req] - row_start)
+    q, kv = q_lens[req], kv_lens[req]
+    if config.causal:
+        kv_end = np.clip((row_start + row_count - 1) // group + 1 + kv - q, 0, kv)
+        offset = kv - q
+    else:
+        kv_end, offset = kv.copy(), np.full(req.size, NOT_CAUSAL_OFFSET)
+    kv_end[faulted[req]] = 0
+    return QTiles(req, row_start, row_count, kv_end, offset, piece_cost(config, kv_end))
 
 
 def partition_plan(config: PlanConfig, q_lens, kv_lens, *, kv_page_start=None, token_start=None, faulted=None,
@@ -86,29 +128,9 @@ def partition_plan(config: PlanConfig, q_lens, kv_lens, *, kv_page_start=None, t
         kv_page_start = np.cumsum(pages) - pages
     if capacity is None:
         capacity = PlanCapacity.for_limits(config, max_batch=batch, max_total_q=int(q_lens.sum()))
-    group, rows_per_tile, heads, m = config.group_size, config.tile_q_rows, config.num_kv_heads, config.num_ctas
+    heads, m = config.num_kv_heads, config.num_ctas
 
-    # q tiles (the heads of one q tile cost the same)
-    rows = q_lens * group
-    per_request = -(-rows // rows_per_tile)
-    req = np.repeat(np.arange(batch), per_request)
-    first_tile = np.cumsum(per_request) - per_request
-    local = np.arange(req.size) - first_tile[req]  # the tile's position on the line within its request
-    if config.zigzag and config.causal:
-        # position p takes tile p / 2 (even p) or n - 1 - (p - 1) / 2 (odd p): a causal request's costs rise with
-        # the tile, so each adjacent pair costs about the same (MLA n1 x 1028: 97 merges -> 0, max 1472 -> 1408)
-        half = local // 2
-        local = half + (local - 2 * half) * (per_request[req] - 1 - 2 * half)
-    row_start = local * rows_per_tile
-    row_count = np.minimum(rows_per_tile, rows[req] - row_start)
-    q, kv = q_lens[req], kv_lens[req]
-    if config.causal:
-        kv_end = np.clip((row_start + row_count - 1) // group + 1 + kv - q, 0, kv)
-        offset = kv - q
-    else:
-        kv_end, offset = kv.copy(), np.full(req.size, NOT_CAUSAL_OFFSET)
-    kv_end[faulted[req]] = 0
-    cost = piece_cost(config, kv_end)
+    req, row_start, row_count, kv_end, offset, cost = q_tiles(config, q_lens, kv_lens, faulted)
     q_start = np.concatenate([[0], np.cumsum(cost)]) * heads  # line position of q tile j's head 0
     total = int(q_start[-1])
     num_tiles = req.size * heads

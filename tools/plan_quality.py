@@ -25,7 +25,7 @@ import bench_workloads as bw  # noqa: E402
 
 from cute_attn.config import default_paged_config  # noqa: E402
 from cute_attn.plan import plan_work  # noqa: E402
-from cute_attn.plan_partition import partition_plan, piece_cost  # noqa: E402
+from cute_attn.plan_partition import partition_plan, q_tiles  # noqa: E402
 
 LAYOUTS = {
     "mla_paged_prefill": dict(num_qo_heads=16, num_kv_heads=1, head_dim_qk=576, head_dim_v=512, page_size=1),
@@ -34,16 +34,8 @@ LAYOUTS = {
 
 
 def tile_costs(plan_config, q_lens, kv_lens) -> np.ndarray:
-    """The modelled cost of every (q tile, KV head) of a causal batch, as the planners see it."""
-    q, kv = np.asarray(q_lens, dtype=np.int64), np.asarray(kv_lens, dtype=np.int64)
-    rows = q * plan_config.group_size
-    per_request = -(-rows // plan_config.tile_q_rows)
-    req = np.repeat(np.arange(q.size), per_request)
-    local = np.arange(req.size) - (np.cumsum(per_request) - per_request)[req]
-    row_start = local * plan_config.tile_q_rows
-    row_count = np.minimum(plan_config.tile_q_rows, rows[req] - row_start)
-    kv_end = np.clip((row_start + row_count - 1) // plan_config.group_size + 1 + kv[req] - q[req], 0, kv[req])
-    return np.repeat(piece_cost(plan_config, kv_end), plan_config.num_kv_heads)
+    """The modelled cost of every (q tile, KV head) of the batch, as the planners see it."""
+    return np.repeat(q_tiles(plan_config, q_lens, kv_lens).cost, plan_config.num_kv_heads)
 
 
 def serpentine_loads(costs: np.ndarray, num_ctas: int) -> np.ndarray:

@@ -215,4 +215,9 @@ def launch_combine(device_plan, output, lse, lse_out_scale: float, partial_out=N
     if partial_out is None:
         partial_out, partial_lse, _ = device_plan.scratch()
     fn = compile_kernel(CombineConfig.for_paged(device_plan.config))
-    fn(partial_out, partial_lse, device_plan.merge_indptr, device_plan.merges, output, lse, float(lse_out_scale))
+    fn(*combine_arguments(device_plan, output, lse, lse_out_scale, partial_out, partial_lse))
+
+
+def combine_arguments(device_plan, output, lse, lse_out_scale: float, partial_out, partial_lse) -> tuple:
+    """The combine kernel's arguments in its order (stream excluded): alone or as a launch chain's last stage."""
+    return (partial_out, partial_lse, device_plan.merge_indptr, device_plan.merges, output, lse, float(lse_out_scale))

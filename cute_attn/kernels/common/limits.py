@@ -28,10 +28,10 @@ def uses_row_gather(config, policy_page_sizes: tuple) -> bool:
 
 def row_gather_reason(config, policy_page_sizes: tuple, rows_per_warp: int) -> str | None:
     """Rows for pages of at most ``ROW_GATHER_MAX_PAGE`` keys, whole pages in each gathering warp's rows."""
-    if uses_row_gather(config, policy_page_sizes) and (config.page_size > min(ROW_GATHER_MAX_PAGE, rows_per_warp)):
+    largest = min(ROW_GATHER_MAX_PAGE, rows_per_warp)
+    if uses_row_gather(config, policy_page_sizes) and config.page_size > largest:
         return (f"row_gather at page_size={config.page_size}: K/V rows are gathered for pages of at most "
-                f"{min(ROW_GATHER_MAX_PAGE, rows_per_warp)} keys (a page inside one warp's rows; larger pages are "
-                "TMA boxes)")
+                f"{largest} keys (a page inside one warp's rows; larger pages are TMA boxes)")
     return None
 
 

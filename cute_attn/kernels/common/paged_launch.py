@@ -25,7 +25,7 @@ import cutlass.cute as cute
 from ...compile import compile_kernel
 from ...config import PagedAttentionConfig
 from ...plan import ItemField
-from .combine import CombineConfig
+from .combine import CombineConfig, combine_arguments
 from .launch_chain import LaunchChainConfig
 
 LOG2_E = math.log2(math.e)
@@ -117,8 +117,8 @@ def launch_paged(device_plan, check_config, inputs: tuple, sm_scale, output, lse
             float(sm_scale) * LOG2_E, lse_out_scale)
     # the combine goes out in the same host call as the attention kernel (launch_chain.py): from its own call it
     # reached the GPU ~10 us after a short attention kernel had ended
-    combine = () if fused_merge or not device_plan.may_merge else (
-        partial_out, partial_lse, device_plan.merge_indptr, device_plan.merges, output, lse, lse_out_scale)
+    combine = () if fused_merge or not device_plan.may_merge else combine_arguments(
+        device_plan, output, lse, lse_out_scale, partial_out, partial_lse)
     if planned is not None:
         route, planner_args = planned
         route.chain(config, bool(combine))(*planner_args, *args, *combine)
