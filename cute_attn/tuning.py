@@ -138,7 +138,8 @@ class Workload:
         if kind == "mla_paged_prefill":
             return testing.make_mla_prefill_case(
                 list(self.q_lens), list(self.kv_lens), num_heads=self.num_qo_heads, ckv_dim=self.head_dim_v,
-                kpe_dim=self.head_dim_qk - self.head_dim_v, device=device, seed=seed)
+                kpe_dim=self.head_dim_qk - self.head_dim_v, page_size=self.page_size, device=device,
+                seed=seed)
         _check_kind(kind)
         raise AssertionError(kind)  # pragma: no cover - every kind is handled above
 

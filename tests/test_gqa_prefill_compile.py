@@ -235,8 +235,9 @@ def test_row_gather_is_refused_where_no_kernel_gathers_rows():
 
     base = next(c for c in gqa_prefill.configs("sm_90a") if c.page_size == 1 and c.head_dim_qk == 128)
     assert "at most 8 keys" in gqa_prefill.check_config(dataclasses.replace(base, page_size=16, row_gather=True))
-    assert "sm_90a GQA kernels only" in dataclasses.replace(base, arch="sm_100a", row_gather=True).can_implement()
+    assert "sm_90a kernels only" in dataclasses.replace(base, arch="sm_100a", row_gather=True).can_implement()
     mla = PagedAttentionConfig(arch="sm_90a", kind="mla_paged_prefill", num_qo_heads=16, num_kv_heads=1,
                                head_dim_qk=576, head_dim_v=512, page_size=1, tile_q_rows=64, kv_tile=64,
                                row_gather=False)
-    assert "sm_90a GQA kernels only" in mla.can_implement()
+    assert "TMA boxes are 8-key groups" in mla.can_implement()
+    assert "sm_90a kernels only" in dataclasses.replace(mla, arch="sm_100a", row_gather=True).can_implement()

@@ -28,10 +28,13 @@ Q_ROW_COPY = re.compile(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[%rd\d+(\+\d
 
 
 def _definition(**overrides):
+    """The definition's default config; tile knobs (``row_gather``, ``share_scores``...) among ``overrides`` are
+    applied on top of the default policy."""
     base = dict(arch="sm_90a", num_qo_heads=16, num_kv_heads=1, head_dim_qk=576, head_dim_v=512, page_size=1,
                 causal=True)
+    knobs = {k: overrides.pop(k) for k in list(overrides) if k not in base}
     base.update(overrides)
-    return default_paged_config("mla_paged_prefill", **base)
+    return dataclasses.replace(default_paged_config("mla_paged_prefill", **base), **knobs)
 
 
 def test_registered_config_is_the_definition():
@@ -76,8 +79,9 @@ def test_compiles_with_wgmma_and_cp_async_gather(kv_tile):
 @pytest.mark.parametrize("page_size", [1, 16, 64, 128])
 def test_paged_latent_rows_compile_with_bounds_checked_ids(page_size):
     """Key j is slot j % page_size of page kv_indices[kv_indptr[b] + j // page_size] (shift and mask of a
-    power of two), and a page id outside [0, num_pages) becomes -1 (zero-filled) before any gather reads it."""
-    config = _definition(page_size=page_size)
+    power of two), and a page id outside [0, num_pages) becomes -1 (zero-filled) before any gather reads it. Pages
+    of 8+ keys take TMA boxes by default (test_long_pages_load_k_stages_as_tma_boxes): ``row_gather=True`` here."""
+    config = _definition(page_size=page_size, **({"row_gather": True} if page_size >= 8 else {}))
     assert mla_prefill.check_config(config) is None
     ptx = compile_to_ptx(config)
     # the same gathers as at page size 1: Q's (two passes unrolled, nope and pe) and the K stage's 36 row copies
@@ -89,6 +93,37 @@ def test_paged_latent_rows_compile_with_bounds_checked_ids(page_size):
         assert re.search(rf"shr\.s32\s+%r\d+, %r\d+, {shift};", ptx)
         assert re.search(rf"shl\.b32\s+%r\d+, %r\d+, {shift};", ptx)
         assert re.search(rf"and\.b32\s+%r\d+, %r\d+, {page_size - 1};", ptx)
+
+
+# one K stage by boxes (common/mla.box_latent_tile): a whole 8-key group is 8 ckv + 1 kpe 8-row boxes, a partial
+# one 8 x 9 one-row boxes; the group loop is not unrolled
+BOXES_PER_STAGE = 9 + 8 * 9
+
+
+@pytest.mark.parametrize("page_size", [8, 16, 64, 128])
+@pytest.mark.parametrize("share_scores", [False, True])
+def test_long_pages_load_k_stages_as_tma_boxes(page_size, share_scores):
+    """Pages of 8+ keys: each K stage is TMA tile boxes over the caches as latent rows from one elected thread
+    (the stage's bytes expected once), no K-stage cp.async row; ids and their bounds check unchanged (a bad page
+    gets a row outside the map: zero-filled, never read); ``row_gather=True`` restores the rows."""
+    config = _definition(page_size=page_size, share_scores=share_scores)
+    assert mla_prefill.uses_kv_boxes(config) and mla_prefill.check_config(config) is None
+    ptx = compile_to_ptx(config)
+    assert ptx.count("cp.async.bulk.tensor.2d.shared::cta.global.tile.mbarrier::complete_tx::bytes") == \
+        BOXES_PER_STAGE
+    assert len(K_ROW_COPY.findall(ptx)) == 0 and "cp.async.mbarrier.arrive.noinc.shared" not in ptx
+    assert ptx.count("mbarrier.arrive.expect_tx") == 1  # the K stage's bytes, by warp 0's elected thread
+    assert ptx.count("prefetch.tensormap") == 4  # the four maps: ckv and kpe, 8-row and 1-row boxes
+    assert len(Q_ROW_COPY.findall(ptx)) == 4  # Q stays a cp.async gather
+    assert len(BOUNDS_CHECK.findall(ptx)) == 1 and prefetched_bounds_checks(ptx) == 1
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    rows = compile_to_ptx(dataclasses.replace(config, row_gather=True))
+    assert "cp.async.bulk.tensor" not in rows and len(K_ROW_COPY.findall(rows)) == 36
+
+
+def test_k_stage_boxes_need_pages_of_8_keys():
+    assert not mla_prefill.uses_kv_boxes(_definition(page_size=4))
+    assert "8-key groups of one page" in mla_prefill.check_config(_definition(page_size=4, row_gather=False))
 
 
 def test_smem_budget():
@@ -248,7 +283,10 @@ def test_one_token_decode_builds_the_swapped_product(heads, page_size):
                       ptx)
     assert mmas.count("0") == 576 // 16 and mmas.count("1") == 4 * 4  # S^T (K-major A), O^T (MN-major V^T)
     assert "wgmma.mma_async.sync.aligned.m64n64" not in ptx  # no 64-row query tile
-    assert len(K_ROW_COPY.findall(ptx)) == 36 and "cp.async.mbarrier.arrive.noinc.shared" in ptx
+    if page_size >= 8:  # K stages by TMA boxes (test_long_pages_load_k_stages_as_tma_boxes)
+        assert len(K_ROW_COPY.findall(ptx)) == 0 and ptx.count("cp.async.bulk.tensor.2d") == BOXES_PER_STAGE
+    else:
+        assert len(K_ROW_COPY.findall(ptx)) == 36 and "cp.async.mbarrier.arrive.noinc.shared" in ptx
     # Q: the nope part (a loop unrolled twice) and the pe part (one pass; at h8 its 8 rows fill half a pass, the
     # case whose copies were once left out: the H200 caught S^T without the pe dims)
     assert len(Q_ROW_COPY.findall(ptx)) == 3

@@ -224,3 +224,13 @@ def test_sweep_on_the_gpu_checks_and_times_each_variant(isolated_compile_cache, 
         assert r.passed is True and r.time_us > 0 and r.n_kernels == 1 and r.timing_status == "ok"
     line = rows.print_config_line()
     assert line is not None and capsys.readouterr().out.strip() == line
+
+
+@pytest.mark.parametrize("kind", ["gqa_paged_decode", "gqa_paged_prefill", "mla_paged_prefill"])
+def test_a_workload_case_has_the_workloads_page_size(kind):
+    # the MLA case once ignored page_size: a page-64 sweep then called a page-64 kernel on page-1 caches
+    workload = tuning.Workload.for_kind(kind, [70, 5], None if kind == "gqa_paged_decode" else [3, 5],
+                                        page_size=16)
+    case = workload.build_case(kind, "cpu")
+    cache = case.ckv_cache if kind == "mla_paged_prefill" else case.k_cache
+    assert cache.shape[1] == 16

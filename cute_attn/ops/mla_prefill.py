@@ -15,7 +15,6 @@ import torch
 
 from .. import reference, testing, validate
 from ..api import DevicePlan, plan_for, run
-from ..kernels.common.limits import row_gather_choice_reason
 from . import OpSpec
 
 ARG_NAMES = ("q_nope", "q_pe", "ckv_cache", "kpe_cache", "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len",
@@ -145,7 +144,7 @@ def shape_reason(config) -> str | None:
     ps = config.page_size
     if ps < 1 or ps > 128 or ps & (ps - 1):
         return f"MLA page_size={ps} must be a power of two in 1..128"
-    return row_gather_choice_reason(config)
+    return None
 
 
 def strategy():

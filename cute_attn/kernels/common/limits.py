@@ -36,10 +36,10 @@ def row_gather_reason(config, policy_page_sizes: tuple, rows_per_warp: int) -> s
 
 
 def row_gather_choice_reason(config) -> str | None:
-    """``row_gather`` (rows or page boxes) is a choice of the sm_90a GQA kernels only; the others leave it None."""
+    """``row_gather`` (rows or page boxes) is a choice of the sm_90a kernels only; the sm_100a ones leave it None."""
     if getattr(config, "row_gather", None) is not None:
-        return (f"row_gather={config.row_gather} is a choice of the sm_90a GQA kernels only (the MLA kernels always "
-                "gather latent rows; sm_100a gathers one-key pages with TMA gather4, larger pages as boxes)")
+        return (f"row_gather={config.row_gather} is a choice of the sm_90a kernels only (sm_100a gathers one-key "
+                "pages and the MLA latent rows with TMA gather4, larger GQA pages as boxes)")
     return None
 
 

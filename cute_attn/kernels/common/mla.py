@@ -26,8 +26,9 @@ the index checks (``check_indices=False`` with a ``plan=``): the key then reads 
 (logit 0, V 0), so only the request holding the bad id gets an unspecified (finite) result. One compare
 pair per key per tile, on the id-table threads only.
 
-Row gathers work for every page size; pages of >= 8 rows could be TMA boxes (whole 8-row swizzle atoms,
-as the GQA kernels load them), a possible next step for long pages.
+Row gathers work for every page size. On sm_90a pages of >= 8 keys take TMA tile boxes instead
+(:func:`box_latent_tile`: 8-row boxes, whole 128B-swizzle atoms, 1-row boxes for an item's partial last group),
+issued from one thread: 72 instructions a 64-key stage instead of 4608 16-byte cp.async.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField as F
 from .paged_launch import checked_build, launch_paged
 from .row_gather import ROW_CHUNK, commit_rows, gather_rows, gather_rows_zero_fill, make_row_copy_atom
-from .tma_issue import tma_gather4
+from .tma_issue import tma_gather4, tma_load
 
 KIND = "mla_paged_prefill"
 CKV_DIM = 512
@@ -117,7 +118,7 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
                         s_q: cute.Tensor, s_k: cute.Tensor, s_ids: cute.Tensor, pipe_q, pipe_kv, q_state, kv_state,
                         group: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int],
                         ids_barrier: cutlass.Constexpr[int], q_for_keyless_items: cutlass.Constexpr[bool],
-                        async_kv: cutlass.Constexpr[bool] = False, kv_gather4=None):
+                        async_kv: cutlass.Constexpr[bool] = False, kv_gather4=None, kv_boxes=None):
     """The load role over items ``item_begin .. item_end - 1`` (thread ``tid`` of ``num_threads``).
 
     ``s_q``: ``(tile_m, 576)`` smem tile; ``s_k``: ``(kv_tile, 576, stage)``; ``s_ids``: ``(kv_tile, 2)``
@@ -129,6 +130,9 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
     ``kv_gather4`` (sm_100a): ``(ckv, kpe)`` tensor-map addresses of the caches as rows (:func:`row_view`, boxes of
     one row x 64 columns); the K stages are then TMA ``gather4`` boxes from one elected thread of warp 0
     (:func:`gather4_latent_tile`; ``pipe_kv`` a TMA pipeline counting the stage's bytes), not cp.async.
+    ``kv_boxes`` (sm_90a, pages of >= ``BOX_ROWS`` keys): ``(ckv, kpe)`` pairs of tensor-map addresses ``((ckv 8-row,
+    ckv 1-row), (kpe 8-row, kpe 1-row))`` over the caches as rows; the K stages are then TMA tile boxes from one
+    elected thread of warp 0 (:func:`box_latent_tile`; ``pipe_kv`` a ``PipelineTmaAsync`` counting the stage's bytes).
     """
     tile_n = cute.size(s_k, mode=[0])
     copy_atom = make_row_copy_atom(s_q.element_type)
@@ -175,7 +179,13 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
                 ids[tid] = _page_row(page, kv_base + tid, num_pages, page_shift)
             cute.arch.barrier(barrier_id=ids_barrier, number_of_threads=num_threads)
             tiles_done += 1
-            if cutlass.const_expr(kv_gather4 is not None):
+            if cutlass.const_expr(kv_boxes is not None):
+                if tid < 32:  # the TMA pipeline's producer: one elected thread of warp 0
+                    pipe_kv.producer_acquire(kv_state)
+                    box_latent_tile(kv_boxes[0], kv_boxes[1],
+                                    s_k.iterator.toint() + kv_state.index * (tile_n * QK_DIM * 2), ids,
+                                    pipe_kv.producer_get_barrier(kv_state).toint(), tile_n)
+            elif cutlass.const_expr(kv_gather4 is not None):
                 if tid < 32:  # the TMA pipeline's producer: one elected thread of warp 0
                     pipe_kv.producer_acquire(kv_state)
                     gather4_latent_tile(kv_gather4[0], kv_gather4[1],
@@ -219,6 +229,40 @@ def gather4_latent_tile(desc_ckv: Int64, desc_kpe: Int64, stage_addr: Int32, ids
             for c in cutlass.range_constexpr(CKV_DIM // 64):
                 tma_gather4(stage_addr + (c * tile_n + 4 * q) * 128, desc_ckv, Int32(c * 64), rows, mbar)
             tma_gather4(stage_addr + ((CKV_DIM // 64) * tile_n + 4 * q) * 128, desc_kpe, Int32(0), rows, mbar)
+
+
+#: rows of one latent box (one 128B-swizzle atom); pages of at least this many keys take boxes on sm_90a
+BOX_ROWS = 8
+
+
+@cute.jit
+def box_latent_tile(descs_ckv, descs_kpe, stage_addr: Int32, ids: cute.Tensor, mbar: Int32,
+                    tile_n: cutlass.Constexpr[int]):
+    """One K stage by TMA tile boxes (sm_90a; pages of >= ``BOX_ROWS`` keys, so each 8-key group of a tile lies in
+    one page): per group of ids ``ids[8 g .. 8 g + 7]`` (latent rows, -1: past the item or a page outside the
+    pool), all valid: one 8-row box per 64-column block (8 ckv + 1 kpe) from row ``ids[8 g]``; none valid: the same
+    boxes at row -8, outside the map, which TMA zero-fills (a bad page is never read); the item's last, partial
+    group: 1-row boxes, row -1 for the keys past its end (pool rows there hold anything; V = ckv must be 0).
+    Every stage thus counts the same bytes, whatever its tail. ``descs_*``: (8-row map, 1-row map) addresses;
+    block ``c`` of the 128B-swizzled stage at ``c * tile_n * 128`` bytes, 128 bytes a row (TMA swizzles by
+    address)."""
+    blocks = CKV_DIM // 64
+    with cute.arch.elect_one():
+        for g in cutlass.range(tile_n // BOX_ROWS, unroll=1):
+            first = ids[BOX_ROWS * g]
+            last = ids[BOX_ROWS * g + BOX_ROWS - 1]
+            dst = stage_addr + BOX_ROWS * g * 128
+            if last >= 0 or first < 0:  # whole group: the keys of one page, all valid or none
+                row = first if first >= 0 else Int32(-BOX_ROWS)
+                for c in cutlass.range_constexpr(blocks):
+                    tma_load(dst + c * tile_n * 128, descs_ckv[0], [Int32(c * 64), row], mbar)
+                tma_load(dst + blocks * tile_n * 128, descs_kpe[0], [Int32(0), row], mbar)
+            else:
+                for i in cutlass.range_constexpr(BOX_ROWS):
+                    row = ids[BOX_ROWS * g + i]  # -1 past the end: zero-filled
+                    for c in cutlass.range_constexpr(blocks):
+                        tma_load(dst + (c * tile_n + i) * 128, descs_ckv[1], [Int32(c * 64), row], mbar)
+                    tma_load(dst + (blocks * tile_n + i) * 128, descs_kpe[1], [Int32(0), row], mbar)
 
 
 @cute.jit

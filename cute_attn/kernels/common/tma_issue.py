@@ -88,14 +88,19 @@ def issue_page_boxes(descriptor: Int64, stage_addr: Int32, pages: cute.Tensor, h
                 tma_load(dst, descriptor, coords, mbar)
 
 
-def make_gather4_atom(op, rows: cute.Tensor, stage_rows_layout):
-    """``(atom, tma tensor)`` of 2-D ``rows`` for raw gather4: a box of one row x 64 columns where the stage's
+def make_row_box_atom(op, rows: cute.Tensor, stage_rows_layout, box_rows: int = 1):
+    """``(atom, tma tensor)`` of 2-D ``rows`` for raw issue: a box of ``box_rows`` rows x 64 columns where the stage's
     ``(rows, columns[, stage])`` 128B-swizzled layout puts it (rows 128 bytes apart in each 64-column block). Only
-    the atom's descriptor is used (:func:`tma_gather4`)."""
+    the atom's descriptor is used (:func:`tma_load`, :func:`tma_gather4`)."""
     tile_rows = cute.size(stage_rows_layout, mode=[0])
     box = cute.composition(cute.select(stage_rows_layout, mode=[0, 1]),
-                           cute.make_layout((1, 64), stride=(1, tile_rows)))
-    return cpasync.make_tiled_tma_atom(op, rows, box, (1, 64))
+                           cute.make_layout((box_rows, 64), stride=(1, tile_rows)))
+    return cpasync.make_tiled_tma_atom(op, rows, box, (box_rows, 64))
+
+
+def make_gather4_atom(op, rows: cute.Tensor, stage_rows_layout):
+    """The gather4 map (:func:`tma_gather4`): a box of one row x 64 columns (:func:`make_row_box_atom`)."""
+    return make_row_box_atom(op, rows, stage_rows_layout, 1)
 
 
 def pages_as_rows(cache: cute.Tensor) -> cute.Tensor:

@@ -85,7 +85,7 @@ from cutlass.memory import SmemAllocator
 from ...config import PagedAttentionConfig
 from ...plan import ItemField as F
 from .. import register_paged_kernel
-from ..common.limits import TMEM_COLUMNS, mla_definition_reason, smem_reason, target_reason
+from ..common.limits import TMEM_COLUMNS, mla_definition_reason, row_gather_choice_reason, smem_reason, target_reason
 from ..common.mla import (CKV_DIM, DEFINITION_PAGE_SIZES, KIND, KPE_DIM, QK_DIM, definition_config,
                           load_q_and_kv_tiles, mla_entry, row_view)
 from ..common.tma_issue import make_gather4_atom, tma_descriptor_address
@@ -134,7 +134,7 @@ def check_config(config: PagedAttentionConfig) -> str | None:
     """None when this kernel can build ``config``, else a readable reason."""
     if (reason := target_reason(config, KIND, ARCH)) is not None:
         return reason
-    if (reason := mla_definition_reason(config, QK_DIM, CKV_DIM)) is not None:
+    if (reason := mla_definition_reason(config, QK_DIM, CKV_DIM) or row_gather_choice_reason(config)) is not None:
         return reason
     if config.share_scores:
         return "share_scores is an sm_90a variant (this kernel's one MMA warp computes S once already)"

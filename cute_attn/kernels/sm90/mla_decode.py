@@ -92,7 +92,7 @@ class MlaPagedDecodeSwappedSm90(MlaPagedPrefillSm90):
             atom_layout_mnk=(1, 1, 1), tiler_mn=(64, n))
         self.kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
                     output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, s_q_layout, s_k_layout,
-                    tiled_mma_qk, tiled_mma_pv,
+                    tiled_mma_qk, tiled_mma_pv, *self.kv_box_atoms(ckv_cache, kpe_cache, s_k_layout),
                     ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream,
                              use_pdl=True, min_blocks_per_mp=1)
 

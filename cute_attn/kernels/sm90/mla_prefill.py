@@ -24,6 +24,11 @@ Warp roles (384 threads = 3 warpgroups):
   goes on to the next tile at once, so both stages load at the same time (a thread waiting for its copies before
   arriving kept one tile in flight). The consumers ``fence.proxy.async.shared::cta`` after each K wait (the rows are
   generic-proxy writes, read by wgmma's async proxy). Q keeps the wait + fence + arrive (once per item).
+  Pages of >= 8 keys (``uses_kv_boxes``; ``PagedAttentionConfig.row_gather=True`` keeps the rows): the K stages
+  are TMA tile boxes instead (``common/mla.box_latent_tile``: 8-row boxes of 64 columns over the caches as
+  rows, 1-row boxes for an item's partial last 8 keys, rows past its end and bad pages zero-filled as out of the
+  map), 72 instructions a 64-key stage from one elected thread of warp 0, completing by bytes
+  (``PipelineTmaAsync``, one arrival per consumer warp).
 * WG1, WG2 -- consumers (``setmaxnreg`` 232). O ``[64 x 512]`` fp32 is split by V columns: WG ``w`` owns
   columns ``256 w .. 256 w + 255`` (128 fp32 registers per thread). Both warpgroups compute the same
   ``S = Q K^T`` (wgmma SS over K = 576, 36 k-steps of 16) for the whole 64 x kv_tile tile, so the softmax
@@ -64,7 +69,7 @@ import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, Int64
 from cutlass import pipeline as cpipe
-from cutlass.cute.nvgpu import warpgroup
+from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
@@ -72,8 +77,9 @@ from ...config import PagedAttentionConfig
 from ...plan import ItemField as F
 from .. import register_paged_kernel
 from ..common.limits import SMEM_LIMIT_BYTES, mla_definition_reason, smem_reason, target_reason
-from ..common.mla import (CKV_DIM, DEFINITION_PAGE_SIZES, KIND, QK_DIM, definition_config, load_q_and_kv_tiles,
-                          mla_entry)
+from ..common.mla import (BOX_ROWS, CKV_DIM, DEFINITION_PAGE_SIZES, KIND, KPE_DIM, QK_DIM, definition_config,
+                          load_q_and_kv_tiles, mla_entry, row_view)
+from ..common.tma_issue import make_row_box_atom, tma_descriptor_address
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.registers import register_split_reason
 from ..common.softmax import (acc_mn_view, make_softmax_state, rescale_rows, softmax_finalize, softmax_reset,
@@ -122,6 +128,12 @@ def num_stages(config: PagedAttentionConfig) -> int:
     return max(0, min(MAX_STAGES, (SMEM_LIMIT_BYTES - fixed) // _tile_bytes(config.kv_tile)))
 
 
+def uses_kv_boxes(config: PagedAttentionConfig) -> bool:
+    """K stages by TMA tile boxes (pages of >= ``BOX_ROWS`` keys) or by cp.async rows: ``config.row_gather``, or
+    (None) boxes wherever the pages allow them."""
+    return config.page_size >= BOX_ROWS if config.row_gather is None else not config.row_gather
+
+
 def smem_bytes(config: PagedAttentionConfig) -> int:
     """Shared memory one CTA allocates: Q, K stages, the row-id table, mbarriers, 1 KiB alignment slack (and the
     ``share_scores`` exchange buffer)."""
@@ -156,6 +168,9 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         return reason
     if num_stages(config) < 2:
         return f"fewer than 2 K stages fit in {SMEM_LIMIT_BYTES} bytes of shared memory"
+    if uses_kv_boxes(config) and config.page_size < BOX_ROWS:
+        return (f"row_gather=False at page_size={config.page_size}: the K stages' TMA boxes are {BOX_ROWS}-key "
+                f"groups of one page (pages of >= {BOX_ROWS} keys)")
     if config.share_scores:
         from .mla_prefill_shared_s import shared_s_reason
 
@@ -177,6 +192,7 @@ class MlaPagedPrefillSm90:
         self.tile_m = config.tile_q_rows
         self.tile_n = config.kv_tile
         self.num_stages = num_stages(config)
+        self.kv_boxes = uses_kv_boxes(config)
         self.dtype = cutlass.BFloat16
 
     def __repr__(self) -> str:  # shows in the kernel symbol
@@ -190,6 +206,15 @@ class MlaPagedPrefillSm90:
             sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, QK_DIM), self.dtype)
         return (cute.tile_to_shape(atom, (self.tile_m, QK_DIM), (0, 1)),
                 cute.tile_to_shape(atom, (self.tile_n, QK_DIM, self.num_stages), (0, 1, 2)))
+
+    def kv_box_atoms(self, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor, s_k_layout) -> tuple:
+        """``(ckv 8-row, ckv 1-row, kpe 8-row, kpe 1-row)`` TMA atoms over the caches as latent rows, boxes where the
+        K stage layout puts them (``common/mla.box_latent_tile`` issues them raw). Built for every config (the
+        kernel's parameters do not depend on the page size); used where ``kv_boxes``."""
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        ckv_rows, kpe_rows = row_view(ckv_cache, CKV_DIM), row_view(kpe_cache, KPE_DIM)
+        return tuple(make_row_box_atom(g2s, rows, s_k_layout, box_rows)[0]
+                     for rows in (ckv_rows, kpe_rows) for box_rows in (BOX_ROWS, 1))
 
     @cute.jit
     def __call__(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
@@ -209,7 +234,7 @@ class MlaPagedPrefillSm90:
 
         self.kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
                     output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, s_q_layout, s_k_layout,
-                    tiled_mma_qk, tiled_mma_pv,
+                    tiled_mma_qk, tiled_mma_pv, *self.kv_box_atoms(ckv_cache, kpe_cache, s_k_layout),
                     ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream, use_pdl=True,
                              min_blocks_per_mp=1)
 
@@ -220,7 +245,8 @@ class MlaPagedPrefillSm90:
                items: cute.Tensor, output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor,
                partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32,
                s_q_layout: cute.ComposedLayout, s_k_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma,
-               tiled_mma_pv: cute.TiledMma):
+               tiled_mma_pv: cute.TiledMma, box_ckv8: cute.CopyAtom, box_ckv1: cute.CopyAtom,
+               box_kpe8: cute.CopyAtom, box_kpe1: cute.CopyAtom):
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -237,9 +263,16 @@ class MlaPagedPrefillSm90:
         consumers = cpipe.CooperativeGroup(cpipe.Agent.Thread, MMA_THREADS)
         pipe_q = cpipe.PipelineAsync.create(barrier_storage=mbar_q, num_stages=1, producer_group=producers,
                                             consumer_group=consumers, defer_sync=True)
-        # K stages complete by themselves (cp.async.mbarrier.arrive.noinc per producer thread): two in flight
-        pipe_k = cpipe.PipelineCpAsync.create(barrier_storage=mbar_k, num_stages=self.num_stages,
-                                              producer_group=producers, consumer_group=consumers, defer_sync=True)
+        if cutlass.const_expr(self.kv_boxes):  # TMA boxes from one thread, complete by bytes; one arrival a warp
+            pipe_k = cpipe.PipelineTmaAsync.create(
+                barrier_storage=mbar_k, num_stages=self.num_stages,
+                producer_group=cpipe.CooperativeGroup(cpipe.Agent.Thread, 1),
+                consumer_group=cpipe.CooperativeGroup(cpipe.Agent.Thread, MMA_THREADS // 32),
+                tx_count=self.tile_n * QK_DIM * 2, defer_sync=True)
+        else:  # K stages complete by themselves (cp.async.mbarrier.arrive.noinc per producer thread): two in flight
+            pipe_k = cpipe.PipelineCpAsync.create(barrier_storage=mbar_k, num_stages=self.num_stages,
+                                                  producer_group=producers, consumer_group=consumers,
+                                                  defer_sync=True)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -250,12 +283,19 @@ class MlaPagedPrefillSm90:
         item_end = work_indptr[cta + 1]
         if warp_idx < PRODUCER_THREADS // 32:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
+            kv_boxes = None
+            if cutlass.const_expr(self.kv_boxes):
+                if warp_idx == 0:
+                    for atom in (box_ckv8, box_ckv1, box_kpe8, box_kpe1):
+                        cpasync.prefetch_descriptor(atom)
+                kv_boxes = ((tma_descriptor_address(box_ckv8), tma_descriptor_address(box_ckv1)),
+                            (tma_descriptor_address(box_kpe8), tma_descriptor_address(box_kpe1)))
             load_q_and_kv_tiles(tidx, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, items,
                                 item_begin, item_end, s_q, s_k, s_ids, pipe_q, pipe_k,
                                 cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, 1),
                                 cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages),
                                 group=self.group, num_threads=PRODUCER_THREADS, ids_barrier=_IDS_BARRIER,
-                                q_for_keyless_items=True, async_kv=True)
+                                q_for_keyless_items=True, async_kv=True, kv_boxes=kv_boxes)
         else:
             cute.arch.setmaxregister_increase(MMA_REGS)
             self.consume_items(tidx - PRODUCER_THREADS, s_q, s_k, s_red, qo_indptr, items, item_begin, item_end,
