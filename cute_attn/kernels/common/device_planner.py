@@ -193,7 +193,7 @@ class DevicePlanner:
         # grid to finish and its writes to be visible.
         cute.arch.griddepcontrol_launch_dependents()
         smem = cutlass.utils.SmemAllocator()
-        warp_sums = smem.allocate_tensor(Int64, cute.make_layout(NUM_WARPS))
+        warp_sums = smem.allocate_tensor(Int64, cute.make_layout(2 * NUM_WARPS))  # block_max_pair's two halves
         flags = smem.allocate_tensor(Int32, cute.make_layout(NUM_WARPS + 2))
         cut_tile = smem.allocate_tensor(Int32, cute.make_layout(NUM_THREADS))
         cut_key = smem.allocate_tensor(Int32, cute.make_layout(NUM_THREADS))
@@ -209,9 +209,9 @@ class DevicePlanner:
         q_tile_start_s = smem.allocate_tensor(Int64, cute.make_layout(SMEM_Q_TILES + 1), byte_alignment=16)
         stage = smem.allocate_tensor(Int32, cute.make_layout((NUM_THREADS, len(ItemField)), stride=(len(ItemField), 1)),
                                      byte_alignment=16)  # item rows on their way to a coalesced store
-        sort_keys = None  # the sorted deal's (cost, q tile) keys
+        sort_keys = None  # the sorted deal's (cost, q tile) keys: the sorted ones, then the sort's second buffer
         if cutlass.const_expr(self.c.sorted_deal and self.c.allow_split):
-            sort_keys = smem.allocate_tensor(Int64, cute.make_layout(SORTED_DEAL_MAX_Q_TILES), byte_alignment=16)
+            sort_keys = smem.allocate_tensor(Int64, cute.make_layout(2 * SORTED_DEAL_MAX_Q_TILES), byte_alignment=16)
 
         batch = kv_indptr.shape[0] - 1
         num_indices = kv_indices.shape[0]

@@ -13,6 +13,7 @@ from cutlass import Int32
 WARP = 32
 NUM_THREADS = 512
 NUM_WARPS = NUM_THREADS // WARP
+assert NUM_WARPS & (NUM_WARPS - 1) == 0 and NUM_WARPS <= WARP  # block_max_pair: one warp reduces the warp maxima
 
 
 @cute.jit
@@ -42,17 +43,29 @@ def block_exclusive_sum(value, tidx, warp_sums: cute.Tensor):
 @cute.jit
 def block_max(value, tidx, warp_sums: cute.Tensor):
     """The largest ``value`` (Int64) over the CTA's threads (every thread gets it); ``warp_sums`` [NUM_WARPS]."""
-    best = value
+    return block_max_pair(value, value, tidx, warp_sums)[0]
+
+
+@cute.jit
+def block_max_pair(a, b, tidx, warp_sums: cute.Tensor):
+    """The largest ``a`` and the largest ``b`` (Int64) over the CTA's threads, through one barrier round: a warp
+    butterfly, then every warp reads the NUM_WARPS warp maxima a lane each and reduces them again; ``warp_sums``
+    [2 * NUM_WARPS]."""
     for i in cutlass.range_constexpr(5):
-        best = cutlass.max(best, cute.arch.shuffle_sync_bfly(best, 1 << i))
-    if tidx % WARP == 0:
-        warp_sums[tidx // WARP] = best
+        a = cutlass.max(a, cute.arch.shuffle_sync_bfly(a, 1 << i))
+        b = cutlass.max(b, cute.arch.shuffle_sync_bfly(b, 1 << i))
+    lane = tidx % WARP
+    if lane == 0:
+        warp_sums[tidx // WARP] = a
+        warp_sums[NUM_WARPS + tidx // WARP] = b
     cute.arch.sync_threads()
-    best = warp_sums[0]
-    for w in cutlass.range_constexpr(1, NUM_WARPS):
-        best = cutlass.max(best, warp_sums[w])
+    a = warp_sums[lane % NUM_WARPS]
+    b = warp_sums[NUM_WARPS + lane % NUM_WARPS]
+    for i in cutlass.range_constexpr(NUM_WARPS.bit_length() - 1):
+        a = cutlass.max(a, cute.arch.shuffle_sync_bfly(a, 1 << i))
+        b = cutlass.max(b, cute.arch.shuffle_sync_bfly(b, 1 << i))
     cute.arch.sync_threads()  # warp_sums is free again
-    return best
+    return a, b
 
 
 @cute.jit

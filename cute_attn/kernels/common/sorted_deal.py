@@ -2,8 +2,8 @@
 
 Run by the planning CTA after its cuts, when they split tiles: each CTA's cut load and the longest tile (block
 maxima); only when the deal can win, a bitonic sort of the q tiles' (cost, index) keys in shared memory, one
-compare-exchange a thread a stage (``log2(n) (log2(n) + 1) / 2`` barriers: 45 at 500 q tiles), then each CTA's
-serpentine load over its laps. ``c`` is the :class:`DevicePlannerConfig` (a compile-time constant).
+key per thread in registers: ``log2(n) (log2(n) + 1) / 2`` stages, those under a warp's stride by shuffles, the
+others through shared memory: 10 barriers at 500 q tiles), then each CTA's serpentine load over its laps. ``c`` is the :class:`DevicePlannerConfig` (a compile-time constant).
 """
 
 from __future__ import annotations
@@ -13,9 +13,12 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64
 
 from ...plan_partition import SORTED_DEAL_MAX_Q_TILES, WHOLE_TILE_SHIFT
-from .planner_collectives import NUM_THREADS, block_max
+from .planner_collectives import NUM_THREADS, WARP, block_max, block_max_pair
 
-INT32_MAX = 2**31 - 1
+KEYS_PER_THREAD = SORTED_DEAL_MAX_Q_TILES // NUM_THREADS
+INDEX_BITS = 20  # sort_key: the q tile index in the low bits (< 2**20), 2**32 - cost above
+PADDING_KEY = 2**63 - 1  # sorts after every q tile
+assert KEYS_PER_THREAD * NUM_THREADS == SORTED_DEAL_MAX_Q_TILES and KEYS_PER_THREAD <= 2
 
 
 @cute.jit
@@ -43,67 +46,113 @@ def cut_position(c: cutlass.Constexpr, edge, q_tiles, q_tile_start, cut_tile, cu
 def sorted_deal(c: cutlass.Constexpr, tidx, split, q_tiles, q_tile_start, cut_tile, cut_key, sort_keys, warp_sums,
                 num_q_tiles, num_ctas, width, total_cost):
     """(1 when the deal replaces the cuts, the item count of this thread's CTA in the deal). Leaves the q tiles
-    in deal order in ``sort_keys`` (low 32 bits: the q tile; high: INT32_MAX - its cost)."""
+    in deal order in ``sort_keys[0 : num_q_tiles]`` (:func:`sort_key` layout); every thread calls it."""
     heads = c.num_kv_heads
     num_tiles = num_q_tiles * heads
-    cut_load = Int64(0)
-    if tidx < num_ctas:
-        cut_load = (cut_position(c, tidx + 1, q_tiles, q_tile_start, cut_tile, cut_key, num_tiles, total_cost)
-                    - cut_position(c, tidx, q_tiles, q_tile_start, cut_tile, cut_key, num_tiles, total_cost))
-        if cut_key[tidx] > 0:
-            cut_load = cut_load + Int64(c.item_overhead_keys)
-    longest = Int64(0)
-    for j in range(tidx, num_q_tiles, NUM_THREADS):
-        longest = cutlass.max(longest, tile_cost(c, q_tiles[j, 3]))
-    bound = cutlass.max(block_max(cut_load, tidx, warp_sums), width + (width >> WHOLE_TILE_SHIFT))
-    longest = block_max(longest, tidx, warp_sums)
     deal = Int32(0)
     count = Int32(0)
-    # the deal's busiest CTA holds the longest tile: past the bound it cannot win, so skip the sort
-    if split != 0 and num_q_tiles <= SORTED_DEAL_MAX_Q_TILES and longest <= bound:
-        size = Int32(1)
-        while size < num_q_tiles:
-            size = size * 2
-        for i in range(tidx, size, NUM_THREADS):
-            key = Int64(0x7FFFFFFFFFFFFFFF)  # padding sorts last
-            if i < num_q_tiles:
-                key = ((Int64(INT32_MAX) - tile_cost(c, q_tiles[i, 3])) << 32) | Int64(i)
-            sort_keys[i] = key
-        cute.arch.sync_threads()
-        # bitonic sort, ascending keys = longest first, ties in line order (the keys are distinct)
-        block = Int32(2)
-        while block <= size:
-            stride = block // 2
-            while stride > 0:
-                for pair in range(tidx, size // 2, NUM_THREADS):
-                    lo = pair // stride * (2 * stride) + pair % stride
-                    a = sort_keys[lo]
-                    b = sort_keys[lo + stride]
-                    if (lo & block) == 0:
-                        if a > b:
-                            sort_keys[lo] = b
-                            sort_keys[lo + stride] = a
-                    else:
-                        if a < b:
-                            sort_keys[lo] = b
-                            sort_keys[lo + stride] = a
-                cute.arch.sync_threads()
-                stride = stride // 2
-            block = block * 2
-        load = Int64(0)
+    if split != 0 and num_q_tiles <= SORTED_DEAL_MAX_Q_TILES:  # uniform: the cuts split, the tiles fit
+        cut_load = Int64(0)
         if tidx < num_ctas:
-            lap = Int32(0)
-            position = tidx
-            while position < num_tiles:
-                load = load + (Int64(INT32_MAX) - (sort_keys[position // heads] >> 32))
-                count = count + 1
-                lap = lap + 1
-                position = lap * num_ctas + tidx
-                if lap % 2 != 0:
-                    position = lap * num_ctas + num_ctas - 1 - tidx
-        if block_max(load, tidx, warp_sums) <= bound:
-            deal = Int32(1)
+            cut_load = (cut_position(c, tidx + 1, q_tiles, q_tile_start, cut_tile, cut_key, num_tiles, total_cost)
+                        - cut_position(c, tidx, q_tiles, q_tile_start, cut_tile, cut_key, num_tiles, total_cost))
+            if cut_key[tidx] > 0:
+                cut_load = cut_load + Int64(c.item_overhead_keys)
+        keys = cute.make_rmem_tensor((KEYS_PER_THREAD,), Int64)
+        longest = Int64(0)
+        for r in cutlass.range_constexpr(KEYS_PER_THREAD):
+            keys[r] = Int64(PADDING_KEY)
+            i = tidx + r * NUM_THREADS
+            if i < num_q_tiles:
+                cost = tile_cost(c, q_tiles[i, 3])
+                longest = cutlass.max(longest, cost)
+                keys[r] = sort_key(cost, i)
+        cut_max, longest = block_max_pair(cut_load, longest, tidx, warp_sums)
+        bound = cutlass.max(cut_max, width + (width >> WHOLE_TILE_SHIFT))
+        # the deal's busiest CTA holds the longest tile: past the bound it cannot win, so skip the sort
+        if longest <= bound:
+            size = Int32(2)
+            while size < num_q_tiles:
+                size = size * 2
+            bitonic_sort(keys, size, tidx, sort_keys)
+            load = Int64(0)
+            if tidx < num_ctas:
+                lap = Int32(0)
+                position = tidx
+                while position < num_tiles:
+                    load = load + key_cost(sort_keys[position // heads])
+                    count = count + 1
+                    lap = lap + 1
+                    position = lap * num_ctas + tidx
+                    if lap % 2 != 0:
+                        position = lap * num_ctas + num_ctas - 1 - tidx
+            if block_max(load, tidx, warp_sums) <= bound:
+                deal = Int32(1)
     return deal, count
+
+
+@cute.jit
+def sort_key(cost, index):
+    """Ascending keys = longest first, ties by q tile index (distinct keys): ``(2**32 - cost) << 20 | index``."""
+    return ((Int64(1 << 32) - cost) << INDEX_BITS) | Int64(index)
+
+
+@cute.jit
+def key_cost(key):
+    return Int64(1 << 32) - (key >> INDEX_BITS)
+
+
+@cute.jit
+def _exchange(mine, theirs, index, stride, block):
+    """A bitonic compare-exchange seen from key ``index``: the lower index of a pair keeps the smaller key in an
+    ascending block (``index & block == 0``), the larger in a descending one; the upper index the other."""
+    low = cutlass.min(mine, theirs)
+    high = cutlass.max(mine, theirs)
+    votes = Int32(0)
+    if (index & stride) == 0:
+        votes = votes + 1
+    if (index & block) != 0:
+        votes = votes + 1
+    kept = low
+    if votes != 1:
+        kept = high
+    return kept
+
+
+@cute.jit
+def bitonic_sort(keys: cute.Tensor, size, tidx, scratch: cute.Tensor):
+    """Sort the CTA's ``size`` (a power of two) keys ascending into ``scratch[0 : size]``. Key ``tidx + r *
+    NUM_THREADS`` lives in this thread's ``keys[r]``: a stride under a warp is a register shuffle (no barrier),
+    a stride under NUM_THREADS one shared-memory exchange (double-buffered halves of ``scratch``: one barrier),
+    the stride NUM_THREADS the thread's own two keys. 45 stages at 512 keys, 10 of them with a barrier."""
+    half = SORTED_DEAL_MAX_Q_TILES
+    buffer = Int32(0)
+    block = Int32(2)
+    while block <= size:
+        stride = block // 2
+        while stride > 0:
+            if stride < WARP:
+                for r in cutlass.range_constexpr(KEYS_PER_THREAD):
+                    theirs = cute.arch.shuffle_sync_bfly(keys[r], stride)
+                    keys[r] = _exchange(keys[r], theirs, tidx + r * NUM_THREADS, stride, block)
+            elif stride < NUM_THREADS:
+                for r in cutlass.range_constexpr(KEYS_PER_THREAD):
+                    scratch[buffer + tidx + r * NUM_THREADS] = keys[r]
+                cute.arch.sync_threads()
+                for r in cutlass.range_constexpr(KEYS_PER_THREAD):
+                    index = tidx + r * NUM_THREADS
+                    keys[r] = _exchange(keys[r], scratch[buffer + (index ^ stride)], index, stride, block)
+                buffer = half - buffer
+            else:  # stride NUM_THREADS: keys tidx and tidx + NUM_THREADS, one ascending pair (size <= 2 blocks)
+                low = cutlass.min(keys[0], keys[1])
+                keys[1] = cutlass.max(keys[0], keys[1])
+                keys[0] = low
+            stride = stride // 2
+        block = block * 2
+    cute.arch.sync_threads()  # every read of the last exchange is done before the result overwrites scratch
+    for r in cutlass.range_constexpr(KEYS_PER_THREAD):
+        scratch[tidx + r * NUM_THREADS] = keys[r]
+    cute.arch.sync_threads()
 
 
 @cute.jit
@@ -114,4 +163,4 @@ def dealt_tile(c: cutlass.Constexpr, sort_keys: cute.Tensor, lap, cta, num_ctas)
     if lap % 2 != 0:
         position = lap * num_ctas + num_ctas - 1 - cta
     heads = c.num_kv_heads
-    return Int32(sort_keys[position // heads] & Int64(0xFFFFFFFF)) * heads + position % heads
+    return Int32(sort_keys[position // heads] & Int64((1 << INDEX_BITS) - 1)) * heads + position % heads
