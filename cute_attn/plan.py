@@ -101,6 +101,10 @@ class PlanConfig:
     #: (``plan_partition``), so adjacent tiles pair up and the CTA cuts fall near tile edges (fewer splits); the
     #: MLA kinds take it, whose split partials are 512 fp32 a row
     zigzag: bool = False
+    #: device plans of causal kinds: when the cuts must split tiles, the q tiles sorted longest first and dealt
+    #: serpentine over the CTAs (whole tiles, no merges) replace them unless their busiest CTA is worse
+    #: (``plan_partition``; the MLA seed: max / mean 1.18 with 21 merges -> 1.06 with none)
+    sorted_deal: bool = False
 
     def __post_init__(self):
         for name in ("num_qo_heads", "num_kv_heads", "tile_q_rows", "kv_tile", "num_ctas"):

@@ -24,6 +24,15 @@ Cuts
     on the GPU a plan without merges ran 4.6 µs faster at decode 64 x 2048 (no in-kernel fold, fewer item starts)
     than the split one the model rated equal.
 
+Sorted deal
+    Contiguous cuts cannot pack many tiles of a few hundred keys against a CTA width near a thousand (the MLA seed:
+    max / mean 1.18 with 21 merges). With ``PlanConfig.sorted_deal`` (the causal kinds), when the cuts had to split
+    (the whole-tile rule refused) and the batch has at most ``SORTED_DEAL_MAX_Q_TILES`` q tiles, the q tiles are
+    sorted by cost, longest first (ties: line order), their heads expanded in place, and dealt serpentine: position
+    ``p`` goes to CTA ``p mod m`` on even laps ``p // m``, to ``m - 1 - p mod m`` on odd ones (whole tiles, no
+    merges; a CTA's items in lap order). The deal replaces the cuts when its busiest CTA costs no more than the
+    cuts' busiest or than ``W + W / 2**WHOLE_TILE_SHIFT`` (a plan without merges runs faster than modelled).
+
 Items
     CTA ``c``'s items are the tiles (or pieces) between its two cuts, in tile order. The tiles a run of cuts
     splits form one merge; its chunks take consecutive partial slots in key order. At most ``num_ctas - 1``
@@ -46,10 +55,12 @@ import numpy as np
 
 from .plan import NOT_CAUSAL_OFFSET, ItemField, MergeField, PlanCapacity, PlanConfig, WorkPlan
 
-__all__ = ["SNAP_SHIFT", "WHOLE_TILE_SHIFT", "QTiles", "min_width", "partition_plan", "piece_cost", "q_tiles"]
+__all__ = ["SNAP_SHIFT", "SORTED_DEAL_MAX_Q_TILES", "WHOLE_TILE_SHIFT", "QTiles", "cut_loads", "min_width",
+           "line_cuts", "partition_plan", "piece_cost", "q_tiles", "sorted_deal"]
 
 SNAP_SHIFT = 5  # a cut within W / 2**SNAP_SHIFT of a tile edge snaps to it
 WHOLE_TILE_SHIFT = 3  # whole tiles (every cut at its nearer tile edge) when no CTA then exceeds W + W / 2**this
+SORTED_DEAL_MAX_Q_TILES = 1024  # the device sorts q tiles in its planning CTA's shared memory (one per thread pair)
 
 
 def _round_up(x, m):
@@ -107,33 +118,35 @@ def q_tiles(config: PlanConfig, q_lens, kv_lens, faulted=None) -> QTiles:
     return QTiles(req, row_start, row_count, kv_end, offset, piece_cost(config, kv_end))
 
 
-def partition_plan(config: PlanConfig, q_lens, kv_lens, *, kv_page_start=None, token_start=None, faulted=None,
-                   capacity: PlanCapacity | None = None) -> WorkPlan:
-    """The device planner's plan of one batch.
+def cut_loads(config: PlanConfig, cost, cut_tile, cut_key) -> np.ndarray:
+    """Each CTA's modelled cost under cuts ``(cut_tile, cut_key)`` (the sum of its pieces' ``piece_cost``).
 
-    ``kv_page_start[b]``: request b's first position in kv_indices (``kv_indptr[b]``; default: the cumulated
-    page counts); ``token_start[b]``: its first query row (``qo_indptr[b]``; default: cumulated q_lens);
-    ``faulted[b]``: its index values broke a rule (its tiles get no keys).
+    A cut inside tile ``t`` at key ``k`` sits at line position ``start(t) + k + item_overhead_keys``: the piece
+    before it costs ``k + overhead``, the piece after ``cost - k``, plus the overhead of the CTA that starts there.
     """
-    F, MF = ItemField, MergeField
-    q_lens = np.asarray(q_lens, dtype=np.int64).reshape(-1)
-    kv_lens = np.asarray(kv_lens, dtype=np.int64).reshape(-1)
-    batch = q_lens.size
-    if faulted is None:
-        faulted = np.zeros(batch, dtype=bool)
-    if token_start is None:
-        token_start = np.cumsum(q_lens) - q_lens
-    if kv_page_start is None:
-        pages = -(-kv_lens // config.page_size) if config.page_size else np.zeros(batch, dtype=np.int64)
-        kv_page_start = np.cumsum(pages) - pages
-    if capacity is None:
-        capacity = PlanCapacity.for_limits(config, max_batch=batch, max_total_q=int(q_lens.sum()))
-    heads, m = config.num_kv_heads, config.num_ctas
+    heads, overhead = config.num_kv_heads, config.item_overhead_keys
+    tile_start = np.concatenate([[0], np.cumsum(np.repeat(cost, heads))])
+    position = tile_start[cut_tile] + np.where(cut_key > 0, cut_key + overhead, 0)
+    return np.diff(position) + np.where(cut_key[:-1] > 0, overhead, 0)
 
-    req, row_start, row_count, kv_end, offset, cost = q_tiles(config, q_lens, kv_lens, faulted)
+
+def sorted_deal(config: PlanConfig, cost) -> tuple[np.ndarray, np.ndarray]:
+    """(q tile of each dealt position, CTA of each position): the q tiles longest first (ties in line order),
+    each tile's heads in a row, dealt serpentine over ``num_ctas`` CTAs."""
+    heads, m = config.num_kv_heads, config.num_ctas
+    order = np.argsort(-np.asarray(cost), kind="stable")
+    position = np.arange(order.size * heads)
+    lap, offset = position // m, position % m
+    return order[position // heads], np.where(lap % 2 == 0, offset, m - 1 - offset)
+
+
+def line_cuts(config: PlanConfig, kv_end, cost):
+    """(cut_tile, cut_key, tolerance, whole_tiles): each CTA edge's cut of the cost line (``num_ctas + 1`` edges),
+    the whole-tile rule's load bound ``W + W / 2**WHOLE_TILE_SHIFT`` and whether the whole-tile cuts were taken."""
+    heads, m = config.num_kv_heads, config.num_ctas
     q_start = np.concatenate([[0], np.cumsum(cost)]) * heads  # line position of q tile j's head 0
     total = int(q_start[-1])
-    num_tiles = req.size * heads
+    num_tiles = cost.size * heads
 
     # cuts: (tile, key) per CTA edge, edge c at position c * W
     width = max(-(-total // m), min_width(config)) if total else 1
@@ -165,8 +178,44 @@ def partition_plan(config: PlanConfig, q_lens, kv_lens, *, kv_page_start=None, t
             cut_tile[c], cut_key[c] = t, k
             continue
         cut_tile[c], cut_key[c] = t + up, 0
-    if config.allow_split and np.diff(snap_pos).max(initial=0) <= width + (width >> WHOLE_TILE_SHIFT):
+    tolerance = width + (width >> WHOLE_TILE_SHIFT)
+    whole_tiles = bool(config.allow_split and np.diff(snap_pos).max(initial=0) <= tolerance)
+    if whole_tiles:
         cut_tile, cut_key = snap_tile, np.zeros(m + 1, dtype=np.int64)
+    return cut_tile, cut_key, tolerance, whole_tiles
+
+
+def partition_plan(config: PlanConfig, q_lens, kv_lens, *, kv_page_start=None, token_start=None, faulted=None,
+                   capacity: PlanCapacity | None = None) -> WorkPlan:
+    """The device planner's plan of one batch.
+
+    ``kv_page_start[b]``: request b's first position in kv_indices (``kv_indptr[b]``; default: the cumulated
+    page counts); ``token_start[b]``: its first query row (``qo_indptr[b]``; default: cumulated q_lens);
+    ``faulted[b]``: its index values broke a rule (its tiles get no keys).
+    """
+    F, MF = ItemField, MergeField
+    q_lens = np.asarray(q_lens, dtype=np.int64).reshape(-1)
+    kv_lens = np.asarray(kv_lens, dtype=np.int64).reshape(-1)
+    batch = q_lens.size
+    if faulted is None:
+        faulted = np.zeros(batch, dtype=bool)
+    if token_start is None:
+        token_start = np.cumsum(q_lens) - q_lens
+    if kv_page_start is None:
+        pages = -(-kv_lens // config.page_size) if config.page_size else np.zeros(batch, dtype=np.int64)
+        kv_page_start = np.cumsum(pages) - pages
+    if capacity is None:
+        capacity = PlanCapacity.for_limits(config, max_batch=batch, max_total_q=int(q_lens.sum()))
+    heads, m = config.num_kv_heads, config.num_ctas
+
+    req, row_start, row_count, kv_end, offset, cost = q_tiles(config, q_lens, kv_lens, faulted)
+    cut_tile, cut_key, tolerance, whole_tiles = line_cuts(config, kv_end, cost)
+    if (config.sorted_deal and config.allow_split and not whole_tiles and 0 < req.size <= SORTED_DEAL_MAX_Q_TILES):
+        dealt_tile, dealt_cta = sorted_deal(config, cost)
+        loads = np.bincount(dealt_cta, weights=cost[dealt_tile], minlength=m).astype(np.int64)
+        if loads.max() <= max(int(cut_loads(config, cost, cut_tile, cut_key).max()), tolerance):
+            return _dealt_plan(config, capacity, dealt_tile, dealt_cta, loads, req, row_start, row_count, kv_end,
+                               offset, kv_page_start)
 
     # merges: a run of cuts inside one tile splits it into (run length + 1) chunks
     inside = cut_key > 0
@@ -222,3 +271,31 @@ def partition_plan(config: PlanConfig, q_lens, kv_lens, *, kv_page_start=None, t
     return WorkPlan(config=config, capacity=capacity, num_ctas=int((counts > 0).sum()), work_indptr=work_indptr,
                     items=items, num_items=num_items, merge_indptr=merge_indptr, merges=merges,
                     num_merges=num_merges, num_partials=num_partials, cta_cost=cta_cost)
+
+
+def _dealt_plan(config, capacity, dealt_tile, dealt_cta, loads, req, row_start, row_count, kv_end, offset,
+                kv_page_start) -> WorkPlan:
+    """The plan of a sorted deal: CTA-major items, each CTA's in lap order, whole tiles, no merges."""
+    F = ItemField
+    heads, m = config.num_kv_heads, config.num_ctas
+    counts = np.bincount(dealt_cta, minlength=m)
+    num_items = int(counts.sum())
+    if num_items > capacity.max_items:
+        raise ValueError(f"partition plan exceeds capacity: {num_items} items, capacity {capacity}")
+    work_indptr = np.zeros(m + 1, dtype=np.int32)
+    work_indptr[1:] = np.cumsum(counts)
+    items = np.zeros((capacity.max_items, len(F)), dtype=np.int32)
+    # a stable sort by CTA keeps each CTA's positions in lap order
+    by_cta = np.argsort(dealt_cta, kind="stable")
+    j = dealt_tile[by_cta]
+    b = req[j]
+    rows = items[:num_items]
+    rows[:, F.REQUEST], rows[:, F.KV_HEAD] = b, by_cta % heads
+    rows[:, F.Q_ROW_START], rows[:, F.Q_ROW_COUNT] = row_start[j], row_count[j]
+    rows[:, F.KV_START], rows[:, F.KV_END] = 0, kv_end[j]
+    rows[:, F.PARTIAL_SLOT], rows[:, F.CAUSAL_OFFSET], rows[:, F.MERGE] = -1, offset[j], -1
+    rows[:, F.KV_PAGE_START] = kv_page_start[b] if config.page_size else -1
+    return WorkPlan(config=config, capacity=capacity, num_ctas=int((counts > 0).sum()), work_indptr=work_indptr,
+                    items=items, num_items=num_items, merge_indptr=np.zeros(capacity.max_merges + 1, dtype=np.int32),
+                    merges=np.zeros((capacity.max_merges, len(MergeField)), dtype=np.int32), num_merges=0,
+                    num_partials=0, cta_cost=loads)

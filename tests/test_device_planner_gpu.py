@@ -77,6 +77,46 @@ def test_prefill_lists_equal_the_twin(batch):
     _assert_twin(plan, case.qo_indptr.tolist(), case.kv_indptr.tolist(), q_lens, kv_lens, f"prefill {batch}")
 
 
+@SETTINGS
+@given(batch=testing.ragged_batches(max_batch=12, max_q=260, max_kv=3000))
+def test_mla_prefill_lists_equal_the_twin(batch):
+    # many short causal requests: the shape where the sorted deal replaces the cuts
+    q_lens, kv_lens = batch
+    case = testing.make_mla_prefill_case(q_lens, kv_lens, device="cuda", seed=sum(q_lens))
+    plan = cute_attn.plan_mla_paged_prefill(*case.inputs(), on_device=True)
+    _assert_twin(plan, case.qo_indptr.tolist(), case.kv_indptr.tolist(), q_lens, kv_lens, f"MLA prefill {batch}")
+
+
+DEALT = {  # batches whose device plan is a sorted deal (the twin says so: checked below)
+    "gqa 1 x 700": lambda: testing.make_gqa_prefill_case([700], [700], device="cuda", seed=11),
+    "mla 8 short": lambda: testing.make_mla_prefill_case(
+        [179, 23, 43, 55, 43, 177, 191, 130], [186, 41, 109, 141, 167, 272, 243, 161], device="cuda", seed=12),
+}
+
+
+@pytest.mark.parametrize("name", list(DEALT))
+def test_dealt_plans_equal_the_twin_and_the_default_call_the_reference(name):
+    import dataclasses
+
+    case = DEALT[name]()
+    mla = hasattr(case, "ckv_cache")
+    q_lens, kv_lens = np.diff(case.qo_indptr.cpu().numpy()).tolist(), list(case.kv_lens)
+    plan_fn = cute_attn.plan_mla_paged_prefill if mla else cute_attn.plan_gqa_paged_prefill
+    plan = plan_fn(*case.inputs(), on_device=True)
+    config = plan.config.plan_config(plan.work_indptr.shape[0] - 1)
+    cuts = partition_plan(dataclasses.replace(config, sorted_deal=False), q_lens, kv_lens)
+    dealt = partition_plan(config, q_lens, kv_lens)
+    assert cuts.num_merges > 0 and dealt.num_merges == 0, "the batch no longer exercises the deal"
+    _assert_twin(plan, case.qo_indptr.tolist(), case.kv_indptr.tolist(), q_lens, kv_lens, name)
+    out, lse = case.new_outputs()
+    hostile.entry_for(case).run(*case.inputs(), out, lse)
+    torch.cuda.synchronize()
+    ref_out, ref_lse = case.reference()
+    testing.assert_close_benchmark(out, ref_out, f"{name} output")
+    testing.assert_close_benchmark(lse, ref_lse, f"{name} lse")
+    cute_attn.raise_on_device_error()
+
+
 @pytest.mark.parametrize("batch, longest, scan_ctas, in_shared_memory", [
     (64, 8000, 2, True),  # ~8000 page ids: two scan CTAs, the last to arrive plans (acq_rel arrival counter)
     (1500, 700, 4, False),  # past SMEM_REQUESTS: the planning CTA's arrays live in the global scratch

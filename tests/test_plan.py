@@ -33,6 +33,7 @@ def plan_configs(draw, causal=None):
         tile_q_rows=draw(st.sampled_from([4, 8, 16])), kv_tile=draw(st.sampled_from([2, 4, 8])),
         num_ctas=draw(st.integers(1, 12)), item_overhead_keys=draw(st.sampled_from([0, 4, 16])),
         min_chunk_keys=draw(st.sampled_from([0, 0, 8, 64])), zigzag=draw(st.booleans()),
+        sorted_deal=draw(st.booleans()),
     )
 
 
@@ -191,7 +192,7 @@ def test_zigzag_pairs_a_long_causal_requests_tiles():
                                   head_dim_qk=576, head_dim_v=512, page_size=1, causal=True)
     cfg = config.plan_config(132)
     assert cfg.zigzag
-    in_order = partition_plan(dataclasses.replace(cfg, zigzag=False), [1028], [1038])
+    in_order = partition_plan(dataclasses.replace(cfg, zigzag=False, sorted_deal=False), [1028], [1038])
     zigzag = partition_plan(cfg, [1028], [1038])
     assert in_order.num_merges == 97 and zigzag.num_merges == 0
     assert zigzag.cta_cost.max() <= 1.05 * plan_work(cfg, [1028], [1038]).cta_cost.max()
@@ -222,6 +223,7 @@ def test_partition_whole_tile_plans_stay_within_their_bound(cfg, batch):
     from cute_attn.plan_partition import WHOLE_TILE_SHIFT, min_width, piece_cost
 
     q_lens, kv_lens = batch
+    cfg = dataclasses.replace(cfg, sorted_deal=False)  # the deal's own bound: test_a_sorted_deal_...
     plan = partition_plan(cfg, q_lens, kv_lens)
     items = plan.valid_items()
     assume(plan.num_merges == 0 and items.size and cfg.allow_split)
@@ -384,3 +386,60 @@ def test_prefill_tiles_hold_whole_tokens_for_any_group(group, num_kv, q_lens):
     items = plan.valid_items()
     assert (items[:, F.Q_ROW_START] % rows == 0).all()
     assert (items[:, F.Q_ROW_COUNT] <= rows).all()
+
+
+@given(cfg=plan_configs(causal=True), batch=testing.ragged_batches(max_batch=12, max_q=64, max_kv=2000))
+def test_cut_loads_are_the_cut_plans_cta_costs(cfg, batch):
+    """The device decides between cuts and the sorted deal from each CTA's cut load without building the cut
+    plan's items: ``cut_loads`` must equal the cost of the items the cuts make."""
+    from cute_attn.plan_partition import cut_loads, line_cuts, q_tiles
+
+    q_lens, kv_lens = batch
+    cfg = dataclasses.replace(cfg, sorted_deal=False)
+    tiles = q_tiles(cfg, q_lens, kv_lens)
+    cut_tile, cut_key, _, _ = line_cuts(cfg, tiles.kv_end, tiles.cost)
+    assert np.array_equal(cut_loads(cfg, tiles.cost, cut_tile, cut_key), partition_plan(cfg, q_lens, kv_lens).cta_cost)
+
+
+@given(cfg=plan_configs(causal=True), batch=testing.ragged_batches(max_batch=12, max_q=64, max_kv=2000))
+def test_a_sorted_deal_is_never_worse_than_the_cuts_it_replaces(cfg, batch):
+    """A dealt plan (no merges, where the cuts split) loads no CTA above the cuts' busiest or W + W/8; each CTA
+    takes its tiles longest first, one a lap."""
+    from cute_attn.plan_partition import cut_loads, line_cuts, piece_cost, q_tiles
+
+    q_lens, kv_lens = batch
+    cfg = dataclasses.replace(cfg, sorted_deal=True)
+    cuts = partition_plan(dataclasses.replace(cfg, sorted_deal=False), q_lens, kv_lens)
+    plan = partition_plan(cfg, q_lens, kv_lens)
+    tiles = q_tiles(cfg, q_lens, kv_lens)
+    cut_tile, cut_key, tolerance, whole = line_cuts(cfg, tiles.kv_end, tiles.cost)
+    if whole or not cfg.allow_split:
+        assert plan.num_items == cuts.num_items and np.array_equal(plan.items, cuts.items)
+        return
+    assert plan.cta_cost.max() <= max(cuts.cta_cost.max(), tolerance)
+    if plan.num_merges == 0 and not np.array_equal(plan.items, cuts.items):  # dealt
+        assert cut_loads(cfg, tiles.cost, cut_tile, cut_key).max() == cuts.cta_cost.max()
+        for c in range(cfg.num_ctas):
+            rows = plan.items[plan.work_indptr[c]:plan.work_indptr[c + 1]]
+            costs = piece_cost(cfg, rows[:, F.KV_END])
+            assert (np.diff(costs) <= 0).all() and (rows[:, F.KV_START] == 0).all()
+
+
+def test_the_sorted_deal_packs_the_mla_seed_without_merges():
+    """MLA prefill 28 / 1954 / 2044 (500 q tiles of 192..350 keys against a CTA width of ~870): the cuts split 21
+    tiles and leave max / mean 1.18; the deal: no merge, within 1% of the host LPT's busiest CTA."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+    import bench_workloads as bw
+
+    seed = next(w for w in bw._mla_workloads() if w.label == "n28_q1954_kv2044")
+    config = default_paged_config("mla_paged_prefill", arch="sm_90a", num_qo_heads=16, num_kv_heads=1,
+                                  head_dim_qk=576, head_dim_v=512, page_size=1, causal=True)
+    cfg = config.plan_config(132)
+    assert cfg.sorted_deal
+    cuts = partition_plan(dataclasses.replace(cfg, sorted_deal=False), seed.q_lens, seed.kv_lens)
+    dealt = partition_plan(cfg, seed.q_lens, seed.kv_lens)
+    assert cuts.num_merges == 21 and dealt.num_merges == 0 and dealt.num_items == 500
+    assert dealt.cta_cost.max() <= 1.01 * plan_work(cfg, seed.q_lens, seed.kv_lens).cta_cost.max()

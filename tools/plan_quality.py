@@ -4,13 +4,15 @@
 
 Per workload: the device planner's contiguous cuts (``plan_partition``, the numpy twin of the kernel), the host
 LPT (``plan.plan_work``), and a candidate for the device: the q tiles sorted by cost and dealt serpentine
-(CTA 0, 1, .., m-1, m-1, .., 0, ...), whole tiles only, so no merges. Each as the busiest CTA's modelled cost over
+(CTA 0, 1, .., m-1, m-1, .., 0, ...), whole tiles only, so no merges; and what the device planner now takes
+(``PlanConfig.sorted_deal``: the deal where the cuts split and it is no worse). Each as the busiest CTA's modelled cost over
 the mean (1.0: perfectly even) and its merge count. A device plan worse than the host's shows up as the
 device-planned call's extra time (the MLA seed: 1.18 with 21 merges against 1.06, 64.4 against 52.9 us).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -50,7 +52,8 @@ def serpentine_loads(costs: np.ndarray, num_ctas: int) -> np.ndarray:
 def compare(kind: str, q_lens, kv_lens, num_ctas: int = 132) -> dict:
     config = default_paged_config(kind, arch="sm_90a", causal=True, **LAYOUTS[kind])
     plan_config = config.plan_config(num_ctas)
-    cuts = partition_plan(plan_config, q_lens, kv_lens)
+    cuts = partition_plan(dataclasses.replace(plan_config, sorted_deal=False), q_lens, kv_lens)
+    device = partition_plan(plan_config, q_lens, kv_lens)  # what the device planner picks: cuts or the deal
     lpt = plan_work(plan_config, np.asarray(q_lens), np.asarray(kv_lens))
     costs = tile_costs(plan_config, q_lens, kv_lens)
     serp = serpentine_loads(costs, num_ctas)
@@ -61,7 +64,8 @@ def compare(kind: str, q_lens, kv_lens, num_ctas: int = 132) -> dict:
 
     return dict(tiles=int(costs.size), max_tile_over_width=round(float(costs.max() * num_ctas / costs.sum()), 2),
                 cuts=balance(cuts.cta_cost), cuts_merges=int(cuts.num_merges), lpt=balance(lpt.cta_cost),
-                lpt_merges=int(lpt.num_merges), serpentine=balance(serp))
+                lpt_merges=int(lpt.num_merges), serpentine=balance(serp), device=balance(device.cta_cost),
+                device_merges=int(device.num_merges))
 
 
 def main(argv=None) -> int:
@@ -75,7 +79,8 @@ def main(argv=None) -> int:
             rows.append(row)
             print(f"{kind:18s} {w.label:20s} tiles {row['tiles']:5d} max tile / W {row['max_tile_over_width']:6.2f} | "
                   f"cuts {row['cuts']:.3f} ({row['cuts_merges']} merges) | LPT {row['lpt']:.3f} "
-                  f"({row['lpt_merges']}) | serpentine {row['serpentine']:.3f} (0)")
+                  f"({row['lpt_merges']}) | serpentine {row['serpentine']:.3f} (0) | device {row['device']:.3f} "
+                  f"({row['device_merges']})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 PHASES = ("arrival (prefetch, scan, [fence, atomic])", "rules + q tiles per request", "q tiles + cost line", "cuts",
-          "merges + item counts", "lists written")
-STAMP_SLOTS = (0, 1, 2, 4, 5, 6, 9)  # clock64 stamps, in order; 10/11 are globaltimer start/end
+          "sorted deal (causal kinds: loads, [sort, deal loads])", "merges + item counts", "lists written")
+STAMP_SLOTS = (0, 1, 2, 4, 5, 7, 6, 9)  # clock64 stamps, in order; 10/11 are globaltimer start/end
 
 
 def _cases():

@@ -126,6 +126,17 @@ def _cases(arch: str) -> dict:
             return _run_api(cute_attn.gqa_paged_prefill, case, arch)
         return run
 
+    def deal_prefill():  # the device planner's sorted deal replaces cuts that split 49 tiles (GQA, 4 KV heads)
+        case = testing.make_gqa_prefill_case([700], [700], device="cuda", seed=81)
+        return _run_api(cute_attn.gqa_paged_prefill, case, arch)
+
+    def deal_mla():  # the sorted deal on an MLA batch of short requests (the seed's shape, smaller)
+        q_lens, kv_lens = [179, 23, 43, 55, 43, 177, 191, 130], [186, 41, 109, 141, 167, 272, 243, 161]
+        case = testing.make_mla_prefill_case(q_lens, kv_lens, device="cuda", seed=82)
+        return _run_api(cute_attn.mla_paged_prefill, case, arch)
+
+    cases["deal-prefill"] = ("gqa_paged_prefill", deal_prefill)
+    cases["deal-mla"] = ("mla_paged_prefill", deal_mla)
     for page_size in (2, 4, 8):
         cases[f"prefill-rows-p{page_size}"] = ("gqa_paged_prefill", prefill_small_pages(page_size))
     cases["edge-decode"] = ("gqa_paged_decode", edge_decode)

@@ -32,6 +32,10 @@ Roles / phases (:func:`scan_ctas` x 512 threads, arch-neutral SIMT code: the sam
                 *cuts*: one thread per CTA edge finds its tile (binary search) and key, snapping near edges;
                 the same thread also finds the edge's nearer tile boundary, and when those whole-tile cuts
                 leave no CTA above ``W + W / 2**WHOLE_TILE_SHIFT`` (one vote) they replace the split cuts.
+                *sorted deal* (``sorted_deal``, causal kinds, when the cuts split): each CTA's cut load, the
+                longest tile; when a deal can win, a bitonic sort of the q tiles' (cost, index) keys in shared
+                memory (one compare-exchange a thread a stage), each CTA's serpentine load over its laps, and the
+                deal replaces the cuts when its busiest CTA is no worse (``plan_partition``'s rule).
                 *lists*: merges (runs of cuts inside one tile; block prefix sums give merge ids and partial slot
                 bases), ``work_indptr`` (prefix sum of items per CTA), ``merge_indptr``/``merges``, then one
                 thread per item builds its 10 fields in shared memory and the CTA stores each 512-item chunk as
@@ -55,11 +59,10 @@ from cutlass import Int32, Int64
 from ...compile import register_kernel
 from ...config import KernelConfig
 from ...plan import NOT_CAUSAL_OFFSET, ItemField, MergeField, PlanConfig
-from ...plan_partition import SNAP_SHIFT, WHOLE_TILE_SHIFT, min_width
+from ...plan_partition import SNAP_SHIFT, SORTED_DEAL_MAX_Q_TILES, WHOLE_TILE_SHIFT, min_width
+from .planner_collectives import NUM_THREADS, NUM_WARPS, block_any, block_exclusive_sum, last_at_most
+from .sorted_deal import dealt_tile, sorted_deal
 
-WARP = 32
-NUM_THREADS = 512
-NUM_WARPS = NUM_THREADS // WARP
 MAX_CTAS = NUM_THREADS - 1  # one thread per CTA edge (num_ctas + 1 of them)
 SCAN_IDS_PER_THREAD = 8  # page scan: CTAs = ceil(len(kv_indices) / (NUM_THREADS * this)), capped
 MAX_SCAN_CTAS = 132
@@ -97,6 +100,7 @@ class DevicePlannerConfig(KernelConfig):
     min_chunk_keys: int = 0
     allow_split: bool = True
     zigzag: bool = False  # PlanConfig.zigzag: a causal request's q tiles short, long, short... on the line
+    sorted_deal: bool = False  # PlanConfig.sorted_deal: longest-first q tiles dealt serpentine when cuts split
     num_qo_heads: int = 20
     head_dim_v: int = 128
     #: a development build: the planning CTA writes clock64 stamps of its phase boundaries to the last
@@ -110,13 +114,15 @@ class DevicePlannerConfig(KernelConfig):
             rows_per_tile=plan_config.tile_q_rows, kv_tile=plan_config.kv_tile, page_size=plan_config.page_size,
             causal=plan_config.causal, has_qo_indptr=has_qo_indptr, item_overhead_keys=plan_config.item_overhead_keys,
             min_chunk_keys=plan_config.min_chunk_keys, allow_split=plan_config.allow_split,
-            zigzag=plan_config.zigzag, num_qo_heads=plan_config.num_qo_heads, head_dim_v=head_dim_v)
+            zigzag=plan_config.zigzag, sorted_deal=plan_config.sorted_deal, num_qo_heads=plan_config.num_qo_heads,
+            head_dim_v=head_dim_v)
 
     def plan_config(self, num_ctas: int) -> PlanConfig:
         return PlanConfig(num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads, causal=self.causal,
                           tile_q_rows=self.rows_per_tile, kv_tile=self.kv_tile, num_ctas=num_ctas,
                           item_overhead_keys=self.item_overhead_keys, allow_split=self.allow_split,
-                          min_chunk_keys=self.min_chunk_keys, page_size=self.page_size, zigzag=self.zigzag)
+                          min_chunk_keys=self.min_chunk_keys, page_size=self.page_size, zigzag=self.zigzag,
+                          sorted_deal=self.sorted_deal)
 
     def can_implement(self) -> str | None:
         if (reason := super().can_implement()) is not None:
@@ -140,61 +146,6 @@ def scan_ctas(num_indices: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------ device helpers
-@cute.jit
-def _block_exclusive_sum(value, tidx, warp_sums: cute.Tensor):
-    """(exclusive prefix of ``value`` over the CTA's threads, the CTA's total); ``warp_sums`` [NUM_WARPS]."""
-    lane = tidx % WARP
-    warp = tidx // WARP
-    inclusive = value
-    for i in cutlass.range_constexpr(5):
-        neighbour = cute.arch.shuffle_sync_up(inclusive, 1 << i)
-        if lane >= (1 << i):
-            inclusive = inclusive + neighbour
-    if lane == WARP - 1:
-        warp_sums[warp] = inclusive
-    cute.arch.sync_threads()
-    before = value - value
-    total = value - value
-    for w in cutlass.range_constexpr(NUM_WARPS):
-        s = warp_sums[w]
-        total = total + s
-        if w < warp:
-            before = before + s
-    cute.arch.sync_threads()  # warp_sums is free again
-    return before + inclusive - value, total
-
-
-@cute.jit
-def _block_any(predicate, tidx, flags: cute.Tensor) -> Int32:
-    """1 when ``predicate`` holds on any thread of the CTA, else 0 (every thread gets it); ``flags[1 : 1 +
-    NUM_WARPS]`` carries one vote per warp across the barrier."""
-    lane_any = cute.arch.vote_any_sync(predicate)
-    if tidx % WARP == 0:
-        flags[1 + tidx // WARP] = Int32(1) if lane_any else Int32(0)
-    cute.arch.sync_threads()
-    any_set = Int32(0)
-    for w in cutlass.range_constexpr(NUM_WARPS):
-        any_set = any_set | flags[1 + w]
-    return any_set
-
-
-@cute.jit
-def _last_at_most(sorted_values: cute.Tensor, count, key, column: cutlass.Constexpr = None):
-    """The largest ``i`` in ``[0, count)`` with ``sorted_values[i] <= key`` (0 if none): a binary search
-    (of column ``column`` of a 2-D tensor when given)."""
-    lo = Int32(0)
-    hi = Int32(count - 1)
-    # a data-dependent loop: log2(count) steps, not SEARCH_STEPS predicated ones (a batch of 1 costs nothing)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        value = sorted_values[mid] if cutlass.const_expr(column is None) else sorted_values[mid, column]
-        if value <= key:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
 @cute.jit
 def _record(error_word: cute.Tensor, bits, request):
     cute.arch.atomic_or((error_word.iterator + 0).llvm_ptr, Int32(bits))
@@ -242,7 +193,7 @@ class DevicePlanner:
         # grid to finish and its writes to be visible.
         cute.arch.griddepcontrol_launch_dependents()
         smem = cutlass.utils.SmemAllocator()
-        warp_sums = smem.allocate_tensor(Int64, cute.make_layout(NUM_WARPS))
+        warp_sums = smem.allocate_tensor(Int64, cute.make_layout(2 * NUM_WARPS))  # block_max_pair's two halves
         flags = smem.allocate_tensor(Int32, cute.make_layout(NUM_WARPS + 2))
         cut_tile = smem.allocate_tensor(Int32, cute.make_layout(NUM_THREADS))
         cut_key = smem.allocate_tensor(Int32, cute.make_layout(NUM_THREADS))
@@ -258,6 +209,9 @@ class DevicePlanner:
         q_tile_start_s = smem.allocate_tensor(Int64, cute.make_layout(SMEM_Q_TILES + 1), byte_alignment=16)
         stage = smem.allocate_tensor(Int32, cute.make_layout((NUM_THREADS, len(ItemField)), stride=(len(ItemField), 1)),
                                      byte_alignment=16)  # item rows on their way to a coalesced store
+        sort_keys = None  # the sorted deal's (cost, q tile) keys: the sorted ones, then the sort's second buffer
+        if cutlass.const_expr(self.c.sorted_deal and self.c.allow_split):
+            sort_keys = smem.allocate_tensor(Int64, cute.make_layout(2 * SORTED_DEAL_MAX_Q_TILES), byte_alignment=16)
 
         batch = kv_indptr.shape[0] - 1
         num_indices = kv_indices.shape[0]
@@ -293,7 +247,7 @@ class DevicePlanner:
                 page = ids[k]
                 if p < scan_end:
                     if page < 0 or page >= num_pages:
-                        b = _last_at_most(kv_indptr, batch, p)
+                        b = last_at_most(kv_indptr, batch, p)
                         cute.arch.atomic_or((request_faults.iterator + b).llvm_ptr, Int32(FAULT_PAGE_ID))
                         _record(error_word, FAULT_PAGE_ID, b)
                         error_word[2] = page
@@ -324,12 +278,12 @@ class DevicePlanner:
                 self.plan(tidx, qo_indptr, kv_indptr, kv_last_page_len, output, lse, work_indptr, items,
                           merge_indptr, merges, q_tiles_s, q_tile_start_s, requests_s, request_faults, error_word,
                           warp_sums, flags, cut_tile, cut_key, cta_items, merge_first_cut, merge_last_cut, merge_slot,
-                          cut_merge, stage, batch, num_indices, total_q, max_partials, q_tile_start)
+                          cut_merge, stage, sort_keys, batch, num_indices, total_q, max_partials, q_tile_start)
             else:
                 self.plan(tidx, qo_indptr, kv_indptr, kv_last_page_len, output, lse, work_indptr, items,
                           merge_indptr, merges, q_tiles, q_tile_start, requests, request_faults, error_word,
                           warp_sums, flags, cut_tile, cut_key, cta_items, merge_first_cut, merge_last_cut, merge_slot,
-                          cut_merge, stage, batch, num_indices, total_q, max_partials, q_tile_start)
+                          cut_merge, stage, sort_keys, batch, num_indices, total_q, max_partials, q_tile_start)
             if tidx == 0:
                 arrivals[0] = Int32(0)
             self.stamp(q_tile_start, TRACE_STAMPS - 3, tidx)
@@ -352,8 +306,8 @@ class DevicePlanner:
     @cute.jit
     def plan(self, tidx, qo_indptr, kv_indptr, kv_last_page_len, output, lse, work_indptr, items, merge_indptr,
              merges, q_tiles, q_tile_start, requests, request_faults, error_word, warp_sums, flags, cut_tile, cut_key,
-             cta_items, merge_first_cut, merge_last_cut, merge_slot, cut_merge, stage, batch, num_indices, total_q,
-             max_partials, trace):
+             cta_items, merge_first_cut, merge_last_cut, merge_slot, cut_merge, stage, sort_keys, batch, num_indices,
+             total_q, max_partials, trace):
         """The planning CTA's work; ``requests``/``q_tiles``/``q_tile_start`` are shared memory when the batch fits
         (see SMEM_REQUESTS), else the global scratch; ``trace`` is the global q_tile_start (trace_phases)."""
         c = self.c
@@ -404,13 +358,13 @@ class DevicePlanner:
                 requests[b, 1] = kv_len
                 requests[b, 2] = q_len
                 requests[b, 3] = mine
-            first, total = _block_exclusive_sum(Int64(tiles), tidx, warp_sums)
+            first, total = block_exclusive_sum(Int64(tiles), tidx, warp_sums)
             if b < batch:
                 requests[b, 0] = Int32(first) + num_q_tiles
             num_q_tiles = num_q_tiles + Int32(total)
         if bad != 0:
             _record(error_word, bad, 0)
-        batch_fault = _block_any(bad != 0, tidx, flags)
+        batch_fault = block_any(bad != 0, tidx, flags)
         self.stamp(trace, 2, tidx)
         self.stamp(trace, 3, tidx)
         capacity_bad = Int32(0)
@@ -420,8 +374,8 @@ class DevicePlanner:
         if batch_fault == 0 and capacity_bad == 0:
             self.plan_tiles(tidx, qo_indptr, kv_indptr, kv_last_page_len, work_indptr, items, merge_indptr, merges,
                             q_tiles, q_tile_start, requests, error_word, warp_sums, flags, cut_tile, cut_key,
-                            cta_items, merge_first_cut, merge_last_cut, merge_slot, cut_merge, stage, batch,
-                            num_q_tiles, num_ctas, max_partials, trace)
+                            cta_items, merge_first_cut, merge_last_cut, merge_slot, cut_merge, stage, sort_keys,
+                            batch, num_q_tiles, num_ctas, max_partials, trace)
             cute.arch.sync_threads()
             capacity_bad = flags[NUM_WARPS + 1]
         else:
@@ -447,8 +401,8 @@ class DevicePlanner:
     @cute.jit
     def plan_tiles(self, tidx, qo_indptr, kv_indptr, kv_last_page_len, work_indptr, items, merge_indptr, merges,
                    q_tiles, q_tile_start, requests, error_word, warp_sums, flags, cut_tile, cut_key, cta_items,
-                   merge_first_cut, merge_last_cut, merge_slot, cut_merge, stage, batch, num_q_tiles, num_ctas,
-                   max_partials, trace):
+                   merge_first_cut, merge_last_cut, merge_slot, cut_merge, stage, sort_keys, batch, num_q_tiles,
+                   num_ctas, max_partials, trace):
         c = self.c
         heads = c.num_kv_heads
         cute.arch.sync_threads()  # every request's first q tile (requests[:, 0]) is written
@@ -458,7 +412,7 @@ class DevicePlanner:
             j = base + tidx
             cost = Int64(0)
             if j < num_q_tiles:
-                b = _last_at_most(requests, batch, j, 0)  # column 0: first q tile of each request
+                b = last_at_most(requests, batch, j, 0)  # column 0: first q tile of each request
                 kv_len = requests[b, 1]
                 q_len = requests[b, 2]
                 local = j - requests[b, 0]  # the tile's position on the line within its request
@@ -479,7 +433,7 @@ class DevicePlanner:
                 q_tiles[j, 2] = row_count
                 q_tiles[j, 3] = kv_end
                 cost = Int64((kv_end + c.kv_tile - 1) // c.kv_tile * c.kv_tile + c.item_overhead_keys)
-            start, total = _block_exclusive_sum(cost, tidx, warp_sums)
+            start, total = block_exclusive_sum(cost, tidx, warp_sums)
             if j < num_q_tiles:
                 q_tile_start[j] = (line + start) * heads
             line = line + total
@@ -510,7 +464,7 @@ class DevicePlanner:
                 p_snap = Int64(0)
             elif Int64(edge) < active:
                 p = Int64(edge) * width
-                j = _last_at_most(q_tile_start, num_q_tiles, p)
+                j = last_at_most(q_tile_start, num_q_tiles, p)
                 kv_end = q_tiles[j, 3]
                 cost = Int64((kv_end + c.kv_tile - 1) // c.kv_tile * c.kv_tile + c.item_overhead_keys)
                 j_start = q_tile_start[j]
@@ -553,12 +507,18 @@ class DevicePlanner:
                 nxt = (Int64(stage[edge + 1, 1]) << 32) | (Int64(stage[edge + 1, 0]) & Int64(0xFFFFFFFF))
                 here = (Int64(stage[edge, 1]) << 32) | (Int64(stage[edge, 0]) & Int64(0xFFFFFFFF))
                 too_long = nxt - here > width + (width >> WHOLE_TILE_SHIFT)
-            split = _block_any(too_long, tidx, flags)
+            split = block_any(too_long, tidx, flags)
             if split == 0 and edge <= num_ctas:
                 cut_tile[edge] = t_snap
                 cut_key[edge] = Int32(0)
             cute.arch.sync_threads()
         self.stamp(trace, 5, tidx)
+        deal = Int32(0)  # 1: the sorted deal replaces the cuts
+        deal_count = Int32(0)  # this thread's CTA's items in the deal
+        if cutlass.const_expr(c.sorted_deal and c.allow_split):
+            deal, deal_count = sorted_deal(c, tidx, split, q_tiles, q_tile_start, cut_tile, cut_key, sort_keys,
+                                                warp_sums, num_q_tiles, num_ctas, width, total_cost)
+        self.stamp(trace, 7, tidx)
 
         # ---------------------------------------------------------------- merges: runs of cuts inside one tile
         run_start = Int32(0)
@@ -583,8 +543,12 @@ class DevicePlanner:
             if cut_key[edge + 1] > 0:
                 last = cut_tile[edge + 1]
             count = cutlass.max(last - first + 1, Int32(0))
+        if deal != 0:
+            run_start = Int32(0)
+            run_end = Int32(0)
+            count = deal_count
         # one prefix sum for both counts: merge runs in the high 32 bits, items in the low (each total < 2^31)
-        packed_before, packed_total = _block_exclusive_sum((Int64(run_start) << 32) + Int64(count), tidx, warp_sums)
+        packed_before, packed_total = block_exclusive_sum((Int64(run_start) << 32) + Int64(count), tidx, warp_sums)
         merge_before = packed_before >> 32
         num_merges = packed_total >> 32
         item_before = packed_before & Int64(0xFFFFFFFF)
@@ -600,7 +564,7 @@ class DevicePlanner:
         chunks = Int64(0)
         if tidx < Int32(num_merges):
             chunks = Int64(merge_last_cut[tidx] - merge_first_cut[tidx] + 2)
-        slot_before, num_partials = _block_exclusive_sum(chunks, tidx, warp_sums)
+        slot_before, num_partials = block_exclusive_sum(chunks, tidx, warp_sums)
         if tidx < Int32(num_merges):
             merge_slot[tidx] = Int32(slot_before)
         if edge <= num_ctas:
@@ -619,13 +583,13 @@ class DevicePlanner:
         self.stamp(trace, 6, tidx)
         if too_big == 0:
             self.write_lists(tidx, items, merge_indptr, merges, q_tiles, requests, cut_tile,
-                             cut_key, cta_items, merge_first_cut, merge_slot, cut_merge, stage, Int32(num_items),
-                             Int32(num_merges), Int32(num_partials), num_ctas)
+                             cut_key, cta_items, merge_first_cut, merge_slot, cut_merge, stage, sort_keys, deal,
+                             Int32(num_items), Int32(num_merges), Int32(num_partials), num_ctas)
 
     @cute.jit
     def write_lists(self, tidx, items, merge_indptr, merges, q_tiles, requests, cut_tile,
-                    cut_key, cta_items, merge_first_cut, merge_slot, cut_merge, stage, num_items, num_merges,
-                    num_partials, num_ctas):
+                    cut_key, cta_items, merge_first_cut, merge_slot, cut_merge, stage, sort_keys, deal, num_items,
+                    num_merges, num_partials, num_ctas):
         c = self.c
         heads = c.num_kv_heads
         for g in range(tidx, merge_indptr.shape[0], NUM_THREADS):
@@ -648,16 +612,19 @@ class DevicePlanner:
         for chunk in range(0, num_items, NUM_THREADS):
             i = chunk + tidx
             if i < num_items:
-                cta = _last_at_most(cta_items, num_ctas, i)
+                cta = last_at_most(cta_items, num_ctas, i)
                 t = cut_tile[cta] + (i - cta_items[cta])
+                if cutlass.const_expr(sort_keys is not None):
+                    if deal != 0:  # the CTA's items are its laps of the deal
+                        t = dealt_tile(c, sort_keys, i - cta_items[cta], cta, num_ctas)
                 j = t // heads
                 b = q_tiles[j, 0]
                 kv_end = q_tiles[j, 3]
                 key_start = Int32(0)
-                if t == cut_tile[cta]:
+                if t == cut_tile[cta] and deal == 0:
                     key_start = cut_key[cta]
                 key_end = kv_end
-                if t == cut_tile[cta + 1] and cut_key[cta + 1] > 0:
+                if t == cut_tile[cta + 1] and cut_key[cta + 1] > 0 and deal == 0:
                     key_end = cut_key[cta + 1]
                 slot = Int32(-1)
                 merge = Int32(-1)

@@ -1,0 +1,166 @@
+"""The device planner's sorted deal (``plan_partition``'s twin): q tiles longest first, dealt serpentine.
+
+Run by the planning CTA after its cuts, when they split tiles: each CTA's cut load and the longest tile (block
+maxima); only when the deal can win, a bitonic sort of the q tiles' (cost, index) keys in shared memory, one
+key per thread in registers: ``log2(n) (log2(n) + 1) / 2`` stages, those under a warp's stride by shuffles, the
+others through shared memory: 10 barriers at 500 q tiles), then each CTA's serpentine load over its laps. ``c`` is the :class:`DevicePlannerConfig` (a compile-time constant).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Int64
+
+from ...plan_partition import SORTED_DEAL_MAX_Q_TILES, WHOLE_TILE_SHIFT
+from .planner_collectives import NUM_THREADS, WARP, block_max, block_max_pair
+
+KEYS_PER_THREAD = SORTED_DEAL_MAX_Q_TILES // NUM_THREADS
+INDEX_BITS = 20  # sort_key: the q tile index in the low bits (< 2**20), 2**32 - cost above
+PADDING_KEY = 2**63 - 1  # sorts after every q tile
+assert KEYS_PER_THREAD * NUM_THREADS == SORTED_DEAL_MAX_Q_TILES and KEYS_PER_THREAD <= 2
+
+
+@cute.jit
+def tile_cost(c: cutlass.Constexpr, kv_end):
+    """``piece_cost`` of a whole tile of ``kv_end`` keys, Int64."""
+    return Int64((kv_end + c.kv_tile - 1) // c.kv_tile * c.kv_tile + c.item_overhead_keys)
+
+
+@cute.jit
+def cut_position(c: cutlass.Constexpr, edge, q_tiles, q_tile_start, cut_tile, cut_key, num_tiles, total_cost):
+    """The line position of edge ``edge``'s cut: ``start(t) + k + overhead`` inside tile ``t`` at key ``k``
+    (``plan_partition.cut_loads``)."""
+    t = cut_tile[edge]
+    k = cut_key[edge]
+    position = total_cost
+    if t < num_tiles:
+        j = t // c.num_kv_heads
+        position = q_tile_start[j] + Int64(t % c.num_kv_heads) * tile_cost(c, q_tiles[j, 3])
+        if k > 0:
+            position = position + Int64(k + c.item_overhead_keys)
+    return position
+
+
+@cute.jit
+def sorted_deal(c: cutlass.Constexpr, tidx, split, q_tiles, q_tile_start, cut_tile, cut_key, sort_keys, warp_sums,
+                num_q_tiles, num_ctas, width, total_cost):
+    """(1 when the deal replaces the cuts, the item count of this thread's CTA in the deal). Leaves the q tiles
+    in deal order in ``sort_keys[0 : num_q_tiles]`` (:func:`sort_key` layout); every thread calls it."""
+    heads = c.num_kv_heads
+    num_tiles = num_q_tiles * heads
+    deal = Int32(0)
+    count = Int32(0)
+    if split != 0 and num_q_tiles <= SORTED_DEAL_MAX_Q_TILES:  # uniform: the cuts split, the tiles fit
+        cut_load = Int64(0)
+        if tidx < num_ctas:
+            cut_load = (cut_position(c, tidx + 1, q_tiles, q_tile_start, cut_tile, cut_key, num_tiles, total_cost)
+                        - cut_position(c, tidx, q_tiles, q_tile_start, cut_tile, cut_key, num_tiles, total_cost))
+            if cut_key[tidx] > 0:
+                cut_load = cut_load + Int64(c.item_overhead_keys)
+        keys = cute.make_rmem_tensor((KEYS_PER_THREAD,), Int64)
+        longest = Int64(0)
+        for r in cutlass.range_constexpr(KEYS_PER_THREAD):
+            keys[r] = Int64(PADDING_KEY)
+            i = tidx + r * NUM_THREADS
+            if i < num_q_tiles:
+                cost = tile_cost(c, q_tiles[i, 3])
+                longest = cutlass.max(longest, cost)
+                keys[r] = sort_key(cost, i)
+        cut_max, longest = block_max_pair(cut_load, longest, tidx, warp_sums)
+        bound = cutlass.max(cut_max, width + (width >> WHOLE_TILE_SHIFT))
+        # the deal's busiest CTA holds the longest tile: past the bound it cannot win, so skip the sort
+        if longest <= bound:
+            size = Int32(2)
+            while size < num_q_tiles:
+                size = size * 2
+            bitonic_sort(keys, size, tidx, sort_keys)
+            load = Int64(0)
+            if tidx < num_ctas:
+                lap = Int32(0)
+                position = tidx
+                while position < num_tiles:
+                    load = load + key_cost(sort_keys[position // heads])
+                    count = count + 1
+                    lap = lap + 1
+                    position = lap * num_ctas + tidx
+                    if lap % 2 != 0:
+                        position = lap * num_ctas + num_ctas - 1 - tidx
+            if block_max(load, tidx, warp_sums) <= bound:
+                deal = Int32(1)
+    return deal, count
+
+
+@cute.jit
+def sort_key(cost, index):
+    """Ascending keys = longest first, ties by q tile index (distinct keys): ``(2**32 - cost) << 20 | index``."""
+    return ((Int64(1 << 32) - cost) << INDEX_BITS) | Int64(index)
+
+
+@cute.jit
+def key_cost(key):
+    return Int64(1 << 32) - (key >> INDEX_BITS)
+
+
+@cute.jit
+def _exchange(mine, theirs, index, stride, block):
+    """A bitonic compare-exchange seen from key ``index``: the lower index of a pair keeps the smaller key in an
+    ascending block (``index & block == 0``), the larger in a descending one; the upper index the other."""
+    low = cutlass.min(mine, theirs)
+    high = cutlass.max(mine, theirs)
+    votes = Int32(0)
+    if (index & stride) == 0:
+        votes = votes + 1
+    if (index & block) != 0:
+        votes = votes + 1
+    kept = low
+    if votes != 1:
+        kept = high
+    return kept
+
+
+@cute.jit
+def bitonic_sort(keys: cute.Tensor, size, tidx, scratch: cute.Tensor):
+    """Sort the CTA's ``size`` (a power of two) keys ascending into ``scratch[0 : size]``. Key ``tidx + r *
+    NUM_THREADS`` lives in this thread's ``keys[r]``: a stride under a warp is a register shuffle (no barrier),
+    a stride under NUM_THREADS one shared-memory exchange (double-buffered halves of ``scratch``: one barrier),
+    the stride NUM_THREADS the thread's own two keys. 45 stages at 512 keys, 10 of them with a barrier."""
+    half = SORTED_DEAL_MAX_Q_TILES
+    buffer = Int32(0)
+    block = Int32(2)
+    while block <= size:
+        stride = block // 2
+        while stride > 0:
+            if stride < WARP:
+                for r in cutlass.range_constexpr(KEYS_PER_THREAD):
+                    theirs = cute.arch.shuffle_sync_bfly(keys[r], stride)
+                    keys[r] = _exchange(keys[r], theirs, tidx + r * NUM_THREADS, stride, block)
+            elif stride < NUM_THREADS:
+                for r in cutlass.range_constexpr(KEYS_PER_THREAD):
+                    scratch[buffer + tidx + r * NUM_THREADS] = keys[r]
+                cute.arch.sync_threads()
+                for r in cutlass.range_constexpr(KEYS_PER_THREAD):
+                    index = tidx + r * NUM_THREADS
+                    keys[r] = _exchange(keys[r], scratch[buffer + (index ^ stride)], index, stride, block)
+                buffer = half - buffer
+            else:  # stride NUM_THREADS: keys tidx and tidx + NUM_THREADS, one ascending pair (size <= 2 blocks)
+                low = cutlass.min(keys[0], keys[1])
+                keys[1] = cutlass.max(keys[0], keys[1])
+                keys[0] = low
+            stride = stride // 2
+        block = block * 2
+    cute.arch.sync_threads()  # every read of the last exchange is done before the result overwrites scratch
+    for r in cutlass.range_constexpr(KEYS_PER_THREAD):
+        scratch[tidx + r * NUM_THREADS] = keys[r]
+    cute.arch.sync_threads()
+
+
+@cute.jit
+def dealt_tile(c: cutlass.Constexpr, sort_keys: cute.Tensor, lap, cta, num_ctas):
+    """The tile (q tile * heads + head) a deal gives CTA ``cta`` on lap ``lap``: position ``lap * m + cta``, or
+    ``lap * m + m - 1 - cta`` on odd laps."""
+    position = lap * num_ctas + cta
+    if lap % 2 != 0:
+        position = lap * num_ctas + num_ctas - 1 - cta
+    heads = c.num_kv_heads
+    return Int32(sort_keys[position // heads] & Int64((1 << INDEX_BITS) - 1)) * heads + position % heads
