@@ -21,9 +21,23 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-PHASES = ("arrival (prefetch, scan, [fence, atomic])", "rules + q tiles per request", "q tiles + cost line", "cuts",
-          "sorted deal (causal kinds: loads, [sort, deal loads])", "merges + item counts", "lists written")
-STAMP_SLOTS = (0, 1, 2, 4, 5, 7, 6, 9)  # clock64 stamps, in order; 10/11 are globaltimer start/end
+# (name, clock64 stamp slot that ends it), in order from slot 0 (the planning CTA's start); the kernel's last three
+# slots (TRACE_STAMPS - 3 .. - 1) are the end clock64, the globaltimer start and end
+PHASE_ENDS = (
+    ("arrival (prefetch, scan, [fence, atomic])", 1),
+    ("rules: index loads + tile-count scan", 8),
+    ("rules: fault vote", 2),
+    ("q tiles + cost line", 4),
+    ("cuts: one thread an edge", 15),
+    ("cuts: whole-tile vote", 5),
+    ("sorted deal (causal kinds: loads, [sort, deal loads])", 7),
+    ("merges: run marks + packed scan", 12),
+    ("merges: run ends", 13),
+    ("merges: partial slots + work_indptr", 6),
+    ("lists: merges written", 14),
+    ("lists: items written", -3),
+)
+PHASES = tuple(name for name, _ in PHASE_ENDS)
 
 
 def _cases():
@@ -90,10 +104,11 @@ def main(argv=None) -> int:
             event_us.append(start.elapsed_time(end) * 1e3)
             stamps.append(plan.planner.q_tile_start[-TRACE_STAMPS:].cpu().tolist())
         stamps, event_us = stamps[3:], event_us[3:]
-        cycles = [[s[b] - s[a] for a, b in zip(STAMP_SLOTS, STAMP_SLOTS[1:])] for s in stamps]
+        slots = [0] + [slot % TRACE_STAMPS for _, slot in PHASE_ENDS]
+        cycles = [[s[b] - s[a] for a, b in zip(slots, slots[1:])] for s in stamps]
         phase_cycles = [statistics.median(c[i] for c in cycles) for i in range(len(PHASES))]
-        total_cycles = statistics.median(s[9] - s[0] for s in stamps)
-        span_ns = statistics.median(s[11] - s[10] for s in stamps)
+        total_cycles = statistics.median(s[TRACE_STAMPS - 3] - s[0] for s in stamps)
+        span_ns = statistics.median(s[TRACE_STAMPS - 1] - s[TRACE_STAMPS - 2] for s in stamps)
         row = dict(case=label, event_us=round(statistics.median(event_us), 2), in_kernel_ns=span_ns,
                    total_cycles=total_cycles, phases={n: c for n, c in zip(PHASES, phase_cycles)})
         report.append(row)

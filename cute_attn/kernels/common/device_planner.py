@@ -72,7 +72,7 @@ MAX_SCAN_CTAS = 132
 SMEM_REQUESTS = 1024
 SMEM_Q_TILES = 2048
 L2_LINE_INT32 = 32  # the index arrays are prefetched to L2 a 128-byte line at a time
-TRACE_STAMPS = 12  # trace_phases: clock64 stamps at the tail of q_tile_start (tools/planner_trace.py)
+TRACE_STAMPS = 19  # trace_phases: clock64 stamps at the tail of q_tile_start (tools/planner_trace.py)
 Q_TILE_FIELDS = 4  # request, row start, row count, key end
 # first q tile, keys, query tokens, fault bits, first page (kv_indptr[b]), first token (qo_indptr[b]): the lists
 # phase reads a request's page and token starts here, not from global per item (on the H200 the phase's time did
@@ -362,6 +362,7 @@ class DevicePlanner:
             if b < batch:
                 requests[b, 0] = Int32(first) + num_q_tiles
             num_q_tiles = num_q_tiles + Int32(total)
+        self.stamp(trace, 8, tidx)
         if bad != 0:
             _record(error_word, bad, 0)
         batch_fault = block_any(bad != 0, tidx, flags)
@@ -499,6 +500,7 @@ class DevicePlanner:
                 stage[edge, 0] = Int32(p_snap & Int64(0xFFFFFFFF))  # the stage is free until the lists
                 stage[edge, 1] = Int32(p_snap >> 32)
         cute.arch.sync_threads()
+        self.stamp(trace, 15, tidx)
         if cutlass.const_expr(c.allow_split):
             # Whole tiles when no CTA's load then exceeds W + W / 2**WHOLE_TILE_SHIFT: a plan without merges
             # runs faster than the model says a split one does (no fold, fewer item starts)
@@ -553,6 +555,7 @@ class DevicePlanner:
         num_merges = packed_total >> 32
         item_before = packed_before & Int64(0xFFFFFFFF)
         num_items = packed_total & Int64(0xFFFFFFFF)
+        self.stamp(trace, 12, tidx)
         merge = Int32(merge_before) + run_start - 1  # the merge of an inside cut (its run's id)
         if edge <= num_ctas:
             cut_merge[edge] = merge
@@ -561,6 +564,7 @@ class DevicePlanner:
             if run_end != 0:
                 merge_last_cut[merge] = edge
         cute.arch.sync_threads()
+        self.stamp(trace, 13, tidx)
         chunks = Int64(0)
         if tidx < Int32(num_merges):
             chunks = Int64(merge_last_cut[tidx] - merge_first_cut[tidx] + 2)
@@ -584,12 +588,12 @@ class DevicePlanner:
         if too_big == 0:
             self.write_lists(tidx, items, merge_indptr, merges, q_tiles, requests, cut_tile,
                              cut_key, cta_items, merge_first_cut, merge_slot, cut_merge, stage, sort_keys, deal,
-                             Int32(num_items), Int32(num_merges), Int32(num_partials), num_ctas)
+                             Int32(num_items), Int32(num_merges), Int32(num_partials), num_ctas, trace)
 
     @cute.jit
     def write_lists(self, tidx, items, merge_indptr, merges, q_tiles, requests, cut_tile,
                     cut_key, cta_items, merge_first_cut, merge_slot, cut_merge, stage, sort_keys, deal, num_items,
-                    num_merges, num_partials, num_ctas):
+                    num_merges, num_partials, num_ctas, trace):
         c = self.c
         heads = c.num_kv_heads
         for g in range(tidx, merge_indptr.shape[0], NUM_THREADS):
@@ -605,6 +609,7 @@ class DevicePlanner:
                 merges[g, MergeField.TOKEN_START] = requests[b, 5]
             else:
                 merge_indptr[g] = num_partials
+        self.stamp(trace, 14, tidx)
         # One thread per item builds its row in shared memory; the CTA then stores the rows as one contiguous
         # run (a row per thread straight to global would be 10 scattered 4-byte stores per item: the planning
         # SM's store path, not the math, was what the lists phase cost).
