@@ -33,9 +33,10 @@ Roles / phases (:func:`scan_ctas` x 512 threads, arch-neutral SIMT code: the sam
                 the same thread also finds the edge's nearer tile boundary, and when those whole-tile cuts
                 leave no CTA above ``W + W / 2**WHOLE_TILE_SHIFT`` (one vote) they replace the split cuts.
                 *sorted deal* (``sorted_deal``, causal kinds, when the cuts split): each CTA's cut load, the
-                longest tile; when a deal can win, a bitonic sort of the q tiles' (cost, index) keys in shared
-                memory (one compare-exchange a thread a stage), each CTA's serpentine load over its laps, and the
-                deal replaces the cuts when its busiest CTA is no worse (``plan_partition``'s rule).
+                longest tile; when a deal can win, a bitonic sort of the q tiles' (cost, index) keys held in
+                registers (a shuffle a stage under a warp's stride, a shared-memory exchange above), each CTA's
+                serpentine load over its laps, and the deal replaces the cuts when its busiest CTA is no worse
+                (``plan_partition``'s rule; ``sorted_deal.py``).
                 *lists*: merges (runs of cuts inside one tile; block prefix sums give merge ids and partial slot
                 bases), ``work_indptr`` (prefix sum of items per CTA), ``merge_indptr``/``merges``, then one
                 thread per item builds its 10 fields in shared memory and the CTA stores each 512-item chunk as
