@@ -1,9 +1,10 @@
 """The device planner's sorted deal (``plan_partition``'s twin): q tiles longest first, dealt serpentine.
 
-Run by the planning CTA after its cuts, when they split tiles: each CTA's cut load and the longest tile (block
-maxima); only when the deal can win, a bitonic sort of the q tiles' (cost, index) keys in shared memory, one
-key per thread in registers: ``log2(n) (log2(n) + 1) / 2`` stages, those under a warp's stride by shuffles, the
-others through shared memory: 10 barriers at 500 q tiles), then each CTA's serpentine load over its laps. ``c`` is the :class:`DevicePlannerConfig` (a compile-time constant).
+Run by the planning CTA after its cuts, when they split tiles: each CTA's cut load and the longest tile (one
+barrier round for both maxima); only when the deal can win, a bitonic sort of the q tiles' (cost, index) keys,
+up to two a thread in registers: ``log2(n) (log2(n) + 1) / 2`` stages, those under a warp's stride by shuffles,
+the others through shared memory (10 barriers at 500 q tiles); then each CTA's serpentine load over its laps.
+``c`` is the :class:`DevicePlannerConfig` (a compile-time constant).
 """
 
 from __future__ import annotations
