@@ -100,3 +100,14 @@ def test_attention_and_combine_chain_is_one_host_function(arch):
     assert len(entries) == 2 and any("LseCombine" in e for e in entries), entries
     combine_body = ptx[ptx.index(next(e for e in entries if "LseCombine" in e)):]
     assert "griddepcontrol.wait" in combine_body
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_the_causal_planners_carry_the_sorted_deal_and_the_decode_planner_does_not(arch):
+    # the deal's sort and maxima are warp butterflies (shfl.sync.bfly); no other planner phase uses one
+    decode, prefill, mla = device_planner.default_configs(arch)
+    assert not decode.sorted_deal and prefill.sorted_deal and mla.sorted_deal
+    assert "shfl.sync.bfly" not in compile_to_ptx(decode)
+    for config in (prefill, mla):
+        ptx = compile_to_ptx(config)
+        assert f".target {arch}" in ptx and "shfl.sync.bfly" in ptx
