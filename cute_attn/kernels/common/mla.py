@@ -145,6 +145,12 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
     ckv_stride = Int64(ckv_cache.stride[1])
     kpe_stride = Int64(kpe_cache.stride[1])
     num_pages = ckv_cache.shape[0]  # kpe_cache has as many (the entry rules)
+    # the TMA K stage: one issuer for both arches' tensor maps (sm_90a 8-row boxes, sm_100a gather4), same arguments
+    tma_tile, tma_maps = None, None
+    if cutlass.const_expr(kv_boxes is not None):
+        tma_tile, tma_maps = box_latent_tile, kv_boxes
+    elif cutlass.const_expr(kv_gather4 is not None):
+        tma_tile, tma_maps = gather4_latent_tile, kv_gather4
     tiles_done = Int32(0)
     for it in cutlass.range(item_begin, item_end, unroll=1):
         b = items[it, int(F.REQUEST)]
@@ -179,18 +185,11 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
                 ids[tid] = _page_row(page, kv_base + tid, num_pages, page_shift)
             cute.arch.barrier(barrier_id=ids_barrier, number_of_threads=num_threads)
             tiles_done += 1
-            if cutlass.const_expr(kv_boxes is not None):
+            if cutlass.const_expr(tma_tile is not None):
                 if tid < 32:  # the TMA pipeline's producer: one elected thread of warp 0
                     pipe_kv.producer_acquire(kv_state)
-                    box_latent_tile(kv_boxes[0], kv_boxes[1],
-                                    s_k.iterator.toint() + kv_state.index * (tile_n * QK_DIM * 2), ids,
-                                    pipe_kv.producer_get_barrier(kv_state).toint(), tile_n)
-            elif cutlass.const_expr(kv_gather4 is not None):
-                if tid < 32:  # the TMA pipeline's producer: one elected thread of warp 0
-                    pipe_kv.producer_acquire(kv_state)
-                    gather4_latent_tile(kv_gather4[0], kv_gather4[1],
-                                        s_k.iterator.toint() + kv_state.index * (tile_n * QK_DIM * 2), ids,
-                                        pipe_kv.producer_get_barrier(kv_state).toint(), tile_n)
+                    tma_tile(tma_maps[0], tma_maps[1], s_k.iterator.toint() + kv_state.index * (tile_n * QK_DIM * 2),
+                             ids, pipe_kv.producer_get_barrier(kv_state).toint(), tile_n)
             elif cutlass.const_expr(async_kv):
                 pipe_kv.producer_acquire(kv_state)
                 s_stage = s_k_chunks[None, None, None, None, kv_state.index]
