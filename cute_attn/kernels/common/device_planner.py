@@ -62,7 +62,7 @@ from ...config import KernelConfig
 from ...plan import NOT_CAUSAL_OFFSET, ItemField, MergeField, PlanConfig
 from ...plan_partition import SNAP_SHIFT, SORTED_DEAL_MAX_Q_TILES, WHOLE_TILE_SHIFT, min_width
 from .planner_collectives import NUM_THREADS, NUM_WARPS, block_any, block_exclusive_sum, last_at_most
-from .sorted_deal import dealt_tile, sorted_deal
+from .sorted_deal import dealt_tile, sorted_deal, tile_cost
 
 MAX_CTAS = NUM_THREADS - 1  # one thread per CTA edge (num_ctas + 1 of them)
 SCAN_IDS_PER_THREAD = 8  # page scan: CTAs = ceil(len(kv_indices) / (NUM_THREADS * this)), capped
@@ -434,7 +434,7 @@ class DevicePlanner:
                 q_tiles[j, 1] = row_start
                 q_tiles[j, 2] = row_count
                 q_tiles[j, 3] = kv_end
-                cost = Int64((kv_end + c.kv_tile - 1) // c.kv_tile * c.kv_tile + c.item_overhead_keys)
+                cost = tile_cost(c, kv_end)
             start, total = block_exclusive_sum(cost, tidx, warp_sums)
             if j < num_q_tiles:
                 q_tile_start[j] = (line + start) * heads
@@ -468,7 +468,7 @@ class DevicePlanner:
                 p = Int64(edge) * width
                 j = last_at_most(q_tile_start, num_q_tiles, p)
                 kv_end = q_tiles[j, 3]
-                cost = Int64((kv_end + c.kv_tile - 1) // c.kv_tile * c.kv_tile + c.item_overhead_keys)
+                cost = tile_cost(c, kv_end)
                 j_start = q_tile_start[j]
                 h = (p - j_start) // cost
                 o = p - j_start - h * cost
