@@ -35,12 +35,17 @@ MAX_QUERIES_PER_REQUEST = 4  # MTP / speculative decoding: one 64-row tile of 16
 #: wgmma N, no padding rows) instead of the 64-row prefill tile; flipping this line flips the entry and its plan_*
 SM90_SWAPPED = True
 _SWAPPED_HEADS = (8, 16)  # kernels/sm90/mla_decode.HEAD_COUNTS
+#: split chunks of at least 256 keys: a batch-1 call of 4096 keys becomes 16 CTAs instead of 64 one-tile CTAs, whose
+#: 64-way merge read back 2 MB of fp32 partials (a 4.7 MB cache). H200, session 12 (``tools/sweep_many.py``, one
+#: process): 1 x 4096 24.5 -> 19.3 us at page 64, 24.7 -> 20.2 at page 1 (128: 19.4; 512: 24.9 / 27.4). Batches of
+#: >= 16 x 4096 already cut chunks longer than this, so only small batches change.
+ONE_TOKEN_MIN_CHUNK_KEYS = 256
 
 
 def one_token_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size) -> dict:
     """The MLA prefill kind's tiles, or (sm_90a, ``SM90_SWAPPED``, 8 or 16 heads) one token a tile."""
     if arch == "sm_90a" and SM90_SWAPPED and num_qo_heads in _SWAPPED_HEADS:
-        return dict(tile_q_rows=num_qo_heads, kv_tile=64, share_scores=False)
+        return dict(tile_q_rows=num_qo_heads, kv_tile=64, share_scores=False, min_chunk_keys=ONE_TOKEN_MIN_CHUNK_KEYS)
     return mla_prefill.default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size)
 
 
