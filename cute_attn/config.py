@@ -131,6 +131,10 @@ class PagedAttentionConfig(KernelConfig):
     #: sm_90a MLA prefill: the two consumer warpgroups each compute S = Q K^T for half of a kv_tile's keys and
     #: share P through shared memory (``kernels/sm90/mla_prefill_shared_s.py``) instead of both computing all of S
     share_scores: bool = False
+    #: sm_90a MLA prefill: the first consumer warpgroup computes all of S = Q K^T (one m64n64 wgmma chain) and the
+    #: softmax, and hands P and the O rescale to the second, which only computes its half of O = P V
+    #: (``kernels/sm90/mla_prefill_score_wg.py``); excludes ``share_scores``
+    score_warpgroup: bool = False
     #: sm_90a GQA kernels: K/V tiles as 16-byte cp.async rows (True) or as TMA page boxes (False); None: the
     #: kernel's page-size policy (its ``ROW_GATHER_PAGE_SIZES``). A knob for ``tuning.sweep`` A/Bs in one process
     row_gather: bool | None = None
@@ -196,8 +200,9 @@ def gqa_shape_reason(config: PagedAttentionConfig) -> str | None:
                 f"{(config.head_dim_qk, config.head_dim_v)}")
     if not _is_pow2(config.page_size) or config.page_size > 128:
         return f"page_size={config.page_size} must be a power of two <= 128"
-    if config.share_scores:
-        return "share_scores is a variant of the sm_90a MLA prefill kernel only"
+    if config.share_scores or config.score_warpgroup:
+        knob = "share_scores" if config.share_scores else "score_warpgroup"
+        return f"{knob} is a variant of the sm_90a MLA prefill kernel only"
     return None
 
 

@@ -42,16 +42,15 @@ def isolated_compile_cache(module_compile_cache, monkeypatch):
     clear_memory_cache()
 
 
-@pytest.fixture(params=[False, True], ids=["full_s", "shared_s"])
-def mla_share_scores(request, monkeypatch):
-    """Run a test with the sm_90a MLA prefill default config's ``share_scores`` set to False (both consumer
-    warpgroups compute all of S), then True (S computed once: ``kernels/sm90/mla_prefill_shared_s.py``), whatever
-    ``ops.mla_prefill.SM90_SHARE_SCORES`` says: every public MLA entry (prefill, decode, plan_*) then builds it.
-    Select one with ``-k shared_s`` / ``-k full_s``."""
+@pytest.fixture(params=["full_s", "shared_s", "score_wg"])
+def mla_consumers(request, monkeypatch):
+    """Run a test with each of the sm_90a MLA prefill kernel's consumer splits (``ops.mla_prefill.SM90_CONSUMERS``:
+    both warpgroups compute all of S; S split by keys; one score warpgroup), whatever the default is: every public
+    MLA entry (prefill, decode, plan_*) then builds it. Select one with ``-k shared_s`` and the like."""
     from cute_attn import api
     from cute_attn.ops import mla_prefill as op
 
-    monkeypatch.setattr(op, "SM90_SHARE_SCORES", request.param)
+    monkeypatch.setattr(op, "SM90_CONSUMERS", request.param)
     api._config_for.cache_clear()  # the per-shape config cache
     api.clear_plan_cache()
     yield request.param

@@ -27,8 +27,8 @@ from cute_attn import testing  # noqa: E402
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    # every test twice: the default kernel (S in both warpgroups) and share_scores (S once); conftest.py
-    pytest.mark.usefixtures("mla_share_scores"),
+    # every test with each consumer split of the sm_90a kernel (full_s, shared_s, score_wg); conftest.py
+    pytest.mark.usefixtures("mla_consumers"),
 ]
 
 PAGE_SIZES = (1, 16, 64)
@@ -115,10 +115,10 @@ def test_paged_prefill_ragged_batches(batch, page_size):
 
 
 @pytest.mark.parametrize("page_size", [16, 64])
-def test_paged_kv_tile_32_variant(page_size, mla_share_scores):
+def test_paged_kv_tile_32_variant(page_size, mla_consumers):
     """kv_tile 32 (4 stages): a key tile is half a 64-row page."""
-    if mla_share_scores:
-        pytest.skip("share_scores builds kv_tile 64 only")
+    if mla_consumers != "full_s":
+        pytest.skip(f"{mla_consumers} builds kv_tile 64 only")
     import cute_attn
     from cute_attn.api import DevicePlan, _num_ctas
     from cute_attn.kernels import find_launcher

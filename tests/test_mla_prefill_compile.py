@@ -12,8 +12,10 @@ from cute_attn.compile import compile_kernel, compile_to_ptx
 from cute_attn.config import default_paged_config
 from cute_attn.kernels import find_launcher
 from cute_attn.kernels.sm90 import mla_prefill
+from cute_attn.kernels.sm90 import mla_prefill_score_wg as score_wg
 from cute_attn.kernels.sm90.mla_prefill_shared_s import (EXCHANGE_BYTES, MAX_BARRIER, P_BARRIER, SUM_BARRIER,
                                                          MlaPagedPrefillSharedSSm90)
+from cute_attn.ops.mla_prefill import SM90_CONSUMER_SPLITS
 
 SMEM_LIMIT = 227 * 1024
 
@@ -40,8 +42,11 @@ def _definition(**overrides):
 def test_registered_config_is_the_definition():
     configs = mla_prefill.configs("sm_90a")
     definitions = [_definition(), _definition(page_size=64)]  # the ps1 and ps64 definitions
-    # then the same two with share_scores flipped: compile_all builds the variant the default is A/B'd against
-    assert configs == definitions + [dataclasses.replace(c, share_scores=not c.share_scores) for c in definitions]
+    # then the same two with each other consumer split: compile_all builds the variants the default is A/B'd against
+    assert configs[:2] == definitions and len(configs) == 2 * len(SM90_CONSUMER_SPLITS)
+    splits = {(c.share_scores, c.score_warpgroup) for c in configs}
+    assert splits == {(False, False), (True, False), (False, True)}
+    assert all(mla_prefill.check_config(c) is None for c in configs)
     assert mla_prefill.configs("sm_100a") == []
     config = configs[0]
     assert (config.tile_q_rows, config.group_size) == (64, 16)  # 4 tokens x 16 heads per tile
@@ -159,16 +164,17 @@ def test_unsupported_configs_are_rejected_with_a_reason(config, words):
         mla_prefill.build(config)
 
 
-@pytest.mark.parametrize("share_scores", [False, True], ids=["full_s", "shared_s"])
-def test_no_register_spills(capfd, share_scores):
-    """The consumers hold a 64 x 256 fp32 O slice (128 registers) plus S and P: they must not spill (either kernel)."""
+@pytest.mark.parametrize("split", list(SM90_CONSUMER_SPLITS))
+def test_no_register_spills(capfd, split):
+    """The consumers hold a 64 x 256 fp32 O slice (128 registers) plus S and P: they must not spill (any kernel)."""
     import tempfile
 
     import cutlass.cute as cute
 
     from cute_attn.arch import dsl_arch_options
 
-    config = dataclasses.replace(_definition(), share_scores=share_scores)
+    config = dataclasses.replace(_definition(), **{**dict(share_scores=False, score_warpgroup=False),
+                                                   **SM90_CONSUMER_SPLITS[split]})
     fn, args = mla_prefill.build(config)
     with tempfile.TemporaryDirectory() as dump:
         cute.compile(fn, *args, no_jit_engine=True,
@@ -181,18 +187,27 @@ def test_no_register_spills(capfd, share_scores):
 
 # ------------------------------------------------------------------------- share_scores: S computed once
 def _shared_s(**overrides):
-    return dataclasses.replace(_definition(**overrides), share_scores=True)
+    return dataclasses.replace(_definition(**overrides), share_scores=True, score_warpgroup=False)
+
+
+def _full_s(**overrides):
+    return dataclasses.replace(_definition(**overrides), share_scores=False, score_warpgroup=False)
+
+
+def _score_wg(**overrides):
+    return dataclasses.replace(_definition(**overrides), share_scores=False, score_warpgroup=True)
 
 
 def test_share_scores_is_the_sm90_default_knob_of_the_public_config():
     from cute_attn.ops import mla_prefill as op
 
-    assert _definition().share_scores is op.SM90_SHARE_SCORES  # the one line the A/B flips
+    knobs = op.SM90_CONSUMER_SPLITS[op.SM90_CONSUMERS]  # the one line the A/B flips
+    assert _definition().share_scores is knobs.get("share_scores", False)
+    assert _definition().score_warpgroup is knobs.get("score_warpgroup", False)
     assert mla_prefill.check_config(_shared_s()) is None
     assert find_launcher(_shared_s()) is mla_prefill.launch  # same registration, rules and launcher
     assert isinstance(mla_prefill.build(_shared_s())[0], MlaPagedPrefillSharedSSm90)
-    assert not isinstance(mla_prefill.build(dataclasses.replace(_definition(), share_scores=False))[0],
-                          MlaPagedPrefillSharedSSm90)
+    assert not isinstance(mla_prefill.build(_full_s())[0], MlaPagedPrefillSharedSSm90)
 
 
 @pytest.mark.parametrize("page_size", [1, 64])
@@ -240,13 +255,15 @@ def test_share_scores_refused_off_its_kernel():
     assert "share_scores" in mla_sm100.check_config(dataclasses.replace(_shared_s(), arch="sm_100a"))
 
 
-def test_conftest_fixture_flips_the_public_config(mla_share_scores):
-    """The GPU tier's ``mla_share_scores`` fixture makes every public MLA entry build the variant under test."""
+def test_conftest_fixture_flips_the_public_config(mla_consumers):
+    """The GPU tier's ``mla_consumers`` fixture makes every public MLA entry build the variant under test."""
     from cute_attn import api
     from cute_attn.ops import get_spec
 
     config = api._config_for(get_spec("mla_paged_prefill"), 16, 1, 576, 512, 1, "sm_90a")
-    assert config.share_scores is mla_share_scores
+    knobs = SM90_CONSUMER_SPLITS[mla_consumers]
+    assert (config.share_scores, config.score_warpgroup) == (knobs.get("share_scores", False),
+                                                             knobs.get("score_warpgroup", False))
     assert mla_prefill.check_config(config) is None
 
 
@@ -263,7 +280,7 @@ def test_ab_tool_knows_the_variants_and_workloads():
     assert {"n1_q1028_kv1038", "n28_q1954_kv2044", "n1_q16384_kv16387"} == set(tool.DEFAULT_WORKLOADS)
     for overrides in tool.VARIANTS.values():
         assert mla_prefill.check_config(dataclasses.replace(_definition(), **overrides)) is None
-    assert {v["share_scores"] for v in tool.VARIANTS.values()} == {False, True}
+    assert set(tool.VARIANTS) == set(SM90_CONSUMER_SPLITS)
 
 
 @pytest.mark.parametrize("heads, page_size", [(16, 1), (16, 64), (8, 1)])
@@ -275,7 +292,7 @@ def test_one_token_decode_builds_the_swapped_product(heads, page_size):
     config = dataclasses.replace(_definition(page_size=page_size), num_qo_heads=heads, tile_q_rows=heads,
                                  share_scores=False)
     assert mla_decode.one_token_tiles("sm_90a", heads, 1, 576, 512, page_size) == dict(
-        tile_q_rows=heads, kv_tile=64, share_scores=False)
+        tile_q_rows=heads, kv_tile=64, share_scores=False, min_chunk_keys=mla_decode.ONE_TOKEN_MIN_CHUNK_KEYS)
     assert mla_prefill.check_config(config) is None and config.can_implement() is None
     ptx = compile_to_ptx(config)
     assert "MlaPagedDecodeSwappedSm90" in ptx
@@ -315,8 +332,50 @@ def test_swapped_decode_refuses_what_it_does_not_build():
     base = dataclasses.replace(_definition(), tile_q_rows=16, share_scores=False)
     assert "kv_tile" in mla_prefill.check_config(dataclasses.replace(base, kv_tile=32))
     assert "share_scores" in mla_prefill.check_config(dataclasses.replace(base, share_scores=True))
+    assert "score_warpgroup" in mla_prefill.check_config(dataclasses.replace(base, score_warpgroup=True))
     assert "head count" in mla_prefill.check_config(dataclasses.replace(base, tile_q_rows=8))
     from cute_attn.ops import mla_decode
 
     assert mla_decode.one_token_tiles("sm_90a", 32, 1, 576, 512, 1)["tile_q_rows"] == 64  # 32 heads: not built
     assert mla_decode.one_token_tiles("sm_100a", 16, 1, 576, 512, 1)["tile_q_rows"] == 64  # sm_100a: the twin
+
+
+# ------------------------------------------------------------------------- score_warpgroup: one S warpgroup
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_score_warpgroup_computes_s_at_full_width_in_one_warpgroup(page_size):
+    """WG1 alone: S over all 64 keys (36 k-steps of m64n64k16), all of P stored with stmatrix; both warpgroups: PV as
+    SS wgmma (4 k-steps of m64n256k16 each, one code path per role); P and final-factor barriers over the 256
+    consumer threads (immediate ids); the load role unchanged."""
+    config = _score_wg(page_size=page_size)
+    assert mla_prefill.check_config(config) is None
+    assert isinstance(mla_prefill.build(config)[0], score_wg.MlaPagedPrefillScoreWgSm90)
+    ptx = compile_to_ptx(config)
+    assert "MlaPagedPrefillSm90_H16_M64_N64_S2_ScoreWg" in ptx
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") == 576 // 16
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16") == 2 * 64 // 16
+    assert "wgmma.mma_async.sync.aligned.m64n32k16" not in ptx  # no key-split S
+    pv = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16\s*\{[^}]*\},\s*(\S+)", ptx)
+    assert len(pv) == 8 and all(not a.startswith("{") for a in pv), pv  # A = P from shared memory
+    assert ptx.count("stmatrix.sync.aligned.m8n8.x4.shared.b16") == 4  # 64 x 64 bf16 P, 32 values a thread
+    for barrier in (score_wg.P_BARRIER, score_wg.FINAL_BARRIER):
+        assert len(re.findall(rf"bar\.sync\s+{barrier}, 256;", ptx)) == 2, barrier  # one in each role
+    assert not re.search(r"bar\.(sync|arrive)\s+%r", ptx)  # ids are immediates (racecheck follows them)
+    assert re.search(r"bar\.sync\s+1, 128;", ptx)  # the unchanged load role's row-id barrier
+    assert "setmaxnreg.dec.sync.aligned.u32 \t40" in ptx and "setmaxnreg.inc.sync.aligned.u32 \t232" in ptx
+    assert len(BOUNDS_CHECK.findall(ptx)) == 1 and prefetched_bounds_checks(ptx) == 1  # the same load role
+    assert mla_prefill.num_stages(config) == 2
+    assert mla_prefill.smem_bytes(config) == mla_prefill.smem_bytes(_full_s(page_size=page_size)) + \
+        score_wg.EXCHANGE_BYTES
+    assert mla_prefill.smem_bytes(config) <= SMEM_LIMIT
+
+
+def test_score_warpgroup_refuses_what_it_does_not_build():
+    from cute_attn.kernels.sm100 import mla_prefill as mla_sm100
+
+    assert "choose one" in mla_prefill.check_config(dataclasses.replace(_score_wg(), share_scores=True))
+    assert "kv_tile" in mla_prefill.check_config(dataclasses.replace(_score_wg(), kv_tile=32))
+    assert "score_warpgroup" in mla_sm100.check_config(dataclasses.replace(_score_wg(), arch="sm_100a"))
+    gqa = dataclasses.replace(default_paged_config(
+        "gqa_paged_prefill", arch="sm_90a", num_qo_heads=32, num_kv_heads=4, head_dim_qk=128, head_dim_v=128,
+        page_size=64, causal=True), score_warpgroup=True)
+    assert "score_warpgroup" in gqa.can_implement()

@@ -22,8 +22,8 @@ from cute_attn import testing  # noqa: E402
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    # every test twice: the default kernel (S in both warpgroups) and share_scores (S once); conftest.py
-    pytest.mark.usefixtures("mla_share_scores"),
+    # every test with each consumer split of the sm_90a kernel (full_s, shared_s, score_wg); conftest.py
+    pytest.mark.usefixtures("mla_consumers"),
 ]
 
 LN_2 = math.log(2.0)
@@ -133,10 +133,10 @@ def test_ragged_batches_match_reference(batch):
     ([100, 40, 9, 0], [30, 0, 9, 5]),  # rows that see no key, an empty request
     ([8, 2], [9000, 3000]),        # split items: partials + combine
 ], ids=str)
-def test_kv_tile_32_variant(q_lens, kv_lens, mla_share_scores):
+def test_kv_tile_32_variant(q_lens, kv_lens, mla_consumers):
     """Plan with a kv_tile 32 config (4 stages) and run its kernel on the same inputs."""
-    if mla_share_scores:
-        pytest.skip("share_scores builds kv_tile 64 only")
+    if mla_consumers != "full_s":
+        pytest.skip(f"{mla_consumers} builds kv_tile 64 only")
     from cute_attn.api import DevicePlan, _num_ctas
     from cute_attn.kernels import find_launcher
     from cute_attn.plan import plan_work
@@ -154,10 +154,13 @@ def test_kv_tile_32_variant(q_lens, kv_lens, mla_share_scores):
     _compare(case, out, lse, natural_lse=False)
 
 
-def test_the_variant_under_test_is_the_one_launched(mla_share_scores):
+def test_the_variant_under_test_is_the_one_launched(mla_consumers):
     import cute_attn
+    from cute_attn.ops.mla_prefill import SM90_CONSUMER_SPLITS
 
     case = _case([5, 70], [9, 200], seed=7)
     plan = cute_attn.plan_mla_paged_prefill(*case.inputs())
-    assert plan.config.share_scores is mla_share_scores
+    knobs = SM90_CONSUMER_SPLITS[mla_consumers]
+    assert plan.config.share_scores is knobs.get("share_scores", False)
+    assert plan.config.score_warpgroup is knobs.get("score_warpgroup", False)
     _check(case)

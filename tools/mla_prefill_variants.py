@@ -5,17 +5,19 @@
                                                   [--no-flashinfer]
 
 ``full_s``: both consumer warpgroups compute all of S (the kernel the GPU tier validated first); ``shared_s``:
-``share_scores=True``, S computed once per tile (``kernels/sm90/mla_prefill_shared_s.py``). The workloads are the
+``share_scores=True``, S computed once per tile (``kernels/sm90/mla_prefill_shared_s.py``); ``score_wg``:
+``score_warpgroup=True``, one warpgroup computes S and the softmax, the other only its half of O
+(``kernels/sm90/mla_prefill_score_wg.py``). The workloads are the
 bench's recorded MLA batches (``bench_workloads.MLA_RECORDED``, the same per-request splits and 1M-row pool as
 ``tools/bench.py``); ``all`` runs every recorded one. Per workload: one plan with the default config
-(``cute_attn.plan_mla_paged_prefill``; ``share_scores`` does not change the plan), uploaded for each variant's config
+(``cute_attn.plan_mla_paged_prefill``; the consumer split does not change the plan), uploaded for each variant's config
 (``DevicePlan.upload``), run through the registered launcher, checked against the float32 reference
 (``testing.assert_close_benchmark``), then timed with ``bench_timing.measure`` (cold L2, CUPTI span). FlashInfer's
 ``BatchMLAPagedAttentionWrapper(backend="fa3")`` runs on the same case (``bench_peers``).
 
 Failures are recorded per row and the script goes on; the watchdog of ``prefill_variants.py`` saves and exits with
 status 3 if a step hangs (e.g. a barrier deadlock). Flip the default afterwards in one line:
-``cute_attn/ops/mla_prefill.py: SM90_SHARE_SCORES``.
+``cute_attn/ops/mla_prefill.py: SM90_CONSUMERS``.
 """
 from __future__ import annotations
 
@@ -34,9 +36,10 @@ import bench_timing  # noqa: E402
 import bench_workloads as bw  # noqa: E402
 from prefill_variants import Watchdog, run_ours  # noqa: E402
 
-VARIANTS = {  # the validated kernel first: a hang in the new one loses the least
-    "full_s": dict(share_scores=False),
-    "shared_s": dict(share_scores=True),
+VARIANTS = {  # the validated kernels first: a hang in a new one loses the least
+    "full_s": dict(share_scores=False, score_warpgroup=False),
+    "shared_s": dict(share_scores=True, score_warpgroup=False),
+    "score_wg": dict(share_scores=False, score_warpgroup=True),
 }
 DEFAULT_WORKLOADS = ("n1_q1028_kv1038", "n28_q1954_kv2044", "n1_q16384_kv16387")
 STEP_TIMEOUT_S = 240  # the 16K case's reference and compile fit; a deadlocked kernel does not

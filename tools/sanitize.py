@@ -16,6 +16,7 @@ Cases (small, ragged, each a registered config's shape):
     edge-decode    an edge page table: page id num_pages - 1, two requests sharing pages, empty requests
     edge-prefill   the same for prefill
     mtp-*          multi-token decode (1..8 causal draft tokens), mla-p*: MLA at larger pages
+    mla-<split>-p* the sm_90a MLA prefill kernel with each consumer split (full-s, shared-s, score-wg) at pages 1, 64
     hostplan-decode  check_indices=True: the host-planned path (every other case plans on the device)
     hostile-decode the device planner's bounds checks (ids past the pool and negative; those requests 0 / -inf)
     gather         the TMA page gather kernel (a test-side kernel)
@@ -87,6 +88,32 @@ def _cases(arch: str) -> dict:
                                                         device="cuda", seed=6 + heads)
                     return _run_api(cute_attn.mla_paged_decode, case, arch)
                 cases[f"mla-decode-h{heads}-p{ps}"] = ("mla_paged_decode", run_decode)
+
+    def mla_split(split: str, page_size: int):  # a consumer split of the sm_90a MLA kernel other than the default
+        def run():
+            from cute_attn import api
+            from cute_attn.ops import mla_prefill as op
+
+            saved = op.SM90_CONSUMERS
+            op.SM90_CONSUMERS = split
+            api._config_for.cache_clear()
+            api.clear_plan_cache()
+            try:  # short, empty, keyless and split items (partials + the combine), several items a CTA
+                case = testing.make_mla_prefill_case([3, 50, 0, 20, 9], [100, 300, 7, 3000, 0], page_size=page_size,
+                                                     device="cuda", seed=7)
+                return _run_api(cute_attn.mla_paged_prefill, case, arch)
+            finally:
+                op.SM90_CONSUMERS = saved
+                api._config_for.cache_clear()
+                api.clear_plan_cache()
+        return run
+
+    if arch == "sm_90a":
+        from cute_attn.ops.mla_prefill import SM90_CONSUMER_SPLITS
+
+        for split in SM90_CONSUMER_SPLITS:
+            for page_size in (1, 64):
+                cases[f"mla-{split.replace('_', '-')}-p{page_size}"] = ("mla_paged_prefill", mla_split(split, page_size))
 
     def edge_decode():
         case = testing.with_edge_page_table(testing.make_gqa_decode_case(

@@ -121,18 +121,22 @@ def signature(q_nope, q_pe, ckv, kpe, qo, kvp, kvi, *rest):
                   last._version)
 
 
-#: sm_90a: compute S = Q K^T once per tile (``PagedAttentionConfig.share_scores``, kernels/sm90/mla_prefill_shared_s.py)
-#: instead of in both consumer warpgroups. Off until the H200 A/B (tools/mla_prefill_variants.py) says otherwise:
-#: flipping this line flips the public entries, plan_* and the registered configs.
-SM90_SHARE_SCORES = True
+#: sm_90a: how the two consumer warpgroups split a tile's work, by name (the knobs of each in
+#: ``SM90_CONSUMER_SPLITS``). "full_s": both compute all of S = Q K^T, each half of O (kernels/sm90/mla_prefill.py);
+#: "shared_s": each computes S for half the keys, P shared through smem (``share_scores``, mla_prefill_shared_s.py);
+#: "score_wg": one computes all of S and the softmax, the other only its half of O (``score_warpgroup``,
+#: mla_prefill_score_wg.py). The H200 A/B (tools/mla_prefill_variants.py) picks it: this line flips the public
+#: entries, plan_* and the registered configs.
+SM90_CONSUMERS = "shared_s"
+SM90_CONSUMER_SPLITS = {"full_s": {}, "shared_s": dict(share_scores=True), "score_wg": dict(score_warpgroup=True)}
 
 
 def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size) -> dict:
-    """One 64-row tile of packed (token, head) rows x 64 gathered key rows (sm_90a: S once per tile when
-    ``SM90_SHARE_SCORES``)."""
+    """One 64-row tile of packed (token, head) rows x 64 gathered key rows (sm_90a: the consumers' split of the work
+    that ``SM90_CONSUMERS`` names)."""
     tiles = dict(tile_q_rows=64, kv_tile=64)
-    if arch == "sm_90a" and SM90_SHARE_SCORES:
-        tiles.update(share_scores=True)
+    if arch == "sm_90a":
+        tiles.update(SM90_CONSUMER_SPLITS[SM90_CONSUMERS])
     return tiles
 
 

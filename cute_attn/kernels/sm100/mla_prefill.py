@@ -136,8 +136,9 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         return reason
     if (reason := mla_definition_reason(config, QK_DIM, CKV_DIM) or row_gather_choice_reason(config)) is not None:
         return reason
-    if config.share_scores:
-        return "share_scores is an sm_90a variant (this kernel's one MMA warp computes S once already)"
+    if config.share_scores or config.score_warpgroup:
+        knob = "share_scores" if config.share_scores else "score_warpgroup"
+        return f"{knob} is an sm_90a variant (this kernel's one MMA warp computes S once already)"
     if config.tile_q_rows != 64:
         return (f"tile_q_rows={config.tile_q_rows} must be 64: S = Q K^T is one M=64 tcgen05 MMA and O^T keeps "
                 "one TMEM column per query row (4 x 64 columns)")

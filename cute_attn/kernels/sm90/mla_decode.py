@@ -57,8 +57,9 @@ def swapped_reason(config) -> str | None:
                 f"count, one of {HEAD_COUNTS} (got tile_q_rows={config.tile_q_rows}, {config.group_size} heads)")
     if config.kv_tile != KV_TILE:
         return f"kv_tile={config.kv_tile}: the swapped MLA decode kernel's S^T tile is {KV_TILE} keys (wgmma M)"
-    if config.share_scores:
-        return "share_scores is the 64-row prefill kernel's variant; the swapped decode kernel computes S^T in both"
+    if config.share_scores or config.score_warpgroup:
+        knob = "share_scores" if config.share_scores else "score_warpgroup"
+        return f"{knob} is the 64-row prefill kernel's variant; the swapped decode kernel computes S^T in both"
     return None
 
 

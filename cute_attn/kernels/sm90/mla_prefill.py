@@ -114,6 +114,10 @@ def _exchange_bytes(config: PagedAttentionConfig) -> int:
         from .mla_decode import exchange_bytes
 
         return exchange_bytes(config.tile_q_rows)
+    if config.score_warpgroup:
+        from .mla_prefill_score_wg import EXCHANGE_BYTES
+
+        return EXCHANGE_BYTES
     if not config.share_scores:
         return 0
     from .mla_prefill_shared_s import EXCHANGE_BYTES
@@ -171,7 +175,12 @@ def check_config(config: PagedAttentionConfig) -> str | None:
     if uses_kv_boxes(config) and config.page_size < BOX_ROWS:
         return (f"row_gather=False at page_size={config.page_size}: the K stages' TMA boxes are {BOX_ROWS}-key "
                 f"groups of one page (pages of >= {BOX_ROWS} keys)")
-    if config.share_scores:
+    if config.score_warpgroup:
+        from .mla_prefill_score_wg import score_wg_reason
+
+        if (reason := score_wg_reason(config)) is not None:
+            return reason
+    elif config.share_scores:
         from .mla_prefill_shared_s import shared_s_reason
 
         if (reason := shared_s_reason(config)) is not None:
@@ -390,6 +399,10 @@ def _kernel_for(config: PagedAttentionConfig):
         from .mla_decode import MlaPagedDecodeSwappedSm90
 
         return MlaPagedDecodeSwappedSm90(config)
+    if config.score_warpgroup:
+        from .mla_prefill_score_wg import MlaPagedPrefillScoreWgSm90
+
+        return MlaPagedPrefillScoreWgSm90(config)
     if config.share_scores:
         from .mla_prefill_shared_s import MlaPagedPrefillSharedSSm90
 
@@ -402,11 +415,15 @@ build, launch = mla_entry(_kernel_for, check_config)
 
 def configs(arch: str) -> list[PagedAttentionConfig]:
     """The definitions' configs (``mla_paged_prefill_causal_h16_ckv512_kpe64_ps1`` and ``_ps64``), then the same two
-    with ``share_scores`` flipped (the variant the default is A/B'd against), so compile_all builds both."""
+    with each other consumer split (the variants the default is A/B'd against), so compile_all builds them all."""
     if arch != ARCH:
         return []
+    from ...ops.mla_prefill import SM90_CONSUMER_SPLITS
+
     definitions = [definition_config(arch, ps) for ps in DEFINITION_PAGE_SIZES]
-    return definitions + [dataclasses.replace(c, share_scores=not c.share_scores) for c in definitions]
+    variants = [dataclasses.replace(c, **{**dict(share_scores=False, score_warpgroup=False), **knobs})
+                for knobs in SM90_CONSUMER_SPLITS.values() for c in definitions]
+    return definitions + [c for c in variants if c not in definitions]
 
 
 register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs,

@@ -1,0 +1,268 @@
+"""sm_90a absorbed-MLA paged prefill with a score warpgroup (``PagedAttentionConfig.score_warpgroup``).
+
+The same kernel as ``mla_prefill.py`` (load role, plan contract, masks, epilogue; read its docstring first) with
+the two consumer warpgroups given different jobs instead of the same one:
+
+* **WG1, the score warpgroup**, computes all of ``S = Q K^T`` for the tile (64 x 64 over 576 dims: one chain of
+  36 ``m64n64k16`` SS wgmmas), masks it, runs the online softmax on whole rows (``common/softmax.py``, the default
+  kernel's helper: no exchange of row statistics), writes each row's O rescale factor to ``s_xchg[row, stage]`` and
+  bf16 P with ``stmatrix`` into the stage's kpe block (columns 512..575: a 64 x 64 SW128 K-major block, exactly a
+  64-row x 64-key A operand, dead once this warpgroup's S GEMM is done; V = ckv is columns 0..511), fences P into
+  the async proxy, and meets WG2 at ``P_BARRIER``. Then it rescales and accumulates its half of O
+  (``O[:, 0:256] += P V[:, 0:256]``: 4 ``m64n256k16`` SS wgmmas) and releases the stage.
+* **WG2, the output warpgroup**, per tile: waits for the stage, meets WG1 at ``P_BARRIER``, reads its rows'
+  factors, rescales and accumulates ``O[:, 256:512] += P V[:, 256:512]``, releases the stage.
+
+Why: the ``share_scores`` kernel splits S by keys, so each warpgroup runs ``m64n32k16`` wgmmas whose A operand (Q,
+2 KiB) is re-read from shared memory for every 16 columns of output (3 KiB per 16 tensor clocks against ~128 B/clk
+of shared memory: S is shared-memory bound), and both warpgroups stop twice a tile for the row-max exchange and
+the P handoff. Here S runs at N = 64 (4 KiB per 32 clocks: at the tensor rate), nothing is exchanged to compute the
+softmax, and WG2's PV GEMM starts as soon as P exists. This is FlashInfer's Hopper MLA split of the work
+(``mla_hopper.cuh``: one warpgroup computes QK + softmax, both compute half of PV), here beside a dedicated load
+warpgroup.
+
+Barriers (named, immediate ids, both warpgroups ``bar.sync``: a generation always holds both, so an early warpgroup
+can never complete the next tile's barrier alone):
+
+* ``P_BARRIER`` once a tile: P and the factors are written and fenced (orders WG1's own four warps' ``stmatrix``
+  before its PV wgmma too).
+* ``FINAL_BARRIER`` once an item: WG1 writes each row's ``1 / rowsum`` (0 for a row that saw no key) to
+  ``s_xchg[row, stages + item % 2]``; WG2 normalises its half with it. lse is stored by WG1 (it owns column 0).
+
+Why ``s_xchg`` needs no more: the factor slot of stage ``s`` is rewritten for tile ``t + stages`` only after the
+stage was reloaded, i.e. after WG2 released tile ``t``, which it does after reading the slot. The final slot of
+parity ``p`` is rewritten two items later, after WG1 passed the next item's ``FINAL_BARRIER``, which WG2 reaches
+only after reading it.
+
+Shared memory (kv_tile 64, the only kv_tile this variant builds: P's 64 x 64 must match the stage's kpe block):
+Q 72 KiB + 2 stages x 72 KiB + row ids 512 B + mbarriers + ``s_xchg`` 64 x (stages + 2) fp32 + 1 KiB slack.
+Registers per thread: WG1 O half 128 + S 32 fp32 + P 16; WG2 O half 128 (``setmaxnreg`` 232 for both).
+
+Schedule per tile: WG1 ``wait stage -> S GEMM (wait) -> mask -> softmax -> factors + P to smem -> fence ->
+P_BARRIER -> rescale O -> PV GEMM (wait) -> release``; WG2 ``wait stage -> P_BARRIER -> rescale O -> PV GEMM (wait)
+-> release``. The tensor core runs S (1152 clk at the tensor rate), then both PV halves together (1024), and idles
+during WG1's softmax. Hiding that softmax under a GEMM needs a third K stage (S_{t+1} issued before PV_t holds both
+stages), which does not fit next to Q.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass import pipeline as cpipe
+
+from ...plan import ItemField as F
+from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
+from ..common.mla import CKV_DIM, KPE_DIM, QK_DIM
+from ..common.softmax import (acc_mn_view, make_softmax_state, rescale_rows, softmax_finalize, softmax_reset,
+                              softmax_update)
+from .mla_prefill import MAX_STAGES, MMA_THREADS, NUM_THREADS, MlaPagedPrefillSm90
+from .prefill_epilogue import smem_store_atom, store_output_rows, store_partial_rows
+from .wgmma import wgmma_gemm
+
+P_BARRIER = 2  # both consumer warpgroups: P and the tile's O factors written and fenced (once a tile)
+FINAL_BARRIER = 3  # both consumer warpgroups: the item's 1 / rowsum written (once an item)
+#: the one kv_tile this variant builds (P's 64 x kv_tile bf16 lives in the stage's kv_tile x 64 kpe block)
+KV_TILE = 64
+#: bytes of ``s_xchg``: (64 rows, a factor slot per stage + two final slots) fp32, sized for ``MAX_STAGES``
+EXCHANGE_BYTES = 64 * (MAX_STAGES + 2) * 4
+
+
+def score_wg_reason(config) -> str | None:
+    """Why ``score_warpgroup`` cannot build ``config`` (None when it can); on top of the default kernel's rules."""
+    if config.share_scores:
+        return "score_warpgroup and share_scores are two ways to split the consumers' work: choose one"
+    if config.kv_tile != KV_TILE or config.tile_q_rows != KV_TILE:
+        return (f"score_warpgroup needs kv_tile = tile_q_rows = {KV_TILE} (got {config.kv_tile}, "
+                f"{config.tile_q_rows}): the 64-row x 64-key P tile is stored in the K stage's 64 x 64 kpe block")
+    return None
+
+
+class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
+    """The ``score_warpgroup`` kernel object (the base class's constants and load role; its own consumers)."""
+
+    def __repr__(self) -> str:  # shows in the kernel symbol
+        return super().__repr__() + "_ScoreWg"
+
+    # ------------------------------------------------------------------------------- host side
+    @cute.jit
+    def __call__(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
+                 qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor,
+                 items: cute.Tensor, output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor,
+                 partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
+        s_q_layout, s_k_layout = self.smem_layouts()
+        wgs = MMA_THREADS // 128
+        # S = Q K^T: the score warpgroup alone, 64 x kv_tile
+        tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
+            atom_layout_mnk=(1, 1, 1), tiler_mn=(64, self.tile_n))
+        # O = P V: P (64 x kv_tile) from shared memory, two warpgroups along N (V columns), 64 x 256 each
+        tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
+            atom_layout_mnk=(1, wgs, 1), tiler_mn=(64, CKV_DIM // wgs))
+
+        self.kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
+                    output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, s_q_layout, s_k_layout,
+                    tiled_mma_qk, tiled_mma_pv, *self.kv_box_atoms(ckv_cache, kpe_cache, s_k_layout),
+                    ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream,
+                             use_pdl=True, min_blocks_per_mp=1)
+
+    # ------------------------------------------------------------------------------- device side
+    def allocate_exchange(self, smem):
+        """``s_xchg[row, slot]``: slots ``0 .. stages-1`` a tile's O factors (by stage), then two final slots."""
+        return smem.allocate_tensor(Float32, cute.make_layout((self.tile_m, self.num_stages + 2)), 16)
+
+    @cute.jit
+    def consume_items(self, ctid: Int32, s_q: cute.Tensor, s_k: cute.Tensor, s_xchg: cute.Tensor,
+                      qo_indptr: cute.Tensor, items: cute.Tensor, item_begin: Int32, item_end: Int32,
+                      output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor,
+                      scale_log2: Float32, lse_out_scale: Float32, tiled_mma_qk: cute.TiledMma,
+                      tiled_mma_pv: cute.TiledMma, pipe_q, pipe_k):
+        wg = cute.arch.make_warp_uniform(ctid // 128)
+        thr_pv = tiled_mma_pv.get_slice(ctid)
+        wg_pv = tiled_mma_pv.get_slice(wg * 128)
+        # V^T: (ckv column, key, stage) over the K stages' first 512 columns (MN-major B operand)
+        s_vt = cute.composition(s_k, cute.make_layout((CKV_DIM, self.tile_n, self.num_stages),
+                                                      stride=(self.tile_n, 1, self.tile_n * QK_DIM)))
+        # P: (q row, key, stage) = the stage's kpe block, columns 512..575 of its 64 rows (a K-major SW128 tile)
+        s_p = cute.flat_divide(s_k, (self.tile_n, KPE_DIM))[None, None, 0, CKV_DIM // KPE_DIM, None]
+        t_sp = wg_pv.make_fragment_A(wg_pv.partition_A(s_p))
+        t_ovt = wg_pv.make_fragment_B(wg_pv.partition_B(s_vt))
+        acc_o = cute.make_rmem_tensor(tiled_mma_pv.partition_shape_C((self.tile_m, CKV_DIM)), Float32)
+        c_o = thr_pv.partition_C(cute.make_identity_tensor((self.tile_m, CKV_DIM)))
+        if wg == 0:
+            self.score_role(ctid, s_q, s_k, s_xchg, s_p, t_sp, t_ovt, acc_o, c_o, qo_indptr, items, item_begin,
+                            item_end, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
+                            tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k)
+        else:
+            self.output_role(s_xchg, t_sp, t_ovt, acc_o, c_o, qo_indptr, items, item_begin, item_end, output, lse,
+                             partial_out, partial_lse, lse_out_scale, tiled_mma_pv, pipe_q, pipe_k)
+
+    @cute.jit
+    def score_role(self, ctid: Int32, s_q: cute.Tensor, s_k: cute.Tensor, s_xchg: cute.Tensor, s_p: cute.Tensor,
+                   t_sp: cute.Tensor, t_ovt: cute.Tensor, acc_o: cute.Tensor, c_o: cute.Tensor,
+                   qo_indptr: cute.Tensor, items: cute.Tensor, item_begin: Int32, item_end: Int32,
+                   output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor,
+                   scale_log2: Float32, lse_out_scale: Float32, tiled_mma_qk: cute.TiledMma,
+                   tiled_mma_pv: cute.TiledMma, pipe_q, pipe_k):
+        """WG1: S, the softmax, P and the factors for WG2, and O columns 0..255."""
+        G = self.group
+        thr_qk = tiled_mma_qk.get_slice(ctid)
+        wg_qk = tiled_mma_qk.get_slice(0)
+        t_sq = wg_qk.make_fragment_A(wg_qk.partition_A(s_q))
+        t_sk = wg_qk.make_fragment_B(wg_qk.partition_B(s_k))
+        acc_s = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        c_s = thr_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+        c_s_mn = acc_mn_view(c_s)
+        # P -> shared memory: stmatrix in the S accumulator's layout
+        p_atom = smem_store_atom(self.dtype)
+        p_copy = cute.make_tiled_copy_C(p_atom, tiled_mma_qk).get_slice(ctid)
+        t_pd = p_copy.partition_D(s_p)
+        p_bf = cute.make_rmem_tensor(acc_s.layout, self.dtype)
+
+        row_max, row_sum = make_softmax_state(cute.size(acc_mn_view(acc_s), mode=[0]))
+        num_rows = cute.size(row_max)
+        q_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, 1)
+        k_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, self.num_stages)
+        for it in cutlass.range(item_begin, item_end, unroll=1):
+            r0 = items[it, int(F.Q_ROW_START)]
+            kv_start = items[it, int(F.KV_START)]
+            kv_end = items[it, int(F.KV_END)]
+            causal_offset = items[it, int(F.CAUSAL_OFFSET)]
+            first_token = r0 // G
+            softmax_reset(row_max, row_sum)
+            acc_o.fill(0.0)
+            num_tiles = cute.ceil_div(kv_end - kv_start, self.tile_n) if kv_end > kv_start else 0
+            pipe_q.consumer_wait(q_state)
+            for t in cutlass.range(num_tiles, unroll=1):
+                kv_base = kv_start + t * self.tile_n
+                stage = k_state.index
+                pipe_k.consumer_wait(k_state)
+                cute.arch.fence_view_async_shared()  # the producers' cp.async rows, seen by this warp's wgmmas
+                wgmma_gemm(tiled_mma_qk, acc_s, t_sq, t_sk[None, None, None, stage], True)
+                if t == num_tiles - 1:  # the item's last read of Q: the next item's Q may load now
+                    pipe_q.consumer_release(q_state)
+                if tile_needs_mask(kv_base, self.tile_n, kv_end, first_token, causal_offset):
+                    apply_causal_seqend_mask(acc_s, c_s, r0, G, kv_base, kv_end, causal_offset)
+                row_scale = softmax_update(acc_s, row_max, row_sum, scale_log2)
+                if ctid % 4 == 0:  # one thread of each row's quad hands the row's factor to WG2
+                    for r in cutlass.range_constexpr(num_rows):
+                        s_xchg[c_s_mn[r, 0][0], stage] = row_scale[r]
+                p_bf.store(acc_s.load().to(self.dtype))
+                cute.copy(p_atom, p_copy.retile(p_bf), t_pd[None, None, None, stage])
+                cute.arch.fence_view_async_shared()  # generic P stores -> the PV wgmmas (async proxy)
+                cute.arch.barrier(barrier_id=P_BARRIER, number_of_threads=MMA_THREADS)
+                rescale_rows(acc_o, row_scale)
+                wgmma_gemm(tiled_mma_pv, acc_o, t_sp[None, None, None, stage], t_ovt[None, None, None, stage], False)
+                pipe_k.consumer_release(k_state)
+                k_state.advance()
+            if num_tiles == 0:
+                pipe_q.consumer_release(q_state)
+            q_state.advance()
+
+            # read only now: fewer registers live across the main loop
+            b = items[it, int(F.REQUEST)]
+            row_count = items[it, int(F.Q_ROW_COUNT)]
+            slot = items[it, int(F.PARTIAL_SLOT)]
+            o_scale, row_lse = softmax_finalize(row_max, row_sum, scale_log2)
+            final_slot = self.num_stages + it % 2
+            if ctid % 4 == 0:
+                for r in cutlass.range_constexpr(num_rows):
+                    s_xchg[c_s_mn[r, 0][0], final_slot] = o_scale[r]
+            cute.arch.barrier(barrier_id=FINAL_BARRIER, number_of_threads=MMA_THREADS)
+            rescale_rows(acc_o, o_scale)
+            if slot < 0:  # one KV head: packed row p is head p % G of token p // G
+                store_output_rows(acc_o, c_o, row_lse, qo_indptr[b], 0, r0, row_count, output, lse, lse_out_scale, G)
+            else:
+                store_partial_rows(acc_o, c_o, row_lse, row_count, slot, partial_out, partial_lse)
+
+    @cute.jit
+    def output_role(self, s_xchg: cute.Tensor, t_sp: cute.Tensor, t_ovt: cute.Tensor, acc_o: cute.Tensor,
+                    c_o: cute.Tensor, qo_indptr: cute.Tensor, items: cute.Tensor, item_begin: Int32,
+                    item_end: Int32, output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor,
+                    partial_lse: cute.Tensor, lse_out_scale: Float32, tiled_mma_pv: cute.TiledMma, pipe_q, pipe_k):
+        """WG2: O columns 256..511 from WG1's P and factors."""
+        G = self.group
+        c_o_mn = acc_mn_view(c_o)
+        num_rows = cute.size(acc_mn_view(acc_o), mode=[0])
+        factors = cute.make_rmem_tensor(num_rows, Float32)
+        q_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, 1)
+        k_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, self.num_stages)
+        for it in cutlass.range(item_begin, item_end, unroll=1):
+            kv_start = items[it, int(F.KV_START)]
+            kv_end = items[it, int(F.KV_END)]
+            acc_o.fill(0.0)
+            num_tiles = cute.ceil_div(kv_end - kv_start, self.tile_n) if kv_end > kv_start else 0
+            # WG2 never reads Q; its arrival is the Q stage's second half of the 256 the pipeline counts
+            pipe_q.consumer_wait(q_state)
+            pipe_q.consumer_release(q_state)
+            q_state.advance()
+            for t in cutlass.range(num_tiles, unroll=1):
+                stage = k_state.index
+                pipe_k.consumer_wait(k_state)
+                cute.arch.fence_view_async_shared()  # the producers' cp.async rows, seen by this warp's wgmmas
+                cute.arch.barrier(barrier_id=P_BARRIER, number_of_threads=MMA_THREADS)
+                for r in cutlass.range_constexpr(num_rows):
+                    factors[r] = s_xchg[c_o_mn[r, 0][0], stage]
+                rescale_rows(acc_o, factors)
+                wgmma_gemm(tiled_mma_pv, acc_o, t_sp[None, None, None, stage], t_ovt[None, None, None, stage], False)
+                pipe_k.consumer_release(k_state)
+                k_state.advance()
+
+            b = items[it, int(F.REQUEST)]
+            r0 = items[it, int(F.Q_ROW_START)]
+            row_count = items[it, int(F.Q_ROW_COUNT)]
+            slot = items[it, int(F.PARTIAL_SLOT)]
+            final_slot = self.num_stages + it % 2
+            cute.arch.barrier(barrier_id=FINAL_BARRIER, number_of_threads=MMA_THREADS)
+            for r in cutlass.range_constexpr(num_rows):
+                factors[r] = s_xchg[c_o_mn[r, 0][0], final_slot]
+            rescale_rows(acc_o, factors)
+            # lse is WG1's to store (it owns column 0): these rows' lse never leaves the registers
+            if slot < 0:
+                store_output_rows(acc_o, c_o, factors, qo_indptr[b], 0, r0, row_count, output, lse, lse_out_scale, G)
+            else:
+                store_partial_rows(acc_o, c_o, factors, row_count, slot, partial_out, partial_lse)
