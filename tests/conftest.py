@@ -42,11 +42,12 @@ def isolated_compile_cache(module_compile_cache, monkeypatch):
     clear_memory_cache()
 
 
-@pytest.fixture(params=["full_s", "shared_s", "score_wg"])
+@pytest.fixture(params=["full_s", "shared_s", "score_wg", "score_wg_ovl"])
 def mla_consumers(request, monkeypatch):
     """Run a test with each of the sm_90a MLA prefill kernel's consumer splits (``ops.mla_prefill.SM90_CONSUMERS``:
-    both warpgroups compute all of S; S split by keys; one score warpgroup), whatever the default is: every public
-    MLA entry (prefill, decode, plan_*) then builds it. Select one with ``-k shared_s`` and the like."""
+    both warpgroups compute all of S; S split by keys; one score warpgroup, its PV GEMMs in order or each issued
+    just before the next S GEMM), whatever the default is: every public MLA entry (prefill, decode, plan_*) then
+    builds it. Select one with ``-k shared_s`` and the like."""
     from cute_attn import api
     from cute_attn.ops import mla_prefill as op
 

@@ -15,7 +15,7 @@ from cute_attn.kernels.sm90 import mla_prefill
 from cute_attn.kernels.sm90 import mla_prefill_score_wg as score_wg
 from cute_attn.kernels.sm90.mla_prefill_shared_s import (EXCHANGE_BYTES, MAX_BARRIER, P_BARRIER, SUM_BARRIER,
                                                          MlaPagedPrefillSharedSSm90)
-from cute_attn.ops.mla_prefill import SM90_CONSUMER_SPLITS
+from cute_attn.ops.mla_prefill import CONSUMER_KNOBS, SM90_CONSUMER_SPLITS
 
 SMEM_LIMIT = 227 * 1024
 
@@ -44,8 +44,8 @@ def test_registered_config_is_the_definition():
     definitions = [_definition(), _definition(page_size=64)]  # the ps1 and ps64 definitions
     # then the same two with each other consumer split: compile_all builds the variants the default is A/B'd against
     assert configs[:2] == definitions and len(configs) == 2 * len(SM90_CONSUMER_SPLITS)
-    splits = {(c.share_scores, c.score_warpgroup) for c in configs}
-    assert splits == {(False, False), (True, False), (False, True)}
+    splits = {tuple(getattr(c, k) for k in CONSUMER_KNOBS) for c in configs}
+    assert splits == {tuple({**CONSUMER_KNOBS, **knobs}.values()) for knobs in SM90_CONSUMER_SPLITS.values()}
     assert all(mla_prefill.check_config(c) is None for c in configs)
     assert mla_prefill.configs("sm_100a") == []
     config = configs[0]
@@ -173,8 +173,7 @@ def test_no_register_spills(capfd, split):
 
     from cute_attn.arch import dsl_arch_options
 
-    config = dataclasses.replace(_definition(), **{**dict(share_scores=False, score_warpgroup=False),
-                                                   **SM90_CONSUMER_SPLITS[split]})
+    config = dataclasses.replace(_definition(), **{**CONSUMER_KNOBS, **SM90_CONSUMER_SPLITS[split]})
     fn, args = mla_prefill.build(config)
     with tempfile.TemporaryDirectory() as dump:
         cute.compile(fn, *args, no_jit_engine=True,
@@ -194,16 +193,16 @@ def _full_s(**overrides):
     return dataclasses.replace(_definition(**overrides), share_scores=False, score_warpgroup=False)
 
 
-def _score_wg(**overrides):
-    return dataclasses.replace(_definition(**overrides), share_scores=False, score_warpgroup=True)
+def _score_wg(pv_in_flight=False, **overrides):
+    return dataclasses.replace(_definition(**overrides), share_scores=False, score_warpgroup=True,
+                               intra_wg_overlap=pv_in_flight)
 
 
 def test_share_scores_is_the_sm90_default_knob_of_the_public_config():
     from cute_attn.ops import mla_prefill as op
 
-    knobs = op.SM90_CONSUMER_SPLITS[op.SM90_CONSUMERS]  # the one line the A/B flips
-    assert _definition().share_scores is knobs.get("share_scores", False)
-    assert _definition().score_warpgroup is knobs.get("score_warpgroup", False)
+    knobs = {**CONSUMER_KNOBS, **op.SM90_CONSUMER_SPLITS[op.SM90_CONSUMERS]}  # the one line the A/B flips
+    assert {k: getattr(_definition(), k) for k in CONSUMER_KNOBS} == knobs
     assert mla_prefill.check_config(_shared_s()) is None
     assert find_launcher(_shared_s()) is mla_prefill.launch  # same registration, rules and launcher
     assert isinstance(mla_prefill.build(_shared_s())[0], MlaPagedPrefillSharedSSm90)
@@ -261,9 +260,8 @@ def test_conftest_fixture_flips_the_public_config(mla_consumers):
     from cute_attn.ops import get_spec
 
     config = api._config_for(get_spec("mla_paged_prefill"), 16, 1, 576, 512, 1, "sm_90a")
-    knobs = SM90_CONSUMER_SPLITS[mla_consumers]
-    assert (config.share_scores, config.score_warpgroup) == (knobs.get("share_scores", False),
-                                                             knobs.get("score_warpgroup", False))
+    knobs = {**CONSUMER_KNOBS, **SM90_CONSUMER_SPLITS[mla_consumers]}
+    assert {k: getattr(config, k) for k in CONSUMER_KNOBS} == knobs
     assert mla_prefill.check_config(config) is None
 
 
@@ -341,21 +339,26 @@ def test_swapped_decode_refuses_what_it_does_not_build():
 
 
 # ------------------------------------------------------------------------- score_warpgroup: one S warpgroup
+@pytest.mark.parametrize("pv_in_flight", [False, True], ids=["in_order", "ovl"])
 @pytest.mark.parametrize("page_size", [1, 64])
-def test_score_warpgroup_computes_s_at_full_width_in_one_warpgroup(page_size):
+def test_score_warpgroup_computes_s_at_full_width_in_one_warpgroup(page_size, pv_in_flight):
     """WG1 alone: S over all 64 keys (36 k-steps of m64n64k16), all of P stored with stmatrix; both warpgroups: PV as
     SS wgmma (4 k-steps of m64n256k16 each, one code path per role); P and final-factor barriers over the 256
     consumer threads (immediate ids); the load role unchanged."""
-    config = _score_wg(page_size=page_size)
+    config = _score_wg(page_size=page_size, pv_in_flight=pv_in_flight)
     assert mla_prefill.check_config(config) is None
     assert isinstance(mla_prefill.build(config)[0], score_wg.MlaPagedPrefillScoreWgSm90)
     ptx = compile_to_ptx(config)
-    assert "MlaPagedPrefillSm90_H16_M64_N64_S2_ScoreWg" in ptx
+    assert "MlaPagedPrefillSm90_H16_M64_N64_S2_ScoreWg" + ("_OVL" if pv_in_flight else "") in ptx
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") == 576 // 16
-    assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16") == 2 * 64 // 16
+    # PV: one chain in each role; ovl: WG1's deferred PV in the loop and the item's last one after it
+    pv_chains = 3 if pv_in_flight else 2
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16") == pv_chains * 64 // 16
     assert "wgmma.mma_async.sync.aligned.m64n32k16" not in ptx  # no key-split S
     pv = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16\s*\{[^}]*\},\s*(\S+)", ptx)
-    assert len(pv) == 8 and all(not a.startswith("{") for a in pv), pv  # A = P from shared memory
+    assert len(pv) == pv_chains * 4 and all(not a.startswith("{") for a in pv), pv  # A = P from shared memory
+    waits = re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)
+    assert ("1" in waits) is pv_in_flight  # ovl: S waited for behind the PV GEMM
     assert ptx.count("stmatrix.sync.aligned.m8n8.x4.shared.b16") == 4  # 64 x 64 bf16 P, 32 values a thread
     for barrier in (score_wg.P_BARRIER, score_wg.FINAL_BARRIER):
         assert len(re.findall(rf"bar\.sync\s+{barrier}, 256;", ptx)) == 2, barrier  # one in each role
@@ -374,6 +377,8 @@ def test_score_warpgroup_refuses_what_it_does_not_build():
 
     assert "choose one" in mla_prefill.check_config(dataclasses.replace(_score_wg(), share_scores=True))
     assert "kv_tile" in mla_prefill.check_config(dataclasses.replace(_score_wg(), kv_tile=32))
+    assert "intra_wg_overlap" in mla_prefill.check_config(dataclasses.replace(_shared_s(), intra_wg_overlap=True))
+    assert "intra_wg_overlap" in mla_prefill.check_config(dataclasses.replace(_full_s(), intra_wg_overlap=True))
     assert "score_warpgroup" in mla_sm100.check_config(dataclasses.replace(_score_wg(), arch="sm_100a"))
     gqa = dataclasses.replace(default_paged_config(
         "gqa_paged_prefill", arch="sm_90a", num_qo_heads=32, num_kv_heads=4, head_dim_qk=128, head_dim_v=128,

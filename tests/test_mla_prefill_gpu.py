@@ -156,11 +156,10 @@ def test_kv_tile_32_variant(q_lens, kv_lens, mla_consumers):
 
 def test_the_variant_under_test_is_the_one_launched(mla_consumers):
     import cute_attn
-    from cute_attn.ops.mla_prefill import SM90_CONSUMER_SPLITS
+    from cute_attn.ops.mla_prefill import CONSUMER_KNOBS, SM90_CONSUMER_SPLITS
 
     case = _case([5, 70], [9, 200], seed=7)
     plan = cute_attn.plan_mla_paged_prefill(*case.inputs())
-    knobs = SM90_CONSUMER_SPLITS[mla_consumers]
-    assert plan.config.share_scores is knobs.get("share_scores", False)
-    assert plan.config.score_warpgroup is knobs.get("score_warpgroup", False)
+    knobs = {**CONSUMER_KNOBS, **SM90_CONSUMER_SPLITS[mla_consumers]}
+    assert {k: getattr(plan.config, k) for k in CONSUMER_KNOBS} == knobs
     _check(case)

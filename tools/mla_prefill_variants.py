@@ -7,7 +7,8 @@
 ``full_s``: both consumer warpgroups compute all of S (the kernel the GPU tier validated first); ``shared_s``:
 ``share_scores=True``, S computed once per tile (``kernels/sm90/mla_prefill_shared_s.py``); ``score_wg``:
 ``score_warpgroup=True``, one warpgroup computes S and the softmax, the other only its half of O
-(``kernels/sm90/mla_prefill_score_wg.py``). The workloads are the
+(``kernels/sm90/mla_prefill_score_wg.py``); ``score_wg_ovl``: the same with ``intra_wg_overlap`` (the score
+warpgroup's PV GEMM issued right before the next S GEMM). The workloads are the
 bench's recorded MLA batches (``bench_workloads.MLA_RECORDED``, the same per-request splits and 1M-row pool as
 ``tools/bench.py``); ``all`` runs every recorded one. Per workload: one plan with the default config
 (``cute_attn.plan_mla_paged_prefill``; the consumer split does not change the plan), uploaded for each variant's config
@@ -40,6 +41,7 @@ VARIANTS = {  # the validated kernels first: a hang in a new one loses the least
     "full_s": dict(share_scores=False, score_warpgroup=False),
     "shared_s": dict(share_scores=True, score_warpgroup=False),
     "score_wg": dict(share_scores=False, score_warpgroup=True),
+    "score_wg_ovl": dict(share_scores=False, score_warpgroup=True, intra_wg_overlap=True),
 }
 DEFAULT_WORKLOADS = ("n1_q1028_kv1038", "n28_q1954_kv2044", "n1_q16384_kv16387")
 STEP_TIMEOUT_S = 240  # the 16K case's reference and compile fit; a deadlocked kernel does not

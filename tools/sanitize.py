@@ -16,7 +16,8 @@ Cases (small, ragged, each a registered config's shape):
     edge-decode    an edge page table: page id num_pages - 1, two requests sharing pages, empty requests
     edge-prefill   the same for prefill
     mtp-*          multi-token decode (1..8 causal draft tokens), mla-p*: MLA at larger pages
-    mla-<split>-p* the sm_90a MLA prefill kernel with each consumer split (full-s, shared-s, score-wg) at pages 1, 64
+    mla-<split>-p* the sm_90a MLA prefill kernel with each consumer split (full-s, shared-s, score-wg, score-wg-ovl) at
+                   pages 1 and 64
     hostplan-decode  check_indices=True: the host-planned path (every other case plans on the device)
     hostile-decode the device planner's bounds checks (ids past the pool and negative; those requests 0 / -inf)
     gather         the TMA page gather kernel (a test-side kernel)

@@ -175,6 +175,9 @@ def check_config(config: PagedAttentionConfig) -> str | None:
     if uses_kv_boxes(config) and config.page_size < BOX_ROWS:
         return (f"row_gather=False at page_size={config.page_size}: the K stages' TMA boxes are {BOX_ROWS}-key "
                 f"groups of one page (pages of >= {BOX_ROWS} keys)")
+    if config.intra_wg_overlap and not config.score_warpgroup:
+        return ("intra_wg_overlap: of the sm_90a MLA kernels only the score_warpgroup split builds it (its score "
+                "warpgroup's PV GEMM in flight under the next tile's S GEMM)")
     if config.score_warpgroup:
         from .mla_prefill_score_wg import score_wg_reason
 
@@ -418,10 +421,10 @@ def configs(arch: str) -> list[PagedAttentionConfig]:
     with each other consumer split (the variants the default is A/B'd against), so compile_all builds them all."""
     if arch != ARCH:
         return []
-    from ...ops.mla_prefill import SM90_CONSUMER_SPLITS
+    from ...ops.mla_prefill import CONSUMER_KNOBS, SM90_CONSUMER_SPLITS
 
     definitions = [definition_config(arch, ps) for ps in DEFINITION_PAGE_SIZES]
-    variants = [dataclasses.replace(c, **{**dict(share_scores=False, score_warpgroup=False), **knobs})
+    variants = [dataclasses.replace(c, **{**CONSUMER_KNOBS, **knobs})
                 for knobs in SM90_CONSUMER_SPLITS.values() for c in definitions]
     return definitions + [c for c in variants if c not in definitions]
 

@@ -39,7 +39,11 @@ Q 72 KiB + 2 stages x 72 KiB + row ids 512 B + mbarriers + ``s_xchg`` 64 x (stag
 Registers per thread: WG1 O half 128 + S 32 fp32 + P 16; WG2 O half 128 (``setmaxnreg`` 232 for both).
 
 Schedule per tile: WG1 ``wait stage -> S GEMM (wait) -> mask -> softmax -> factors + P to smem -> fence ->
-P_BARRIER -> rescale O -> PV GEMM (wait) -> release``; WG2 ``wait stage -> P_BARRIER -> rescale O -> PV GEMM (wait)
+P_BARRIER -> rescale O -> PV GEMM (wait) -> release``; with ``intra_wg_overlap`` (``pv_in_flight``) WG1 defers
+each tile's PV GEMM to the start of the next tile, issues the next S GEMM right behind it, then waits for both
+(``wait_group(1)``: the PV, whose stage it releases; ``wait_group(0)``: S), so the tensor core does not wait for
+WG1's wait / release / stage-wait / issue round trip between the two GEMMs (nothing stays in flight across the
+loop's back edge: ptxas would serialise the wgmmas); WG2 ``wait stage -> P_BARRIER -> rescale O -> PV GEMM (wait)
 -> release``. The tensor core runs S (1152 clk at the tensor rate), then both PV halves together (1024), and idles
 during WG1's softmax. Hiding that softmax under a GEMM needs a third K stage (S_{t+1} issued before PV_t holds both
 stages), which does not fit next to Q.
@@ -53,6 +57,7 @@ import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass import pipeline as cpipe
+from cutlass.cute.nvgpu import warpgroup
 
 from ...plan import ItemField as F
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
@@ -72,7 +77,9 @@ EXCHANGE_BYTES = 64 * (MAX_STAGES + 2) * 4
 
 
 def score_wg_reason(config) -> str | None:
-    """Why ``score_warpgroup`` cannot build ``config`` (None when it can); on top of the default kernel's rules."""
+    """Why ``score_warpgroup`` cannot build ``config`` (None when it can); on top of the default kernel's rules.
+    ``intra_wg_overlap`` is this variant's knob: each tile's PV GEMM of the score warpgroup goes out just before the
+    next tile's S GEMM."""
     if config.share_scores:
         return "score_warpgroup and share_scores are two ways to split the consumers' work: choose one"
     if config.kv_tile != KV_TILE or config.tile_q_rows != KV_TILE:
@@ -84,8 +91,12 @@ def score_wg_reason(config) -> str | None:
 class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
     """The ``score_warpgroup`` kernel object (the base class's constants and load role; its own consumers)."""
 
+    def __init__(self, config):
+        super().__init__(config)
+        self.pv_in_flight = config.intra_wg_overlap
+
     def __repr__(self) -> str:  # shows in the kernel symbol
-        return super().__repr__() + "_ScoreWg"
+        return super().__repr__() + "_ScoreWg" + ("_OVL" if self.pv_in_flight else "")
 
     # ------------------------------------------------------------------------------- host side
     @cute.jit
@@ -165,8 +176,10 @@ class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
 
         row_max, row_sum = make_softmax_state(cute.size(acc_mn_view(acc_s), mode=[0]))
         num_rows = cute.size(row_max)
+        deferred_scale = cute.make_rmem_tensor(num_rows, Float32)  # pv_in_flight: the factors of the deferred PV
         q_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, 1)
         k_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, self.num_stages)
+        k_done = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, self.num_stages)  # pv_in_flight: lags
         for it in cutlass.range(item_begin, item_end, unroll=1):
             r0 = items[it, int(F.Q_ROW_START)]
             kv_start = items[it, int(F.KV_START)]
@@ -177,12 +190,25 @@ class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
             acc_o.fill(0.0)
             num_tiles = cute.ceil_div(kv_end - kv_start, self.tile_n) if kv_end > kv_start else 0
             pipe_q.consumer_wait(q_state)
+            deferred_stage = Int32(0)
             for t in cutlass.range(num_tiles, unroll=1):
                 kv_base = kv_start + t * self.tile_n
                 stage = k_state.index
+                if cutlass.const_expr(self.pv_in_flight):
+                    if t > 0:  # the previous tile's PV GEMM first: this tile's S GEMM queues right behind it
+                        rescale_rows(acc_o, deferred_scale)
+                        wgmma_gemm(tiled_mma_pv, acc_o, t_sp[None, None, None, deferred_stage],
+                                   t_ovt[None, None, None, deferred_stage], False, wait=False)
                 pipe_k.consumer_wait(k_state)
                 cute.arch.fence_view_async_shared()  # the producers' cp.async rows, seen by this warp's wgmmas
-                wgmma_gemm(tiled_mma_qk, acc_s, t_sq, t_sk[None, None, None, stage], True)
+                wgmma_gemm(tiled_mma_qk, acc_s, t_sq, t_sk[None, None, None, stage], True,
+                           wait=not self.pv_in_flight)
+                if cutlass.const_expr(self.pv_in_flight):  # both GEMMs done before the back edge (ptxas C7514)
+                    warpgroup.wait_group(1)  # the previous tile's PV GEMM: its stage is free
+                    if t > 0:
+                        pipe_k.consumer_release(k_done)
+                        k_done.advance()
+                    warpgroup.wait_group(0)
                 if t == num_tiles - 1:  # the item's last read of Q: the next item's Q may load now
                     pipe_q.consumer_release(q_state)
                 if tile_needs_mask(kv_base, self.tile_n, kv_end, first_token, causal_offset):
@@ -195,10 +221,23 @@ class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
                 cute.copy(p_atom, p_copy.retile(p_bf), t_pd[None, None, None, stage])
                 cute.arch.fence_view_async_shared()  # generic P stores -> the PV wgmmas (async proxy)
                 cute.arch.barrier(barrier_id=P_BARRIER, number_of_threads=MMA_THREADS)
-                rescale_rows(acc_o, row_scale)
-                wgmma_gemm(tiled_mma_pv, acc_o, t_sp[None, None, None, stage], t_ovt[None, None, None, stage], False)
-                pipe_k.consumer_release(k_state)
+                if cutlass.const_expr(self.pv_in_flight):
+                    for r in cutlass.range_constexpr(num_rows):
+                        deferred_scale[r] = row_scale[r]
+                    deferred_stage = stage
+                else:
+                    rescale_rows(acc_o, row_scale)
+                    wgmma_gemm(tiled_mma_pv, acc_o, t_sp[None, None, None, stage], t_ovt[None, None, None, stage],
+                               False)
+                    pipe_k.consumer_release(k_state)
                 k_state.advance()
+            if cutlass.const_expr(self.pv_in_flight):
+                if num_tiles > 0:  # the item's last PV GEMM
+                    rescale_rows(acc_o, deferred_scale)
+                    wgmma_gemm(tiled_mma_pv, acc_o, t_sp[None, None, None, deferred_stage],
+                               t_ovt[None, None, None, deferred_stage], False)
+                    pipe_k.consumer_release(k_done)
+                    k_done.advance()
             if num_tiles == 0:
                 pipe_q.consumer_release(q_state)
             q_state.advance()
