@@ -215,4 +215,7 @@ def test_out_of_range_page_ids_are_never_gathered(page_size, entry):
         else:
             _compare(out, lse, ref_out, ref_lse, rows)
     with pytest.raises(ValueError, match="kv_indices holds page id|kv_indices holds token row id"):
-        cute_attn.mla_paged_prefill(*case.inputs(), plan=plan, check_indices=True)  # the host check names them
+        if entry == "prefill":  # the host check names them, through the entry that made the plan
+            cute_attn.mla_paged_prefill(*case.inputs(), plan=plan, check_indices=True)
+        else:  # the decode entry's plan is made for its own kernel (one token a tile), not the prefill entry's
+            _decode(case, multi_token=entry == "mtp", plan=plan, check_indices=True)

@@ -1,7 +1,7 @@
 """Per-kernel GPU time of cute_attn calls (attention kernel vs combine), and a one-call mode for ncu.
 
-    python tools/kernel_breakdown.py [--json OUT.json] [--only LABEL ...]
-    ncu --clock-control none ... python tools/kernel_breakdown.py --once LABEL
+    python tools/kernel_breakdown.py [--json OUT.json] [--only LABEL ...] [--mla-split score_wg]
+    ncu --clock-control none ... python tools/kernel_breakdown.py --once LABEL [--mla-split shared_s]
 
 Each workload is checked against the fp32 reference first, then profiled under CUPTI (cold L2, 50 calls):
 the median duration of every kernel the call launches, by name, next to the call's span. The gap between
@@ -28,6 +28,9 @@ WORKLOADS = {
     "decode_n128_kv4096": ("decode", [4096] * 128),
     "prefill_n1_q992": ("prefill", [992]),
     "prefill_n32_q992": ("prefill", [992] * 32),
+    # MLA prefill (page 1), host-planned: one attention kernel (and the combine) a call, no planner kernel
+    "mla_n1_q1028": ("mla", ([1028], [1038])),
+    "mla_n1_q4096": ("mla", ([4096], [4096])),
 }
 
 
@@ -37,6 +40,15 @@ def build(label: str):
     from cute_attn import testing
 
     kind, lens = WORKLOADS[label]
+    if kind == "mla":
+        case = testing.make_mla_prefill_case(*lens, device="cuda", seed=1)
+        out, lse = case.new_outputs()
+        plan = cute_attn.plan_mla_paged_prefill(*case.inputs())
+
+        def run_mla():
+            cute_attn.mla_paged_prefill(*case.inputs(), out, lse, plan=plan)
+
+        return case, out, lse, run_mla
     if kind == "decode":
         case = testing.make_gqa_decode_case(lens, device="cuda", seed=1)
         entry = cute_attn.gqa_paged_decode
@@ -73,7 +85,14 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--once", help="run one workload 3 times (for ncu) and exit")
     ap.add_argument("--peer", choices=["fa4"], help="with --once: run the peer on the same case instead")
+    ap.add_argument("--mla-split", help="the sm_90a MLA kernel's consumer split (ops.mla_prefill.SM90_CONSUMERS)")
     args = ap.parse_args(argv)
+    if args.mla_split:
+        from cute_attn.ops import mla_prefill
+
+        if args.mla_split not in mla_prefill.SM90_CONSUMER_SPLITS:
+            raise SystemExit(f"unknown --mla-split {args.mla_split!r}: {', '.join(mla_prefill.SM90_CONSUMER_SPLITS)}")
+        mla_prefill.SM90_CONSUMERS = args.mla_split
     if args.once:
         case, out, lse, run = build(args.once)
         if args.peer == "fa4":  # same inputs, so ncu compares the two kernels on identical work
