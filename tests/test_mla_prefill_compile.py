@@ -278,7 +278,7 @@ def test_ab_tool_knows_the_variants_and_workloads():
     assert {"n1_q1028_kv1038", "n28_q1954_kv2044", "n1_q16384_kv16387"} == set(tool.DEFAULT_WORKLOADS)
     for overrides in tool.VARIANTS.values():
         assert mla_prefill.check_config(dataclasses.replace(_definition(), **overrides)) is None
-    assert set(tool.VARIANTS) == set(SM90_CONSUMER_SPLITS)
+    assert set(SM90_CONSUMER_SPLITS) <= set(tool.VARIANTS)
 
 
 @pytest.mark.parametrize("heads, page_size", [(16, 1), (16, 64), (8, 1)])
