@@ -35,6 +35,8 @@ def _definition(**overrides):
     base = dict(arch="sm_90a", num_qo_heads=16, num_kv_heads=1, head_dim_qk=576, head_dim_v=512, page_size=1,
                 causal=True)
     knobs = {k: overrides.pop(k) for k in list(overrides) if k not in base}
+    if any(k in knobs for k in CONSUMER_KNOBS):  # a consumer split named in full, whatever the default split is
+        knobs = {**CONSUMER_KNOBS, **knobs}
     base.update(overrides)
     return dataclasses.replace(default_paged_config("mla_paged_prefill", **base), **knobs)
 
@@ -59,7 +61,7 @@ def test_public_api_finds_the_launcher():
 
 @pytest.mark.parametrize("kv_tile", [64, 32])
 def test_compiles_with_wgmma_and_cp_async_gather(kv_tile):
-    config = dataclasses.replace(_definition(), kv_tile=kv_tile, share_scores=False)  # the full-S kernel
+    config = _full_s(kv_tile=kv_tile)  # the full-S kernel
     assert mla_prefill.check_config(config) is None
     assert callable(compile_kernel(config))
     ptx = compile_to_ptx(config)
@@ -106,12 +108,12 @@ BOXES_PER_STAGE = 9 + 8 * 9
 
 
 @pytest.mark.parametrize("page_size", [8, 16, 64, 128])
-@pytest.mark.parametrize("share_scores", [False, True])
-def test_long_pages_load_k_stages_as_tma_boxes(page_size, share_scores):
+@pytest.mark.parametrize("split", ["full_s", "shared_s", "score_wg"])
+def test_long_pages_load_k_stages_as_tma_boxes(page_size, split):
     """Pages of 8+ keys: each K stage is TMA tile boxes over the caches as latent rows from one elected thread
     (the stage's bytes expected once), no K-stage cp.async row; ids and their bounds check unchanged (a bad page
     gets a row outside the map: zero-filled, never read); ``row_gather=True`` restores the rows."""
-    config = _definition(page_size=page_size, share_scores=share_scores)
+    config = _definition(page_size=page_size, **{**CONSUMER_KNOBS, **SM90_CONSUMER_SPLITS[split]})
     assert mla_prefill.uses_kv_boxes(config) and mla_prefill.check_config(config) is None
     ptx = compile_to_ptx(config)
     assert ptx.count("cp.async.bulk.tensor.2d.shared::cta.global.tile.mbarrier::complete_tx::bytes") == \
@@ -153,7 +155,8 @@ def test_smem_budget():
         (dataclasses.replace(_definition(), head_dim_qk=128, head_dim_v=128), "head dims"),
         (dataclasses.replace(_definition(), arch="sm_100a"), "sm_90a"),
         (dataclasses.replace(_definition(), kind="gqa_paged_prefill"), "mla_paged_prefill"),
-        (dataclasses.replace(_definition(), kv_tile=32, share_scores=True), "share_scores needs kv_tile"),
+        (_definition(kv_tile=32, share_scores=True), "share_scores needs kv_tile"),
+        (_definition(kv_tile=32, score_warpgroup=True), "score_warpgroup needs kv_tile"),
     ],
     ids=lambda x: x if isinstance(x, str) else "",
 )
@@ -230,7 +233,7 @@ def test_share_scores_compiles_s_once_with_p_through_smem(page_size):
     assert "setmaxnreg.dec.sync.aligned.u32 \t40" in ptx and "setmaxnreg.inc.sync.aligned.u32 \t232" in ptx
     assert len(BOUNDS_CHECK.findall(ptx)) == 1 and prefetched_bounds_checks(ptx) == 1  # the same load role
     assert mla_prefill.num_stages(config) == 2
-    full_s = dataclasses.replace(_definition(page_size=page_size), share_scores=False)
+    full_s = _full_s(page_size=page_size)
     assert mla_prefill.smem_bytes(config) == mla_prefill.smem_bytes(full_s) + EXCHANGE_BYTES
     assert mla_prefill.smem_bytes(config) <= SMEM_LIMIT
 
@@ -288,7 +291,7 @@ def test_one_token_decode_builds_the_swapped_product(heads, page_size):
     from cute_attn.ops import mla_decode
 
     config = dataclasses.replace(_definition(page_size=page_size), num_qo_heads=heads, tile_q_rows=heads,
-                                 share_scores=False)
+                                 share_scores=False, score_warpgroup=False)
     assert mla_decode.one_token_tiles("sm_90a", heads, 1, 576, 512, page_size) == dict(
         tile_q_rows=heads, kv_tile=64, share_scores=False, min_chunk_keys=mla_decode.ONE_TOKEN_MIN_CHUNK_KEYS)
     assert mla_prefill.check_config(config) is None and config.can_implement() is None
@@ -327,7 +330,7 @@ def test_row_passes_cover_every_row_once(num_rows, chunks, num_threads):
 
 
 def test_swapped_decode_refuses_what_it_does_not_build():
-    base = dataclasses.replace(_definition(), tile_q_rows=16, share_scores=False)
+    base = dataclasses.replace(_definition(), tile_q_rows=16, share_scores=False, score_warpgroup=False)
     assert "kv_tile" in mla_prefill.check_config(dataclasses.replace(base, kv_tile=32))
     assert "share_scores" in mla_prefill.check_config(dataclasses.replace(base, share_scores=True))
     assert "score_warpgroup" in mla_prefill.check_config(dataclasses.replace(base, score_warpgroup=True))

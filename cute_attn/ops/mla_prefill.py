@@ -128,7 +128,7 @@ def signature(q_nope, q_pe, ckv, kpe, qo, kvp, kvi, *rest):
 #: mla_prefill_score_wg.py); "score_wg_ovl": the same, each PV GEMM of the score warpgroup issued right before the
 #: next tile's S GEMM (``intra_wg_overlap``). The H200 A/B (tools/mla_prefill_variants.py) picks it: this line flips the public
 #: entries, plan_* and the registered configs.
-SM90_CONSUMERS = "shared_s"
+SM90_CONSUMERS = "score_wg"  # H200 A/B, session 12: 1.05-1.15x shared_s on every recorded MLA workload
 SM90_CONSUMER_SPLITS = {"full_s": {}, "shared_s": dict(share_scores=True), "score_wg": dict(score_warpgroup=True),
                         "score_wg_ovl": dict(score_warpgroup=True, intra_wg_overlap=True)}
 #: every knob a split sets, and its value where a split does not set it
