@@ -135,6 +135,11 @@ class PagedAttentionConfig(KernelConfig):
     #: softmax, and hands P and the O rescale to the second, which only computes its half of O = P V
     #: (``kernels/sm90/mla_prefill_score_wg.py``); excludes ``share_scores``
     score_warpgroup: bool = False
+    #: measurement builds, never a default (sm_90a MLA prefill, score_warpgroup, row gathers): "loads_only" -- the
+    #: consumers wait for each K stage and release it without computing (the load role's own period a tile);
+    #: "compute_only" -- the load role completes each K stage without copying into it (the consumers' chain alone).
+    #: Their outputs are wrong by design; tools/mla_prefill_variants.py times them beside the real kernel
+    probe: str = ""
     #: sm_90a GQA kernels: K/V tiles as 16-byte cp.async rows (True) or as TMA page boxes (False); None: the
     #: kernel's page-size policy (its ``ROW_GATHER_PAGE_SIZES``). A knob for ``tuning.sweep`` A/Bs in one process
     row_gather: bool | None = None
@@ -183,6 +188,8 @@ class PagedAttentionConfig(KernelConfig):
             return str(exc)
         if self.num_kv_heads < 1 or self.num_qo_heads % self.num_kv_heads:
             return f"num_qo_heads={self.num_qo_heads} must be a positive multiple of num_kv_heads={self.num_kv_heads}"
+        if self.probe and (self.kind, self.arch) != ("mla_paged_prefill", "sm_90a"):
+            return f"probe={self.probe!r}: measurement builds exist for the sm_90a MLA prefill kernel only"
         if self.tile_q_rows not in (8, 16, 64, 128):
             return (f"tile_q_rows={self.tile_q_rows} must be 64 or 128 (one or two MMA warpgroups of 64 rows), or 8 "
                     "or 16 (one query token's heads as the N of a swapped product: the MLA decode kernel)")

@@ -375,6 +375,33 @@ def test_score_warpgroup_computes_s_at_full_width_in_one_warpgroup(page_size, pv
     assert mla_prefill.smem_bytes(config) <= SMEM_LIMIT
 
 
+@pytest.mark.parametrize("probe", ["loads_only", "compute_only"])
+def test_probes_keep_one_half_of_the_kernel(probe):
+    """Measurement builds: ``loads_only`` keeps the gathers and drops every GEMM; ``compute_only`` keeps the GEMMs
+    and drops the K stages' row copies (Q's stay); the default build's PTX does not change with the knob."""
+    config = dataclasses.replace(_score_wg(), probe=probe)
+    assert mla_prefill.check_config(config) is None
+    ptx = compile_to_ptx(config)
+    assert "_ProbeLoadsOnly" in ptx if probe == "loads_only" else "_ProbeComputeOnly" in ptx
+    gemms = ptx.count("wgmma.mma_async.sync.aligned.m64n64k16") + ptx.count("wgmma.mma_async.sync.aligned.m64n256k16")
+    if probe == "loads_only":
+        assert gemms == 0 and len(K_ROW_COPY.findall(ptx)) == 36
+    else:
+        assert gemms == 36 + 8 and len(K_ROW_COPY.findall(ptx)) == 0
+        assert "cp.async.mbarrier.arrive.noinc.shared" in ptx  # the stage still completes, empty
+    assert len(Q_ROW_COPY.findall(ptx)) == 4
+
+
+def test_probes_are_refused_elsewhere():
+    assert "one of" in mla_prefill.check_config(dataclasses.replace(_score_wg(), probe="bogus"))
+    assert "score_warpgroup" in mla_prefill.check_config(dataclasses.replace(_shared_s(), probe="loads_only"))
+    assert "TMA boxes" in mla_prefill.check_config(dataclasses.replace(_score_wg(page_size=64), probe="loads_only"))
+    gqa = dataclasses.replace(default_paged_config(
+        "gqa_paged_prefill", arch="sm_90a", num_qo_heads=32, num_kv_heads=4, head_dim_qk=128, head_dim_v=128,
+        page_size=64, causal=True), probe="loads_only")
+    assert "sm_90a MLA prefill kernel only" in gqa.can_implement()
+
+
 def test_score_warpgroup_refuses_what_it_does_not_build():
     from cute_attn.kernels.sm100 import mla_prefill as mla_sm100
 

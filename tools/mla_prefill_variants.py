@@ -44,6 +44,10 @@ VARIANTS = {  # the validated kernels first: a hang in a new one loses the least
     "score_wg_ovl": dict(share_scores=False, score_warpgroup=True, intra_wg_overlap=True),
     # 32-key stages: 4 in the smem of 2 (more of the gather in flight: is the load path the limit?)
     "full_s_kv32": dict(share_scores=False, score_warpgroup=False, kv_tile=32),
+    # measurement builds of score_wg (wrong outputs by design: their rows fail the check and are timed anyway):
+    # the load role alone (consumers wait and release), the consumers alone (stages committed without copies)
+    "probe_loads": dict(share_scores=False, score_warpgroup=True, probe="loads_only"),
+    "probe_compute": dict(share_scores=False, score_warpgroup=True, probe="compute_only"),
 }
 DEFAULT_WORKLOADS = ("n1_q1028_kv1038", "n28_q1954_kv2044", "n1_q16384_kv16387")
 STEP_TIMEOUT_S = 240  # the 16K case's reference and compile fit; a deadlocked kernel does not

@@ -118,7 +118,8 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
                         s_q: cute.Tensor, s_k: cute.Tensor, s_ids: cute.Tensor, pipe_q, pipe_kv, q_state, kv_state,
                         group: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int],
                         ids_barrier: cutlass.Constexpr[int], q_for_keyless_items: cutlass.Constexpr[bool],
-                        async_kv: cutlass.Constexpr[bool] = False, kv_gather4=None, kv_boxes=None):
+                        async_kv: cutlass.Constexpr[bool] = False, kv_gather4=None, kv_boxes=None,
+                        skip_kv_copies: cutlass.Constexpr[bool] = False):
     """The load role over items ``item_begin .. item_end - 1`` (thread ``tid`` of ``num_threads``).
 
     ``s_q``: ``(tile_m, 576)`` smem tile; ``s_k``: ``(kv_tile, 576, stage)``; ``s_ids``: ``(kv_tile, 2)``
@@ -133,6 +134,8 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
     ``kv_boxes`` (sm_90a, pages of >= ``BOX_ROWS`` keys): ``(ckv, kpe)`` pairs of tensor-map addresses ``((ckv 8-row,
     ckv 1-row), (kpe 8-row, kpe 1-row))`` over the caches as rows; the K stages are then TMA tile boxes from one
     elected thread of warp 0 (:func:`box_latent_tile`; ``pipe_kv`` a ``PipelineTmaAsync`` counting the stage's bytes).
+    ``skip_kv_copies`` (with ``async_kv``; the ``compute_only`` probe): each K stage is acquired and committed without
+    a copy (the commit's ``noinc`` arrival then completes at once), so the consumers run on whatever it holds.
     """
     tile_n = cute.size(s_k, mode=[0])
     copy_atom = make_row_copy_atom(s_q.element_type)
@@ -192,10 +195,11 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
                              ids, pipe_kv.producer_get_barrier(kv_state).toint(), tile_n)
             elif cutlass.const_expr(async_kv):
                 pipe_kv.producer_acquire(kv_state)
-                s_stage = s_k_chunks[None, None, None, None, kv_state.index]
-                gather_rows_zero_fill(ckv_cache, ckv_stride, s_stage, 0, CKV_DIM, tid, num_threads, ids)
-                gather_rows_zero_fill(kpe_cache, kpe_stride, s_stage, CKV_DIM // ROW_CHUNK, KPE_DIM, tid, num_threads,
-                                      ids)
+                if cutlass.const_expr(not skip_kv_copies):
+                    s_stage = s_k_chunks[None, None, None, None, kv_state.index]
+                    gather_rows_zero_fill(ckv_cache, ckv_stride, s_stage, 0, CKV_DIM, tid, num_threads, ids)
+                    gather_rows_zero_fill(kpe_cache, kpe_stride, s_stage, CKV_DIM // ROW_CHUNK, KPE_DIM, tid,
+                                          num_threads, ids)
                 pipe_kv.producer_commit(kv_state)
             else:
                 pipe_kv.producer_acquire(kv_state)

@@ -95,6 +95,8 @@ NUM_THREADS = PRODUCER_THREADS + MMA_THREADS
 PRODUCER_REGS = 40
 MMA_REGS = 232
 _IDS_BARRIER = 1  # named barrier of the producer warpgroup (row-id table)
+#: ``PagedAttentionConfig.probe`` values this kernel builds (measurement builds; wrong outputs by design)
+PROBES = ("loads_only", "compute_only")
 
 
 # --------------------------------------------------------------------------------------------- config
@@ -175,6 +177,12 @@ def check_config(config: PagedAttentionConfig) -> str | None:
     if uses_kv_boxes(config) and config.page_size < BOX_ROWS:
         return (f"row_gather=False at page_size={config.page_size}: the K stages' TMA boxes are {BOX_ROWS}-key "
                 f"groups of one page (pages of >= {BOX_ROWS} keys)")
+    if config.probe:
+        if config.probe not in PROBES:
+            return f"probe={config.probe!r} must be one of {PROBES}"
+        if not config.score_warpgroup or uses_kv_boxes(config):
+            return (f"probe={config.probe!r}: measurement builds of the score_warpgroup split with row gathers only "
+                    "(a K stage by TMA boxes completes by bytes: it cannot be committed empty)")
     if config.intra_wg_overlap and not config.score_warpgroup:
         return ("intra_wg_overlap: of the sm_90a MLA kernels only the score_warpgroup split builds it (its score "
                 "warpgroup's PV GEMM in flight under the next tile's S GEMM)")
@@ -205,6 +213,7 @@ class MlaPagedPrefillSm90:
         self.tile_n = config.kv_tile
         self.num_stages = num_stages(config)
         self.kv_boxes = uses_kv_boxes(config)
+        self.probe = config.probe
         self.dtype = cutlass.BFloat16
 
     def __repr__(self) -> str:  # shows in the kernel symbol
@@ -307,7 +316,8 @@ class MlaPagedPrefillSm90:
                                 cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, 1),
                                 cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages),
                                 group=self.group, num_threads=PRODUCER_THREADS, ids_barrier=_IDS_BARRIER,
-                                q_for_keyless_items=True, async_kv=True, kv_boxes=kv_boxes)
+                                q_for_keyless_items=True, async_kv=True, kv_boxes=kv_boxes,
+                                skip_kv_copies=self.probe == "compute_only")
         else:
             cute.arch.setmaxregister_increase(MMA_REGS)
             self.consume_items(tidx - PRODUCER_THREADS, s_q, s_k, s_red, qo_indptr, items, item_begin, item_end,

@@ -96,7 +96,8 @@ class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
         self.pv_in_flight = config.intra_wg_overlap
 
     def __repr__(self) -> str:  # shows in the kernel symbol
-        return super().__repr__() + "_ScoreWg" + ("_OVL" if self.pv_in_flight else "")
+        probe = "".join(w.title() for w in self.probe.split("_"))
+        return super().__repr__() + "_ScoreWg" + ("_OVL" if self.pv_in_flight else "") + (f"_Probe{probe}" if probe else "")
 
     # ------------------------------------------------------------------------------- host side
     @cute.jit
@@ -192,45 +193,52 @@ class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
             pipe_q.consumer_wait(q_state)
             deferred_stage = Int32(0)
             for t in cutlass.range(num_tiles, unroll=1):
-                kv_base = kv_start + t * self.tile_n
-                stage = k_state.index
-                if cutlass.const_expr(self.pv_in_flight):
-                    if t > 0:  # the previous tile's PV GEMM first: this tile's S GEMM queues right behind it
-                        rescale_rows(acc_o, deferred_scale)
-                        wgmma_gemm(tiled_mma_pv, acc_o, t_sp[None, None, None, deferred_stage],
-                                   t_ovt[None, None, None, deferred_stage], False, wait=False)
-                pipe_k.consumer_wait(k_state)
-                cute.arch.fence_view_async_shared()  # the producers' cp.async rows, seen by this warp's wgmmas
-                wgmma_gemm(tiled_mma_qk, acc_s, t_sq, t_sk[None, None, None, stage], True,
-                           wait=not self.pv_in_flight)
-                if cutlass.const_expr(self.pv_in_flight):  # both GEMMs done before the back edge (ptxas C7514)
-                    warpgroup.wait_group(1)  # the previous tile's PV GEMM: its stage is free
-                    if t > 0:
-                        pipe_k.consumer_release(k_done)
-                        k_done.advance()
-                    warpgroup.wait_group(0)
-                if t == num_tiles - 1:  # the item's last read of Q: the next item's Q may load now
-                    pipe_q.consumer_release(q_state)
-                if tile_needs_mask(kv_base, self.tile_n, kv_end, first_token, causal_offset):
-                    apply_causal_seqend_mask(acc_s, c_s, r0, G, kv_base, kv_end, causal_offset)
-                row_scale = softmax_update(acc_s, row_max, row_sum, scale_log2)
-                if ctid % 4 == 0:  # one thread of each row's quad hands the row's factor to WG2
-                    for r in cutlass.range_constexpr(num_rows):
-                        s_xchg[c_s_mn[r, 0][0], stage] = row_scale[r]
-                p_bf.store(acc_s.load().to(self.dtype))
-                cute.copy(p_atom, p_copy.retile(p_bf), t_pd[None, None, None, stage])
-                cute.arch.fence_view_async_shared()  # generic P stores -> the PV wgmmas (async proxy)
-                cute.arch.barrier(barrier_id=P_BARRIER, number_of_threads=MMA_THREADS)
-                if cutlass.const_expr(self.pv_in_flight):
-                    for r in cutlass.range_constexpr(num_rows):
-                        deferred_scale[r] = row_scale[r]
-                    deferred_stage = stage
-                else:
-                    rescale_rows(acc_o, row_scale)
-                    wgmma_gemm(tiled_mma_pv, acc_o, t_sp[None, None, None, stage], t_ovt[None, None, None, stage],
-                               False)
+                if cutlass.const_expr(self.probe == "loads_only"):  # the load role's own period: wait, release
+                    pipe_k.consumer_wait(k_state)
+                    if t == num_tiles - 1:
+                        pipe_q.consumer_release(q_state)
                     pipe_k.consumer_release(k_state)
-                k_state.advance()
+                    k_state.advance()
+                else:
+                    kv_base = kv_start + t * self.tile_n
+                    stage = k_state.index
+                    if cutlass.const_expr(self.pv_in_flight):
+                        if t > 0:  # the previous tile's PV GEMM first: this tile's S GEMM queues right behind it
+                            rescale_rows(acc_o, deferred_scale)
+                            wgmma_gemm(tiled_mma_pv, acc_o, t_sp[None, None, None, deferred_stage],
+                                       t_ovt[None, None, None, deferred_stage], False, wait=False)
+                    pipe_k.consumer_wait(k_state)
+                    cute.arch.fence_view_async_shared()  # the producers' cp.async rows, seen by this warp's wgmmas
+                    wgmma_gemm(tiled_mma_qk, acc_s, t_sq, t_sk[None, None, None, stage], True,
+                               wait=not self.pv_in_flight)
+                    if cutlass.const_expr(self.pv_in_flight):  # both GEMMs done before the back edge (ptxas C7514)
+                        warpgroup.wait_group(1)  # the previous tile's PV GEMM: its stage is free
+                        if t > 0:
+                            pipe_k.consumer_release(k_done)
+                            k_done.advance()
+                        warpgroup.wait_group(0)
+                    if t == num_tiles - 1:  # the item's last read of Q: the next item's Q may load now
+                        pipe_q.consumer_release(q_state)
+                    if tile_needs_mask(kv_base, self.tile_n, kv_end, first_token, causal_offset):
+                        apply_causal_seqend_mask(acc_s, c_s, r0, G, kv_base, kv_end, causal_offset)
+                    row_scale = softmax_update(acc_s, row_max, row_sum, scale_log2)
+                    if ctid % 4 == 0:  # one thread of each row's quad hands the row's factor to WG2
+                        for r in cutlass.range_constexpr(num_rows):
+                            s_xchg[c_s_mn[r, 0][0], stage] = row_scale[r]
+                    p_bf.store(acc_s.load().to(self.dtype))
+                    cute.copy(p_atom, p_copy.retile(p_bf), t_pd[None, None, None, stage])
+                    cute.arch.fence_view_async_shared()  # generic P stores -> the PV wgmmas (async proxy)
+                    cute.arch.barrier(barrier_id=P_BARRIER, number_of_threads=MMA_THREADS)
+                    if cutlass.const_expr(self.pv_in_flight):
+                        for r in cutlass.range_constexpr(num_rows):
+                            deferred_scale[r] = row_scale[r]
+                        deferred_stage = stage
+                    else:
+                        rescale_rows(acc_o, row_scale)
+                        wgmma_gemm(tiled_mma_pv, acc_o, t_sp[None, None, None, stage], t_ovt[None, None, None, stage],
+                                   False)
+                        pipe_k.consumer_release(k_state)
+                    k_state.advance()
             if cutlass.const_expr(self.pv_in_flight):
                 if num_tiles > 0:  # the item's last PV GEMM
                     rescale_rows(acc_o, deferred_scale)
@@ -282,12 +290,14 @@ class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
             for t in cutlass.range(num_tiles, unroll=1):
                 stage = k_state.index
                 pipe_k.consumer_wait(k_state)
-                cute.arch.fence_view_async_shared()  # the producers' cp.async rows, seen by this warp's wgmmas
-                cute.arch.barrier(barrier_id=P_BARRIER, number_of_threads=MMA_THREADS)
-                for r in cutlass.range_constexpr(num_rows):
-                    factors[r] = s_xchg[c_o_mn[r, 0][0], stage]
-                rescale_rows(acc_o, factors)
-                wgmma_gemm(tiled_mma_pv, acc_o, t_sp[None, None, None, stage], t_ovt[None, None, None, stage], False)
+                if cutlass.const_expr(self.probe != "loads_only"):  # (the probe: the stage is released untouched)
+                    cute.arch.fence_view_async_shared()  # the producers' cp.async rows, seen by this warp's wgmmas
+                    cute.arch.barrier(barrier_id=P_BARRIER, number_of_threads=MMA_THREADS)
+                    for r in cutlass.range_constexpr(num_rows):
+                        factors[r] = s_xchg[c_o_mn[r, 0][0], stage]
+                    rescale_rows(acc_o, factors)
+                    wgmma_gemm(tiled_mma_pv, acc_o, t_sp[None, None, None, stage], t_ovt[None, None, None, stage],
+                               False)
                 pipe_k.consumer_release(k_state)
                 k_state.advance()
 
