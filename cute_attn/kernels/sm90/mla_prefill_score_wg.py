@@ -47,6 +47,12 @@ loop's back edge: ptxas would serialise the wgmmas); WG2 ``wait stage -> P_BARRI
 -> release``. The tensor core runs S (1152 clk at the tensor rate), then both PV halves together (1024), and idles
 during WG1's softmax. Hiding that softmax under a GEMM needs a third K stage (S_{t+1} issued before PV_t holds both
 stages), which does not fit next to Q.
+
+Measured (H200, session 12, ``docs/perf-notes.md``): 1.05-1.15x the ``share_scores`` kernel on every recorded
+workload, the default since; ``intra_wg_overlap`` no better (slower at 1 / 1028). Under ncu the tensor pipe is busy
+33% of the kernel and nothing saturates: latency-bound. ``PagedAttentionConfig.probe`` builds this kernel with only
+its load role (``loads_only``: the consumers wait and release) or only its consumers (``compute_only``: stages
+committed empty), to split a tile's period between the two.
 """
 
 from __future__ import annotations
