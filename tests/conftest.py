@@ -42,11 +42,11 @@ def isolated_compile_cache(module_compile_cache, monkeypatch):
     clear_memory_cache()
 
 
-@pytest.fixture(params=["full_s", "shared_s", "score_wg", "score_wg_ovl"])
+@pytest.fixture(params=["full_s", "shared_s", "score_wg", "score_wg_ovl", "score_wg_early_kv"])
 def mla_consumers(request, monkeypatch):
     """Run a test with each of the sm_90a MLA prefill kernel's consumer splits (``ops.mla_prefill.SM90_CONSUMERS``:
     both warpgroups compute all of S; S split by keys; one score warpgroup, its PV GEMMs in order or each issued
-    just before the next S GEMM), whatever the default is: every public MLA entry (prefill, decode, plan_*) then
+    just before the next S GEMM, or in order with the load role's early_kv order), whatever the default is: every public MLA entry (prefill, decode, plan_*) then
     builds it. Select one with ``-k shared_s`` and the like."""
     from cute_attn import api
     from cute_attn.ops import mla_prefill as op

@@ -119,7 +119,7 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
                         group: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int],
                         ids_barrier: cutlass.Constexpr[int], q_for_keyless_items: cutlass.Constexpr[bool],
                         async_kv: cutlass.Constexpr[bool] = False, kv_gather4=None, kv_boxes=None,
-                        skip_kv_copies: cutlass.Constexpr[bool] = False):
+                        skip_kv_copies: cutlass.Constexpr[bool] = False, early_kv: cutlass.Constexpr[bool] = False):
     """The load role over items ``item_begin .. item_end - 1`` (thread ``tid`` of ``num_threads``).
 
     ``s_q``: ``(tile_m, 576)`` smem tile; ``s_k``: ``(kv_tile, 576, stage)``; ``s_ids``: ``(kv_tile, 2)``
@@ -134,6 +134,12 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
     ``kv_boxes`` (sm_90a, pages of >= ``BOX_ROWS`` keys): ``(ckv, kpe)`` pairs of tensor-map addresses ``((ckv 8-row,
     ckv 1-row), (kpe 8-row, kpe 1-row))`` over the caches as rows; the K stages are then TMA tile boxes from one
     elected thread of warp 0 (:func:`box_latent_tile`; ``pipe_kv`` a ``PipelineTmaAsync`` counting the stage's bytes).
+    ``early_kv`` (sm_90a, with ``async_kv`` and ``q_for_keyless_items``): an item's first K tile goes out before its Q
+    tile (it needs only a free stage, while Q waits for the previous item's last S GEMM), and Q is gathered like a K
+    stage, every row a cp.async (rows past ``Q_ROW_COUNT`` zero-filled by ``src-size`` 0) that completes on the Q
+    barrier by itself (``pipe_q`` a ``PipelineCpAsync``): the load threads never wait for Q to land (before, each
+    item's Q commit waited for every copy the thread had in flight, so the next item's first K tile went out only
+    after its Q had landed). The consumers' fence after their K wait covers Q too.
     ``skip_kv_copies`` (with ``async_kv``; the ``compute_only`` probe): each K stage is acquired and committed without
     a copy (the commit's ``noinc`` arrival then completes at once), so the consumers run on whatever it holds.
     """
@@ -162,8 +168,8 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
         kv_start = items[it, int(F.KV_START)]
         kv_end = items[it, int(F.KV_END)]
         # where every item needs Q, it is issued before the key count: the GPU-validated sm_90a kernel's
-        # order (computing the count first changes that kernel's PTX)
-        if cutlass.const_expr(q_for_keyless_items):
+        # order (computing the count first changes that kernel's PTX); early_kv issues it after the first K tile
+        if cutlass.const_expr(q_for_keyless_items and not early_kv):
             _load_q_tile(copy_atom, zeros, q_nope, q_pe, qo_indptr, b, r0, row_count, s_q_chunks, tid, group,
                          num_threads, pipe_q, q_state)
             q_state.advance()
@@ -209,6 +215,16 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
                             num_threads, ids=ids)
                 commit_rows(pipe_kv, kv_state)
             kv_state.advance()
+            if cutlass.const_expr(early_kv):
+                if t == 0:  # the first K tile is out: now Q, behind it
+                    _load_q_tile_async(q_nope, q_pe, qo_indptr, b, r0, row_count, s_q_chunks, tid, group, num_threads,
+                                       pipe_q, q_state)
+                    q_state.advance()
+        if cutlass.const_expr(early_kv):
+            if num_tiles == 0:  # a keyless item: its consumers still wait on Q
+                _load_q_tile_async(q_nope, q_pe, qo_indptr, b, r0, row_count, s_q_chunks, tid, group, num_threads,
+                                   pipe_q, q_state)
+                q_state.advance()
 
 
 def row_view(cache: cute.Tensor, dim: int) -> cute.Tensor:
@@ -287,6 +303,21 @@ def _page_row(page: Int32, key: Int32, num_pages: Int32, page_shift: cutlass.Con
         if page < num_pages:
             rid = (page << page_shift) + (key & ((1 << page_shift) - 1))
     return rid
+
+
+@cute.jit
+def _load_q_tile_async(q_nope: cute.Tensor, q_pe: cute.Tensor, qo_indptr: cute.Tensor, b: Int32, r0: Int32,
+                       row_count: Int32, s_q_chunks: cute.Tensor, tid: Int32, group: cutlass.Constexpr[int],
+                       num_threads: cutlass.Constexpr[int], pipe_q, q_state):
+    """:func:`_load_q_tile` with every row a cp.async completing on the Q barrier by itself (``pipe_q`` a
+    ``PipelineCpAsync``): the thread does not wait for it (``early_kv``)."""
+    q_row0 = Int64(qo_indptr[b]) * group + r0
+    pipe_q.producer_acquire(q_state)
+    gather_rows_zero_fill(q_nope, Int64(CKV_DIM), s_q_chunks, 0, CKV_DIM, tid, num_threads, row0=q_row0,
+                          valid_rows=row_count)
+    gather_rows_zero_fill(q_pe, Int64(KPE_DIM), s_q_chunks, CKV_DIM // ROW_CHUNK, KPE_DIM, tid, num_threads,
+                          row0=q_row0, valid_rows=row_count)
+    pipe_q.producer_commit(q_state)
 
 
 @cute.jit

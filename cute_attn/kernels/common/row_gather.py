@@ -182,11 +182,12 @@ def gather_one_row_pages(rows: cute.Tensor, s_chunks: cute.Tensor, lane_pages: c
 @cute.jit
 def gather_rows_zero_fill(src: cute.Tensor, row_stride: Int64, s_chunks: cute.Tensor, chunk0: cutlass.Constexpr[int],
                           width: cutlass.Constexpr[int], tid: Int32, num_threads: cutlass.Constexpr[int],
-                          ids: cute.Tensor):
+                          ids: cute.Tensor | None = None, row0: Int64 | None = None, valid_rows: Int32 | None = None):
     """:func:`gather_rows` by ids, every row a ``cp.async`` (an id of -1 zero-fills its row by ``src-size`` 0, not
     by a shared store) and every pass unrolled: all of the tile's writes are then cp.async, so the pipeline's
     producer commit can be ``cp.async.mbarrier.arrive.noinc`` (``PipelineCpAsync``) and the thread goes on to the
-    next tile while this one is in flight. The consumers fence the rows into the async proxy after their wait."""
+    next tile while this one is in flight. The consumers fence the rows into the async proxy after their wait.
+    Or consecutive rows (``ids`` None): tile row ``r`` is source row ``row0 + r``, zero-filled from ``valid_rows``."""
     chunks = width // ROW_CHUNK
     num_rows = cute.size(s_chunks, mode=[2])
     rows_per_pass, passes, guarded = row_passes(num_rows, chunks, num_threads)
@@ -199,11 +200,16 @@ def gather_rows_zero_fill(src: cute.Tensor, row_stride: Int64, s_chunks: cute.Te
     row_bytes = row_stride * elem
     for p in cutlass.range_constexpr(passes):
         r = p * rows_per_pass + sub
-        rid = ids[r]
         nbytes = Int32(0)
         src_row = Int64(0)
-        if rid >= 0:
-            nbytes = Int32(16)
-            src_row = Int64(rid)
+        if cutlass.const_expr(ids is None):
+            if r < valid_rows:
+                nbytes = Int32(16)
+                src_row = row0 + r
+        else:
+            rid = ids[r]
+            if rid >= 0:
+                nbytes = Int32(16)
+                src_row = Int64(rid)
         cp_async_chunk(swizzle_128b(s_chunks[0, None, r, chunk0 + chunk].iterator.toint()), base + src_row * row_bytes,
                        nbytes)

@@ -183,6 +183,8 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         if not config.score_warpgroup or uses_kv_boxes(config):
             return (f"probe={config.probe!r}: measurement builds of the score_warpgroup split with row gathers only "
                     "(a K stage by TMA boxes completes by bytes: it cannot be committed empty)")
+    if config.early_kv and swapped(config):
+        return "early_kv is the 64-row prefill kernel's load order (not built for the swapped decode kernel)"
     if config.intra_wg_overlap and not config.score_warpgroup:
         return ("intra_wg_overlap: of the sm_90a MLA kernels only the score_warpgroup split builds it (its score "
                 "warpgroup's PV GEMM in flight under the next tile's S GEMM)")
@@ -214,10 +216,12 @@ class MlaPagedPrefillSm90:
         self.num_stages = num_stages(config)
         self.kv_boxes = uses_kv_boxes(config)
         self.probe = config.probe
+        self.early_kv = config.early_kv
         self.dtype = cutlass.BFloat16
 
     def __repr__(self) -> str:  # shows in the kernel symbol
-        return f"MlaPagedPrefillSm90_H{self.num_heads}_M{self.tile_m}_N{self.tile_n}_S{self.num_stages}"
+        return (f"MlaPagedPrefillSm90_H{self.num_heads}_M{self.tile_m}_N{self.tile_n}_S{self.num_stages}"
+                + ("_EarlyKv" if self.early_kv else ""))
 
     # ------------------------------------------------------------------------------- host side
     def smem_layouts(self):
@@ -282,8 +286,12 @@ class MlaPagedPrefillSm90:
 
         producers = cpipe.CooperativeGroup(cpipe.Agent.Thread, PRODUCER_THREADS)
         consumers = cpipe.CooperativeGroup(cpipe.Agent.Thread, MMA_THREADS)
-        pipe_q = cpipe.PipelineAsync.create(barrier_storage=mbar_q, num_stages=1, producer_group=producers,
-                                            consumer_group=consumers, defer_sync=True)
+        if cutlass.const_expr(self.early_kv):  # Q rows complete on the barrier by themselves (noinc): never waited for
+            pipe_q = cpipe.PipelineCpAsync.create(barrier_storage=mbar_q, num_stages=1, producer_group=producers,
+                                                  consumer_group=consumers, defer_sync=True)
+        else:
+            pipe_q = cpipe.PipelineAsync.create(barrier_storage=mbar_q, num_stages=1, producer_group=producers,
+                                                consumer_group=consumers, defer_sync=True)
         if cutlass.const_expr(self.kv_boxes):  # TMA boxes from one thread, complete by bytes; one arrival a warp
             pipe_k = cpipe.PipelineTmaAsync.create(
                 barrier_storage=mbar_k, num_stages=self.num_stages,
@@ -317,7 +325,7 @@ class MlaPagedPrefillSm90:
                                 cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages),
                                 group=self.group, num_threads=PRODUCER_THREADS, ids_barrier=_IDS_BARRIER,
                                 q_for_keyless_items=True, async_kv=True, kv_boxes=kv_boxes,
-                                skip_kv_copies=self.probe == "compute_only")
+                                skip_kv_copies=self.probe == "compute_only", early_kv=self.early_kv)
         else:
             cute.arch.setmaxregister_increase(MMA_REGS)
             self.consume_items(tidx - PRODUCER_THREADS, s_q, s_k, s_red, qo_indptr, items, item_begin, item_end,
