@@ -42,18 +42,20 @@ def isolated_compile_cache(module_compile_cache, monkeypatch):
     clear_memory_cache()
 
 
-@pytest.fixture(params=["full_s", "shared_s", "score_wg", "score_wg_ovl", "score_wg_early_kv"])
-def mla_consumers(request, monkeypatch):
+def _mla_consumer_splits() -> list[str]:
+    from cute_attn.ops.mla_prefill import SM90_CONSUMER_SPLITS
+
+    return list(SM90_CONSUMER_SPLITS)
+
+
+@pytest.fixture(params=_mla_consumer_splits())
+def mla_consumers(request):
     """Run a test with each of the sm_90a MLA prefill kernel's consumer splits (``ops.mla_prefill.SM90_CONSUMERS``:
     both warpgroups compute all of S; S split by keys; one score warpgroup, its PV GEMMs in order or each issued
-    just before the next S GEMM, or in order with the load role's early_kv order), whatever the default is: every public MLA entry (prefill, decode, plan_*) then
-    builds it. Select one with ``-k shared_s`` and the like."""
-    from cute_attn import api
-    from cute_attn.ops import mla_prefill as op
+    just before the next S GEMM, or in order with the load role's early_kv order), whatever the default is: every
+    public MLA entry (prefill, decode, plan_*) then builds it (``ops.mla_prefill.consumer_split``). Select one with
+    ``-k shared_s`` and the like."""
+    from cute_attn.ops.mla_prefill import consumer_split
 
-    monkeypatch.setattr(op, "SM90_CONSUMERS", request.param)
-    api._config_for.cache_clear()  # the per-shape config cache
-    api.clear_plan_cache()
-    yield request.param
-    api._config_for.cache_clear()
-    api.clear_plan_cache()
+    with consumer_split(request.param):
+        yield request.param

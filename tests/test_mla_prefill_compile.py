@@ -195,16 +195,15 @@ def test_no_register_spills(capfd, split):
 
 # ------------------------------------------------------------------------- share_scores: S computed once
 def _shared_s(**overrides):
-    return dataclasses.replace(_definition(**overrides), share_scores=True, score_warpgroup=False)
+    return _definition(share_scores=True, **overrides)
 
 
 def _full_s(**overrides):
-    return dataclasses.replace(_definition(**overrides), share_scores=False, score_warpgroup=False)
+    return _definition(**CONSUMER_KNOBS, **overrides)
 
 
 def _score_wg(pv_in_flight=False, **overrides):
-    return dataclasses.replace(_definition(**overrides), share_scores=False, score_warpgroup=True,
-                               intra_wg_overlap=pv_in_flight)
+    return _definition(score_warpgroup=True, intra_wg_overlap=pv_in_flight, **overrides)
 
 
 def test_share_scores_is_the_sm90_default_knob_of_the_public_config():

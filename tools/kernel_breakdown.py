@@ -87,12 +87,13 @@ def main(argv=None) -> int:
     ap.add_argument("--peer", choices=["fa4"], help="with --once: run the peer on the same case instead")
     ap.add_argument("--mla-split", help="the sm_90a MLA kernel's consumer split (ops.mla_prefill.SM90_CONSUMERS)")
     args = ap.parse_args(argv)
-    if args.mla_split:
-        from cute_attn.ops import mla_prefill
+    if args.mla_split:  # for the whole process
+        from cute_attn.ops.mla_prefill import consumer_split
 
-        if args.mla_split not in mla_prefill.SM90_CONSUMER_SPLITS:
-            raise SystemExit(f"unknown --mla-split {args.mla_split!r}: {', '.join(mla_prefill.SM90_CONSUMER_SPLITS)}")
-        mla_prefill.SM90_CONSUMERS = args.mla_split
+        try:
+            consumer_split(args.mla_split).__enter__()
+        except ValueError as exc:
+            raise SystemExit(f"--mla-split: {exc}") from None
     if args.once:
         case, out, lse, run = build(args.once)
         if args.peer == "fa4":  # same inputs, so ncu compares the two kernels on identical work

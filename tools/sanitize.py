@@ -92,21 +92,12 @@ def _cases(arch: str) -> dict:
 
     def mla_split(split: str, page_size: int):  # a consumer split of the sm_90a MLA kernel other than the default
         def run():
-            from cute_attn import api
-            from cute_attn.ops import mla_prefill as op
+            from cute_attn.ops.mla_prefill import consumer_split
 
-            saved = op.SM90_CONSUMERS
-            op.SM90_CONSUMERS = split
-            api._config_for.cache_clear()
-            api.clear_plan_cache()
-            try:  # short, empty, keyless and split items (partials + the combine), several items a CTA
+            with consumer_split(split):  # short, empty, keyless and split items (partials + the combine)
                 case = testing.make_mla_prefill_case([3, 50, 0, 20, 9], [100, 300, 7, 3000, 0], page_size=page_size,
                                                      device="cuda", seed=7)
                 return _run_api(cute_attn.mla_paged_prefill, case, arch)
-            finally:
-                op.SM90_CONSUMERS = saved
-                api._config_for.cache_clear()
-                api.clear_plan_cache()
         return run
 
     if arch == "sm_90a":

@@ -8,6 +8,7 @@ the spec's functions take 8 inputs (ps1 order) or 9 (``kv_last_page_len`` possib
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 
 import numpy as np
@@ -135,6 +136,28 @@ SM90_CONSUMER_SPLITS = {"full_s": {}, "shared_s": dict(share_scores=True), "scor
                         "score_wg_early_kv": dict(score_warpgroup=True, early_kv=True)}
 #: every knob a split sets, and its value where a split does not set it
 CONSUMER_KNOBS = dict(share_scores=False, score_warpgroup=False, intra_wg_overlap=False, early_kv=False)
+
+
+@contextlib.contextmanager
+def consumer_split(name: str):
+    """Inside the block every public MLA entry (prefill, decode, plan_*) builds the sm_90a split ``name`` whatever
+    ``SM90_CONSUMERS`` says (A/Bs, the GPU tier's fixture, sanitizer cases); the per-shape config and plan caches
+    are cleared on the way in and out, so no config of the other split is reused."""
+    global SM90_CONSUMERS
+    if name not in SM90_CONSUMER_SPLITS:
+        raise ValueError(f"unknown consumer split {name!r}: one of {', '.join(SM90_CONSUMER_SPLITS)}")
+    from .. import api
+
+    saved = SM90_CONSUMERS
+    SM90_CONSUMERS = name
+    api._config_for.cache_clear()
+    api.clear_plan_cache()
+    try:
+        yield name
+    finally:
+        SM90_CONSUMERS = saved
+        api._config_for.cache_clear()
+        api.clear_plan_cache()
 
 
 def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size) -> dict:

@@ -28,7 +28,6 @@ fp32, the row-id table and mbarriers.
 
 from __future__ import annotations
 
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
@@ -40,7 +39,7 @@ from cutlass.tensor_utils import LayoutEnum
 from ...plan import ItemField as F
 from ..common.mla import CKV_DIM, QK_DIM
 from ..common.softmax import acc_mn_view
-from .mla_prefill import MMA_THREADS, NUM_THREADS, MlaPagedPrefillSm90
+from .mla_prefill import MMA_THREADS, MlaPagedPrefillSm90
 from .wgmma import wgmma_gemm
 
 #: the head counts this kernel builds (wgmma N: a multiple of 8)
@@ -76,26 +75,17 @@ class MlaPagedDecodeSwappedSm90(MlaPagedPrefillSm90):
     def __repr__(self) -> str:
         return f"MlaPagedDecodeSwappedSm90_H{self.num_heads}_N{self.tile_n}_S{self.num_stages}"
 
-    @cute.jit
-    def __call__(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
-                 qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor,
-                 items: cute.Tensor, output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor,
-                 partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
-        s_q_layout, s_k_layout = self.smem_layouts()
+    def tiled_mmas(self) -> tuple:
+        """The swapped products: S^T = K Q^T (M = keys from the stage, N = heads from the Q tile) and O^T = V^T P^T
+        (M = V columns, MN-major from the stage; N = heads, P^T K-major), one warpgroup each."""
         n = self.tile_m
-        # S^T = K Q^T: M = keys (the stage, K-major A), N = heads (the Q tile, K-major B)
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
             atom_layout_mnk=(1, 1, 1), tiler_mn=(self.tile_n, n))
-        # O^T = V^T P^T: M = V columns (MN-major A from the stage), N = heads (P^T, K-major B); one warpgroup each
         tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.MN, cute.nvgpu.OperandMajorMode.K, Float32,
             atom_layout_mnk=(1, 1, 1), tiler_mn=(64, n))
-        self.kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
-                    output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, s_q_layout, s_k_layout,
-                    tiled_mma_qk, tiled_mma_pv, *self.kv_box_atoms(ckv_cache, kpe_cache, s_k_layout),
-                    ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream,
-                             use_pdl=True, min_blocks_per_mp=1)
+        return tiled_mma_qk, tiled_mma_pv
 
     def allocate_exchange(self, smem):
         """``(s_pt, s_red)``: each warpgroup's P^T operand (heads x 64 keys, 128B-swizzled K-major) and its

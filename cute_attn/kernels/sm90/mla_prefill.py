@@ -247,21 +247,33 @@ class MlaPagedPrefillSm90:
                  items: cute.Tensor, output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor,
                  partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
         s_q_layout, s_k_layout = self.smem_layouts()
-
-        tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
-            atom_layout_mnk=(1, 1, 1), tiler_mn=(64, self.tile_n))
-        # O = P V: two warpgroups side by side along N (V columns), 64 x 256 each
-        tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
-            atom_layout_mnk=(1, MMA_THREADS // 128, 1), tiler_mn=(64, CKV_DIM // (MMA_THREADS // 128)),
-            a_source=warpgroup.OperandSource.RMEM)
-
+        tiled_mma_qk, tiled_mma_pv = self.tiled_mmas()
         self.kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
                     output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, s_q_layout, s_k_layout,
                     tiled_mma_qk, tiled_mma_pv, *self.kv_box_atoms(ckv_cache, kpe_cache, s_k_layout),
                     ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream, use_pdl=True,
                              min_blocks_per_mp=1)
+
+    # The variants' hook (with allocate_exchange and consume_items below): how the consumers' MMAs tile the work.
+    def tiled_mmas(self) -> tuple:
+        """``(S = Q K^T, O = P V)`` tiled MMAs: both warpgroups compute all of S (one warpgroup's 64 x kv_tile
+        tiling); O split by V columns with P from registers."""
+        return self.qk_one_warpgroup(), self.pv_by_columns(p_in_registers=True)
+
+    def qk_one_warpgroup(self):
+        """S = Q K^T as one warpgroup's 64 x kv_tile MMA (K-major Q and K from the stages)."""
+        return sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
+            atom_layout_mnk=(1, 1, 1), tiler_mn=(64, self.tile_n))
+
+    def pv_by_columns(self, p_in_registers: bool):
+        """O = P V: the consumer warpgroups side by side along N (V columns), 64 x 256 each; V^T MN-major from the
+        stage, P from registers or (``p_in_registers`` False) from shared memory."""
+        wgs = MMA_THREADS // 128
+        source = dict(a_source=warpgroup.OperandSource.RMEM) if p_in_registers else {}
+        return sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
+            atom_layout_mnk=(1, wgs, 1), tiler_mn=(64, CKV_DIM // wgs), **source)
 
     # ------------------------------------------------------------------------------- device side
     @cute.kernel

@@ -57,10 +57,8 @@ committed empty), to split a tile's period between the two.
 
 from __future__ import annotations
 
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass import pipeline as cpipe
 from cutlass.cute.nvgpu import warpgroup
@@ -70,7 +68,7 @@ from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.mla import CKV_DIM, KPE_DIM, QK_DIM
 from ..common.softmax import (acc_mn_view, make_softmax_state, rescale_rows, softmax_finalize, softmax_reset,
                               softmax_update)
-from .mla_prefill import MAX_STAGES, MMA_THREADS, NUM_THREADS, MlaPagedPrefillSm90
+from .mla_prefill import MAX_STAGES, MMA_THREADS, MlaPagedPrefillSm90
 from .prefill_epilogue import smem_store_atom, store_output_rows, store_partial_rows
 from .wgmma import wgmma_gemm
 
@@ -106,27 +104,9 @@ class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
         return super().__repr__() + "_ScoreWg" + ("_OVL" if self.pv_in_flight else "") + (f"_Probe{probe}" if probe else "")
 
     # ------------------------------------------------------------------------------- host side
-    @cute.jit
-    def __call__(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
-                 qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor,
-                 items: cute.Tensor, output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor,
-                 partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
-        s_q_layout, s_k_layout = self.smem_layouts()
-        wgs = MMA_THREADS // 128
-        # S = Q K^T: the score warpgroup alone, 64 x kv_tile
-        tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
-            atom_layout_mnk=(1, 1, 1), tiler_mn=(64, self.tile_n))
-        # O = P V: P (64 x kv_tile) from shared memory, two warpgroups along N (V columns), 64 x 256 each
-        tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
-            atom_layout_mnk=(1, wgs, 1), tiler_mn=(64, CKV_DIM // wgs))
-
-        self.kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
-                    output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, s_q_layout, s_k_layout,
-                    tiled_mma_qk, tiled_mma_pv, *self.kv_box_atoms(ckv_cache, kpe_cache, s_k_layout),
-                    ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream,
-                             use_pdl=True, min_blocks_per_mp=1)
+    def tiled_mmas(self) -> tuple:
+        """S by the score warpgroup alone (64 x kv_tile); O by V columns over both warpgroups, P from smem."""
+        return self.qk_one_warpgroup(), self.pv_by_columns(p_in_registers=False)
 
     # ------------------------------------------------------------------------------- device side
     def allocate_exchange(self, smem):

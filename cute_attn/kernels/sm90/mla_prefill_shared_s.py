@@ -51,7 +51,6 @@ the other's GEMMs), which needs finer stage release (see docs/perf-notes.md).
 
 from __future__ import annotations
 
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
@@ -63,7 +62,7 @@ from ..common.mla import CKV_DIM, KPE_DIM, QK_DIM
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.softmax import (_row_max, acc_mn_view, exp_row_against_max, make_softmax_state, rescale_rows,
                               softmax_reset)
-from .mla_prefill import MMA_THREADS, NUM_THREADS, MlaPagedPrefillSm90
+from .mla_prefill import MMA_THREADS, MlaPagedPrefillSm90
 from .prefill_epilogue import smem_store_atom, store_output_rows, store_partial_rows
 from .wgmma import wgmma_gemm
 
@@ -91,27 +90,13 @@ class MlaPagedPrefillSharedSSm90(MlaPagedPrefillSm90):
         return super().__repr__() + "_SharedS"
 
     # ------------------------------------------------------------------------------- host side
-    @cute.jit
-    def __call__(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
-                 qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor,
-                 items: cute.Tensor, output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor,
-                 partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
-        s_q_layout, s_k_layout = self.smem_layouts()
+    def tiled_mmas(self) -> tuple:
+        """S split by keys: two warpgroups side by side along N, 64 x kv_tile/2 each; O by V columns, P from smem."""
         wgs = MMA_THREADS // 128
-        # S = Q K^T: two warpgroups side by side along N (keys), 64 x kv_tile/2 each
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
             atom_layout_mnk=(1, wgs, 1), tiler_mn=(64, self.tile_n // wgs))
-        # O = P V: P (64 x kv_tile) from shared memory, two warpgroups along N (V columns), 64 x 256 each
-        tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
-            atom_layout_mnk=(1, wgs, 1), tiler_mn=(64, CKV_DIM // wgs))
-
-        self.kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
-                    output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, s_q_layout, s_k_layout,
-                    tiled_mma_qk, tiled_mma_pv, *self.kv_box_atoms(ckv_cache, kpe_cache, s_k_layout),
-                    ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream,
-                             use_pdl=True, min_blocks_per_mp=1)
+        return tiled_mma_qk, self.pv_by_columns(p_in_registers=False)
 
     # ------------------------------------------------------------------------------- device side
     # The base class's kernel, with the row-statistics exchange buffer and this class's consumers.
