@@ -105,7 +105,8 @@ def _cases(arch: str) -> dict:
 
         for split in SM90_CONSUMER_SPLITS:
             for page_size in (1, 64):
-                cases[f"mla-{split.replace('_', '-')}-p{page_size}"] = ("mla_paged_prefill", mla_split(split, page_size))
+                name = f"mla-{split.replace('_', '-')}-p{page_size}"
+                cases[name] = ("mla_paged_prefill", mla_split(split, page_size))
 
     def edge_decode():
         case = testing.with_edge_page_table(testing.make_gqa_decode_case(

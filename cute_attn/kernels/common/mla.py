@@ -217,13 +217,13 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
             kv_state.advance()
             if cutlass.const_expr(early_kv):
                 if t == 0:  # the first K tile is out: now Q, behind it
-                    _load_q_tile_async(q_nope, q_pe, qo_indptr, b, r0, row_count, s_q_chunks, tid, group, num_threads,
-                                       pipe_q, q_state)
+                    _load_q_tile(copy_atom, zeros, q_nope, q_pe, qo_indptr, b, r0, row_count, s_q_chunks, tid, group,
+                                 num_threads, pipe_q, q_state, asynchronous=True)
                     q_state.advance()
         if cutlass.const_expr(early_kv):
             if num_tiles == 0:  # a keyless item: its consumers still wait on Q
-                _load_q_tile_async(q_nope, q_pe, qo_indptr, b, r0, row_count, s_q_chunks, tid, group, num_threads,
-                                   pipe_q, q_state)
+                _load_q_tile(copy_atom, zeros, q_nope, q_pe, qo_indptr, b, r0, row_count, s_q_chunks, tid, group,
+                             num_threads, pipe_q, q_state, asynchronous=True)
                 q_state.advance()
 
 
@@ -306,29 +306,24 @@ def _page_row(page: Int32, key: Int32, num_pages: Int32, page_shift: cutlass.Con
 
 
 @cute.jit
-def _load_q_tile_async(q_nope: cute.Tensor, q_pe: cute.Tensor, qo_indptr: cute.Tensor, b: Int32, r0: Int32,
-                       row_count: Int32, s_q_chunks: cute.Tensor, tid: Int32, group: cutlass.Constexpr[int],
-                       num_threads: cutlass.Constexpr[int], pipe_q, q_state):
-    """:func:`_load_q_tile` with every row a cp.async completing on the Q barrier by itself (``pipe_q`` a
-    ``PipelineCpAsync``): the thread does not wait for it (``early_kv``)."""
-    q_row0 = Int64(qo_indptr[b]) * group + r0
-    pipe_q.producer_acquire(q_state)
-    gather_rows_zero_fill(q_nope, Int64(CKV_DIM), s_q_chunks, 0, CKV_DIM, tid, num_threads, row0=q_row0,
-                          valid_rows=row_count)
-    gather_rows_zero_fill(q_pe, Int64(KPE_DIM), s_q_chunks, CKV_DIM // ROW_CHUNK, KPE_DIM, tid, num_threads,
-                          row0=q_row0, valid_rows=row_count)
-    pipe_q.producer_commit(q_state)
-
-
-@cute.jit
 def _load_q_tile(copy_atom: cute.CopyAtom, zeros: cute.Tensor, q_nope: cute.Tensor, q_pe: cute.Tensor,
                  qo_indptr: cute.Tensor, b: Int32, r0: Int32, row_count: Int32, s_q_chunks: cute.Tensor, tid: Int32,
-                 group: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int], pipe_q, q_state):
-    """Q of the item's packed rows ``r0 .. r0 + row_count - 1`` of request ``b`` (the caller advances ``q_state``)."""
+                 group: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int], pipe_q, q_state,
+                 asynchronous: cutlass.Constexpr[bool] = False):
+    """Q of the item's packed rows ``r0 .. r0 + row_count - 1`` of request ``b`` (the caller advances ``q_state``).
+    ``asynchronous`` (``early_kv``): every row a cp.async completing on the Q barrier by itself (``pipe_q`` a
+    ``PipelineCpAsync``), so the thread does not wait for it; else the thread waits for its copies and arrives."""
     q_row0 = Int64(qo_indptr[b]) * group + r0
     pipe_q.producer_acquire(q_state)
-    gather_rows(copy_atom, zeros, q_nope, Int64(CKV_DIM), s_q_chunks, 0, CKV_DIM, tid, num_threads, row0=q_row0,
-                valid_rows=row_count)
-    gather_rows(copy_atom, zeros, q_pe, Int64(KPE_DIM), s_q_chunks, CKV_DIM // ROW_CHUNK, KPE_DIM, tid, num_threads,
-                row0=q_row0, valid_rows=row_count)
-    commit_rows(pipe_q, q_state)
+    if cutlass.const_expr(asynchronous):
+        gather_rows_zero_fill(q_nope, Int64(CKV_DIM), s_q_chunks, 0, CKV_DIM, tid, num_threads, row0=q_row0,
+                              valid_rows=row_count)
+        gather_rows_zero_fill(q_pe, Int64(KPE_DIM), s_q_chunks, CKV_DIM // ROW_CHUNK, KPE_DIM, tid, num_threads,
+                              row0=q_row0, valid_rows=row_count)
+        pipe_q.producer_commit(q_state)
+    else:
+        gather_rows(copy_atom, zeros, q_nope, Int64(CKV_DIM), s_q_chunks, 0, CKV_DIM, tid, num_threads, row0=q_row0,
+                    valid_rows=row_count)
+        gather_rows(copy_atom, zeros, q_pe, Int64(KPE_DIM), s_q_chunks, CKV_DIM // ROW_CHUNK, KPE_DIM, tid,
+                    num_threads, row0=q_row0, valid_rows=row_count)
+        commit_rows(pipe_q, q_state)

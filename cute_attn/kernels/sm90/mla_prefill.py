@@ -298,7 +298,7 @@ class MlaPagedPrefillSm90:
 
         producers = cpipe.CooperativeGroup(cpipe.Agent.Thread, PRODUCER_THREADS)
         consumers = cpipe.CooperativeGroup(cpipe.Agent.Thread, MMA_THREADS)
-        if cutlass.const_expr(self.early_kv):  # Q rows complete on the barrier by themselves (noinc): never waited for
+        if cutlass.const_expr(self.early_kv):  # Q rows complete on the barrier by themselves (noinc): not waited for
             pipe_q = cpipe.PipelineCpAsync.create(barrier_storage=mbar_q, num_stages=1, producer_group=producers,
                                                   consumer_group=consumers, defer_sync=True)
         else:

@@ -101,7 +101,8 @@ class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
 
     def __repr__(self) -> str:  # shows in the kernel symbol
         probe = "".join(w.title() for w in self.probe.split("_"))
-        return super().__repr__() + "_ScoreWg" + ("_OVL" if self.pv_in_flight else "") + (f"_Probe{probe}" if probe else "")
+        return (super().__repr__() + "_ScoreWg" + ("_OVL" if self.pv_in_flight else "")
+                + (f"_Probe{probe}" if probe else ""))
 
     # ------------------------------------------------------------------------------- host side
     def tiled_mmas(self) -> tuple:
