@@ -2,9 +2,10 @@
 
 import re
 
-# a key's page id checked against [0, num_pages) before it becomes a row id: two compares, two selects of -1
+# a key's page id checked against [0, num_pages) before it becomes a row id: two compares, two selects of -1 (the
+# row arithmetic of page and slot may be scheduled between them)
 BOUNDS_CHECK = re.compile(r"setp\.gt\.s32\s+(%p\d+), (%r\d+), -1;\s*setp\.gt\.s32\s+(%p\d+), %r\d+, \2;"
-                          r"(?:\s*(?:shl|and|or)\.b32[^;]*;)*\s*"
+                          r"(?:\s*(?:(?:shl|and|or)\.b32|add\.s32)[^;]*;)*\s*"
                           r"selp\.b32\s+(%r\d+), %r\d+, -1, \3;\s*selp\.b32\s+%r\d+, \4, -1, \1;")
 
 

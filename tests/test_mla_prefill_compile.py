@@ -27,6 +27,9 @@ pytestmark = pytest.mark.usefixtures("isolated_compile_cache")
 # a K-stage row copy (common/row_gather.cp_async_chunk): its src-size is a register (16, or 0 to zero-fill)
 K_ROW_COPY = re.compile(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[g\], 16, %r\d+;")
 Q_ROW_COPY = re.compile(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[%rd\d+(\+\d+)?\], 16, 16;")
+# a 64-row Q tile by 128-byte segments (row_segments, the default): 4 rows a thread, 8 nope segments + 1 pe each,
+# every copy in K_ROW_COPY's form (zero fill past Q_ROW_COUNT by src-size)
+Q_SEGMENT_COPIES = 4 * (8 + 1)
 
 
 def _definition(**overrides):
@@ -70,13 +73,13 @@ def test_compiles_with_wgmma_and_cp_async_gather(kv_tile):
     # S = Q K^T: 576 / 16 k-steps of m64 n<kv_tile>; O = P V: kv_tile / 16 k-steps of m64n256 per warpgroup
     assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{kv_tile}k16.f32.bf16.bf16") == 576 // 16
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16") == kv_tile // 16
-    assert re.search(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 16, 16;", ptx)  # 16-byte gathers
-    assert "cp.async.wait_group" in ptx
+    assert "cp.async.wait_group" in ptx  # Q's commit waits for its rows
     assert "fence.proxy.async.shared::cta" in ptx  # gathered rows made visible to wgmma
-    assert "st.shared.v4.b32" in ptx  # zero-fill of rows past KV_END / Q_ROW_COUNT
     assert "mbarrier.try_wait.parity" in ptx
-    # K stages: every row one unrolled cp.async (zero-fill by src-size), completing on the full barrier by itself
-    assert len(K_ROW_COPY.findall(ptx)) == kv_tile * (512 + 64) // 8 // 128
+    # K stages: every row one unrolled cp.async (zero-fill by src-size), completing on the full barrier by itself;
+    # Q's rows take the same form
+    assert len(K_ROW_COPY.findall(ptx)) == kv_tile * (512 + 64) // 8 // 128 + Q_SEGMENT_COPIES
+    assert len(Q_ROW_COPY.findall(ptx)) == 0
     assert ptx.count("cp.async.mbarrier.arrive.noinc.shared") == 1
     assert "setmaxnreg.dec.sync.aligned.u32 \t40" in ptx and "setmaxnreg.inc.sync.aligned.u32 \t232" in ptx
     assert mla_prefill.smem_bytes(config) <= SMEM_LIMIT
@@ -91,9 +94,8 @@ def test_paged_latent_rows_compile_with_bounds_checked_ids(page_size):
     config = _definition(page_size=page_size, **({"row_gather": True} if page_size >= 8 else {}))
     assert mla_prefill.check_config(config) is None
     ptx = compile_to_ptx(config)
-    # the same gathers as at page size 1: Q's (two passes unrolled, nope and pe) and the K stage's 36 row copies
-    assert ptx.count("cp.async.cg.shared.global") - len(K_ROW_COPY.findall(ptx)) == 4
-    assert len(K_ROW_COPY.findall(ptx)) == 36
+    # the same gathers as at page size 1: Q's and the K stage's 36 row copies a thread
+    assert ptx.count("cp.async.cg.shared.global") == len(K_ROW_COPY.findall(ptx)) == 36 + Q_SEGMENT_COPIES
     assert len(BOUNDS_CHECK.findall(ptx)) == 1 and prefetched_bounds_checks(ptx) == 1
     if page_size > 1:
         shift = page_size.bit_length() - 1
@@ -118,14 +120,13 @@ def test_long_pages_load_k_stages_as_tma_boxes(page_size, split):
     ptx = compile_to_ptx(config)
     assert ptx.count("cp.async.bulk.tensor.2d.shared::cta.global.tile.mbarrier::complete_tx::bytes") == \
         BOXES_PER_STAGE
-    assert len(K_ROW_COPY.findall(ptx)) == 0 and "cp.async.mbarrier.arrive.noinc.shared" not in ptx
+    assert len(K_ROW_COPY.findall(ptx)) == Q_SEGMENT_COPIES and "cp.async.mbarrier.arrive.noinc.shared" not in ptx
     assert ptx.count("mbarrier.arrive.expect_tx") == 1  # the K stage's bytes, by warp 0's elected thread
     assert ptx.count("prefetch.tensormap") == 4  # the four maps: ckv and kpe, 8-row and 1-row boxes
-    assert len(Q_ROW_COPY.findall(ptx)) == 4  # Q stays a cp.async gather
     assert len(BOUNDS_CHECK.findall(ptx)) == 1 and prefetched_bounds_checks(ptx) == 1
     assert "ld.local" not in ptx and "st.local" not in ptx
     rows = compile_to_ptx(dataclasses.replace(config, row_gather=True))
-    assert "cp.async.bulk.tensor" not in rows and len(K_ROW_COPY.findall(rows)) == 36
+    assert "cp.async.bulk.tensor" not in rows and len(K_ROW_COPY.findall(rows)) == 36 + Q_SEGMENT_COPIES
 
 
 def test_k_stage_boxes_need_pages_of_8_keys():
@@ -306,13 +307,17 @@ def test_one_token_decode_builds_the_swapped_product(heads, page_size):
                       ptx)
     assert mmas.count("0") == 576 // 16 and mmas.count("1") == 4 * 4  # S^T (K-major A), O^T (MN-major V^T)
     assert "wgmma.mma_async.sync.aligned.m64n64" not in ptx  # no 64-row query tile
+    # Q: h16's 16 rows are one pass of segments (8 nope + 1 pe copies a thread); h8's 8 rows fill half a pass, so
+    # they keep chunk columns: the nope part (a loop unrolled twice) and the pe part (one pass, its 8 rows half a
+    # pass: the case whose copies were once left out, caught on the H200 as S^T without the pe dims)
+    q_segment_copies = 8 + 1 if heads == 16 else 0
+    assert len(Q_ROW_COPY.findall(ptx)) == (0 if heads == 16 else 3)
     if page_size >= 8:  # K stages by TMA boxes (test_long_pages_load_k_stages_as_tma_boxes)
-        assert len(K_ROW_COPY.findall(ptx)) == 0 and ptx.count("cp.async.bulk.tensor.2d") == BOXES_PER_STAGE
+        assert len(K_ROW_COPY.findall(ptx)) == q_segment_copies
+        assert ptx.count("cp.async.bulk.tensor.2d") == BOXES_PER_STAGE
     else:
-        assert len(K_ROW_COPY.findall(ptx)) == 36 and "cp.async.mbarrier.arrive.noinc.shared" in ptx
-    # Q: the nope part (a loop unrolled twice) and the pe part (one pass; at h8 its 8 rows fill half a pass, the
-    # case whose copies were once left out: the H200 caught S^T without the pe dims)
-    assert len(Q_ROW_COPY.findall(ptx)) == 3
+        assert len(K_ROW_COPY.findall(ptx)) == 36 + q_segment_copies
+        assert "cp.async.mbarrier.arrive.noinc.shared" in ptx
     assert "ld.local" not in ptx and mla_prefill.num_stages(config) == 2
 
 
@@ -390,11 +395,10 @@ def test_probes_keep_one_half_of_the_kernel(probe):
     assert "_ProbeLoadsOnly" in ptx if probe == "loads_only" else "_ProbeComputeOnly" in ptx
     gemms = ptx.count("wgmma.mma_async.sync.aligned.m64n64k16") + ptx.count("wgmma.mma_async.sync.aligned.m64n256k16")
     if probe == "loads_only":
-        assert gemms == 0 and len(K_ROW_COPY.findall(ptx)) == 36
+        assert gemms == 0 and len(K_ROW_COPY.findall(ptx)) == 36 + Q_SEGMENT_COPIES
     else:
-        assert gemms == 36 + 8 and len(K_ROW_COPY.findall(ptx)) == 0
+        assert gemms == 36 + 8 and len(K_ROW_COPY.findall(ptx)) == Q_SEGMENT_COPIES
         assert "cp.async.mbarrier.arrive.noinc.shared" in ptx  # the stage still completes, empty
-    assert len(Q_ROW_COPY.findall(ptx)) == 4
 
 
 @pytest.mark.parametrize("page_size", [1, 64])
@@ -446,3 +450,31 @@ def test_score_warpgroup_refuses_what_it_does_not_build():
         "gqa_paged_prefill", arch="sm_90a", num_qo_heads=32, num_kv_heads=4, head_dim_qk=128, head_dim_v=128,
         page_size=64, causal=True), score_warpgroup=True)
     assert "score_warpgroup" in gqa.can_implement()
+
+
+def _k_stage_gather(ptx: str) -> list[str]:
+    """The load role's instructions from the row-id table's named barrier to the K stage's noinc commit."""
+    lines = ptx.split("\n")
+    end = next(i for i, line in enumerate(lines) if "cp.async.mbarrier.arrive.noinc" in line)
+    start = max(i for i in range(end) if re.search(r"\bbar(rier)?\.sync", lines[i]))
+    return [line for line in lines[start:end] if line.strip() and not line.strip().startswith(("$", "//"))]
+
+
+def test_row_segments_resolve_four_row_ids_a_tile():
+    """``row_segments`` (the default): 8 lanes a 128-byte segment, so each load thread reads 4 row ids of a 64-key
+    stage (one per row it copies) and walks each row's 8 + 1 segments at constant offsets; ``row_segments=False``
+    (one chunk column a thread) reads an id and builds an address for each of its 36 copies. Same copy count."""
+    segments = _k_stage_gather(compile_to_ptx(_score_wg()))
+    columns = _k_stage_gather(compile_to_ptx(_score_wg(row_segments=False)))
+    for gather in (segments, columns):
+        assert sum("cp.async.cg.shared.global" in line for line in gather) == 36
+    assert sum("ld.shared" in line for line in segments) <= 8  # 4 ids (+ the pipeline's own)
+    assert sum("ld.shared" in line for line in columns) == 36
+    assert len(segments) < len(columns) // 2
+
+
+def test_row_segments_false_is_refused_elsewhere():
+    gqa = dataclasses.replace(default_paged_config(
+        "gqa_paged_prefill", arch="sm_90a", num_qo_heads=32, num_kv_heads=4, head_dim_qk=128, head_dim_v=128,
+        page_size=64, causal=True), row_segments=False)
+    assert "row_segments" in gqa.can_implement()

@@ -40,7 +40,8 @@ from cutlass import Int32, Int64
 from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField as F
 from .paged_launch import checked_build, launch_paged
-from .row_gather import ROW_CHUNK, commit_rows, gather_rows, gather_rows_zero_fill, make_row_copy_atom
+from .row_gather import (ROW_CHUNK, commit_rows, gather_row_segments, gather_rows, gather_rows_zero_fill,
+                         make_row_copy_atom, segments_fit)
 from .tma_issue import tma_gather4, tma_load
 
 KIND = "mla_paged_prefill"
@@ -119,7 +120,8 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
                         group: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int],
                         ids_barrier: cutlass.Constexpr[int], q_for_keyless_items: cutlass.Constexpr[bool],
                         async_kv: cutlass.Constexpr[bool] = False, kv_gather4=None, kv_boxes=None,
-                        skip_kv_copies: cutlass.Constexpr[bool] = False, early_kv: cutlass.Constexpr[bool] = False):
+                        skip_kv_copies: cutlass.Constexpr[bool] = False, early_kv: cutlass.Constexpr[bool] = False,
+                        row_segments: cutlass.Constexpr[bool] = False):
     """The load role over items ``item_begin .. item_end - 1`` (thread ``tid`` of ``num_threads``).
 
     ``s_q``: ``(tile_m, 576)`` smem tile; ``s_k``: ``(kv_tile, 576, stage)``; ``s_ids``: ``(kv_tile, 2)``
@@ -142,6 +144,8 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
     after its Q had landed). The consumers' fence after their K wait covers Q too.
     ``skip_kv_copies`` (with ``async_kv``; the ``compute_only`` probe): each K stage is acquired and committed without
     a copy (the commit's ``noinc`` arrival then completes at once), so the consumers run on whatever it holds.
+    ``row_segments`` (sm_90a, with ``async_kv``): the cp.async rows of the K stages and of Q are dealt by 128-byte
+    segments (:func:`gather_row_segments`: 4 row ids and addresses a thread a tile, not 36).
     """
     tile_n = cute.size(s_k, mode=[0])
     copy_atom = make_row_copy_atom(s_q.element_type)
@@ -171,14 +175,14 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
         # order (computing the count first changes that kernel's PTX); early_kv issues it after the first K tile
         if cutlass.const_expr(q_for_keyless_items and not early_kv):
             _load_q_tile(copy_atom, zeros, q_nope, q_pe, qo_indptr, b, r0, row_count, s_q_chunks, tid, group,
-                         num_threads, pipe_q, q_state)
+                         num_threads, pipe_q, q_state, row_segments=row_segments)
             q_state.advance()
         page_base = kv_indptr[b]
         num_tiles = cute.ceil_div(kv_end - kv_start, tile_n) if kv_end > kv_start else 0
         if cutlass.const_expr(not q_for_keyless_items):
             if num_tiles > 0:  # Q's consumer skips items without keys
                 _load_q_tile(copy_atom, zeros, q_nope, q_pe, qo_indptr, b, r0, row_count, s_q_chunks, tid, group,
-                             num_threads, pipe_q, q_state)
+                             num_threads, pipe_q, q_state, row_segments=row_segments)
                 q_state.advance()
         # each thread's key of the next tile: its page id is loaded a tile ahead, so the load's latency runs under
         # this tile's copies instead of in front of them (every tile paid it, and the named barrier made every
@@ -203,9 +207,10 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
                 pipe_kv.producer_acquire(kv_state)
                 if cutlass.const_expr(not skip_kv_copies):
                     s_stage = s_k_chunks[None, None, None, None, kv_state.index]
-                    gather_rows_zero_fill(ckv_cache, ckv_stride, s_stage, 0, CKV_DIM, tid, num_threads, ids)
-                    gather_rows_zero_fill(kpe_cache, kpe_stride, s_stage, CKV_DIM // ROW_CHUNK, KPE_DIM, tid,
-                                          num_threads, ids)
+                    by_segments = row_segments and segments_fit(s_stage, KPE_DIM, num_threads)
+                    gather = gather_row_segments if cutlass.const_expr(by_segments) else gather_rows_zero_fill
+                    gather(ckv_cache, ckv_stride, s_stage, 0, CKV_DIM, tid, num_threads, ids)
+                    gather(kpe_cache, kpe_stride, s_stage, CKV_DIM // ROW_CHUNK, KPE_DIM, tid, num_threads, ids)
                 pipe_kv.producer_commit(kv_state)
             else:
                 pipe_kv.producer_acquire(kv_state)
@@ -218,12 +223,14 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
             if cutlass.const_expr(early_kv):
                 if t == 0:  # the first K tile is out: now Q, behind it
                     _load_q_tile(copy_atom, zeros, q_nope, q_pe, qo_indptr, b, r0, row_count, s_q_chunks, tid, group,
-                                 num_threads, pipe_q, q_state, asynchronous=True)
+                                 num_threads, pipe_q, q_state, asynchronous=True,
+                                 row_segments=row_segments)
                     q_state.advance()
         if cutlass.const_expr(early_kv):
             if num_tiles == 0:  # a keyless item: its consumers still wait on Q
                 _load_q_tile(copy_atom, zeros, q_nope, q_pe, qo_indptr, b, r0, row_count, s_q_chunks, tid, group,
-                             num_threads, pipe_q, q_state, asynchronous=True)
+                             num_threads, pipe_q, q_state, asynchronous=True,
+                                 row_segments=row_segments)
                 q_state.advance()
 
 
@@ -309,18 +316,22 @@ def _page_row(page: Int32, key: Int32, num_pages: Int32, page_shift: cutlass.Con
 def _load_q_tile(copy_atom: cute.CopyAtom, zeros: cute.Tensor, q_nope: cute.Tensor, q_pe: cute.Tensor,
                  qo_indptr: cute.Tensor, b: Int32, r0: Int32, row_count: Int32, s_q_chunks: cute.Tensor, tid: Int32,
                  group: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int], pipe_q, q_state,
-                 asynchronous: cutlass.Constexpr[bool] = False):
+                 asynchronous: cutlass.Constexpr[bool] = False, row_segments: cutlass.Constexpr[bool] = False):
     """Q of the item's packed rows ``r0 .. r0 + row_count - 1`` of request ``b`` (the caller advances ``q_state``).
     ``asynchronous`` (``early_kv``): every row a cp.async completing on the Q barrier by itself (``pipe_q`` a
     ``PipelineCpAsync``), so the thread does not wait for it; else the thread waits for its copies and arrives."""
     q_row0 = Int64(qo_indptr[b]) * group + r0
     pipe_q.producer_acquire(q_state)
-    if cutlass.const_expr(asynchronous):
-        gather_rows_zero_fill(q_nope, Int64(CKV_DIM), s_q_chunks, 0, CKV_DIM, tid, num_threads, row0=q_row0,
-                              valid_rows=row_count)
-        gather_rows_zero_fill(q_pe, Int64(KPE_DIM), s_q_chunks, CKV_DIM // ROW_CHUNK, KPE_DIM, tid, num_threads,
-                              row0=q_row0, valid_rows=row_count)
-        pipe_q.producer_commit(q_state)
+    by_segments = row_segments and segments_fit(s_q_chunks, KPE_DIM, num_threads)
+    if cutlass.const_expr(asynchronous or by_segments):
+        gather = gather_row_segments if cutlass.const_expr(by_segments) else gather_rows_zero_fill
+        gather(q_nope, Int64(CKV_DIM), s_q_chunks, 0, CKV_DIM, tid, num_threads, row0=q_row0, valid_rows=row_count)
+        gather(q_pe, Int64(KPE_DIM), s_q_chunks, CKV_DIM // ROW_CHUNK, KPE_DIM, tid, num_threads, row0=q_row0,
+               valid_rows=row_count)
+        if cutlass.const_expr(asynchronous):
+            pipe_q.producer_commit(q_state)
+        else:  # zero-filled rows are cp.async too: waited for and fenced like the copies
+            commit_rows(pipe_q, q_state)
     else:
         gather_rows(copy_atom, zeros, q_nope, Int64(CKV_DIM), s_q_chunks, 0, CKV_DIM, tid, num_threads, row0=q_row0,
                     valid_rows=row_count)

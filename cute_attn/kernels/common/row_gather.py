@@ -114,6 +114,68 @@ def cp_async_chunk(dst_smem: Int32, src_global: Int64, src_bytes: Int32):
     )
 
 
+SEGMENT_CHUNKS = 8  # 16-byte chunks in one 128-byte segment: a swizzle atom's row, a full L2 line
+
+
+def segment_step_bytes(s_chunks: cute.Tensor) -> int:
+    """Shared-memory bytes between a row's chunk ``c`` and chunk ``c + SEGMENT_CHUNKS`` (the next 64-column block of a
+    128B-swizzled K-major tile). A multiple of 1024, so it never touches the swizzle's bits 4-9: every segment of a
+    row is the first one's swizzled address plus a constant."""
+    step = cute.crd2idx((0, 0, 0, SEGMENT_CHUNKS), s_chunks.layout) - cute.crd2idx((0, 0, 0, 0), s_chunks.layout)
+    step_bytes = int(step) * s_chunks.element_type.width // 8
+    if step_bytes % 1024:
+        raise ValueError(f"segment step {step_bytes} B is not whole 1024-byte swizzle atoms")
+    return step_bytes
+
+
+def segments_fit(s_chunks: cute.Tensor, width: int, num_threads: int) -> bool:
+    """:func:`gather_row_segments` covers the tile in whole passes (else the caller keeps chunk columns)."""
+    rows_per_pass = num_threads // SEGMENT_CHUNKS
+    return (width // ROW_CHUNK) % SEGMENT_CHUNKS == 0 and cute.size(s_chunks, mode=[2]) % rows_per_pass == 0
+
+
+@cute.jit
+def gather_row_segments(src: cute.Tensor, row_stride: Int64, s_chunks: cute.Tensor, chunk0: cutlass.Constexpr[int],
+                        width: cutlass.Constexpr[int], tid: Int32, num_threads: cutlass.Constexpr[int],
+                        ids: cute.Tensor | None = None, row0: Int64 | None = None, valid_rows: Int32 | None = None):
+    """:func:`gather_rows_zero_fill`'s copies (the same rows, ids, zero fill by ``src-size`` 0 and completion rules),
+    dealt by 128-byte segments: 8 lanes copy one segment of a row, a warp 4 rows, and each thread walks its few rows'
+    ``width / 64`` segments at constant offsets. A thread of 128 then resolves 4 row ids and addresses a 64-key tile
+    instead of 36 (one chunk column a thread visits every row): the load warps issue ~1/3 of the instructions, which
+    is what they compete with the consumer warps for."""
+    chunks = width // ROW_CHUNK
+    if cutlass.const_expr(chunks % SEGMENT_CHUNKS or num_threads % SEGMENT_CHUNKS):
+        raise ValueError(f"gather_row_segments: {width} columns / {num_threads} threads are not whole 128-byte segments")
+    segments = chunks // SEGMENT_CHUNKS
+    num_rows = cute.size(s_chunks, mode=[2])
+    rows_per_pass = num_threads // SEGMENT_CHUNKS
+    if cutlass.const_expr(num_rows % rows_per_pass):
+        raise ValueError(f"gather_row_segments: {num_rows} rows are not whole passes of {rows_per_pass}")
+    step = segment_step_bytes(s_chunks)
+    lane = tid % SEGMENT_CHUNKS
+    sub = tid // SEGMENT_CHUNKS
+    elem = src.element_type.width // 8
+    base = src.iterator.toint() + Int64(lane * ROW_CHUNK * elem)
+    row_bytes = row_stride * elem
+    for p in cutlass.range_constexpr(num_rows // rows_per_pass):
+        r = p * rows_per_pass + sub
+        nbytes = Int32(0)
+        src_row = Int64(0)
+        if cutlass.const_expr(ids is None):
+            if r < valid_rows:
+                nbytes = Int32(16)
+                src_row = row0 + r
+        else:
+            rid = ids[r]
+            if rid >= 0:
+                nbytes = Int32(16)
+                src_row = Int64(rid)
+        src_addr = base + src_row * row_bytes
+        dst = swizzle_128b(s_chunks[0, None, r, chunk0 + lane].iterator.toint())
+        for s in cutlass.range_constexpr(segments):
+            cp_async_chunk(dst + s * step, src_addr + s * SEGMENT_CHUNKS * ROW_CHUNK * elem, nbytes)
+
+
 @cute.jit
 def gather_one_row_pages(rows: cute.Tensor, s_chunks: cute.Tensor, lane_pages: cute.Tensor, head: Int32, lane: Int32,
                          num_rows: cutlass.Constexpr[int], head_dim: cutlass.Constexpr[int],

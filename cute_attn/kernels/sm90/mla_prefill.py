@@ -217,11 +217,12 @@ class MlaPagedPrefillSm90:
         self.kv_boxes = uses_kv_boxes(config)
         self.probe = config.probe
         self.early_kv = config.early_kv
+        self.row_segments = config.row_segments
         self.dtype = cutlass.BFloat16
 
     def __repr__(self) -> str:  # shows in the kernel symbol
         return (f"MlaPagedPrefillSm90_H{self.num_heads}_M{self.tile_m}_N{self.tile_n}_S{self.num_stages}"
-                + ("_EarlyKv" if self.early_kv else ""))
+                + ("_EarlyKv" if self.early_kv else "") + ("" if self.row_segments else "_ChunkColumns"))
 
     # ------------------------------------------------------------------------------- host side
     def smem_layouts(self):
@@ -337,7 +338,8 @@ class MlaPagedPrefillSm90:
                                 cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages),
                                 group=self.group, num_threads=PRODUCER_THREADS, ids_barrier=_IDS_BARRIER,
                                 q_for_keyless_items=True, async_kv=True, kv_boxes=kv_boxes,
-                                skip_kv_copies=self.probe == "compute_only", early_kv=self.early_kv)
+                                skip_kv_copies=self.probe == "compute_only", early_kv=self.early_kv,
+                                row_segments=self.row_segments)
         else:
             cute.arch.setmaxregister_increase(MMA_REGS)
             self.consume_items(tidx - PRODUCER_THREADS, s_q, s_k, s_red, qo_indptr, items, item_begin, item_end,
