@@ -143,10 +143,6 @@ class PagedAttentionConfig(KernelConfig):
     #: sm_90a MLA prefill's load order: an item's first K tile before its Q tile, Q gathered without waiting for it to
     #: land (``common/mla.load_q_and_kv_tiles``); the A/B knob of session 12's per-item latency analysis
     early_kv: bool = False
-    #: sm_90a MLA prefill's load role: Q gathered by cp.async completing on its barrier by itself (noinc), in the
-    #: default order (Q, then the item's K tiles), so the load threads never wait for Q's copies (nor, as the
-    #: waiting commit did, for every K copy in flight before it); early_kv without the reorder
-    async_q: bool = False
     #: sm_90a MLA load role: cp.async rows dealt by 128-byte segments, 8 lanes a segment and few rows a thread
     #: (``common/row_gather.gather_row_segments``); False keeps one 16-byte chunk column a thread over every row (the
     #: session-12 kernels; the A/B knob)
@@ -203,8 +199,6 @@ class PagedAttentionConfig(KernelConfig):
             return f"probe={self.probe!r}: measurement builds exist for the sm_90a MLA prefill kernel only"
         if self.early_kv and (self.kind, self.arch) != ("mla_paged_prefill", "sm_90a"):
             return "early_kv is a load order of the sm_90a MLA prefill kernel only"
-        if self.async_q and (self.kind, self.arch) != ("mla_paged_prefill", "sm_90a"):
-            return "async_q is a load-role variant of the sm_90a MLA prefill kernel only"
         if not self.row_segments and not (self.kind.startswith("mla_") and self.arch == "sm_90a"):
             return "row_segments=False is a load-role variant of the sm_90a MLA kernels only"
         if self.tile_q_rows not in (8, 16, 64, 128):

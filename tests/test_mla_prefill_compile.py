@@ -419,27 +419,6 @@ def test_early_kv_gathers_q_without_waiting(page_size):
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k16") == 36
 
 
-@pytest.mark.parametrize("page_size", [1, 64])
-def test_async_q_gathers_q_first_without_waiting(page_size):
-    """``async_q``: Q's rows complete on the Q barrier by themselves (noinc) as in ``early_kv``, but Q still goes
-    out before the item's K tiles; one Q gather site; nothing waits for its copies."""
-    config = _definition(page_size=page_size, async_q=True, score_warpgroup=True)
-    assert mla_prefill.check_config(config) is None
-    ptx = compile_to_ptx(config)
-    assert "_AsyncQ_ScoreWg" in ptx
-    assert not re.search(r"cp\.async\.wait_(group|all)", ptx)
-    k_rows = 0 if page_size >= 8 else 36
-    assert len(K_ROW_COPY.findall(ptx)) == k_rows + Q_SEGMENT_COPIES
-    assert ptx.count("cp.async.mbarrier.arrive.noinc.shared") == (0 if page_size >= 8 else 1) + 1
-    assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k16") == 36
-
-
-def test_async_q_is_refused_with_early_kv_and_for_decode():
-    assert "async_q" in mla_prefill.check_config(_definition(async_q=True, early_kv=True, score_warpgroup=True))
-    assert "async_q" in mla_prefill.check_config(
-        dataclasses.replace(_definition(), tile_q_rows=16, share_scores=False, score_warpgroup=False, async_q=True))
-
-
 def test_early_kv_is_refused_elsewhere():
     assert "swapped decode" in mla_prefill.check_config(
         dataclasses.replace(_definition(), tile_q_rows=16, share_scores=False, score_warpgroup=False, early_kv=True))

@@ -134,12 +134,9 @@ SM90_CONSUMERS = "score_wg"  # H200 A/B, session 12: 1.05-1.15x shared_s on ever
 SM90_CONSUMER_SPLITS = {"full_s": {}, "shared_s": dict(share_scores=True), "score_wg": dict(score_warpgroup=True),
                         "score_wg_ovl": dict(score_warpgroup=True, intra_wg_overlap=True),
                         # the score_wg split with the load role's early_kv order (first K tile before Q, Q async)
-                        "score_wg_early_kv": dict(score_warpgroup=True, early_kv=True),
-                        # the score_wg split with Q gathered without waiting for it, in the default order
-                        "score_wg_async_q": dict(score_warpgroup=True, async_q=True)}
+                        "score_wg_early_kv": dict(score_warpgroup=True, early_kv=True)}
 #: every knob a split sets, and its value where a split does not set it
-CONSUMER_KNOBS = dict(share_scores=False, score_warpgroup=False, intra_wg_overlap=False, early_kv=False,
-                      async_q=False)
+CONSUMER_KNOBS = dict(share_scores=False, score_warpgroup=False, intra_wg_overlap=False, early_kv=False)
 
 
 @contextlib.contextmanager

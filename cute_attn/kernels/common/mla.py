@@ -121,7 +121,7 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
                         ids_barrier: cutlass.Constexpr[int], q_for_keyless_items: cutlass.Constexpr[bool],
                         async_kv: cutlass.Constexpr[bool] = False, kv_gather4=None, kv_boxes=None,
                         skip_kv_copies: cutlass.Constexpr[bool] = False, early_kv: cutlass.Constexpr[bool] = False,
-                        row_segments: cutlass.Constexpr[bool] = False, async_q: cutlass.Constexpr[bool] = False):
+                        row_segments: cutlass.Constexpr[bool] = False):
     """The load role over items ``item_begin .. item_end - 1`` (thread ``tid`` of ``num_threads``).
 
     ``s_q``: ``(tile_m, 576)`` smem tile; ``s_k``: ``(kv_tile, 576, stage)``; ``s_ids``: ``(kv_tile, 2)``
@@ -144,8 +144,6 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
     after its Q had landed). The consumers' fence after their K wait covers Q too.
     ``skip_kv_copies`` (with ``async_kv``; the ``compute_only`` probe): each K stage is acquired and committed without
     a copy (the commit's ``noinc`` arrival then completes at once), so the consumers run on whatever it holds.
-    ``async_q`` (sm_90a, with ``async_kv`` and ``q_for_keyless_items``; not with ``early_kv``): Q gathered as
-    ``early_kv`` gathers it (completing on the Q barrier by itself) but in the default order, first.
     ``row_segments`` (sm_90a, with ``async_kv``): the cp.async rows of the K stages and of Q are dealt by 128-byte
     segments (:func:`gather_row_segments`: 4 row ids and addresses a thread a tile, not 36).
     """
@@ -177,7 +175,7 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
         # order (computing the count first changes that kernel's PTX); early_kv issues it after the first K tile
         if cutlass.const_expr(q_for_keyless_items and not early_kv):
             _load_q_tile(copy_atom, zeros, q_nope, q_pe, qo_indptr, b, r0, row_count, s_q_chunks, tid, group,
-                         num_threads, pipe_q, q_state, asynchronous=async_q, row_segments=row_segments)
+                         num_threads, pipe_q, q_state, row_segments=row_segments)
             q_state.advance()
         page_base = kv_indptr[b]
         num_tiles = cute.ceil_div(kv_end - kv_start, tile_n) if kv_end > kv_start else 0

@@ -185,8 +185,6 @@ def check_config(config: PagedAttentionConfig) -> str | None:
                     "(a K stage by TMA boxes completes by bytes: it cannot be committed empty)")
     if config.early_kv and swapped(config):
         return "early_kv is the 64-row prefill kernel's load order (not built for the swapped decode kernel)"
-    if config.async_q and (swapped(config) or config.early_kv):
-        return "async_q is the 64-row prefill kernel's Q gather in the default order (early_kv has its own)"
     if config.intra_wg_overlap and not config.score_warpgroup:
         return ("intra_wg_overlap: of the sm_90a MLA kernels only the score_warpgroup split builds it (its score "
                 "warpgroup's PV GEMM in flight under the next tile's S GEMM)")
@@ -219,13 +217,12 @@ class MlaPagedPrefillSm90:
         self.kv_boxes = uses_kv_boxes(config)
         self.probe = config.probe
         self.early_kv = config.early_kv
-        self.async_q = config.async_q
         self.row_segments = config.row_segments
         self.dtype = cutlass.BFloat16
 
     def __repr__(self) -> str:  # shows in the kernel symbol
         return (f"MlaPagedPrefillSm90_H{self.num_heads}_M{self.tile_m}_N{self.tile_n}_S{self.num_stages}"
-                + ("_EarlyKv" if self.early_kv else "") + ("_AsyncQ" if self.async_q else "") + ("" if self.row_segments else "_ChunkColumns"))
+                + ("_EarlyKv" if self.early_kv else "") + ("" if self.row_segments else "_ChunkColumns"))
 
     # ------------------------------------------------------------------------------- host side
     def smem_layouts(self):
@@ -302,7 +299,7 @@ class MlaPagedPrefillSm90:
 
         producers = cpipe.CooperativeGroup(cpipe.Agent.Thread, PRODUCER_THREADS)
         consumers = cpipe.CooperativeGroup(cpipe.Agent.Thread, MMA_THREADS)
-        if cutlass.const_expr(self.early_kv or self.async_q):  # Q rows complete on the barrier by themselves (noinc)
+        if cutlass.const_expr(self.early_kv):  # Q rows complete on the barrier by themselves (noinc): not waited for
             pipe_q = cpipe.PipelineCpAsync.create(barrier_storage=mbar_q, num_stages=1, producer_group=producers,
                                                   consumer_group=consumers, defer_sync=True)
         else:
@@ -341,7 +338,7 @@ class MlaPagedPrefillSm90:
                                 cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages),
                                 group=self.group, num_threads=PRODUCER_THREADS, ids_barrier=_IDS_BARRIER,
                                 q_for_keyless_items=True, async_kv=True, kv_boxes=kv_boxes,
-                                skip_kv_copies=self.probe == "compute_only", early_kv=self.early_kv, async_q=self.async_q,
+                                skip_kv_copies=self.probe == "compute_only", early_kv=self.early_kv,
                                 row_segments=self.row_segments)
         else:
             cute.arch.setmaxregister_increase(MMA_REGS)
