@@ -31,6 +31,8 @@ WORKLOADS = {
     # MLA prefill (page 1), host-planned: one attention kernel (and the combine) a call, no planner kernel
     "mla_n1_q1028": ("mla", ([1028], [1038])),
     "mla_n1_q4096": ("mla", ([4096], [4096])),
+    # the seed definition's recorded workload (28 ragged requests, ~4 short items a CTA)
+    "mla_seed": ("mla", "n28_q1954_kv2044"),
 }
 
 
@@ -40,6 +42,11 @@ def build(label: str):
     from cute_attn import testing
 
     kind, lens = WORKLOADS[label]
+    if isinstance(lens, str):  # a bench workload's label: its recorded lengths
+        import bench_workloads
+
+        recorded = next(w for w in bench_workloads.all_workloads() if w.label == lens)
+        lens = (list(recorded.q_lens), list(recorded.kv_lens))
     if kind == "mla":
         case = testing.make_mla_prefill_case(*lens, device="cuda", seed=1)
         out, lse = case.new_outputs()
