@@ -478,3 +478,27 @@ def test_row_segments_false_is_refused_elsewhere():
         "gqa_paged_prefill", arch="sm_90a", num_qo_heads=32, num_kv_heads=4, head_dim_qk=128, head_dim_v=128,
         page_size=64, causal=True), row_segments=False)
     assert "row_segments" in gqa.can_implement()
+
+
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_smem_epilogue_stages_o_in_the_last_k_stage(page_size):
+    """``smem_epilogue`` (score_wg): each consumer warpgroup writes its bf16 O half with stmatrix into the item's
+    last K stage (held since its last PV GEMM), meets its own warpgroup at a named barrier (ids 4, 5), and stores
+    16-byte vectors: 16 a thread (64 rows x 512 bytes over 128 threads) in each of the two roles."""
+    config = _definition(page_size=page_size, score_warpgroup=True, smem_epilogue=True)
+    assert mla_prefill.check_config(config) is None
+    ptx = compile_to_ptx(config)
+    assert "_ScoreWg_SEPI" in ptx
+    assert len(re.findall(r"st\.global\.v4\.b32", ptx)) == 2 * 16
+    assert ptx.count("stmatrix.sync.aligned.m8n8.x4.shared.b16") == 2 * 16 + 4  # O halves + P
+    assert len(re.findall(r"bar\.sync\s+[45], 128;", ptx)) == 2
+    plain = compile_to_ptx(_definition(page_size=page_size, score_warpgroup=True))
+    assert "st.global.v4.b32" not in plain
+
+
+def test_smem_epilogue_is_refused_where_it_is_not_built():
+    assert "smem_epilogue" in mla_prefill.check_config(_definition(smem_epilogue=True, score_warpgroup=False))
+    assert "smem_epilogue" in mla_prefill.check_config(
+        _definition(smem_epilogue=True, score_warpgroup=True, intra_wg_overlap=True))
+    assert "smem_epilogue" in mla_prefill.check_config(
+        dataclasses.replace(_definition(smem_epilogue=True, score_warpgroup=True), probe="loads_only"))

@@ -134,9 +134,12 @@ SM90_CONSUMERS = "score_wg"  # H200 A/B, session 12: 1.05-1.15x shared_s on ever
 SM90_CONSUMER_SPLITS = {"full_s": {}, "shared_s": dict(share_scores=True), "score_wg": dict(score_warpgroup=True),
                         "score_wg_ovl": dict(score_warpgroup=True, intra_wg_overlap=True),
                         # the score_wg split with the load role's early_kv order (first K tile before Q, Q async)
-                        "score_wg_early_kv": dict(score_warpgroup=True, early_kv=True)}
+                        "score_wg_early_kv": dict(score_warpgroup=True, early_kv=True),
+                        # the score_wg split with O written through the item's last K stage (16-byte stores)
+                        "score_wg_sepi": dict(score_warpgroup=True, smem_epilogue=True)}
 #: every knob a split sets, and its value where a split does not set it
-CONSUMER_KNOBS = dict(share_scores=False, score_warpgroup=False, intra_wg_overlap=False, early_kv=False)
+CONSUMER_KNOBS = dict(share_scores=False, score_warpgroup=False, intra_wg_overlap=False, early_kv=False,
+                      smem_epilogue=False)
 
 
 @contextlib.contextmanager

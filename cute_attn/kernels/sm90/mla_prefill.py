@@ -185,6 +185,9 @@ def check_config(config: PagedAttentionConfig) -> str | None:
                     "(a K stage by TMA boxes completes by bytes: it cannot be committed empty)")
     if config.early_kv and swapped(config):
         return "early_kv is the 64-row prefill kernel's load order (not built for the swapped decode kernel)"
+    if config.smem_epilogue and not config.score_warpgroup:
+        return ("smem_epilogue: of the sm_90a MLA kernels only the score_warpgroup split builds it (O staged in the "
+                "item's last K stage)")
     if config.intra_wg_overlap and not config.score_warpgroup:
         return ("intra_wg_overlap: of the sm_90a MLA kernels only the score_warpgroup split builds it (its score "
                 "warpgroup's PV GEMM in flight under the next tile's S GEMM)")

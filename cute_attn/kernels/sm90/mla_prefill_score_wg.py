@@ -69,7 +69,7 @@ from ..common.mla import CKV_DIM, KPE_DIM, QK_DIM
 from ..common.softmax import (acc_mn_view, make_softmax_state, rescale_rows, softmax_finalize, softmax_reset,
                               softmax_update)
 from .mla_prefill import MAX_STAGES, MMA_THREADS, MlaPagedPrefillSm90
-from .prefill_epilogue import smem_store_atom, store_output_rows, store_partial_rows
+from .prefill_epilogue import smem_store_atom, store_output_rows, store_output_via_smem, store_partial_rows
 from .wgmma import wgmma_gemm
 
 P_BARRIER = 2  # both consumer warpgroups: P and the tile's O factors written and fenced (once a tile)
@@ -89,6 +89,11 @@ def score_wg_reason(config) -> str | None:
     if config.kv_tile != KV_TILE or config.tile_q_rows != KV_TILE:
         return (f"score_warpgroup needs kv_tile = tile_q_rows = {KV_TILE} (got {config.kv_tile}, "
                 f"{config.tile_q_rows}): the 64-row x 64-key P tile is stored in the K stage's 64 x 64 kpe block")
+    if config.smem_epilogue and config.probe:
+        return "smem_epilogue is not built into the probes (their consumers release every stage at once)"
+    if config.smem_epilogue and config.intra_wg_overlap:
+        return ("smem_epilogue holds the item's last K stage for O, which intra_wg_overlap's deferred release "
+                "does not track: choose one")
     return None
 
 
@@ -98,10 +103,12 @@ class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
     def __init__(self, config):
         super().__init__(config)
         self.pv_in_flight = config.intra_wg_overlap
+        self.smem_epilogue = config.smem_epilogue
 
     def __repr__(self) -> str:  # shows in the kernel symbol
         probe = "".join(w.title() for w in self.probe.split("_"))
         return (super().__repr__() + "_ScoreWg" + ("_OVL" if self.pv_in_flight else "")
+                + ("_SEPI" if self.smem_epilogue else "")
                 + (f"_Probe{probe}" if probe else ""))
 
     # ------------------------------------------------------------------------------- host side
@@ -132,17 +139,49 @@ class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
         t_ovt = wg_pv.make_fragment_B(wg_pv.partition_B(s_vt))
         acc_o = cute.make_rmem_tensor(tiled_mma_pv.partition_shape_C((self.tile_m, CKV_DIM)), Float32)
         c_o = thr_pv.partition_C(cute.make_identity_tensor((self.tile_m, CKV_DIM)))
+        # smem_epilogue: O (bf16) staged in the item's last stage's ckv block, (q row, column, stage)
+        s_o = cute.flat_divide(s_k, (self.tile_n, CKV_DIM))[None, None, 0, 0, None]
         if wg == 0:
-            self.score_role(ctid, s_q, s_k, s_xchg, s_p, t_sp, t_ovt, acc_o, c_o, qo_indptr, items, item_begin,
+            self.score_role(ctid, s_q, s_k, s_xchg, s_p, s_o, t_sp, t_ovt, acc_o, c_o, qo_indptr, items, item_begin,
                             item_end, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
                             tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k)
         else:
-            self.output_role(s_xchg, t_sp, t_ovt, acc_o, c_o, qo_indptr, items, item_begin, item_end, output, lse,
-                             partial_out, partial_lse, lse_out_scale, tiled_mma_pv, pipe_q, pipe_k)
+            self.output_role(ctid, s_xchg, s_o, t_sp, t_ovt, acc_o, c_o, qo_indptr, items, item_begin, item_end,
+                             output, lse, partial_out, partial_lse, lse_out_scale, tiled_mma_pv, pipe_q, pipe_k)
+
+    @cute.jit
+    def finish_item(self, ctid: Int32, wg: Int32, acc_o: cute.Tensor, c_o: cute.Tensor, row_lse: cute.Tensor,
+                    s_o: cute.Tensor, tiled_mma_pv: cute.TiledMma, pipe_k, k_state, num_tiles: Int32,
+                    q_start: Int32, r0: Int32, row_count: Int32, slot: Int32, output: cute.Tensor, lse: cute.Tensor,
+                    partial_out: cute.Tensor, partial_lse: cute.Tensor, lse_out_scale: Float32):
+        """This warpgroup's half of a normalised item to memory. ``smem_epilogue``: a final item's O goes through
+        its last K stage (held since its last PV GEMM: this warpgroup's half of the ckv block is the V it alone
+        read), 16 bytes a thread a store, and the stage is released after; lse and split items from the
+        registers (``prefill_epilogue``)."""
+        G = self.group
+        staged = Int32(0)
+        if cutlass.const_expr(self.smem_epilogue):
+            if num_tiles > 0:
+                last = k_state.clone()
+                last.reverse()
+                if slot < 0:
+                    store_output_via_smem(acc_o, s_o[None, None, last.index], tiled_mma_pv, ctid, wg,
+                                          q_start + r0 // G, 0, row_count, output, G, CKV_DIM, split_columns=True)
+                    staged = Int32(1)
+                cute.arch.fence_view_async_shared()  # generic accesses to the stage before its next (TMA) load
+                pipe_k.consumer_release(last)
+        if slot < 0:  # one KV head: packed row p is head p % G of token p // G
+            if staged != 0:
+                store_output_rows(acc_o, c_o, row_lse, q_start, 0, r0, row_count, output, lse, lse_out_scale, G,
+                                  write_output=False)
+            else:
+                store_output_rows(acc_o, c_o, row_lse, q_start, 0, r0, row_count, output, lse, lse_out_scale, G)
+        else:
+            store_partial_rows(acc_o, c_o, row_lse, row_count, slot, partial_out, partial_lse)
 
     @cute.jit
     def score_role(self, ctid: Int32, s_q: cute.Tensor, s_k: cute.Tensor, s_xchg: cute.Tensor, s_p: cute.Tensor,
-                   t_sp: cute.Tensor, t_ovt: cute.Tensor, acc_o: cute.Tensor, c_o: cute.Tensor,
+                   s_o: cute.Tensor, t_sp: cute.Tensor, t_ovt: cute.Tensor, acc_o: cute.Tensor, c_o: cute.Tensor,
                    qo_indptr: cute.Tensor, items: cute.Tensor, item_begin: Int32, item_end: Int32,
                    output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor,
                    scale_log2: Float32, lse_out_scale: Float32, tiled_mma_qk: cute.TiledMma,
@@ -224,7 +263,11 @@ class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
                         rescale_rows(acc_o, row_scale)
                         wgmma_gemm(tiled_mma_pv, acc_o, t_sp[None, None, None, stage], t_ovt[None, None, None, stage],
                                    False)
-                        pipe_k.consumer_release(k_state)
+                        if cutlass.const_expr(self.smem_epilogue):
+                            if t < num_tiles - 1:  # the last stage stays held: finish_item stages O in it
+                                pipe_k.consumer_release(k_state)
+                        else:
+                            pipe_k.consumer_release(k_state)
                     k_state.advance()
             if cutlass.const_expr(self.pv_in_flight):
                 if num_tiles > 0:  # the item's last PV GEMM
@@ -248,13 +291,11 @@ class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
                     s_xchg[c_s_mn[r, 0][0], final_slot] = o_scale[r]
             cute.arch.barrier(barrier_id=FINAL_BARRIER, number_of_threads=MMA_THREADS)
             rescale_rows(acc_o, o_scale)
-            if slot < 0:  # one KV head: packed row p is head p % G of token p // G
-                store_output_rows(acc_o, c_o, row_lse, qo_indptr[b], 0, r0, row_count, output, lse, lse_out_scale, G)
-            else:
-                store_partial_rows(acc_o, c_o, row_lse, row_count, slot, partial_out, partial_lse)
+            self.finish_item(ctid, 0, acc_o, c_o, row_lse, s_o, tiled_mma_pv, pipe_k, k_state, num_tiles,
+                             qo_indptr[b], r0, row_count, slot, output, lse, partial_out, partial_lse, lse_out_scale)
 
     @cute.jit
-    def output_role(self, s_xchg: cute.Tensor, t_sp: cute.Tensor, t_ovt: cute.Tensor, acc_o: cute.Tensor,
+    def output_role(self, ctid: Int32, s_xchg: cute.Tensor, s_o: cute.Tensor, t_sp: cute.Tensor, t_ovt: cute.Tensor, acc_o: cute.Tensor,
                     c_o: cute.Tensor, qo_indptr: cute.Tensor, items: cute.Tensor, item_begin: Int32,
                     item_end: Int32, output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor,
                     partial_lse: cute.Tensor, lse_out_scale: Float32, tiled_mma_pv: cute.TiledMma, pipe_q, pipe_k):
@@ -285,7 +326,11 @@ class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
                     rescale_rows(acc_o, factors)
                     wgmma_gemm(tiled_mma_pv, acc_o, t_sp[None, None, None, stage], t_ovt[None, None, None, stage],
                                False)
-                pipe_k.consumer_release(k_state)
+                if cutlass.const_expr(self.smem_epilogue):
+                    if t < num_tiles - 1:  # the last stage stays held: finish_item stages O in it
+                        pipe_k.consumer_release(k_state)
+                else:
+                    pipe_k.consumer_release(k_state)
                 k_state.advance()
 
             b = items[it, int(F.REQUEST)]
@@ -298,7 +343,5 @@ class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
                 factors[r] = s_xchg[c_o_mn[r, 0][0], final_slot]
             rescale_rows(acc_o, factors)
             # lse is WG1's to store (it owns column 0): these rows' lse never leaves the registers
-            if slot < 0:
-                store_output_rows(acc_o, c_o, factors, qo_indptr[b], 0, r0, row_count, output, lse, lse_out_scale, G)
-            else:
-                store_partial_rows(acc_o, c_o, factors, row_count, slot, partial_out, partial_lse)
+            self.finish_item(ctid, 1, acc_o, c_o, factors, s_o, tiled_mma_pv, pipe_k, k_state, num_tiles,
+                             qo_indptr[b], r0, row_count, slot, output, lse, partial_out, partial_lse, lse_out_scale)

@@ -20,6 +20,10 @@ final bf16 output through shared memory instead:
 The caller releases the Q stage only after this (``fence.proxy.async`` first: the next TMA load
 into the stage is an async-proxy write after these generic-proxy accesses), then calls
 :func:`store_output_rows` with ``write_output=False`` for the lse.
+
+The MLA score-warpgroup kernel (``mla_prefill_score_wg.py``) uses it with ``split_columns``: its warpgroups own
+the 256-column halves of the same 64 rows, so each writes and reads back its half of the item's last K stage's ckv
+block (the V columns it alone read in its last PV GEMM), and stores 512-byte row halves.
 """
 
 from __future__ import annotations
@@ -51,10 +55,13 @@ def row_copy(dtype, head_dim: int) -> cute.TiledCopy:
 @cute.jit
 def store_output_via_smem(acc_o: cute.Tensor, s_o: cute.Tensor, tiled_mma_pv: cute.TiledMma, ctid: Int32, wg: Int32,
                           token0: Int32, h: Int32, row_count: Int32, output: cute.Tensor,
-                          group: cutlass.Constexpr[int], head_dim: cutlass.Constexpr[int]):
+                          group: cutlass.Constexpr[int], head_dim: cutlass.Constexpr[int],
+                          split_columns: cutlass.Constexpr[bool] = False):
     """Write this warpgroup's normalised O rows (bf16) to ``output`` through ``s_o`` (tile_m x d, swizzled).
 
-    Packed row ``r`` is token ``token0 + r // group``, head ``h * group + r % group``.
+    Packed row ``r`` is token ``token0 + r // group``, head ``h * group + r % group``. The warpgroup's part of the
+    tile: rows ``64 wg ..`` (both warpgroups' C layout stacks rows), or with ``split_columns`` columns
+    ``d / 2 * wg ..`` of the 64 rows (the C layout splits columns).
     """
     dtype = output.element_type
     o_bf = cute.make_rmem_tensor(acc_o.layout, dtype)
@@ -64,21 +71,25 @@ def store_output_via_smem(acc_o: cute.Tensor, s_o: cute.Tensor, tiled_mma_pv: cu
     cute.copy(atom, thr_s.retile(o_bf), thr_s.partition_D(s_o))
     warpgroup_barrier_sync(EPILOGUE_BARRIER, wg, 128)
 
-    g_copy = row_copy(dtype, head_dim)
+    width = head_dim // 2 if cutlass.const_expr(split_columns) else head_dim
+    g_copy = row_copy(dtype, width)
     thr_g = g_copy.get_slice(ctid % 128)
-    t_s = thr_g.partition_S(cute.local_tile(s_o, (64, head_dim), (wg, 0)))
-    t_c = thr_g.partition_S(cute.make_identity_tensor((64, head_dim)))
+    part = (0, wg) if cutlass.const_expr(split_columns) else (wg, 0)
+    t_s = thr_g.partition_S(cute.local_tile(s_o, (64, width), part))
+    t_c = thr_g.partition_S(cute.make_identity_tensor((64, width)))
+    row0 = 0 if cutlass.const_expr(split_columns) else wg * 64
+    col0 = wg * width if cutlass.const_expr(split_columns) else 0
     t_r = cute.make_rmem_tensor_like(t_s)
     cute.autovec_copy(t_s, t_r)
     num_heads = output.shape[1]
     row_stride = num_heads * head_dim
     for m in cutlass.range_constexpr(cute.size(t_r, mode=[1])):
-        row = wg * 64 + t_c[0, m, 0][0]
+        row = row0 + t_c[0, m, 0][0]
         if row < row_count:
             token = token0 + row // group
             head = h * group + row % group
             for k in cutlass.range_constexpr(cute.size(t_r, mode=[2])):
-                col = t_c[0, m, k][1]
+                col = col0 + t_c[0, m, k][1]
                 offset = cutlass.Int64(token) * row_stride + head * head_dim + col
                 ptr = cute.make_ptr(dtype, (output.iterator + offset).toint(), cute.AddressSpace.gmem,
                                     assumed_align=16)
