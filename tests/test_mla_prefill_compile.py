@@ -297,7 +297,7 @@ def test_one_token_decode_builds_the_swapped_product(heads, page_size):
     from cute_attn.ops import mla_decode
 
     config = dataclasses.replace(_definition(page_size=page_size), num_qo_heads=heads, tile_q_rows=heads,
-                                 share_scores=False, score_warpgroup=False)
+                                 **CONSUMER_KNOBS)
     assert mla_decode.one_token_tiles("sm_90a", heads, 1, 576, 512, page_size) == dict(
         tile_q_rows=heads, kv_tile=64, share_scores=False, min_chunk_keys=mla_decode.ONE_TOKEN_MIN_CHUNK_KEYS)
     assert mla_prefill.check_config(config) is None and config.can_implement() is None
@@ -340,7 +340,7 @@ def test_row_passes_cover_every_row_once(num_rows, chunks, num_threads):
 
 
 def test_swapped_decode_refuses_what_it_does_not_build():
-    base = dataclasses.replace(_definition(), tile_q_rows=16, share_scores=False, score_warpgroup=False)
+    base = dataclasses.replace(_definition(), tile_q_rows=16, **CONSUMER_KNOBS)
     assert "kv_tile" in mla_prefill.check_config(dataclasses.replace(base, kv_tile=32))
     assert "share_scores" in mla_prefill.check_config(dataclasses.replace(base, share_scores=True))
     assert "score_warpgroup" in mla_prefill.check_config(dataclasses.replace(base, score_warpgroup=True))

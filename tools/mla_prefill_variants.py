@@ -37,7 +37,10 @@ import bench_timing  # noqa: E402
 import bench_workloads as bw  # noqa: E402
 from prefill_variants import Watchdog, run_ours  # noqa: E402
 
-VARIANTS = {  # the validated kernels first: a hang in a new one loses the least
+from cute_attn.ops.mla_prefill import CONSUMER_KNOBS  # noqa: E402
+
+# every variant names each consumer knob (CONSUMER_KNOBS: the others off), so none inherits the default split's
+_VARIANT_KNOBS = {  # the validated kernels first: a hang in a new one loses the least
     "full_s": dict(share_scores=False, score_warpgroup=False),
     "shared_s": dict(share_scores=True, score_warpgroup=False),
     "score_wg": dict(share_scores=False, score_warpgroup=True),
@@ -53,6 +56,7 @@ VARIANTS = {  # the validated kernels first: a hang in a new one loses the least
     "probe_loads": dict(share_scores=False, score_warpgroup=True, probe="loads_only"),
     "probe_compute": dict(share_scores=False, score_warpgroup=True, probe="compute_only"),
 }
+VARIANTS = {name: {**CONSUMER_KNOBS, **knobs} for name, knobs in _VARIANT_KNOBS.items()}
 DEFAULT_WORKLOADS = ("n1_q1028_kv1038", "n28_q1954_kv2044", "n1_q16384_kv16387")
 STEP_TIMEOUT_S = 240  # the 16K case's reference and compile fit; a deadlocked kernel does not
 
