@@ -61,6 +61,9 @@ __all__ = ["SNAP_SHIFT", "SORTED_DEAL_MAX_Q_TILES", "WHOLE_TILE_SHIFT", "QTiles"
 SNAP_SHIFT = 5  # a cut within W / 2**SNAP_SHIFT of a tile edge snaps to it
 WHOLE_TILE_SHIFT = 3  # whole tiles (every cut at its nearer tile edge) when no CTA then exceeds W + W / 2**this
 SORTED_DEAL_MAX_Q_TILES = 1024  # the device sorts q tiles in its planning CTA's shared memory (one per thread pair)
+#: the deal orders q tiles by kv tiles capped here (the device's Int32 sort keys hold 21 bits of them): tiles of more
+#: than ~134 M keys tie, and keep their line order
+SORT_TILE_CAP = (1 << 21) - 2
 
 
 def _round_up(x, m):
@@ -134,7 +137,9 @@ def sorted_deal(config: PlanConfig, cost) -> tuple[np.ndarray, np.ndarray]:
     """(q tile of each dealt position, CTA of each position): the q tiles longest first (ties in line order),
     each tile's heads in a row, dealt serpentine over ``num_ctas`` CTAs."""
     heads, m = config.num_kv_heads, config.num_ctas
-    order = np.argsort(-np.asarray(cost), kind="stable")
+    cost = np.asarray(cost)
+    # cost = kv tiles * kv_tile + overhead: ordering by it is ordering by kv tiles, which the device caps
+    order = np.argsort(-np.minimum(cost, SORT_TILE_CAP * config.kv_tile + config.item_overhead_keys), kind="stable")
     position = np.arange(order.size * heads)
     lap, offset = position // m, position % m
     return order[position // heads], np.where(lap % 2 == 0, offset, m - 1 - offset)

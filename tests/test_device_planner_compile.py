@@ -111,3 +111,47 @@ def test_the_causal_planners_carry_the_sorted_deal_and_the_decode_planner_does_n
     for config in (prefill, mla):
         ptx = compile_to_ptx(config)
         assert f".target {arch}" in ptx and "shfl.sync.bfly" in ptx
+
+
+def _bitonic_model(keys: list[int], size: int) -> list[int]:
+    """sorted_deal.bitonic_stages run on the host: every (block, stride) compare-exchange of the device sort."""
+    from cute_attn.kernels.common.sorted_deal import bitonic_stages
+
+    keys = list(keys) + [2**31 - 1] * (size - len(keys))
+    for block, stride, _ in bitonic_stages(size):
+        for i in range(size):
+            j = i ^ stride
+            if j > i:
+                low, high = min(keys[i], keys[j]), max(keys[i], keys[j])
+                keys[i], keys[j] = (low, high) if (i & block) == 0 else (high, low)
+    return keys
+
+
+@pytest.mark.parametrize("size", [512, 1024])
+def test_fast_sort_stages_sort_and_alternate_their_halves(size):
+    """The unrolled sort's stage list sorts (as the device runs it: ascending blocks where ``index & block`` is 0),
+    and its shared-memory exchanges alternate scratch halves (14 barriers at 1024 keys, 10 at 512)."""
+    import random
+
+    from cute_attn.kernels.common.sorted_deal import NUM_THREADS, WARP, bitonic_stages
+
+    rng = random.Random(size)
+    keys = rng.sample(range(2**30), size - 7)
+    assert _bitonic_model(keys, size)[: len(keys)] == sorted(keys)
+    exchanges = [half for _, stride, half in bitonic_stages(size) if WARP <= stride < NUM_THREADS]
+    assert len(exchanges) == {512: 10, 1024: 14}[size]
+    assert all(a != b for a, b in zip(exchanges, exchanges[1:]))
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_fast_sort_build_sorts_int32_keys_unrolled(arch):
+    """``fast_sort``: the deal's exchanges shuffle 32-bit keys (one ``shfl`` each, the old sort two), the stages are
+    unrolled for 512 and 1024 keys (no runtime stride loop), and the deal still reads Int64 keys."""
+    mla = device_planner.default_configs(arch)[2]
+    fast = compile_to_ptx(dataclasses.replace(mla, fast_sort=True))
+    old = compile_to_ptx(mla)
+    shuffles = len(re.findall(r"shfl\.sync\.bfly\.b32", fast))
+    # shuffle stages: 512 keys -> 35 (one key a thread), 1024 -> 40 x 2 keys; plus the maxima's butterflies
+    assert shuffles >= 35 + 2 * 40
+    assert len(re.findall(r"bar\.sync\s+0;|barrier\.sync\s+0;", fast)) > len(re.findall(r"bar\.sync\s+0;|barrier\.sync\s+0;", old))
+    assert f".target {arch}" in fast

@@ -443,3 +443,15 @@ def test_the_sorted_deal_packs_the_mla_seed_without_merges():
     dealt = partition_plan(cfg, seed.q_lens, seed.kv_lens)
     assert cuts.num_merges == 21 and dealt.num_merges == 0 and dealt.num_items == 500
     assert dealt.cta_cost.max() <= 1.01 * plan_work(cfg, seed.q_lens, seed.kv_lens).cta_cost.max()
+
+
+def test_sorted_deal_orders_by_kv_tiles_capped_as_the_device_keys_hold_them():
+    """The deal's order is longest first by kv tiles, capped at SORT_TILE_CAP (the device's Int32 keys hold 21 bits
+    of them): tiles past the cap tie and keep their line order; below it the order is by cost."""
+    from cute_attn.plan_partition import SORT_TILE_CAP, sorted_deal
+
+    cfg = PlanConfig(num_qo_heads=16, num_kv_heads=1, causal=True, tile_q_rows=64, kv_tile=64, num_ctas=2,
+                     item_overhead_keys=128)
+    cost = np.array([(SORT_TILE_CAP + 5) * 64 + 128, (SORT_TILE_CAP + 9) * 64 + 128, 3 * 64 + 128, 7 * 64 + 128])
+    order, _ = sorted_deal(cfg, cost)
+    assert order.tolist() == [0, 1, 3, 2]

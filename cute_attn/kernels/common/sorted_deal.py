@@ -4,7 +4,9 @@ Run by the planning CTA after its cuts, when they split tiles: each CTA's cut lo
 barrier round for both maxima); only when the deal can win, a bitonic sort of the q tiles' (cost, index) keys,
 up to two a thread in registers: ``log2(n) (log2(n) + 1) / 2`` stages, those under a warp's stride by shuffles,
 the others through shared memory (10 barriers at 500 q tiles); then each CTA's serpentine load over its laps.
-``c`` is the :class:`DevicePlannerConfig` (a compile-time constant).
+``c`` is the :class:`DevicePlannerConfig` (a compile-time constant). ``c.fast_sort`` sorts Int32 keys over a fixed
+512 or 1024 keys with every stage unrolled (:func:`fast_sort`; the runtime-sized Int64 sort cost ~245 cycles a stage,
+14.4 k cycles at the MLA seed's 500 q tiles).
 """
 
 from __future__ import annotations
@@ -13,12 +15,16 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
-from ...plan_partition import SORTED_DEAL_MAX_Q_TILES, WHOLE_TILE_SHIFT
+from ...plan_partition import SORT_TILE_CAP, SORTED_DEAL_MAX_Q_TILES, WHOLE_TILE_SHIFT
 from .planner_collectives import NUM_THREADS, WARP, block_max, block_max_pair
 
 KEYS_PER_THREAD = SORTED_DEAL_MAX_Q_TILES // NUM_THREADS
 INDEX_BITS = 20  # sort_key: the q tile index in the low bits (< 2**20), 2**32 - cost above
 PADDING_KEY = 2**63 - 1  # sorts after every q tile
+# fast_sort's Int32 keys: (SORT_TILE_CAP - kv tiles, capped) << 10 | q tile index; the padding sorts after all
+FAST_INDEX_BITS = 10
+FAST_PADDING_KEY = 2**31 - 1
+assert SORTED_DEAL_MAX_Q_TILES <= 1 << FAST_INDEX_BITS and (SORT_TILE_CAP << FAST_INDEX_BITS) | 1023 < FAST_PADDING_KEY
 assert KEYS_PER_THREAD * NUM_THREADS == SORTED_DEAL_MAX_Q_TILES and KEYS_PER_THREAD <= 2
 
 
@@ -60,22 +66,31 @@ def sorted_deal(c: cutlass.Constexpr, tidx, split, q_tiles, q_tile_start, cut_ti
             if cut_key[tidx] > 0:
                 cut_load = cut_load + Int64(c.item_overhead_keys)
         keys = cute.make_rmem_tensor((KEYS_PER_THREAD,), Int64)
+        keys32 = cute.make_rmem_tensor((KEYS_PER_THREAD,), Int32)
         longest = Int64(0)
         for r in cutlass.range_constexpr(KEYS_PER_THREAD):
             keys[r] = Int64(PADDING_KEY)
+            if cutlass.const_expr(c.fast_sort):
+                keys32[r] = Int32(FAST_PADDING_KEY)
             i = tidx + r * NUM_THREADS
             if i < num_q_tiles:
                 cost = tile_cost(c, q_tiles[i, 3])
                 longest = cutlass.max(longest, cost)
-                keys[r] = sort_key(cost, i)
+                if cutlass.const_expr(c.fast_sort):
+                    keys32[r] = fast_sort_key(c, q_tiles[i, 3], i)
+                else:
+                    keys[r] = sort_key(cost, i)
         cut_max, longest = block_max_pair(cut_load, longest, tidx, warp_sums)
         bound = cutlass.max(cut_max, width + (width >> WHOLE_TILE_SHIFT))
         # the deal's busiest CTA holds the longest tile: past the bound it cannot win, so skip the sort
         if longest <= bound:
-            size = Int32(2)
-            while size < num_q_tiles:
-                size = size * 2
-            bitonic_sort(keys, size, tidx, sort_keys)
+            if cutlass.const_expr(c.fast_sort):
+                fast_sort(c, keys32, num_q_tiles, tidx, q_tiles, sort_keys)
+            else:
+                size = Int32(2)
+                while size < num_q_tiles:
+                    size = size * 2
+                bitonic_sort(keys, size, tidx, sort_keys)
             load = Int64(0)
             if tidx < num_ctas:
                 lap = Int32(0)
@@ -152,6 +167,79 @@ def bitonic_sort(keys: cute.Tensor, size, tidx, scratch: cute.Tensor):
         block = block * 2
     cute.arch.sync_threads()  # every read of the last exchange is done before the result overwrites scratch
     for r in cutlass.range_constexpr(KEYS_PER_THREAD):
+        scratch[tidx + r * NUM_THREADS] = keys[r]
+    cute.arch.sync_threads()
+
+
+@cute.jit
+def fast_sort_key(c: cutlass.Constexpr, kv_end, index):
+    """Ascending Int32 keys = longest first (kv tiles, capped at ``SORT_TILE_CAP`` as the numpy twin caps them), ties
+    by q tile index."""
+    tiles = cutlass.min((kv_end + c.kv_tile - 1) // c.kv_tile, Int32(SORT_TILE_CAP))
+    return ((Int32(SORT_TILE_CAP) - tiles) << FAST_INDEX_BITS) | index
+
+
+@cute.jit
+def fast_sort(c: cutlass.Constexpr, keys: cute.Tensor, num_q_tiles, tidx, q_tiles: cute.Tensor, sort_keys: cute.Tensor):
+    """``DevicePlannerConfig.fast_sort``: :func:`bitonic_sort`'s result from Int32 keys (one shuffle an exchange, not
+    two) over a fixed 512 or 1024 keys, every stage unrolled (no runtime stride branches); the sorted q tiles are
+    then written to ``sort_keys[0 : 1024]`` as :func:`sort_key` keys with their true costs, so the deal reads them
+    as before. The Int32 exchanges use ``sort_keys``' second half."""
+    scratch = cute.make_tensor(cute.recast_ptr(sort_keys.iterator + SORTED_DEAL_MAX_Q_TILES, dtype=Int32),
+                               cute.make_layout(2 * SORTED_DEAL_MAX_Q_TILES))
+    if num_q_tiles <= NUM_THREADS:
+        _bitonic_sort_unrolled(keys, NUM_THREADS, tidx, scratch)
+    else:
+        _bitonic_sort_unrolled(keys, SORTED_DEAL_MAX_Q_TILES, tidx, scratch)
+    for r in cutlass.range_constexpr(KEYS_PER_THREAD):
+        i = tidx + r * NUM_THREADS
+        if i < num_q_tiles:
+            index = scratch[i] & ((1 << FAST_INDEX_BITS) - 1)
+            sort_keys[i] = sort_key(tile_cost(c, q_tiles[index, 3]), index)
+    cute.arch.sync_threads()
+
+
+def bitonic_stages(size: int) -> list[tuple[int, int, int]]:
+    """``(block, stride, scratch half)`` of every stage of a bitonic sort of ``size`` keys, in order; the half
+    alternates over the shared-memory exchanges (``0`` or ``SORTED_DEAL_MAX_Q_TILES``) so that no barrier is needed
+    between one exchange's reads and the next one's writes."""
+    stages, buffer, block = [], 0, 2
+    while block <= size:
+        stride = block // 2
+        while stride > 0:
+            stages.append((block, stride, buffer))
+            if WARP <= stride < NUM_THREADS:
+                buffer = SORTED_DEAL_MAX_Q_TILES - buffer
+            stride //= 2
+        block *= 2
+    return stages
+
+
+@cute.jit
+def _bitonic_sort_unrolled(keys: cute.Tensor, size: cutlass.Constexpr[int], tidx, scratch: cute.Tensor):
+    """Sort ``size`` (512 or 1024) Int32 keys ascending into ``scratch[0 : size]``, key ``tidx + r * NUM_THREADS`` in
+    ``keys[r]``: every (block, stride) stage is a trace-time constant, a stride under a warp a shuffle, under
+    NUM_THREADS a shared-memory exchange (alternate halves of ``scratch``: one barrier), NUM_THREADS the thread's
+    own two keys."""
+    per_thread = size // NUM_THREADS
+    for block, stride, buffer in bitonic_stages(size):
+        if cutlass.const_expr(stride < WARP):
+            for r in cutlass.range_constexpr(per_thread):
+                theirs = cute.arch.shuffle_sync_bfly(keys[r], stride)
+                keys[r] = _exchange(keys[r], theirs, tidx + r * NUM_THREADS, stride, block)
+        elif cutlass.const_expr(stride < NUM_THREADS):
+            for r in cutlass.range_constexpr(per_thread):
+                scratch[buffer + tidx + r * NUM_THREADS] = keys[r]
+            cute.arch.sync_threads()
+            for r in cutlass.range_constexpr(per_thread):
+                index = tidx + r * NUM_THREADS
+                keys[r] = _exchange(keys[r], scratch[buffer + (index ^ stride)], index, stride, block)
+        else:  # stride NUM_THREADS: the thread's keys tidx and tidx + NUM_THREADS, an ascending pair
+            low = cutlass.min(keys[0], keys[1])
+            keys[1] = cutlass.max(keys[0], keys[1])
+            keys[0] = low
+    cute.arch.sync_threads()  # every read of the last exchange is done before the result overwrites scratch
+    for r in cutlass.range_constexpr(per_thread):
         scratch[tidx + r * NUM_THREADS] = keys[r]
     cute.arch.sync_threads()
 
