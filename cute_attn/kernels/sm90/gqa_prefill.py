@@ -89,7 +89,7 @@ from ..common.row_gather import ROW_CHUNK, gather_one_row_pages
 from ..common.tma_issue import ONE_ELECTION, issue_page_boxes, tma_descriptor_address
 from ..common.softmax import (acc_mn_view, acc_to_mma_a_view, make_softmax_state, rescale_rows,
                               softmax_finalize, softmax_reset, softmax_update, store_p_bf16)
-from .prefill_epilogue import store_output_rows, store_output_via_smem, store_partial_rows
+from .prefill_epilogue import store_item_rows, store_output_via_smem
 from .wgmma import wgmma_gemm
 
 KIND = "gqa_paged_prefill"
@@ -518,12 +518,8 @@ class GqaPagedPrefillSm90:
                 cute.arch.fence_view_async_shared()  # generic-proxy accesses before the next TMA load
                 pipe_q.consumer_release(q_state)
             q_state.advance()
-            q_start = qo_indptr[b]
-            if slot < 0:
-                store_output_rows(acc_o, c_o, row_lse, q_start, h, r0, row_count, output, lse, lse_out_scale, G,
-                                  write_output=not self.smem_epilogue)
-            else:
-                store_partial_rows(acc_o, c_o, row_lse, row_count, slot, partial_out, partial_lse)
+            store_item_rows(acc_o, c_o, row_lse, slot, qo_indptr, b, h, r0, row_count, output, lse, lse_out_scale,
+                            partial_out, partial_lse, G, write_output=not self.smem_epilogue)
 
     @cute.jit
     def mainloop_overlap(self, ctid: Int32, wg: Int32, num_tiles: Int32, kv_start: Int32, kv_end: Int32, r0: Int32,

@@ -84,7 +84,7 @@ from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.registers import register_split_reason
 from ..common.softmax import (acc_mn_view, make_softmax_state, rescale_rows, softmax_finalize, softmax_reset,
                               softmax_update, store_p_bf16)
-from .prefill_epilogue import store_output_rows, store_partial_rows
+from .prefill_epilogue import store_item_rows
 from .wgmma import wgmma_gemm
 
 ARCH = "sm_90a"
@@ -423,10 +423,9 @@ class MlaPagedPrefillSm90:
             slot = items[it, int(F.PARTIAL_SLOT)]
             o_scale, row_lse = softmax_finalize(row_max, row_sum, scale_log2)
             rescale_rows(acc_o, o_scale)
-            if slot < 0:  # one KV head: packed row p is head p % G of token p // G
-                store_output_rows(acc_o, c_o, row_lse, qo_indptr[b], 0, r0, row_count, output, lse, lse_out_scale, G)
-            else:
-                store_partial_rows(acc_o, c_o, row_lse, row_count, slot, partial_out, partial_lse)
+            # one KV head: packed row p is head p % G of token p // G
+            store_item_rows(acc_o, c_o, row_lse, slot, qo_indptr, b, 0, r0, row_count, output, lse, lse_out_scale,
+                            partial_out, partial_lse, G)
 
 
 # ----------------------------------------------------------------------------------- registration

@@ -69,7 +69,7 @@ from ..common.mla import CKV_DIM, KPE_DIM, QK_DIM
 from ..common.softmax import (acc_mn_view, make_softmax_state, rescale_rows, softmax_finalize, softmax_reset,
                               softmax_update)
 from .mla_prefill import MAX_STAGES, MMA_THREADS, MlaPagedPrefillSm90
-from .prefill_epilogue import smem_store_atom, store_output_rows, store_output_via_smem, store_partial_rows
+from .prefill_epilogue import smem_store_atom, store_item_rows, store_output_rows, store_output_via_smem
 from .wgmma import wgmma_gemm
 
 P_BARRIER = 2  # both consumer warpgroups: P and the tile's O factors written and fenced (once a tile)
@@ -152,32 +152,35 @@ class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
     @cute.jit
     def finish_item(self, ctid: Int32, wg: Int32, acc_o: cute.Tensor, c_o: cute.Tensor, row_lse: cute.Tensor,
                     s_o: cute.Tensor, tiled_mma_pv: cute.TiledMma, pipe_k, k_state, num_tiles: Int32,
-                    q_start: Int32, r0: Int32, row_count: Int32, slot: Int32, output: cute.Tensor, lse: cute.Tensor,
-                    partial_out: cute.Tensor, partial_lse: cute.Tensor, lse_out_scale: Float32):
+                    qo_indptr: cute.Tensor, b: Int32, r0: Int32, row_count: Int32, slot: Int32, output: cute.Tensor,
+                    lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor, lse_out_scale: Float32):
         """This warpgroup's half of a normalised item to memory. ``smem_epilogue``: a final item's O goes through
         its last K stage (held since its last PV GEMM: this warpgroup's half of the ckv block is the V it alone
         read), 16 bytes a thread a store, and the stage is released after; lse and split items from the
         registers (``prefill_epilogue``)."""
         G = self.group
-        staged = Int32(0)
-        if cutlass.const_expr(self.smem_epilogue):
+        # one KV head: packed row p is head p % G of token p // G
+        if cutlass.const_expr(not self.smem_epilogue):
+            store_item_rows(acc_o, c_o, row_lse, slot, qo_indptr, b, 0, r0, row_count, output, lse, lse_out_scale,
+                            partial_out, partial_lse, G)
+        else:
+            staged = Int32(0)
             if num_tiles > 0:
                 last = k_state.clone()
                 last.reverse()
                 if slot < 0:
                     store_output_via_smem(acc_o, s_o[None, None, last.index], tiled_mma_pv, ctid, wg,
-                                          q_start + r0 // G, 0, row_count, output, G, CKV_DIM, split_columns=True)
+                                          qo_indptr[b] + r0 // G, 0, row_count, output, G, CKV_DIM,
+                                          split_columns=True)
                     staged = Int32(1)
                 cute.arch.fence_view_async_shared()  # generic accesses to the stage before its next (TMA) load
                 pipe_k.consumer_release(last)
-        if slot < 0:  # one KV head: packed row p is head p % G of token p // G
-            if staged != 0:
-                store_output_rows(acc_o, c_o, row_lse, q_start, 0, r0, row_count, output, lse, lse_out_scale, G,
-                                  write_output=False)
+            if staged != 0:  # O went through the stage: the lse is left
+                store_output_rows(acc_o, c_o, row_lse, qo_indptr[b], 0, r0, row_count, output, lse, lse_out_scale,
+                                  G, write_output=False)
             else:
-                store_output_rows(acc_o, c_o, row_lse, q_start, 0, r0, row_count, output, lse, lse_out_scale, G)
-        else:
-            store_partial_rows(acc_o, c_o, row_lse, row_count, slot, partial_out, partial_lse)
+                store_item_rows(acc_o, c_o, row_lse, slot, qo_indptr, b, 0, r0, row_count, output, lse,
+                                lse_out_scale, partial_out, partial_lse, G)
 
     @cute.jit
     def score_role(self, ctid: Int32, s_q: cute.Tensor, s_k: cute.Tensor, s_xchg: cute.Tensor, s_p: cute.Tensor,
@@ -292,7 +295,7 @@ class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
             cute.arch.barrier(barrier_id=FINAL_BARRIER, number_of_threads=MMA_THREADS)
             rescale_rows(acc_o, o_scale)
             self.finish_item(ctid, 0, acc_o, c_o, row_lse, s_o, tiled_mma_pv, pipe_k, k_state, num_tiles,
-                             qo_indptr[b], r0, row_count, slot, output, lse, partial_out, partial_lse, lse_out_scale)
+                             qo_indptr, b, r0, row_count, slot, output, lse, partial_out, partial_lse, lse_out_scale)
 
     @cute.jit
     def output_role(self, ctid: Int32, s_xchg: cute.Tensor, s_o: cute.Tensor, t_sp: cute.Tensor, t_ovt: cute.Tensor, acc_o: cute.Tensor,
@@ -344,4 +347,4 @@ class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
             rescale_rows(acc_o, factors)
             # lse is WG1's to store (it owns column 0): these rows' lse never leaves the registers
             self.finish_item(ctid, 1, acc_o, c_o, factors, s_o, tiled_mma_pv, pipe_k, k_state, num_tiles,
-                             qo_indptr[b], r0, row_count, slot, output, lse, partial_out, partial_lse, lse_out_scale)
+                             qo_indptr, b, r0, row_count, slot, output, lse, partial_out, partial_lse, lse_out_scale)

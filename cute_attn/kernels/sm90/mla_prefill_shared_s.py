@@ -63,7 +63,7 @@ from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.softmax import (_row_max, acc_mn_view, exp_row_against_max, make_softmax_state, rescale_rows,
                               softmax_reset)
 from .mla_prefill import MMA_THREADS, MlaPagedPrefillSm90
-from .prefill_epilogue import smem_store_atom, store_output_rows, store_partial_rows
+from .prefill_epilogue import smem_store_atom, store_item_rows
 from .wgmma import wgmma_gemm
 
 MAX_BARRIER = 2  # both consumer warpgroups: row maxes written
@@ -180,10 +180,9 @@ class MlaPagedPrefillSharedSSm90(MlaPagedPrefillSm90):
             o_scale, row_lse = shared_softmax_finalize(row_max, row_sum, c_s, scale_log2, s_red, wg, ctid,
                                                        num_tiles > 0)
             rescale_rows(acc_o, o_scale)
-            if slot < 0:  # one KV head: packed row p is head p % G of token p // G
-                store_output_rows(acc_o, c_o, row_lse, qo_indptr[b], 0, r0, row_count, output, lse, lse_out_scale, G)
-            else:
-                store_partial_rows(acc_o, c_o, row_lse, row_count, slot, partial_out, partial_lse)
+            # one KV head: packed row p is head p % G of token p // G
+            store_item_rows(acc_o, c_o, row_lse, slot, qo_indptr, b, 0, r0, row_count, output, lse, lse_out_scale,
+                            partial_out, partial_lse, G)
 
 
 # ----------------------------------------------------------------------------------- shared softmax state
