@@ -143,10 +143,11 @@ class PagedAttentionConfig(KernelConfig):
     #: sm_90a MLA prefill's load order: an item's first K tile before its Q tile, Q gathered without waiting for it to
     #: land (``common/mla.load_q_and_kv_tiles``); the A/B knob of session 12's per-item latency analysis
     early_kv: bool = False
-    #: sm_90a MLA load role: cp.async rows dealt by 128-byte segments, 8 lanes a segment and few rows a thread
-    #: (``common/row_gather.gather_row_segments``); False keeps one 16-byte chunk column a thread over every row (the
-    #: session-12 kernels; the A/B knob)
-    row_segments: bool = True
+    #: sm_90a cp.async row gathers dealt by 128-byte segments, 8 lanes a segment and few rows a thread
+    #: (``common/row_gather.gather_row_segments``, ``gather_one_row_pages(segments=True)``); False keeps one 16-byte
+    #: chunk column a thread over every row. None: the kernel's policy -- the MLA kernels segments (H200, session 13:
+    #: 1.07-1.18x), the GQA row gathers chunk columns (their segment build has not run on a GPU yet)
+    row_segments: bool | None = None
     #: sm_90a GQA kernels: K/V tiles as 16-byte cp.async rows (True) or as TMA page boxes (False); None: the
     #: kernel's page-size policy (its ``ROW_GATHER_PAGE_SIZES``). A knob for ``tuning.sweep`` A/Bs in one process
     row_gather: bool | None = None
@@ -199,8 +200,8 @@ class PagedAttentionConfig(KernelConfig):
             return f"probe={self.probe!r}: measurement builds exist for the sm_90a MLA prefill kernel only"
         if self.early_kv and (self.kind, self.arch) != ("mla_paged_prefill", "sm_90a"):
             return "early_kv is a load order of the sm_90a MLA prefill kernel only"
-        if not self.row_segments and not (self.kind.startswith("mla_") and self.arch == "sm_90a"):
-            return "row_segments=False is a load-role variant of the sm_90a MLA kernels only"
+        if self.row_segments is not None and self.arch != "sm_90a":
+            return f"row_segments={self.row_segments}: a knob of the sm_90a cp.async row gathers only"
         if self.tile_q_rows not in (8, 16, 64, 128):
             return (f"tile_q_rows={self.tile_q_rows} must be 64 or 128 (one or two MMA warpgroups of 64 rows), or 8 "
                     "or 16 (one query token's heads as the N of a swapped product: the MLA decode kernel)")

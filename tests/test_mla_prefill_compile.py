@@ -473,11 +473,14 @@ def test_row_segments_resolve_four_row_ids_a_tile():
     assert len(segments) < len(columns) // 2
 
 
-def test_row_segments_false_is_refused_elsewhere():
-    gqa = dataclasses.replace(default_paged_config(
-        "gqa_paged_prefill", arch="sm_90a", num_qo_heads=32, num_kv_heads=4, head_dim_qk=128, head_dim_v=128,
-        page_size=64, causal=True), row_segments=False)
-    assert "row_segments" in gqa.can_implement()
+def test_row_segments_is_an_sm90_knob():
+    """A knob of the sm_90a row gathers (MLA: segments unless False; GQA: chunk columns unless True); the sm_100a
+    kernels refuse it by name."""
+    sm100 = dataclasses.replace(default_paged_config(
+        "gqa_paged_prefill", arch="sm_100a", num_qo_heads=32, num_kv_heads=4, head_dim_qk=128, head_dim_v=128,
+        page_size=1, causal=True), row_segments=False)
+    assert "row_segments" in sm100.can_implement()
+    assert _definition().row_segments is None and mla_prefill.check_config(_definition(row_segments=False)) is None
 
 
 @pytest.mark.parametrize("page_size", [1, 64])

@@ -180,7 +180,8 @@ def gather_row_segments(src: cute.Tensor, row_stride: Int64, s_chunks: cute.Tens
 def gather_one_row_pages(rows: cute.Tensor, s_chunks: cute.Tensor, lane_pages: cute.Tensor, head: Int32, lane: Int32,
                          num_rows: cutlass.Constexpr[int], head_dim: cutlass.Constexpr[int],
                          rows_b: cute.Tensor | None = None, s_chunks_b: cute.Tensor | None = None,
-                         page_rows: cutlass.Constexpr[int] = 1, tile_row0: Int32 | None = None):
+                         page_rows: cutlass.Constexpr[int] = 1, tile_row0: Int32 | None = None,
+                         segments: cutlass.Constexpr[bool] = False):
     """One tile of a small-page pool: ``num_rows`` rows of KV head ``head`` by the 32 lanes of one warp, fully
     unrolled (the one-warp loop with a shared id table and a branch per row was latency-bound: 266 µs at decode
     page 1).
@@ -194,14 +195,25 @@ def gather_one_row_pages(rows: cute.Tensor, s_chunks: cute.Tensor, lane_pages: c
     row. The copies complete on the stage's full mbarrier (``cp.async.mbarrier.arrive.noinc``,
     ``PipelineCpAsync``'s producer commit), so the lane never waits for them. ``tile_row0``: the rows are the
     tile's ``tile_row0 ..`` (a warp's slice of a tile that several warps gather; ``lane_pages`` holds the slice's
-    ids).
+    ids). ``segments`` (``PagedAttentionConfig.row_segments``): 8 lanes copy one 128-byte segment of a row and each
+    lane walks the row's ``head_dim / 64`` segments, so a lane resolves a page id and an address per segment group
+    instead of per chunk (head_dim 128: half as many; 64: the same deal as without).
     """
     chunks = head_dim // ROW_CHUNK
-    rows_per_pass, passes, guarded = row_passes(num_rows, chunks, 32)
-    if cutlass.const_expr(guarded):
+    # segments: 8 lanes a 128-byte segment of a row, each lane the row's head_dim / 64 segments at constant offsets
+    # (fewer id shuffles and addresses a copy: gather_row_segments' deal); else one chunk column a lane
+    lanes_per_row = SEGMENT_CHUNKS if cutlass.const_expr(segments) else chunks
+    row_segments = chunks // lanes_per_row
+    rows_per_pass, passes, guarded = row_passes(num_rows, lanes_per_row, 32)
+    if cutlass.const_expr(guarded or chunks % lanes_per_row):
         raise ValueError(f"gather_one_row_pages: {num_rows} rows are not whole passes of {rows_per_pass}")
-    chunk = lane % chunks
-    sub = lane // chunks
+    chunk = lane % lanes_per_row
+    sub = lane // lanes_per_row
+    step = segment_step_bytes(s_chunks) if cutlass.const_expr(row_segments > 1) else 0
+    step_b = step
+    if cutlass.const_expr(rows_b is not None and row_segments > 1):
+        step_b = segment_step_bytes(s_chunks_b)
+    seg_bytes = SEGMENT_CHUNKS * ROW_CHUNK * (rows.element_type.width // 8)
     num_pages = rows.shape[0]
     elem = rows.element_type.width // 8
     base = rows.iterator.toint() + Int64(head * rows.stride[2] + chunk * ROW_CHUNK) * elem
@@ -236,9 +248,19 @@ def gather_one_row_pages(rows: cute.Tensor, s_chunks: cute.Tensor, lane_pages: c
             src = src + slot * slot_bytes
             src_b = src_b + slot * slot_bytes_b
         row = r if cutlass.const_expr(tile_row0 is None) else tile_row0 + r
-        cp_async_chunk(swizzle_128b(s_chunks[0, None, row, chunk].iterator.toint()), src, nbytes)
-        if cutlass.const_expr(rows_b is not None):
-            cp_async_chunk(swizzle_128b(s_chunks_b[0, None, row, chunk].iterator.toint()), src_b, nbytes)
+        if cutlass.const_expr(row_segments == 1):
+            cp_async_chunk(swizzle_128b(s_chunks[0, None, row, chunk].iterator.toint()), src, nbytes)
+            if cutlass.const_expr(rows_b is not None):
+                cp_async_chunk(swizzle_128b(s_chunks_b[0, None, row, chunk].iterator.toint()), src_b, nbytes)
+        else:
+            dst = swizzle_128b(s_chunks[0, None, row, chunk].iterator.toint())
+            dst_b = dst
+            if cutlass.const_expr(rows_b is not None):
+                dst_b = swizzle_128b(s_chunks_b[0, None, row, chunk].iterator.toint())
+            for g in cutlass.range_constexpr(row_segments):
+                cp_async_chunk(dst + g * step, src + g * seg_bytes, nbytes)
+                if cutlass.const_expr(rows_b is not None):
+                    cp_async_chunk(dst_b + g * step_b, src_b + g * seg_bytes, nbytes)
 
 
 @cute.jit

@@ -209,6 +209,7 @@ class GqaDecodeSm90:
         self.tile_n = config.kv_tile
         self.pages_per_stage = config.kv_tile // config.page_size  # 1 for pages of 16..128 keys
         self.row_gather = uses_row_gather(config, ROW_GATHER_PAGE_SIZES)
+        self.row_segments = self.row_gather and config.row_segments is True  # GQA policy: chunk columns (None)
         self.stages = num_stages(config)
         self.dtype = cutlass.BFloat16
         self.tile_bytes = self.tile_n * self.head_dim * 2
@@ -216,7 +217,7 @@ class GqaDecodeSm90:
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}_H{self.num_qo_heads}x{self.num_kv_heads}_D{self.head_dim}_P{self.page_size}"
-                f"_M{self.tile_m}_N{self.tile_n}_S{self.stages}")
+                f"_M{self.tile_m}_N{self.tile_n}_S{self.stages}{'_RowSeg' if self.row_segments else ''}")
 
     @cute.jit
     def __call__(
@@ -472,7 +473,8 @@ class GqaDecodeSm90:
                 pipe.producer_acquire(state)
                 gather_one_row_pages(k_rows, sK_chunks[None, None, None, None, state.index], lane_pages,
                                      row[F.KV_HEAD], lane, N, self.head_dim, v_rows,
-                                     sV_chunks[None, None, None, None, state.index], P)
+                                     sV_chunks[None, None, None, None, state.index], P,
+                                     segments=self.row_segments)
                 pipe.producer_commit(state)
                 state.advance()
 

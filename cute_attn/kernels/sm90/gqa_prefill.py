@@ -173,6 +173,7 @@ class GqaPagedPrefillSm90:
         self.tile_n = config.kv_tile
         self.pages_per_tile = self.tile_n // self.page_size
         self.row_gather = uses_row_gather(config, ROW_GATHER_PAGE_SIZES)
+        self.row_segments = self.row_gather and config.row_segments is True  # GQA policy: chunk columns (None)
         self.num_stages = NUM_STAGES
         self.q_stages = q_stages(self.head_dim)
         self.num_mma_wg = self.tile_m // 64
@@ -185,7 +186,8 @@ class GqaPagedPrefillSm90:
     def __repr__(self) -> str:  # shows in the kernel symbol
         return (f"GqaPagedPrefillSm90_H{self.num_qo_heads}_KV{self.num_kv_heads}_D{self.head_dim}"
                 f"_P{self.page_size}_M{self.tile_m}_N{self.tile_n}"
-                f"{'_OVL' if self.intra_wg_overlap else ''}{'_SEPI' if self.smem_epilogue else ''}")
+                f"{'_OVL' if self.intra_wg_overlap else ''}{'_SEPI' if self.smem_epilogue else ''}"
+                f"{'_RowSeg' if self.row_segments else ''}")
 
     # ------------------------------------------------------------------------------- host side
     @cute.jit
@@ -426,11 +428,13 @@ class GqaPagedPrefillSm90:
                                      (kv_end - nxt + P - 1) // P, lane)
                 pipe_k.producer_acquire(kv_state)
                 gather_one_row_pages(k_rows, s_k_chunks[None, None, None, None, kv_state.index], lane_pages, h, lane,
-                                     rows, self.head_dim, page_rows=P, tile_row0=slice_rows)
+                                     rows, self.head_dim, page_rows=P, tile_row0=slice_rows,
+                                     segments=self.row_segments)
                 pipe_k.producer_commit(kv_state)
                 pipe_v.producer_acquire(kv_state)
                 gather_one_row_pages(v_rows, s_v_chunks[None, None, None, None, kv_state.index], lane_pages, h, lane,
-                                     rows, self.head_dim, page_rows=P, tile_row0=slice_rows)
+                                     rows, self.head_dim, page_rows=P, tile_row0=slice_rows,
+                                     segments=self.row_segments)
                 pipe_v.producer_commit(kv_state)
                 kv_state.advance()
 
@@ -518,8 +522,9 @@ class GqaPagedPrefillSm90:
                 cute.arch.fence_view_async_shared()  # generic-proxy accesses before the next TMA load
                 pipe_q.consumer_release(q_state)
             q_state.advance()
+            q_start = qo_indptr[b]
             store_item_rows(acc_o, c_o, row_lse, slot, qo_indptr, b, h, r0, row_count, output, lse, lse_out_scale,
-                            partial_out, partial_lse, G, write_output=not self.smem_epilogue)
+                            partial_out, partial_lse, G, write_output=not self.smem_epilogue, q_start=q_start)
 
     @cute.jit
     def mainloop_overlap(self, ctid: Int32, wg: Int32, num_tiles: Int32, kv_start: Int32, kv_end: Int32, r0: Int32,

@@ -220,7 +220,7 @@ class MlaPagedPrefillSm90:
         self.kv_boxes = uses_kv_boxes(config)
         self.probe = config.probe
         self.early_kv = config.early_kv
-        self.row_segments = config.row_segments
+        self.row_segments = config.row_segments is not False  # the MLA policy: segments
         self.dtype = cutlass.BFloat16
 
     def __repr__(self) -> str:  # shows in the kernel symbol

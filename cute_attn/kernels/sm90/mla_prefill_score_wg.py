@@ -69,7 +69,8 @@ from ..common.mla import CKV_DIM, KPE_DIM, QK_DIM
 from ..common.softmax import (acc_mn_view, make_softmax_state, rescale_rows, softmax_finalize, softmax_reset,
                               softmax_update)
 from .mla_prefill import MAX_STAGES, MMA_THREADS, MlaPagedPrefillSm90
-from .prefill_epilogue import smem_store_atom, store_item_rows, store_output_rows, store_output_via_smem
+from .prefill_epilogue import (smem_store_atom, store_item_rows, store_output_rows, store_output_via_smem,
+                               store_partial_rows)
 from .wgmma import wgmma_gemm
 
 P_BARRIER = 2  # both consumer warpgroups: P and the tile's O factors written and fenced (once a tile)
@@ -164,23 +165,25 @@ class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
             store_item_rows(acc_o, c_o, row_lse, slot, qo_indptr, b, 0, r0, row_count, output, lse, lse_out_scale,
                             partial_out, partial_lse, G)
         else:
+            q_start = qo_indptr[b]
             staged = Int32(0)
             if num_tiles > 0:
                 last = k_state.clone()
                 last.reverse()
                 if slot < 0:
                     store_output_via_smem(acc_o, s_o[None, None, last.index], tiled_mma_pv, ctid, wg,
-                                          qo_indptr[b] + r0 // G, 0, row_count, output, G, CKV_DIM,
-                                          split_columns=True)
+                                          q_start + r0 // G, 0, row_count, output, G, CKV_DIM, split_columns=True)
                     staged = Int32(1)
                 cute.arch.fence_view_async_shared()  # generic accesses to the stage before its next (TMA) load
                 pipe_k.consumer_release(last)
-            if staged != 0:  # O went through the stage: the lse is left
-                store_output_rows(acc_o, c_o, row_lse, qo_indptr[b], 0, r0, row_count, output, lse, lse_out_scale,
-                                  G, write_output=False)
+            if slot < 0:
+                if staged != 0:  # O went through the stage: the lse is left
+                    store_output_rows(acc_o, c_o, row_lse, q_start, 0, r0, row_count, output, lse, lse_out_scale, G,
+                                      write_output=False)
+                else:
+                    store_output_rows(acc_o, c_o, row_lse, q_start, 0, r0, row_count, output, lse, lse_out_scale, G)
             else:
-                store_item_rows(acc_o, c_o, row_lse, slot, qo_indptr, b, 0, r0, row_count, output, lse,
-                                lse_out_scale, partial_out, partial_lse, G)
+                store_partial_rows(acc_o, c_o, row_lse, row_count, slot, partial_out, partial_lse)
 
     @cute.jit
     def score_role(self, ctid: Int32, s_q: cute.Tensor, s_k: cute.Tensor, s_xchg: cute.Tensor, s_p: cute.Tensor,

@@ -128,11 +128,13 @@ def store_output_rows(acc_o: cute.Tensor, c_o: cute.Tensor, row_lse: cute.Tensor
 def store_item_rows(acc_o: cute.Tensor, c_o: cute.Tensor, row_lse: cute.Tensor, slot: Int32, qo_indptr: cute.Tensor,
                     b: Int32, kv_head, r0: Int32, row_count: Int32, output: cute.Tensor, lse: cute.Tensor,
                     lse_out_scale: Float32, partial_out: cute.Tensor, partial_lse: cute.Tensor,
-                    group: cutlass.Constexpr[int], write_output: cutlass.Constexpr[bool] = True):
+                    group: cutlass.Constexpr[int], write_output: cutlass.Constexpr[bool] = True, q_start=None):
     """An item's rows, whichever kind it is: :func:`store_output_rows` when it is final (``slot < 0``; request ``b``'s
-    first token ``qo_indptr[b]`` read only then), else :func:`store_partial_rows` into ``slot``."""
+    first token ``qo_indptr[b]`` read only then, unless the caller read it already: ``q_start``), else
+    :func:`store_partial_rows` into ``slot``."""
     if slot < 0:
-        store_output_rows(acc_o, c_o, row_lse, qo_indptr[b], kv_head, r0, row_count, output, lse, lse_out_scale,
+        first_token = qo_indptr[b] if cutlass.const_expr(q_start is None) else q_start
+        store_output_rows(acc_o, c_o, row_lse, first_token, kv_head, r0, row_count, output, lse, lse_out_scale,
                           group, write_output=write_output)
     else:
         store_partial_rows(acc_o, c_o, row_lse, row_count, slot, partial_out, partial_lse)
