@@ -140,9 +140,6 @@ class PagedAttentionConfig(KernelConfig):
     #: "compute_only" -- the load role completes each K stage without copying into it (the consumers' chain alone).
     #: Their outputs are wrong by design; tools/mla_prefill_variants.py times them beside the real kernel
     probe: str = ""
-    #: sm_90a MLA prefill's load order: an item's first K tile before its Q tile, Q gathered without waiting for it to
-    #: land (``common/mla.load_q_and_kv_tiles``); the A/B knob of session 12's per-item latency analysis
-    early_kv: bool = False
     #: sm_90a cp.async row gathers dealt by 128-byte segments, 8 lanes a segment and few rows a thread
     #: (``common/row_gather.gather_row_segments``, ``gather_one_row_pages(segments=True)``); False keeps one 16-byte
     #: chunk column a thread over every row. None: the kernel's policy -- the MLA kernels segments (H200, session 13:
@@ -198,8 +195,6 @@ class PagedAttentionConfig(KernelConfig):
             return f"num_qo_heads={self.num_qo_heads} must be a positive multiple of num_kv_heads={self.num_kv_heads}"
         if self.probe and (self.kind, self.arch) != ("mla_paged_prefill", "sm_90a"):
             return f"probe={self.probe!r}: measurement builds exist for the sm_90a MLA prefill kernel only"
-        if self.early_kv and (self.kind, self.arch) != ("mla_paged_prefill", "sm_90a"):
-            return "early_kv is a load order of the sm_90a MLA prefill kernel only"
         if self.row_segments is not None and self.arch != "sm_90a":
             return f"row_segments={self.row_segments}: a knob of the sm_90a cp.async row gathers only"
         if self.tile_q_rows not in (8, 16, 64, 128):

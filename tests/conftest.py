@@ -52,7 +52,7 @@ def _mla_consumer_splits() -> list[str]:
 def mla_consumers(request):
     """Run a test with each of the sm_90a MLA prefill kernel's consumer splits (``ops.mla_prefill.SM90_CONSUMERS``:
     both warpgroups compute all of S; S split by keys; one score warpgroup, its PV GEMMs in order or each issued
-    just before the next S GEMM, or in order with the load role's early_kv order), whatever the default is: every
+    just before the next S GEMM, or with O through the last K stage), whatever the default is: every
     public MLA entry (prefill, decode, plan_*) then builds it (``ops.mla_prefill.consumer_split``). Select one with
     ``-k shared_s`` and the like."""
     from cute_attn.ops.mla_prefill import consumer_split

@@ -45,7 +45,6 @@ _VARIANT_KNOBS = {  # the validated kernels first: a hang in a new one loses the
     "shared_s": dict(share_scores=True, score_warpgroup=False),
     "score_wg": dict(share_scores=False, score_warpgroup=True),
     "score_wg_ovl": dict(share_scores=False, score_warpgroup=True, intra_wg_overlap=True),
-    "score_wg_early_kv": dict(share_scores=False, score_warpgroup=True, early_kv=True),
     "score_wg_sepi": dict(share_scores=False, score_warpgroup=True, smem_epilogue=True),
     # the load role's rows by one 16-byte chunk column a thread (the session-12 kernels), not by 128-byte segments
     "score_wg_chunk_columns": dict(share_scores=False, score_warpgroup=True, row_segments=False),

@@ -127,20 +127,16 @@ def signature(q_nope, q_pe, ckv, kpe, qo, kvp, kvi, *rest):
 #: "shared_s": each computes S for half the keys, P shared through smem (``share_scores``, mla_prefill_shared_s.py);
 #: "score_wg": one computes all of S and the softmax, the other only its half of O (``score_warpgroup``,
 #: mla_prefill_score_wg.py); "score_wg_ovl": the same, each PV GEMM of the score warpgroup issued right before the
-#: next tile's S GEMM (``intra_wg_overlap``); "score_wg_early_kv": score_wg with the load role's ``early_kv`` order;
-#: "score_wg_sepi": score_wg with O written through the item's last K stage (``smem_epilogue``, 16-byte stores).
+#: next tile's S GEMM (``intra_wg_overlap``); "score_wg_sepi": score_wg with O written through the item's last K stage (``smem_epilogue``, 16-byte stores).
 #: The H200 A/B (tools/mla_prefill_variants.py) picks it: this line flips the public entries, plan_* and the
 #: registered configs.
 SM90_CONSUMERS = "score_wg_sepi"  # H200 A/B, session 13: 1.09-1.40x score_wg (itself 1.05-1.15x shared_s, session 12)
 SM90_CONSUMER_SPLITS = {"full_s": {}, "shared_s": dict(share_scores=True), "score_wg": dict(score_warpgroup=True),
                         "score_wg_ovl": dict(score_warpgroup=True, intra_wg_overlap=True),
-                        # the score_wg split with the load role's early_kv order (first K tile before Q, Q async)
-                        "score_wg_early_kv": dict(score_warpgroup=True, early_kv=True),
                         # the score_wg split with O written through the item's last K stage (16-byte stores)
                         "score_wg_sepi": dict(score_warpgroup=True, smem_epilogue=True)}
 #: every knob a split sets, and its value where a split does not set it
-CONSUMER_KNOBS = dict(share_scores=False, score_warpgroup=False, intra_wg_overlap=False, early_kv=False,
-                      smem_epilogue=False)
+CONSUMER_KNOBS = dict(share_scores=False, score_warpgroup=False, intra_wg_overlap=False, smem_epilogue=False)
 
 
 @contextlib.contextmanager

@@ -120,7 +120,7 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
                         group: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int],
                         ids_barrier: cutlass.Constexpr[int], q_for_keyless_items: cutlass.Constexpr[bool],
                         async_kv: cutlass.Constexpr[bool] = False, kv_gather4=None, kv_boxes=None,
-                        skip_kv_copies: cutlass.Constexpr[bool] = False, early_kv: cutlass.Constexpr[bool] = False,
+                        skip_kv_copies: cutlass.Constexpr[bool] = False,
                         row_segments: cutlass.Constexpr[bool] = False):
     """The load role over items ``item_begin .. item_end - 1`` (thread ``tid`` of ``num_threads``).
 
@@ -136,12 +136,6 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
     ``kv_boxes`` (sm_90a, pages of >= ``BOX_ROWS`` keys): ``(ckv, kpe)`` pairs of tensor-map addresses ``((ckv 8-row,
     ckv 1-row), (kpe 8-row, kpe 1-row))`` over the caches as rows; the K stages are then TMA tile boxes from one
     elected thread of warp 0 (:func:`box_latent_tile`; ``pipe_kv`` a ``PipelineTmaAsync`` counting the stage's bytes).
-    ``early_kv`` (sm_90a, with ``async_kv`` and ``q_for_keyless_items``): an item's first K tile goes out before its Q
-    tile (it needs only a free stage, while Q waits for the previous item's last S GEMM), and Q is gathered like a K
-    stage, every row a cp.async (rows past ``Q_ROW_COUNT`` zero-filled by ``src-size`` 0) that completes on the Q
-    barrier by itself (``pipe_q`` a ``PipelineCpAsync``): the load threads never wait for Q to land (before, each
-    item's Q commit waited for every copy the thread had in flight, so the next item's first K tile went out only
-    after its Q had landed). The consumers' fence after their K wait covers Q too.
     ``skip_kv_copies`` (with ``async_kv``; the ``compute_only`` probe): each K stage is acquired and committed without
     a copy (the commit's ``noinc`` arrival then completes at once), so the consumers run on whatever it holds.
     ``row_segments`` (sm_90a, with ``async_kv``): the cp.async rows of the K stages and of Q are dealt by 128-byte
@@ -172,8 +166,9 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
         kv_start = items[it, int(F.KV_START)]
         kv_end = items[it, int(F.KV_END)]
         # where every item needs Q, it is issued before the key count: the GPU-validated sm_90a kernel's
-        # order (computing the count first changes that kernel's PTX); early_kv issues it after the first K tile
-        if cutlass.const_expr(q_for_keyless_items and not early_kv):
+        # order (computing the count first changes that kernel's PTX). Issuing an item's first K tile before its Q
+        # (Q completing on its barrier by itself) was measured slower on the H200: docs/perf-notes.md, sessions 12-13
+        if cutlass.const_expr(q_for_keyless_items):
             _load_q_tile(copy_atom, zeros, q_nope, q_pe, qo_indptr, b, r0, row_count, s_q_chunks, tid, group,
                          num_threads, pipe_q, q_state, row_segments=row_segments)
             q_state.advance()
@@ -220,18 +215,6 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
                             num_threads, ids=ids)
                 commit_rows(pipe_kv, kv_state)
             kv_state.advance()
-            if cutlass.const_expr(early_kv):
-                if t == 0:  # the first K tile is out: now Q, behind it
-                    _load_q_tile(copy_atom, zeros, q_nope, q_pe, qo_indptr, b, r0, row_count, s_q_chunks, tid, group,
-                                 num_threads, pipe_q, q_state, asynchronous=True,
-                                 row_segments=row_segments)
-                    q_state.advance()
-        if cutlass.const_expr(early_kv):
-            if num_tiles == 0:  # a keyless item: its consumers still wait on Q
-                _load_q_tile(copy_atom, zeros, q_nope, q_pe, qo_indptr, b, r0, row_count, s_q_chunks, tid, group,
-                             num_threads, pipe_q, q_state, asynchronous=True,
-                                 row_segments=row_segments)
-                q_state.advance()
 
 
 def row_view(cache: cute.Tensor, dim: int) -> cute.Tensor:
@@ -316,22 +299,19 @@ def _page_row(page: Int32, key: Int32, num_pages: Int32, page_shift: cutlass.Con
 def _load_q_tile(copy_atom: cute.CopyAtom, zeros: cute.Tensor, q_nope: cute.Tensor, q_pe: cute.Tensor,
                  qo_indptr: cute.Tensor, b: Int32, r0: Int32, row_count: Int32, s_q_chunks: cute.Tensor, tid: Int32,
                  group: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int], pipe_q, q_state,
-                 asynchronous: cutlass.Constexpr[bool] = False, row_segments: cutlass.Constexpr[bool] = False):
-    """Q of the item's packed rows ``r0 .. r0 + row_count - 1`` of request ``b`` (the caller advances ``q_state``).
-    ``asynchronous`` (``early_kv``): every row a cp.async completing on the Q barrier by itself (``pipe_q`` a
-    ``PipelineCpAsync``), so the thread does not wait for it; else the thread waits for its copies and arrives."""
+                 row_segments: cutlass.Constexpr[bool] = False):
+    """Q of the item's packed rows ``r0 .. r0 + row_count - 1`` of request ``b`` (the caller advances ``q_state``);
+    the thread waits for its copies, fences them into the async proxy and arrives. ``row_segments``: the rows by
+    128-byte segments (:func:`gather_row_segments`, rows past ``row_count`` zero-filled by ``src-size`` 0)."""
     q_row0 = Int64(qo_indptr[b]) * group + r0
     pipe_q.producer_acquire(q_state)
     by_segments = row_segments and segments_fit(s_q_chunks, KPE_DIM, num_threads)
-    if cutlass.const_expr(asynchronous or by_segments):
-        gather = gather_row_segments if cutlass.const_expr(by_segments) else gather_rows_zero_fill
-        gather(q_nope, Int64(CKV_DIM), s_q_chunks, 0, CKV_DIM, tid, num_threads, row0=q_row0, valid_rows=row_count)
-        gather(q_pe, Int64(KPE_DIM), s_q_chunks, CKV_DIM // ROW_CHUNK, KPE_DIM, tid, num_threads, row0=q_row0,
-               valid_rows=row_count)
-        if cutlass.const_expr(asynchronous):
-            pipe_q.producer_commit(q_state)
-        else:  # zero-filled rows are cp.async too: waited for and fenced like the copies
-            commit_rows(pipe_q, q_state)
+    if cutlass.const_expr(by_segments):
+        gather_row_segments(q_nope, Int64(CKV_DIM), s_q_chunks, 0, CKV_DIM, tid, num_threads, row0=q_row0,
+                            valid_rows=row_count)
+        gather_row_segments(q_pe, Int64(KPE_DIM), s_q_chunks, CKV_DIM // ROW_CHUNK, KPE_DIM, tid, num_threads,
+                            row0=q_row0, valid_rows=row_count)
+        commit_rows(pipe_q, q_state)  # zero-filled rows are cp.async too: waited for and fenced like the copies
     else:
         gather_rows(copy_atom, zeros, q_nope, Int64(CKV_DIM), s_q_chunks, 0, CKV_DIM, tid, num_threads, row0=q_row0,
                     valid_rows=row_count)

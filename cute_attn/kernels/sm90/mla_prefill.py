@@ -183,8 +183,6 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         if not config.score_warpgroup or uses_kv_boxes(config):
             return (f"probe={config.probe!r}: measurement builds of the score_warpgroup split with row gathers only "
                     "(a K stage by TMA boxes completes by bytes: it cannot be committed empty)")
-    if config.early_kv and swapped(config):
-        return "early_kv is the 64-row prefill kernel's load order (not built for the swapped decode kernel)"
     if config.smem_epilogue and not config.score_warpgroup:
         return ("smem_epilogue: of the sm_90a MLA kernels only the score_warpgroup split builds it (O staged in the "
                 "item's last K stage)")
@@ -219,13 +217,12 @@ class MlaPagedPrefillSm90:
         self.num_stages = num_stages(config)
         self.kv_boxes = uses_kv_boxes(config)
         self.probe = config.probe
-        self.early_kv = config.early_kv
         self.row_segments = config.row_segments is not False  # the MLA policy: segments
         self.dtype = cutlass.BFloat16
 
     def __repr__(self) -> str:  # shows in the kernel symbol
         return (f"MlaPagedPrefillSm90_H{self.num_heads}_M{self.tile_m}_N{self.tile_n}_S{self.num_stages}"
-                + ("_EarlyKv" if self.early_kv else "") + ("" if self.row_segments else "_ChunkColumns"))
+                + ("" if self.row_segments else "_ChunkColumns"))
 
     # ------------------------------------------------------------------------------- host side
     def smem_layouts(self):
@@ -302,12 +299,8 @@ class MlaPagedPrefillSm90:
 
         producers = cpipe.CooperativeGroup(cpipe.Agent.Thread, PRODUCER_THREADS)
         consumers = cpipe.CooperativeGroup(cpipe.Agent.Thread, MMA_THREADS)
-        if cutlass.const_expr(self.early_kv):  # Q rows complete on the barrier by themselves (noinc): not waited for
-            pipe_q = cpipe.PipelineCpAsync.create(barrier_storage=mbar_q, num_stages=1, producer_group=producers,
-                                                  consumer_group=consumers, defer_sync=True)
-        else:
-            pipe_q = cpipe.PipelineAsync.create(barrier_storage=mbar_q, num_stages=1, producer_group=producers,
-                                                consumer_group=consumers, defer_sync=True)
+        pipe_q = cpipe.PipelineAsync.create(barrier_storage=mbar_q, num_stages=1, producer_group=producers,
+                                            consumer_group=consumers, defer_sync=True)
         if cutlass.const_expr(self.kv_boxes):  # TMA boxes from one thread, complete by bytes; one arrival a warp
             pipe_k = cpipe.PipelineTmaAsync.create(
                 barrier_storage=mbar_k, num_stages=self.num_stages,
@@ -341,7 +334,7 @@ class MlaPagedPrefillSm90:
                                 cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages),
                                 group=self.group, num_threads=PRODUCER_THREADS, ids_barrier=_IDS_BARRIER,
                                 q_for_keyless_items=True, async_kv=True, kv_boxes=kv_boxes,
-                                skip_kv_copies=self.probe == "compute_only", early_kv=self.early_kv,
+                                skip_kv_copies=self.probe == "compute_only",
                                 row_segments=self.row_segments)
         else:
             cute.arch.setmaxregister_increase(MMA_REGS)
