@@ -48,6 +48,13 @@ loop's back edge: ptxas would serialise the wgmmas); WG2 ``wait stage -> P_BARRI
 during WG1's softmax. Hiding that softmax under a GEMM needs a third K stage (S_{t+1} issued before PV_t holds both
 stages), which does not fit next to Q.
 
+Epilogue, ``smem_epilogue`` (split ``score_wg_sepi``, the default since session 13): each warpgroup keeps the item's
+last K stage past its last PV GEMM, writes its bf16 O half with ``stmatrix`` over the ckv half it alone read there
+(``store_output_via_smem(split_columns=True)``), meets its own warpgroup at a named barrier (ids 4, 5), stores
+16-byte vectors and only then releases the stage; lse and split items' fp32 partials still leave from the registers
+(``finish_item``). The register epilogue's 4-byte stores filled the global-memory queue the next item's gathers
+wait in (ncu lg_throttle 23% at the seed): 1.09-1.40x on the H200.
+
 Measured (H200, session 12, ``docs/perf-notes.md``): 1.05-1.15x the ``share_scores`` kernel on every recorded
 workload, the default since; ``intra_wg_overlap`` no better (slower at 1 / 1028). Under ncu the tensor pipe is busy
 33% of the kernel and nothing saturates: latency-bound. ``PagedAttentionConfig.probe`` builds this kernel with only
