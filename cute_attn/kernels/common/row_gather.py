@@ -159,17 +159,7 @@ def gather_row_segments(src: cute.Tensor, row_stride: Int64, s_chunks: cute.Tens
     row_bytes = row_stride * elem
     for p in cutlass.range_constexpr(num_rows // rows_per_pass):
         r = p * rows_per_pass + sub
-        nbytes = Int32(0)
-        src_row = Int64(0)
-        if cutlass.const_expr(ids is None):
-            if r < valid_rows:
-                nbytes = Int32(16)
-                src_row = row0 + r
-        else:
-            rid = ids[r]
-            if rid >= 0:
-                nbytes = Int32(16)
-                src_row = Int64(rid)
+        nbytes, src_row = _row_source(r, ids, row0, valid_rows)
         src_addr = base + src_row * row_bytes
         dst = swizzle_128b(s_chunks[0, None, r, chunk0 + lane].iterator.toint())
         for s in cutlass.range_constexpr(segments):
@@ -264,6 +254,24 @@ def gather_one_row_pages(rows: cute.Tensor, s_chunks: cute.Tensor, lane_pages: c
 
 
 @cute.jit
+def _row_source(r: Int32, ids: cute.Tensor | None, row0: Int64 | None, valid_rows: Int32 | None):
+    """``(cp.async src-size, source row)`` of tile row ``r``: 16 and ``ids[r]`` (or ``row0 + r``) for a row that
+    exists, 0 and row 0 (nothing read; the 16 bytes zero-filled) for an id of -1 (or a row ``>= valid_rows``)."""
+    nbytes = Int32(0)
+    src_row = Int64(0)
+    if cutlass.const_expr(ids is None):
+        if r < valid_rows:
+            nbytes = Int32(16)
+            src_row = row0 + r
+    else:
+        rid = ids[r]
+        if rid >= 0:
+            nbytes = Int32(16)
+            src_row = Int64(rid)
+    return nbytes, src_row
+
+
+@cute.jit
 def gather_rows_zero_fill(src: cute.Tensor, row_stride: Int64, s_chunks: cute.Tensor, chunk0: cutlass.Constexpr[int],
                           width: cutlass.Constexpr[int], tid: Int32, num_threads: cutlass.Constexpr[int],
                           ids: cute.Tensor | None = None, row0: Int64 | None = None, valid_rows: Int32 | None = None):
@@ -284,16 +292,6 @@ def gather_rows_zero_fill(src: cute.Tensor, row_stride: Int64, s_chunks: cute.Te
     row_bytes = row_stride * elem
     for p in cutlass.range_constexpr(passes):
         r = p * rows_per_pass + sub
-        nbytes = Int32(0)
-        src_row = Int64(0)
-        if cutlass.const_expr(ids is None):
-            if r < valid_rows:
-                nbytes = Int32(16)
-                src_row = row0 + r
-        else:
-            rid = ids[r]
-            if rid >= 0:
-                nbytes = Int32(16)
-                src_row = Int64(rid)
+        nbytes, src_row = _row_source(r, ids, row0, valid_rows)
         cp_async_chunk(swizzle_128b(s_chunks[0, None, r, chunk0 + chunk].iterator.toint()), base + src_row * row_bytes,
                        nbytes)

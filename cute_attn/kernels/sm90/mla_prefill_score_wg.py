@@ -158,6 +158,16 @@ class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
                              output, lse, partial_out, partial_lse, lse_out_scale, tiled_mma_pv, pipe_q, pipe_k)
 
     @cute.jit
+    def release_tile(self, pipe_k, k_state, t: Int32, num_tiles: Int32):
+        """A consumed tile's stage back to the load role; with ``smem_epilogue`` not the item's last, which
+        :meth:`finish_item` stages O in and releases."""
+        if cutlass.const_expr(self.smem_epilogue):
+            if t < num_tiles - 1:
+                pipe_k.consumer_release(k_state)
+        else:
+            pipe_k.consumer_release(k_state)
+
+    @cute.jit
     def finish_item(self, ctid: Int32, wg: Int32, acc_o: cute.Tensor, c_o: cute.Tensor, row_lse: cute.Tensor,
                     s_o: cute.Tensor, tiled_mma_pv: cute.TiledMma, pipe_k, k_state, num_tiles: Int32,
                     qo_indptr: cute.Tensor, b: Int32, r0: Int32, row_count: Int32, slot: Int32, output: cute.Tensor,
@@ -276,11 +286,7 @@ class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
                         rescale_rows(acc_o, row_scale)
                         wgmma_gemm(tiled_mma_pv, acc_o, t_sp[None, None, None, stage], t_ovt[None, None, None, stage],
                                    False)
-                        if cutlass.const_expr(self.smem_epilogue):
-                            if t < num_tiles - 1:  # the last stage stays held: finish_item stages O in it
-                                pipe_k.consumer_release(k_state)
-                        else:
-                            pipe_k.consumer_release(k_state)
+                        self.release_tile(pipe_k, k_state, t, num_tiles)
                     k_state.advance()
             if cutlass.const_expr(self.pv_in_flight):
                 if num_tiles > 0:  # the item's last PV GEMM
@@ -339,11 +345,7 @@ class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
                     rescale_rows(acc_o, factors)
                     wgmma_gemm(tiled_mma_pv, acc_o, t_sp[None, None, None, stage], t_ovt[None, None, None, stage],
                                False)
-                if cutlass.const_expr(self.smem_epilogue):
-                    if t < num_tiles - 1:  # the last stage stays held: finish_item stages O in it
-                        pipe_k.consumer_release(k_state)
-                else:
-                    pipe_k.consumer_release(k_state)
+                self.release_tile(pipe_k, k_state, t, num_tiles)
                 k_state.advance()
 
             b = items[it, int(F.REQUEST)]
