@@ -148,8 +148,9 @@ def test_fast_sort_build_sorts_int32_keys_unrolled(arch):
     """``fast_sort``: the deal's exchanges shuffle 32-bit keys (one ``shfl`` each, the old sort two), the stages are
     unrolled for 512 and 1024 keys (no runtime stride loop), and the deal still reads Int64 keys."""
     mla = device_planner.default_configs(arch)[2]
-    fast = compile_to_ptx(dataclasses.replace(mla, fast_sort=True))
-    old = compile_to_ptx(mla)
+    assert mla.fast_sort and mla.sorted_deal  # the default since session 14
+    fast = compile_to_ptx(mla)
+    old = compile_to_ptx(dataclasses.replace(mla, fast_sort=False))
     shuffles = len(re.findall(r"shfl\.sync\.bfly\.b32", fast))
     # shuffle stages: 512 keys -> 35 (one key a thread), 1024 -> 40 x 2 keys; plus the maxima's butterflies
     assert shuffles >= 35 + 2 * 40

@@ -1,5 +1,5 @@
-"""Compile-only tests of the GQA row gathers dealt by 128-byte segments (``PagedAttentionConfig.row_segments=True``;
-the GQA kernels' default is chunk columns until the segment build has run on a GPU)."""
+"""Compile-only tests of the GQA row gathers dealt by 128-byte segments (``PagedAttentionConfig.row_segments``: None,
+the default, and True build them; False keeps one 16-byte chunk column a lane)."""
 
 from __future__ import annotations
 
@@ -30,9 +30,10 @@ def test_segments_keep_the_copies_and_cut_the_id_shuffles(kind, head_dim):
     row it copies, and copies head_dim / 64 segments of it (K and V), instead of one id per 16-byte chunk column."""
     base = _config(kind, head_dim)
     assert base.row_segments is None and base.can_implement() is None
-    columns = compile_to_ptx(base)
-    segments = compile_to_ptx(dataclasses.replace(base, row_segments=True))
+    segments = compile_to_ptx(base)  # the policy: segments
+    columns = compile_to_ptx(dataclasses.replace(base, row_segments=False))
     assert "_RowSeg" in segments and "_RowSeg" not in columns
+    assert compile_to_ptx(dataclasses.replace(base, row_segments=True)) == segments
     assert len(ROW_COPY.findall(segments)) == len(ROW_COPY.findall(columns)) > 0
     shuffles = [len(re.findall(r"shfl\.sync\.idx\.b32", ptx)) for ptx in (columns, segments)]
     assert shuffles[1] < shuffles[0] and shuffles[1] * (head_dim // 64) <= shuffles[0] + 16, shuffles
@@ -43,6 +44,6 @@ def test_segments_change_nothing_where_a_row_is_one_segment_or_pages_are_boxes()
     d64 = _config("gqa_paged_decode", 64)
     box = _config("gqa_paged_decode", 128, page_size=64)
     for config in (d64, box):
-        plain = compile_to_ptx(config)
-        seg = compile_to_ptx(dataclasses.replace(config, row_segments=True))
+        plain = compile_to_ptx(dataclasses.replace(config, row_segments=False))
+        seg = compile_to_ptx(config)
         assert re.sub(r"_RowSeg", "", seg) == plain or len(ROW_COPY.findall(seg)) == len(ROW_COPY.findall(plain))

@@ -49,6 +49,7 @@ Device error word (int32 ``[4]``, cleared by :func:`cute_attn.device_errors.rais
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -84,10 +85,11 @@ FAULT_QO_INDPTR, FAULT_KV_INDPTR, FAULT_LAST_PAGE_LEN, FAULT_PAGE_ID, FAULT_CAPA
 INT32_MAX = 2**31 - 1
 
 
-#: the sorted deal's sort: True builds ``sorted_deal.fast_sort`` (Int32 keys, fixed unrolled stages). Session 13 built
-#: it and its compile tests; it has not run on a GPU yet: flip it with tests/test_device_planner_gpu.py, the deal
-#: sanitizer cases and tools/planner_trace.py (``--fast-sort`` traces it before the flip) in one device call
-FAST_SORT = False
+#: the sorted deal's sort: True (the default since session 14) builds ``sorted_deal.fast_sort`` (Int32 keys, fixed
+#: unrolled stages): the deal phase at the MLA seed 14.5 k -> 5.0 k cycles, the planner 31.5 k -> 22.1 k (H200,
+#: tools/planner_trace.py). ``CUTE_ATTN_FAST_SORT=0`` builds the runtime-sized Int64 sort for A/Bs (a config field,
+#: so the compile cache keeps the two builds apart)
+FAST_SORT = os.environ.get("CUTE_ATTN_FAST_SORT", "1") != "0"
 
 
 @dataclass(frozen=True)

@@ -209,7 +209,7 @@ class GqaDecodeSm90:
         self.tile_n = config.kv_tile
         self.pages_per_stage = config.kv_tile // config.page_size  # 1 for pages of 16..128 keys
         self.row_gather = uses_row_gather(config, ROW_GATHER_PAGE_SIZES)
-        self.row_segments = self.row_gather and config.row_segments is True  # GQA policy: chunk columns (None)
+        self.row_segments = self.row_gather and config.row_segments is not False  # policy (None): segments
         self.stages = num_stages(config)
         self.dtype = cutlass.BFloat16
         self.tile_bytes = self.tile_n * self.head_dim * 2

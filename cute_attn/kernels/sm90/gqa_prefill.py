@@ -173,7 +173,7 @@ class GqaPagedPrefillSm90:
         self.tile_n = config.kv_tile
         self.pages_per_tile = self.tile_n // self.page_size
         self.row_gather = uses_row_gather(config, ROW_GATHER_PAGE_SIZES)
-        self.row_segments = self.row_gather and config.row_segments is True  # GQA policy: chunk columns (None)
+        self.row_segments = self.row_gather and config.row_segments is not False  # policy (None): segments
         self.num_stages = NUM_STAGES
         self.q_stages = q_stages(self.head_dim)
         self.num_mma_wg = self.tile_m // 64
