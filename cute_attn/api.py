@@ -27,6 +27,7 @@ Fast path (host overhead: engines call once per layer with one batch's index ten
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import weakref
 from collections import OrderedDict
@@ -316,16 +317,26 @@ def _checked_config(spec, args: tuple, output, lse, arch: str | None):
 
 
 def _make_config(spec, problem: validate.PagedProblem, arch: str | None) -> PagedAttentionConfig:
+    arch = _target_arch(arch, problem.device)
+    config = _config_for(spec, problem.num_qo_heads, problem.num_kv_heads, problem.head_dim_qk, problem.head_dim_v,
+                         problem.page_size, arch)
+    if spec.workload_tiles is None:
+        return config
+    knobs = spec.workload_tiles(config, problem)  # what the batch's shapes change (usually nothing)
+    if not knobs:
+        return config
     return _config_for(spec, problem.num_qo_heads, problem.num_kv_heads, problem.head_dim_qk, problem.head_dim_v,
-                       problem.page_size, _target_arch(arch, problem.device))
+                       problem.page_size, arch, tuple(sorted(knobs.items())))
 
 
 @functools.lru_cache(maxsize=256)  # host overhead: one config per problem shape, built once
-def _config_for(spec, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size, arch):
+def _config_for(spec, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size, arch, workload_knobs=()):
     config = default_paged_config(
         spec.name, arch=arch, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
         head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, page_size=page_size, causal=spec.causal, spec=spec,
     )
+    if workload_knobs:
+        config = dataclasses.replace(config, **dict(workload_knobs))
     reason = config.can_implement()
     if reason is not None:
         raise ValueError(f"{spec.name}: unsupported configuration: {reason}")

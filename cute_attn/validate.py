@@ -45,6 +45,9 @@ class PagedProblem:
     page_size: int
     num_pages: int
     device: torch.device
+    #: ``len(kv_indices) * page_size``: an upper bound of the keys the batch reads, from shapes alone (a kind's
+    #: ``OpSpec.workload_tiles`` may pick knobs by it without reading an index value); 0 where a kind does not set it
+    num_kv_slots: int = 0
 
     @property
     def group_size(self) -> int:

@@ -181,3 +181,37 @@ def test_both_orders_name_a_misplaced_argument():
         cute_attn.mla_paged_prefill(*case.inputs(), *case.new_outputs(), case.new_outputs()[1])
     with pytest.raises(TypeError, match="sm_scale must be a real number"):
         cute_attn.mla_paged_prefill(*case.inputs()[:7])
+
+
+def _mla_problem(q_lens, kv_lens, page_size=1):
+    """The problem ``spec.check`` sees for an MLA batch of these lengths (shapes only, like the device route)."""
+    from cute_attn.ops import mla_prefill
+    from cute_attn.validate import PagedProblem
+
+    pages = sum(-(-n // page_size) for n in kv_lens)
+    return mla_prefill, PagedProblem(len(q_lens), sum(q_lens), 16, 1, 576, 512, page_size, 1 << 20,
+                                     torch.device("cpu"), num_kv_slots=pages * page_size)
+
+
+@pytest.mark.parametrize("q_lens, kv_lens, long_items", [
+    ([16384], [16387], True),  # 8195 keys an item: the measured -7% of the smem epilogue
+    ([1] * 22, [807] * 22, True),  # decode-like rows over long caches
+    ([1028], [1038], False),  # 524 keys an item: the smem epilogue wins (47.3 against 52.3 us)
+    ([70] * 28, [73] * 28, False),  # the seed's shape: short items
+])
+def test_mla_consumer_split_follows_the_items_length(q_lens, kv_lens, long_items):
+    """sm_90a picks the consumer split by the batch's shapes (never an index value): the long-item split where the
+    mean keys an item reaches LONG_ITEM_KEYS, else SM90_CONSUMERS; other arches and the one-token tiles keep theirs."""
+    mla_prefill, problem = _mla_problem(q_lens, kv_lens)
+    assert (mla_prefill.keys_per_item(problem) >= mla_prefill.LONG_ITEM_KEYS) == long_items
+    config = api._make_config(mla_prefill.SPEC, problem, "sm_90a")
+    split = mla_prefill.SM90_LONG_ITEM_CONSUMERS if long_items else mla_prefill.SM90_CONSUMERS
+    expected = {**mla_prefill.CONSUMER_KNOBS, **mla_prefill.SM90_CONSUMER_SPLITS[split]}
+    assert {k: getattr(config, k) for k in expected} == expected
+    assert config.can_implement() is None
+    assert api._make_config(mla_prefill.SPEC, problem, "sm_100a") == api._config_for(
+        mla_prefill.SPEC, 16, 1, 576, 512, 1, "sm_100a")
+    one_token = api._make_config(mla_decode.ONE_TOKEN_SPEC, problem, "sm_90a")
+    assert one_token.tile_q_rows == 16 and not one_token.score_warpgroup
+    with mla_prefill.consumer_split("score_wg_sepi"):  # a forced split holds for every batch
+        assert api._make_config(mla_prefill.SPEC, problem, "sm_90a").smem_epilogue

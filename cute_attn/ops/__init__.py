@@ -47,6 +47,10 @@ class OpSpec:
     default_tiles: Callable
     #: config -> reason | None: the kind's own shape rules (every kernel of the kind starts from them)
     shape_reason: Callable
+    #: (config, problem) -> {knob: value}: what the batch's shapes change in the shape's config
+    #: (``validate.PagedProblem``: batch, total_q, num_kv_slots; never an index value, so no host sync and the same
+    #: choice inside a CUDA graph); an empty dict or None keeps the config
+    workload_tiles: Callable | None = None
     #: arch -> module that registers this kind's kernel for it, relative to the package (``.kernels.sm90.x``), so a
     #: copy of cute_attn shipped inside another package (FlashInfer-Bench's builder) loads its own kernels
     kernel_modules: dict[str, str] = field(default_factory=dict)

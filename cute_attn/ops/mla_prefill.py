@@ -87,7 +87,7 @@ def check(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, 
     device = validate.same_device(named)
     validate.check_outputs(output, lse, total_q, num_heads, ckv_dim, device, named)
     problem = validate.PagedProblem(batch, total_q, num_heads, 1, ckv_dim + kpe_dim, ckv_dim, page_size, num_pages,
-                                    device)
+                                    device, num_kv_slots=kv_indices.shape[0] * page_size)
     host = None
     if check_indices:
         if kv_last_page_len is not None:
@@ -137,26 +137,51 @@ SM90_CONSUMER_SPLITS = {"full_s": {}, "shared_s": dict(share_scores=True), "scor
                         "score_wg_sepi": dict(score_warpgroup=True, smem_epilogue=True)}
 #: every knob a split sets, and its value where a split does not set it
 CONSUMER_KNOBS = dict(share_scores=False, score_warpgroup=False, intra_wg_overlap=False, smem_epilogue=False)
+#: sm_90a, batches of long items (:func:`keys_per_item` >= ``LONG_ITEM_KEYS``): the split without the smem epilogue.
+#: Holding the item's last K stage for O costs long items more than the 16-byte stores save. H200, session 14, one
+#: process, both orders: 1 / 16384 / 16387 8095-8432 us score_wg against 8745-9070 score_wg_sepi (-7%), 22 / 22 / 17759
+#: (807 keys an item) 19.8 against 20.5; sepi wins at 1 / 1028 (524 keys an item: 47.3 against 52.3) and on every
+#: batch of shorter items (1.09-1.45x). The threshold sits between those two measured points
+SM90_LONG_ITEM_CONSUMERS = "score_wg"
+LONG_ITEM_KEYS = 640
+
+
+def keys_per_item(problem) -> float:
+    """A causal batch's mean keys a q tile sees, from shapes alone: (key slots - total_q / 2) / batch (each request's
+    rows see its prefix plus, on average, half its own queries). An over-allocated ``kv_indices`` (a graph captured at
+    capacity) reads as long: the other split, which is as correct and at most ~10% slower on short items."""
+    return (problem.num_kv_slots - problem.total_q / 2) / max(problem.batch_size, 1)
+
+
+def workload_tiles(config, problem) -> dict:
+    """The consumer split for this batch: ``SM90_LONG_ITEM_CONSUMERS`` where the items are long (sm_90a, 64-row
+    tiles of the split ``SM90_CONSUMERS`` names), else no change."""
+    if config.arch != "sm_90a" or config.tile_q_rows != 64 or SM90_LONG_ITEM_CONSUMERS == SM90_CONSUMERS:
+        return {}
+    if keys_per_item(problem) < LONG_ITEM_KEYS:
+        return {}
+    return {**CONSUMER_KNOBS, **SM90_CONSUMER_SPLITS[SM90_LONG_ITEM_CONSUMERS]}
 
 
 @contextlib.contextmanager
 def consumer_split(name: str):
     """Inside the block every public MLA entry (prefill, decode, plan_*) builds the sm_90a split ``name`` whatever
-    ``SM90_CONSUMERS`` says (A/Bs, the GPU tier's fixture, sanitizer cases); the per-shape config and plan caches
-    are cleared on the way in and out, so no config of the other split is reused."""
-    global SM90_CONSUMERS
+    ``SM90_CONSUMERS`` and ``SM90_LONG_ITEM_CONSUMERS`` say, for every batch (A/Bs, the GPU tier's fixture, sanitizer
+    cases); the per-shape config and plan caches are cleared on the way in and out, so no config of the other split
+    is reused."""
+    global SM90_CONSUMERS, SM90_LONG_ITEM_CONSUMERS
     if name not in SM90_CONSUMER_SPLITS:
         raise ValueError(f"unknown consumer split {name!r}: one of {', '.join(SM90_CONSUMER_SPLITS)}")
     from .. import api
 
-    saved = SM90_CONSUMERS
-    SM90_CONSUMERS = name
+    saved = SM90_CONSUMERS, SM90_LONG_ITEM_CONSUMERS
+    SM90_CONSUMERS = SM90_LONG_ITEM_CONSUMERS = name
     api._config_for.cache_clear()
     api.clear_plan_cache()
     try:
         yield name
     finally:
-        SM90_CONSUMERS = saved
+        SM90_CONSUMERS, SM90_LONG_ITEM_CONSUMERS = saved
         api._config_for.cache_clear()
         api.clear_plan_cache()
 
@@ -193,6 +218,7 @@ SPEC = OpSpec(
     name="mla_paged_prefill", arg_names=ARG_NAMES, index_names=("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"),
     causal=True, check=check, signature=signature, reference=reference.mla_paged_prefill_ref,
     make_case=testing.make_mla_prefill_case, strategy=strategy, default_tiles=default_tiles, shape_reason=shape_reason,
+    workload_tiles=workload_tiles,
     kernel_modules={"sm_90a": ".kernels.sm90.mla_prefill", "sm_100a": ".kernels.sm100.mla_prefill"},
 )
 
