@@ -112,8 +112,9 @@ def test_small_pages_fill_a_64_key_stage_with_page_boxes(page_size):
 def test_page_1_rows_are_gathered_by_cp_async_from_the_producer_warp(page_size):
     """Page 1: 16-byte cp.async rows (the TMA unit's rate for 128-byte boxes held page 1 to 43% of page 64 on the
     H200), branch-free: an out-of-pool id is a zero-fill (src-size 0), every chunk placed by the 128B swizzle, the
-    copies completing on the stage's full mbarrier, the consumers fencing them into the async proxy."""
-    config = dataclasses.replace(_definition_config(), page_size=page_size, kv_tile=64)
+    copies completing on the stage's full mbarrier, the consumers fencing them into the async proxy. The chunk-column
+    deal (``row_segments=False``; the default deals 128-byte segments: tests/test_row_gather_segments_compile.py)."""
+    config = dataclasses.replace(_definition_config(), page_size=page_size, kv_tile=64, row_segments=False)
     ptx = compile_to_ptx(config)
     copies = re.findall(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[g\], 16, (%r\d+);", ptx)
     # K and V: 64 rows x 16 chunks each per stage over 32 lanes

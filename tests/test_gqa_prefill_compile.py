@@ -198,18 +198,23 @@ def test_head_dim_256_ptx_uses_64_key_tiles():
     assert "65536" in ptx
 
 
+@pytest.mark.parametrize("row_segments", [None, False], ids=["segments", "chunk_columns"])
 @pytest.mark.parametrize("page_size", gqa_prefill.ROW_GATHER_PAGE_SIZES)
-def test_page_1_tiles_gather_rows_by_cp_async(page_size):
+def test_page_1_tiles_gather_rows_by_cp_async(page_size, row_segments):
     """Page 1: each 128-key K or V tile is 16 branch-free 16-byte cp.async per lane of the four producer warps (128
     one-row TMA boxes a tile held decode page 1 to 43% of page 64; one warp gathering it all, 442 us), swizzled, completing on the tile's mbarrier (one noinc arrive
-    each), fenced by the consumers before every wgmma that reads them."""
+    each), fenced by the consumers before every wgmma that reads them. Both deals of the rows: 128-byte segments
+    (the default: a lane's chunks of one row at constant offsets) and chunk columns (one swizzled address each)."""
     config = dataclasses.replace(next(c for c in gqa_prefill.configs("sm_90a") if c.page_size == 1
-                                      and c.head_dim_qk == 128), page_size=page_size)
+                                      and c.head_dim_qk == 128), page_size=page_size, row_segments=row_segments)
     ptx = compile_to_ptx(config)
-    copies = re.findall(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[g\], 16, %r\d+;", ptx)
+    copies = re.findall(r"cp\.async\.cg\.shared\.global \[%r\d+(?:\+\d+)?\], \[g\], 16, %r\d+;", ptx)
     # each of the producer warpgroup's four warps copies a quarter of the K and V tiles' rows
     assert len(copies) == 2 * (config.kv_tile // 4) * (config.head_dim_qk // 8) // 32
-    assert len(re.findall(r"and\.b32\s+%r\d+, %r\d+, 112;", ptx)) >= len(copies)  # the 128B swizzle
+    if row_segments is False:
+        assert len(re.findall(r"and\.b32\s+%r\d+, %r\d+, 112;", ptx)) >= len(copies)  # the 128B swizzle
+    else:
+        assert "_RowSeg" in ptx
     assert ptx.count("cp.async.mbarrier.arrive.noinc.shared") == 2  # K, V
     assert ptx.count("fence.proxy.async") >= 6  # 4 K / V waits of the overlapped main loop, the V tail, the epilogue
     assert "ld.local" not in ptx and "st.local" not in ptx

@@ -65,7 +65,8 @@ PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 def fake_args(config: PagedAttentionConfig) -> tuple:
-    """Fake tensors (symbolic token, page, index and plan extents) in the kernels' entry argument order."""
+    """Fake tensors (symbolic token, page, index and plan extents) in the kernels' entry argument order
+    (``fused_merge``: ``merge_indptr, merge_counters`` after ``items``)."""
     bf16, i32, f32 = cutlass.BFloat16, cutlass.Int32, cutlass.Float32
     h = config.num_qo_heads
     fake = cute.runtime.make_fake_compact_tensor
@@ -82,6 +83,8 @@ def fake_args(config: PagedAttentionConfig) -> tuple:
         fake(i32, (cute.sym_int(symbol="num_indices"),)),
         fake(i32, (cute.sym_int(symbol="ctas_plus_1"),)),
         fake(i32, (cute.sym_int(symbol="max_items"), len(F)), stride_order=(1, 0)),
+        *((fake(i32, (cute.sym_int(symbol="max_merges_plus_1"),)), fake(i32, (cute.sym_int(symbol="merge_counters"),)))
+          if config.fused_merge else ()),
         fake(bf16, (rows, h, CKV_DIM), stride_order=(2, 1, 0), assumed_align=16),
         fake(f32, (rows, h), stride_order=(1, 0)),
         fake(f32, (slots, config.tile_q_rows, CKV_DIM), stride_order=(2, 1, 0), assumed_align=16),
@@ -93,10 +96,12 @@ def fake_args(config: PagedAttentionConfig) -> tuple:
 
 
 def mla_entry(kernel_cls, check_config) -> tuple:
-    """``(build, launch)`` of an MLA prefill kernel class (the arguments of :func:`fake_args`; combine after)."""
+    """``(build, launch)`` of an MLA prefill kernel class (the arguments of :func:`fake_args`; the combine after,
+    or with ``config.fused_merge`` the kernel's ``call_fused`` entry, which folds its merges itself)."""
 
     def build(config: PagedAttentionConfig) -> tuple:
-        return checked_build(kernel_cls, check_config, config, fake_args(config))
+        kernel, fake = checked_build(kernel_cls, check_config, config, fake_args(config))
+        return (kernel.call_fused if config.fused_merge else kernel), fake
 
     def launch(device_plan, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, *rest,
                natural_lse: bool = False, planned=None) -> None:
@@ -106,7 +111,8 @@ def mla_entry(kernel_cls, check_config) -> tuple:
         no ``kv_last_page_len``: the plan's ``KV_END`` holds each request's key count)."""
         sm_scale, output, lse = rest[-3:]
         launch_paged(device_plan, check_config, (q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr,
-                                                 kv_indices), sm_scale, output, lse, natural_lse, planned=planned)
+                                                 kv_indices), sm_scale, output, lse, natural_lse,
+                     fused_merge=device_plan.config.fused_merge, planned=planned)
 
     return build, launch
 

@@ -42,7 +42,10 @@ Warp roles (384 threads = 3 warpgroups):
 * Epilogue: ``O / rowsum`` and ``lse = max * scale_log2 + log2(sum)``. Final items store bf16 ``output``
   (each warpgroup its 256 columns; rows < Q_ROW_COUNT) and ``lse * lse_out_scale`` (WG1 only); split items
   store fp32 ``partial_out[slot]`` / base-2 ``partial_lse[slot]`` (``prefill_epilogue.py``, shared with the GQA
-  kernel), and ``launch`` runs the combine.
+  kernel), and ``launch`` runs the combine. ``fused_merge`` (entry ``call_fused``, every consumer split; built,
+  not run on a GPU yet): after their items both consumer warpgroups count each split item in its merge
+  (``common/decode_merge.fold_completed_merges``: fence, named barrier ``_FOLD_BARRIER``, one acq_rel atomic) and
+  the last CTA of a merge folds its slots, so no combine launch follows.
   An item with no key (or rows that see none) writes 0 / ``-inf`` through the same path.
 
 Shared memory (kv_tile 64, the default): Q 64 x 576 bf16 = 72 KiB, 2 stages x 64 x 576 bf16 = 144 KiB,
@@ -76,6 +79,7 @@ from cutlass.tensor_utils import LayoutEnum
 from ...config import PagedAttentionConfig
 from ...plan import ItemField as F
 from .. import register_paged_kernel
+from ..common.decode_merge import fold_completed_merges
 from ..common.limits import SMEM_LIMIT_BYTES, mla_definition_reason, smem_reason, target_reason
 from ..common.mla import (BOX_ROWS, CKV_DIM, DEFINITION_PAGE_SIZES, KIND, KPE_DIM, QK_DIM, definition_config,
                           load_q_and_kv_tiles, mla_entry, row_view)
@@ -95,6 +99,7 @@ NUM_THREADS = PRODUCER_THREADS + MMA_THREADS
 PRODUCER_REGS = 40
 MMA_REGS = 232
 _IDS_BARRIER = 1  # named barrier of the producer warpgroup (row-id table)
+_FOLD_BARRIER = 6  # fused_merge: both consumer warpgroups (ids 2..5 are the consumer splits' own)
 #: ``PagedAttentionConfig.probe`` values this kernel builds (measurement builds; wrong outputs by design)
 PROBES = ("loads_only", "compute_only")
 
@@ -130,7 +135,7 @@ def _exchange_bytes(config: PagedAttentionConfig) -> int:
 def num_stages(config: PagedAttentionConfig) -> int:
     """K stages that fit next to the Q tile, the row-id table, the mbarriers and the slack (<= MAX_STAGES)."""
     fixed = (_tile_bytes(config.tile_q_rows) + 2 * config.kv_tile * 4 + 8 * 2 * (1 + MAX_STAGES) + 1024
-             + _exchange_bytes(config))
+             + _exchange_bytes(config) + (16 if config.fused_merge else 0))
     return max(0, min(MAX_STAGES, (SMEM_LIMIT_BYTES - fixed) // _tile_bytes(config.kv_tile)))
 
 
@@ -145,7 +150,7 @@ def smem_bytes(config: PagedAttentionConfig) -> int:
     ``share_scores`` exchange buffer)."""
     stages = num_stages(config)
     return (_tile_bytes(config.tile_q_rows) + stages * _tile_bytes(config.kv_tile) + 2 * config.kv_tile * 4
-            + 8 * 2 * (1 + stages) + 1024 + _exchange_bytes(config))
+            + 8 * 2 * (1 + stages) + 1024 + _exchange_bytes(config) + (16 if config.fused_merge else 0))
 
 
 def check_config(config: PagedAttentionConfig) -> str | None:
@@ -255,6 +260,23 @@ class MlaPagedPrefillSm90:
                     ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream, use_pdl=True,
                              min_blocks_per_mp=1)
 
+    @cute.jit
+    def call_fused(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
+                   qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor,
+                   items: cute.Tensor, merge_indptr: cute.Tensor, merge_counters: cute.Tensor, output: cute.Tensor,
+                   lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor, scale_log2: Float32,
+                   lse_out_scale: Float32, stream: cuda.CUstream):
+        """The ``fused_merge`` entry: :meth:`__call__` with the plan's merge table and counters, the last CTA of
+        each split request folding its partials after its items (``common/decode_merge.py``)."""
+        s_q_layout, s_k_layout = self.smem_layouts()
+        tiled_mma_qk, tiled_mma_pv = self.tiled_mmas()
+        self.kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
+                    output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, s_q_layout, s_k_layout,
+                    tiled_mma_qk, tiled_mma_pv, *self.kv_box_atoms(ckv_cache, kpe_cache, s_k_layout),
+                    merge_indptr, merge_counters,
+                    ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream, use_pdl=True,
+                             min_blocks_per_mp=1)
+
     # The variants' hook (with allocate_exchange and consume_items below): how the consumers' MMAs tile the work.
     def tiled_mmas(self) -> tuple:
         """``(S = Q K^T, O = P V)`` tiled MMAs: both warpgroups compute all of S (one warpgroup's 64 x kv_tile
@@ -284,7 +306,8 @@ class MlaPagedPrefillSm90:
                partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32,
                s_q_layout: cute.ComposedLayout, s_k_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma,
                tiled_mma_pv: cute.TiledMma, box_ckv8: cute.CopyAtom, box_ckv1: cute.CopyAtom,
-               box_kpe8: cute.CopyAtom, box_kpe1: cute.CopyAtom):
+               box_kpe8: cute.CopyAtom, box_kpe1: cute.CopyAtom, merge_indptr: cute.Tensor = None,
+               merge_counters: cute.Tensor = None):
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -296,6 +319,9 @@ class MlaPagedPrefillSm90:
         s_red = self.allocate_exchange(smem)
         mbar_q = smem.allocate_array(Int64, 2, byte_alignment=8)
         mbar_k = smem.allocate_array(Int64, 2 * self.num_stages, byte_alignment=8)
+        arrival = None  # fused_merge: thread 0's merge arrival, broadcast to the consumers
+        if cutlass.const_expr(merge_indptr is not None):
+            arrival = smem.allocate_tensor(Int32, cute.make_layout((1,)), 16)
 
         producers = cpipe.CooperativeGroup(cpipe.Agent.Thread, PRODUCER_THREADS)
         consumers = cpipe.CooperativeGroup(cpipe.Agent.Thread, MMA_THREADS)
@@ -341,6 +367,10 @@ class MlaPagedPrefillSm90:
             self.consume_items(tidx - PRODUCER_THREADS, s_q, s_k, s_red, qo_indptr, items, item_begin, item_end,
                                output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk,
                                tiled_mma_pv, pipe_q, pipe_k)
+            if cutlass.const_expr(merge_indptr is not None):  # both consumer warpgroups wrote the partials
+                fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_counters, arrival, self.group,
+                                      partial_out, partial_lse, output, lse, lse_out_scale, tidx - PRODUCER_THREADS,
+                                      barrier_id=_FOLD_BARRIER, num_threads=MMA_THREADS, qo_indptr=qo_indptr)
 
     # The two hooks the share_scores kernel (mla_prefill_shared_s.py) overrides; the rest of the kernel is shared.
     def allocate_exchange(self, smem):
