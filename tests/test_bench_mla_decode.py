@@ -252,5 +252,9 @@ def test_no_gpu_configs_are_the_kernels_the_decode_entry_launches():
     assert [(p["workload"], p["num_merges"] > 0) for p in plans] == [
         ("n1_kv4096", True), ("n128_kv4096", False), ("n1_kv4096", True), ("n128_kv4096", False)]
     kernels = ng.kernels_to_compile(quick, plans, "sm_90a")
-    assert [(role, getattr(c, "page_size", None)) for role, c in kernels] == [
-        ("attention", 1), ("combine", None), ("attention", 64)]  # one split batch needs the LSE combine
+    # with a workload, the decode entry's own config: one query a request, the 16 heads as the MMA's N
+    assert [(role, getattr(c, "page_size", None), c.tile_q_rows) for role, c in kernels] == [
+        ("attention", 1, 16), ("combine", None, 16), ("attention", 64, 16)]  # a split batch needs the combine
+    from cute_attn.compile import registered_configs
+
+    assert {c for _, c in kernels} <= set(registered_configs("sm_90a"))  # compile_all builds the same ones

@@ -291,11 +291,16 @@ def test_no_gpu_compiles_what_the_workloads_launch():
     kernels = ng.kernels_to_compile(workloads, plans, "sm_90a")
     roles = [(role, getattr(c, "kind", "combine")) for role, c in kernels]
     assert roles == [("attention", "gqa_paged_prefill"), ("attention", "gqa_paged_decode"),
-                     ("attention", "mla_paged_prefill"), ("combine", "combine"),
+                     ("attention", "mla_paged_prefill"),  # MLA prefill, short items: score_wg_sepi
+                     ("attention", "mla_paged_prefill"),  # long items (1 / 16384, 22 / 22 / 17759): score_wg
+                     ("combine", "combine"),
                      ("attention", "gqa_paged_multi_token_decode"),  # fused merge: no combine of its own
-                     ("attention", "mla_paged_prefill")]  # MLA decode page 64 (page 1 is MLA prefill's config)
+                     ("attention", "mla_paged_prefill"), ("combine", "combine"),  # MLA decode page 1: one-token tiles
+                     ("attention", "mla_paged_prefill")]  # MLA decode page 64
+    assert [c.smem_epilogue for _, c in kernels[2:4]] == [True, False]
+    assert [c.tile_q_rows for _, c in kernels[6:]] == [16, 16, 16]
     assert any(p["num_merges"] for p in plans if p["kernel"] == bw.DECODE)
-    assert kernels[3][1].head_dim_v == 512  # the MLA combine: n22_q22_kv17759 splits
+    assert kernels[4][1].head_dim_v == 512  # the MLA combine: n22_q22_kv17759 splits
     assert {c for _, c in kernels} <= set(registered_configs("sm_90a"))  # compile_all builds the same ones
     seed = bw.select_workloads("decode", ["n1_kv3232"])
     decode_only = ng.kernels_to_compile(seed, [ng.plan_workload(seed[0], "sm_100a", iters=1)], "sm_100a")
@@ -579,3 +584,30 @@ def test_plan_quality_models_the_planners_costs():
     assert tool.tile_costs(config, seed.q_lens, seed.kv_lens).sum() == lpt.cta_cost.sum()
     loads = tool.serpentine_loads(np.array([5, 4, 3, 2, 1]), 2)  # 5 | 4, 3 | 2, 1 dealt 0, 1, 1, 0, 0
     assert loads.tolist() == [8, 7]
+
+
+def test_compile_jobs_deal_the_workloads_over_warm_only_processes(monkeypatch):
+    """``--compile-jobs N``: N processes of bench.py --warm-only, each over its share of the selected workloads
+    (every workload in exactly one share), started together and all waited for."""
+    started = []
+
+    class FakeProcess:
+        def __init__(self, cmd, **kw):
+            started.append(cmd)
+            self.waited = False
+
+        def wait(self):
+            self.waited = True
+
+    monkeypatch.setattr(subprocess, "Popen", FakeProcess)
+    workloads = bw.select_workloads("mla")
+    args = bench.parse_args(["--kernel", "mla", "--compile-jobs", "3", "--impls", "cute_attn", "flashinfer_fa3"])
+    bench._warm_in_parallel(workloads, args)
+    assert len(started) == 3
+    labels = []
+    for cmd in started:
+        assert "--warm-only" in cmd and cmd[cmd.index("--kernel") + 1] == bw.MLA
+        labels += cmd[cmd.index("--workloads") + 1:cmd.index("--impls")]
+        assert cmd[cmd.index("--impls") + 1:] == ["cute_attn", "flashinfer_fa3"]
+    assert sorted(labels) == sorted(w.label for w in workloads)
+    assert bench.parse_args(["--warm-only"]).warm_only and not bench.parse_args([]).compile_jobs

@@ -145,14 +145,16 @@ def test_fast_sort_stages_sort_and_alternate_their_halves(size):
 
 @pytest.mark.parametrize("arch", ARCHES)
 def test_fast_sort_build_sorts_int32_keys_unrolled(arch):
-    """``fast_sort``: the deal's exchanges shuffle 32-bit keys (one ``shfl`` each, the old sort two), the stages are
-    unrolled for 512 and 1024 keys (no runtime stride loop), and the deal still reads Int64 keys."""
-    mla = device_planner.default_configs(arch)[2]
-    assert mla.fast_sort and mla.sorted_deal  # the default since session 14
+    """The sorted deal's sort: its exchanges shuffle 32-bit keys (one ``shfl`` each; the Int64 sort it replaced took
+    two), its stages are unrolled for 512 and 1024 keys (no runtime stride loop: every shared-memory stage its own
+    barrier), and only the causal planners build it."""
+    decode, prefill, mla = device_planner.default_configs(arch)
+    assert mla.sorted_deal and prefill.sorted_deal and not decode.sorted_deal
     fast = compile_to_ptx(mla)
-    old = compile_to_ptx(dataclasses.replace(mla, fast_sort=False))
     shuffles = len(re.findall(r"shfl\.sync\.bfly\.b32", fast))
     # shuffle stages: 512 keys -> 35 (one key a thread), 1024 -> 40 x 2 keys; plus the maxima's butterflies
     assert shuffles >= 35 + 2 * 40
-    assert len(re.findall(r"bar\.sync\s+0;|barrier\.sync\s+0;", fast)) > len(re.findall(r"bar\.sync\s+0;|barrier\.sync\s+0;", old))
+    # the shared-memory stages: 10 of the 512-key sort and 14 of the 1024-key one, each behind a barrier
+    assert len(re.findall(r"bar\.sync\s+0;|barrier\.sync\s+0;", fast)) >= 10 + 14
+    assert len(re.findall(r"shfl\.sync\.bfly\.b32", compile_to_ptx(decode))) < shuffles
     assert f".target {arch}" in fast

@@ -96,6 +96,15 @@ def bench_workload(w: bw.Workload, args, flush) -> List[Dict]:
     except Exception as exc:
         row("*", status="error", note=f"case build failed: {type(exc).__name__}: {exc}")
         return rows
+    if args.warm_only:  # a --compile-jobs worker: one call of each cute_attn impl fills the compile cache
+        for impl, setup in bp.runners_for(w.kernel):
+            if impl.startswith("cute_attn") and (not args.impls or impl in args.impls):
+                try:
+                    setup(case)()
+                    torch.cuda.synchronize()
+                except Exception as exc:  # the timed run reports it
+                    print(f"  warm {impl}: {type(exc).__name__}: {exc}", flush=True)
+        return rows
     try:
         ref = bp.reference(w.kernel, case)
         torch.cuda.synchronize()
@@ -285,6 +294,11 @@ def parse_args(argv=None):
     p.add_argument("--arch", default=os.environ.get("CUTE_ATTN_ARCH") or "sm_90a",
                    help="no-GPU path: compile for this arch (default $CUTE_ATTN_ARCH, else sm_90a)")
     p.add_argument("--cpu", action="store_true", help="behave as if there were no GPU")
+    p.add_argument("--compile-jobs", type=int, default=0, metavar="N",
+                   help="GPU path: first call every cute_attn impl once in N processes at a time (each compiles "
+                        "into the file-locked disk cache), then time in this one: a fresh machine compiles N kernels "
+                        "at once instead of one")
+    p.add_argument("--warm-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--list", action="store_true", help="print the selected workloads and exit")
     p.add_argument("-v", "--verbose", action="store_true", help="tracebacks for errors")
     return p.parse_args(argv)
@@ -299,6 +313,26 @@ def _write_json(records, path: str, quiet: bool = False) -> None:
     if not quiet:
         what = f"{len(records)} records" if isinstance(records, list) else "the no-GPU report"
         print(f"[json] wrote {what} to {path}")
+
+
+def _warm_in_parallel(workloads, args) -> None:
+    """``--compile-jobs N``: the workloads dealt over N ``--warm-only`` processes of this script, run at once."""
+    import subprocess
+    import time
+
+    start = time.perf_counter()
+    groups = [workloads[i::args.compile_jobs] for i in range(args.compile_jobs)]
+    procs = []
+    for group in filter(None, groups):
+        cmd = [sys.executable, os.path.abspath(__file__), "--warm-only", "--png=", "--seed", str(args.seed),
+               "--kernel", *dict.fromkeys(w.kernel for w in group), "--workloads", *(w.label for w in group)]
+        if args.impls:
+            cmd += ["--impls", *args.impls]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+    for proc in procs:
+        proc.wait()
+    print(f"[compile-jobs] {len(procs)} warm-up processes over {len(workloads)} workloads: "
+          f"{time.perf_counter() - start:.0f} s", flush=True)
 
 
 def main(argv=None) -> int:
@@ -336,6 +370,8 @@ def main(argv=None) -> int:
     if not workloads:
         print("no workload matches the filters (see --list)")
         return 0
+    if args.compile_jobs > 1 and not args.warm_only:
+        _warm_in_parallel(workloads, args)
     print(f"GPU: {torch.cuda.get_device_name()}  iters={args.iters} warmup={args.warmup}")
     flush = bench_timing.make_l2_flusher()
     records: List[Dict] = []

@@ -64,12 +64,30 @@ def pin_dsl_arch(arch: str) -> str:
     return canon
 
 
-def attention_config(kernel: str, arch: str):
-    """The config the API builds for ``kernel`` (a definition name) at ``arch``."""
+def attention_config(kernel: str, arch: str, workload: Optional[bw.Workload] = None):
+    """The config the API builds for ``kernel`` (a definition name) at ``arch``; with ``workload``, as the API
+    builds it for that batch: the spec's shape-driven knobs (``OpSpec.workload_tiles``, e.g. MLA prefill's consumer
+    split by item length) and, for MLA decode with one query a request, the decode entry's one-token tiles."""
+    import torch
+
+    from cute_attn import api
     from cute_attn.config import default_paged_config
+    from cute_attn.ops import get_spec
+    from cute_attn.ops.mla_decode import ONE_TOKEN_SPEC
+    from cute_attn.validate import PagedProblem
 
     kind, problem = _problem(kernel)
-    return default_paged_config(kind, arch=arch, **problem)
+    if workload is None:
+        return default_paged_config(kind, arch=arch, **problem)
+    spec = get_spec(kind)
+    if bw.op_of(kernel) == "mla_decode" and all(q == 1 for q in workload.q_lens):
+        spec = ONE_TOKEN_SPEC  # ops/mla_decode.py: one query per request takes the entry's own tiles
+    page_size = problem["page_size"]
+    pages = sum(-(-kv // page_size) for kv in workload.kv_lens)
+    shape = PagedProblem(len(workload.q_lens), sum(workload.q_lens), problem["num_qo_heads"], problem["num_kv_heads"],
+                         problem["head_dim_qk"], problem["head_dim_v"], page_size, max(pages, 1),
+                         torch.device("cpu"), num_kv_slots=pages * page_size)
+    return api._make_config(spec, shape, arch)
 
 
 def plan_workload(w: bw.Workload, arch: str, iters: int = 5) -> Dict:
@@ -79,7 +97,7 @@ def plan_workload(w: bw.Workload, arch: str, iters: int = 5) -> Dict:
     from cute_attn.arch import sm_count
     from cute_attn.plan import plan_work
 
-    config = attention_config(w.kernel, arch)
+    config = attention_config(w.kernel, arch, w)
     plan_config = config.plan_config(sm_count(arch) * config.ctas_per_sm)
     q_lens, kv_lens = np.asarray(w.q_lens, dtype=np.int64), np.asarray(w.kv_lens, dtype=np.int64)
     plan = plan_work(plan_config, q_lens, kv_lens)
@@ -94,9 +112,9 @@ def kernels_to_compile(workloads: Sequence[bw.Workload], plans: Sequence[Dict], 
 
     out: List[Tuple[str, object]] = []
     for w, plan in zip(workloads, plans):
-        config = attention_config(w.kernel, arch)
+        config = attention_config(w.kernel, arch, w)
         wanted = [("attention", config)]
-        if plan["num_merges"] and config.kind not in FUSED_MERGE_KINDS:
+        if plan["num_merges"] and config.kind not in FUSED_MERGE_KINDS and not config.fused_merge:
             wanted.append(("combine", CombineConfig.for_paged(config)))
         out.extend(item for item in wanted if item not in out)
     return out

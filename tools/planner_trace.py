@@ -80,8 +80,6 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--json", type=Path, default=None)
-    p.add_argument("--int64-sort", action="store_true", help="trace the causal planners with the sorted deal's "
-                   "runtime-sized Int64 sort (the default before session 14) instead of fast_sort")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
@@ -92,8 +90,7 @@ def main(argv=None) -> int:
         num_ctas = plan.work_indptr.shape[0] - 1
         config = DevicePlannerConfig.for_plan(plan.config.plan_config(num_ctas), arch=plan.config.arch,
                                               has_qo_indptr=qo is not None, head_dim_v=plan.config.head_dim_v)
-        fast_sort = config.fast_sort and not args.int64_sort
-        traced = compile_kernel(dataclasses.replace(config, trace_phases=True, fast_sort=fast_sort))
+        traced = compile_kernel(dataclasses.replace(config, trace_phases=True))
         out, lse = case.new_outputs()
         stamps, event_us = [], []
         for _ in range(args.reps + 3):

@@ -49,7 +49,6 @@ Device error word (int32 ``[4]``, cleared by :func:`cute_attn.device_errors.rais
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -85,13 +84,6 @@ FAULT_QO_INDPTR, FAULT_KV_INDPTR, FAULT_LAST_PAGE_LEN, FAULT_PAGE_ID, FAULT_CAPA
 INT32_MAX = 2**31 - 1
 
 
-#: the sorted deal's sort: True (the default since session 14) builds ``sorted_deal.fast_sort`` (Int32 keys, fixed
-#: unrolled stages): the deal phase at the MLA seed 14.5 k -> 5.0 k cycles, the planner 31.5 k -> 22.1 k (H200,
-#: tools/planner_trace.py). ``CUTE_ATTN_FAST_SORT=0`` builds the runtime-sized Int64 sort for A/Bs (a config field,
-#: so the compile cache keeps the two builds apart)
-FAST_SORT = os.environ.get("CUTE_ATTN_FAST_SORT", "1") != "0"
-
-
 @dataclass(frozen=True)
 class DevicePlannerConfig(KernelConfig):
     """The plan rules baked into one planner build; batch, lengths, CTA count and capacities are runtime."""
@@ -110,8 +102,6 @@ class DevicePlannerConfig(KernelConfig):
     allow_split: bool = True
     zigzag: bool = False  # PlanConfig.zigzag: a causal request's q tiles short, long, short... on the line
     sorted_deal: bool = False  # PlanConfig.sorted_deal: longest-first q tiles dealt serpentine when cuts split
-    #: the sorted deal's sort on Int32 keys over a fixed 512 or 1024 keys, every stage unrolled (sorted_deal.fast_sort)
-    fast_sort: bool = False
     num_qo_heads: int = 20
     head_dim_v: int = 128
     #: a development build: the planning CTA writes clock64 stamps of its phase boundaries to the last
@@ -126,7 +116,7 @@ class DevicePlannerConfig(KernelConfig):
             causal=plan_config.causal, has_qo_indptr=has_qo_indptr, item_overhead_keys=plan_config.item_overhead_keys,
             min_chunk_keys=plan_config.min_chunk_keys, allow_split=plan_config.allow_split,
             zigzag=plan_config.zigzag, sorted_deal=plan_config.sorted_deal, num_qo_heads=plan_config.num_qo_heads,
-            head_dim_v=head_dim_v, fast_sort=FAST_SORT and plan_config.sorted_deal)
+            head_dim_v=head_dim_v)
 
     def plan_config(self, num_ctas: int) -> PlanConfig:
         return PlanConfig(num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads, causal=self.causal,

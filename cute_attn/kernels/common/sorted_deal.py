@@ -1,12 +1,11 @@
 """The device planner's sorted deal (``plan_partition``'s twin): q tiles longest first, dealt serpentine.
 
 Run by the planning CTA after its cuts, when they split tiles: each CTA's cut load and the longest tile (one
-barrier round for both maxima); only when the deal can win, a bitonic sort of the q tiles' (cost, index) keys,
-up to two a thread in registers: ``log2(n) (log2(n) + 1) / 2`` stages, those under a warp's stride by shuffles,
-the others through shared memory (10 barriers at 500 q tiles); then each CTA's serpentine load over its laps.
-``c`` is the :class:`DevicePlannerConfig` (a compile-time constant). ``c.fast_sort`` sorts Int32 keys over a fixed
-512 or 1024 keys with every stage unrolled (:func:`fast_sort`; the runtime-sized Int64 sort cost ~245 cycles a stage,
-14.4 k cycles at the MLA seed's 500 q tiles).
+barrier round for both maxima); only when the deal can win, a bitonic sort of the q tiles' Int32 (capped kv tiles,
+index) keys over a fixed 512 or 1024 keys, up to two a thread in registers, every stage unrolled: those under a
+warp's stride by shuffles, the others through shared memory (:func:`fast_sort`); then each CTA's serpentine load over
+its laps. ``c`` is the :class:`DevicePlannerConfig` (a compile-time constant). The sort is 5.0 k cycles at the MLA
+seed's 500 q tiles on the H200 (session 14; a runtime-sized Int64 sort before it: 14.4 k).
 """
 
 from __future__ import annotations
@@ -19,8 +18,7 @@ from ...plan_partition import SORT_TILE_CAP, SORTED_DEAL_MAX_Q_TILES, WHOLE_TILE
 from .planner_collectives import NUM_THREADS, WARP, block_max, block_max_pair
 
 KEYS_PER_THREAD = SORTED_DEAL_MAX_Q_TILES // NUM_THREADS
-INDEX_BITS = 20  # sort_key: the q tile index in the low bits (< 2**20), 2**32 - cost above
-PADDING_KEY = 2**63 - 1  # sorts after every q tile
+INDEX_BITS = 20  # sort_key (what the deal reads): the q tile index in the low bits (< 2**20), 2**32 - cost above
 # fast_sort's Int32 keys: (SORT_TILE_CAP - kv tiles, capped) << 10 | q tile index; the padding sorts after all
 FAST_INDEX_BITS = 10
 FAST_PADDING_KEY = 2**31 - 1
@@ -65,32 +63,20 @@ def sorted_deal(c: cutlass.Constexpr, tidx, split, q_tiles, q_tile_start, cut_ti
                         - cut_position(c, tidx, q_tiles, q_tile_start, cut_tile, cut_key, num_tiles, total_cost))
             if cut_key[tidx] > 0:
                 cut_load = cut_load + Int64(c.item_overhead_keys)
-        keys = cute.make_rmem_tensor((KEYS_PER_THREAD,), Int64)
         keys32 = cute.make_rmem_tensor((KEYS_PER_THREAD,), Int32)
         longest = Int64(0)
         for r in cutlass.range_constexpr(KEYS_PER_THREAD):
-            keys[r] = Int64(PADDING_KEY)
-            if cutlass.const_expr(c.fast_sort):
-                keys32[r] = Int32(FAST_PADDING_KEY)
+            keys32[r] = Int32(FAST_PADDING_KEY)
             i = tidx + r * NUM_THREADS
             if i < num_q_tiles:
                 cost = tile_cost(c, q_tiles[i, 3])
                 longest = cutlass.max(longest, cost)
-                if cutlass.const_expr(c.fast_sort):
-                    keys32[r] = fast_sort_key(c, q_tiles[i, 3], i)
-                else:
-                    keys[r] = sort_key(cost, i)
+                keys32[r] = fast_sort_key(c, q_tiles[i, 3], i)
         cut_max, longest = block_max_pair(cut_load, longest, tidx, warp_sums)
         bound = cutlass.max(cut_max, width + (width >> WHOLE_TILE_SHIFT))
         # the deal's busiest CTA holds the longest tile: past the bound it cannot win, so skip the sort
         if longest <= bound:
-            if cutlass.const_expr(c.fast_sort):
-                fast_sort(c, keys32, num_q_tiles, tidx, q_tiles, sort_keys)
-            else:
-                size = Int32(2)
-                while size < num_q_tiles:
-                    size = size * 2
-                bitonic_sort(keys, size, tidx, sort_keys)
+            fast_sort(c, keys32, num_q_tiles, tidx, q_tiles, sort_keys)
             load = Int64(0)
             if tidx < num_ctas:
                 lap = Int32(0)
@@ -136,42 +122,6 @@ def _exchange(mine, theirs, index, stride, block):
 
 
 @cute.jit
-def bitonic_sort(keys: cute.Tensor, size, tidx, scratch: cute.Tensor):
-    """Sort the CTA's ``size`` (a power of two) keys ascending into ``scratch[0 : size]``. Key ``tidx + r *
-    NUM_THREADS`` lives in this thread's ``keys[r]``: a stride under a warp is a register shuffle (no barrier),
-    a stride under NUM_THREADS one shared-memory exchange (double-buffered halves of ``scratch``: one barrier),
-    the stride NUM_THREADS the thread's own two keys. 45 stages at 512 keys, 10 of them with a barrier."""
-    half = SORTED_DEAL_MAX_Q_TILES
-    buffer = Int32(0)
-    block = Int32(2)
-    while block <= size:
-        stride = block // 2
-        while stride > 0:
-            if stride < WARP:
-                for r in cutlass.range_constexpr(KEYS_PER_THREAD):
-                    theirs = cute.arch.shuffle_sync_bfly(keys[r], stride)
-                    keys[r] = _exchange(keys[r], theirs, tidx + r * NUM_THREADS, stride, block)
-            elif stride < NUM_THREADS:
-                for r in cutlass.range_constexpr(KEYS_PER_THREAD):
-                    scratch[buffer + tidx + r * NUM_THREADS] = keys[r]
-                cute.arch.sync_threads()
-                for r in cutlass.range_constexpr(KEYS_PER_THREAD):
-                    index = tidx + r * NUM_THREADS
-                    keys[r] = _exchange(keys[r], scratch[buffer + (index ^ stride)], index, stride, block)
-                buffer = half - buffer
-            else:  # stride NUM_THREADS: keys tidx and tidx + NUM_THREADS, one ascending pair (size <= 2 blocks)
-                low = cutlass.min(keys[0], keys[1])
-                keys[1] = cutlass.max(keys[0], keys[1])
-                keys[0] = low
-            stride = stride // 2
-        block = block * 2
-    cute.arch.sync_threads()  # every read of the last exchange is done before the result overwrites scratch
-    for r in cutlass.range_constexpr(KEYS_PER_THREAD):
-        scratch[tidx + r * NUM_THREADS] = keys[r]
-    cute.arch.sync_threads()
-
-
-@cute.jit
 def fast_sort_key(c: cutlass.Constexpr, kv_end, index):
     """Ascending Int32 keys = longest first (kv tiles, capped at ``SORT_TILE_CAP`` as the numpy twin caps them), ties
     by q tile index."""
@@ -181,10 +131,10 @@ def fast_sort_key(c: cutlass.Constexpr, kv_end, index):
 
 @cute.jit
 def fast_sort(c: cutlass.Constexpr, keys: cute.Tensor, num_q_tiles, tidx, q_tiles: cute.Tensor, sort_keys: cute.Tensor):
-    """``DevicePlannerConfig.fast_sort``: :func:`bitonic_sort`'s result from Int32 keys (one shuffle an exchange, not
-    two) over a fixed 512 or 1024 keys, every stage unrolled (no runtime stride branches); the sorted q tiles are
-    then written to ``sort_keys[0 : 1024]`` as :func:`sort_key` keys with their true costs, so the deal reads them
-    as before. The Int32 exchanges use ``sort_keys``' second half."""
+    """The q tiles longest first from Int32 keys (one shuffle an exchange) over a fixed 512 or 1024 keys, every stage
+    unrolled (no runtime stride branches); the sorted q tiles are then written to ``sort_keys[0 : 1024]`` as
+    :func:`sort_key` keys with their true costs, which the deal reads. The Int32 exchanges use ``sort_keys``' second
+    half."""
     scratch = cute.make_tensor(cute.recast_ptr(sort_keys.iterator + SORTED_DEAL_MAX_Q_TILES, dtype=Int32),
                                cute.make_layout(2 * SORTED_DEAL_MAX_Q_TILES))
     if num_q_tiles <= NUM_THREADS:

@@ -475,15 +475,22 @@ build, launch = mla_entry(_kernel_for, check_config)
 
 def configs(arch: str) -> list[PagedAttentionConfig]:
     """The definitions' configs (``mla_paged_prefill_causal_h16_ckv512_kpe64_ps1`` and ``_ps64``), then the same two
-    with each other consumer split (the variants the default is A/B'd against), so compile_all builds them all."""
+    with each other consumer split (the variants the default is A/B'd against), then the MLA decode definitions'
+    one-token configs (h16 at pages 1 and 64, h8 at page 1: what ``cute_attn.mla_paged_decode`` launches), so
+    compile_all builds them all."""
     if arch != ARCH:
         return []
+    from ...config import default_paged_config
+    from ...ops.mla_decode import ONE_TOKEN_SPEC
     from ...ops.mla_prefill import CONSUMER_KNOBS, SM90_CONSUMER_SPLITS
 
     definitions = [definition_config(arch, ps) for ps in DEFINITION_PAGE_SIZES]
     variants = [dataclasses.replace(c, **{**CONSUMER_KNOBS, **knobs})
                 for knobs in SM90_CONSUMER_SPLITS.values() for c in definitions]
-    return definitions + [c for c in variants if c not in definitions]
+    decode = [default_paged_config(KIND, arch=arch, num_qo_heads=heads, num_kv_heads=1, head_dim_qk=QK_DIM,
+                                   head_dim_v=CKV_DIM, page_size=ps, causal=True, spec=ONE_TOKEN_SPEC)
+              for heads, ps in ((16, 1), (16, 64), (8, 1))]
+    return definitions + [c for c in variants + decode if c not in definitions]
 
 
 register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs,
