@@ -101,3 +101,30 @@ def test_mla_decode_long_empty_and_one_key(page_size, num_heads, multi_token):
     kv_lens = [LONG_KV, 0, 1, 2, 64, 65, 4095]
     q_lens = [4, 1, 1, 3, 2, 4, 1] if multi_token else [1] * len(kv_lens)
     _run_and_compare(q_lens, kv_lens, multi_token, page_size, num_heads, "device", seed=page_size + num_heads)
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@pytest.mark.parametrize("num_heads", HEADS)
+@pytest.mark.parametrize("multi_token", [False, True], ids=["q1", "q1to4"])
+@pytest.mark.parametrize("route", ROUTES)
+def test_mla_decode_fused_merge(page_size, num_heads, multi_token, route):
+    """``fused_merge`` (off by default until this passes on a GPU): the last CTA of each split request folds the
+    partials in the kernel instead of the combine launch. Long requests split over many CTAs beside empty and tiny
+    ones, on every route (the device planner's lists, the host plan, ``plan=``)."""
+    from cute_attn.ops.mla_prefill import fused_merge_policy
+
+    kv_lens = [LONG_KV, 0, 1, 4095, 65, LONG_KV // 2 + 3]
+    q_lens = [4, 1, 1, 3, 2, 1] if multi_token else [1] * len(kv_lens)
+    with fused_merge_policy(True):
+        _run_and_compare(q_lens, kv_lens, multi_token, page_size, num_heads, route, seed=page_size + num_heads + 7)
+
+
+@settings(max_examples=10)
+@given(batch=decode_batches(), page_size=st.sampled_from(PAGE_SIZES), num_heads=st.sampled_from(HEADS))
+def test_mla_decode_fused_merge_drawn_batches(batch, page_size, num_heads):
+    from cute_attn.ops.mla_prefill import fused_merge_policy
+
+    q_lens, kv_lens, multi_token = batch
+    with fused_merge_policy(True):
+        _run_and_compare(q_lens, kv_lens, multi_token, page_size, num_heads, "device",
+                         seed=sum(kv_lens) + len(kv_lens) + 1)

@@ -215,3 +215,25 @@ def test_mla_consumer_split_follows_the_items_length(q_lens, kv_lens, long_items
     assert one_token.tile_q_rows == 16 and not one_token.score_warpgroup
     with mla_prefill.consumer_split("score_wg_sepi"):  # a forced split holds for every batch
         assert api._make_config(mla_prefill.SPEC, problem, "sm_90a").smem_epilogue
+
+
+def test_fused_merge_policy_flips_every_sm90_mla_config_and_restores():
+    """``fused_merge_policy(True)``: the MLA prefill configs and the decode entry's one-token configs fold in-kernel
+    (what the GPU tier and sanitizer cases run before it is the default); outside the block the default holds."""
+    from cute_attn.ops import mla_prefill
+
+    mla, problem = _mla_problem([1] * 4, [4096] * 4)
+    seed, seed_problem = _mla_problem([70] * 28, [73] * 28)
+
+    def configs():
+        return (api._make_config(mla.SPEC, seed_problem, "sm_90a"), api._make_config(mla.SPEC, problem, "sm_90a"),
+                api._make_config(mla_decode.ONE_TOKEN_SPEC, problem, "sm_90a"))
+
+    default = configs()
+    assert [c.fused_merge for c in default] == [mla_prefill.FUSED_MERGE] * 3
+    with mla_prefill.fused_merge_policy(True):
+        fused = configs()
+        assert all(c.fused_merge and c.can_implement() is None for c in fused)
+        assert fused[2].tile_q_rows == 16 and fused[1].score_warpgroup and not fused[1].smem_epilogue
+        assert api._make_config(mla.SPEC, problem, "sm_100a").fused_merge is False  # sm_90a only
+    assert configs() == default

@@ -102,17 +102,25 @@ def test_natural_lse():
     _check(_case([300, 50], [1000, 50], seed=3), natural_lse=True)
 
 
-def test_long_request_split_and_combined():
-    # few query rows over many keys: the planner splits the KV range, the combine kernel merges the partials
+@pytest.mark.parametrize("fused_merge", [False, True], ids=["combine", "fused_merge"])
+def test_long_request_split_and_combined(fused_merge):
+    # few query rows over many keys: the planner splits the KV range, the combine kernel (or, with fused_merge, the
+    # last CTA of each merge) merges the partials; then the same batch planned on the device (the default call)
     import cute_attn
+    from cute_attn.ops.mla_prefill import fused_merge_policy
 
     case = _case([8, 2], [9000, 3000], seed=4)
-    plan = cute_attn.plan_mla_paged_prefill(*case.inputs())
-    assert plan.plan.num_merges > 0
-    out, lse = case.new_outputs()
-    cute_attn.mla_paged_prefill(*case.inputs(), out, lse, plan=plan, natural_lse=True)
-    torch.cuda.synchronize()
-    _compare(case, out, lse, natural_lse=True)
+    with fused_merge_policy(fused_merge):
+        plan = cute_attn.plan_mla_paged_prefill(*case.inputs())
+        assert plan.plan.num_merges > 0 and plan.config.fused_merge == fused_merge
+        out, lse = case.new_outputs()
+        cute_attn.mla_paged_prefill(*case.inputs(), out, lse, plan=plan, natural_lse=True)
+        torch.cuda.synchronize()
+        _compare(case, out, lse, natural_lse=True)
+        out, lse = case.new_outputs()
+        cute_attn.mla_paged_prefill(*case.inputs(), out, lse, natural_lse=True)
+        torch.cuda.synchronize()
+        _compare(case, out, lse, natural_lse=True)
 
 
 def test_large_pool_scattered_rows():

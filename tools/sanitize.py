@@ -18,6 +18,7 @@ Cases (small, ragged, each a registered config's shape):
     mtp-*          multi-token decode (1..8 causal draft tokens), mla-p*: MLA at larger pages
     mla-<split>-p* the sm_90a MLA prefill kernel with each consumer split (full-s, shared-s, score-wg, score-wg-ovl) at
                    pages 1 and 64
+    mla-*fused-p*  the sm_90a MLA prefill and decode kernels with ``fused_merge`` (the in-kernel fold of split items)
     hostplan-decode  check_indices=True: the host-planned path (every other case plans on the device)
     hostile-decode the device planner's bounds checks (ids past the pool and negative; those requests 0 / -inf)
     gather         the TMA page gather kernel (a test-side kernel)
@@ -100,9 +101,27 @@ def _cases(arch: str) -> dict:
                 return _run_api(cute_attn.mla_paged_prefill, case, arch)
         return run
 
+    def mla_fused(page_size: int, heads: int | None):  # fused_merge: the in-kernel fold (None: prefill)
+        def run():
+            from cute_attn.ops.mla_prefill import fused_merge_policy
+
+            with fused_merge_policy(True):
+                if heads is None:
+                    case = testing.make_mla_prefill_case([3, 50, 0, 20, 9], [100, 300, 7, 3000, 0],
+                                                         page_size=page_size, device="cuda", seed=8)
+                    return _run_api(cute_attn.mla_paged_prefill, case, arch)
+                case = testing.make_mla_decode_case([4100, 0, 1, 300, 65, 8000], num_heads=heads,
+                                                    page_size=page_size, device="cuda", seed=9 + heads)
+                return _run_api(cute_attn.mla_paged_decode, case, arch)
+        return run
+
     if arch == "sm_90a":
         from cute_attn.ops.mla_prefill import SM90_CONSUMER_SPLITS
 
+        for page_size in (1, 64):
+            cases[f"mla-fused-p{page_size}"] = ("mla_paged_prefill", mla_fused(page_size, None))
+            cases[f"mla-decode-h16-fused-p{page_size}"] = ("mla_paged_decode", mla_fused(page_size, 16))
+        cases["mla-decode-h8-fused-p1"] = ("mla_paged_decode", mla_fused(1, 8))
         for split in SM90_CONSUMER_SPLITS:
             for page_size in (1, 64):
                 name = f"mla-{split.replace('_', '-')}-p{page_size}"

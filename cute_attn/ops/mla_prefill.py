@@ -144,6 +144,10 @@ CONSUMER_KNOBS = dict(share_scores=False, score_warpgroup=False, intra_wg_overla
 #: batch of shorter items (1.09-1.45x). The threshold sits between those two measured points
 SM90_LONG_ITEM_CONSUMERS = "score_wg"
 LONG_ITEM_KEYS = 640
+#: sm_90a: split-KV partials folded in the kernel by the last CTA of each merge (``PagedAttentionConfig.fused_merge``)
+#: instead of the combine launch. Built in session 14, not run on a GPU yet: off until its GPU tier passes
+#: (``fused_merge_policy(True)`` runs the tiers and sanitizer cases with it) and its A/B wins
+FUSED_MERGE = False
 
 
 def keys_per_item(problem) -> float:
@@ -188,11 +192,31 @@ def consumer_split(name: str):
 
 def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size) -> dict:
     """One 64-row tile of packed (token, head) rows x 64 gathered key rows (sm_90a: the consumers' split of the work
-    that ``SM90_CONSUMERS`` names)."""
+    that ``SM90_CONSUMERS`` names, and ``FUSED_MERGE``)."""
     tiles = dict(tile_q_rows=64, kv_tile=64)
     if arch == "sm_90a":
-        tiles.update(SM90_CONSUMER_SPLITS[SM90_CONSUMERS])
+        tiles.update(SM90_CONSUMER_SPLITS[SM90_CONSUMERS], fused_merge=FUSED_MERGE)
     return tiles
+
+
+@contextlib.contextmanager
+def fused_merge_policy(enabled: bool):
+    """Inside the block every public MLA entry (prefill, decode, plan_*) builds sm_90a configs with
+    ``fused_merge=enabled`` whatever ``FUSED_MERGE`` says (the GPU tier and sanitizer cases of the fold before it is
+    the default, A/Bs); the per-shape config and plan caches are cleared on the way in and out."""
+    global FUSED_MERGE
+    from .. import api
+
+    saved = FUSED_MERGE
+    FUSED_MERGE = bool(enabled)
+    api._config_for.cache_clear()
+    api.clear_plan_cache()
+    try:
+        yield FUSED_MERGE
+    finally:
+        FUSED_MERGE = saved
+        api._config_for.cache_clear()
+        api.clear_plan_cache()
 
 
 def shape_reason(config) -> str | None:
