@@ -9,7 +9,9 @@ in its spec module, beside its rules.
 
 Adding a kind: write ``ops/<kind>.py`` with its ``SPEC = OpSpec(...)``, its entry and ``plan_<kind>``, list the
 module in ``SPEC_MODULES`` below, and register its kernels (``kernels.register_paged_kernel``) in the modules
-``SPEC.kernel_modules`` names. Nothing else dispatches on the kind's name.
+``SPEC.kernel_modules`` names. Nothing else dispatches on the kind's name. A kind whose best knobs depend on the
+batch (not only on the head layout) says so in ``workload_tiles``, from tensor shapes alone (MLA prefill picks its
+consumer split by the mean keys an item).
 
 An entry that is another kind with fixed arguments holds no spec: ``mla_decode.py`` is MLA prefill with one query
 per request (it builds the ``qo_indptr`` and calls ``api.run`` with the MLA prefill spec).
