@@ -47,10 +47,13 @@ def _definition(**overrides):
 def test_registered_config_is_the_definition():
     configs = mla_prefill.configs("sm_90a")
     definitions = [_definition(), _definition(page_size=64)]  # the ps1 and ps64 definitions
-    # then the same two with each other consumer split: compile_all builds the variants the default is A/B'd against
-    assert configs[:2] == definitions and len(configs) == 2 * len(SM90_CONSUMER_SPLITS)
-    splits = {tuple(getattr(c, k) for k in CONSUMER_KNOBS) for c in configs}
+    # then the same two with each other consumer split: compile_all builds the variants the default is A/B'd against;
+    # then the MLA decode definitions' one-token configs (h16 at pages 1 and 64, h8 at page 1)
+    prefill, decode = configs[:-3], configs[-3:]
+    assert prefill[:2] == definitions and len(prefill) == 2 * len(SM90_CONSUMER_SPLITS)
+    splits = {tuple(getattr(c, k) for k in CONSUMER_KNOBS) for c in prefill}
     assert splits == {tuple({**CONSUMER_KNOBS, **knobs}.values()) for knobs in SM90_CONSUMER_SPLITS.values()}
+    assert [(c.num_qo_heads, c.page_size, c.tile_q_rows) for c in decode] == [(16, 1, 16), (16, 64, 16), (8, 1, 8)]
     assert all(mla_prefill.check_config(c) is None for c in configs)
     assert mla_prefill.configs("sm_100a") == []
     config = configs[0]
