@@ -148,7 +148,7 @@ class PagedAttentionConfig(KernelConfig):
     #: sm_90a GQA kernels: K/V tiles as 16-byte cp.async rows (True) or as TMA page boxes (False); None: the
     #: kernel's page-size policy (its ``ROW_GATHER_PAGE_SIZES``). A knob for ``tuning.sweep`` A/Bs in one process
     row_gather: bool | None = None
-    #: sm_90a MLA kernels: the last CTA to finish a split request folds its partials in-kernel (the GQA decode's
+    #: MLA kernels (both arches): the last CTA to finish a split request folds its partials in-kernel (the GQA decode's
     #: ``common/decode_merge.py``), so no combine launch follows. Built and compile-tested in session 14, not run
     #: on a GPU yet: off by default until its GPU tier and an A/B (``docs/perf-notes.md`` "Next" 000)
     fused_merge: bool = False
@@ -201,9 +201,9 @@ class PagedAttentionConfig(KernelConfig):
             return f"probe={self.probe!r}: measurement builds exist for the sm_90a MLA prefill kernel only"
         if self.row_segments is not None and self.arch != "sm_90a":
             return f"row_segments={self.row_segments}: a knob of the sm_90a cp.async row gathers only"
-        if self.fused_merge and (self.kind, self.arch) != ("mla_paged_prefill", "sm_90a"):
-            return ("fused_merge: a knob of the sm_90a MLA kernels (the GQA decode kernels always fold their merges; "
-                    "the other kernels take the combine launch)")
+        if self.fused_merge and self.kind != "mla_paged_prefill":
+            return ("fused_merge: a knob of the MLA kernels (the GQA decode kernels always fold their merges; the "
+                    "GQA prefill kernels take the combine launch)")
         if self.tile_q_rows not in (8, 16, 64, 128):
             return (f"tile_q_rows={self.tile_q_rows} must be 64 or 128 (one or two MMA warpgroups of 64 rows), or 8 "
                     "or 16 (one query token's heads as the N of a swapped product: the MLA decode kernel)")

@@ -1,4 +1,4 @@
-"""Compile-only tests of ``PagedAttentionConfig.fused_merge`` on the sm_90a MLA kernels (no GPU needed).
+"""Compile-only tests of ``PagedAttentionConfig.fused_merge`` on the MLA kernels of both arches (no GPU needed).
 
 The build folds a split request's partials in the kernel (``common/decode_merge.fold_completed_merges``, the GQA
 decode's fold) instead of the combine launch. Built in session 14 and not run on a GPU yet, so it is off by default;
@@ -20,7 +20,8 @@ from cute_attn.kernels.sm90 import mla_prefill
 
 pytestmark = pytest.mark.usefixtures("isolated_compile_cache")
 
-FOLD_SYNC = re.compile(r"bar\.sync\s+6, 256;")
+FOLD_SYNC = re.compile(r"bar\.sync\s+6, 256;")  # sm_90a: both consumer warpgroups
+FOLD_SYNC_SM100 = re.compile(r"bar\.sync\s+4, 128;")  # sm_100a: the correction warpgroup
 ARRIVAL = re.compile(r"atom\.global\.acq_rel(\.gpu)?\.add\.u32")
 
 
@@ -47,12 +48,25 @@ def test_fused_build_folds_with_one_arrival_and_its_own_barrier(make):
     assert params[1] > params[0]
 
 
-def test_fused_merge_is_refused_off_the_sm90_mla_kernels():
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_sm100_twin_folds_in_its_correction_warpgroup(page_size):
+    """The Blackwell twin (compiled only, never run): the correction warps, which store the partials, count them
+    and fold, on their own named barrier; the default build takes no merge table."""
+    config = _mla(arch="sm_100a", page_size=page_size, **{k: False for k in ("score_warpgroup", "smem_epilogue")})
+    assert not config.fused_merge and config.can_implement() is None
+    plain, fused = (compile_to_ptx(dataclasses.replace(config, fused_merge=flag)) for flag in (False, True))
+    assert ".target sm_100a" in fused and "tcgen05.mma" in fused
+    assert not ARRIVAL.search(plain) and len(ARRIVAL.findall(fused)) == 1
+    assert not FOLD_SYNC_SM100.search(plain) and len(FOLD_SYNC_SM100.findall(fused)) == 2
+
+
+def test_fused_merge_is_a_knob_of_the_mla_kernels_only():
     gqa = default_paged_config("gqa_paged_decode", arch="sm_90a", num_qo_heads=20, num_kv_heads=4, head_dim_qk=128,
                                head_dim_v=128, page_size=64, causal=False)
-    for config in (dataclasses.replace(gqa, fused_merge=True), _mla(fused_merge=True, arch="sm_100a")):
-        assert "fused_merge" in config.can_implement()
+    assert "fused_merge" in dataclasses.replace(gqa, fused_merge=True).can_implement()
     assert _swapped_decode(fused_merge=True).can_implement() is None
+    sm100 = _mla(arch="sm_100a", **{k: False for k in ("score_warpgroup", "smem_epilogue")})
+    assert dataclasses.replace(sm100, fused_merge=True).can_implement() is None
     assert not _mla().fused_merge  # off by default until its GPU tier has run
 
 

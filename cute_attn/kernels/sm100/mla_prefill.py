@@ -35,7 +35,9 @@ warps 13-15 idle, so that every role is whole warpgroups):
   when every scale is 1); after the last PV, ``O / row_sum`` and predicated stores of rows
   ``< Q_ROW_COUNT`` (bf16 ``output`` / fp32 ``partial_out[slot]``: a warp writes 32 consecutive columns of
   one row per store), ``lse * lse_out_scale`` / base-2 ``partial_lse`` by threads 0..63 (one row each).
-  An item with no key writes 0 / -inf. Warp 4 allocates / frees TMEM.
+  An item with no key writes 0 / -inf. Warp 4 allocates / frees TMEM. ``fused_merge`` (entry ``call_fused``):
+  then these warps count their split items and the last CTA of a merge folds it (``common/decode_merge.py``,
+  named barrier ``_BAR_FOLD``), so no combine launch follows.
 * warps 8-11 load (128 threads): the MLA load role shared with the sm_90a producer (``common/mla.py``;
   row gathers in ``common/row_gather.py``). Per item with keys (the MMA warp reads Q only for those) the
   Q tile (rows >= Q_ROW_COUNT zero-filled) with 16-byte ``cp.async``; per key tile the latent row ids
@@ -85,6 +87,7 @@ from cutlass.memory import SmemAllocator
 from ...config import PagedAttentionConfig
 from ...plan import ItemField as F
 from .. import register_paged_kernel
+from ..common.decode_merge import fold_completed_merges
 from ..common.limits import TMEM_COLUMNS, mla_definition_reason, row_gather_choice_reason, smem_reason, target_reason
 from ..common.mla import (CKV_DIM, DEFINITION_PAGE_SIZES, KIND, KPE_DIM, QK_DIM, definition_config,
                           load_q_and_kv_tiles, mla_entry, row_view)
@@ -113,6 +116,7 @@ _REGS_SOFTMAX, _REGS_CORRECTION, _REGS_OTHER = 152, 232, 64
 _BAR_IDS = 1  # the load warps' row-id table barrier
 _BAR_TMEM_ALLOC = 2
 _BAR_TMEM_FREE = 3
+_BAR_FOLD = 4  # fused_merge: the correction warpgroup's merge fold
 _VEC = 8  # bf16 per 16-byte shared store of P
 
 
@@ -127,7 +131,7 @@ def smem_bytes(config: PagedAttentionConfig) -> int:
     m, n = config.tile_q_rows, config.kv_tile
     barriers = PrefillBarriers.smem_bytes(Q_STAGES, KV_STAGES, S_STAGES, P_STAGES, C_STAGES)
     return (m * QK_DIM * 2 + KV_STAGES * n * QK_DIM * 2 + m * n * 2 + 2 * n * 4 + m * 2 * C_STAGES * 4
-            + barriers + 1024)
+            + barriers + 1024 + (16 if config.fused_merge else 0))
 
 
 def check_config(config: PagedAttentionConfig) -> str | None:
@@ -183,6 +187,26 @@ class MlaPagedPrefillSm100:
                  qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor,
                  items: cute.Tensor, output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor,
                  partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
+        self.launch_kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
+                           None, None, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream)
+
+    @cute.jit
+    def call_fused(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
+                   qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor,
+                   items: cute.Tensor, merge_indptr: cute.Tensor, merge_counters: cute.Tensor, output: cute.Tensor,
+                   lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor, scale_log2: Float32,
+                   lse_out_scale: Float32, stream: cuda.CUstream):
+        """The ``fused_merge`` entry: the correction warpgroup folds the CTA's completed merges after its items."""
+        self.launch_kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
+                           merge_indptr, merge_counters, output, lse, partial_out, partial_lse, scale_log2,
+                           lse_out_scale, stream)
+
+    @cute.jit
+    def launch_kernel(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
+                      qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor,
+                      work_indptr: cute.Tensor, items: cute.Tensor, merge_indptr, merge_counters,
+                      output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor,
+                      scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
         M, N = self.tile_m, self.tile_n
         one = tcgen05.CtaGroup.ONE
         tiled_mma_qk = sm100_utils.make_trivial_tiled_mma(
@@ -210,7 +234,7 @@ class MlaPagedPrefillSm100:
         self.kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
                     output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv,
                     s_q_layout, s_k_layout, s_vt_layout, s_p_layout, s_q_rows, s_kv_rows, s_p_rows, tma_atom_ckv,
-                    tma_atom_kpe,
+                    tma_atom_kpe, merge_indptr, merge_counters,
                     ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream, use_pdl=True,
                              min_blocks_per_mp=1)
 
@@ -223,7 +247,7 @@ class MlaPagedPrefillSm100:
                tiled_mma_pv: cute.TiledMma, s_q_layout: cute.ComposedLayout, s_k_layout: cute.ComposedLayout,
                s_vt_layout: cute.ComposedLayout, s_p_layout: cute.ComposedLayout, s_q_rows: cute.ComposedLayout,
                s_kv_rows: cute.ComposedLayout, s_p_rows: cute.ComposedLayout, tma_atom_ckv: cute.CopyAtom,
-               tma_atom_kpe: cute.CopyAtom):
+               tma_atom_kpe: cute.CopyAtom, merge_indptr: cute.Tensor = None, merge_counters: cute.Tensor = None):
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -235,6 +259,9 @@ class MlaPagedPrefillSm100:
         s_ids = smem.allocate_tensor(Int32, cute.make_layout((self.tile_n, 2)), 16)
         s_vec = smem.allocate_tensor(Float32, cute.make_layout((self.tile_m, 2, C_STAGES)), 16)
         barriers = PrefillBarriers(smem, Q_STAGES, KV_STAGES, S_STAGES, P_STAGES, C_STAGES)
+        arrival = None  # fused_merge: one merge arrival, broadcast to the correction warpgroup
+        if cutlass.const_expr(merge_indptr is not None):
+            arrival = smem.allocate_tensor(Int32, cute.make_layout((1,)), 16)
 
         # q: cp.async by the whole load warpgroup (each thread arrives); kv: TMA gather4 from one thread, complete
         # by bytes; both consumed by the MMA thread
@@ -269,6 +296,11 @@ class MlaPagedPrefillSm100:
                                  cpipe.make_pipeline_state(consumer, 1), cpipe.make_pipeline_state(consumer, C_STAGES),
                                  tidx - 32 * _WARP_CORRECTION)
             tmem.free()  # once the softmax and MMA warps are done with TMEM
+            if cutlass.const_expr(merge_indptr is not None):  # the correction warpgroup wrote every partial
+                fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_counters, arrival, self.group,
+                                      partial_out, partial_lse, output, lse, lse_out_scale,
+                                      tidx - 32 * _WARP_CORRECTION, barrier_id=_BAR_FOLD, num_threads=128,
+                                      qo_indptr=qo_indptr)
         elif warp_idx < _WARP_MMA:
             cute.arch.setmaxregister_decrease(_REGS_OTHER)
             if warp_idx == _WARP_LOAD:
