@@ -95,3 +95,28 @@ def test_find_launcher_imports_a_kind_whose_module_is_not_loaded_yet():
         "assert launch is sys.modules['cute_attn.kernels.sm90.gqa_prefill'].launch, launch\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_mla_fused_merge_passes_the_merge_table_and_skips_the_combine(arch, monkeypatch):
+    """``fused_merge`` on an MLA plan that splits: the kernel's ``call_fused`` entry gets ``merge_indptr,
+    merge_counters`` right after ``items`` (one argument per fake compile argument), and no combine follows."""
+    import dataclasses
+
+    case = testing.make_mla_prefill_case([2, 3], [3000, 2000])
+    device_plan = cute_attn.plan_mla_paged_prefill(*case.inputs(), arch=arch, num_sms=8)
+    assert device_plan.plan.num_merges and not device_plan.config.fused_merge
+    device_plan = dataclasses.replace(device_plan, config=dataclasses.replace(device_plan.config, fused_merge=True))
+    kernel = _PAGED[("mla_paged_prefill", arch)]
+    entry, fake_args = kernel.build(device_plan.config)
+    assert entry.__name__ == "call_fused"
+    calls = []
+    monkeypatch.setattr(paged_launch, "compile_kernel", lambda config: lambda *args: calls.append(("main", args)))
+    monkeypatch.setattr(combine, "compile_kernel", lambda config: lambda *args: calls.append(("combine", args)))
+    out, lse = case.new_outputs()
+    kernel.launch(device_plan, *case.inputs(), out, lse)
+    assert [name for name, _ in calls] == ["main"]
+    args = calls[0][1]
+    assert len(args) == len(fake_args) - 1
+    i = next(i for i, a in enumerate(args) if a is device_plan.items)
+    assert args[i + 1] is device_plan.merge_indptr and args[i + 2] is device_plan.merge_counters
