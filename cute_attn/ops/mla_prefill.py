@@ -168,26 +168,33 @@ def workload_tiles(config, problem) -> dict:
 
 
 @contextlib.contextmanager
-def consumer_split(name: str):
-    """Inside the block every public MLA entry (prefill, decode, plan_*) builds the sm_90a split ``name`` whatever
-    ``SM90_CONSUMERS`` and ``SM90_LONG_ITEM_CONSUMERS`` say, for every batch (A/Bs, the GPU tier's fixture, sanitizer
-    cases); the per-shape config and plan caches are cleared on the way in and out, so no config of the other split
-    is reused."""
-    global SM90_CONSUMERS, SM90_LONG_ITEM_CONSUMERS
-    if name not in SM90_CONSUMER_SPLITS:
-        raise ValueError(f"unknown consumer split {name!r}: one of {', '.join(SM90_CONSUMER_SPLITS)}")
+def _policy(**values):
+    """This module's policy globals set to ``values`` inside the block; the per-shape config and plan caches are
+    cleared on the way in and out, so no config built under the other policy is reused."""
     from .. import api
 
-    saved = SM90_CONSUMERS, SM90_LONG_ITEM_CONSUMERS
-    SM90_CONSUMERS = SM90_LONG_ITEM_CONSUMERS = name
+    names = globals()
+    saved = {name: names[name] for name in values}
+    names.update(values)
     api._config_for.cache_clear()
     api.clear_plan_cache()
     try:
-        yield name
+        yield
     finally:
-        SM90_CONSUMERS, SM90_LONG_ITEM_CONSUMERS = saved
+        names.update(saved)
         api._config_for.cache_clear()
         api.clear_plan_cache()
+
+
+@contextlib.contextmanager
+def consumer_split(name: str):
+    """Inside the block every public MLA entry (prefill, decode, plan_*) builds the sm_90a split ``name`` whatever
+    ``SM90_CONSUMERS`` and ``SM90_LONG_ITEM_CONSUMERS`` say, for every batch (A/Bs, the GPU tier's fixture, sanitizer
+    cases)."""
+    if name not in SM90_CONSUMER_SPLITS:
+        raise ValueError(f"unknown consumer split {name!r}: one of {', '.join(SM90_CONSUMER_SPLITS)}")
+    with _policy(SM90_CONSUMERS=name, SM90_LONG_ITEM_CONSUMERS=name):
+        yield name
 
 
 def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size) -> dict:
@@ -203,20 +210,9 @@ def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, pag
 def fused_merge_policy(enabled: bool):
     """Inside the block every public MLA entry (prefill, decode, plan_*) builds sm_90a configs with
     ``fused_merge=enabled`` whatever ``FUSED_MERGE`` says (the GPU tier and sanitizer cases of the fold before it is
-    the default, A/Bs); the per-shape config and plan caches are cleared on the way in and out."""
-    global FUSED_MERGE
-    from .. import api
-
-    saved = FUSED_MERGE
-    FUSED_MERGE = bool(enabled)
-    api._config_for.cache_clear()
-    api.clear_plan_cache()
-    try:
-        yield FUSED_MERGE
-    finally:
-        FUSED_MERGE = saved
-        api._config_for.cache_clear()
-        api.clear_plan_cache()
+    the default, A/Bs)."""
+    with _policy(FUSED_MERGE=bool(enabled)):
+        yield bool(enabled)
 
 
 def shape_reason(config) -> str | None:

@@ -33,9 +33,10 @@ issued from one thread: 72 instructions a 64-key stage instead of 4608 16-byte c
 
 from __future__ import annotations
 
+import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Int64
+from cutlass import Float32, Int32, Int64
 
 from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField as F
@@ -93,6 +94,35 @@ def fake_args(config: PagedAttentionConfig) -> tuple:
         f32(1.0),
         cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
     )
+
+
+def fold_arrival_bytes(config: PagedAttentionConfig) -> int:
+    """Shared memory of the ``fused_merge`` fold's arrival word (16-byte aligned), 0 without it."""
+    return 16 if config.fused_merge else 0
+
+
+class MlaEntries:
+    """The host entries of every MLA kernel class, in :func:`fake_args` order: ``__call__`` (the combine follows) and
+    ``call_fused`` (``fused_merge``: ``merge_indptr, merge_counters`` after ``items``; the kernel folds its merges).
+    A class implements ``launch_kernel`` with the merge table as two arguments after ``items`` (None: no fold)."""
+
+    @cute.jit
+    def __call__(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
+                 qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor,
+                 items: cute.Tensor, output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor,
+                 partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
+        self.launch_kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
+                           None, None, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream)
+
+    @cute.jit
+    def call_fused(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
+                   qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor,
+                   items: cute.Tensor, merge_indptr: cute.Tensor, merge_counters: cute.Tensor, output: cute.Tensor,
+                   lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor, scale_log2: Float32,
+                   lse_out_scale: Float32, stream: cuda.CUstream):
+        self.launch_kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
+                           merge_indptr, merge_counters, output, lse, partial_out, partial_lse, scale_log2,
+                           lse_out_scale, stream)
 
 
 def mla_entry(kernel_cls, check_config) -> tuple:

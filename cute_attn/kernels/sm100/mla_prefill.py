@@ -90,7 +90,7 @@ from .. import register_paged_kernel
 from ..common.decode_merge import fold_completed_merges
 from ..common.limits import TMEM_COLUMNS, mla_definition_reason, row_gather_choice_reason, smem_reason, target_reason
 from ..common.mla import (CKV_DIM, DEFINITION_PAGE_SIZES, KIND, KPE_DIM, QK_DIM, definition_config,
-                          load_q_and_kv_tiles, mla_entry, row_view)
+                          MlaEntries, fold_arrival_bytes, load_q_and_kv_tiles, mla_entry, row_view)
 from ..common.tma_issue import make_gather4_atom, tma_descriptor_address
 from .prefill_setup import PrefillBarriers
 from .softmax_rows import NEG_INF, begin_softmax_item, load_s_row, num_key_tiles, online_softmax_row, send_row_values
@@ -131,7 +131,7 @@ def smem_bytes(config: PagedAttentionConfig) -> int:
     m, n = config.tile_q_rows, config.kv_tile
     barriers = PrefillBarriers.smem_bytes(Q_STAGES, KV_STAGES, S_STAGES, P_STAGES, C_STAGES)
     return (m * QK_DIM * 2 + KV_STAGES * n * QK_DIM * 2 + m * n * 2 + 2 * n * 4 + m * 2 * C_STAGES * 4
-            + barriers + 1024 + (16 if config.fused_merge else 0))
+            + barriers + 1024 + fold_arrival_bytes(config))
 
 
 def check_config(config: PagedAttentionConfig) -> str | None:
@@ -162,8 +162,8 @@ def check_config(config: PagedAttentionConfig) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------- kernel
-class MlaPagedPrefillSm100:
-    """The kernel object: compile-time constants live on ``self``."""
+class MlaPagedPrefillSm100(MlaEntries):
+    """The kernel object: compile-time constants live on ``self``; the entries are ``MlaEntries``'."""
 
     def __init__(self, config: PagedAttentionConfig):
         reason = check_config(config)
@@ -182,25 +182,6 @@ class MlaPagedPrefillSm100:
         return f"MlaPagedPrefillSm100_H{self.num_heads}_M{self.tile_m}_N{self.tile_n}_S{KV_STAGES}"
 
     # ------------------------------------------------------------------------------- host side
-    @cute.jit
-    def __call__(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
-                 qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor,
-                 items: cute.Tensor, output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor,
-                 partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
-        self.launch_kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
-                           None, None, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream)
-
-    @cute.jit
-    def call_fused(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
-                   qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor,
-                   items: cute.Tensor, merge_indptr: cute.Tensor, merge_counters: cute.Tensor, output: cute.Tensor,
-                   lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor, scale_log2: Float32,
-                   lse_out_scale: Float32, stream: cuda.CUstream):
-        """The ``fused_merge`` entry: the correction warpgroup folds the CTA's completed merges after its items."""
-        self.launch_kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
-                           merge_indptr, merge_counters, output, lse, partial_out, partial_lse, scale_log2,
-                           lse_out_scale, stream)
-
     @cute.jit
     def launch_kernel(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
                       qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor,

@@ -82,7 +82,7 @@ from .. import register_paged_kernel
 from ..common.decode_merge import fold_completed_merges
 from ..common.limits import SMEM_LIMIT_BYTES, mla_definition_reason, smem_reason, target_reason
 from ..common.mla import (BOX_ROWS, CKV_DIM, DEFINITION_PAGE_SIZES, KIND, KPE_DIM, QK_DIM, definition_config,
-                          load_q_and_kv_tiles, mla_entry, row_view)
+                          MlaEntries, fold_arrival_bytes, load_q_and_kv_tiles, mla_entry, row_view)
 from ..common.tma_issue import make_row_box_atom, tma_descriptor_address
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.registers import register_split_reason
@@ -135,7 +135,7 @@ def _exchange_bytes(config: PagedAttentionConfig) -> int:
 def num_stages(config: PagedAttentionConfig) -> int:
     """K stages that fit next to the Q tile, the row-id table, the mbarriers and the slack (<= MAX_STAGES)."""
     fixed = (_tile_bytes(config.tile_q_rows) + 2 * config.kv_tile * 4 + 8 * 2 * (1 + MAX_STAGES) + 1024
-             + _exchange_bytes(config) + (16 if config.fused_merge else 0))
+             + _exchange_bytes(config) + fold_arrival_bytes(config))
     return max(0, min(MAX_STAGES, (SMEM_LIMIT_BYTES - fixed) // _tile_bytes(config.kv_tile)))
 
 
@@ -150,7 +150,7 @@ def smem_bytes(config: PagedAttentionConfig) -> int:
     ``share_scores`` exchange buffer)."""
     stages = num_stages(config)
     return (_tile_bytes(config.tile_q_rows) + stages * _tile_bytes(config.kv_tile) + 2 * config.kv_tile * 4
-            + 8 * 2 * (1 + stages) + 1024 + _exchange_bytes(config) + (16 if config.fused_merge else 0))
+            + 8 * 2 * (1 + stages) + 1024 + _exchange_bytes(config) + fold_arrival_bytes(config))
 
 
 def check_config(config: PagedAttentionConfig) -> str | None:
@@ -208,8 +208,8 @@ def check_config(config: PagedAttentionConfig) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------- kernel
-class MlaPagedPrefillSm90:
-    """The kernel object: compile-time constants live on ``self``."""
+class MlaPagedPrefillSm90(MlaEntries):
+    """The kernel object: compile-time constants live on ``self``; the entries are ``MlaEntries``'."""
 
     def __init__(self, config: PagedAttentionConfig):
         reason = check_config(config)
@@ -248,26 +248,11 @@ class MlaPagedPrefillSm90:
                      for rows in (ckv_rows, kpe_rows) for box_rows in (BOX_ROWS, 1))
 
     @cute.jit
-    def __call__(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
-                 qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor,
-                 items: cute.Tensor, output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor,
-                 partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
-        s_q_layout, s_k_layout = self.smem_layouts()
-        tiled_mma_qk, tiled_mma_pv = self.tiled_mmas()
-        self.kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
-                    output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, s_q_layout, s_k_layout,
-                    tiled_mma_qk, tiled_mma_pv, *self.kv_box_atoms(ckv_cache, kpe_cache, s_k_layout),
-                    ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream, use_pdl=True,
-                             min_blocks_per_mp=1)
-
-    @cute.jit
-    def call_fused(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
-                   qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor,
-                   items: cute.Tensor, merge_indptr: cute.Tensor, merge_counters: cute.Tensor, output: cute.Tensor,
-                   lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor, scale_log2: Float32,
-                   lse_out_scale: Float32, stream: cuda.CUstream):
-        """The ``fused_merge`` entry: :meth:`__call__` with the plan's merge table and counters, the last CTA of
-        each split request folding its partials after its items (``common/decode_merge.py``)."""
+    def launch_kernel(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
+                      qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor,
+                      work_indptr: cute.Tensor, items: cute.Tensor, merge_indptr, merge_counters,
+                      output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor,
+                      scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
         s_q_layout, s_k_layout = self.smem_layouts()
         tiled_mma_qk, tiled_mma_pv = self.tiled_mmas()
         self.kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
