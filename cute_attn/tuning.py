@@ -5,7 +5,7 @@
                         arch="sm_90a")
     rows.print_config_line()  # the entry to paste into default_paged_config
 
-Each variant is ``dataclasses.replace(default_paged_config(...), **knobs)``. A variant that
+Each variant is ``dataclasses.replace(api_config(kind, workload, arch), **knobs)`` (the config the API builds). A variant that
 ``can_implement`` or its kernel's ``check_config`` refuses becomes a row with the reason; one that
 passes is compiled through ``cute_attn.compile`` and planned with ``plan_work``. On a GPU it is then
 launched on a NaN-poisoned case (``cute_attn.testing``), checked against the float32 reference by the
@@ -30,7 +30,7 @@ from . import kernels, testing
 from .api import DevicePlan
 from .arch import resolve_arch, sm_count
 from .compile import compile_kernel_with_info
-from .config import PAGED_KINDS, PagedAttentionConfig, default_paged_config
+from .config import PAGED_KINDS, PagedAttentionConfig
 from .plan import WorkPlan, plan_work
 from .timing import ColdL2Timer, Timing
 
@@ -50,9 +50,6 @@ DEFINITION_LAYOUTS = {
     "gqa_paged_multi_token_decode": dict(num_qo_heads=20, num_kv_heads=4, head_dim_qk=128, head_dim_v=128,
                                          page_size=64),
 }
-_CAUSAL = {"gqa_paged_decode": False, "gqa_paged_prefill": True, "mla_paged_prefill": True,
-           "gqa_paged_multi_token_decode": True}
-
 
 def _check_kind(kind: str) -> None:
     if kind not in PAGED_KINDS:
@@ -331,9 +328,7 @@ def sweep(kind: str, workload: Workload, space: Mapping[str, Sequence], *, arch:
     if num_sms is None and not smoke:
         num_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     num_sms = sm_count(num_sms if num_sms is not None else arch)
-    base = default_paged_config(kind, arch=arch, num_qo_heads=workload.num_qo_heads,
-                                num_kv_heads=workload.num_kv_heads, head_dim_qk=workload.head_dim_qk,
-                                head_dim_v=workload.head_dim_v, page_size=workload.page_size, causal=_CAUSAL[kind])
+    base = api_config(kind, workload, arch)
     result = Sweep(kind=kind, workload=workload, arch=arch, num_sms=num_sms, smoke=smoke)
     gpu = None if smoke else _GpuBench(kind, workload, check, timer or ColdL2Timer(), seed)
     for knobs in variants:
@@ -343,6 +338,25 @@ def sweep(kind: str, workload: Workload, space: Mapping[str, Sequence], *, arch:
         if progress is not None:
             progress(row)
     return result
+
+
+def api_config(kind: str, workload: Workload, arch: str) -> PagedAttentionConfig:
+    """The config the API builds for ``workload`` (the sweep's default row, which every knob is applied over): the
+    kind's tiles, its batch-driven knobs (``OpSpec.workload_tiles``) and, for an MLA batch of one query a request,
+    the decode entry's one-token tiles (``ops/mla_decode.py``)."""
+    from . import api
+    from .ops import get_spec
+    from .ops.mla_decode import ONE_TOKEN_SPEC
+    from .validate import PagedProblem
+
+    spec = get_spec(kind)
+    if kind == "mla_paged_prefill" and all(q == 1 for q in workload.q_lens):
+        spec = ONE_TOKEN_SPEC
+    pages = sum(-(-kv // workload.page_size) for kv in workload.kv_lens)
+    problem = PagedProblem(len(workload.q_lens), sum(workload.q_lens), workload.num_qo_heads, workload.num_kv_heads,
+                           workload.head_dim_qk, workload.head_dim_v, workload.page_size, max(pages, 1),
+                           torch.device("cpu"), num_kv_slots=pages * workload.page_size)
+    return api._make_config(spec, problem, arch)
 
 
 def _run_variant(config: PagedAttentionConfig, knobs: dict, workload: Workload, num_sms: int,

@@ -35,7 +35,10 @@ PHASE_ENDS = (
     ("merges: run ends", 13),
     ("merges: partial slots + work_indptr", 6),
     ("lists: merges written", 14),
-    ("lists: items written", -3),
+    ("lists: items, all chunks but the last + the last one's build", 9),
+    ("lists: items, the last chunk's barrier", 10),
+    ("lists: items, the last chunk's stores issued", 11),
+    ("lists: items, the last barrier + exit", -3),
 )
 PHASES = tuple(name for name, _ in PHASE_ENDS)
 

@@ -32,7 +32,8 @@ Roles / phases (:func:`scan_ctas` x 512 threads, arch-neutral SIMT code: the sam
                 *cuts*: one thread per CTA edge finds its tile (binary search) and key, snapping near edges;
                 the same thread also finds the edge's nearer tile boundary, and when those whole-tile cuts
                 leave no CTA above ``W + W / 2**WHOLE_TILE_SHIFT`` (one vote) they replace the split cuts.
-                *sorted deal* (``sorted_deal``, causal kinds, when the cuts split): each CTA's cut load, the
+                *sorted deal* (``sorted_deal``, causal kinds, when the cuts split or their whole tiles leave a
+                CTA above ``W + W / 2**DEAL_WHOLE_SHIFT``): each CTA's cut load, the
                 longest tile; when a deal can win, a bitonic sort of the q tiles' (cost, index) keys held in
                 registers (a shuffle a stage under a warp's stride, a shared-memory exchange above), each CTA's
                 serpentine load over its laps, and the deal replaces the cuts when its busiest CTA is no worse
@@ -61,7 +62,7 @@ from ...compile import register_kernel
 from ...config import KernelConfig
 from ...plan import NOT_CAUSAL_OFFSET, ItemField, MergeField, PlanConfig
 from ...plan_partition import SNAP_SHIFT, SORTED_DEAL_MAX_Q_TILES, WHOLE_TILE_SHIFT, min_width
-from .planner_collectives import NUM_THREADS, NUM_WARPS, block_any, block_exclusive_sum, last_at_most
+from .planner_collectives import NUM_THREADS, NUM_WARPS, block_any, block_exclusive_sum, block_max_pair, last_at_most
 from .sorted_deal import dealt_tile, sorted_deal, tile_cost
 
 MAX_CTAS = NUM_THREADS - 1  # one thread per CTA edge (num_ctas + 1 of them)
@@ -502,15 +503,27 @@ class DevicePlanner:
                 stage[edge, 1] = Int32(p_snap >> 32)
         cute.arch.sync_threads()
         self.stamp(trace, 15, tidx)
+        longest = Int64(0)  # the sorted deal's: the longest tile, the busiest whole-tile CTA
+        snap_max = Int64(0)
         if cutlass.const_expr(c.allow_split):
             # Whole tiles when no CTA's load then exceeds W + W / 2**WHOLE_TILE_SHIFT: a plan without merges
             # runs faster than the model says a split one does (no fold, fewer item starts)
-            too_long = False
+            snap_load = Int64(0)
             if edge < num_ctas:
                 nxt = (Int64(stage[edge + 1, 1]) << 32) | (Int64(stage[edge + 1, 0]) & Int64(0xFFFFFFFF))
                 here = (Int64(stage[edge, 1]) << 32) | (Int64(stage[edge, 0]) & Int64(0xFFFFFFFF))
-                too_long = nxt - here > width + (width >> WHOLE_TILE_SHIFT)
-            split = block_any(too_long, tidx, flags)
+                snap_load = nxt - here
+            if cutlass.const_expr(c.sorted_deal):
+                # the busiest whole-tile CTA and the longest tile in one barrier round: the deal's bound needs both,
+                # and whole-tile cuts within W + W / 2**DEAL_WHOLE_SHIFT then skip it without another reduction
+                for j in range(tidx, num_q_tiles, NUM_THREADS):
+                    longest = cutlass.max(longest, tile_cost(c, q_tiles[j, 3]))
+                snap_max, longest = block_max_pair(snap_load, longest, tidx, warp_sums)
+                split = Int32(0)
+                if snap_max > width + (width >> WHOLE_TILE_SHIFT):
+                    split = Int32(1)
+            else:
+                split = block_any(snap_load > width + (width >> WHOLE_TILE_SHIFT), tidx, flags)
             if split == 0 and edge <= num_ctas:
                 cut_tile[edge] = t_snap
                 cut_key[edge] = Int32(0)
@@ -519,8 +532,8 @@ class DevicePlanner:
         deal = Int32(0)  # 1: the sorted deal replaces the cuts
         deal_count = Int32(0)  # this thread's CTA's items in the deal
         if cutlass.const_expr(c.sorted_deal and c.allow_split):
-            deal, deal_count = sorted_deal(c, tidx, split, q_tiles, q_tile_start, cut_tile, cut_key, sort_keys,
-                                                warp_sums, num_q_tiles, num_ctas, width, total_cost)
+            deal, deal_count = sorted_deal(c, tidx, split, snap_max, longest, q_tiles, q_tile_start, cut_tile, cut_key,
+                                           sort_keys, warp_sums, num_q_tiles, num_ctas, width, total_cost)
         self.stamp(trace, 7, tidx)
 
         # ---------------------------------------------------------------- merges: runs of cuts inside one tile
@@ -615,6 +628,11 @@ class DevicePlanner:
         # run (a row per thread straight to global would be 10 scattered 4-byte stores per item: the planning
         # SM's store path, not the math, was what the lists phase cost).
         fields = len(ItemField)
+        # 16-byte stores when the list is 16-byte aligned (our buffers always are; a caller's view may not be): a
+        # chunk starts at a multiple of NUM_THREADS * fields words, and the stage is aligned
+        vectors = Int32(0)
+        if (items.iterator.toint() & 15) == 0:
+            vectors = Int32(1)
         for chunk in range(0, num_items, NUM_THREADS):
             i = chunk + tidx
             if i < num_items:
@@ -653,11 +671,32 @@ class DevicePlanner:
                 stage[tidx, ItemField.CAUSAL_OFFSET] = offset
                 stage[tidx, ItemField.MERGE] = merge
                 stage[tidx, ItemField.KV_PAGE_START] = requests[b, 4] + key_start // c.page_size
+            self.stamp(trace, 9, tidx)  # trace builds: the last chunk's build, barrier and store
             cute.arch.sync_threads()
-            rows = cutlass.min(Int32(NUM_THREADS), num_items - chunk)
-            for e in range(tidx, rows * fields, NUM_THREADS):
-                items[chunk + e // fields, e % fields] = stage[e // fields, e % fields]
+            self.stamp(trace, 10, tidx)
+            words = cutlass.min(Int32(NUM_THREADS), num_items - chunk) * fields
+            store_rows(items, stage, chunk * fields, words, tidx, vectors)
+            self.stamp(trace, 11, tidx)
             cute.arch.sync_threads()
+
+
+@cute.jit
+def store_rows(items: cute.Tensor, stage: cute.Tensor, first_word, words, tidx, vectors):
+    """Copy ``words`` int32 of the row-major ``stage`` to the row-major ``items`` from flat word ``first_word``:
+    four words a thread a store when ``vectors`` (both 16-byte aligned there), the tail one at a time. A row of 10
+    fields a store was ~10 store instructions a thread a chunk, the lists phase's issue-bound half."""
+    done = Int32(0)
+    if vectors != 0:
+        done = words // 4 * 4
+        for v in range(tidx * 4, done, NUM_THREADS * 4):
+            src = cute.make_ptr(Int32, (stage.iterator + v).toint(), cute.AddressSpace.smem, assumed_align=16)
+            dst = cute.make_ptr(Int32, (items.iterator + (first_word + v)).toint(), cute.AddressSpace.gmem,
+                                assumed_align=16)
+            cute.autovec_copy(cute.make_tensor(src, cute.make_layout(4)), cute.make_tensor(dst, cute.make_layout(4)))
+    flat_items = cute.make_tensor(items.iterator, cute.make_layout(items.shape[0] * items.shape[1]))
+    flat_stage = cute.make_tensor(stage.iterator, cute.make_layout(NUM_THREADS * len(ItemField)))
+    for e in range(done + tidx, words, NUM_THREADS):
+        flat_items[first_word + e] = flat_stage[e]
 
 
 def fake_args(config: DevicePlannerConfig) -> tuple:

@@ -1,7 +1,8 @@
 """The device planner's sorted deal (``plan_partition``'s twin): q tiles longest first, dealt serpentine.
 
-Run by the planning CTA after its cuts, when they split tiles: each CTA's cut load and the longest tile (one
-barrier round for both maxima); only when the deal can win, a bitonic sort of the q tiles' Int32 (capped kv tiles,
+Run by the planning CTA after its cuts, whose vote already reduced the busiest whole-tile CTA and the longest tile;
+where the cuts split, each CTA's cut load (one more reduction). Only when the cuts split tiles or their whole tiles
+leave a CTA above ``W + W / 2**DEAL_WHOLE_SHIFT`` (``plan_partition.deal_bound``), and the deal can win, a bitonic sort of the q tiles' Int32 (capped kv tiles,
 index) keys over a fixed 512 or 1024 keys, up to two a thread in registers, every stage unrolled: those under a
 warp's stride by shuffles, the others through shared memory (:func:`fast_sort`); then each CTA's serpentine load over
 its laps. ``c`` is the :class:`DevicePlannerConfig` (a compile-time constant). The sort is 5.0 k cycles at the MLA
@@ -14,8 +15,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
-from ...plan_partition import SORT_TILE_CAP, SORTED_DEAL_MAX_Q_TILES, WHOLE_TILE_SHIFT
-from .planner_collectives import NUM_THREADS, WARP, block_max, block_max_pair
+from ...plan_partition import DEAL_WHOLE_SHIFT, SORT_TILE_CAP, SORTED_DEAL_MAX_Q_TILES, WHOLE_TILE_SHIFT
+from .planner_collectives import NUM_THREADS, WARP, block_max
 
 KEYS_PER_THREAD = SORTED_DEAL_MAX_Q_TILES // NUM_THREADS
 INDEX_BITS = 20  # sort_key (what the deal reads): the q tile index in the low bits (< 2**20), 2**32 - cost above
@@ -48,48 +49,51 @@ def cut_position(c: cutlass.Constexpr, edge, q_tiles, q_tile_start, cut_tile, cu
 
 
 @cute.jit
-def sorted_deal(c: cutlass.Constexpr, tidx, split, q_tiles, q_tile_start, cut_tile, cut_key, sort_keys, warp_sums,
-                num_q_tiles, num_ctas, width, total_cost):
-    """(1 when the deal replaces the cuts, the item count of this thread's CTA in the deal). Leaves the q tiles
-    in deal order in ``sort_keys[0 : num_q_tiles]`` (:func:`sort_key` layout); every thread calls it."""
+def sorted_deal(c: cutlass.Constexpr, tidx, split, snap_max, longest, q_tiles, q_tile_start, cut_tile, cut_key,
+                sort_keys, warp_sums, num_q_tiles, num_ctas, width, total_cost):
+    """(1 when the deal replaces the cuts, the item count of this thread's CTA in the deal). ``split``: the cuts
+    split tiles (else they are whole tiles, the busiest ``snap_max``); ``longest``: the longest tile's cost (both
+    from the cuts' vote). Leaves the q tiles in deal order in ``sort_keys[0 : num_q_tiles]`` (:func:`sort_key`
+    layout); every thread calls it."""
     heads = c.num_kv_heads
     num_tiles = num_q_tiles * heads
     deal = Int32(0)
     count = Int32(0)
-    if split != 0 and num_q_tiles <= SORTED_DEAL_MAX_Q_TILES:  # uniform: the cuts split, the tiles fit
+    # plan_partition.deal_bound: split cuts give way to a deal no worse than them or than the whole-tile rule;
+    # whole-tile cuts above W + W / 2**DEAL_WHOLE_SHIFT only to a strictly better one, the others are kept
+    bound = snap_max - 1
+    if snap_max <= width + (width >> DEAL_WHOLE_SHIFT):
+        bound = Int64(-1)
+    if split != 0:  # uniform: each CTA's load under the split cuts, one reduction
         cut_load = Int64(0)
         if tidx < num_ctas:
             cut_load = (cut_position(c, tidx + 1, q_tiles, q_tile_start, cut_tile, cut_key, num_tiles, total_cost)
                         - cut_position(c, tidx, q_tiles, q_tile_start, cut_tile, cut_key, num_tiles, total_cost))
             if cut_key[tidx] > 0:
                 cut_load = cut_load + Int64(c.item_overhead_keys)
+        bound = cutlass.max(block_max(cut_load, tidx, warp_sums), width + (width >> WHOLE_TILE_SHIFT))
+    # the deal's busiest CTA holds the longest tile: past the bound it cannot win, so skip the sort (uniform)
+    if num_q_tiles <= SORTED_DEAL_MAX_Q_TILES and longest <= bound:
         keys32 = cute.make_rmem_tensor((KEYS_PER_THREAD,), Int32)
-        longest = Int64(0)
         for r in cutlass.range_constexpr(KEYS_PER_THREAD):
             keys32[r] = Int32(FAST_PADDING_KEY)
             i = tidx + r * NUM_THREADS
             if i < num_q_tiles:
-                cost = tile_cost(c, q_tiles[i, 3])
-                longest = cutlass.max(longest, cost)
                 keys32[r] = fast_sort_key(c, q_tiles[i, 3], i)
-        cut_max, longest = block_max_pair(cut_load, longest, tidx, warp_sums)
-        bound = cutlass.max(cut_max, width + (width >> WHOLE_TILE_SHIFT))
-        # the deal's busiest CTA holds the longest tile: past the bound it cannot win, so skip the sort
-        if longest <= bound:
-            fast_sort(c, keys32, num_q_tiles, tidx, q_tiles, sort_keys)
-            load = Int64(0)
-            if tidx < num_ctas:
-                lap = Int32(0)
-                position = tidx
-                while position < num_tiles:
-                    load = load + key_cost(sort_keys[position // heads])
-                    count = count + 1
-                    lap = lap + 1
-                    position = lap * num_ctas + tidx
-                    if lap % 2 != 0:
-                        position = lap * num_ctas + num_ctas - 1 - tidx
-            if block_max(load, tidx, warp_sums) <= bound:
-                deal = Int32(1)
+        fast_sort(c, keys32, num_q_tiles, tidx, q_tiles, sort_keys)
+        load = Int64(0)
+        if tidx < num_ctas:
+            lap = Int32(0)
+            position = tidx
+            while position < num_tiles:
+                load = load + key_cost(sort_keys[position // heads])
+                count = count + 1
+                lap = lap + 1
+                position = lap * num_ctas + tidx
+                if lap % 2 != 0:
+                    position = lap * num_ctas + num_ctas - 1 - tidx
+        if block_max(load, tidx, warp_sums) <= bound:
+            deal = Int32(1)
     return deal, count
 
 
