@@ -174,7 +174,13 @@ def _cases(arch: str) -> dict:
         case = testing.make_mla_prefill_case(q_lens, kv_lens, device="cuda", seed=82)
         return _run_api(cute_attn.mla_paged_prefill, case, arch)
 
+    def deal_whole_tiles():  # whole-tile cuts that snap unevenly (h20/kv4, 8 x 992: 1.12 x the mean) are dealt too
+        case = testing.make_gqa_prefill_case([992] * 8, [992] * 8, num_qo_heads=20, num_kv_heads=4, device="cuda",
+                                             seed=83)
+        return _run_api(cute_attn.gqa_paged_prefill, case, arch)
+
     cases["deal-prefill"] = ("gqa_paged_prefill", deal_prefill)
+    cases["deal-whole-tiles"] = ("gqa_paged_prefill", deal_whole_tiles)
     cases["deal-mla"] = ("mla_paged_prefill", deal_mla)
     for page_size in (2, 4, 8):
         cases[f"prefill-rows-p{page_size}"] = ("gqa_paged_prefill", prefill_small_pages(page_size))
