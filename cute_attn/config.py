@@ -174,6 +174,7 @@ class PagedAttentionConfig(KernelConfig):
             tile_q_rows=min(self.tile_q_rows, self.packed_rows_per_tile), kv_tile=self.kv_tile, num_ctas=num_ctas, min_chunk_keys=self.min_chunk_keys,
             item_overhead_keys=self.item_overhead_keys, page_size=self.page_size,
             zigzag=self.causal and self.kind.startswith("mla_"), sorted_deal=self.causal,
+            host_deal=self.causal and self.kind == "gqa_paged_prefill",
         )
 
     def can_implement(self) -> str | None:

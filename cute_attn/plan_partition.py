@@ -209,8 +209,8 @@ def deal_bound(width: int, cut_max: int, whole_tiles: bool) -> int | None:
 
 
 def partition_plan(config: PlanConfig, q_lens, kv_lens, *, kv_page_start=None, token_start=None, faulted=None,
-                   capacity: PlanCapacity | None = None) -> WorkPlan:
-    """The device planner's plan of one batch.
+                   capacity: PlanCapacity | None = None, deal_only: bool = False) -> WorkPlan | None:
+    """The device planner's plan of one batch (``deal_only``: only when it is a sorted deal, else None).
 
     ``kv_page_start[b]``: request b's first position in kv_indices (``kv_indptr[b]``; default: the cumulated
     page counts); ``token_start[b]``: its first query row (``qo_indptr[b]``; default: cumulated q_lens);
@@ -241,6 +241,8 @@ def partition_plan(config: PlanConfig, q_lens, kv_lens, *, kv_page_start=None, t
             if loads.max() <= bound:
                 return _dealt_plan(config, capacity, dealt_tile, dealt_cta, loads, req, row_start, row_count,
                                    kv_end, offset, kv_page_start)
+    if deal_only:
+        return None
 
     # merges: a run of cuts inside one tile splits it into (run length + 1) chunks
     inside = cut_key > 0

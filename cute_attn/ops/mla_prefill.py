@@ -145,8 +145,12 @@ CONSUMER_KNOBS = dict(share_scores=False, score_warpgroup=False, intra_wg_overla
 SM90_LONG_ITEM_CONSUMERS = "score_wg"
 LONG_ITEM_KEYS = 640
 #: sm_90a: split-KV partials folded in the kernel by the last CTA of each merge (``PagedAttentionConfig.fused_merge``)
-#: instead of the combine launch. Built in session 14, not run on a GPU yet: off until its GPU tier passes
-#: (``fused_merge_policy(True)`` runs the tiers and sanitizer cases with it) and its A/B wins
+#: instead of the combine launch. Correct on the H200 (GPU tier under ``fused_merge_policy(True)``: 30 passed;
+#: memcheck/racecheck clean) but slower, so off: session 15, one process (``docs/perf/h200-mla-fused-merge.json``),
+#: MLA decode 64 x 8192 164.7 -> 168.4 us (page 64), 1 x 4096 18.8 -> 22.0, 16 x 4096 35.2 -> 36.9, 128 x 4096 (no
+#: merges) 156.9 -> 157.3. The fold (``common/decode_merge.fold_merge``, written for GQA's 128-column rows) reads a
+#: 512-column row with 4-byte loads, two slots in flight, on the one CTA that arrives last: a 16-slot merge is ~8
+#: dependent L2 round trips on one SM, where the combine launch spreads the same reads over the grid
 FUSED_MERGE = False
 
 
