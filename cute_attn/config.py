@@ -149,8 +149,8 @@ class PagedAttentionConfig(KernelConfig):
     #: kernel's page-size policy (its ``ROW_GATHER_PAGE_SIZES``). A knob for ``tuning.sweep`` A/Bs in one process
     row_gather: bool | None = None
     #: MLA kernels (both arches): the last CTA to finish a split request folds its partials in-kernel (the GQA decode's
-    #: ``common/decode_merge.py``), so no combine launch follows. Built and compile-tested in session 14, not run
-    #: on a GPU yet: off by default until its GPU tier and an A/B (``docs/perf-notes.md`` "Next" 000)
+    #: ``common/decode_merge.py``), so no combine launch follows. Correct on the H200 but slower (session 15): off by
+    #: default (``ops/mla_prefill.FUSED_MERGE`` says why)
     fused_merge: bool = False
 
     @property
@@ -174,8 +174,13 @@ class PagedAttentionConfig(KernelConfig):
             tile_q_rows=min(self.tile_q_rows, self.packed_rows_per_tile), kv_tile=self.kv_tile, num_ctas=num_ctas, min_chunk_keys=self.min_chunk_keys,
             item_overhead_keys=self.item_overhead_keys, page_size=self.page_size,
             zigzag=self.causal and self.kind.startswith("mla_"), sorted_deal=self.causal,
-            host_deal=self.causal and self.kind == "gqa_paged_prefill",
+            host_deal=self.causal and self.kind == "gqa_paged_prefill", line_deal=self._line_deal(),
         )
+
+    def _line_deal(self) -> bool:
+        from .ops import gqa_decode  # the decode spec's page-size policy
+
+        return self.kind == "gqa_paged_decode" and self.page_size in gqa_decode.LINE_DEAL_PAGE_SIZES
 
     def can_implement(self) -> str | None:
         """None when a registered kernel builds this config, else why not: the shape rules every kernel of the

@@ -110,8 +110,16 @@ class PlanConfig:
     #: than the LPT the model rates as balanced (each CTA gets the same number of items, a lap each); MLA prefill
     #: the other way (the seed 39.4 against 34.0 us), so only the GQA prefill kind sets it
     host_deal: bool = False
+    #: device plans of small-page decode: whole tiles dealt serpentine in line order (no sort; request-major, KV head
+    #: minor) instead of contiguous cuts when the deal's busiest CTA is no worse. Contiguous cuts run a request's KV
+    #: heads one after another on a CTA; the deal (like the host LPT) runs them at once on neighbouring CTAs, so a
+    #: page-1 row's KV heads (one 1 KB row of the cache) are read together. Off unless
+    #: ``ops/gqa_decode.LINE_DEAL_PAGE_SIZES`` names the page size (built in session 15, not run on a GPU yet)
+    line_deal: bool = False
 
     def __post_init__(self):
+        if self.line_deal and self.sorted_deal:
+            raise ValueError("line_deal and sorted_deal are exclusive (line_deal deals the line order, unsorted)")
         for name in ("num_qo_heads", "num_kv_heads", "tile_q_rows", "kv_tile", "num_ctas"):
             if getattr(self, name) < 1:
                 raise ValueError(f"PlanConfig.{name} must be >= 1, got {getattr(self, name)}")

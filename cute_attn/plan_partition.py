@@ -140,12 +140,15 @@ def cut_loads(config: PlanConfig, cost, cut_tile, cut_key) -> np.ndarray:
 
 
 def sorted_deal(config: PlanConfig, cost) -> tuple[np.ndarray, np.ndarray]:
-    """(q tile of each dealt position, CTA of each position): the q tiles longest first (ties in line order),
-    each tile's heads in a row, dealt serpentine over ``num_ctas`` CTAs."""
+    """(q tile of each dealt position, CTA of each position): the q tiles longest first (ties in line order;
+    ``line_deal``: line order, unsorted), each tile's heads in a row, dealt serpentine over ``num_ctas`` CTAs."""
     heads, m = config.num_kv_heads, config.num_ctas
     cost = np.asarray(cost)
-    # cost = kv tiles * kv_tile + overhead: ordering by it is ordering by kv tiles, which the device caps
-    order = np.argsort(-np.minimum(cost, SORT_TILE_CAP * config.kv_tile + config.item_overhead_keys), kind="stable")
+    if config.line_deal:
+        order = np.arange(cost.size)
+    else:  # cost = kv tiles * kv_tile + overhead: ordering by it is ordering by kv tiles, which the device caps
+        order = np.argsort(-np.minimum(cost, SORT_TILE_CAP * config.kv_tile + config.item_overhead_keys),
+                           kind="stable")
     position = np.arange(order.size * heads)
     lap, offset = position // m, position % m
     return order[position // heads], np.where(lap % 2 == 0, offset, m - 1 - offset)
@@ -196,11 +199,13 @@ def line_cuts(config: PlanConfig, kv_end, cost):
     return cut_tile, cut_key, width, whole_tiles
 
 
-def deal_bound(width: int, cut_max: int, whole_tiles: bool) -> int | None:
+def deal_bound(width: int, cut_max: int, whole_tiles: bool, line_deal: bool = False) -> int | None:
     """The busiest CTA a sorted deal may have to replace the cuts, or None when the deal is not tried: split cuts
     give way to a deal no worse than them or than the whole-tile rule's ``W + W / 2**WHOLE_TILE_SHIFT`` (no merges
     runs faster than modelled); whole-tile cuts whose busiest CTA exceeds ``W + W / 2**DEAL_WHOLE_SHIFT`` only to a
-    strictly better one."""
+    strictly better one. A line deal (``PlanConfig.line_deal``) replaces whole-tile cuts whenever it is no worse."""
+    if whole_tiles and line_deal:
+        return cut_max
     if not whole_tiles:
         return max(cut_max, width + (width >> WHOLE_TILE_SHIFT))
     if cut_max > width + (width >> DEAL_WHOLE_SHIFT):
@@ -233,8 +238,9 @@ def partition_plan(config: PlanConfig, q_lens, kv_lens, *, kv_page_start=None, t
 
     req, row_start, row_count, kv_end, offset, cost = q_tiles(config, q_lens, kv_lens, faulted)
     cut_tile, cut_key, width, whole_tiles = line_cuts(config, kv_end, cost)
-    if config.sorted_deal and config.allow_split and 0 < req.size <= SORTED_DEAL_MAX_Q_TILES:
-        bound = deal_bound(width, int(cut_loads(config, cost, cut_tile, cut_key).max()), whole_tiles)
+    if (config.sorted_deal or config.line_deal) and config.allow_split and 0 < req.size <= SORTED_DEAL_MAX_Q_TILES:
+        bound = deal_bound(width, int(cut_loads(config, cost, cut_tile, cut_key).max()), whole_tiles,
+                           config.line_deal)
         if bound is not None:
             dealt_tile, dealt_cta = sorted_deal(config, cost)
             loads = np.bincount(dealt_cta, weights=cost[dealt_tile], minlength=m).astype(np.int64)

@@ -158,3 +158,20 @@ def test_fast_sort_build_sorts_int32_keys_unrolled(arch):
     assert len(re.findall(r"bar\.sync\s+0;|barrier\.sync\s+0;", fast)) >= 10 + 14
     assert len(re.findall(r"shfl\.sync\.bfly\.b32", compile_to_ptx(decode))) < shuffles
     assert f".target {arch}" in fast
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_line_deal_planner_builds_without_the_sort(arch):
+    """The small-page decode's line deal (``PlanConfig.line_deal``, off by default) deals the line order: its build
+    reads the deal's keys but runs no bitonic sort (no shuffle butterflies beyond the reductions' 5 + 4 a round)."""
+    line = dataclasses.replace(_decode_planner(arch), page_size=1, line_deal=True)
+    plain = dataclasses.replace(_decode_planner(arch), page_size=1)
+    sorted_build = dataclasses.replace(_decode_planner(arch), page_size=1, sorted_deal=True)
+    counts = {}
+    for name, cfg in (("line", line), ("plain", plain), ("sorted", sorted_build)):
+        ptx = compile_to_ptx(cfg)
+        assert f".target {arch}" in ptx
+        counts[name] = ptx.count("shfl.sync.bfly")
+    # the line deal adds the vote's pair reduction and the deal's max, never the sort's dozens of exchanges
+    assert counts["plain"] < counts["line"] < counts["sorted"], counts
+    assert device_planner.DevicePlannerConfig(arch=arch, sorted_deal=True, line_deal=True).can_implement()

@@ -121,6 +121,29 @@ def test_dealt_plans_equal_the_twin_and_the_default_call_the_reference(name):
     cute_attn.raise_on_device_error()
 
 
+@pytest.mark.parametrize("kv_lens", [[2048] * 64, [2048] * 7 + [5, 0, 3000], [70, 9000, 1, 3232]], ids=str)
+@pytest.mark.parametrize("heads, kv_heads", [(20, 4), (24, 8)])
+def test_line_deal_lists_equal_the_twin_and_the_call_the_reference(kv_lens, heads, kv_heads):
+    """Small-page decode's line deal (``ops/gqa_decode.LINE_DEAL_PAGE_SIZES``, off by default): the device lists equal
+    the twin's (dealt or not), and the device-planned call matches the reference."""
+    from cute_attn.ops import gqa_decode
+
+    with gqa_decode.line_deal_policy((1,)):
+        case = testing.make_gqa_decode_case(kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads, page_size=1,
+                                            device="cuda", seed=len(kv_lens) + heads)
+        plan = cute_attn.plan_gqa_paged_decode(*case.inputs(), on_device=True)
+        assert plan.config.plan_config(plan.work_indptr.shape[0] - 1).line_deal
+        _assert_twin(plan, list(range(len(kv_lens) + 1)), case.kv_indptr.tolist(), [1] * len(kv_lens), kv_lens,
+                     f"line deal {kv_lens}")
+        out, lse = case.new_outputs()
+        hostile.entry_for(case).run(*case.inputs(), out, lse)
+        torch.cuda.synchronize()
+        ref_out, ref_lse = case.reference()
+        testing.assert_close_benchmark(out, ref_out, "line deal output")
+        testing.assert_close_benchmark(lse, ref_lse, "line deal lse")
+        cute_attn.raise_on_device_error()
+
+
 @pytest.mark.parametrize("batch, longest, scan_ctas, in_shared_memory", [
     (64, 8000, 2, True),  # ~8000 page ids: two scan CTAs, the last to arrive plans (acq_rel arrival counter)
     (1500, 700, 4, False),  # past SMEM_REQUESTS: the planning CTA's arrays live in the global scratch

@@ -33,7 +33,8 @@ def plan_configs(draw, causal=None):
         tile_q_rows=draw(st.sampled_from([4, 8, 16])), kv_tile=draw(st.sampled_from([2, 4, 8])),
         num_ctas=draw(st.integers(1, 12)), item_overhead_keys=draw(st.sampled_from([0, 4, 16])),
         min_chunk_keys=draw(st.sampled_from([0, 0, 8, 64])), zigzag=draw(st.booleans()),
-        sorted_deal=draw(st.booleans()),
+        **{"none": {}, "sorted": dict(sorted_deal=True), "line": dict(line_deal=True)}[
+            draw(st.sampled_from(["none", "sorted", "line"]))],
     )
 
 
@@ -395,7 +396,7 @@ def test_cut_loads_are_the_cut_plans_cta_costs(cfg, batch):
     from cute_attn.plan_partition import cut_loads, line_cuts, q_tiles
 
     q_lens, kv_lens = batch
-    cfg = dataclasses.replace(cfg, sorted_deal=False)
+    cfg = dataclasses.replace(cfg, sorted_deal=False, line_deal=False)
     tiles = q_tiles(cfg, q_lens, kv_lens)
     cut_tile, cut_key, _, _ = line_cuts(cfg, tiles.kv_end, tiles.cost)
     assert np.array_equal(cut_loads(cfg, tiles.cost, cut_tile, cut_key), partition_plan(cfg, q_lens, kv_lens).cta_cost)
@@ -409,7 +410,7 @@ def test_a_sorted_deal_is_never_worse_than_the_cuts_it_replaces(cfg, batch):
     from cute_attn.plan_partition import DEAL_WHOLE_SHIFT, WHOLE_TILE_SHIFT, cut_loads, line_cuts, piece_cost, q_tiles
 
     q_lens, kv_lens = batch
-    cfg = dataclasses.replace(cfg, sorted_deal=True)
+    cfg = dataclasses.replace(cfg, sorted_deal=True, line_deal=False)
     cuts = partition_plan(dataclasses.replace(cfg, sorted_deal=False), q_lens, kv_lens)
     plan = partition_plan(cfg, q_lens, kv_lens)
     tiles = q_tiles(cfg, q_lens, kv_lens)
@@ -431,6 +432,52 @@ def test_a_sorted_deal_is_never_worse_than_the_cuts_it_replaces(cfg, batch):
             rows = plan.items[plan.work_indptr[c]:plan.work_indptr[c + 1]]
             costs = piece_cost(cfg, rows[:, F.KV_END])
             assert (np.diff(costs) <= 0).all() and (rows[:, F.KV_START] == 0).all()
+
+
+@given(cfg=plan_configs(causal=False), batch=testing.ragged_batches(max_batch=12, max_q=1, max_kv=2000))
+def test_a_line_deal_is_never_worse_than_the_cuts_it_replaces(cfg, batch):
+    """The line deal (small-page decode) keeps the line order, deals it serpentine, and replaces the cuts only when its
+    busiest CTA is no worse: whole-tile cuts' busiest, or split cuts' busiest or W + W/8."""
+    from cute_attn.plan_partition import WHOLE_TILE_SHIFT, line_cuts, q_tiles
+
+    q_lens, kv_lens = batch
+    cfg = dataclasses.replace(cfg, sorted_deal=False, line_deal=True)
+    cuts = partition_plan(dataclasses.replace(cfg, line_deal=False), q_lens, kv_lens)
+    plan = partition_plan(cfg, q_lens, kv_lens)
+    tiles = q_tiles(cfg, q_lens, kv_lens)
+    _, _, width, whole = line_cuts(cfg, tiles.kv_end, tiles.cost)
+    dealt = plan.num_items != cuts.num_items or not np.array_equal(plan.items[:plan.num_items],
+                                                                   cuts.items[:cuts.num_items])
+    if not dealt:
+        return
+    assert cfg.allow_split and plan.num_merges == 0
+    bound = cuts.cta_cost.max() if whole else max(cuts.cta_cost.max(), width + (width >> WHOLE_TILE_SHIFT))
+    assert plan.cta_cost.max() <= bound
+    heads = cfg.num_kv_heads
+    for c in range(cfg.num_ctas):  # lap k of CTA c is line position k * m + (c or m - 1 - c): line order kept
+        rows = plan.items[plan.work_indptr[c]:plan.work_indptr[c + 1]]
+        line = rows[:, F.REQUEST] * heads + rows[:, F.KV_HEAD]  # decode: one q tile a request
+        assert (np.diff(line) > 0).all()
+
+
+def test_the_line_deal_runs_a_requests_kv_heads_together():
+    """Decode 64 x 2048 at page 1, h20/kv4 (256 whole tiles on 132 CTAs): the cuts give a CTA one request's heads in
+    turn; the line deal puts every request's four heads in the same lap, on neighbouring CTAs, no CTA busier."""
+    from cute_attn.config import default_paged_config
+
+    config = default_paged_config("gqa_paged_decode", arch="sm_90a", num_qo_heads=20, num_kv_heads=4, head_dim_qk=128,
+                                  head_dim_v=128, page_size=1, causal=False)
+    pc = dataclasses.replace(config.plan_config(132), line_deal=True)
+    cuts = partition_plan(dataclasses.replace(pc, line_deal=False), [1] * 64, [2048] * 64)
+    plan = partition_plan(pc, [1] * 64, [2048] * 64)
+    assert plan.cta_cost.max() <= cuts.cta_cost.max() and plan.num_merges == 0
+    lap_of = {}
+    for c in range(132):
+        for lap, row in enumerate(plan.items[plan.work_indptr[c]:plan.work_indptr[c + 1]]):
+            lap_of.setdefault(int(row[F.REQUEST]), set()).add(lap)
+    assert len(lap_of) == 64 and all(len(laps) == 1 for laps in lap_of.values())
+    first = {int(r[F.REQUEST]) for c in range(0, 132, 2) for r in cuts.items[cuts.work_indptr[c]:cuts.work_indptr[c + 1]]}
+    assert len(first) > 32  # the cuts: each CTA's items are one request's heads, so a lap spans twice the requests
 
 
 def test_whole_tile_cuts_that_snap_unevenly_are_dealt():
@@ -481,3 +528,20 @@ def test_sorted_deal_orders_by_kv_tiles_capped_as_the_device_keys_hold_them():
     cost = np.array([(SORT_TILE_CAP + 5) * 64 + 128, (SORT_TILE_CAP + 9) * 64 + 128, 3 * 64 + 128, 7 * 64 + 128])
     order, _ = sorted_deal(cfg, cost)
     assert order.tolist() == [0, 1, 3, 2]
+
+
+def test_line_deal_policy_reaches_the_decode_plan_config_only_inside_the_block():
+    from cute_attn.config import default_paged_config
+    from cute_attn.ops import gqa_decode
+
+    def config(page_size, kind="gqa_paged_decode", causal=False):
+        return default_paged_config(kind, arch="sm_90a", num_qo_heads=20, num_kv_heads=4, head_dim_qk=128,
+                                    head_dim_v=128, page_size=page_size, causal=causal)
+
+    assert gqa_decode.LINE_DEAL_PAGE_SIZES == ()  # off until measured on a GPU
+    assert not config(1).plan_config(132).line_deal
+    with gqa_decode.line_deal_policy((1, 2)):
+        assert config(1).plan_config(132).line_deal and config(2).plan_config(132).line_deal
+        assert not config(64).plan_config(132).line_deal
+        assert not config(1, "gqa_paged_prefill", True).plan_config(132).line_deal
+    assert not config(1).plan_config(132).line_deal

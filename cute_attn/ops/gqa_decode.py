@@ -5,12 +5,38 @@ The FlashInfer-Bench definition ``gqa_paged_decode_h20_kv4_d128_ps64`` (Qwen3-14
 
 from __future__ import annotations
 
+import contextlib
+
 from .. import reference, testing, validate
 from ..api import DevicePlan, plan_for, run
 from ..config import gqa_shape_reason
 from . import OpSpec
 
 ARG_NAMES = ("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "kv_last_page_len", "sm_scale", "output", "lse")
+#: page sizes whose device plans deal whole tiles in line order when no worse than the contiguous cuts
+#: (``PlanConfig.line_deal``). Why: on the H200 (session 15, one process) page-1 decode device-planned ran 4-8% behind
+#: the host plan of the same tiles, page 64 within 1% (64 x 2048: h20/kv4 84.5 against 79.1 us at page 1, 75.6 against
+#: 75.8 at page 64; h24/kv8 156.4 / 144.8 and 138.6 / 136.9); the plans differ only in which tiles run together (the
+#: cuts give a CTA one request's KV heads in turn, the host LPT puts a request's heads on neighbouring CTAs at once,
+#: so a page-1 row's 1 KB is read in one go). Built in session 15, not run on a GPU: empty (off) until the
+#: device-planner tier and an A/B (``tools/ab_line_deal.py``) say so; candidate ``(1, 2, 4)``
+LINE_DEAL_PAGE_SIZES: tuple[int, ...] = ()
+
+
+@contextlib.contextmanager
+def line_deal_policy(page_sizes):
+    """Inside the block device plans of decode at ``page_sizes`` take the line deal whatever
+    ``LINE_DEAL_PAGE_SIZES`` says (the GPU tier, the A/B); the plan caches are cleared on the way in and out."""
+    from .. import api
+
+    global LINE_DEAL_PAGE_SIZES
+    saved, LINE_DEAL_PAGE_SIZES = LINE_DEAL_PAGE_SIZES, tuple(page_sizes)
+    api.clear_plan_cache()
+    try:
+        yield
+    finally:
+        LINE_DEAL_PAGE_SIZES = saved
+        api.clear_plan_cache()
 
 
 def check(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output=None, lse=None, *,

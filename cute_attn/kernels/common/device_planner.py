@@ -37,7 +37,8 @@ Roles / phases (:func:`scan_ctas` x 512 threads, arch-neutral SIMT code: the sam
                 longest tile; when a deal can win, a bitonic sort of the q tiles' (cost, index) keys held in
                 registers (a shuffle a stage under a warp's stride, a shared-memory exchange above), each CTA's
                 serpentine load over its laps, and the deal replaces the cuts when its busiest CTA is no worse
-                (``plan_partition``'s rule; ``sorted_deal.py``).
+                (``plan_partition``'s rule; ``sorted_deal.py``). *line deal* (``line_deal``, small-page decode,
+                off by default): the same deal over the line order, unsorted, when no worse than the cuts.
                 *lists*: merges (runs of cuts inside one tile; block prefix sums give merge ids and partial slot
                 bases), ``work_indptr`` (prefix sum of items per CTA), ``merge_indptr``/``merges``, then one
                 thread per item builds its 10 fields in shared memory and the CTA stores each 512-item chunk as
@@ -103,6 +104,7 @@ class DevicePlannerConfig(KernelConfig):
     allow_split: bool = True
     zigzag: bool = False  # PlanConfig.zigzag: a causal request's q tiles short, long, short... on the line
     sorted_deal: bool = False  # PlanConfig.sorted_deal: longest-first q tiles dealt serpentine when cuts split
+    line_deal: bool = False  # PlanConfig.line_deal: whole tiles dealt serpentine in line order when no worse
     num_qo_heads: int = 20
     head_dim_v: int = 128
     #: a development build: the planning CTA writes clock64 stamps of its phase boundaries to the last
@@ -116,7 +118,8 @@ class DevicePlannerConfig(KernelConfig):
             rows_per_tile=plan_config.tile_q_rows, kv_tile=plan_config.kv_tile, page_size=plan_config.page_size,
             causal=plan_config.causal, has_qo_indptr=has_qo_indptr, item_overhead_keys=plan_config.item_overhead_keys,
             min_chunk_keys=plan_config.min_chunk_keys, allow_split=plan_config.allow_split,
-            zigzag=plan_config.zigzag, sorted_deal=plan_config.sorted_deal, num_qo_heads=plan_config.num_qo_heads,
+            zigzag=plan_config.zigzag, sorted_deal=plan_config.sorted_deal, line_deal=plan_config.line_deal,
+            num_qo_heads=plan_config.num_qo_heads,
             head_dim_v=head_dim_v)
 
     def plan_config(self, num_ctas: int) -> PlanConfig:
@@ -124,7 +127,7 @@ class DevicePlannerConfig(KernelConfig):
                           tile_q_rows=self.rows_per_tile, kv_tile=self.kv_tile, num_ctas=num_ctas,
                           item_overhead_keys=self.item_overhead_keys, allow_split=self.allow_split,
                           min_chunk_keys=self.min_chunk_keys, page_size=self.page_size, zigzag=self.zigzag,
-                          sorted_deal=self.sorted_deal)
+                          sorted_deal=self.sorted_deal, line_deal=self.line_deal)
 
     def can_implement(self) -> str | None:
         if (reason := super().can_implement()) is not None:
@@ -139,6 +142,8 @@ class DevicePlannerConfig(KernelConfig):
             return f"rows_per_tile={self.rows_per_tile} must hold whole tokens of group {self.group_size}"
         if self.item_overhead_keys < 0 or self.min_chunk_keys < 0:
             return "item_overhead_keys and min_chunk_keys must be >= 0"
+        if self.sorted_deal and self.line_deal:
+            return "sorted_deal and line_deal are exclusive"
         return None
 
 
@@ -157,6 +162,7 @@ def _record(error_word: cute.Tensor, bits, request):
 class DevicePlanner:
     def __init__(self, config: DevicePlannerConfig):
         self.c = config
+        self.deals = (config.sorted_deal or config.line_deal) and config.allow_split  # a deal may replace the cuts
         self.min_width = min_width(config.plan_config(1))
 
     def __repr__(self) -> str:
@@ -212,7 +218,7 @@ class DevicePlanner:
         stage = smem.allocate_tensor(Int32, cute.make_layout((NUM_THREADS, len(ItemField)), stride=(len(ItemField), 1)),
                                      byte_alignment=16)  # item rows on their way to a coalesced store
         sort_keys = None  # the sorted deal's (cost, q tile) keys: the sorted ones, then the sort's second buffer
-        if cutlass.const_expr(self.c.sorted_deal and self.c.allow_split):
+        if cutlass.const_expr(self.deals):
             sort_keys = smem.allocate_tensor(Int64, cute.make_layout(2 * SORTED_DEAL_MAX_Q_TILES), byte_alignment=16)
 
         batch = kv_indptr.shape[0] - 1
@@ -513,7 +519,7 @@ class DevicePlanner:
                 nxt = (Int64(stage[edge + 1, 1]) << 32) | (Int64(stage[edge + 1, 0]) & Int64(0xFFFFFFFF))
                 here = (Int64(stage[edge, 1]) << 32) | (Int64(stage[edge, 0]) & Int64(0xFFFFFFFF))
                 snap_load = nxt - here
-            if cutlass.const_expr(c.sorted_deal):
+            if cutlass.const_expr(self.deals):
                 # the busiest whole-tile CTA and the longest tile in one barrier round: the deal's bound needs both,
                 # and whole-tile cuts within W + W / 2**DEAL_WHOLE_SHIFT then skip it without another reduction
                 for j in range(tidx, num_q_tiles, NUM_THREADS):
@@ -531,7 +537,7 @@ class DevicePlanner:
         self.stamp(trace, 5, tidx)
         deal = Int32(0)  # 1: the sorted deal replaces the cuts
         deal_count = Int32(0)  # this thread's CTA's items in the deal
-        if cutlass.const_expr(c.sorted_deal and c.allow_split):
+        if cutlass.const_expr(self.deals):
             deal, deal_count = sorted_deal(c, tidx, split, snap_max, longest, q_tiles, q_tile_start, cut_tile, cut_key,
                                            sort_keys, warp_sums, num_q_tiles, num_ctas, width, total_cost)
         self.stamp(trace, 7, tidx)

@@ -62,7 +62,9 @@ def sorted_deal(c: cutlass.Constexpr, tidx, split, snap_max, longest, q_tiles, q
     # plan_partition.deal_bound: split cuts give way to a deal no worse than them or than the whole-tile rule;
     # whole-tile cuts above W + W / 2**DEAL_WHOLE_SHIFT only to a strictly better one, the others are kept
     bound = snap_max - 1
-    if snap_max <= width + (width >> DEAL_WHOLE_SHIFT):
+    if cutlass.const_expr(c.line_deal):
+        bound = snap_max  # a line deal replaces whole-tile cuts whenever it is no worse
+    elif snap_max <= width + (width >> DEAL_WHOLE_SHIFT):
         bound = Int64(-1)
     if split != 0:  # uniform: each CTA's load under the split cuts, one reduction
         cut_load = Int64(0)
@@ -74,13 +76,20 @@ def sorted_deal(c: cutlass.Constexpr, tidx, split, snap_max, longest, q_tiles, q
         bound = cutlass.max(block_max(cut_load, tidx, warp_sums), width + (width >> WHOLE_TILE_SHIFT))
     # the deal's busiest CTA holds the longest tile: past the bound it cannot win, so skip the sort (uniform)
     if num_q_tiles <= SORTED_DEAL_MAX_Q_TILES and longest <= bound:
-        keys32 = cute.make_rmem_tensor((KEYS_PER_THREAD,), Int32)
-        for r in cutlass.range_constexpr(KEYS_PER_THREAD):
-            keys32[r] = Int32(FAST_PADDING_KEY)
-            i = tidx + r * NUM_THREADS
-            if i < num_q_tiles:
-                keys32[r] = fast_sort_key(c, q_tiles[i, 3], i)
-        fast_sort(c, keys32, num_q_tiles, tidx, q_tiles, sort_keys)
+        if cutlass.const_expr(c.line_deal):  # line order: the keys as they stand, no sort
+            for r in cutlass.range_constexpr(KEYS_PER_THREAD):
+                i = tidx + r * NUM_THREADS
+                if i < num_q_tiles:
+                    sort_keys[i] = sort_key(tile_cost(c, q_tiles[i, 3]), i)
+            cute.arch.sync_threads()
+        else:
+            keys32 = cute.make_rmem_tensor((KEYS_PER_THREAD,), Int32)
+            for r in cutlass.range_constexpr(KEYS_PER_THREAD):
+                keys32[r] = Int32(FAST_PADDING_KEY)
+                i = tidx + r * NUM_THREADS
+                if i < num_q_tiles:
+                    keys32[r] = fast_sort_key(c, q_tiles[i, 3], i)
+            fast_sort(c, keys32, num_q_tiles, tidx, q_tiles, sort_keys)
         load = Int64(0)
         if tidx < num_ctas:
             lap = Int32(0)
