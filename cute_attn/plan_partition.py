@@ -58,7 +58,8 @@ import numpy as np
 
 from .plan import NOT_CAUSAL_OFFSET, ItemField, MergeField, PlanCapacity, PlanConfig, WorkPlan
 
-__all__ = ["DEAL_WHOLE_SHIFT", "SNAP_SHIFT", "SORTED_DEAL_MAX_Q_TILES", "WHOLE_TILE_SHIFT", "QTiles", "cut_loads", "min_width",
+__all__ = ["DEAL_WHOLE_SHIFT", "SNAP_SHIFT", "SORTED_DEAL_MAX_Q_TILES", "WHOLE_TILE_SHIFT", "QTiles", "cut_loads",
+           "deal_bound", "min_width",
            "line_cuts", "partition_plan", "piece_cost", "q_tiles", "sorted_deal"]
 
 SNAP_SHIFT = 5  # a cut within W / 2**SNAP_SHIFT of a tile edge snaps to it

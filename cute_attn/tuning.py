@@ -5,8 +5,8 @@
                         arch="sm_90a")
     rows.print_config_line()  # the entry to paste into default_paged_config
 
-Each variant is ``dataclasses.replace(api_config(kind, workload, arch), **knobs)`` (the config the API builds). A variant that
-``can_implement`` or its kernel's ``check_config`` refuses becomes a row with the reason; one that
+Each variant is ``dataclasses.replace(api_config(kind, workload, arch), **knobs)`` (the config the API builds). A
+variant that ``can_implement`` or its kernel's ``check_config`` refuses becomes a row with the reason; one that
 passes is compiled through ``cute_attn.compile`` and planned with ``plan_work``. On a GPU it is then
 launched on a NaN-poisoned case (``cute_attn.testing``), checked against the float32 reference by the
 benchmark's rule, and timed by ``timer`` (default: ``timing.ColdL2Timer``, the bench's timer: flushed

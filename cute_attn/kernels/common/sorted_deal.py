@@ -2,10 +2,11 @@
 
 Run by the planning CTA after its cuts, whose vote already reduced the busiest whole-tile CTA and the longest tile;
 where the cuts split, each CTA's cut load (one more reduction). Only when the cuts split tiles or their whole tiles
-leave a CTA above ``W + W / 2**DEAL_WHOLE_SHIFT`` (``plan_partition.deal_bound``), and the deal can win, a bitonic sort of the q tiles' Int32 (capped kv tiles,
-index) keys over a fixed 512 or 1024 keys, up to two a thread in registers, every stage unrolled: those under a
-warp's stride by shuffles, the others through shared memory (:func:`fast_sort`); then each CTA's serpentine load over
-its laps. ``c`` is the :class:`DevicePlannerConfig` (a compile-time constant). The sort is 5.0 k cycles at the MLA
+leave a CTA above ``W + W / 2**DEAL_WHOLE_SHIFT`` (``plan_partition.deal_bound``), and the deal can win, a bitonic
+sort of the q tiles' Int32 (capped kv tiles, index) keys over a fixed 512 or 1024 keys, up to two a thread in
+registers, every stage unrolled: those under a warp's stride by shuffles, the others through shared memory
+(:func:`fast_sort`); then each CTA's serpentine load over its laps. The line deal (``line_deal``, small-page decode)
+takes the keys in line order, unsorted. ``c`` is the :class:`DevicePlannerConfig` (a compile-time constant). The sort is 5.0 k cycles at the MLA
 seed's 500 q tiles on the H200 (session 14; a runtime-sized Int64 sort before it: 14.4 k).
 """
 
