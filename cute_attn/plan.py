@@ -116,6 +116,13 @@ class PlanConfig:
     #: page-1 row's KV heads (one 1 KB row of the cache) are read together. Off unless
     #: ``ops/gqa_decode.LINE_DEAL_PAGE_SIZES`` names the page size (built in session 15, not run on a GPU yet)
     line_deal: bool = False
+    #: host plans (``plan_work``) take the device twin's plan (``plan_partition``) when its modelled busiest CTA is
+    #: strictly lower than the LPT's: its line cuts split long requests where they fall, the LPT's candidates cut every
+    #: request at one cap. H200 (sessions 14-15, one process, the twin measured as the device-planned call): MLA decode
+    #: ragged 64 x 1..32768 8320 against 9600 modelled, 302.4 against 341.1 us; 64 x 8192 4224 / 4352, 163.5 / 165.9;
+    #: where the two tie in the model the LPT was as fast or faster (MLA prefill seed 34.0 / 39.4, decode 1 x 3232
+    #: 10.2 / 13.1), so ties keep it
+    host_twin: bool = True
 
     def __post_init__(self):
         if self.line_deal and self.sorted_deal:
@@ -391,12 +398,13 @@ def plan_work(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity | None
         raise ValueError("q_lens and kv_lens must be >= 0")
     if capacity is None:
         capacity = PlanCapacity.for_limits(config, max_batch=q_lens.size, max_total_q=int(q_lens.sum()))
-    if config.host_deal and config.sorted_deal:
-        from .plan_partition import partition_plan  # plan_partition imports this module
+    twin = None  # the device twin's plan: taken when it deals (host_deal) or is modelled better (host_twin)
+    if (config.host_deal and config.sorted_deal) or config.host_twin:
+        from .plan_partition import partition  # plan_partition imports this module
 
-        dealt = partition_plan(config, q_lens, kv_lens, capacity=capacity, deal_only=True)
-        if dealt is not None:
-            return dealt
+        twin, dealt = partition(config, q_lens, kv_lens, capacity=capacity)
+        if dealt and config.host_deal:
+            return twin
     m = config.num_ctas
     tiles = _tiles(config, q_lens, kv_lens)
 
@@ -420,6 +428,8 @@ def plan_work(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity | None
     token_start = np.cumsum(q_lens) - q_lens
     plan = _assemble(config, capacity, tiles, token_start, best)
     _fill_page_starts(config, kv_lens, plan)
+    if config.host_twin and tiles.count and twin.cta_cost.max() < plan.cta_cost.max():
+        return twin
     return plan
 
 

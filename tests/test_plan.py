@@ -333,7 +333,40 @@ def textbook_lpt(costs, num_ctas, exact):
 
 @given(cfg=plan_configs(), batch=testing.ragged_batches(max_batch=12, max_q=64, max_kv=2000, kv_at_least_q=False))
 def test_items_are_cta_major_longest_first_and_cta_cost_adds_up(cfg, batch):
-    assert_schedule_is_cta_major_and_longest_first(plan_work(cfg, *batch))
+    # the LPT's own schedule (host_twin may hand the twin's cuts back instead: tested below)
+    lpt = dataclasses.replace(cfg, host_twin=False, host_deal=False)
+    assert_schedule_is_cta_major_and_longest_first(plan_work(lpt, *batch))
+
+
+@given(cfg=plan_configs(), batch=testing.ragged_batches(max_batch=12, max_q=64, max_kv=2000, kv_at_least_q=False))
+def test_host_plans_take_the_twin_only_when_it_models_better(cfg, batch):
+    """``host_twin``: the host plan is the LPT's unless the device twin's busiest CTA is strictly lower (ties keep the
+    LPT, which measured as fast or faster where they tie); with ``host_deal`` a dealt twin is taken as it is."""
+    from cute_attn.plan_partition import partition
+
+    q_lens, kv_lens = batch
+    cfg = dataclasses.replace(cfg, host_twin=True, host_deal=False)
+    lpt = plan_work(dataclasses.replace(cfg, host_twin=False), q_lens, kv_lens)
+    twin, _ = partition(cfg, q_lens, kv_lens)
+    plan = plan_work(cfg, q_lens, kv_lens)
+    expected = twin if twin.cta_cost.max() < lpt.cta_cost.max() and sum(q_lens) else lpt
+    assert np.array_equal(plan.items, expected.items) and np.array_equal(plan.work_indptr, expected.work_indptr)
+    assert plan.cta_cost.max() == min(lpt.cta_cost.max(), twin.cta_cost.max()) or not sum(q_lens)
+
+
+def test_mla_decode_host_plans_take_the_twins_cuts_where_the_lpt_cuts_evenly():
+    """MLA decode 64 x 8192 (one-token tiles): the LPT cuts every request at one cap, 4 chunks on 2 chunks a CTA
+    (busiest 4352); the twin's line cuts give 132 CTAs a near-equal stretch (4224), which the H200 ran faster."""
+    from cute_attn.config import default_paged_config
+    from cute_attn.ops.mla_decode import ONE_TOKEN_SPEC
+
+    config = default_paged_config("mla_paged_prefill", arch="sm_90a", num_qo_heads=16, num_kv_heads=1,
+                                  head_dim_qk=576, head_dim_v=512, page_size=64, causal=True, spec=ONE_TOKEN_SPEC)
+    pc = config.plan_config(132)
+    assert pc.host_twin
+    lpt = plan_work(dataclasses.replace(pc, host_twin=False), [1] * 64, [8192] * 64)
+    plan = plan_work(pc, [1] * 64, [8192] * 64)
+    assert lpt.cta_cost.max() == 4352 and plan.cta_cost.max() == 4224 and plan.num_ctas == 132
 
 
 @given(max_len=st.sampled_from([100, 5000, 10**6, 2**50]), data=st.data(), num_ctas=st.integers(1, 300),
