@@ -402,7 +402,10 @@ def plan_work(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity | None
     if (config.host_deal and config.sorted_deal) or config.host_twin:
         from .plan_partition import partition  # plan_partition imports this module
 
-        twin, dealt = partition(config, q_lens, kv_lens, capacity=capacity)
+        try:
+            twin, dealt = partition(config, q_lens, kv_lens, capacity=capacity)
+        except ValueError:  # a caller's capacity sized for the LPT alone: keep it
+            twin, dealt = None, False
         if dealt and config.host_deal:
             return twin
     m = config.num_ctas
@@ -428,7 +431,7 @@ def plan_work(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity | None
     token_start = np.cumsum(q_lens) - q_lens
     plan = _assemble(config, capacity, tiles, token_start, best)
     _fill_page_starts(config, kv_lens, plan)
-    if config.host_twin and tiles.count and twin.cta_cost.max() < plan.cta_cost.max():
+    if config.host_twin and tiles.count and twin is not None and twin.cta_cost.max() < plan.cta_cost.max():
         return twin
     return plan
 
