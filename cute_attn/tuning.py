@@ -352,10 +352,9 @@ def api_config(kind: str, workload: Workload, arch: str) -> PagedAttentionConfig
     spec = get_spec(kind)
     if kind == "mla_paged_prefill" and all(q == 1 for q in workload.q_lens):
         spec = ONE_TOKEN_SPEC
-    pages = sum(-(-kv // workload.page_size) for kv in workload.kv_lens)
-    problem = PagedProblem(len(workload.q_lens), sum(workload.q_lens), workload.num_qo_heads, workload.num_kv_heads,
-                           workload.head_dim_qk, workload.head_dim_v, workload.page_size, max(pages, 1),
-                           torch.device("cpu"), num_kv_slots=pages * workload.page_size)
+    problem = PagedProblem.for_lengths(
+        workload.q_lens, workload.kv_lens, num_qo_heads=workload.num_qo_heads, num_kv_heads=workload.num_kv_heads,
+        head_dim_qk=workload.head_dim_qk, head_dim_v=workload.head_dim_v, page_size=workload.page_size)
     return api._make_config(spec, problem, arch)
 
 

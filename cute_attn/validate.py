@@ -53,6 +53,15 @@ class PagedProblem:
     def group_size(self) -> int:
         return self.num_qo_heads // self.num_kv_heads
 
+    @staticmethod
+    def for_lengths(q_lens, kv_lens, *, num_qo_heads: int, num_kv_heads: int, head_dim_qk: int, head_dim_v: int,
+                    page_size: int, **_) -> "PagedProblem":
+        """The problem of a batch given by its lengths (tools, tuning): a pool of exactly the pages it needs, on
+        the CPU; other layout keys (``causal``) are ignored."""
+        pages = sum(-(-int(kv) // page_size) for kv in kv_lens)
+        return PagedProblem(len(q_lens), int(sum(q_lens)), num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v,
+                            page_size, max(pages, 1), torch.device("cpu"), num_kv_slots=pages * page_size)
+
 
 @dataclass(frozen=True)
 class HostIndices:

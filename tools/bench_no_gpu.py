@@ -68,8 +68,6 @@ def attention_config(kernel: str, arch: str, workload: Optional[bw.Workload] = N
     """The config the API builds for ``kernel`` (a definition name) at ``arch``; with ``workload``, as the API
     builds it for that batch: the spec's shape-driven knobs (``OpSpec.workload_tiles``, e.g. MLA prefill's consumer
     split by item length) and, for MLA decode with one query a request, the decode entry's one-token tiles."""
-    import torch
-
     from cute_attn import api
     from cute_attn.config import default_paged_config
     from cute_attn.ops import get_spec
@@ -82,12 +80,7 @@ def attention_config(kernel: str, arch: str, workload: Optional[bw.Workload] = N
     spec = get_spec(kind)
     if bw.op_of(kernel) == "mla_decode" and all(q == 1 for q in workload.q_lens):
         spec = ONE_TOKEN_SPEC  # ops/mla_decode.py: one query per request takes the entry's own tiles
-    page_size = problem["page_size"]
-    pages = sum(-(-kv // page_size) for kv in workload.kv_lens)
-    shape = PagedProblem(len(workload.q_lens), sum(workload.q_lens), problem["num_qo_heads"], problem["num_kv_heads"],
-                         problem["head_dim_qk"], problem["head_dim_v"], page_size, max(pages, 1),
-                         torch.device("cpu"), num_kv_slots=pages * page_size)
-    return api._make_config(spec, shape, arch)
+    return api._make_config(spec, PagedProblem.for_lengths(workload.q_lens, workload.kv_lens, **problem), arch)
 
 
 def plan_workload(w: bw.Workload, arch: str, iters: int = 5) -> Dict:
