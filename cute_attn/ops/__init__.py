@@ -19,9 +19,29 @@ per request (it builds the ``qo_indptr`` and calls ``api.run`` with the MLA pref
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+@contextlib.contextmanager
+def policy(namespace: dict, **values):
+    """A spec module's policy globals (``namespace``: its ``globals()``) set to ``values`` inside the block; the
+    per-shape config and plan caches are cleared on the way in and out, so nothing built under the other policy is
+    reused (A/Bs, the GPU tiers' fixtures, sanitizer cases)."""
+    from .. import api
+
+    saved = {name: namespace[name] for name in values}
+    namespace.update(values)
+    api._config_for.cache_clear()
+    api.clear_plan_cache()
+    try:
+        yield
+    finally:
+        namespace.update(saved)
+        api._config_for.cache_clear()
+        api.clear_plan_cache()
+
 
 #: spec modules, in the order kinds are listed (a new kind adds its module here)
 SPEC_MODULES = ("gqa_prefill", "gqa_decode", "mla_prefill", "gqa_multi_token_decode")

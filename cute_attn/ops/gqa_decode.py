@@ -10,7 +10,7 @@ import contextlib
 from .. import reference, testing, validate
 from ..api import DevicePlan, plan_for, run
 from ..config import gqa_shape_reason
-from . import OpSpec
+from . import OpSpec, policy
 
 ARG_NAMES = ("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "kv_last_page_len", "sm_scale", "output", "lse")
 #: page sizes whose device plans deal whole tiles in line order when no worse than the contiguous cuts
@@ -26,17 +26,9 @@ LINE_DEAL_PAGE_SIZES: tuple[int, ...] = ()
 @contextlib.contextmanager
 def line_deal_policy(page_sizes):
     """Inside the block device plans of decode at ``page_sizes`` take the line deal whatever
-    ``LINE_DEAL_PAGE_SIZES`` says (the GPU tier, the A/B); the plan caches are cleared on the way in and out."""
-    from .. import api
-
-    global LINE_DEAL_PAGE_SIZES
-    saved, LINE_DEAL_PAGE_SIZES = LINE_DEAL_PAGE_SIZES, tuple(page_sizes)
-    api.clear_plan_cache()
-    try:
+    ``LINE_DEAL_PAGE_SIZES`` says (the GPU tier, the A/B)."""
+    with policy(globals(), LINE_DEAL_PAGE_SIZES=tuple(page_sizes)):
         yield
-    finally:
-        LINE_DEAL_PAGE_SIZES = saved
-        api.clear_plan_cache()
 
 
 def check(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output=None, lse=None, *,

@@ -16,7 +16,7 @@ import torch
 
 from .. import reference, testing, validate
 from ..api import DevicePlan, plan_for, run
-from . import OpSpec
+from . import OpSpec, policy
 
 ARG_NAMES = ("q_nope", "q_pe", "ckv_cache", "kpe_cache", "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len",
              "sm_scale", "output", "lse")
@@ -172,32 +172,13 @@ def workload_tiles(config, problem) -> dict:
 
 
 @contextlib.contextmanager
-def _policy(**values):
-    """This module's policy globals set to ``values`` inside the block; the per-shape config and plan caches are
-    cleared on the way in and out, so no config built under the other policy is reused."""
-    from .. import api
-
-    names = globals()
-    saved = {name: names[name] for name in values}
-    names.update(values)
-    api._config_for.cache_clear()
-    api.clear_plan_cache()
-    try:
-        yield
-    finally:
-        names.update(saved)
-        api._config_for.cache_clear()
-        api.clear_plan_cache()
-
-
-@contextlib.contextmanager
 def consumer_split(name: str):
     """Inside the block every public MLA entry (prefill, decode, plan_*) builds the sm_90a split ``name`` whatever
     ``SM90_CONSUMERS`` and ``SM90_LONG_ITEM_CONSUMERS`` say, for every batch (A/Bs, the GPU tier's fixture, sanitizer
     cases)."""
     if name not in SM90_CONSUMER_SPLITS:
         raise ValueError(f"unknown consumer split {name!r}: one of {', '.join(SM90_CONSUMER_SPLITS)}")
-    with _policy(SM90_CONSUMERS=name, SM90_LONG_ITEM_CONSUMERS=name):
+    with policy(globals(), SM90_CONSUMERS=name, SM90_LONG_ITEM_CONSUMERS=name):
         yield name
 
 
@@ -215,7 +196,7 @@ def fused_merge_policy(enabled: bool):
     """Inside the block every public MLA entry (prefill, decode, plan_*) builds sm_90a configs with
     ``fused_merge=enabled`` whatever ``FUSED_MERGE`` says (the GPU tier and sanitizer cases of the fold before it is
     the default, A/Bs)."""
-    with _policy(FUSED_MERGE=bool(enabled)):
+    with policy(globals(), FUSED_MERGE=bool(enabled)):
         yield bool(enabled)
 
 
