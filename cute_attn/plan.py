@@ -114,7 +114,7 @@ class PlanConfig:
     #: minor) instead of contiguous cuts when the deal's busiest CTA is no worse. Contiguous cuts run a request's KV
     #: heads one after another on a CTA; the deal (like the host LPT) runs them at once on neighbouring CTAs, so a
     #: page-1 row's KV heads (one 1 KB row of the cache) are read together. Off unless
-    #: ``ops/gqa_decode.LINE_DEAL_PAGE_SIZES`` names the page size (built in session 15, not run on a GPU yet)
+    #: ``ops/gqa_decode.LINE_DEAL_PAGE_SIZES`` names the page size (page 1 since session 16, measured)
     line_deal: bool = False
     #: host plans (``plan_work``) take the device twin's plan (``plan_partition``) when its modelled busiest CTA is
     #: strictly lower than the LPT's: its line cuts split long requests where they fall, the LPT's candidates cut every

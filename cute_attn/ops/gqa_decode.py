@@ -14,13 +14,13 @@ from . import OpSpec, policy
 
 ARG_NAMES = ("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "kv_last_page_len", "sm_scale", "output", "lse")
 #: page sizes whose device plans deal whole tiles in line order when no worse than the contiguous cuts
-#: (``PlanConfig.line_deal``). Why: on the H200 (session 15, one process) page-1 decode device-planned ran 4-8% behind
-#: the host plan of the same tiles, page 64 within 1% (64 x 2048: h20/kv4 84.5 against 79.1 us at page 1, 75.6 against
-#: 75.8 at page 64; h24/kv8 156.4 / 144.8 and 138.6 / 136.9); the plans differ only in which tiles run together (the
-#: cuts give a CTA one request's KV heads in turn, the host LPT puts a request's heads on neighbouring CTAs at once,
-#: so a page-1 row's 1 KB is read in one go). Built in session 15, not run on a GPU: empty (off) until the
-#: device-planner tier and an A/B (``tools/ab_line_deal.py``) say so; candidate ``(1, 2, 4)``
-LINE_DEAL_PAGE_SIZES: tuple[int, ...] = ()
+#: (``PlanConfig.line_deal``). Why: the contiguous cuts give a CTA one request's KV heads in turn, the host LPT puts a
+#: request's heads on neighbouring CTAs at once, so a page-1 row's 1 KB is read in one go. Measured on the H200
+#: (session 16, ``tools/ab_line_deal.py``, one process, device-planned call without / with): page 1, 64 x 2048
+#: h20/kv4 82.5 -> 77.5 us (host plan 77.6), h24/kv8 153.0 -> 142.4, h32/kv16 279.5 -> 270.7; 128 x 4096 h20/kv4
+#: 279.0 -> 267.6, h24/kv8 525.2 -> 519.6, h32/kv16 1022.3 -> 1027.9; ragged 37 within 0.4 us. Page 64: within 1%
+#: (128 x 4096 0.6-0.9% faster, 64 x 2048 and ragged +-0.3%), so it stays on the cuts there.
+LINE_DEAL_PAGE_SIZES: tuple[int, ...] = (1,)
 
 
 @contextlib.contextmanager
