@@ -148,9 +148,10 @@ class PagedAttentionConfig(KernelConfig):
     #: sm_90a GQA kernels: K/V tiles as 16-byte cp.async rows (True) or as TMA page boxes (False); None: the
     #: kernel's page-size policy (its ``ROW_GATHER_PAGE_SIZES``). A knob for ``tuning.sweep`` A/Bs in one process
     row_gather: bool | None = None
-    #: MLA kernels (both arches): the last CTA to finish a split request folds its partials in-kernel (the GQA decode's
-    #: ``common/decode_merge.py``), so no combine launch follows. Correct on the H200 but slower (session 15): off by
-    #: default (``ops/mla_prefill.FUSED_MERGE`` says why)
+    #: MLA kernels (both arches) and the sm_90a GQA prefill kernel: the last CTA to finish a split item folds its
+    #: partials in-kernel (the GQA decode's ``common/decode_merge.py``), so no combine launch follows. MLA: correct on
+    #: the H200 but slower (session 15), off (``ops/mla_prefill.FUSED_MERGE`` says why); GQA prefill:
+    #: ``ops/gqa_prefill.FUSED_MERGE``
     fused_merge: bool = False
 
     @property
@@ -207,9 +208,11 @@ class PagedAttentionConfig(KernelConfig):
             return f"probe={self.probe!r}: measurement builds exist for the sm_90a MLA prefill kernel only"
         if self.row_segments is not None and self.arch != "sm_90a":
             return f"row_segments={self.row_segments}: a knob of the sm_90a cp.async row gathers only"
-        if self.fused_merge and self.kind != "mla_paged_prefill":
-            return ("fused_merge: a knob of the MLA kernels (the GQA decode kernels always fold their merges; the "
-                    "GQA prefill kernels take the combine launch)")
+        if self.fused_merge and self.kind not in ("mla_paged_prefill", "gqa_paged_prefill"):
+            return ("fused_merge: a knob of the MLA and GQA prefill kernels (the GQA decode kernels always fold their "
+                    "merges)")
+        if self.fused_merge and self.kind == "gqa_paged_prefill" and self.arch != "sm_90a":
+            return "fused_merge: built for the sm_90a GQA prefill kernel only (the sm_100a one takes the combine launch)"
         if self.tile_q_rows not in (8, 16, 64, 128):
             return (f"tile_q_rows={self.tile_q_rows} must be 64 or 128 (one or two MMA warpgroups of 64 rows), or 8 "
                     "or 16 (one query token's heads as the N of a swapped product: the MLA decode kernel)")

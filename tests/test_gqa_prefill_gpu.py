@@ -267,3 +267,46 @@ def test_head_dim_256_ragged_batches(shape, batch):
     q_lens, kv_lens = batch
     _check(_case(q_lens, kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads, head_dim=256, page_size=page_size,
                  seed=sum(kv_lens) % 977))
+
+
+# ---------------------------------------------------------------------------------------- fused merge
+FUSED_SHAPES = [(32, 4, 128, 64), (20, 4, 128, 1), (16, 2, 256, 16), (40, 10, 128, 64)]
+
+
+@pytest.mark.parametrize("on_device", [False, True], ids=["host_plan", "device_plan"])
+@pytest.mark.parametrize("heads, kv_heads, head_dim, page_size", FUSED_SHAPES, ids=str)
+def test_fused_merge_folds_split_items(on_device, heads, kv_heads, head_dim, page_size):
+    """``fused_merge`` (sm_90a; ``ops/gqa_prefill.fused_merge_policy``): the last CTA of each split item folds its
+    partials in-kernel, no combine launch. Two calls of one plan: the merge counters must be back at zero."""
+    import cute_attn
+    from cute_attn.ops.gqa_prefill import fused_merge_policy
+
+    with fused_merge_policy(True):
+        case = _case([1, 40, 0, 200, 2048, 3], [3000, 40, 5, 1500, 8192, 3], num_qo_heads=heads,
+                     num_kv_heads=kv_heads, head_dim=head_dim, page_size=page_size, seed=heads + page_size)
+        plan = cute_attn.plan_gqa_paged_prefill(*case.inputs(), on_device=on_device)
+        assert plan.config.fused_merge
+        if not on_device:
+            assert plan.plan.num_merges > 0  # the fold is what runs
+        ref_out, ref_lse = case.reference()
+        for call in range(2):
+            out, lse = case.new_outputs()
+            cute_attn.gqa_paged_prefill(*case.inputs(), out, lse, plan=plan)
+            torch.cuda.synchronize()
+            testing.assert_close_benchmark(out, ref_out, f"call {call} output")
+            testing.assert_close_benchmark(lse, ref_lse, f"call {call} lse")
+        assert int(plan.merge_counters.abs().sum()) == 0
+        cute_attn.raise_on_device_error()
+
+
+@settings(max_examples=6, deadline=None)
+@given(shape=st.sampled_from(FUSED_SHAPES), batch=testing.ragged_batches(max_batch=8, max_q=600, max_kv=6000))
+def test_fused_merge_drawn_batches_default_call(shape, batch):
+    """The default call (a device plan every call) with the fold, on drawn batches and shapes."""
+    from cute_attn.ops.gqa_prefill import fused_merge_policy
+
+    heads, kv_heads, head_dim, page_size = shape
+    q_lens, kv_lens = batch
+    with fused_merge_policy(True):
+        _check(_case(q_lens, kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+                     page_size=page_size, seed=sum(kv_lens) % 977))

@@ -55,10 +55,10 @@ def test_launch_matches_the_compiled_signature(kind, arch, monkeypatch):
         else:
             assert isinstance(got, float), f"argument {i}: {type(got).__name__} where a Float32 scalar goes"
     merged = [args for name, args in calls if name == "combine"]
-    fused = kind in FUSED_MERGE
+    fused = kind in FUSED_MERGE or device_plan.config.fused_merge
     assert len(merged) == (1 if device_plan.plan.num_merges and not fused else 0)
     if fused:
-        assert device_plan.plan.num_merges  # the decode case splits: the fused path is what runs
+        assert device_plan.plan.num_merges  # the case splits: the fused path is what runs
     handed = [a for a in args if isinstance(a, torch.Tensor)]
     assert any(a is device_plan.merge_counters for a in handed) == fused
     assert any(a is device_plan.merge_indptr for a in handed) == fused
@@ -97,17 +97,28 @@ def test_find_launcher_imports_a_kind_whose_module_is_not_loaded_yet():
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
 
 
-@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-def test_mla_fused_merge_passes_the_merge_table_and_skips_the_combine(arch, monkeypatch):
-    """``fused_merge`` on an MLA plan that splits: the kernel's ``call_fused`` entry gets ``merge_indptr,
+FUSED_CASES = {
+    ("mla_paged_prefill", "sm_90a"): (cute_attn.plan_mla_paged_prefill,
+                                      lambda: testing.make_mla_prefill_case([2, 3], [3000, 2000])),
+    ("mla_paged_prefill", "sm_100a"): (cute_attn.plan_mla_paged_prefill,
+                                       lambda: testing.make_mla_prefill_case([2, 3], [3000, 2000])),
+    ("gqa_paged_prefill", "sm_90a"): (cute_attn.plan_gqa_paged_prefill,
+                                      lambda: testing.make_gqa_prefill_case([2, 3], [3000, 2000])),
+}
+
+
+@pytest.mark.parametrize("kind, arch", sorted(FUSED_CASES))
+def test_fused_merge_passes_the_merge_table_and_skips_the_combine(kind, arch, monkeypatch):
+    """``fused_merge`` on a plan that splits: the kernel's ``call_fused`` entry gets ``merge_indptr,
     merge_counters`` right after ``items`` (one argument per fake compile argument), and no combine follows."""
     import dataclasses
 
-    case = testing.make_mla_prefill_case([2, 3], [3000, 2000])
-    device_plan = cute_attn.plan_mla_paged_prefill(*case.inputs(), arch=arch, num_sms=8)
-    assert device_plan.plan.num_merges and not device_plan.config.fused_merge
+    plan_fn, make_case = FUSED_CASES[(kind, arch)]
+    case = make_case()
+    device_plan = plan_fn(*case.inputs(), arch=arch, num_sms=8)
+    assert device_plan.plan.num_merges
     device_plan = dataclasses.replace(device_plan, config=dataclasses.replace(device_plan.config, fused_merge=True))
-    kernel = _PAGED[("mla_paged_prefill", arch)]
+    kernel = _PAGED[(kind, arch)]
     entry, fake_args = kernel.build(device_plan.config)
     assert entry.__name__ == "call_fused"
     calls = []

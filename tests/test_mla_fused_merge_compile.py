@@ -60,7 +60,7 @@ def test_sm100_twin_folds_in_its_correction_warpgroup(page_size):
     assert not FOLD_SYNC_SM100.search(plain) and len(FOLD_SYNC_SM100.findall(fused)) == 2
 
 
-def test_fused_merge_is_a_knob_of_the_mla_kernels_only():
+def test_fused_merge_is_not_a_knob_of_the_gqa_decode_kernels():
     gqa = default_paged_config("gqa_paged_decode", arch="sm_90a", num_qo_heads=20, num_kv_heads=4, head_dim_qk=128,
                                head_dim_v=128, page_size=64, causal=False)
     assert "fused_merge" in dataclasses.replace(gqa, fused_merge=True).can_implement()

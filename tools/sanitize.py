@@ -19,6 +19,7 @@ Cases (small, ragged, each a registered config's shape):
     mla-<split>-p* the sm_90a MLA prefill kernel with each consumer split (full-s, shared-s, score-wg, score-wg-ovl) at
                    pages 1 and 64
     mla-*fused-p*  the sm_90a MLA prefill and decode kernels with ``fused_merge`` (the in-kernel fold of split items)
+    prefill-fused-* the sm_90a GQA prefill kernel with ``fused_merge``: device plan (p1, p64) and host plan (hostplan)
     hostplan-decode  check_indices=True: the host-planned path (every other case plans on the device)
     line-deal-decode  the device planner's line deal at page 1 (on by default at page 1)
     hostile-decode the device planner's bounds checks (ids past the pool and negative; those requests 0 / -inf)
@@ -187,6 +188,20 @@ def _cases(arch: str) -> dict:
             case = testing.make_gqa_decode_case([2048] * 7 + [5, 0, 3000], page_size=1, device="cuda", seed=84)
             return _run_api(cute_attn.gqa_paged_decode, case, arch)
 
+    def prefill_fused(page_size: int, host_plan: bool):  # fused_merge: the GQA prefill's in-kernel fold
+        def run():
+            from cute_attn.ops.gqa_prefill import fused_merge_policy
+
+            with fused_merge_policy(True):
+                case = testing.make_gqa_prefill_case([1, 40, 0, 200, 3], [3000, 40, 5, 1500, 3], page_size=page_size,
+                                                     num_qo_heads=20, num_kv_heads=4, device="cuda", seed=85)
+                return _run_api(cute_attn.gqa_paged_prefill, case, arch, check_indices=host_plan)
+        return run
+
+    if arch == "sm_90a":
+        cases["prefill-fused-p1"] = ("gqa_paged_prefill", prefill_fused(1, False))
+        cases["prefill-fused-p64"] = ("gqa_paged_prefill", prefill_fused(64, False))
+        cases["prefill-fused-hostplan"] = ("gqa_paged_prefill", prefill_fused(64, True))
     cases["deal-prefill"] = ("gqa_paged_prefill", deal_prefill)
     cases["line-deal-decode"] = ("gqa_paged_decode", line_deal_decode)
     cases["deal-whole-tiles"] = ("gqa_paged_prefill", deal_whole_tiles)

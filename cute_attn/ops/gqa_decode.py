@@ -16,7 +16,7 @@ ARG_NAMES = ("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "kv_last_page
 #: page sizes whose device plans deal whole tiles in line order when no worse than the contiguous cuts
 #: (``PlanConfig.line_deal``). Why: the contiguous cuts give a CTA one request's KV heads in turn, the host LPT puts a
 #: request's heads on neighbouring CTAs at once, so a page-1 row's 1 KB is read in one go. Measured on the H200
-#: (session 16, ``tools/ab_line_deal.py``, one process, device-planned call without / with): page 1, 64 x 2048
+#: (session 16, ``tools/ab_policy.py line_deal``, one process, device-planned call without / with): page 1, 64 x 2048
 #: h20/kv4 82.5 -> 77.5 us (host plan 77.6), h24/kv8 153.0 -> 142.4, h32/kv16 279.5 -> 270.7; 128 x 4096 h20/kv4
 #: 279.0 -> 267.6, h24/kv8 525.2 -> 519.6, h32/kv16 1022.3 -> 1027.9; ragged 37 within 0.4 us. Page 64: within 1%
 #: (128 x 4096 0.6-0.9% faster, 64 x 2048 and ragged +-0.3%), so it stays on the cuts there.

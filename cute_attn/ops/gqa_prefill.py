@@ -5,12 +5,14 @@ The FlashInfer-Bench definition ``gqa_paged_prefill_causal_h32_kv4_d128_ps64`` (
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from .. import reference, testing, validate
 from ..api import DevicePlan, plan_for, run
 from ..config import gqa_shape_reason
-from . import OpSpec
+from . import OpSpec, policy
 
 ARG_NAMES = ("q", "k_cache", "v_cache", "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "sm_scale",
              "output", "lse")
@@ -41,6 +43,19 @@ def check(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_le
 
 #: fitted to the H200's device-planned / host-planned prefill times over the bench's seven workloads (~300-380)
 PREFILL_ITEM_OVERHEAD_KEYS = 320
+#: sm_90a: split items' partials folded in the kernel by the last CTA of each merge (``PagedAttentionConfig.fused_merge``,
+#: ``common/decode_merge.py``) instead of the combine launch. Why: a device plan is made on the GPU, so the host
+#: cannot know whether it split anything and always launches the combine (session 15: device-planned rows ran
+#: 1.7-3.3 us behind host plans of the same tiles). Built in session 16, off until its GPU tier and A/B have run
+FUSED_MERGE = False
+
+
+@contextlib.contextmanager
+def fused_merge_policy(enabled: bool):
+    """Inside the block every public GQA prefill entry builds sm_90a configs with ``fused_merge=enabled`` whatever
+    ``FUSED_MERGE`` says (the GPU tier and sanitizer cases of the fold, A/Bs)."""
+    with policy(globals(), FUSED_MERGE=bool(enabled)):
+        yield bool(enabled)
 
 
 # Unrolled on purpose: the fast path calls this once per call (api.py explains what each field stands for).
@@ -70,11 +85,11 @@ def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, pag
     if head_dim_qk == 256:
         tiles = dict(tile_q_rows=128, kv_tile=64, item_overhead_keys=PREFILL_ITEM_OVERHEAD_KEYS)
         if arch == "sm_90a":
-            tiles.update(intra_wg_overlap=True, smem_epilogue=False)
+            tiles.update(intra_wg_overlap=True, smem_epilogue=False, fused_merge=FUSED_MERGE)
         return tiles
     tiles = dict(tile_q_rows=128, kv_tile=128, item_overhead_keys=PREFILL_ITEM_OVERHEAD_KEYS)
     if arch == "sm_90a":
-        tiles.update(intra_wg_overlap=True, smem_epilogue=True)
+        tiles.update(intra_wg_overlap=True, smem_epilogue=True, fused_merge=FUSED_MERGE)
     return tiles
 
 
@@ -134,4 +149,4 @@ def plan_gqa_paged_prefill(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices
                     arch=arch, num_sms=num_sms, on_device=on_device)
 
 
-__all__ = ["SPEC", "gqa_paged_prefill", "plan_gqa_paged_prefill", "check"]
+__all__ = ["SPEC", "gqa_paged_prefill", "plan_gqa_paged_prefill", "check", "fused_merge_policy"]

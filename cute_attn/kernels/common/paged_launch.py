@@ -150,16 +150,20 @@ def checked_build(kernel_cls, check_config, config: PagedAttentionConfig, fake_a
 
 
 def gqa_prefill_entry(kernel_cls, check_config) -> tuple:
-    """``(build, launch)`` of a GQA prefill kernel class (entry arguments with ``qo_indptr``; combine after)."""
+    """``(build, launch)`` of a GQA prefill kernel class (entry arguments with ``qo_indptr``; combine after, or with
+    ``config.fused_merge`` the kernel's ``call_fused`` entry, which folds its merges itself)."""
 
     def build(config: PagedAttentionConfig) -> tuple:
-        return checked_build(kernel_cls, check_config, config, paged_fake_args(config, prefill_indptrs=True))
+        fake = paged_fake_args(config, prefill_indptrs=True, with_fused_merge=config.fused_merge)
+        kernel, fake = checked_build(kernel_cls, check_config, config, fake)
+        return (kernel.call_fused if config.fused_merge else kernel), fake
 
     def launch(device_plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
                output, lse, natural_lse: bool = False, planned=None) -> None:
-        """Run the plan's items (kv_last_page_len is already folded into their KV_END), then the combine."""
+        """Run the plan's items (kv_last_page_len is already folded into their KV_END), then the combine (none
+        with ``fused_merge``)."""
         launch_paged(device_plan, check_config, (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices), sm_scale,
-                     output, lse, natural_lse, planned=planned)
+                     output, lse, natural_lse, fused_merge=device_plan.config.fused_merge, planned=planned)
 
     return build, launch
 

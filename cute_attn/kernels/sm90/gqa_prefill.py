@@ -30,7 +30,10 @@ Warp roles (384 threads = 3 warpgroups):
 * Epilogue (consumers): ``O / rowsum`` and ``lse = (max * scale_log2 + log2 sum)``; final items write
   bf16 ``output`` and ``lse * lse_out_scale`` with predicated stores (rows < Q_ROW_COUNT), split items
   write fp32 ``partial_out[slot]`` / base-2 ``partial_lse[slot]`` (``prefill_epilogue.py``, shared with the
-  MLA kernel). The combine kernel merges those.
+  MLA kernel). The combine kernel merges those; with ``fused_merge`` (entry ``call_fused``) the kernel folds them
+  itself after its item loop (``common/decode_merge.fold_completed_merges``: fence, named barrier ``_FOLD_BARRIER``
+  over both consumer warpgroups, one acq_rel atomic per split item) and no combine launch follows: a device plan
+  of prefill cannot know on the host whether it split anything, so without the fold it always launches the combine.
 
 Pipelines (mbarriers, ``cutlass.pipeline.PipelineTmaAsync``): Q has 2 stages (released after the
 item's last QK GEMM, so the next item's Q and first K/V tiles load during this item's tail and
@@ -77,6 +80,7 @@ from cutlass.tensor_utils import LayoutEnum
 from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField as F
 from .. import register_paged_kernel
+from ..common.decode_merge import fold_completed_merges
 from ..common.paged_launch import gqa_prefill_entry
 from ..common.limits import page_box_reason, row_gather_reason, smem_reason, target_reason, uses_row_gather
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
@@ -108,6 +112,8 @@ _KV_TILES = {64: (64, 128), 128: (64, 128), 256: (64,)}
 PRODUCER_REGS, CONSUMER_REGS = 24, 240
 _ZERO_V_BARRIER = 1  # named barrier id used by the two consumer warpgroups
 _SCHED_BARRIER = 2  # ids 2, 3: consumer warpgroup w waits on 2 + w before issuing its GEMMs
+_FOLD_BARRIER = 6  # fused_merge: both consumer warpgroups (ids 4, 5: prefill_epilogue's per-warpgroup barriers)
+_FOLD_ARRIVAL_BYTES = 16  # fused_merge: the merge counter's old value, broadcast to the consumers
 
 
 def q_stages(head_dim: int) -> int:
@@ -121,7 +127,7 @@ def smem_bytes(config: PagedAttentionConfig, num_stages: int = NUM_STAGES) -> in
     tile = 2 * config.head_dim_qk
     qs = q_stages(config.head_dim_qk)
     return (qs * config.tile_q_rows * tile + 2 * num_stages * config.kv_tile * tile
-            + 8 * (2 * qs + 4 * num_stages) + 3 * 1024)
+            + 8 * (2 * qs + 4 * num_stages) + 3 * 1024 + (_FOLD_ARRIVAL_BYTES if config.fused_merge else 0))
 
 
 def check_config(config: PagedAttentionConfig) -> str | None:
@@ -182,12 +188,13 @@ class GqaPagedPrefillSm90:
         self.dtype = cutlass.BFloat16
         self.intra_wg_overlap = config.intra_wg_overlap
         self.smem_epilogue = config.smem_epilogue
+        self.fused_merge = config.fused_merge
 
     def __repr__(self) -> str:  # shows in the kernel symbol
         return (f"GqaPagedPrefillSm90_H{self.num_qo_heads}_KV{self.num_kv_heads}_D{self.head_dim}"
                 f"_P{self.page_size}_M{self.tile_m}_N{self.tile_n}"
                 f"{'_OVL' if self.intra_wg_overlap else ''}{'_SEPI' if self.smem_epilogue else ''}"
-                f"{'_RowSeg' if self.row_segments else ''}")
+                f"{'_RowSeg' if self.row_segments else ''}{'_Fold' if self.fused_merge else ''}")
 
     # ------------------------------------------------------------------------------- host side
     @cute.jit
@@ -195,6 +202,25 @@ class GqaPagedPrefillSm90:
                  kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor, items: cute.Tensor,
                  output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor,
                  scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
+        """The entry the combine launch follows."""
+        self.launch_kernel(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items, None, None,
+                           output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream)
+
+    @cute.jit
+    def call_fused(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, qo_indptr: cute.Tensor,
+                   kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor, items: cute.Tensor,
+                   merge_indptr: cute.Tensor, merge_counters: cute.Tensor, output: cute.Tensor, lse: cute.Tensor,
+                   partial_out: cute.Tensor, partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32,
+                   stream: cuda.CUstream):
+        """``fused_merge``: the merge table follows ``items``; the kernel folds its merges (no combine launch)."""
+        self.launch_kernel(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items, merge_indptr,
+                           merge_counters, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream)
+
+    @cute.jit
+    def launch_kernel(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, qo_indptr: cute.Tensor,
+                      kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor, items: cute.Tensor,
+                      merge_indptr, merge_counters, output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor,
+                      partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
         G, D, H = self.group, self.head_dim, self.num_qo_heads
         # packed Q: ((group, total_q), d, kv_heads); row (g, t) is token t, head kv_head * group + g
         m_q = cute.make_tensor(q.iterator, cute.make_layout(
@@ -230,6 +256,7 @@ class GqaPagedPrefillSm90:
             tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v, k_rows, v_rows,
             qo_indptr, kv_indptr, kv_indices, work_indptr, items, output, lse, partial_out, partial_lse,
             scale_log2, lse_out_scale, s_q_layout, s_kv_layout, s_page_layout, tiled_mma_qk, tiled_mma_pv,
+            merge_indptr, merge_counters,
         ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(self.num_threads, 1, 1), stream=stream, use_pdl=True,
                  min_blocks_per_mp=1)
 
@@ -240,7 +267,8 @@ class GqaPagedPrefillSm90:
                kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor, items: cute.Tensor, output: cute.Tensor,
                lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor, scale_log2: Float32,
                lse_out_scale: Float32, s_q_layout: cute.ComposedLayout, s_kv_layout: cute.ComposedLayout,
-               s_page_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma):
+               s_page_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
+               merge_indptr: cute.Tensor = None, merge_counters: cute.Tensor = None):
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -256,6 +284,9 @@ class GqaPagedPrefillSm90:
         mbar_q = smem.allocate_array(Int64, 2 * self.q_stages, byte_alignment=8)
         mbar_k = smem.allocate_array(Int64, 2 * self.num_stages, byte_alignment=8)
         mbar_v = smem.allocate_array(Int64, 2 * self.num_stages, byte_alignment=8)
+        arrival = None  # fused_merge: thread 0's merge arrival, broadcast to the consumers
+        if cutlass.const_expr(merge_indptr is not None):
+            arrival = smem.allocate_tensor(Int32, cute.make_layout((1,)), _FOLD_ARRIVAL_BYTES)
 
         producer = cpipe.CooperativeGroup(cpipe.Agent.Thread, 1)
         consumers = cpipe.CooperativeGroup(cpipe.Agent.Thread, self.num_mma_threads // 32)
@@ -302,6 +333,11 @@ class GqaPagedPrefillSm90:
             self.consume(tidx - 128, s_q, s_k, s_v, qo_indptr, items, item_begin, item_end, output, lse,
                          partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv,
                          pipe_q, pipe_k, pipe_v)
+            if cutlass.const_expr(merge_indptr is not None):  # both consumer warpgroups wrote the partials
+                fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_counters, arrival, self.group,
+                                      partial_out, partial_lse, output, lse, lse_out_scale, tidx - 128,
+                                      barrier_id=_FOLD_BARRIER, num_threads=self.num_mma_threads,
+                                      qo_indptr=qo_indptr)
 
     @cute.jit
     def produce(self, tma_atom_q: cute.CopyAtom, tma_q: cute.Tensor, tma_atom_k: cute.CopyAtom, tma_k: cute.Tensor,

@@ -1,0 +1,71 @@
+"""Compile-only tests of ``PagedAttentionConfig.fused_merge`` on the sm_90a GQA prefill kernel (no GPU needed).
+
+The build folds a split item's partials in the kernel (``common/decode_merge.fold_completed_merges``, the GQA
+decode's fold) instead of the combine launch that a device plan of prefill otherwise always makes. These tests hold
+its contract: the default build is untouched, the fused entry takes the merge table and counters, arrives once a
+split item with an acq_rel atomic, and syncs both consumer warpgroups on its own named barrier; the sm_100a twin
+refuses the knob with a reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from cute_attn.compile import compile_to_ptx
+from cute_attn.config import default_paged_config
+from cute_attn.kernels.sm90 import gqa_prefill
+from cute_attn.ops import gqa_prefill as gqa_prefill_op
+
+pytestmark = pytest.mark.usefixtures("isolated_compile_cache")
+
+FOLD_SYNC = re.compile(r"bar\.sync\s+6, 256;")  # both consumer warpgroups
+ARRIVAL = re.compile(r"atom\.global\.acq_rel(\.gpu)?\.add\.u32")
+
+
+def _prefill(arch="sm_90a", page_size=64, head_dim=128, heads=32, kv_heads=4, **knobs):
+    base = default_paged_config("gqa_paged_prefill", arch=arch, num_qo_heads=heads, num_kv_heads=kv_heads,
+                                head_dim_qk=head_dim, head_dim_v=head_dim, page_size=page_size, causal=True)
+    return dataclasses.replace(base, **knobs)
+
+
+@pytest.mark.parametrize("page_size, head_dim, heads, kv_heads", [(64, 128, 32, 4), (1, 128, 20, 4), (64, 256, 16, 2)],
+                         ids=["p64_d128_h32kv4", "p1_d128_h20kv4", "p64_d256_h16kv2"])
+def test_fused_build_folds_with_one_arrival_and_its_own_barrier(page_size, head_dim, heads, kv_heads):
+    config = _prefill(page_size=page_size, head_dim=head_dim, heads=heads, kv_heads=kv_heads)
+    assert config.fused_merge == gqa_prefill_op.FUSED_MERGE
+    plain, fused = (compile_to_ptx(dataclasses.replace(config, fused_merge=flag)) for flag in (False, True))
+    assert "wgmma.mma_async" in fused
+    assert not ARRIVAL.search(plain) and not FOLD_SYNC.search(plain)
+    assert len(ARRIVAL.findall(fused)) == 1  # thread 0's arrival, once per split item (in a loop)
+    assert len(FOLD_SYNC.findall(fused)) == 2  # fences done / arrival broadcast
+    assert fused.count("fence.acq_rel.gpu") >= 2  # before the arrival, and before the last CTA reads the slots
+    assert "ld.local" not in fused and "st.local" not in fused
+    params = [len(re.findall(r"\.param \.", ptx.split(")")[0])) for ptx in (plain, fused)]
+    assert params[1] > params[0]  # the fused entry's merge_indptr and merge_counters
+
+
+def test_fused_merge_costs_the_arrival_word_of_shared_memory_and_names_the_kernel():
+    config = _prefill()
+    fused = dataclasses.replace(config, fused_merge=True)
+    assert gqa_prefill.smem_bytes(fused) == gqa_prefill.smem_bytes(config) + 16
+    assert repr(gqa_prefill.GqaPagedPrefillSm90(fused)).endswith("_Fold")
+    assert gqa_prefill.check_config(fused) is None
+
+
+def test_sm100_twin_refuses_the_fused_merge_with_a_reason():
+    config = _prefill(arch="sm_100a")
+    assert not config.fused_merge and config.can_implement() is None
+    reason = dataclasses.replace(config, fused_merge=True).can_implement()
+    assert reason is not None and "fused_merge" in reason and "sm_90a" in reason
+
+
+def test_fused_merge_policy_flips_the_sm90_prefill_config_only_inside_the_block():
+    assert not _prefill().fused_merge or gqa_prefill_op.FUSED_MERGE
+    with gqa_prefill_op.fused_merge_policy(True):
+        assert _prefill().fused_merge and not _prefill(arch="sm_100a").fused_merge
+    with gqa_prefill_op.fused_merge_policy(False):
+        assert not _prefill().fused_merge
+    assert _prefill().fused_merge == gqa_prefill_op.FUSED_MERGE

@@ -1,0 +1,131 @@
+"""A/B of a spec policy (a default that a measurement decides) in one process, on a GPU.
+
+    python tools/ab_policy.py POLICY [--json OUT] [--pages 1 64] [--only LABEL ...] [--iters 1]
+
+POLICY is one of
+    line_deal     small-page decode's line deal (``ops/gqa_decode.LINE_DEAL_PAGE_SIZES``) off / on at the case's page
+    prefill_fold  the sm_90a GQA prefill's in-kernel merge fold (``ops/gqa_prefill.FUSED_MERGE``) off / on
+
+For each case (batch, page size, head layout) and both settings: the call with the plan made once on the device
+(``plan_*(on_device=True)``, the bench's ``cute_attn_device_planned``), the default call (plans on every call:
+``cute_attn``) and the host-planned call (``cute_attn_planned``), each checked against the float32 reference, then
+timed as the bench times its rows (cold L2, median of 50 CUPTI spans). ``--iters 1``: check and compile only (a
+step that fills the compile cache while other work runs, before the timed step).
+Predictions live with each policy in ``docs/perf-notes.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+DECODE_BATCHES = {"n64_kv2048": [2048] * 64, "n128_kv4096": [4096] * 128, "n37_ragged": None}
+DECODE_LAYOUTS = ((20, 4), (24, 8), (32, 16))
+PREFILL_CASES = {  # label: (q_lens, kv_lens, heads, kv_heads)
+    "n1_q992_h32kv4": ([992], [992], 32, 4),
+    "n8_q992_h32kv4": ([992] * 8, [992] * 8, 32, 4),
+    "n16_q992_h32kv4": ([992] * 16, [992] * 16, 32, 4),
+    "n8_q992_h20kv4": ([992] * 8, [992] * 8, 20, 4),
+    "n8_q992_h24kv8": ([992] * 8, [992] * 8, 24, 8),
+    "n4_q512_kv4096_h32kv4": ([512] * 4, [4096] * 4, 32, 4),
+}
+
+
+def _ragged():
+    import numpy as np
+
+    return np.random.default_rng(37).integers(1, 9000, 37).tolist()
+
+
+def _line_deal_cases(pages):
+    from cute_attn import testing
+    from cute_attn.ops import gqa_decode
+
+    for label, kv_lens in DECODE_BATCHES.items():
+        kv_lens = kv_lens or _ragged()
+        for page_size in pages:
+            for heads, kv_heads in DECODE_LAYOUTS:
+                def make(kv_lens=kv_lens, page_size=page_size, heads=heads, kv_heads=kv_heads):
+                    return testing.make_gqa_decode_case(kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads,
+                                                        page_size=page_size, device="cuda", seed=len(kv_lens))
+                yield (dict(batch=label, page_size=page_size, heads=heads, kv_heads=kv_heads), make, "decode",
+                       lambda on, page_size=page_size: gqa_decode.line_deal_policy((page_size,) if on else ()))
+
+
+def _prefill_fold_cases(pages):
+    from cute_attn import testing
+    from cute_attn.ops import gqa_prefill
+
+    for label, (q_lens, kv_lens, heads, kv_heads) in PREFILL_CASES.items():
+        for page_size in pages:
+            def make(q_lens=q_lens, kv_lens=kv_lens, page_size=page_size, heads=heads, kv_heads=kv_heads):
+                return testing.make_gqa_prefill_case(q_lens, kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads,
+                                                     page_size=page_size, device="cuda", seed=len(q_lens))
+            yield (dict(batch=label, page_size=page_size, heads=heads, kv_heads=kv_heads), make, "prefill",
+                   gqa_prefill.fused_merge_policy)
+
+
+POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("policy", choices=sorted(POLICIES))
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--pages", type=int, nargs="+", default=None, help="default: 1 64 (decode), 64 1 (prefill)")
+    ap.add_argument("--only", nargs="+", default=None, help="case labels to keep")
+    ap.add_argument("--iters", type=int, default=50, help="1: check and compile only, no timing")
+    args = ap.parse_args(argv)
+    import torch
+
+    import cute_attn
+    from cute_attn import testing
+    from cute_attn.timing import ColdL2Timer
+
+    if not torch.cuda.is_available():
+        print("ab_policy: needs a CUDA GPU")
+        return 0
+    timer = ColdL2Timer(iters=args.iters) if args.iters > 1 else None
+    entries = dict(decode=(cute_attn.gqa_paged_decode, cute_attn.plan_gqa_paged_decode),
+                   prefill=(cute_attn.gqa_paged_prefill, cute_attn.plan_gqa_paged_prefill))
+    pages = args.pages or ([1, 64] if args.policy == "line_deal" else [64, 1])
+    rows = []
+    for row0, make, kind, policy in POLICIES[args.policy](pages):
+        if args.only and row0["batch"] not in args.only:
+            continue
+        case = make()
+        ref_out, ref_lse = case.reference()
+        inputs = tuple(case.inputs())
+        entry, plan_fn = entries[kind]
+        for on in (False, True):
+            with policy(on):
+                row = dict(row0, policy=args.policy, on=on)
+                plans = dict(device_planned=plan_fn(*inputs, on_device=True), default=None, planned=plan_fn(*inputs))
+                for mode, plan in plans.items():
+                    out, lse = case.new_outputs()
+                    kw = {} if plan is None else dict(plan=plan)
+
+                    def run(out=out, lse=lse, kw=kw):
+                        entry(*inputs, out, lse, **kw)
+
+                    run()
+                    torch.cuda.synchronize()
+                    testing.assert_close_benchmark(out, ref_out, f"{row0} {mode} output")
+                    testing.assert_close_benchmark(lse, ref_lse, f"{row0} {mode} lse")
+                    if timer is not None:
+                        timing = timer(run)
+                        row[mode] = round(timing.gpu_us if timing.gpu_us is not None else timing.wall_us, 1)
+                cute_attn.raise_on_device_error()
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
