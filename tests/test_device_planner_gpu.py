@@ -118,19 +118,19 @@ def test_dealt_plans_equal_the_twin_and_the_default_call_the_reference(name):
 
 
 @pytest.mark.parametrize("kv_lens", [[2048] * 64, [2048] * 7 + [5, 0, 3000], [70, 9000, 1, 3232]], ids=str)
-@pytest.mark.parametrize("heads, kv_heads", [(20, 4), (24, 8)])
-def test_line_deal_lists_equal_the_twin_and_the_call_the_reference(kv_lens, heads, kv_heads):
+@pytest.mark.parametrize("heads, kv_heads, page_size", [(20, 4, 1), (24, 8, 1), (20, 4, 16), (32, 16, 64)])
+def test_line_deal_lists_equal_the_twin_and_the_call_the_reference(kv_lens, heads, kv_heads, page_size):
     """Small-page decode's line deal (``ops/gqa_decode.LINE_DEAL_PAGE_SIZES``, on at page 1 by default): the device lists equal
     the twin's (dealt or not), and the device-planned call matches the reference."""
     from cute_attn.ops import gqa_decode
 
-    with gqa_decode.line_deal_policy((1,)):
-        case = testing.make_gqa_decode_case(kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads, page_size=1,
+    with gqa_decode.line_deal_policy((page_size,)):
+        case = testing.make_gqa_decode_case(kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads, page_size=page_size,
                                             device="cuda", seed=len(kv_lens) + heads)
         plan = cute_attn.plan_gqa_paged_decode(*case.inputs(), on_device=True)
         assert plan.config.plan_config(plan.work_indptr.shape[0] - 1).line_deal
         _assert_twin(plan, list(range(len(kv_lens) + 1)), case.kv_indptr.tolist(), [1] * len(kv_lens), kv_lens,
-                     f"line deal {kv_lens}")
+                     f"line deal {kv_lens} page {page_size}")
         out, lse = case.new_outputs()
         hostile.entry_for(case).run(*case.inputs(), out, lse)
         torch.cuda.synchronize()

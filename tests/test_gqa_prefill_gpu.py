@@ -282,7 +282,7 @@ def test_fused_merge_folds_split_items(on_device, heads, kv_heads, head_dim, pag
     from cute_attn.ops.gqa_prefill import fused_merge_policy
 
     with fused_merge_policy(True):
-        case = _case([1, 40, 0, 200, 2048, 3], [3000, 40, 5, 1500, 8192, 3], num_qo_heads=heads,
+        case = _case([1, 40, 0, 200, 64, 3], [3000, 40, 5, 1500, 30000, 3], num_qo_heads=heads,
                      num_kv_heads=kv_heads, head_dim=head_dim, page_size=page_size, seed=heads + page_size)
         plan = cute_attn.plan_gqa_paged_prefill(*case.inputs(), on_device=on_device)
         assert plan.config.fused_merge

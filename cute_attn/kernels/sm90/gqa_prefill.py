@@ -330,14 +330,17 @@ class GqaPagedPrefillSm90:
                              qo_indptr, kv_indptr, kv_indices, items, item_begin, item_end, pipe_q, pipe_k, pipe_v)
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
-            self.consume(tidx - 128, s_q, s_k, s_v, qo_indptr, items, item_begin, item_end, output, lse,
-                         partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv,
-                         pipe_q, pipe_k, pipe_v)
+            split_items = self.consume(tidx - 128, s_q, s_k, s_v, qo_indptr, items, item_begin, item_end, output,
+                                       lse, partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk,
+                                       tiled_mma_pv, pipe_q, pipe_k, pipe_v)
             if cutlass.const_expr(merge_indptr is not None):  # both consumer warpgroups wrote the partials
-                fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_counters, arrival, self.group,
-                                      partial_out, partial_lse, output, lse, lse_out_scale, tidx - 128,
-                                      barrier_id=_FOLD_BARRIER, num_threads=self.num_mma_threads,
-                                      qo_indptr=qo_indptr)
+                # only a CTA that wrote partials walks its items again: a prefill CTA runs ~15-30 items, and the
+                # walk's item loads at the tail of every CTA made plans without merges 2-9 us slower (session 16)
+                if split_items > 0:
+                    fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_counters, arrival,
+                                          self.group, partial_out, partial_lse, output, lse, lse_out_scale,
+                                          tidx - 128, barrier_id=_FOLD_BARRIER, num_threads=self.num_mma_threads,
+                                          qo_indptr=qo_indptr)
 
     @cute.jit
     def produce(self, tma_atom_q: cute.CopyAtom, tma_q: cute.Tensor, tma_atom_k: cute.CopyAtom, tma_k: cute.Tensor,
@@ -502,6 +505,7 @@ class GqaPagedPrefillSm90:
         if wg == 0:  # warpgroup 0 issues first: pre-arrive on its own scheduler barrier
             cute.arch.barrier_arrive(barrier_id=_SCHED_BARRIER, number_of_threads=self.num_mma_threads)
         kv_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, self.num_stages)
+        split_items = Int32(0)  # items whose partials this CTA wrote (the fused merge's fold runs only if any)
         for it in cutlass.range(item_begin, item_end, unroll=1):
             r0 = items[it, int(F.Q_ROW_START)]
             kv_start = items[it, int(F.KV_START)]
@@ -561,6 +565,9 @@ class GqaPagedPrefillSm90:
             q_start = qo_indptr[b]
             store_item_rows(acc_o, c_o, row_lse, slot, qo_indptr, b, h, r0, row_count, output, lse, lse_out_scale,
                             partial_out, partial_lse, G, write_output=not self.smem_epilogue, q_start=q_start)
+            if slot >= 0:
+                split_items = split_items + 1
+        return split_items
 
     @cute.jit
     def mainloop_overlap(self, ctid: Int32, wg: Int32, num_tiles: Int32, kv_start: Int32, kv_end: Int32, r0: Int32,
