@@ -110,11 +110,11 @@ class PlanConfig:
     #: than the LPT the model rates as balanced (each CTA gets the same number of items, a lap each); MLA prefill
     #: the other way (the seed 39.4 against 34.0 us), so only the GQA prefill kind sets it
     host_deal: bool = False
-    #: device plans of small-page decode: whole tiles dealt serpentine in line order (no sort; request-major, KV head
-    #: minor) instead of contiguous cuts when the deal's busiest CTA is no worse. Contiguous cuts run a request's KV
-    #: heads one after another on a CTA; the deal (like the host LPT) runs them at once on neighbouring CTAs, so a
-    #: page-1 row's KV heads (one 1 KB row of the cache) are read together. Off unless
-    #: ``ops/gqa_decode.LINE_DEAL_PAGE_SIZES`` names the page size (page 1 since session 16, measured)
+    #: device plans of decode: whole tiles dealt serpentine in line order (no sort; request-major, KV head minor)
+    #: instead of contiguous cuts when the deal's busiest CTA is no worse. Contiguous cuts run a request's KV heads
+    #: one after another on a CTA; the deal (like the host LPT) runs them at once on neighbouring CTAs, so a cache
+    #: row's KV heads are read together. Set where ``ops/gqa_decode.LINE_DEAL_PAGE_SIZES`` names the page size (every
+    #: page size since session 16, measured there)
     line_deal: bool = False
     #: host plans (``plan_work``) take the device twin's plan (``plan_partition``) when its modelled busiest CTA is
     #: strictly lower than the LPT's: its line cuts split long requests where they fall, the LPT's candidates cut every

@@ -21,7 +21,7 @@ Cases (small, ragged, each a registered config's shape):
     mla-*fused-p*  the sm_90a MLA prefill and decode kernels with ``fused_merge`` (the in-kernel fold of split items)
     prefill-fused-* the sm_90a GQA prefill kernel with ``fused_merge``: device plan (p1, p64) and host plan (hostplan)
     hostplan-decode  check_indices=True: the host-planned path (every other case plans on the device)
-    line-deal-decode  the device planner's line deal at page 1 (on by default at page 1)
+    line-deal-decode  the device planner's line deal at page 1 (on by default at every page size)
     hostile-decode the device planner's bounds checks (ids past the pool and negative; those requests 0 / -inf)
     gather         the TMA page gather kernel (a test-side kernel)
 """
@@ -181,7 +181,7 @@ def _cases(arch: str) -> dict:
                                              seed=83)
         return _run_api(cute_attn.gqa_paged_prefill, case, arch)
 
-    def line_deal_decode():  # small-page decode's line deal (ops/gqa_decode.LINE_DEAL_PAGE_SIZES, on at page 1)
+    def line_deal_decode():  # small-page decode's line deal (ops/gqa_decode.LINE_DEAL_PAGE_SIZES, on by default)
         from cute_attn.ops.gqa_decode import line_deal_policy
 
         with line_deal_policy((1,)):

@@ -15,12 +15,13 @@ from . import OpSpec, policy
 ARG_NAMES = ("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "kv_last_page_len", "sm_scale", "output", "lse")
 #: page sizes whose device plans deal whole tiles in line order when no worse than the contiguous cuts
 #: (``PlanConfig.line_deal``). Why: the contiguous cuts give a CTA one request's KV heads in turn, the host LPT puts a
-#: request's heads on neighbouring CTAs at once, so a page-1 row's 1 KB is read in one go. Measured on the H200
-#: (session 16, ``tools/ab_policy.py line_deal``, one process, device-planned call without / with): page 1, 64 x 2048
-#: h20/kv4 82.5 -> 77.5 us (host plan 77.6), h24/kv8 153.0 -> 142.4, h32/kv16 279.5 -> 270.7; 128 x 4096 h20/kv4
-#: 279.0 -> 267.6, h24/kv8 525.2 -> 519.6, h32/kv16 1022.3 -> 1027.9; ragged 37 within 0.4 us. Page 64: within 1%
-#: (128 x 4096 0.6-0.9% faster, 64 x 2048 and ragged +-0.3%), so it stays on the cuts there.
-LINE_DEAL_PAGE_SIZES: tuple[int, ...] = (1,)
+#: request's heads on neighbouring CTAs at once, so a cache row's heads are read together. Measured on the H200
+#: (session 16, ``tools/ab_policy.py line_deal``, one process, device-planned call without -> with, us): page 1,
+#: 64 x 2048 h20/kv4 82.5 -> 77.5 (host plan 77.6), h24/kv8 153.0 -> 142.4, h32/kv16 279.5 -> 270.7; page 2 84.3 ->
+#: 78.8, 155.7 -> 144.8; pages 4..128 0-2.3% faster on 31 of 33 rows of 64 x 2048 and 128 x 4096 (128 x 4096 h32/kv16
+#: 1040.8 -> 1013.3 at page 128); slower on two: 128 x 4096 h32/kv16 at page 2 (1032.6 -> 1052.4, the host plan's
+#: time) and page 1 (1022.3 -> 1027.9); the ragged 37 within 0.4 us at pages 1 and 64 (``docs/perf/h200-line-deal.json``)
+LINE_DEAL_PAGE_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 @contextlib.contextmanager

@@ -44,9 +44,12 @@ def check(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_le
 #: fitted to the H200's device-planned / host-planned prefill times over the bench's seven workloads (~300-380)
 PREFILL_ITEM_OVERHEAD_KEYS = 320
 #: sm_90a: split items' partials folded in the kernel by the last CTA of each merge (``PagedAttentionConfig.fused_merge``,
-#: ``common/decode_merge.py``) instead of the combine launch. Why: a device plan is made on the GPU, so the host
-#: cannot know whether it split anything and always launches the combine (session 15: device-planned rows ran
-#: 1.7-3.3 us behind host plans of the same tiles). Built in session 16, off until its GPU tier and A/B have run
+#: ``common/decode_merge.py``) instead of the combine launch, which a device plan always makes (the host cannot know
+#: whether it split anything). Correct on the H200 (GPU tier: 9 passed; memcheck/racecheck clean) but no faster, so
+#: off. Session 16, one process (``tools/ab_policy.py prefill_fold``, ``docs/perf/h200-prefill-fold.json``): the
+#: device-planned call -0.4..-2.6 us on 8 of 12 rows, +0.6..+5.1 on the rest; the host-planned call, whose plans
+#: mostly have no merges, +0.2..+4.8 us on all 12 (so the fused build's main loop itself is slower: one more named
+#: barrier, ptxas spills 4 bytes at page 1; a first build that walked every CTA's items at its tail was 2-9 us slower)
 FUSED_MERGE = False
 
 

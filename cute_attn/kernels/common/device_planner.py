@@ -37,8 +37,8 @@ Roles / phases (:func:`scan_ctas` x 512 threads, arch-neutral SIMT code: the sam
                 longest tile; when a deal can win, a bitonic sort of the q tiles' (cost, index) keys held in
                 registers (a shuffle a stage under a warp's stride, a shared-memory exchange above), each CTA's
                 serpentine load over its laps, and the deal replaces the cuts when its busiest CTA is no worse
-                (``plan_partition``'s rule; ``sorted_deal.py``). *line deal* (``line_deal``, small-page decode,
-                page 1 by default): the same deal over the line order, unsorted, when no worse than the cuts.
+                (``plan_partition``'s rule; ``sorted_deal.py``). *line deal* (``line_deal``, decode, every page
+                size by default): the same deal over the line order, unsorted, when no worse than the cuts.
                 *lists*: merges (runs of cuts inside one tile; block prefix sums give merge ids and partial slot
                 bases), ``work_indptr`` (prefix sum of items per CTA), ``merge_indptr``/``merges``, then one
                 thread per item builds its 10 fields in shared memory and the CTA stores each 512-item chunk as
