@@ -145,6 +145,10 @@ class PagedAttentionConfig(KernelConfig):
     #: chunk column a thread over every row. None: the kernels' policy, segments (H200: MLA prefill 1.07-1.18x, session 13;
     #: GQA page 1 decode 64 x 2048 84.8 -> 78.8 us and prefill 8 x 992 220.5 -> 206.3 us, session 14)
     row_segments: bool | None = None
+    #: sm_90a GQA prefill row gathers (pages 1..8): the producer warps copy key tile t + 1's K before tile t's V (FA3's
+    #: paged-KV order: with the intra-warpgroup overlap a consumer needs K_{t+1} for S_{t+1} before V_t for P_t V_t);
+    #: False / None: K_t then V_t (the kernel's policy). A knob for ``tuning.sweep`` A/Bs in one process
+    k_ahead: bool | None = None
     #: sm_90a GQA kernels: K/V tiles as 16-byte cp.async rows (True) or as TMA page boxes (False); None: the
     #: kernel's page-size policy (its ``ROW_GATHER_PAGE_SIZES``). A knob for ``tuning.sweep`` A/Bs in one process
     row_gather: bool | None = None
@@ -206,6 +210,8 @@ class PagedAttentionConfig(KernelConfig):
             return f"num_qo_heads={self.num_qo_heads} must be a positive multiple of num_kv_heads={self.num_kv_heads}"
         if self.probe and (self.kind, self.arch) != ("mla_paged_prefill", "sm_90a"):
             return f"probe={self.probe!r}: measurement builds exist for the sm_90a MLA prefill kernel only"
+        if self.k_ahead and (self.kind, self.arch) != ("gqa_paged_prefill", "sm_90a"):
+            return f"k_ahead={self.k_ahead}: a knob of the sm_90a GQA prefill kernel's row gathers only"
         if self.row_segments is not None and self.arch != "sm_90a":
             return f"row_segments={self.row_segments}: a knob of the sm_90a cp.async row gathers only"
         if self.fused_merge and self.kind not in ("mla_paged_prefill", "gqa_paged_prefill"):

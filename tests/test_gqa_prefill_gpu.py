@@ -310,3 +310,30 @@ def test_fused_merge_drawn_batches_default_call(shape, batch):
     with fused_merge_policy(True):
         _check(_case(q_lens, kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
                      page_size=page_size, seed=sum(kv_lens) % 977))
+
+
+# ---------------------------------------------------------------------------------------- k_ahead row gathers
+@pytest.mark.parametrize("page_size, heads, kv_heads", [(1, 32, 4), (1, 16, 1), (2, 20, 4), (4, 24, 8), (8, 32, 8)],
+                         ids=str)
+def test_k_ahead_row_gathers_match_reference(page_size, heads, kv_heads):
+    """``k_ahead`` (``ops/gqa_prefill.k_ahead_policy``): the producer warps copy K_{t+1} before V_t (two pipeline
+    states); split, empty, keyless and one-tile items, through the default call (a device plan every call)."""
+    from cute_attn.ops.gqa_prefill import k_ahead_policy
+
+    with k_ahead_policy((page_size,)):
+        case = _case([1, 40, 0, 200, 64, 3, 700], [3000, 40, 5, 1500, 3000, 3, 700], num_qo_heads=heads,
+                     num_kv_heads=kv_heads, page_size=page_size, seed=page_size + heads)
+        import cute_attn
+
+        assert cute_attn.plan_gqa_paged_prefill(*case.inputs()).config.k_ahead
+        _check(case)
+
+
+@settings(max_examples=6, deadline=None)
+@given(page_size=st.sampled_from([1, 2, 4, 8]), batch=testing.ragged_batches(max_batch=8, max_q=300, max_kv=3000))
+def test_k_ahead_drawn_batches(page_size, batch):
+    from cute_attn.ops.gqa_prefill import k_ahead_policy
+
+    q_lens, kv_lens = batch
+    with k_ahead_policy((page_size,)):
+        _check(_case(q_lens, kv_lens, page_size=page_size, seed=sum(kv_lens) % 971 + page_size))

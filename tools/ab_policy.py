@@ -5,6 +5,8 @@
 POLICY is one of
     line_deal     small-page decode's line deal (``ops/gqa_decode.LINE_DEAL_PAGE_SIZES``) off / on at the case's page
     prefill_fold  the sm_90a GQA prefill's in-kernel merge fold (``ops/gqa_prefill.FUSED_MERGE``) off / on
+    k_ahead       the sm_90a GQA prefill's row gathers with K one tile ahead of V (``ops/gqa_prefill.K_AHEAD_PAGE_SIZES``)
+                  off / on at the case's page (pages 1..8)
 
 For each case (batch, page size, head layout) and both settings: the call with the plan made once on the device
 (``plan_*(on_device=True)``, the bench's ``cute_attn_device_planned``), the default call (plans on every call:
@@ -69,14 +71,36 @@ def _prefill_fold_cases(pages):
                    gqa_prefill.fused_merge_policy)
 
 
-POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases}
+K_AHEAD_CASES = {  # the FIB page-1 prefill representatives furthest behind FA4 (session 15), and the seed layout
+    "n8_q992_h32kv4": ([992] * 8, [992] * 8, 32, 4),
+    "n8_q992_h16kv1": ([992] * 8, [992] * 8, 16, 1),
+    "n8_q992_h24kv4": ([992] * 8, [992] * 8, 24, 4),
+    "n8_q992_h32kv16": ([992] * 8, [992] * 8, 32, 16),
+}
+
+
+def _k_ahead_cases(pages):
+    from cute_attn import testing
+    from cute_attn.ops import gqa_prefill
+
+    for label, (q_lens, kv_lens, heads, kv_heads) in K_AHEAD_CASES.items():
+        for page_size in pages:
+            def make(q_lens=q_lens, kv_lens=kv_lens, page_size=page_size, heads=heads, kv_heads=kv_heads):
+                return testing.make_gqa_prefill_case(q_lens, kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads,
+                                                     page_size=page_size, device="cuda", seed=len(q_lens))
+            yield (dict(batch=label, page_size=page_size, heads=heads, kv_heads=kv_heads), make, "prefill",
+                   lambda on, page_size=page_size: gqa_prefill.k_ahead_policy((page_size,) if on else ()))
+
+
+POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, "k_ahead": _k_ahead_cases}
+DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1]}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("policy", choices=sorted(POLICIES))
     ap.add_argument("--json", default=None)
-    ap.add_argument("--pages", type=int, nargs="+", default=None, help="default: 1 64 (decode), 64 1 (prefill)")
+    ap.add_argument("--pages", type=int, nargs="+", default=None, help="default: line_deal 1 64, prefill_fold 64 1, k_ahead 1")
     ap.add_argument("--only", nargs="+", default=None, help="case labels to keep")
     ap.add_argument("--iters", type=int, default=50, help="1: check and compile only, no timing")
     args = ap.parse_args(argv)
@@ -92,7 +116,7 @@ def main(argv=None) -> int:
     timer = ColdL2Timer(iters=args.iters) if args.iters > 1 else None
     entries = dict(decode=(cute_attn.gqa_paged_decode, cute_attn.plan_gqa_paged_decode),
                    prefill=(cute_attn.gqa_paged_prefill, cute_attn.plan_gqa_paged_prefill))
-    pages = args.pages or ([1, 64] if args.policy == "line_deal" else [64, 1])
+    pages = args.pages or DEFAULT_PAGES[args.policy]
     rows = []
     for row0, make, kind, policy in POLICIES[args.policy](pages):
         if args.only and row0["batch"] not in args.only:

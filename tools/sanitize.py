@@ -20,6 +20,7 @@ Cases (small, ragged, each a registered config's shape):
                    pages 1 and 64
     mla-*fused-p*  the sm_90a MLA prefill and decode kernels with ``fused_merge`` (the in-kernel fold of split items)
     prefill-fused-* the sm_90a GQA prefill kernel with ``fused_merge``: device plan (p1, p64) and host plan (hostplan)
+    prefill-k-ahead-p* the sm_90a GQA prefill's row gathers with ``k_ahead`` (K one tile ahead of V), pages 1 and 4
     hostplan-decode  check_indices=True: the host-planned path (every other case plans on the device)
     line-deal-decode  the device planner's line deal at page 1 (on by default at every page size)
     hostile-decode the device planner's bounds checks (ids past the pool and negative; those requests 0 / -inf)
@@ -198,7 +199,20 @@ def _cases(arch: str) -> dict:
                 return _run_api(cute_attn.gqa_paged_prefill, case, arch, check_indices=host_plan)
         return run
 
+    def prefill_k_ahead(page_size: int):  # row gathers with K one tile ahead of V (two pipeline states)
+        def run():
+            from cute_attn.ops.gqa_prefill import k_ahead_policy
+
+            with k_ahead_policy((page_size,)):
+                case = testing.make_gqa_prefill_case([1, 40, 0, 200, 64, 3], [3000, 40, 5, 1500, 3000, 3],
+                                                     page_size=page_size, num_qo_heads=16, num_kv_heads=1,
+                                                     device="cuda", seed=86)
+                return _run_api(cute_attn.gqa_paged_prefill, case, arch)
+        return run
+
     if arch == "sm_90a":
+        cases["prefill-k-ahead-p1"] = ("gqa_paged_prefill", prefill_k_ahead(1))
+        cases["prefill-k-ahead-p4"] = ("gqa_paged_prefill", prefill_k_ahead(4))
         cases["prefill-fused-p1"] = ("gqa_paged_prefill", prefill_fused(1, False))
         cases["prefill-fused-p64"] = ("gqa_paged_prefill", prefill_fused(64, False))
         cases["prefill-fused-hostplan"] = ("gqa_paged_prefill", prefill_fused(64, True))

@@ -51,6 +51,19 @@ PREFILL_ITEM_OVERHEAD_KEYS = 320
 #: mostly have no merges, +0.2..+4.8 us on all 12 (so the fused build's main loop itself is slower: one more named
 #: barrier, ptxas spills 4 bytes at page 1; a first build that walked every CTA's items at its tail was 2-9 us slower)
 FUSED_MERGE = False
+#: sm_90a page sizes whose row gathers copy K one tile ahead of V (``PagedAttentionConfig.k_ahead``: K_0, K_1, V_0,
+#: K_2, V_1, ..., FA3's paged-KV order). Why: page-1 prefill runs 6-16% behind page 64 and FA4 (whose page 1 runs
+#: at its page-64 time); with the intra-warpgroup overlap a consumer waits for K_{t+1} before V_t, and the producer
+#: warps copied V_t first. Built in session 16, empty (off) until an A/B (``tools/ab_policy.py k_ahead``) says so
+K_AHEAD_PAGE_SIZES: tuple[int, ...] = ()
+
+
+@contextlib.contextmanager
+def k_ahead_policy(page_sizes):
+    """Inside the block sm_90a prefill configs at ``page_sizes`` take ``k_ahead`` whatever ``K_AHEAD_PAGE_SIZES``
+    says (the GPU tier, sanitizer cases, A/Bs)."""
+    with policy(globals(), K_AHEAD_PAGE_SIZES=tuple(page_sizes)):
+        yield
 
 
 @contextlib.contextmanager
@@ -89,10 +102,14 @@ def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, pag
         tiles = dict(tile_q_rows=128, kv_tile=64, item_overhead_keys=PREFILL_ITEM_OVERHEAD_KEYS)
         if arch == "sm_90a":
             tiles.update(intra_wg_overlap=True, smem_epilogue=False, fused_merge=FUSED_MERGE)
+            if page_size in K_AHEAD_PAGE_SIZES:
+                tiles.update(k_ahead=True)
         return tiles
     tiles = dict(tile_q_rows=128, kv_tile=128, item_overhead_keys=PREFILL_ITEM_OVERHEAD_KEYS)
     if arch == "sm_90a":
         tiles.update(intra_wg_overlap=True, smem_epilogue=True, fused_merge=FUSED_MERGE)
+        if page_size in K_AHEAD_PAGE_SIZES:
+            tiles.update(k_ahead=True)
     return tiles
 
 
@@ -152,4 +169,4 @@ def plan_gqa_paged_prefill(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices
                     arch=arch, num_sms=num_sms, on_device=on_device)
 
 
-__all__ = ["SPEC", "gqa_paged_prefill", "plan_gqa_paged_prefill", "check", "fused_merge_policy"]
+__all__ = ["SPEC", "gqa_paged_prefill", "plan_gqa_paged_prefill", "check", "fused_merge_policy", "k_ahead_policy"]

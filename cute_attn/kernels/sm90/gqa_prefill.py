@@ -180,6 +180,7 @@ class GqaPagedPrefillSm90:
         self.pages_per_tile = self.tile_n // self.page_size
         self.row_gather = uses_row_gather(config, ROW_GATHER_PAGE_SIZES)
         self.row_segments = self.row_gather and config.row_segments is not False  # policy (None): segments
+        self.k_ahead = self.row_gather and bool(config.k_ahead)  # policy (None): K_t then V_t
         self.num_stages = NUM_STAGES
         self.q_stages = q_stages(self.head_dim)
         self.num_mma_wg = self.tile_m // 64
@@ -194,7 +195,8 @@ class GqaPagedPrefillSm90:
         return (f"GqaPagedPrefillSm90_H{self.num_qo_heads}_KV{self.num_kv_heads}_D{self.head_dim}"
                 f"_P{self.page_size}_M{self.tile_m}_N{self.tile_n}"
                 f"{'_OVL' if self.intra_wg_overlap else ''}{'_SEPI' if self.smem_epilogue else ''}"
-                f"{'_RowSeg' if self.row_segments else ''}{'_Fold' if self.fused_merge else ''}")
+                f"{'_RowSeg' if self.row_segments else ''}{'_KAhead' if self.k_ahead else ''}"
+                f"{'_Fold' if self.fused_merge else ''}")
 
     # ------------------------------------------------------------------------------- host side
     @cute.jit
@@ -444,6 +446,10 @@ class GqaPagedPrefillSm90:
         kv_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages)
         lane_pages = cute.make_rmem_tensor(1, Int32)
         next_pages = cute.make_rmem_tensor(1, Int32)
+        v_state, prev_pages = None, None  # k_ahead only: V's own state, the previous tile's ids (for its V)
+        if cutlass.const_expr(self.k_ahead):
+            v_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages)
+            prev_pages = cute.make_rmem_tensor(1, Int32)
         lane = cute.arch.lane_idx()
         slice_rows = warp * rows
         s_k_chunks = cute.flat_divide(s_k, (1, ROW_CHUNK))  # (1, vec, row, chunk, stage)
@@ -461,21 +467,59 @@ class GqaPagedPrefillSm90:
             num_tiles = cute.ceil_div(kv_end - kv_start, self.tile_n) if kv_end > kv_start else 0
             first = kv_start + slice_rows  # this warp's first key of tile 0
             load_lane_page_ids(kv_indices, next_pages, page_base + first // P, (kv_end - first + P - 1) // P, lane)
-            for t in cutlass.range(num_tiles, unroll=1):
-                nxt = first + (t + 1) * self.tile_n  # tile t + 1's ids load under tile t's copies
-                rotate_lane_page_ids(kv_indices, lane_pages, next_pages, page_base + nxt // P,
-                                     (kv_end - nxt + P - 1) // P, lane)
-                pipe_k.producer_acquire(kv_state)
-                gather_one_row_pages(k_rows, s_k_chunks[None, None, None, None, kv_state.index], lane_pages, h, lane,
+            if cutlass.const_expr(self.k_ahead):
+                v_state = self.gather_k_ahead(k_rows, v_rows, s_k_chunks, s_v_chunks, lane_pages, next_pages,
+                                              prev_pages, kv_indices, h, lane, rows, slice_rows, first, page_base,
+                                              kv_end, num_tiles, pipe_k, pipe_v, kv_state, v_state)
+                kv_state = v_state.clone()  # both pipelines advanced once a tile
+            else:
+                for t in cutlass.range(num_tiles, unroll=1):
+                    nxt = first + (t + 1) * self.tile_n  # tile t + 1's ids load under tile t's copies
+                    rotate_lane_page_ids(kv_indices, lane_pages, next_pages, page_base + nxt // P,
+                                         (kv_end - nxt + P - 1) // P, lane)
+                    pipe_k.producer_acquire(kv_state)
+                    gather_one_row_pages(k_rows, s_k_chunks[None, None, None, None, kv_state.index], lane_pages, h,
+                                         lane, rows, self.head_dim, page_rows=P, tile_row0=slice_rows,
+                                         segments=self.row_segments)
+                    pipe_k.producer_commit(kv_state)
+                    pipe_v.producer_acquire(kv_state)
+                    gather_one_row_pages(v_rows, s_v_chunks[None, None, None, None, kv_state.index], lane_pages, h,
+                                         lane, rows, self.head_dim, page_rows=P, tile_row0=slice_rows,
+                                         segments=self.row_segments)
+                    pipe_v.producer_commit(kv_state)
+                    kv_state.advance()
+
+    @cute.jit
+    def gather_k_ahead(self, k_rows, v_rows, s_k_chunks, s_v_chunks, lane_pages, next_pages, prev_pages, kv_indices,
+                       h: Int32, lane: Int32, rows: cutlass.Constexpr[int], slice_rows: Int32, first: Int32,
+                       page_base: Int32, kv_end: Int32, num_tiles: Int32, pipe_k, pipe_v, k_state, v_state):
+        """One item's tiles in the order K_0, K_1, V_0, K_2, V_1, ..., V_last (``k_ahead``); K and V keep their own
+        pipeline states, each advanced once a tile (so they agree again after the item). Returns the V state."""
+        P = self.page_size
+        for t in cutlass.range(num_tiles, unroll=1):
+            nxt = first + (t + 1) * self.tile_n
+            prev_pages[0] = lane_pages[0]  # tile t - 1's ids, for its V
+            rotate_lane_page_ids(kv_indices, lane_pages, next_pages, page_base + nxt // P,
+                                 (kv_end - nxt + P - 1) // P, lane)
+            pipe_k.producer_acquire(k_state)
+            gather_one_row_pages(k_rows, s_k_chunks[None, None, None, None, k_state.index], lane_pages, h, lane,
+                                 rows, self.head_dim, page_rows=P, tile_row0=slice_rows, segments=self.row_segments)
+            pipe_k.producer_commit(k_state)
+            k_state.advance()
+            if t > 0:
+                pipe_v.producer_acquire(v_state)
+                gather_one_row_pages(v_rows, s_v_chunks[None, None, None, None, v_state.index], prev_pages, h, lane,
                                      rows, self.head_dim, page_rows=P, tile_row0=slice_rows,
                                      segments=self.row_segments)
-                pipe_k.producer_commit(kv_state)
-                pipe_v.producer_acquire(kv_state)
-                gather_one_row_pages(v_rows, s_v_chunks[None, None, None, None, kv_state.index], lane_pages, h, lane,
-                                     rows, self.head_dim, page_rows=P, tile_row0=slice_rows,
-                                     segments=self.row_segments)
-                pipe_v.producer_commit(kv_state)
-                kv_state.advance()
+                pipe_v.producer_commit(v_state)
+                v_state.advance()
+        if num_tiles > 0:
+            pipe_v.producer_acquire(v_state)
+            gather_one_row_pages(v_rows, s_v_chunks[None, None, None, None, v_state.index], lane_pages, h, lane,
+                                 rows, self.head_dim, page_rows=P, tile_row0=slice_rows, segments=self.row_segments)
+            pipe_v.producer_commit(v_state)
+            v_state.advance()
+        return v_state
 
     @cute.jit
     def consume(self, ctid: Int32, s_q: cute.Tensor, s_k: cute.Tensor, s_v: cute.Tensor, qo_indptr: cute.Tensor,

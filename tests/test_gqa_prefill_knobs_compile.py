@@ -1,10 +1,11 @@
-"""Compile-only tests of ``PagedAttentionConfig.fused_merge`` on the sm_90a GQA prefill kernel (no GPU needed).
+"""Compile-only tests of the sm_90a GQA prefill kernel's knobs ``fused_merge`` and ``k_ahead`` (no GPU needed).
 
 The build folds a split item's partials in the kernel (``common/decode_merge.fold_completed_merges``, the GQA
 decode's fold) instead of the combine launch that a device plan of prefill otherwise always makes. These tests hold
 its contract: the default build is untouched, the fused entry takes the merge table and counters, arrives once a
 split item with an acq_rel atomic, and syncs both consumer warpgroups on its own named barrier; the sm_100a twin
-refuses the knob with a reason.
+refuses the knob with a reason. ``k_ahead`` reorders the row gathers (K_{t+1} before V_t): only page sizes that
+gather rows change, without spills, and only this kernel takes the knob.
 """
 
 from __future__ import annotations
@@ -69,3 +70,53 @@ def test_fused_merge_policy_flips_the_sm90_prefill_config_only_inside_the_block(
     with gqa_prefill_op.fused_merge_policy(False):
         assert not _prefill().fused_merge
     assert _prefill().fused_merge == gqa_prefill_op.FUSED_MERGE
+
+
+def _sass_spills(ptx: str) -> str:
+    """ptxas's spill line for the PTX (empty when ptxas is not installed: the PTX checks still run)."""
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    if shutil.which("ptxas") is None:
+        return ""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        err = subprocess.run(["ptxas", "-arch=sm_90a", "-v", path, "-o", os.path.join(d, "k.o")],
+                             capture_output=True, text=True, check=True).stderr
+    return next((line for line in err.splitlines() if "spill" in line), "")
+
+
+@pytest.mark.parametrize("page_size, heads, kv_heads", [(1, 32, 4), (4, 24, 8)], ids=str)
+def test_k_ahead_reorders_the_row_gathers_only(page_size, heads, kv_heads):
+    config = _prefill(page_size=page_size, heads=heads, kv_heads=kv_heads)
+    ahead = dataclasses.replace(config, k_ahead=True)
+    assert repr(gqa_prefill.GqaPagedPrefillSm90(ahead)).endswith("_KAhead")
+    plain, reordered = compile_to_ptx(config), compile_to_ptx(ahead)
+    assert plain != reordered
+    # the item's last V is copied after its loop: one more unrolled gather of cp.async rows
+    assert reordered.count("cp.async.cg.shared.global") > plain.count("cp.async.cg.shared.global")
+    assert "ld.local" not in reordered
+    spills = _sass_spills(reordered)
+    assert "0 bytes spill stores" in spills or not spills
+
+
+def test_k_ahead_changes_nothing_where_pages_are_tma_boxes_and_is_refused_elsewhere():
+    config = _prefill(page_size=64)
+    assert compile_to_ptx(config) == compile_to_ptx(dataclasses.replace(config, k_ahead=True))
+    reason = dataclasses.replace(_prefill(arch="sm_100a"), k_ahead=True).can_implement()
+    assert reason is not None and "k_ahead" in reason
+    decode = default_paged_config("gqa_paged_decode", arch="sm_90a", num_qo_heads=20, num_kv_heads=4, head_dim_qk=128,
+                                  head_dim_v=128, page_size=1, causal=False)
+    assert "k_ahead" in dataclasses.replace(decode, k_ahead=True).can_implement()
+
+
+def test_k_ahead_policy_reaches_the_configs_of_its_page_sizes_only():
+    assert gqa_prefill_op.K_AHEAD_PAGE_SIZES == ()  # off until an A/B on a GPU
+    with gqa_prefill_op.k_ahead_policy((1, 2)):
+        assert _prefill(page_size=1).k_ahead and _prefill(page_size=2).k_ahead
+        assert not _prefill(page_size=4).k_ahead and not _prefill(arch="sm_100a", page_size=1).k_ahead
+    assert not _prefill(page_size=1).k_ahead
