@@ -104,13 +104,21 @@ def test_attention_and_combine_chain_is_one_host_function(arch):
 
 @pytest.mark.parametrize("arch", ARCHES)
 def test_the_causal_planners_carry_the_sorted_deal_and_the_decode_planner_does_not(arch):
-    # the deal's sort and maxima are warp butterflies (shfl.sync.bfly); no other planner phase uses one
+    # the deal's sort and maxima are warp butterflies (shfl.sync.bfly); no other planner phase uses one. The decode
+    # planner deals in line order (no sort: only the maxima's butterflies), and without the line deal has none
+    from cute_attn.ops import gqa_decode
+
     decode, prefill, mla = device_planner.default_configs(arch)
     assert not decode.sorted_deal and prefill.sorted_deal and mla.sorted_deal
-    assert "shfl.sync.bfly" not in compile_to_ptx(decode)
+    assert decode.line_deal and not prefill.line_deal and not mla.line_deal
+    with gqa_decode.line_deal_policy(()):
+        plain_decode = device_planner.default_configs(arch)[0]
+    assert not plain_decode.line_deal
+    assert "shfl.sync.bfly" not in compile_to_ptx(plain_decode)
+    decode_butterflies = compile_to_ptx(decode).count("shfl.sync.bfly")
     for config in (prefill, mla):
         ptx = compile_to_ptx(config)
-        assert f".target {arch}" in ptx and "shfl.sync.bfly" in ptx
+        assert f".target {arch}" in ptx and ptx.count("shfl.sync.bfly") > decode_butterflies > 0
 
 
 def _bitonic_model(keys: list[int], size: int) -> list[int]:
@@ -162,11 +170,11 @@ def test_fast_sort_build_sorts_int32_keys_unrolled(arch):
 
 @pytest.mark.parametrize("arch", ARCHES)
 def test_line_deal_planner_builds_without_the_sort(arch):
-    """The small-page decode's line deal (``PlanConfig.line_deal``, off by default) deals the line order: its build
-    reads the deal's keys but runs no bitonic sort (no shuffle butterflies beyond the reductions' 5 + 4 a round)."""
+    """The decode's line deal (``PlanConfig.line_deal``, on by default) deals the line order: its build reads the
+    deal's keys but runs no bitonic sort (no shuffle butterflies beyond the reductions' 5 + 4 a round)."""
     line = dataclasses.replace(_decode_planner(arch), page_size=1, line_deal=True)
-    plain = dataclasses.replace(_decode_planner(arch), page_size=1)
-    sorted_build = dataclasses.replace(_decode_planner(arch), page_size=1, sorted_deal=True)
+    plain = dataclasses.replace(_decode_planner(arch), page_size=1, line_deal=False)
+    sorted_build = dataclasses.replace(_decode_planner(arch), page_size=1, sorted_deal=True, line_deal=False)
     counts = {}
     for name, cfg in (("line", line), ("plain", plain), ("sorted", sorted_build)):
         ptx = compile_to_ptx(cfg)
@@ -175,3 +183,16 @@ def test_line_deal_planner_builds_without_the_sort(arch):
     # the line deal adds the vote's pair reduction and the deal's max, never the sort's dozens of exchanges
     assert counts["plain"] < counts["line"] < counts["sorted"], counts
     assert device_planner.DevicePlannerConfig(arch=arch, sorted_deal=True, line_deal=True).can_implement()
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_item_rows_go_out_as_bulk_copies_completed_before_the_grid_ends(arch):
+    """The lists phase stores each 512-item chunk with one ``cp.async.bulk`` (thread 0, double-buffered stage): the
+    rows are fenced to the async proxy before the copy, the previous copy's reads are waited for before its buffer
+    is rebuilt, and every copy completes (``wait_group 0``) before the planning CTA exits."""
+    for config in device_planner.default_configs(arch):
+        ptx = compile_to_ptx(config)
+        assert "cp.async.bulk.global.shared::cta.bulk_group" in ptx
+        assert "fence.proxy.async.shared::cta" in ptx
+        assert re.search(r"cp\.async\.bulk\.wait_group\.read\s+1;", ptx)
+        assert re.search(r"cp\.async\.bulk\.wait_group\s+0;", ptx)
