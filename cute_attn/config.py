@@ -185,7 +185,7 @@ class PagedAttentionConfig(KernelConfig):
     def _line_deal(self) -> bool:
         from .ops import gqa_decode  # the decode spec's page-size policy
 
-        return self.kind == "gqa_paged_decode" and self.page_size in gqa_decode.LINE_DEAL_PAGE_SIZES
+        return self.kind == "gqa_paged_decode" and gqa_decode.line_deals(self.page_size, self.num_kv_heads)
 
     def can_implement(self) -> str | None:
         """None when a registered kernel builds this config, else why not: the shape rules every kernel of the

@@ -113,8 +113,8 @@ class PlanConfig:
     #: device plans of decode: whole tiles dealt serpentine in line order (no sort; request-major, KV head minor)
     #: instead of contiguous cuts when the deal's busiest CTA is no worse. Contiguous cuts run a request's KV heads
     #: one after another on a CTA; the deal (like the host LPT) runs them at once on neighbouring CTAs, so a cache
-    #: row's KV heads are read together. Set where ``ops/gqa_decode.LINE_DEAL_PAGE_SIZES`` names the page size (every
-    #: page size since session 16, measured there)
+    #: row's KV heads are read together. Set where ``ops/gqa_decode.line_deals`` says (pages 1 and 2, and any page from
+    #: 8 KV heads: measured in session 16)
     line_deal: bool = False
     #: host plans (``plan_work``) take the device twin's plan (``plan_partition``) when its modelled busiest CTA is
     #: strictly lower than the LPT's: its line cuts split long requests where they fall, the LPT's candidates cut every

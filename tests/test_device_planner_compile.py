@@ -106,16 +106,11 @@ def test_attention_and_combine_chain_is_one_host_function(arch):
 def test_the_causal_planners_carry_the_sorted_deal_and_the_decode_planner_does_not(arch):
     # the deal's sort and maxima are warp butterflies (shfl.sync.bfly); no other planner phase uses one. The decode
     # planner deals in line order (no sort: only the maxima's butterflies), and without the line deal has none
-    from cute_attn.ops import gqa_decode
-
     decode, prefill, mla = device_planner.default_configs(arch)
     assert not decode.sorted_deal and prefill.sorted_deal and mla.sorted_deal
-    assert decode.line_deal and not prefill.line_deal and not mla.line_deal
-    with gqa_decode.line_deal_policy(()):
-        plain_decode = device_planner.default_configs(arch)[0]
-    assert not plain_decode.line_deal
-    assert "shfl.sync.bfly" not in compile_to_ptx(plain_decode)
-    decode_butterflies = compile_to_ptx(decode).count("shfl.sync.bfly")
+    assert not prefill.line_deal and not mla.line_deal
+    assert "shfl.sync.bfly" not in compile_to_ptx(dataclasses.replace(decode, line_deal=False))
+    decode_butterflies = compile_to_ptx(dataclasses.replace(decode, line_deal=True)).count("shfl.sync.bfly")
     for config in (prefill, mla):
         ptx = compile_to_ptx(config)
         assert f".target {arch}" in ptx and ptx.count("shfl.sync.bfly") > decode_butterflies > 0

@@ -568,8 +568,10 @@ def test_line_deal_policy_reaches_the_decode_plan_config_only_inside_the_block()
         return default_paged_config(kind, arch="sm_90a", num_qo_heads=20, num_kv_heads=4, head_dim_qk=128,
                                     head_dim_v=128, page_size=page_size, causal=causal)
 
-    assert gqa_decode.LINE_DEAL_PAGE_SIZES == (1, 2, 4, 8, 16, 32, 64, 128)  # measured on the H200 (session 16)
-    assert config(1).plan_config(132).line_deal and config(64).plan_config(132).line_deal
+    # measured on the H200 (session 16): pages 1 and 2 with any heads, any page from 8 KV heads
+    assert gqa_decode.LINE_DEAL_PAGE_SIZES == (1, 2) and gqa_decode.LINE_DEAL_MIN_KV_HEADS == 8
+    assert config(1).plan_config(132).line_deal and not config(64).plan_config(132).line_deal  # h20/kv4
+    assert gqa_decode.line_deals(64, 8) and gqa_decode.line_deals(2, 4) and not gqa_decode.line_deals(4, 4)
     with gqa_decode.line_deal_policy(()):
         assert not config(1).plan_config(132).line_deal
     with gqa_decode.line_deal_policy((1, 2)):

@@ -13,22 +13,32 @@ from ..config import gqa_shape_reason
 from . import OpSpec, policy
 
 ARG_NAMES = ("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "kv_last_page_len", "sm_scale", "output", "lse")
-#: page sizes whose device plans deal whole tiles in line order when no worse than the contiguous cuts
-#: (``PlanConfig.line_deal``). Why: the contiguous cuts give a CTA one request's KV heads in turn, the host LPT puts a
-#: request's heads on neighbouring CTAs at once, so a cache row's heads are read together. Measured on the H200
-#: (session 16, ``tools/ab_policy.py line_deal``, one process, device-planned call without -> with, us): page 1,
-#: 64 x 2048 h20/kv4 82.5 -> 77.5 (host plan 77.6), h24/kv8 153.0 -> 142.4, h32/kv16 279.5 -> 270.7; page 2 84.3 ->
-#: 78.8, 155.7 -> 144.8; pages 4..128 0-2.3% faster on 31 of 33 rows of 64 x 2048 and 128 x 4096 (128 x 4096 h32/kv16
-#: 1040.8 -> 1013.3 at page 128); slower on two: 128 x 4096 h32/kv16 at page 2 (1032.6 -> 1052.4, the host plan's
-#: time) and page 1 (1022.3 -> 1027.9); the ragged 37 within 0.4 us at pages 1 and 64 (``docs/perf/h200-line-deal.json``)
-LINE_DEAL_PAGE_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
+#: Device plans of decode deal whole tiles in line order when no worse than the contiguous cuts (``PlanConfig.line_deal``)
+#: at these page sizes, and at any page size when a request has at least ``LINE_DEAL_MIN_KV_HEADS`` KV heads. Why: the
+#: cuts give a CTA one request's KV heads in turn, the host LPT puts a request's heads on neighbouring CTAs at once,
+#: so a cache row's heads are read together. Measured on the H200 (session 16, ``tools/ab_policy.py line_deal``, one
+#: process; ``docs/perf/h200-line-deal.json``), device-planned call: page 1, 64 x 2048 h20/kv4 82.5 -> 77.5 us (host
+#: plan 77.6), h24/kv8 153.0 -> 142.4, h32/kv16 279.5 -> 270.7; faster on 31 of 33 rows at pages 2..128 (up to
+#: -27.5 us). But the deal's vote and laps cost the planner ~1.8 k cycles (~1 us: decode 64 x 2048 in-kernel 7.3 ->
+#: 8.7 us), so the default call (a device plan every call) lost 0.4-1.6 us at pages >= 4 with 4 KV heads (the
+#: seed's h20/kv4 page 64: 81.9 -> 82.8) and won with 8 or 16 (64 x 2048 h32/kv16 up to -3 us, 128 x 4096 up to
+#: -23.7) and at pages 1 and 2 with any (h20/kv4 page 2 -3.9, page 1 -3.4)
+LINE_DEAL_PAGE_SIZES: tuple[int, ...] = (1, 2)
+LINE_DEAL_MIN_KV_HEADS: int = 8
+_NEVER = 1 << 30
+
+
+def line_deals(page_size: int, num_kv_heads: int) -> bool:
+    """Whether device plans of decode at this page size and KV head count take the line deal (the policy above)."""
+    return page_size in LINE_DEAL_PAGE_SIZES or num_kv_heads >= LINE_DEAL_MIN_KV_HEADS
 
 
 @contextlib.contextmanager
-def line_deal_policy(page_sizes):
-    """Inside the block device plans of decode at ``page_sizes`` take the line deal whatever
-    ``LINE_DEAL_PAGE_SIZES`` says (the GPU tier, the A/B)."""
-    with policy(globals(), LINE_DEAL_PAGE_SIZES=tuple(page_sizes)):
+def line_deal_policy(page_sizes, min_kv_heads: int | None = None):
+    """Inside the block device plans of decode take the line deal at ``page_sizes`` (and at any page size from
+    ``min_kv_heads`` KV heads; None: by page size only) whatever the module's policy says (the GPU tier, A/Bs)."""
+    with policy(globals(), LINE_DEAL_PAGE_SIZES=tuple(page_sizes),
+                LINE_DEAL_MIN_KV_HEADS=_NEVER if min_kv_heads is None else int(min_kv_heads)):
         yield
 
 
