@@ -191,3 +191,16 @@ def test_item_rows_go_out_as_bulk_copies_completed_before_the_grid_ends(arch):
         assert "fence.proxy.async.shared::cta" in ptx
         assert re.search(r"cp\.async\.bulk\.wait_group\.read\s+1;", ptx)
         assert re.search(r"cp\.async\.bulk\.wait_group\s+0;", ptx)
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_lists_phase_builds_one_or_two_rows_a_thread(arch):
+    """``items_per_thread`` (default ``ITEMS_PER_THREAD``): two rows a thread a pass search their CTAs side by side
+    (fixed steps: ``log2(NUM_THREADS)`` probes a row, no data-dependent loop); one keeps the binary search."""
+    prefill = device_planner.default_configs(arch)[1]
+    assert device_planner.ITEMS_PER_THREAD == 2 and prefill.rows_per_thread == 2
+    assert dataclasses.replace(prefill, items_per_thread=3).can_implement() is not None
+    one, two = (compile_to_ptx(dataclasses.replace(prefill, items_per_thread=n)) for n in (1, 2))
+    assert one != two and two == compile_to_ptx(prefill)
+    for ptx in (one, two):
+        assert "cp.async.bulk.global.shared::cta.bulk_group" in ptx and "ld.local" not in ptx

@@ -63,6 +63,9 @@ def _cases():
     yield gqa("prefill 8 x 992", prefill, case, case.qo_indptr)
     case = testing.make_gqa_prefill_case([992] * 8, [992] * 8, page_size=1, device="cuda", seed=5)
     yield gqa("prefill 8 x 992 page 1", prefill, case, case.qo_indptr)
+    for n in (16, 32):  # the lists phase grows with the items (3968 / 7936 here)
+        case = testing.make_gqa_prefill_case([992] * n, [992] * n, device="cuda", seed=n)
+        yield gqa(f"prefill {n} x 992", prefill, case, case.qo_indptr)
     import bench_workloads as bw
 
     seed = next(w for w in bw.all_workloads() if w.kernel.startswith("mla_paged_prefill") and w.label.startswith("n28"))
@@ -76,51 +79,67 @@ def main(argv=None) -> int:
     import torch
 
     import bench_timing
-    from cute_attn.compile import compile_kernel
-    from cute_attn.device_planning import launch_planner
-    from cute_attn.kernels.common.device_planner import TRACE_STAMPS, DevicePlannerConfig
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--items-per-thread", type=int, nargs="+", default=[0],
+                   help="lists-phase rows a thread builds per pass, one trace each (0: the default)")
+    p.add_argument("--only", nargs="+", default=None, help="case labels that start with any of these")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
     flush = bench_timing.make_l2_flusher()
     report = []
     for label, planner_fn, case, qo, num_pages, total_q in _cases():
-        plan = planner_fn(*case.inputs(), on_device=True)
-        num_ctas = plan.work_indptr.shape[0] - 1
-        config = DevicePlannerConfig.for_plan(plan.config.plan_config(num_ctas), arch=plan.config.arch,
-                                              has_qo_indptr=qo is not None, head_dim_v=plan.config.head_dim_v)
-        traced = compile_kernel(dataclasses.replace(config, trace_phases=True))
-        out, lse = case.new_outputs()
-        stamps, event_us = [], []
-        for _ in range(args.reps + 3):
-            flush()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            launch_planner(traced, plan, qo, case.kv_indptr, case.kv_indices, case.kv_last_page_len, out, lse,
-                           num_pages, total_q)
-            end.record()
-            torch.cuda.synchronize()
-            event_us.append(start.elapsed_time(end) * 1e3)
-            stamps.append(plan.planner.q_tile_start[-TRACE_STAMPS:].cpu().tolist())
-        stamps, event_us = stamps[3:], event_us[3:]
-        slots = [0] + [slot % TRACE_STAMPS for _, slot in PHASE_ENDS]
-        cycles = [[s[b] - s[a] for a, b in zip(slots, slots[1:])] for s in stamps]
-        phase_cycles = [statistics.median(c[i] for c in cycles) for i in range(len(PHASES))]
-        total_cycles = statistics.median(s[TRACE_STAMPS - 3] - s[0] for s in stamps)
-        span_ns = statistics.median(s[TRACE_STAMPS - 1] - s[TRACE_STAMPS - 2] for s in stamps)
-        row = dict(case=label, event_us=round(statistics.median(event_us), 2), in_kernel_ns=span_ns,
-                   total_cycles=total_cycles, phases={n: c for n, c in zip(PHASES, phase_cycles)})
-        report.append(row)
-        print(f"{label}: event {row['event_us']} us, in-kernel {span_ns / 1e3:.2f} us, {total_cycles} cycles")
-        for name, c in row["phases"].items():
-            print(f"    {c:8.0f} cycles  {name}")
+        if args.only and not any(label.startswith(prefix) for prefix in args.only):
+            continue
+        for per_thread in args.items_per_thread:
+            row = _trace(f"{label} [items/thread {per_thread or 'default'}]" if len(args.items_per_thread) > 1
+                         else label, planner_fn, case, qo, num_pages, total_q, per_thread, args.reps, flush)
+            report.append(row)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     return 0
+
+
+def _trace(label, planner_fn, case, qo, num_pages, total_q, per_thread, reps, flush) -> dict:
+    import torch
+
+    from cute_attn.compile import compile_kernel
+    from cute_attn.device_planning import launch_planner
+    from cute_attn.kernels.common.device_planner import TRACE_STAMPS, DevicePlannerConfig
+
+    plan = planner_fn(*case.inputs(), on_device=True)
+    num_ctas = plan.work_indptr.shape[0] - 1
+    config = DevicePlannerConfig.for_plan(plan.config.plan_config(num_ctas), arch=plan.config.arch,
+                                          has_qo_indptr=qo is not None, head_dim_v=plan.config.head_dim_v)
+    traced = compile_kernel(dataclasses.replace(config, trace_phases=True, items_per_thread=per_thread))
+    out, lse = case.new_outputs()
+    stamps, event_us = [], []
+    for _ in range(reps + 3):
+        flush()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        launch_planner(traced, plan, qo, case.kv_indptr, case.kv_indices, case.kv_last_page_len, out, lse,
+                       num_pages, total_q)
+        end.record()
+        torch.cuda.synchronize()
+        event_us.append(start.elapsed_time(end) * 1e3)
+        stamps.append(plan.planner.q_tile_start[-TRACE_STAMPS:].cpu().tolist())
+    stamps, event_us = stamps[3:], event_us[3:]
+    slots = [0] + [slot % TRACE_STAMPS for _, slot in PHASE_ENDS]
+    cycles = [[s[b] - s[a] for a, b in zip(slots, slots[1:])] for s in stamps]
+    phase_cycles = [statistics.median(c[i] for c in cycles) for i in range(len(PHASES))]
+    total_cycles = statistics.median(s[TRACE_STAMPS - 3] - s[0] for s in stamps)
+    span_ns = statistics.median(s[TRACE_STAMPS - 1] - s[TRACE_STAMPS - 2] for s in stamps)
+    row = dict(case=label, event_us=round(statistics.median(event_us), 2), in_kernel_ns=span_ns,
+               total_cycles=total_cycles, phases={n: c for n, c in zip(PHASES, phase_cycles)})
+    print(f"{label}: event {row['event_us']} us, in-kernel {span_ns / 1e3:.2f} us, {total_cycles} cycles",
+          flush=True)
+    for name, c in row["phases"].items():
+        print(f"    {c:8.0f} cycles  {name}")
+    return row
 
 
 if __name__ == "__main__":

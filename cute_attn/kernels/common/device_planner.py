@@ -75,6 +75,10 @@ MAX_SCAN_CTAS = 132
 SMEM_REQUESTS = 1024
 SMEM_Q_TILES = 2048
 L2_LINE_INT32 = 32  # the index arrays are prefetched to L2 a 128-byte line at a time
+#: item rows a thread builds per pass of the lists phase (their CTA searches side by side); a pass's rows go out as
+#: one bulk copy from one of two stage buffers (2 x NUM_THREADS x ITEMS_PER_THREAD rows of 40 bytes: 80 KB at 2, the
+#: planning CTA's shared memory ~183 KB in all). ``DevicePlannerConfig.items_per_thread`` overrides it (A/Bs)
+ITEMS_PER_THREAD = 2
 TRACE_STAMPS = 19  # trace_phases: clock64 stamps at the tail of q_tile_start (tools/planner_trace.py)
 Q_TILE_FIELDS = 4  # request, row start, row count, key end
 # first q tile, keys, query tokens, fault bits, first page (kv_indptr[b]), first token (qo_indptr[b]): the lists
@@ -110,6 +114,8 @@ class DevicePlannerConfig(KernelConfig):
     #: a development build: the planning CTA writes clock64 stamps of its phase boundaries to the last
     #: TRACE_STAMPS entries of ``q_tile_start`` (the global scratch, unused by the shared-memory path)
     trace_phases: bool = False
+    #: item rows a thread builds per pass of the lists phase (1 or 2; see ITEMS_PER_THREAD)
+    items_per_thread: int = 0  # 0: ITEMS_PER_THREAD
 
     @staticmethod
     def for_plan(plan_config: PlanConfig, *, arch: str, has_qo_indptr: bool, head_dim_v: int) -> "DevicePlannerConfig":
@@ -144,7 +150,13 @@ class DevicePlannerConfig(KernelConfig):
             return "item_overhead_keys and min_chunk_keys must be >= 0"
         if self.sorted_deal and self.line_deal:
             return "sorted_deal and line_deal are exclusive"
+        if self.items_per_thread not in (0, 1, 2):
+            return f"items_per_thread={self.items_per_thread} must be 1 or 2 (0: the default, {ITEMS_PER_THREAD})"
         return None
+
+    @property
+    def rows_per_thread(self) -> int:
+        return self.items_per_thread or ITEMS_PER_THREAD
 
 
 def scan_ctas(num_indices: int) -> int:
@@ -217,7 +229,7 @@ class DevicePlanner:
         q_tile_start_s = smem.allocate_tensor(Int64, cute.make_layout(SMEM_Q_TILES + 1), byte_alignment=16)
         # item rows on their way to global: two buffers, so a chunk's bulk store reads one while the next chunk's
         # rows are built in the other (the first also serves the cuts as scratch)
-        stage = smem.allocate_tensor(Int32, cute.make_layout((2 * NUM_THREADS, len(ItemField)),
+        stage = smem.allocate_tensor(Int32, cute.make_layout((2 * NUM_THREADS * self.c.rows_per_thread, len(ItemField)),
                                                              stride=(len(ItemField), 1)), byte_alignment=128)
         sort_keys = None  # the sorted deal's (cost, q tile) keys: the sorted ones, then the sort's second buffer
         if cutlass.const_expr(self.deals):
@@ -632,59 +644,34 @@ class DevicePlanner:
             else:
                 merge_indptr[g] = num_partials
         self.stamp(trace, 14, tidx)
-        # One thread per item builds its row in shared memory; thread 0 then stores the chunk's rows as one bulk copy
-        # (cp.async.bulk, the TMA engine) while the CTA builds the next chunk in the other stage buffer. Before: the
-        # CTA's 16-byte stores cost ~0.7 k cycles a 512-item chunk (~29 B/clk, one SM's store path), and a row per
-        # thread straight to global was 10 scattered 4-byte stores an item.
+        # Each thread builds ITEMS_PER_THREAD rows in shared memory (their CTA searches run side by side, the chain
+        # that dominated a row's build); thread 0 then stores the pass's rows as one bulk copy (cp.async.bulk, the TMA
+        # engine) while the CTA builds the next pass in the other stage buffer. (Before: the CTA's 16-byte stores, a
+        # 512-row chunk a pass; a row per thread straight to global was 10 scattered 4-byte stores a row.)
         fields = len(ItemField)
-        # bulk stores need 16-byte aligned rows: our buffers always are (a chunk starts at a multiple of
-        # NUM_THREADS * fields words); a caller's view may not be, and then every thread stores words itself
+        per_thread = self.c.rows_per_thread
+        rows_per_pass = NUM_THREADS * per_thread
+        # bulk stores need 16-byte aligned rows: our buffers always are (a pass starts at a multiple of
+        # rows_per_pass * fields words); a caller's view may not be, and then every thread stores words itself
         bulk = Int32(0)
         if (items.iterator.toint() & 15) == 0:
             bulk = Int32(1)
         buffer = Int32(0)
-        for chunk in range(0, num_items, NUM_THREADS):
-            i = chunk + tidx
-            row = buffer * NUM_THREADS + tidx
-            if i < num_items:
-                cta = last_at_most(cta_items, num_ctas, i)
-                t = cut_tile[cta] + (i - cta_items[cta])
-                if cutlass.const_expr(sort_keys is not None):
-                    if deal != 0:  # the CTA's items are its laps of the deal
-                        t = dealt_tile(c, sort_keys, i - cta_items[cta], cta, num_ctas)
-                j = t // heads
-                b = q_tiles[j, 0]
-                kv_end = q_tiles[j, 3]
-                key_start = Int32(0)
-                if t == cut_tile[cta] and deal == 0:
-                    key_start = cut_key[cta]
-                key_end = kv_end
-                if t == cut_tile[cta + 1] and cut_key[cta + 1] > 0 and deal == 0:
-                    key_end = cut_key[cta + 1]
-                slot = Int32(-1)
-                merge = Int32(-1)
-                if key_start > 0:
-                    merge = cut_merge[cta]
-                    slot = merge_slot[merge] + cta - merge_first_cut[merge] + 1
-                elif key_end < kv_end:
-                    merge = cut_merge[cta + 1]
-                    slot = merge_slot[merge]
-                offset = Int32(NOT_CAUSAL_OFFSET)
-                if cutlass.const_expr(c.causal):
-                    offset = requests[b, 1] - requests[b, 2]
-                stage[row, ItemField.REQUEST] = b
-                stage[row, ItemField.KV_HEAD] = t % heads
-                stage[row, ItemField.Q_ROW_START] = q_tiles[j, 1]
-                stage[row, ItemField.Q_ROW_COUNT] = q_tiles[j, 2]
-                stage[row, ItemField.KV_START] = key_start
-                stage[row, ItemField.KV_END] = key_end
-                stage[row, ItemField.PARTIAL_SLOT] = slot
-                stage[row, ItemField.CAUSAL_OFFSET] = offset
-                stage[row, ItemField.MERGE] = merge
-                stage[row, ItemField.KV_PAGE_START] = requests[b, 4] + key_start // c.page_size
-            self.stamp(trace, 9, tidx)  # trace builds: the last chunk's build, barrier and store
-            words = cutlass.min(Int32(NUM_THREADS), num_items - chunk) * fields
-            first = buffer * (NUM_THREADS * fields)  # the buffer's first word in the stage
+        ctas = cute.make_rmem_tensor((per_thread,), Int32)
+        for chunk in range(0, num_items, rows_per_pass):
+            if cutlass.const_expr(per_thread == 1):
+                ctas[0] = last_at_most(cta_items, num_ctas, chunk + tidx)
+            else:
+                ctas_of_items(cta_items, num_ctas, chunk + tidx, ctas)
+            for k in cutlass.range_constexpr(per_thread):
+                i = chunk + k * NUM_THREADS + tidx
+                if i < num_items:
+                    self.build_item(stage, buffer * rows_per_pass + k * NUM_THREADS + tidx, i, ctas[k], q_tiles,
+                                    requests, cut_tile, cut_key, cta_items, merge_first_cut, merge_slot, cut_merge,
+                                    sort_keys, deal, num_ctas)
+            self.stamp(trace, 9, tidx)  # trace builds: the last pass's build, barrier and store
+            words = cutlass.min(Int32(rows_per_pass), num_items - chunk) * fields
+            first = buffer * (rows_per_pass * fields)  # the buffer's first word in the stage
             if bulk != 0:
                 cute.arch.fence_proxy("async.shared", space="cta")  # the rows, visible to the bulk copy's reads
             cute.arch.sync_threads()
@@ -692,7 +679,7 @@ class DevicePlanner:
             if bulk != 0:
                 if tidx == 0:
                     bulk_store(items, stage, chunk * fields, first, words // 4 * 4)
-                    # the buffer the next chunk builds in was read by the copy before this one
+                    # the buffer the next pass builds in was read by the copy before this one
                     cute.arch.cp_async_bulk_wait_group(1, read=True)
                 store_words(items, stage, chunk * fields, first, words // 4 * 4, words, tidx)  # the < 4-word tail
             else:
@@ -703,6 +690,66 @@ class DevicePlanner:
         if bulk != 0 and tidx == 0:
             cute.arch.cp_async_bulk_wait_group(0)  # every row in global before the grid ends (the kernel that reads
             # them waits for this grid's completion)
+
+    @cute.jit
+    def build_item(self, stage, row, i, cta, q_tiles, requests, cut_tile, cut_key, cta_items, merge_first_cut,
+                   merge_slot, cut_merge, sort_keys, deal, num_ctas):
+        """Item ``i`` (CTA ``cta``'s) into ``stage`` row ``row``: its tile from the cuts or the deal, its key range,
+        merge and partial slot, and its request's page start."""
+        c = self.c
+        heads = c.num_kv_heads
+        t = cut_tile[cta] + (i - cta_items[cta])
+        if cutlass.const_expr(sort_keys is not None):
+            if deal != 0:  # the CTA's items are its laps of the deal
+                t = dealt_tile(c, sort_keys, i - cta_items[cta], cta, num_ctas)
+        j = t // heads
+        b = q_tiles[j, 0]
+        kv_end = q_tiles[j, 3]
+        key_start = Int32(0)
+        if t == cut_tile[cta] and deal == 0:
+            key_start = cut_key[cta]
+        key_end = kv_end
+        if t == cut_tile[cta + 1] and cut_key[cta + 1] > 0 and deal == 0:
+            key_end = cut_key[cta + 1]
+        slot = Int32(-1)
+        merge = Int32(-1)
+        if key_start > 0:
+            merge = cut_merge[cta]
+            slot = merge_slot[merge] + cta - merge_first_cut[merge] + 1
+        elif key_end < kv_end:
+            merge = cut_merge[cta + 1]
+            slot = merge_slot[merge]
+        offset = Int32(NOT_CAUSAL_OFFSET)
+        if cutlass.const_expr(c.causal):
+            offset = requests[b, 1] - requests[b, 2]
+        stage[row, ItemField.REQUEST] = b
+        stage[row, ItemField.KV_HEAD] = t % heads
+        stage[row, ItemField.Q_ROW_START] = q_tiles[j, 1]
+        stage[row, ItemField.Q_ROW_COUNT] = q_tiles[j, 2]
+        stage[row, ItemField.KV_START] = key_start
+        stage[row, ItemField.KV_END] = key_end
+        stage[row, ItemField.PARTIAL_SLOT] = slot
+        stage[row, ItemField.CAUSAL_OFFSET] = offset
+        stage[row, ItemField.MERGE] = merge
+        stage[row, ItemField.KV_PAGE_START] = requests[b, 4] + key_start // c.page_size
+
+
+@cute.jit
+def ctas_of_items(cta_items: cute.Tensor, num_ctas, first_item, ctas: cute.Tensor):
+    """``ctas[k]`` = the CTA of item ``first_item + k * NUM_THREADS`` (:func:`last_at_most` of ``cta_items`` over its
+    first ``num_ctas`` entries) for every k, by fixed-step searches run side by side: each step's loads of all k
+    issue together, so the k searches cost one search's latency (the data-dependent loop ran them one after another)."""
+    n = cute.size(ctas)
+    for k in cutlass.range_constexpr(n):
+        ctas[k] = Int32(0)
+    step = NUM_THREADS // 2  # num_ctas <= MAX_CTAS < NUM_THREADS: log2(NUM_THREADS) steps cover every entry
+    while step > 0:
+        for k in cutlass.range_constexpr(n):
+            probe = ctas[k] + step
+            value = cta_items[cutlass.min(probe, Int32(NUM_THREADS - 1))]
+            if probe < num_ctas and value <= first_item + k * NUM_THREADS:
+                ctas[k] = probe
+        step = step // 2
 
 
 @cute.jit
@@ -722,7 +769,7 @@ def store_words(items: cute.Tensor, stage: cute.Tensor, first_word, first_stage_
     """Words ``done .. words`` of the chunk, one a thread (the tail a bulk copy leaves, or all of a chunk whose
     destination is not 16-byte aligned)."""
     flat_items = cute.make_tensor(items.iterator, cute.make_layout(items.shape[0] * items.shape[1]))
-    flat_stage = cute.make_tensor(stage.iterator, cute.make_layout(2 * NUM_THREADS * len(ItemField)))
+    flat_stage = cute.make_tensor(stage.iterator, cute.make_layout(cute.size(stage)))
     for e in range(done + tidx, words, NUM_THREADS):
         flat_items[first_word + e] = flat_stage[first_stage_word + e]
 
