@@ -37,12 +37,14 @@ Roles / phases (:func:`scan_ctas` x 512 threads, arch-neutral SIMT code: the sam
                 longest tile; when a deal can win, a bitonic sort of the q tiles' (cost, index) keys held in
                 registers (a shuffle a stage under a warp's stride, a shared-memory exchange above), each CTA's
                 serpentine load over its laps, and the deal replaces the cuts when its busiest CTA is no worse
-                (``plan_partition``'s rule; ``sorted_deal.py``). *line deal* (``line_deal``, decode, every page
-                size by default): the same deal over the line order, unsorted, when no worse than the cuts.
+                (``plan_partition``'s rule; ``sorted_deal.py``). *line deal* (``line_deal``, decode: pages 1-2
+                and from 8 KV heads by default): the same deal over the line order, unsorted, when no worse than
+                the cuts.
                 *lists*: merges (runs of cuts inside one tile; block prefix sums give merge ids and partial slot
-                bases), ``work_indptr`` (prefix sum of items per CTA), ``merge_indptr``/``merges``, then one
-                thread per item builds its 10 fields in shared memory and the CTA stores each 512-item chunk as
-                one bulk copy (``cp.async.bulk``, double-buffered). A plan larger than the buffers is a capacity fault.
+                bases), ``work_indptr`` (prefix sum of items per CTA), ``merge_indptr``/``merges``, then each
+                thread builds ``ITEMS_PER_THREAD`` items' 10 fields in shared memory a pass (their CTA searches side
+                by side) and thread 0 stores the pass as one bulk copy (``cp.async.bulk``, double-buffered stage).
+                A plan larger than the buffers is a capacity fault.
 
 Device error word (int32 ``[4]``, cleared by :func:`cute_attn.device_errors.raise_on_device_error`):
 ``[0]`` OR of the fault bits (``device_errors.Fault``), ``[1]`` the lowest faulting request (init INT32_MAX),
@@ -61,10 +63,11 @@ from cutlass import Int32, Int64
 
 from ...compile import register_kernel
 from ...config import KernelConfig
-from ...plan import NOT_CAUSAL_OFFSET, ItemField, MergeField, PlanConfig
+from ...plan import ItemField, MergeField, PlanConfig
 from ...plan_partition import SNAP_SHIFT, SORTED_DEAL_MAX_Q_TILES, WHOLE_TILE_SHIFT, min_width
 from .planner_collectives import NUM_THREADS, NUM_WARPS, block_any, block_exclusive_sum, block_max_pair, last_at_most
-from .sorted_deal import dealt_tile, sorted_deal, tile_cost
+from .planner_lists import build_item, bulk_store, ctas_of_items, store_words
+from .sorted_deal import sorted_deal, tile_cost
 
 MAX_CTAS = NUM_THREADS - 1  # one thread per CTA edge (num_ctas + 1 of them)
 SCAN_IDS_PER_THREAD = 8  # page scan: CTAs = ceil(len(kv_indices) / (NUM_THREADS * this)), capped
@@ -666,9 +669,9 @@ class DevicePlanner:
             for k in cutlass.range_constexpr(per_thread):
                 i = chunk + k * NUM_THREADS + tidx
                 if i < num_items:
-                    self.build_item(stage, buffer * rows_per_pass + k * NUM_THREADS + tidx, i, ctas[k], q_tiles,
-                                    requests, cut_tile, cut_key, cta_items, merge_first_cut, merge_slot, cut_merge,
-                                    sort_keys, deal, num_ctas)
+                    build_item(c, stage, buffer * rows_per_pass + k * NUM_THREADS + tidx, i, ctas[k], q_tiles,
+                               requests, cut_tile, cut_key, cta_items, merge_first_cut, merge_slot, cut_merge,
+                               sort_keys, deal, num_ctas)
             self.stamp(trace, 9, tidx)  # trace builds: the last pass's build, barrier and store
             words = cutlass.min(Int32(rows_per_pass), num_items - chunk) * fields
             first = buffer * (rows_per_pass * fields)  # the buffer's first word in the stage
@@ -690,89 +693,6 @@ class DevicePlanner:
         if bulk != 0 and tidx == 0:
             cute.arch.cp_async_bulk_wait_group(0)  # every row in global before the grid ends (the kernel that reads
             # them waits for this grid's completion)
-
-    @cute.jit
-    def build_item(self, stage, row, i, cta, q_tiles, requests, cut_tile, cut_key, cta_items, merge_first_cut,
-                   merge_slot, cut_merge, sort_keys, deal, num_ctas):
-        """Item ``i`` (CTA ``cta``'s) into ``stage`` row ``row``: its tile from the cuts or the deal, its key range,
-        merge and partial slot, and its request's page start."""
-        c = self.c
-        heads = c.num_kv_heads
-        t = cut_tile[cta] + (i - cta_items[cta])
-        if cutlass.const_expr(sort_keys is not None):
-            if deal != 0:  # the CTA's items are its laps of the deal
-                t = dealt_tile(c, sort_keys, i - cta_items[cta], cta, num_ctas)
-        j = t // heads
-        b = q_tiles[j, 0]
-        kv_end = q_tiles[j, 3]
-        key_start = Int32(0)
-        if t == cut_tile[cta] and deal == 0:
-            key_start = cut_key[cta]
-        key_end = kv_end
-        if t == cut_tile[cta + 1] and cut_key[cta + 1] > 0 and deal == 0:
-            key_end = cut_key[cta + 1]
-        slot = Int32(-1)
-        merge = Int32(-1)
-        if key_start > 0:
-            merge = cut_merge[cta]
-            slot = merge_slot[merge] + cta - merge_first_cut[merge] + 1
-        elif key_end < kv_end:
-            merge = cut_merge[cta + 1]
-            slot = merge_slot[merge]
-        offset = Int32(NOT_CAUSAL_OFFSET)
-        if cutlass.const_expr(c.causal):
-            offset = requests[b, 1] - requests[b, 2]
-        stage[row, ItemField.REQUEST] = b
-        stage[row, ItemField.KV_HEAD] = t % heads
-        stage[row, ItemField.Q_ROW_START] = q_tiles[j, 1]
-        stage[row, ItemField.Q_ROW_COUNT] = q_tiles[j, 2]
-        stage[row, ItemField.KV_START] = key_start
-        stage[row, ItemField.KV_END] = key_end
-        stage[row, ItemField.PARTIAL_SLOT] = slot
-        stage[row, ItemField.CAUSAL_OFFSET] = offset
-        stage[row, ItemField.MERGE] = merge
-        stage[row, ItemField.KV_PAGE_START] = requests[b, 4] + key_start // c.page_size
-
-
-@cute.jit
-def ctas_of_items(cta_items: cute.Tensor, num_ctas, first_item, ctas: cute.Tensor):
-    """``ctas[k]`` = the CTA of item ``first_item + k * NUM_THREADS`` (:func:`last_at_most` of ``cta_items`` over its
-    first ``num_ctas`` entries) for every k, by fixed-step searches run side by side: each step's loads of all k
-    issue together, so the k searches cost one search's latency (the data-dependent loop ran them one after another)."""
-    n = cute.size(ctas)
-    for k in cutlass.range_constexpr(n):
-        ctas[k] = Int32(0)
-    step = NUM_THREADS // 2  # num_ctas <= MAX_CTAS < NUM_THREADS: log2(NUM_THREADS) steps cover every entry
-    while step > 0:
-        for k in cutlass.range_constexpr(n):
-            probe = ctas[k] + step
-            value = cta_items[cutlass.min(probe, Int32(NUM_THREADS - 1))]
-            if probe < num_ctas and value <= first_item + k * NUM_THREADS:
-                ctas[k] = probe
-        step = step // 2
-
-
-@cute.jit
-def bulk_store(items: cute.Tensor, stage: cute.Tensor, first_word, first_stage_word, words):
-    """One thread: ``words`` (a multiple of 4) int32 of ``stage`` from word ``first_stage_word`` to ``items`` from flat
-    word ``first_word``, as one ``cp.async.bulk`` shared -> global copy, committed as its own bulk group."""
-    if words > 0:
-        src = (stage.iterator + first_stage_word).toint()
-        dst = (items.iterator + first_word).toint()
-        cute.arch.inline_ptx("cp.async.bulk.global.shared::cta.bulk_group [{$r0}], [{$r1}], {$r2};",
-                             read_only_args=[Int64(dst), Int32(src), Int32(words * 4)])
-        cute.arch.cp_async_bulk_commit_group()
-
-
-@cute.jit
-def store_words(items: cute.Tensor, stage: cute.Tensor, first_word, first_stage_word, done, words, tidx):
-    """Words ``done .. words`` of the chunk, one a thread (the tail a bulk copy leaves, or all of a chunk whose
-    destination is not 16-byte aligned)."""
-    flat_items = cute.make_tensor(items.iterator, cute.make_layout(items.shape[0] * items.shape[1]))
-    flat_stage = cute.make_tensor(stage.iterator, cute.make_layout(cute.size(stage)))
-    for e in range(done + tidx, words, NUM_THREADS):
-        flat_items[first_word + e] = flat_stage[first_stage_word + e]
-
 
 def fake_args(config: DevicePlannerConfig) -> tuple:
     i32, i64 = cutlass.Int32, cutlass.Int64

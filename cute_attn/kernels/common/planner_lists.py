@@ -1,0 +1,96 @@
+"""The device planner's item rows (its lists phase, :meth:`device_planner.DevicePlanner.write_lists`): one row built
+from the cuts or the deal, the CTA of several items searched side by side, and the rows' way to global memory (one
+``cp.async.bulk`` a pass, or word stores where the destination is not 16-byte aligned)."""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Int64
+
+from ...plan import NOT_CAUSAL_OFFSET, ItemField
+from .planner_collectives import NUM_THREADS
+from .sorted_deal import dealt_tile
+
+
+@cute.jit
+def build_item(c: cutlass.Constexpr, stage, row, i, cta, q_tiles, requests, cut_tile, cut_key, cta_items,
+               merge_first_cut, merge_slot, cut_merge, sort_keys, deal, num_ctas):
+    """Item ``i`` (CTA ``cta``'s) into ``stage`` row ``row``: its tile from the cuts or the deal, its key range,
+    merge and partial slot, and its request's page start."""
+    heads = c.num_kv_heads
+    t = cut_tile[cta] + (i - cta_items[cta])
+    if cutlass.const_expr(sort_keys is not None):
+        if deal != 0:  # the CTA's items are its laps of the deal
+            t = dealt_tile(c, sort_keys, i - cta_items[cta], cta, num_ctas)
+    j = t // heads
+    b = q_tiles[j, 0]
+    kv_end = q_tiles[j, 3]
+    key_start = Int32(0)
+    if t == cut_tile[cta] and deal == 0:
+        key_start = cut_key[cta]
+    key_end = kv_end
+    if t == cut_tile[cta + 1] and cut_key[cta + 1] > 0 and deal == 0:
+        key_end = cut_key[cta + 1]
+    slot = Int32(-1)
+    merge = Int32(-1)
+    if key_start > 0:
+        merge = cut_merge[cta]
+        slot = merge_slot[merge] + cta - merge_first_cut[merge] + 1
+    elif key_end < kv_end:
+        merge = cut_merge[cta + 1]
+        slot = merge_slot[merge]
+    offset = Int32(NOT_CAUSAL_OFFSET)
+    if cutlass.const_expr(c.causal):
+        offset = requests[b, 1] - requests[b, 2]
+    stage[row, ItemField.REQUEST] = b
+    stage[row, ItemField.KV_HEAD] = t % heads
+    stage[row, ItemField.Q_ROW_START] = q_tiles[j, 1]
+    stage[row, ItemField.Q_ROW_COUNT] = q_tiles[j, 2]
+    stage[row, ItemField.KV_START] = key_start
+    stage[row, ItemField.KV_END] = key_end
+    stage[row, ItemField.PARTIAL_SLOT] = slot
+    stage[row, ItemField.CAUSAL_OFFSET] = offset
+    stage[row, ItemField.MERGE] = merge
+    stage[row, ItemField.KV_PAGE_START] = requests[b, 4] + key_start // c.page_size
+
+
+
+@cute.jit
+def ctas_of_items(cta_items: cute.Tensor, num_ctas, first_item, ctas: cute.Tensor):
+    """``ctas[k]`` = the CTA of item ``first_item + k * NUM_THREADS`` (:func:`last_at_most` of ``cta_items`` over its
+    first ``num_ctas`` entries) for every k, by fixed-step searches run side by side: each step's loads of all k
+    issue together, so the k searches cost one search's latency (the data-dependent loop ran them one after another)."""
+    n = cute.size(ctas)
+    for k in cutlass.range_constexpr(n):
+        ctas[k] = Int32(0)
+    step = NUM_THREADS // 2  # num_ctas <= MAX_CTAS < NUM_THREADS: log2(NUM_THREADS) steps cover every entry
+    while step > 0:
+        for k in cutlass.range_constexpr(n):
+            probe = ctas[k] + step
+            value = cta_items[cutlass.min(probe, Int32(NUM_THREADS - 1))]
+            if probe < num_ctas and value <= first_item + k * NUM_THREADS:
+                ctas[k] = probe
+        step = step // 2
+
+
+@cute.jit
+def bulk_store(items: cute.Tensor, stage: cute.Tensor, first_word, first_stage_word, words):
+    """One thread: ``words`` (a multiple of 4) int32 of ``stage`` from word ``first_stage_word`` to ``items`` from flat
+    word ``first_word``, as one ``cp.async.bulk`` shared -> global copy, committed as its own bulk group."""
+    if words > 0:
+        src = (stage.iterator + first_stage_word).toint()
+        dst = (items.iterator + first_word).toint()
+        cute.arch.inline_ptx("cp.async.bulk.global.shared::cta.bulk_group [{$r0}], [{$r1}], {$r2};",
+                             read_only_args=[Int64(dst), Int32(src), Int32(words * 4)])
+        cute.arch.cp_async_bulk_commit_group()
+
+
+@cute.jit
+def store_words(items: cute.Tensor, stage: cute.Tensor, first_word, first_stage_word, done, words, tidx):
+    """Words ``done .. words`` of the chunk, one a thread (the tail a bulk copy leaves, or all of a chunk whose
+    destination is not 16-byte aligned)."""
+    flat_items = cute.make_tensor(items.iterator, cute.make_layout(items.shape[0] * items.shape[1]))
+    flat_stage = cute.make_tensor(stage.iterator, cute.make_layout(cute.size(stage)))
+    for e in range(done + tidx, words, NUM_THREADS):
+        flat_items[first_word + e] = flat_stage[first_stage_word + e]
