@@ -58,7 +58,15 @@ def _split_plan(kind, q_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim, cau
     ("gqa_paged_prefill", [3], [40000], (32, 4), True, 64),
     ("mla_paged_prefill", [1, 1], [4096, 70], (16, 1), True, 512),  # batch-1 MLA decode: 64 slots of 512 columns
 ])
-def test_combine_matches_reference_merge(kind, q_lens, kv_lens, heads, causal, head_dim):
+@pytest.mark.parametrize("max_ctas", [0, 4, 1056], ids=["one_cta_a_merge", "grid_of_4", "grid_of_1056"])
+def test_combine_matches_reference_merge(kind, q_lens, kv_lens, heads, causal, head_dim, max_ctas):
+    """``max_ctas`` (``combine.combine_grid_policy``): 0 launches a CTA per merge slot; a cap makes each CTA walk merges
+    a grid apart (4: every CTA folds many merges, and stops at the first merge without slots)."""
+    with combine.combine_grid_policy(max_ctas):
+        _check_combine(kind, q_lens, kv_lens, heads, causal, head_dim)
+
+
+def _check_combine(kind, q_lens, kv_lens, heads, causal, head_dim):
     cfg, plan = _split_plan(kind, q_lens, kv_lens, *heads, head_dim, causal)
     dp = api.DevicePlan.upload(cfg, plan, "cuda")
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -85,3 +93,20 @@ def test_combine_matches_reference_merge(kind, q_lens, kv_lens, heads, causal, h
         testing.assert_close_benchmark(lse[tokens, hq].cpu(), want_lse, "combined lse")
         written[tokens, hq] = True
     assert torch.isnan(lse.cpu()[~written]).all(), "the combine wrote rows that no merge owns"
+
+
+def test_capped_combine_grid_walks_merges_and_keeps_the_default_build():
+    """The default build launches a CTA per merge slot (PTX unchanged: no grid-size read); a capped one reads the grid
+    size and loops over merges."""
+    base = CombineConfig(arch="sm_90a", tile_q_rows=64, head_dim_v=512, num_qo_heads=16, group_size=16)
+    assert base.max_ctas == combine.COMBINE_MAX_CTAS == 0
+    capped = CombineConfig(arch="sm_90a", tile_q_rows=64, head_dim_v=512, num_qo_heads=16, group_size=16,
+                           max_ctas=1056)
+    assert "%nctaid.x" not in compile_to_ptx(base) and "%nctaid.x" in compile_to_ptx(capped)
+    assert repr(combine.LseCombine(capped)).endswith("_C66")  # 1056 CTAs / (4 row x 4 column blocks)
+    assert "max_ctas" in CombineConfig(arch="sm_90a", max_ctas=-1).can_implement()
+    with combine.combine_grid_policy(1056):
+        config = default_paged_config("gqa_paged_prefill", arch="sm_90a", num_qo_heads=32, num_kv_heads=4,
+                                      head_dim_qk=128, head_dim_v=128, page_size=64, causal=True)
+        assert CombineConfig.for_paged(config).max_ctas == 1056
+    assert CombineConfig.for_paged(config).max_ctas == 0

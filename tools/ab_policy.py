@@ -7,6 +7,8 @@ POLICY is one of
     prefill_fold  the sm_90a GQA prefill's in-kernel merge fold (``ops/gqa_prefill.FUSED_MERGE``) off / on
     k_ahead       the sm_90a GQA prefill's row gathers with K one tile ahead of V (``ops/gqa_prefill.K_AHEAD_PAGE_SIZES``)
                   off / on at the case's page (pages 1..8)
+    combine_grid  the combine launch's grid: a CTA per merge slot of the capacity, or capped at
+                  ``COMBINE_GRID_TRIAL`` CTAs walking the merges (``kernels/common/combine.COMBINE_MAX_CTAS``)
 
 For each case (batch, page size, head layout) and both settings: the call with the plan made once on the device
 (``plan_*(on_device=True)``, the bench's ``cute_attn_device_planned``), the default call (plans on every call:
@@ -23,6 +25,7 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 DECODE_BATCHES = {"n64_kv2048": [2048] * 64, "n128_kv4096": [4096] * 128, "n37_ragged": None}
@@ -92,15 +95,55 @@ def _k_ahead_cases(pages):
                    lambda on, page_size=page_size: gqa_prefill.k_ahead_policy((page_size,) if on else ()))
 
 
-POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, "k_ahead": _k_ahead_cases}
-DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1]}
+COMBINE_GRID_TRIAL = 1056  # 8 CTAs of 128 threads an SM on 132 SMs: one resident wave with room to spare
+COMBINE_CASES = {  # label: (kind, q_lens, kv_lens): device plans launch the combine whether or not they merge
+    "gqa_n8_q992": ("prefill", [992] * 8, [992] * 8),
+    "gqa_n1_q992": ("prefill", [992], [992]),
+    "gqa_n16_q992": ("prefill", [992] * 16, [992] * 16),
+    "mla_seed_n28": ("mla_prefill", None, None),
+    "mla_n1_q1028": ("mla_prefill", [1028], [1038]),
+    "mla_decode_n64_kv8192": ("mla_decode", [1] * 64, [8192] * 64),
+    "mla_decode_n1_kv4096": ("mla_decode", [1], [4096]),
+}
+
+
+def _combine_grid_cases(pages):
+    from cute_attn import testing
+    from cute_attn.kernels.common import combine
+
+    def seed_lens():
+        import bench_workloads as bw
+
+        seed = next(w for w in bw.all_workloads()
+                    if w.kernel.startswith("mla_paged_prefill") and w.label.startswith("n28"))
+        return list(seed.q_lens), list(seed.kv_lens)
+
+    for label, (kind, q_lens, kv_lens) in COMBINE_CASES.items():
+        for page_size in pages:
+            if kind == "prefill":
+                def make(q_lens=q_lens, kv_lens=kv_lens, page_size=page_size):
+                    return testing.make_gqa_prefill_case(q_lens, kv_lens, page_size=page_size, device="cuda", seed=3)
+            elif kind == "mla_prefill":
+                def make(q_lens=q_lens, kv_lens=kv_lens, page_size=page_size):
+                    q, kv = (q_lens, kv_lens) if q_lens else seed_lens()
+                    return testing.make_mla_prefill_case(q, kv, page_size=page_size, device="cuda", seed=3)
+            else:
+                def make(kv_lens=kv_lens, page_size=page_size):
+                    return testing.make_mla_decode_case(kv_lens, page_size=page_size, device="cuda", seed=3)
+            yield (dict(batch=label, page_size=page_size, heads=0, kv_heads=0), make, kind,
+                   lambda on: combine.combine_grid_policy(COMBINE_GRID_TRIAL if on else 0))
+
+
+POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, "k_ahead": _k_ahead_cases,
+            "combine_grid": _combine_grid_cases}
+DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64]}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("policy", choices=sorted(POLICIES))
     ap.add_argument("--json", default=None)
-    ap.add_argument("--pages", type=int, nargs="+", default=None, help="default: line_deal 1 64, prefill_fold 64 1, k_ahead 1")
+    ap.add_argument("--pages", type=int, nargs="+", default=None, help="default: line_deal 1 64, prefill_fold 64 1, k_ahead 1, combine_grid 64")
     ap.add_argument("--only", nargs="+", default=None, help="case labels to keep")
     ap.add_argument("--iters", type=int, default=50, help="1: check and compile only, no timing")
     args = ap.parse_args(argv)
@@ -115,7 +158,9 @@ def main(argv=None) -> int:
         return 0
     timer = ColdL2Timer(iters=args.iters) if args.iters > 1 else None
     entries = dict(decode=(cute_attn.gqa_paged_decode, cute_attn.plan_gqa_paged_decode),
-                   prefill=(cute_attn.gqa_paged_prefill, cute_attn.plan_gqa_paged_prefill))
+                   prefill=(cute_attn.gqa_paged_prefill, cute_attn.plan_gqa_paged_prefill),
+                   mla_prefill=(cute_attn.mla_paged_prefill, cute_attn.plan_mla_paged_prefill),
+                   mla_decode=(cute_attn.mla_paged_decode, cute_attn.plan_mla_paged_decode))
     pages = args.pages or DEFAULT_PAGES[args.policy]
     rows = []
     for row0, make, kind, policy in POLICIES[args.policy](pages):

@@ -21,6 +21,7 @@ Cases (small, ragged, each a registered config's shape):
     mla-*fused-p*  the sm_90a MLA prefill and decode kernels with ``fused_merge`` (the in-kernel fold of split items)
     prefill-fused-* the sm_90a GQA prefill kernel with ``fused_merge``: device plan (p1, p64) and host plan (hostplan)
     prefill-k-ahead-p* the sm_90a GQA prefill's row gathers with ``k_ahead`` (K one tile ahead of V), pages 1 and 4
+    combine-grid-* the combine launch with a capped grid (CTAs walk the merges; 4 CTAs for MLA decode's case)
     hostplan-decode  check_indices=True: the host-planned path (every other case plans on the device)
     line-deal-decode  the device planner's line deal at page 1 (on by default at every page size)
     hostile-decode the device planner's bounds checks (ids past the pool and negative; those requests 0 / -inf)
@@ -210,6 +211,20 @@ def _cases(arch: str) -> dict:
                 return _run_api(cute_attn.gqa_paged_prefill, case, arch)
         return run
 
+    def combine_grid(kind: str, max_ctas: int):  # the capped combine grid: CTAs walk the merges a grid apart
+        def run():
+            from cute_attn.kernels.common.combine import combine_grid_policy
+
+            with combine_grid_policy(max_ctas):
+                if kind == "prefill":
+                    case = testing.make_gqa_prefill_case([3, 40, 1], [40000, 300, 9000], device="cuda", seed=87)
+                    return _run_api(cute_attn.gqa_paged_prefill, case, arch)
+                case = testing.make_mla_decode_case([4096, 0, 70, 9000], device="cuda", seed=88)
+                return _run_api(cute_attn.mla_paged_decode, case, arch)
+        return run
+
+    cases["combine-grid-prefill"] = ("combine", combine_grid("prefill", 1056))
+    cases["combine-grid-mla-decode"] = ("combine", combine_grid("mla_decode", 4))
     if arch == "sm_90a":
         cases["prefill-k-ahead-p1"] = ("gqa_paged_prefill", prefill_k_ahead(1))
         cases["prefill-k-ahead-p4"] = ("gqa_paged_prefill", prefill_k_ahead(4))

@@ -22,12 +22,14 @@ Memory-light by design: partials are small (only split items write them) and rea
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
+from cutlass import Int32
 
 from ...compile import compile_kernel, register_kernel
 from ...config import KernelConfig, PagedAttentionConfig
@@ -38,6 +40,14 @@ WARPS_PER_CTA = 4  # one (packed row, column chunk) per warp at a time
 LANE_COLUMNS = 4  # consecutive fp32 columns per lane: one 16-byte load per slot
 SLOTS_IN_FLIGHT = 8  # slot rows a warp loads before it accumulates any (8 x 512 B in flight per warp)
 ROWS_PER_MERGE_PASS = 16  # rows of one merge handled concurrently (CTAs per merge x warps)
+#: CTAs of a combine launch (``CombineConfig.max_ctas``): 0 launches one CTA per merge slot of the capacity (x row and
+#: column blocks), so a plan with few or no merges still launches them all (GQA prefill 8 x 992: 2112 CTAs, the MLA
+#: seed 8288, each waiting on the attention grid and exiting); > 0 caps the grid near one resident wave and each CTA
+#: walks merges ``m, m + grid, ...`` until the first without slots. Why: a device plan's merges are unknown on the
+#: host, so every device-planned call launches the combine, and device-planned calls ran 1.7-3.3 us (GQA prefill) and
+#: 3.3-5.4 us (MLA prefill) behind host plans of the same tiles, growing with that grid. Built in session 16, not run
+#: on a GPU: 0 (off) until its A/B (``tools/ab_policy.py combine_grid``) and the GPU tier's combine cases run
+COMBINE_MAX_CTAS = 0
 
 
 @dataclass(frozen=True)
@@ -50,11 +60,13 @@ class CombineConfig(KernelConfig):
     head_dim_v: int = 128
     num_qo_heads: int = 32
     group_size: int = 8
+    max_ctas: int = 0  # see COMBINE_MAX_CTAS
 
     @staticmethod
     def for_paged(config: PagedAttentionConfig) -> "CombineConfig":
         return CombineConfig(arch=config.arch, tile_q_rows=config.tile_q_rows, head_dim_v=config.head_dim_v,
-                             num_qo_heads=config.num_qo_heads, group_size=config.group_size)
+                             num_qo_heads=config.num_qo_heads, group_size=config.group_size,
+                             max_ctas=COMBINE_MAX_CTAS)
 
     def can_implement(self) -> str | None:
         if (reason := super().can_implement()) is not None:
@@ -63,7 +75,18 @@ class CombineConfig(KernelConfig):
             return f"head_dim_v={self.head_dim_v} must be a multiple of {WARP * 2} (a warp spans a column chunk)"
         if self.group_size < 1 or self.num_qo_heads % self.group_size:
             return f"num_qo_heads={self.num_qo_heads} must be a multiple of group_size={self.group_size}"
+        if self.max_ctas < 0:
+            return f"max_ctas={self.max_ctas} must be >= 0 (0: one CTA per merge slot)"
         return None
+
+
+@contextlib.contextmanager
+def combine_grid_policy(max_ctas: int):
+    """Inside the block every combine launch is built with ``max_ctas`` (A/Bs, the GPU tier's combine cases)."""
+    from ...ops import policy  # the spec policies' save / clear caches / restore
+
+    with policy(globals(), COMBINE_MAX_CTAS=int(max_ctas)):
+        yield
 
 
 class LseCombine:
@@ -77,10 +100,13 @@ class LseCombine:
         # enough CTAs per merge that short merges (decode: 5 rows) spread over warps, few enough that
         # a 128-row merge loops instead of launching idle CTAs
         self.row_blocks = max(1, min(config.tile_q_rows, ROWS_PER_MERGE_PASS) // WARPS_PER_CTA)
+        # capped grid: CTAs along the merges (each walks merges a grid apart), 0: one per merge slot
+        self.merge_ctas = max(1, config.max_ctas // (self.row_blocks * self.dim_blocks)) if config.max_ctas else 0
 
     def __repr__(self) -> str:
         c = self.config
-        return f"LseCombine_R{c.tile_q_rows}_D{c.head_dim_v}_H{c.num_qo_heads}_G{c.group_size}"
+        return (f"LseCombine_R{c.tile_q_rows}_D{c.head_dim_v}_H{c.num_qo_heads}_G{c.group_size}"
+                f"{f'_C{self.merge_ctas}' if self.merge_ctas else ''}")
 
     @cute.jit
     def __call__(
@@ -94,8 +120,11 @@ class LseCombine:
         lse_out_scale: cutlass.Float32,
         stream: cuda.CUstream,
     ):
+        grid_merges = merges.shape[0]
+        if cutlass.const_expr(self.merge_ctas > 0):
+            grid_merges = cutlass.min(merges.shape[0], self.merge_ctas)
         self.kernel(partial_out, partial_lse, merge_indptr, merges, output, lse, lse_out_scale).launch(
-            grid=(merges.shape[0], self.row_blocks, self.dim_blocks), block=(WARPS_PER_CTA * WARP, 1, 1),
+            grid=(grid_merges, self.row_blocks, self.dim_blocks), block=(WARPS_PER_CTA * WARP, 1, 1),
             stream=stream, use_pdl=True
         )
 
@@ -106,6 +135,29 @@ class LseCombine:
         # launched with programmatic dependent launch behind the attention kernel (its launch overlaps that
         # kernel's tail): nothing global is read before this wait, which returns once that grid has finished
         cute.arch.griddepcontrol_wait()
+        if cutlass.const_expr(self.merge_ctas == 0):
+            self.fold(m, row_block, dim_block, tidx, partial_out, partial_lse, merge_indptr, merges, output, lse,
+                      lse_out_scale)
+        else:
+            # the plan's merges are a prefix of the capacity: walk them a grid apart until the first without slots
+            step, _, _ = cute.arch.grid_dim()
+            live = Int32(0)
+            if m < merges.shape[0]:
+                if merge_indptr[m + 1] > merge_indptr[m]:
+                    live = Int32(1)
+            while live != 0:
+                self.fold(m, row_block, dim_block, tidx, partial_out, partial_lse, merge_indptr, merges, output,
+                          lse, lse_out_scale)
+                m = m + step
+                live = Int32(0)
+                if m < merges.shape[0]:
+                    if merge_indptr[m + 1] > merge_indptr[m]:
+                        live = Int32(1)
+
+    @cute.jit
+    def fold(self, m, row_block, dim_block, tidx, partial_out, partial_lse, merge_indptr, merges, output, lse,
+             lse_out_scale: cutlass.Float32):
+        """Merge ``m``'s rows of this CTA's row and column block."""
         lane = tidx % WARP
         warp = tidx // WARP
         slot_begin = merge_indptr[m]
