@@ -120,8 +120,9 @@ def test_dealt_plans_equal_the_twin_and_the_default_call_the_reference(name):
 @pytest.mark.parametrize("kv_lens", [[2048] * 64, [2048] * 7 + [5, 0, 3000], [70, 9000, 1, 3232]], ids=str)
 @pytest.mark.parametrize("heads, kv_heads, page_size", [(20, 4, 1), (24, 8, 1), (20, 4, 16), (32, 16, 64)])
 def test_line_deal_lists_equal_the_twin_and_the_call_the_reference(kv_lens, heads, kv_heads, page_size):
-    """Small-page decode's line deal (``ops/gqa_decode.LINE_DEAL_PAGE_SIZES``, on by default): the device lists equal
-    the twin's (dealt or not), and the device-planned call matches the reference."""
+    """Decode's line deal (``ops/gqa_decode.line_deals``: pages 1-2 and from 8 KV heads by default) under its policy at
+    each page size: the device lists equal the twin's (dealt or not), and the device-planned call matches the
+    reference."""
     from cute_attn.ops import gqa_decode
 
     with gqa_decode.line_deal_policy((page_size,)):

@@ -23,7 +23,7 @@ Cases (small, ragged, each a registered config's shape):
     prefill-k-ahead-p* the sm_90a GQA prefill's row gathers with ``k_ahead`` (K one tile ahead of V), pages 1 and 4
     combine-grid-* the combine launch with a capped grid (CTAs walk the merges; 4 CTAs for MLA decode's case)
     hostplan-decode  check_indices=True: the host-planned path (every other case plans on the device)
-    line-deal-decode  the device planner's line deal at page 1 (on by default at every page size)
+    line-deal-decode  the device planner's line deal at page 1 (on by default at pages 1-2 and from 8 KV heads)
     hostile-decode the device planner's bounds checks (ids past the pool and negative; those requests 0 / -inf)
     gather         the TMA page gather kernel (a test-side kernel)
 """
@@ -183,7 +183,7 @@ def _cases(arch: str) -> dict:
                                              seed=83)
         return _run_api(cute_attn.gqa_paged_prefill, case, arch)
 
-    def line_deal_decode():  # small-page decode's line deal (ops/gqa_decode.LINE_DEAL_PAGE_SIZES, on by default)
+    def line_deal_decode():  # decode's line deal (ops/gqa_decode.line_deals)
         from cute_attn.ops.gqa_decode import line_deal_policy
 
         with line_deal_policy((1,)):
