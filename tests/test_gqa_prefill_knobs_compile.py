@@ -11,7 +11,6 @@ gather rows change, without spills, and only this kernel takes the knob.
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import pytest
 
@@ -19,11 +18,10 @@ from cute_attn.compile import compile_to_ptx
 from cute_attn.config import default_paged_config
 from cute_attn.kernels.sm90 import gqa_prefill
 from cute_attn.ops import gqa_prefill as gqa_prefill_op
+from ptx_fold import assert_fused_build_folds
 
 pytestmark = pytest.mark.usefixtures("isolated_compile_cache")
 
-FOLD_SYNC = re.compile(r"bar\.sync\s+6, 256;")  # both consumer warpgroups
-ARRIVAL = re.compile(r"atom\.global\.acq_rel(\.gpu)?\.add\.u32")
 
 
 def _prefill(arch="sm_90a", page_size=64, head_dim=128, heads=32, kv_heads=4, **knobs):
@@ -39,13 +37,7 @@ def test_fused_build_folds_with_one_arrival_and_its_own_barrier(page_size, head_
     assert config.fused_merge == gqa_prefill_op.FUSED_MERGE
     plain, fused = (compile_to_ptx(dataclasses.replace(config, fused_merge=flag)) for flag in (False, True))
     assert "wgmma.mma_async" in fused
-    assert not ARRIVAL.search(plain) and not FOLD_SYNC.search(plain)
-    assert len(ARRIVAL.findall(fused)) == 1  # thread 0's arrival, once per split item (in a loop)
-    assert len(FOLD_SYNC.findall(fused)) == 2  # fences done / arrival broadcast
-    assert fused.count("fence.acq_rel.gpu") >= 2  # before the arrival, and before the last CTA reads the slots
-    assert "ld.local" not in fused and "st.local" not in fused
-    params = [len(re.findall(r"\.param \.", ptx.split(")")[0])) for ptx in (plain, fused)]
-    assert params[1] > params[0]  # the fused entry's merge_indptr and merge_counters
+    assert_fused_build_folds(plain, fused)
 
 
 def test_fused_merge_costs_the_arrival_word_of_shared_memory_and_names_the_kernel():

@@ -17,12 +17,11 @@ from cute_attn.compile import compile_to_ptx
 from cute_attn.config import default_paged_config
 from cute_attn.kernels.common import mla
 from cute_attn.kernels.sm90 import mla_prefill
+from ptx_fold import ARRIVAL, assert_fused_build_folds
 
 pytestmark = pytest.mark.usefixtures("isolated_compile_cache")
 
-FOLD_SYNC = re.compile(r"bar\.sync\s+6, 256;")  # sm_90a: both consumer warpgroups
 FOLD_SYNC_SM100 = re.compile(r"bar\.sync\s+4, 128;")  # sm_100a: the correction warpgroup
-ARRIVAL = re.compile(r"atom\.global\.acq_rel(\.gpu)?\.add\.u32")
 
 
 def _mla(**knobs):
@@ -38,14 +37,7 @@ def _swapped_decode(**knobs):  # the MLA decode entry's one-token tiles (kernels
 @pytest.mark.parametrize("make", [_swapped_decode, _mla], ids=["swapped_decode", "prefill_default_split"])
 def test_fused_build_folds_with_one_arrival_and_its_own_barrier(make):
     plain, fused = (compile_to_ptx(make(fused_merge=flag)) for flag in (False, True))
-    assert not ARRIVAL.search(plain) and not FOLD_SYNC.search(plain)
-    assert len(ARRIVAL.findall(fused)) == 1  # thread 0's arrival, once per split item (in a loop)
-    assert len(FOLD_SYNC.findall(fused)) == 2  # fences done / arrival broadcast
-    assert fused.count("fence.acq_rel.gpu") >= 2  # before the arrival, and before the last CTA reads the slots
-    assert "ld.local" not in fused and "st.local" not in fused
-    # the fused entry's parameters: two more tensors (merge_indptr, merge_counters) than the plain entry's
-    params = [len(re.findall(r"\.param \.", ptx.split(")")[0])) for ptx in (plain, fused)]
-    assert params[1] > params[0]
+    assert_fused_build_folds(plain, fused)
 
 
 @pytest.mark.parametrize("page_size", [1, 64])

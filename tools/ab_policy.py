@@ -61,17 +61,24 @@ def _line_deal_cases(pages):
                        lambda on, page_size=page_size: gqa_decode.line_deal_policy((page_size,) if on else ()))
 
 
-def _prefill_fold_cases(pages):
+def _prefill_cases(cases, pages, policy_at):
+    """GQA prefill A/B cases: ``cases`` label -> (q_lens, kv_lens, heads, kv_heads) at each page size;
+    ``policy_at(page_size)`` -> the policy context (``policy(on)``)."""
     from cute_attn import testing
-    from cute_attn.ops import gqa_prefill
 
-    for label, (q_lens, kv_lens, heads, kv_heads) in PREFILL_CASES.items():
+    for label, (q_lens, kv_lens, heads, kv_heads) in cases.items():
         for page_size in pages:
             def make(q_lens=q_lens, kv_lens=kv_lens, page_size=page_size, heads=heads, kv_heads=kv_heads):
                 return testing.make_gqa_prefill_case(q_lens, kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads,
                                                      page_size=page_size, device="cuda", seed=len(q_lens))
             yield (dict(batch=label, page_size=page_size, heads=heads, kv_heads=kv_heads), make, "prefill",
-                   gqa_prefill.fused_merge_policy)
+                   policy_at(page_size))
+
+
+def _prefill_fold_cases(pages):
+    from cute_attn.ops import gqa_prefill
+
+    return _prefill_cases(PREFILL_CASES, pages, lambda page_size: gqa_prefill.fused_merge_policy)
 
 
 K_AHEAD_CASES = {  # the FIB page-1 prefill representatives furthest behind FA4 (session 15), and the seed layout
@@ -83,16 +90,12 @@ K_AHEAD_CASES = {  # the FIB page-1 prefill representatives furthest behind FA4 
 
 
 def _k_ahead_cases(pages):
-    from cute_attn import testing
     from cute_attn.ops import gqa_prefill
 
-    for label, (q_lens, kv_lens, heads, kv_heads) in K_AHEAD_CASES.items():
-        for page_size in pages:
-            def make(q_lens=q_lens, kv_lens=kv_lens, page_size=page_size, heads=heads, kv_heads=kv_heads):
-                return testing.make_gqa_prefill_case(q_lens, kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads,
-                                                     page_size=page_size, device="cuda", seed=len(q_lens))
-            yield (dict(batch=label, page_size=page_size, heads=heads, kv_heads=kv_heads), make, "prefill",
-                   lambda on, page_size=page_size: gqa_prefill.k_ahead_policy((page_size,) if on else ()))
+    def policy_at(page_size):
+        return lambda on: gqa_prefill.k_ahead_policy((page_size,) if on else ())
+
+    return _prefill_cases(K_AHEAD_CASES, pages, policy_at)
 
 
 COMBINE_GRID_TRIAL = 1056  # 8 CTAs of 128 threads an SM on 132 SMs: one resident wave with room to spare

@@ -24,21 +24,20 @@ ARG_NAMES = ("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "kv_last_page
 #: seed's h20/kv4 page 64: 81.9 -> 82.8) and won with 8 or 16 (64 x 2048 h32/kv16 up to -3 us, 128 x 4096 up to
 #: -23.7) and at pages 1 and 2 with any (h20/kv4 page 2 -3.9, page 1 -3.4)
 LINE_DEAL_PAGE_SIZES: tuple[int, ...] = (1, 2)
-LINE_DEAL_MIN_KV_HEADS: int = 8
-_NEVER = 1 << 30
+LINE_DEAL_MIN_KV_HEADS: int | None = 8  # None: by page size only
 
 
 def line_deals(page_size: int, num_kv_heads: int) -> bool:
     """Whether device plans of decode at this page size and KV head count take the line deal (the policy above)."""
-    return page_size in LINE_DEAL_PAGE_SIZES or num_kv_heads >= LINE_DEAL_MIN_KV_HEADS
+    by_heads = LINE_DEAL_MIN_KV_HEADS is not None and num_kv_heads >= LINE_DEAL_MIN_KV_HEADS
+    return page_size in LINE_DEAL_PAGE_SIZES or by_heads
 
 
 @contextlib.contextmanager
 def line_deal_policy(page_sizes, min_kv_heads: int | None = None):
     """Inside the block device plans of decode take the line deal at ``page_sizes`` (and at any page size from
     ``min_kv_heads`` KV heads; None: by page size only) whatever the module's policy says (the GPU tier, A/Bs)."""
-    with policy(globals(), LINE_DEAL_PAGE_SIZES=tuple(page_sizes),
-                LINE_DEAL_MIN_KV_HEADS=_NEVER if min_kv_heads is None else int(min_kv_heads)):
+    with policy(globals(), LINE_DEAL_PAGE_SIZES=tuple(page_sizes), LINE_DEAL_MIN_KV_HEADS=min_kv_heads):
         yield
 
 

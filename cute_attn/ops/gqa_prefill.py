@@ -98,16 +98,10 @@ def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, pag
     An item costs the planner 320 key-equivalents, not the default 128: with 128 the device planner's contiguous
     cuts gave some CTAs 4x the items of others, and device-planned prefill ran 1.16-1.5x its host-planned time
     on the H200 (docs/perf-notes.md, session 7)."""
-    if head_dim_qk == 256:
-        tiles = dict(tile_q_rows=128, kv_tile=64, item_overhead_keys=PREFILL_ITEM_OVERHEAD_KEYS)
-        if arch == "sm_90a":
-            tiles.update(intra_wg_overlap=True, smem_epilogue=False, fused_merge=FUSED_MERGE)
-            if page_size in K_AHEAD_PAGE_SIZES:
-                tiles.update(k_ahead=True)
-        return tiles
-    tiles = dict(tile_q_rows=128, kv_tile=128, item_overhead_keys=PREFILL_ITEM_OVERHEAD_KEYS)
+    kv_tile = 64 if head_dim_qk == 256 else 128
+    tiles = dict(tile_q_rows=128, kv_tile=kv_tile, item_overhead_keys=PREFILL_ITEM_OVERHEAD_KEYS)
     if arch == "sm_90a":
-        tiles.update(intra_wg_overlap=True, smem_epilogue=True, fused_merge=FUSED_MERGE)
+        tiles.update(intra_wg_overlap=True, smem_epilogue=head_dim_qk != 256, fused_merge=FUSED_MERGE)
         if page_size in K_AHEAD_PAGE_SIZES:
             tiles.update(k_ahead=True)
     return tiles

@@ -141,18 +141,12 @@ class LseCombine:
         else:
             # the plan's merges are a prefix of the capacity: walk them a grid apart until the first without slots
             step, _, _ = cute.arch.grid_dim()
-            live = Int32(0)
-            if m < merges.shape[0]:
-                if merge_indptr[m + 1] > merge_indptr[m]:
-                    live = Int32(1)
+            live = has_slots(merge_indptr, merges.shape[0], m)
             while live != 0:
                 self.fold(m, row_block, dim_block, tidx, partial_out, partial_lse, merge_indptr, merges, output,
                           lse, lse_out_scale)
                 m = m + step
-                live = Int32(0)
-                if m < merges.shape[0]:
-                    if merge_indptr[m + 1] > merge_indptr[m]:
-                        live = Int32(1)
+                live = has_slots(merge_indptr, merges.shape[0], m)
 
     @cute.jit
     def fold(self, m, row_block, dim_block, tidx, partial_out, partial_lse, merge_indptr, merges, output, lse,
@@ -221,6 +215,16 @@ class LseCombine:
             if dim_block == 0:
                 if lane == 0:
                     lse[token, head] = merged_lse * lse_out_scale
+
+
+@cute.jit
+def has_slots(merge_indptr: cute.Tensor, max_merges, m) -> Int32:
+    """1 when merge ``m`` exists in the capacity and has partial slots (the plan's merges are a prefix), else 0."""
+    live = Int32(0)
+    if m < max_merges:
+        if merge_indptr[m + 1] > merge_indptr[m]:
+            live = Int32(1)
+    return live
 
 
 def build(config: CombineConfig) -> tuple[Any, tuple[Any, ...]]:
