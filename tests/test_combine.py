@@ -96,17 +96,17 @@ def _check_combine(kind, q_lens, kv_lens, heads, causal, head_dim):
 
 
 def test_capped_combine_grid_walks_merges_and_keeps_the_default_build():
-    """The default build launches a CTA per merge slot (PTX unchanged: no grid-size read); a capped one reads the grid
-    size and loops over merges."""
+    """``max_ctas=0`` launches a CTA per merge slot (no grid-size read); a capped build (the default since the
+    session-17 A/B) reads the grid size and loops over merges."""
     base = CombineConfig(arch="sm_90a", tile_q_rows=64, head_dim_v=512, num_qo_heads=16, group_size=16)
-    assert base.max_ctas == combine.COMBINE_MAX_CTAS == 0
+    assert base.max_ctas == 0 and combine.COMBINE_MAX_CTAS == 1056
     capped = CombineConfig(arch="sm_90a", tile_q_rows=64, head_dim_v=512, num_qo_heads=16, group_size=16,
                            max_ctas=1056)
     assert "%nctaid.x" not in compile_to_ptx(base) and "%nctaid.x" in compile_to_ptx(capped)
     assert repr(combine.LseCombine(capped)).endswith("_C66")  # 1056 CTAs / (4 row x 4 column blocks)
     assert "max_ctas" in CombineConfig(arch="sm_90a", max_ctas=-1).can_implement()
-    with combine.combine_grid_policy(1056):
+    with combine.combine_grid_policy(0):
         config = default_paged_config("gqa_paged_prefill", arch="sm_90a", num_qo_heads=32, num_kv_heads=4,
                                       head_dim_qk=128, head_dim_v=128, page_size=64, causal=True)
-        assert CombineConfig.for_paged(config).max_ctas == 1056
-    assert CombineConfig.for_paged(config).max_ctas == 0
+        assert CombineConfig.for_paged(config).max_ctas == 0
+    assert CombineConfig.for_paged(config).max_ctas == 1056

@@ -42,12 +42,13 @@ SLOTS_IN_FLIGHT = 8  # slot rows a warp loads before it accumulates any (8 x 512
 ROWS_PER_MERGE_PASS = 16  # rows of one merge handled concurrently (CTAs per merge x warps)
 #: CTAs of a combine launch (``CombineConfig.max_ctas``): 0 launches one CTA per merge slot of the capacity (x row and
 #: column blocks), so a plan with few or no merges still launches them all (GQA prefill 8 x 992: 2112 CTAs, the MLA
-#: seed 8288, each waiting on the attention grid and exiting); > 0 caps the grid near one resident wave and each CTA
-#: walks merges ``m, m + grid, ...`` until the first without slots. Why: a device plan's merges are unknown on the
-#: host, so every device-planned call launches the combine, and device-planned calls ran 1.7-3.3 us (GQA prefill) and
-#: 3.3-5.4 us (MLA prefill) behind host plans of the same tiles, growing with that grid. Built in session 16, not run
-#: on a GPU: 0 (off) until its A/B (``tools/ab_policy.py combine_grid``) and the GPU tier's combine cases run
-COMBINE_MAX_CTAS = 0
+#: seed 8288, each waiting on the attention grid and exiting); > 0 caps the grid near one resident wave (1056: 8 an SM)
+#: and each CTA walks merges ``m, m + grid, ...`` until the first without slots. Why: a device plan's merges are
+#: unknown on the host, so every device-planned call launches the combine. Measured (session 17, H200, one process,
+#: ``tools/ab_policy.py combine_grid``, ``docs/perf/h200-combine-grid.json``): the MLA seed's default call 51.9 ->
+#: 47.7 us, MLA 1 / 1028 60.8 -> 59.1, GQA prefill 16 x 992 device-planned 367.2 -> 363.3; plans with real merges
+#: within +-1 us
+COMBINE_MAX_CTAS = 1056
 
 
 @dataclass(frozen=True)
