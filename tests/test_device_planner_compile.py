@@ -204,3 +204,14 @@ def test_lists_phase_builds_one_or_two_rows_a_thread(arch):
     assert one != two and two == compile_to_ptx(prefill)
     for ptx in (one, two):
         assert "cp.async.bulk.global.shared::cta.bulk_group" in ptx and "ld.local" not in ptx
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_q_tile_phase_builds_one_or_two_tiles_a_thread(arch):
+    """``q_tiles_per_pass`` (default 1): two neighbouring q tiles a thread a pass share a request search and one
+    prefix sum; the default build keeps one."""
+    prefill = device_planner.default_configs(arch)[1]
+    assert prefill.q_tiles_per_pass == 1
+    assert dataclasses.replace(prefill, q_tiles_per_pass=3).can_implement() is not None
+    two = compile_to_ptx(dataclasses.replace(prefill, q_tiles_per_pass=2))
+    assert two != compile_to_ptx(prefill) and "ld.local" not in two

@@ -83,6 +83,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--q-tiles-per-pass", type=int, default=1,
+                   help="q tiles a thread builds per pass of the q-tile phase (DevicePlannerConfig.q_tiles_per_pass)")
     p.add_argument("--items-per-thread", type=int, nargs="+", default=[0],
                    help="lists-phase rows a thread builds per pass, one trace each (0: the default)")
     p.add_argument("--only", nargs="+", default=None, help="case labels that start with any of these")
@@ -96,14 +98,15 @@ def main(argv=None) -> int:
             continue
         for per_thread in args.items_per_thread:
             row = _trace(f"{label} [items/thread {per_thread or 'default'}]" if len(args.items_per_thread) > 1
-                         else label, planner_fn, case, qo, num_pages, total_q, per_thread, args.reps, flush)
+                         else label, planner_fn, case, qo, num_pages, total_q, per_thread, args.reps, flush,
+                         args.q_tiles_per_pass)
             report.append(row)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     return 0
 
 
-def _trace(label, planner_fn, case, qo, num_pages, total_q, per_thread, reps, flush) -> dict:
+def _trace(label, planner_fn, case, qo, num_pages, total_q, per_thread, reps, flush, q_tiles_per_pass=1) -> dict:
     import torch
 
     from cute_attn.compile import compile_kernel
@@ -114,7 +117,8 @@ def _trace(label, planner_fn, case, qo, num_pages, total_q, per_thread, reps, fl
     num_ctas = plan.work_indptr.shape[0] - 1
     config = DevicePlannerConfig.for_plan(plan.config.plan_config(num_ctas), arch=plan.config.arch,
                                           has_qo_indptr=qo is not None, head_dim_v=plan.config.head_dim_v)
-    traced = compile_kernel(dataclasses.replace(config, trace_phases=True, items_per_thread=per_thread))
+    traced = compile_kernel(dataclasses.replace(config, trace_phases=True, items_per_thread=per_thread,
+                                                q_tiles_per_pass=q_tiles_per_pass))
     out, lse = case.new_outputs()
     stamps, event_us = [], []
     for _ in range(reps + 3):

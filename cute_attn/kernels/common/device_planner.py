@@ -65,8 +65,10 @@ from ...compile import register_kernel
 from ...config import KernelConfig
 from ...plan import ItemField, MergeField, PlanConfig
 from ...plan_partition import SNAP_SHIFT, SORTED_DEAL_MAX_Q_TILES, WHOLE_TILE_SHIFT, min_width
-from .planner_collectives import NUM_THREADS, NUM_WARPS, block_any, block_exclusive_sum, block_max_pair, last_at_most
+from .planner_collectives import (NUM_THREADS, NUM_WARPS, block_any, block_exclusive_sum, block_max_pair, div_nonneg,
+                                  last_at_most)
 from .planner_lists import build_item, bulk_store, ctas_of_items, store_words
+from .planner_q_tiles import q_tile, q_tile_pairs
 from .sorted_deal import sorted_deal, tile_cost
 
 MAX_CTAS = NUM_THREADS - 1  # one thread per CTA edge (num_ctas + 1 of them)
@@ -119,6 +121,9 @@ class DevicePlannerConfig(KernelConfig):
     trace_phases: bool = False
     #: item rows a thread builds per pass of the lists phase (1 or 2; see ITEMS_PER_THREAD)
     items_per_thread: int = 0  # 0: ITEMS_PER_THREAD
+    #: q tiles a thread builds per pass of the q-tile phase: 1 (default) or 2 (``planner_q_tiles.q_tile_pairs``: faster
+    #: past 512 q tiles, slower below; measured, a runtime choice between the two is next)
+    q_tiles_per_pass: int = 1
 
     @staticmethod
     def for_plan(plan_config: PlanConfig, *, arch: str, has_qo_indptr: bool, head_dim_v: int) -> "DevicePlannerConfig":
@@ -153,6 +158,8 @@ class DevicePlannerConfig(KernelConfig):
             return "item_overhead_keys and min_chunk_keys must be >= 0"
         if self.sorted_deal and self.line_deal:
             return "sorted_deal and line_deal are exclusive"
+        if self.q_tiles_per_pass not in (1, 2):
+            return f"q_tiles_per_pass={self.q_tiles_per_pass} must be 1 or 2"
         if self.items_per_thread not in (0, 1, 2):
             return f"items_per_thread={self.items_per_thread} must be 1 or 2 (0: the default, {ITEMS_PER_THREAD})"
         return None
@@ -257,15 +264,18 @@ class DevicePlanner:
                                        cache_level="L2")
                     cute.arch.prefetch((request_faults.iterator + line * L2_LINE_INT32).llvm_ptr, cache_level="L2")
         # ---------------------------------------------------------------- page scan (every CTA)
-        # A thread loads SCAN_IDS_PER_THREAD ids before it checks any, so their loads are in flight together.
+        # A thread loads SCAN_IDS_PER_THREAD ids before it checks any, so their loads are in flight together. The
+        # loads cover the whole tensor (the grid is sized by it) and only the checks stop at kv_indptr[batch], so no
+        # load waits for that bound (measured on the H200: the arrival phase within noise, 2.57 k -> 2.49 k cycles at
+        # prefill 8 x 992: the indices' prefetch had already hidden that round trip)
         scan_end = cutlass.min(cutlass.max(kv_indptr[batch], Int32(0)), num_indices)
         ids = cute.make_rmem_tensor((SCAN_IDS_PER_THREAD,), Int32)
         chunk = NUM_THREADS * SCAN_IDS_PER_THREAD
-        for base in range(cta * chunk, scan_end, num_scan_ctas * chunk):
+        for base in range(cta * chunk, num_indices, num_scan_ctas * chunk):
             for k in cutlass.range_constexpr(SCAN_IDS_PER_THREAD):
                 p = base + k * NUM_THREADS + tidx
                 ids[k] = Int32(0)
-                if p < scan_end:
+                if p < num_indices:
                     ids[k] = kv_indices[p]
             for k in cutlass.range_constexpr(SCAN_IDS_PER_THREAD):
                 p = base + k * NUM_THREADS + tidx
@@ -434,35 +444,23 @@ class DevicePlanner:
         cute.arch.sync_threads()  # every request's first q tile (requests[:, 0]) is written
         # ---------------------------------------------------------------- q tiles: rows, key end, cost line
         line = Int64(0)
-        for base in range(0, num_q_tiles, NUM_THREADS):
-            j = base + tidx
-            cost = Int64(0)
-            if j < num_q_tiles:
-                b = last_at_most(requests, batch, j, 0)  # column 0: first q tile of each request
-                kv_len = requests[b, 1]
-                q_len = requests[b, 2]
-                local = j - requests[b, 0]  # the tile's position on the line within its request
-                if cutlass.const_expr(c.zigzag and c.causal):  # plan_partition's order: tile p/2 or n-1-(p-1)/2
-                    half = local // 2
-                    n_tiles = (q_len * c.group_size + c.rows_per_tile - 1) // c.rows_per_tile
-                    local = half + (local - 2 * half) * (n_tiles - 1 - 2 * half)
-                row_start = local * c.rows_per_tile
-                row_count = cutlass.min(Int32(c.rows_per_tile), q_len * c.group_size - row_start)
-                kv_end = kv_len
-                if cutlass.const_expr(c.causal):
-                    kv_end = (row_start + row_count - 1) // c.group_size + 1 + kv_len - q_len
-                    kv_end = cutlass.min(cutlass.max(kv_end, Int32(0)), kv_len)
-                if requests[b, 3] != 0:
-                    kv_end = Int32(0)
-                q_tiles[j, 0] = b
-                q_tiles[j, 1] = row_start
-                q_tiles[j, 2] = row_count
-                q_tiles[j, 3] = kv_end
-                cost = tile_cost(c, kv_end)
-            start, total = block_exclusive_sum(cost, tidx, warp_sums)
-            if j < num_q_tiles:
-                q_tile_start[j] = (line + start) * heads
-            line = line + total
+        # this thread's longest tile, for the deal's bound (the cuts' vote reduces it; a second pass over the q tiles
+        # there cost ~0.4 k cycles: the vote 1.30 k -> 0.93 k at prefill 8 x 992)
+        longest = Int64(0)
+        if cutlass.const_expr(self.c.q_tiles_per_pass == 1):
+            for base in range(0, num_q_tiles, NUM_THREADS):
+                j = base + tidx
+                cost = Int64(0)
+                if j < num_q_tiles:
+                    b = last_at_most(requests, batch, j, 0)  # column 0: first q tile of each request
+                    cost = q_tile(c, j, b, requests, q_tiles)
+                    longest = cutlass.max(longest, cost)
+                start, total = block_exclusive_sum(cost, tidx, warp_sums)
+                if j < num_q_tiles:
+                    q_tile_start[j] = (line + start) * heads
+                line = line + total
+        else:
+            line, longest = q_tile_pairs(c, tidx, requests, q_tiles, q_tile_start, warp_sums, batch, num_q_tiles)
         if tidx == 0:
             q_tile_start[num_q_tiles] = line * heads
         cute.arch.fence_acq_rel_cta()
@@ -474,8 +472,8 @@ class DevicePlanner:
         width = Int64(1)
         active = Int64(0)
         if total_cost > 0:
-            width = cutlass.max((total_cost + num_ctas - 1) // num_ctas, Int64(self.min_width))
-            active = (total_cost + width - 1) // width
+            width = cutlass.max(div_nonneg(total_cost + num_ctas - 1, Int64(num_ctas)), Int64(self.min_width))
+            active = div_nonneg(total_cost + width - 1, width)
         num_tiles = num_q_tiles * heads
         slack = width >> SNAP_SHIFT
         edge = tidx
@@ -494,7 +492,7 @@ class DevicePlanner:
                 kv_end = q_tiles[j, 3]
                 cost = tile_cost(c, kv_end)
                 j_start = q_tile_start[j]
-                h = (p - j_start) // cost
+                h = div_nonneg(p - j_start, cost)
                 o = p - j_start - h * cost
                 t = Int32(j * heads + Int32(h))
                 k = (o - c.item_overhead_keys + c.kv_tile // 2) // c.kv_tile * c.kv_tile
@@ -526,8 +524,7 @@ class DevicePlanner:
                 stage[edge, 1] = Int32(p_snap >> 32)
         cute.arch.sync_threads()
         self.stamp(trace, 15, tidx)
-        longest = Int64(0)  # the sorted deal's: the longest tile, the busiest whole-tile CTA
-        snap_max = Int64(0)
+        snap_max = Int64(0)  # the sorted deal's: the busiest whole-tile CTA (and `longest`, reduced below)
         if cutlass.const_expr(c.allow_split):
             # Whole tiles when no CTA's load then exceeds W + W / 2**WHOLE_TILE_SHIFT: a plan without merges
             # runs faster than the model says a split one does (no fold, fewer item starts)
@@ -539,8 +536,6 @@ class DevicePlanner:
             if cutlass.const_expr(self.deals):
                 # the busiest whole-tile CTA and the longest tile in one barrier round: the deal's bound needs both,
                 # and whole-tile cuts within W + W / 2**DEAL_WHOLE_SHIFT then skip it without another reduction
-                for j in range(tidx, num_q_tiles, NUM_THREADS):
-                    longest = cutlass.max(longest, tile_cost(c, q_tiles[j, 3]))
                 snap_max, longest = block_max_pair(snap_load, longest, tidx, warp_sums)
                 split = Int32(0)
                 if snap_max > width + (width >> WHOLE_TILE_SHIFT):

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32
+from cutlass import Int32, Int64
 
 WARP = 32
+INT32_MAX = 2**31 - 1
 NUM_THREADS = 512
 NUM_WARPS = NUM_THREADS // WARP
 assert NUM_WARPS & (NUM_WARPS - 1) == 0 and NUM_WARPS <= WARP  # block_max_pair: one warp reduces the warp maxima
@@ -80,6 +81,19 @@ def block_any(predicate, tidx, flags: cute.Tensor) -> Int32:
     for w in cutlass.range_constexpr(NUM_WARPS):
         any_set = any_set | flags[1 + w]
     return any_set
+
+
+@cute.jit
+def div_nonneg(a, b):
+    """``a // b`` for Int64 ``a >= 0``, ``b > 0``: a 32-bit division when both fit (the common case; ptxas expands a
+    64-bit division into a much longer sequence). The cuts chain three; the phase measured within noise with it
+    (2.50 k -> 2.57 k cycles at prefill 8 x 992), so the division was not what that phase waits on."""
+    quotient = Int64(0)
+    if a <= Int64(INT32_MAX) and b <= Int64(INT32_MAX):
+        quotient = Int64(Int32(a) // Int32(b))
+    else:
+        quotient = a // b
+    return quotient
 
 
 @cute.jit
