@@ -208,10 +208,14 @@ def test_lists_phase_builds_one_or_two_rows_a_thread(arch):
 
 @pytest.mark.parametrize("arch", ARCHES)
 def test_q_tile_phase_builds_one_or_two_tiles_a_thread(arch):
-    """``q_tiles_per_pass`` (default 1): two neighbouring q tiles a thread a pass share a request search and one
-    prefix sum; the default build keeps one."""
+    """``q_tiles_per_pass`` (default 1, ``Q_TILES_PER_PASS``): two neighbouring q tiles a thread a pass share a request
+    search and one prefix sum; 0 chooses per launch (both paths in one build); the default build keeps one."""
     prefill = device_planner.default_configs(arch)[1]
-    assert prefill.q_tiles_per_pass == 1
+    assert prefill.q_tiles_per_pass == device_planner.Q_TILES_PER_PASS == 1
     assert dataclasses.replace(prefill, q_tiles_per_pass=3).can_implement() is not None
-    two = compile_to_ptx(dataclasses.replace(prefill, q_tiles_per_pass=2))
-    assert two != compile_to_ptx(prefill) and "ld.local" not in two
+    one = compile_to_ptx(prefill)
+    two, either = (compile_to_ptx(dataclasses.replace(prefill, q_tiles_per_pass=n)) for n in (2, 0))
+    assert len({one, two, either}) == 3 and "ld.local" not in two and "ld.local" not in either
+    with device_planner.q_tile_pass_policy(0):
+        assert device_planner.default_configs(arch)[1].q_tiles_per_pass == 0
+    assert device_planner.default_configs(arch)[1].q_tiles_per_pass == 1

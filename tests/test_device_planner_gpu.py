@@ -165,6 +165,42 @@ def test_prefill_lists_equal_the_twin_past_shared_memory_q_tiles():
     _assert_twin(plan, case.qo_indptr.tolist(), case.kv_indptr.tolist(), q_lens, kv_lens, "prefill 36k tokens")
 
 
+Q_TILE_PASS_CASES = {  # (q_lens or None for decode, kv_lens): one pass and several; requests that start between
+    # a thread's two tiles (one tile each: decode), and empty requests among them (the pair's second search)
+    "decode 64 x 2048": (None, [2048] * 64),
+    "prefill 16 x 992": ([992] * 16, [992] * 16),
+    "prefill ragged with empty requests": ([0, 130, 0, 0, 1, 700, 0, 17, 2500], [5, 130, 0, 64, 900, 700, 3, 17, 2600]),
+    "prefill 3 x 77": ([77] * 3, [300] * 3),
+}
+
+
+@pytest.mark.parametrize("per_pass", [2, 0], ids=["two_a_thread", "chosen_per_launch"])
+@pytest.mark.parametrize("name", list(Q_TILE_PASS_CASES))
+def test_q_tile_passes_equal_the_twin(name, per_pass):
+    """``DevicePlannerConfig.q_tiles_per_pass`` (``device_planner.q_tile_pass_policy``): two neighbouring q tiles a
+    thread, or the choice per launch, plan exactly what the twin plans."""
+    from cute_attn.kernels.common import device_planner
+
+    q_lens, kv_lens = Q_TILE_PASS_CASES[name]
+    with device_planner.q_tile_pass_policy(per_pass):
+        if q_lens is None:
+            case = testing.make_gqa_decode_case(kv_lens, device="cuda", seed=21)
+            plan = cute_attn.plan_gqa_paged_decode(*case.inputs(), on_device=True)
+            _assert_twin(plan, list(range(len(kv_lens) + 1)), case.kv_indptr.tolist(), [1] * len(kv_lens), kv_lens,
+                         name)
+        else:
+            case = testing.make_gqa_prefill_case(q_lens, kv_lens, device="cuda", seed=22)
+            plan = cute_attn.plan_gqa_paged_prefill(*case.inputs(), on_device=True)
+            _assert_twin(plan, case.qo_indptr.tolist(), case.kv_indptr.tolist(), q_lens, kv_lens, name)
+            out, lse = case.new_outputs()
+            hostile.entry_for(case).run(*case.inputs(), out, lse)  # the default call, planned on the device
+            torch.cuda.synchronize()
+            ref_out, ref_lse = case.reference()
+            testing.assert_close_benchmark(out, ref_out, f"{name} output")
+            testing.assert_close_benchmark(lse, ref_lse, f"{name} lse")
+            cute_attn.raise_on_device_error()
+
+
 @pytest.mark.parametrize("kind", ["decode", "prefill", "mla"])
 def test_default_calls_plan_on_the_device_and_match_the_reference(kind):
     cases = {

@@ -53,6 +53,7 @@ Device error word (int32 ``[4]``, cleared by :func:`cute_attn.device_errors.rais
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -68,7 +69,7 @@ from ...plan_partition import SNAP_SHIFT, SORTED_DEAL_MAX_Q_TILES, WHOLE_TILE_SH
 from .planner_collectives import (NUM_THREADS, NUM_WARPS, block_any, block_exclusive_sum, block_max_pair, div_nonneg,
                                   last_at_most)
 from .planner_lists import build_item, bulk_store, ctas_of_items, store_words
-from .planner_q_tiles import q_tile, q_tile_pairs
+from .planner_q_tiles import q_tile_pairs, q_tile_singles
 from .sorted_deal import sorted_deal, tile_cost
 
 MAX_CTAS = NUM_THREADS - 1  # one thread per CTA edge (num_ctas + 1 of them)
@@ -84,6 +85,9 @@ L2_LINE_INT32 = 32  # the index arrays are prefetched to L2 a 128-byte line at a
 #: one bulk copy from one of two stage buffers (2 x NUM_THREADS x ITEMS_PER_THREAD rows of 40 bytes: 80 KB at 2, the
 #: planning CTA's shared memory ~183 KB in all). ``DevicePlannerConfig.items_per_thread`` overrides it (A/Bs)
 ITEMS_PER_THREAD = 2
+#: the q-tile phase's build for every planner (``DevicePlannerConfig.q_tiles_per_pass``): 1 until the per-launch
+#: choice (0) has run on a GPU; :func:`q_tile_pass_policy` sets it inside a block (GPU tests, A/Bs)
+Q_TILES_PER_PASS = 1
 TRACE_STAMPS = 19  # trace_phases: clock64 stamps at the tail of q_tile_start (tools/planner_trace.py)
 Q_TILE_FIELDS = 4  # request, row start, row count, key end
 # first q tile, keys, query tokens, fault bits, first page (kv_indptr[b]), first token (qo_indptr[b]): the lists
@@ -121,8 +125,9 @@ class DevicePlannerConfig(KernelConfig):
     trace_phases: bool = False
     #: item rows a thread builds per pass of the lists phase (1 or 2; see ITEMS_PER_THREAD)
     items_per_thread: int = 0  # 0: ITEMS_PER_THREAD
-    #: q tiles a thread builds per pass of the q-tile phase: 1 (default) or 2 (``planner_q_tiles.q_tile_pairs``: faster
-    #: past 512 q tiles, slower below; measured, a runtime choice between the two is next)
+    #: q tiles a thread builds per pass of the q-tile phase: 1, 2 (``planner_q_tiles.q_tile_pairs``: faster past 512
+    #: q tiles, slower below; both measured) or 0 (per launch: pairs past one pass of NUM_THREADS tiles; built in
+    #: session 17, not run yet). ``for_plan`` takes Q_TILES_PER_PASS
     q_tiles_per_pass: int = 1
 
     @staticmethod
@@ -134,7 +139,7 @@ class DevicePlannerConfig(KernelConfig):
             min_chunk_keys=plan_config.min_chunk_keys, allow_split=plan_config.allow_split,
             zigzag=plan_config.zigzag, sorted_deal=plan_config.sorted_deal, line_deal=plan_config.line_deal,
             num_qo_heads=plan_config.num_qo_heads,
-            head_dim_v=head_dim_v)
+            head_dim_v=head_dim_v, q_tiles_per_pass=Q_TILES_PER_PASS)
 
     def plan_config(self, num_ctas: int) -> PlanConfig:
         return PlanConfig(num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads, causal=self.causal,
@@ -158,8 +163,8 @@ class DevicePlannerConfig(KernelConfig):
             return "item_overhead_keys and min_chunk_keys must be >= 0"
         if self.sorted_deal and self.line_deal:
             return "sorted_deal and line_deal are exclusive"
-        if self.q_tiles_per_pass not in (1, 2):
-            return f"q_tiles_per_pass={self.q_tiles_per_pass} must be 1 or 2"
+        if self.q_tiles_per_pass not in (0, 1, 2):
+            return f"q_tiles_per_pass={self.q_tiles_per_pass} must be 1, 2 or 0 (chosen per launch)"
         if self.items_per_thread not in (0, 1, 2):
             return f"items_per_thread={self.items_per_thread} must be 1 or 2 (0: the default, {ITEMS_PER_THREAD})"
         return None
@@ -443,24 +448,18 @@ class DevicePlanner:
         heads = c.num_kv_heads
         cute.arch.sync_threads()  # every request's first q tile (requests[:, 0]) is written
         # ---------------------------------------------------------------- q tiles: rows, key end, cost line
-        line = Int64(0)
-        # this thread's longest tile, for the deal's bound (the cuts' vote reduces it; a second pass over the q tiles
-        # there cost ~0.4 k cycles: the vote 1.30 k -> 0.93 k at prefill 8 x 992)
-        longest = Int64(0)
-        if cutlass.const_expr(self.c.q_tiles_per_pass == 1):
-            for base in range(0, num_q_tiles, NUM_THREADS):
-                j = base + tidx
-                cost = Int64(0)
-                if j < num_q_tiles:
-                    b = last_at_most(requests, batch, j, 0)  # column 0: first q tile of each request
-                    cost = q_tile(c, j, b, requests, q_tiles)
-                    longest = cutlass.max(longest, cost)
-                start, total = block_exclusive_sum(cost, tidx, warp_sums)
-                if j < num_q_tiles:
-                    q_tile_start[j] = (line + start) * heads
-                line = line + total
-        else:
+        line = Int64(0)  # the cost line's length
+        longest = Int64(0)  # this thread's longest tile (the deal's bound; the cuts' vote reduces it)
+        if cutlass.const_expr(c.q_tiles_per_pass == 1):
+            line, longest = q_tile_singles(c, tidx, requests, q_tiles, q_tile_start, warp_sums, batch, num_q_tiles)
+        elif cutlass.const_expr(c.q_tiles_per_pass == 2):
             line, longest = q_tile_pairs(c, tidx, requests, q_tiles, q_tile_start, warp_sums, batch, num_q_tiles)
+        else:  # per launch (uniform over the CTA): pairs only pay where there is more than one pass
+            if num_q_tiles > NUM_THREADS:
+                line, longest = q_tile_pairs(c, tidx, requests, q_tiles, q_tile_start, warp_sums, batch, num_q_tiles)
+            else:
+                line, longest = q_tile_singles(c, tidx, requests, q_tiles, q_tile_start, warp_sums, batch,
+                                               num_q_tiles)
         if tidx == 0:
             q_tile_start[num_q_tiles] = line * heads
         cute.arch.fence_acq_rel_cta()
@@ -738,6 +737,15 @@ def default_configs(arch: str) -> list[DevicePlannerConfig]:
                                    page_size=ps, causal=causal)
         out.append(DevicePlannerConfig.for_plan(cfg.plan_config(132), arch=arch, has_qo_indptr=qo, head_dim_v=dv))
     return out
+
+
+@contextlib.contextmanager
+def q_tile_pass_policy(per_pass: int):
+    """Inside the block every device planner is built with ``q_tiles_per_pass=per_pass`` (GPU tests, A/Bs)."""
+    from ...ops import policy  # the spec policies' save / clear caches / restore
+
+    with policy(globals(), Q_TILES_PER_PASS=int(per_pass)):
+        yield
 
 
 register_kernel(DevicePlannerConfig, build, configs=default_configs)
