@@ -249,15 +249,20 @@ def build(config: CombineConfig) -> tuple[Any, tuple[Any, ...]]:
 
 
 def default_configs(arch: str) -> list[CombineConfig]:
-    """The combine steps of the three definitions' default tile geometry (and of head_dim 256 GQA prefill)."""
+    """The combine steps of the three definitions' default tile geometry (and of head_dim 256 GQA prefill), with the
+    grid the API builds (``COMBINE_MAX_CTAS``)."""
+    def config(tile_q_rows, head_dim_v, num_qo_heads, group_size):
+        return CombineConfig(arch=arch, tile_q_rows=tile_q_rows, head_dim_v=head_dim_v, num_qo_heads=num_qo_heads,
+                             group_size=group_size, max_ctas=COMBINE_MAX_CTAS)
+
     return [
-        CombineConfig(arch=arch, tile_q_rows=128, head_dim_v=128, num_qo_heads=32, group_size=8),
-        CombineConfig(arch=arch, tile_q_rows=64, head_dim_v=128, num_qo_heads=20, group_size=5),
-        CombineConfig(arch=arch, tile_q_rows=64, head_dim_v=512, num_qo_heads=16, group_size=16),
+        config(128, 128, 32, 8),
+        config(64, 128, 20, 5),
+        config(64, 512, 16, 16),
         # MLA decode, one token a tile (the swapped sm_90a kernel): h16 and h8
-        CombineConfig(arch=arch, tile_q_rows=16, head_dim_v=512, num_qo_heads=16, group_size=16),
-        CombineConfig(arch=arch, tile_q_rows=8, head_dim_v=512, num_qo_heads=8, group_size=8),
-        CombineConfig(arch=arch, tile_q_rows=128, head_dim_v=256, num_qo_heads=16, group_size=8),  # prefill d256
+        config(16, 512, 16, 16),
+        config(8, 512, 8, 8),
+        config(128, 256, 16, 8),  # prefill d256
     ]
 
 
