@@ -9,6 +9,9 @@ POLICY is one of
                   off / on at the case's page (pages 1..8)
     combine_grid  the combine launch's grid: a CTA per merge slot of the capacity, or capped at
                   ``COMBINE_GRID_TRIAL`` CTAs walking the merges (``kernels/common/combine.COMBINE_MAX_CTAS``)
+    q_tile_pass   the device planner's q-tile pass: one tile a thread, or chosen per launch (two past one pass;
+                  ``kernels/common/device_planner.Q_TILES_PER_PASS`` 1 / 0); only the device-planned and default calls
+                  move
 
 For each case (batch, page size, head layout) and both settings: the call with the plan made once on the device
 (``plan_*(on_device=True)``, the bench's ``cute_attn_device_planned``), the default call (plans on every call:
@@ -137,16 +140,43 @@ def _combine_grid_cases(pages):
                    lambda on: combine.combine_grid_policy(COMBINE_GRID_TRIAL if on else 0))
 
 
+Q_TILE_PASS_CASES = {  # label: (q_lens or None for decode, kv_lens): one pass of q tiles and several
+    "decode_n64_kv2048": (None, [2048] * 64),
+    "gqa_n8_q992": ([992] * 8, [992] * 8),
+    "gqa_n16_q992": ([992] * 16, [992] * 16),
+    "gqa_n32_q992": ([992] * 32, [992] * 32),
+    "gqa_n8_q128_kv2048": ([128] * 8, [2048] * 8),
+}
+
+
+def _q_tile_pass_cases(pages):
+    from cute_attn import testing
+    from cute_attn.kernels.common import device_planner
+
+    for label, (q_lens, kv_lens) in Q_TILE_PASS_CASES.items():
+        for page_size in pages:
+            if q_lens is None:
+                def make(kv_lens=kv_lens, page_size=page_size):
+                    return testing.make_gqa_decode_case(kv_lens, page_size=page_size, device="cuda", seed=4)
+            else:
+                def make(q_lens=q_lens, kv_lens=kv_lens, page_size=page_size):
+                    return testing.make_gqa_prefill_case(q_lens, kv_lens, page_size=page_size, device="cuda", seed=4)
+            yield (dict(batch=label, page_size=page_size, heads=0, kv_heads=0), make,
+                   "decode" if q_lens is None else "prefill",
+                   lambda on: device_planner.q_tile_pass_policy(0 if on else 1))
+
+
 POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, "k_ahead": _k_ahead_cases,
-            "combine_grid": _combine_grid_cases}
-DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64]}
+            "combine_grid": _combine_grid_cases, "q_tile_pass": _q_tile_pass_cases}
+DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
+                 "q_tile_pass": [64]}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("policy", choices=sorted(POLICIES))
     ap.add_argument("--json", default=None)
-    ap.add_argument("--pages", type=int, nargs="+", default=None, help="default: line_deal 1 64, prefill_fold 64 1, k_ahead 1, combine_grid 64")
+    ap.add_argument("--pages", type=int, nargs="+", default=None, help="default: line_deal 1 64, prefill_fold 64 1, k_ahead 1, combine_grid 64, q_tile_pass 64")
     ap.add_argument("--only", nargs="+", default=None, help="case labels to keep")
     ap.add_argument("--iters", type=int, default=50, help="1: check and compile only, no timing")
     args = ap.parse_args(argv)
