@@ -21,6 +21,8 @@ Cases (small, ragged, each a registered config's shape):
     mla-*fused-p*  the sm_90a MLA prefill and decode kernels with ``fused_merge`` (the in-kernel fold of split items)
     prefill-fused-* the sm_90a GQA prefill kernel with ``fused_merge``: device plan (p1, p64) and host plan (hostplan)
     prefill-k-ahead-p* the sm_90a GQA prefill's row gathers with ``k_ahead`` (K one tile ahead of V), pages 1 and 4
+    q-tile-pairs-* the device planner's q-tile pass chosen per launch (``q_tile_pass_policy(0)``: two tiles a thread
+                   past one pass), with and without empty requests
     combine-grid-* the combine launch with a capped grid (CTAs walk the merges; 4 CTAs for MLA decode's case)
     hostplan-decode  check_indices=True: the host-planned path (every other case plans on the device)
     line-deal-decode  the device planner's line deal at page 1 (on by default at pages 1-2 and from 8 KV heads)
@@ -223,6 +225,19 @@ def _cases(arch: str) -> dict:
                 return _run_api(cute_attn.mla_paged_decode, case, arch)
         return run
 
+    def q_tile_pass(q_lens, kv_lens):  # the device planner's q-tile pass chosen per launch (two a thread past 512)
+        def run():
+            from cute_attn.kernels.common.device_planner import q_tile_pass_policy
+
+            with q_tile_pass_policy(0):
+                case = testing.make_gqa_prefill_case(q_lens, kv_lens, device="cuda", seed=89)
+                return _run_api(cute_attn.gqa_paged_prefill, case, arch)
+        return run
+
+    # 16 x 800 at group 8, 128-row tiles: 800 q tiles, two passes of pairs; the ragged one has empty requests
+    cases["q-tile-pairs-prefill"] = ("device_planner", q_tile_pass([800] * 16, [800] * 16))
+    cases["q-tile-pairs-ragged"] = ("device_planner", q_tile_pass([0, 130, 0, 1, 700, 0, 17, 2500] * 4,
+                                                                  [5, 130, 64, 900, 700, 3, 17, 2600] * 4))
     cases["combine-grid-prefill"] = ("combine", combine_grid("prefill", 1056))
     cases["combine-grid-mla-decode"] = ("combine", combine_grid("mla_decode", 4))
     if arch == "sm_90a":
