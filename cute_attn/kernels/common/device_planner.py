@@ -12,8 +12,9 @@ Roles / phases (:func:`scan_ctas` x 512 threads, arch-neutral SIMT code: the sam
                 cold: one DRAM round trip for all of them instead of one per phase).
                 *page scan*: a grid-stride pass over ``kv_indices`` (8 ids in flight per thread), checking
                 ``[0 : min(kv_indptr[batch], len)]``; a page id outside ``[0, num_pages)`` marks its request
-                (binary search of ``kv_indptr``) in ``request_faults`` and the device error word. With one scan CTA (up to 4096
-                ids) it plans at once; with several: fence, and one ``atom.add.acq_rel.gpu`` on ``arrivals``:
+                (binary search of ``kv_indptr``) in ``request_faults`` and the device error word. With one scan
+                CTA (up to 4096 ids) it plans at once; with several: fence, and one ``atom.add.acq_rel.gpu`` on
+                ``arrivals``:
                 the CTA that arrives last (it has seen every other CTA's marks) plans; the others exit. It
                 resets ``arrivals`` and ``request_faults`` to 0, so the buffers are clean for the next launch
                 and for every CUDA-graph replay.
