@@ -23,6 +23,8 @@ Subclasses are ``@dataclass(frozen=True)``, set the class attribute
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
@@ -157,6 +159,12 @@ class PagedAttentionConfig(KernelConfig):
     #: the H200 but slower (session 15), off (``ops/mla_prefill.FUSED_MERGE`` says why); GQA prefill:
     #: ``ops/gqa_prefill.FUSED_MERGE``
     fused_merge: bool = False
+    #: every attention kernel: each CTA releases the launch that follows it (``griddepcontrol.launch_dependents``)
+    #: right after its own wait (``kernels/common/launch_chain.wait_for_previous_grid``), so the combine's CTAs
+    #: (launched with programmatic dependent launch) are dispatched while the attention grid runs and take SMs as its
+    #: CTAs exit, instead of being launched when it ends (the combine still waits for the whole grid and its writes).
+    #: ``default_paged_config`` takes EARLY_DEPENDENTS
+    early_dependents: bool = False
 
     @property
     def group_size(self) -> int:
@@ -242,6 +250,22 @@ def gqa_shape_reason(config: PagedAttentionConfig) -> str | None:
     return None
 
 
+#: ``PagedAttentionConfig.early_dependents`` of every default config. Why: without it the combine launch (device
+#: plans always make one) is dispatched only when the attention grid completes; device-planned GQA prefill ran 1.2-3.2
+#: us behind the host plan of the same tiles in session 17 with the combine's grid already capped. Built in session
+#: 17, not run on a GPU: False until its A/B (``tools/ab_policy.py early_dependents``)
+EARLY_DEPENDENTS = False
+
+
+@contextlib.contextmanager
+def early_dependents_policy(on: bool):
+    """Inside the block every default config takes ``early_dependents=on`` (A/Bs, GPU tests, sanitizer cases)."""
+    from .ops import policy  # the spec policies' save / clear caches / restore
+
+    with policy(globals(), EARLY_DEPENDENTS=bool(on)):
+        yield
+
+
 def default_paged_config(kind: str, *, arch: str, num_qo_heads: int, num_kv_heads: int, head_dim_qk: int,
                          head_dim_v: int, page_size: int, causal: bool, spec=None) -> PagedAttentionConfig:
     """The tuned tile geometry for a problem: the kind's policy (``OpSpec.default_tiles``; the tuning notebooks
@@ -253,5 +277,5 @@ def default_paged_config(kind: str, *, arch: str, num_qo_heads: int, num_kv_head
     tiles = policy(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size)
     return PagedAttentionConfig(
         arch=arch, kind=kind, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim_qk=head_dim_qk,
-        head_dim_v=head_dim_v, page_size=page_size, causal=causal, **tiles,
+        head_dim_v=head_dim_v, page_size=page_size, causal=causal, **{"early_dependents": EARLY_DEPENDENTS, **tiles},
     )

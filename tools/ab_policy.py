@@ -9,6 +9,8 @@ POLICY is one of
                   off / on at the case's page (pages 1..8)
     combine_grid  the combine launch's grid: a CTA per merge slot of the capacity, or capped at
                   ``COMBINE_GRID_TRIAL`` CTAs walking the merges (``kernels/common/combine.COMBINE_MAX_CTAS``)
+    early_dependents  attention kernels release the next launch right after their wait (``config.EARLY_DEPENDENTS``):
+                  the combine that follows a device plan is dispatched during the attention grid, not after it
     q_tile_pass   the device planner's q-tile pass: one tile a thread, or chosen per launch (two past one pass;
                   ``kernels/common/device_planner.Q_TILES_PER_PASS`` 1 / 0); only the device-planned and default calls
                   move
@@ -166,17 +168,25 @@ def _q_tile_pass_cases(pages):
                    lambda on: device_planner.q_tile_pass_policy(0 if on else 1))
 
 
+def _early_dependents_cases(pages):
+    from cute_attn.config import early_dependents_policy
+
+    for row0, make, kind, _ in _combine_grid_cases(pages):  # the combine's cases: device plans launch it always
+        yield row0, make, kind, early_dependents_policy
+
+
 POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, "k_ahead": _k_ahead_cases,
-            "combine_grid": _combine_grid_cases, "q_tile_pass": _q_tile_pass_cases}
+            "combine_grid": _combine_grid_cases, "q_tile_pass": _q_tile_pass_cases,
+            "early_dependents": _early_dependents_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
-                 "q_tile_pass": [64]}
+                 "q_tile_pass": [64], "early_dependents": [64]}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("policy", choices=sorted(POLICIES))
     ap.add_argument("--json", default=None)
-    ap.add_argument("--pages", type=int, nargs="+", default=None, help="default: line_deal 1 64, prefill_fold 64 1, k_ahead 1, combine_grid 64, q_tile_pass 64")
+    ap.add_argument("--pages", type=int, nargs="+", default=None, help="default: line_deal 1 64, prefill_fold 64 1, k_ahead 1, combine_grid 64, q_tile_pass 64, early_dependents 64")
     ap.add_argument("--only", nargs="+", default=None, help="case labels to keep")
     ap.add_argument("--iters", type=int, default=50, help="1: check and compile only, no timing")
     args = ap.parse_args(argv)

@@ -23,6 +23,8 @@ Cases (small, ragged, each a registered config's shape):
     prefill-k-ahead-p* the sm_90a GQA prefill's row gathers with ``k_ahead`` (K one tile ahead of V), pages 1 and 4
     q-tile-pairs-* the device planner's q-tile pass chosen per launch (``q_tile_pass_policy(0)``: two tiles a thread
                    past one pass), with and without empty requests
+    early-dependents-* attention kernels that release the combine's launch right after their wait
+                   (``config.early_dependents_policy``)
     combine-grid-* the combine launch with a capped grid (CTAs walk the merges; 4 CTAs for MLA decode's case)
     hostplan-decode  check_indices=True: the host-planned path (every other case plans on the device)
     line-deal-decode  the device planner's line deal at page 1 (on by default at pages 1-2 and from 8 KV heads)
@@ -238,6 +240,20 @@ def _cases(arch: str) -> dict:
     cases["q-tile-pairs-prefill"] = ("device_planner", q_tile_pass([800] * 16, [800] * 16))
     cases["q-tile-pairs-ragged"] = ("device_planner", q_tile_pass([0, 130, 0, 1, 700, 0, 17, 2500] * 4,
                                                                   [5, 130, 64, 900, 700, 3, 17, 2600] * 4))
+    def early_dependents(kind: str):  # attention CTAs release the combine's launch right after their wait
+        def run():
+            from cute_attn.config import early_dependents_policy
+
+            with early_dependents_policy(True):
+                if kind == "prefill":
+                    case = testing.make_gqa_prefill_case([3, 40, 1], [40000, 300, 9000], device="cuda", seed=96)
+                    return _run_api(cute_attn.gqa_paged_prefill, case, arch)
+                case = testing.make_mla_decode_case([4096, 0, 70, 9000], device="cuda", seed=97)
+                return _run_api(cute_attn.mla_paged_decode, case, arch)
+        return run
+
+    cases["early-dependents-prefill"] = ("combine", early_dependents("prefill"))
+    cases["early-dependents-mla-decode"] = ("combine", early_dependents("mla_decode"))
     cases["combine-grid-prefill"] = ("combine", combine_grid("prefill", 1056))
     cases["combine-grid-mla-decode"] = ("combine", combine_grid("mla_decode", 4))
     if arch == "sm_90a":

@@ -23,6 +23,18 @@ from ...compile import register_kernel, registered_build
 from ...config import KernelConfig
 
 
+@cute.jit
+def wait_for_previous_grid(release_dependents: cutlass.Constexpr):
+    """``griddepcontrol.wait`` (the kernel is launched with programmatic dependent launch: the previous grid has
+    finished and flushed when it returns), then, when ``release_dependents``, ``griddepcontrol.launch_dependents``:
+    the next launch in the stream may be dispatched once every CTA of this grid got here. Safe for any follower: a
+    kernel launched without programmatic dependent launch still starts after this grid ends, and ours wait for it
+    before their first global access."""
+    cute.arch.griddepcontrol_wait()
+    if cutlass.const_expr(release_dependents):
+        cute.arch.griddepcontrol_launch_dependents()
+
+
 @dataclass(frozen=True)
 class LaunchChainConfig(KernelConfig):
     """Kernel builds (all of ``arch``) launched in this order from one host call."""

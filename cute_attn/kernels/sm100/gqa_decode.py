@@ -94,6 +94,7 @@ from ..common.decode_merge import fold_completed_merges
 from ..common.page_ids import IDS_PER_LOAD, id_loads, lane_page_id, load_lane_page_ids, rotate_lane_page_ids
 from ..common.tma_issue import (GATHER4_PAGE_SIZES, ONE_ELECTION, issue_page_boxes, issue_page_gather4,
                                 make_gather4_atom, pages_as_rows, tma_descriptor_address)
+from ..common.launch_chain import wait_for_previous_grid
 
 from .decode_config import (  # noqa: F401  (re-exported: the kernel's constants and rules)
     ARCH, KIND, MULTI_TOKEN_KIND, Q_VEC, MMA_M, PAGE_SIZES,
@@ -118,6 +119,7 @@ class GqaDecodeSm100:
     """The kernel object: compile-time constants live on ``self``."""
 
     def __init__(self, config: PagedAttentionConfig) -> None:
+        self.releases_dependents = config.early_dependents  # config.EARLY_DEPENDENTS says why
         self.config = config
         self.multi_token = config.kind == MULTI_TOKEN_KIND  # compile time: q_len 1 decode's code is unchanged
         self.tile_rows = config.tile_q_rows  # multi-token: the Q rows an item may hold (the planner's bound)
@@ -286,7 +288,7 @@ class GqaDecodeSm100:
         pv_thr = pv_mma.get_slice(0)
         # Launched with programmatic dependent launch (it may start while the device planner runs): nothing
         # global is read before this wait, which returns once the previous grid has finished and flushed.
-        cute.arch.griddepcontrol_wait()
+        wait_for_previous_grid(self.releases_dependents)
         item_begin = work_indptr[cta]
         item_end = work_indptr[cta + 1]
 

@@ -80,6 +80,7 @@ from ..common.paged_launch import gqa_prefill_entry
 from ..common.limits import TMEM_COLUMNS, page_box_reason, row_gather_choice_reason, smem_reason, target_reason
 from ..common.packed_q import q_box_stage_layout
 from ..common.tma_issue import GATHER4_PAGE_SIZES, make_gather4_atom, pages_as_rows
+from ..common.launch_chain import wait_for_previous_grid
 from .prefill_roles import PrefillRoles
 from .prefill_setup import PrefillBarriers
 
@@ -160,6 +161,7 @@ class GqaPagedPrefillSm100(PrefillRoles):
     """The kernel object: compile-time constants live on ``self``; role bodies in ``PrefillRoles``."""
 
     def __init__(self, config: PagedAttentionConfig):
+        self.releases_dependents = config.early_dependents  # config.EARLY_DEPENDENTS says why
         reason = check_config(config)
         if reason is not None:
             raise ValueError(reason)
@@ -278,7 +280,7 @@ class GqaPagedPrefillSm100(PrefillRoles):
         producer, consumer = cpipe.PipelineUserType.Producer, cpipe.PipelineUserType.Consumer
         # Launched with programmatic dependent launch (it may start while the device planner runs): nothing
         # global is read before this wait, which returns once the previous grid has finished and flushed.
-        cute.arch.griddepcontrol_wait()
+        wait_for_previous_grid(self.releases_dependents)
         item_begin = work_indptr[cta]
         item_end = work_indptr[cta + 1]
         if warp_idx < _WARP_CORRECTION:

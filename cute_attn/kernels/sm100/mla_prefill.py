@@ -92,6 +92,7 @@ from ..common.limits import TMEM_COLUMNS, mla_definition_reason, row_gather_choi
 from ..common.mla import (CKV_DIM, DEFINITION_PAGE_SIZES, KIND, KPE_DIM, QK_DIM, definition_config,
                           MlaEntries, fold_arrival_bytes, load_q_and_kv_tiles, mla_entry, row_view)
 from ..common.tma_issue import make_gather4_atom, tma_descriptor_address
+from ..common.launch_chain import wait_for_previous_grid
 from .prefill_setup import PrefillBarriers
 from .softmax_rows import NEG_INF, begin_softmax_item, load_s_row, num_key_tiles, online_softmax_row, send_row_values
 from .tmem import fence_after_sync, fence_before_sync
@@ -166,6 +167,7 @@ class MlaPagedPrefillSm100(MlaEntries):
     """The kernel object: compile-time constants live on ``self``; the entries are ``MlaEntries``'."""
 
     def __init__(self, config: PagedAttentionConfig):
+        self.releases_dependents = config.early_dependents  # config.EARLY_DEPENDENTS says why
         reason = check_config(config)
         if reason is not None:
             raise ValueError(reason)
@@ -259,7 +261,7 @@ class MlaPagedPrefillSm100(MlaEntries):
         producer, consumer = cpipe.PipelineUserType.Producer, cpipe.PipelineUserType.Consumer
         # Launched with programmatic dependent launch (it may start while the device planner runs): nothing
         # global is read before this wait, which returns once the previous grid has finished and flushed.
-        cute.arch.griddepcontrol_wait()
+        wait_for_previous_grid(self.releases_dependents)
         item_begin = work_indptr[cta]
         item_end = work_indptr[cta + 1]
         if warp_idx < _WARP_CORRECTION:

@@ -85,6 +85,7 @@ from ..common.tma_issue import ONE_ELECTION, issue_page_boxes, tma_descriptor_ad
 from ..common.work_items import guess_first_item, load_item
 from .wgmma import wgmma_gemm
 from ..common.paged_launch import gqa_decode_entry, gqa_multi_token_decode_entry
+from ..common.launch_chain import wait_for_previous_grid
 from ...ops.gqa_multi_token_decode import MAX_QUERY_TOKENS
 
 KIND = "gqa_paged_decode"
@@ -198,6 +199,7 @@ class GqaDecodeSm90:
     """The kernel object: compile-time constants live on ``self``."""
 
     def __init__(self, config: PagedAttentionConfig) -> None:
+        self.releases_dependents = config.early_dependents  # config.EARLY_DEPENDENTS says why
         self.group = config.group_size
         self.multi_token = config.kind == MULTI_TOKEN_KIND  # compile time: q_len 1 decode's code is unchanged
         self.rows = live_rows(config)
@@ -311,7 +313,7 @@ class GqaDecodeSm90:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         # Launched with programmatic dependent launch (it may start while the device planner runs): nothing
         # global is read before this wait, which returns once the previous grid has finished and flushed.
-        cute.arch.griddepcontrol_wait()
+        wait_for_previous_grid(self.releases_dependents)
         # issued first: their latency overlaps the mbarrier setup below
         item_begin = work_indptr[cta]
         item_end = work_indptr[cta + 1]

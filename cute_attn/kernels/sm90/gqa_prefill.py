@@ -93,6 +93,7 @@ from ..common.row_gather import ROW_CHUNK, gather_one_row_pages
 from ..common.tma_issue import ONE_ELECTION, issue_page_boxes, tma_descriptor_address
 from ..common.softmax import (acc_mn_view, acc_to_mma_a_view, make_softmax_state, rescale_rows,
                               softmax_finalize, softmax_reset, softmax_update, store_p_bf16)
+from ..common.launch_chain import wait_for_previous_grid
 from .prefill_epilogue import store_item_rows, store_output_via_smem
 from .wgmma import wgmma_gemm
 
@@ -166,6 +167,7 @@ class GqaPagedPrefillSm90:
     """The kernel object: compile-time constants live on ``self``."""
 
     def __init__(self, config: PagedAttentionConfig):
+        self.releases_dependents = config.early_dependents  # config.EARLY_DEPENDENTS says why
         reason = check_config(config)
         if reason is not None:
             raise ValueError(reason)
@@ -319,7 +321,7 @@ class GqaPagedPrefillSm90:
 
         # Launched with programmatic dependent launch (it may start while the device planner runs): nothing
         # global is read before this wait, which returns once the previous grid has finished and flushed.
-        cute.arch.griddepcontrol_wait()
+        wait_for_previous_grid(self.releases_dependents)
         item_begin = work_indptr[cta]
         item_end = work_indptr[cta + 1]
         if warp_idx < 4:

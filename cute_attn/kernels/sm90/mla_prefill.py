@@ -88,6 +88,7 @@ from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.registers import register_split_reason
 from ..common.softmax import (acc_mn_view, make_softmax_state, rescale_rows, softmax_finalize, softmax_reset,
                               softmax_update, store_p_bf16)
+from ..common.launch_chain import wait_for_previous_grid
 from .prefill_epilogue import store_item_rows
 from .wgmma import wgmma_gemm
 
@@ -212,6 +213,7 @@ class MlaPagedPrefillSm90(MlaEntries):
     """The kernel object: compile-time constants live on ``self``; the entries are ``MlaEntries``'."""
 
     def __init__(self, config: PagedAttentionConfig):
+        self.releases_dependents = config.early_dependents  # config.EARLY_DEPENDENTS says why
         reason = check_config(config)
         if reason is not None:
             raise ValueError(reason)
@@ -327,7 +329,7 @@ class MlaPagedPrefillSm90(MlaEntries):
 
         # Launched with programmatic dependent launch (it may start while the device planner runs): nothing
         # global is read before this wait, which returns once the previous grid has finished and flushed.
-        cute.arch.griddepcontrol_wait()
+        wait_for_previous_grid(self.releases_dependents)
         item_begin = work_indptr[cta]
         item_end = work_indptr[cta + 1]
         if warp_idx < PRODUCER_THREADS // 32:
