@@ -311,10 +311,8 @@ class GqaDecodeSm90:
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        # Launched with programmatic dependent launch (it may start while the device planner runs): nothing
-        # global is read before this wait, which returns once the previous grid has finished and flushed.
-        wait_for_previous_grid(self.releases_dependents)
-        # issued first: their latency overlaps the mbarrier setup below
+        # programmatic dependent launch (it may start while the planner runs): nothing global is read before this
+        wait_for_previous_grid(self.releases_dependents)  # then the plan's loads, issued before the mbarrier setup
         item_begin = work_indptr[cta]
         item_end = work_indptr[cta + 1]
         row = cute.make_rmem_tensor((len(ITEM_FIELDS),), Int32)
