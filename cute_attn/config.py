@@ -24,7 +24,6 @@ Subclasses are ``@dataclass(frozen=True)``, set the class attribute
 from __future__ import annotations
 
 import contextlib
-
 import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar

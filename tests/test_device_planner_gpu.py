@@ -53,6 +53,17 @@ def _assert_twin(plan, qo, kvp, q_lens, kv_lens, what):
     assert np.array_equal(merges[:m], twin.merges[:m]), f"{what}: merges differ"
 
 
+def _assert_default_call_matches_reference(case, what):
+    """The default call (planned on the device) on ``case`` against the float32 reference, no device error."""
+    out, lse = case.new_outputs()
+    hostile.entry_for(case).run(*case.inputs(), out, lse)
+    torch.cuda.synchronize()
+    ref_out, ref_lse = case.reference()
+    testing.assert_close_benchmark(out, ref_out, f"{what} output")
+    testing.assert_close_benchmark(lse, ref_lse, f"{what} lse")
+    cute_attn.raise_on_device_error()
+
+
 def plan_capacity(plan):
     from cute_attn.plan import PlanCapacity
 
@@ -108,13 +119,7 @@ def test_dealt_plans_equal_the_twin_and_the_default_call_the_reference(name):
     twin, dealt = partition(config, q_lens, kv_lens)
     assert dealt and twin.num_merges == 0, "the batch no longer exercises the deal"
     _assert_twin(plan, case.qo_indptr.tolist(), case.kv_indptr.tolist(), q_lens, kv_lens, name)
-    out, lse = case.new_outputs()
-    hostile.entry_for(case).run(*case.inputs(), out, lse)
-    torch.cuda.synchronize()
-    ref_out, ref_lse = case.reference()
-    testing.assert_close_benchmark(out, ref_out, f"{name} output")
-    testing.assert_close_benchmark(lse, ref_lse, f"{name} lse")
-    cute_attn.raise_on_device_error()
+    _assert_default_call_matches_reference(case, name)
 
 
 @pytest.mark.parametrize("kv_lens", [[2048] * 64, [2048] * 7 + [5, 0, 3000], [70, 9000, 1, 3232]], ids=str)
@@ -192,13 +197,7 @@ def test_q_tile_passes_equal_the_twin(name, per_pass):
             case = testing.make_gqa_prefill_case(q_lens, kv_lens, device="cuda", seed=22)
             plan = cute_attn.plan_gqa_paged_prefill(*case.inputs(), on_device=True)
             _assert_twin(plan, case.qo_indptr.tolist(), case.kv_indptr.tolist(), q_lens, kv_lens, name)
-            out, lse = case.new_outputs()
-            hostile.entry_for(case).run(*case.inputs(), out, lse)  # the default call, planned on the device
-            torch.cuda.synchronize()
-            ref_out, ref_lse = case.reference()
-            testing.assert_close_benchmark(out, ref_out, f"{name} output")
-            testing.assert_close_benchmark(lse, ref_lse, f"{name} lse")
-            cute_attn.raise_on_device_error()
+            _assert_default_call_matches_reference(case, name)
 
 
 @pytest.mark.parametrize("kind", ["decode", "prefill", "mla"])

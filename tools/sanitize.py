@@ -215,17 +215,23 @@ def _cases(arch: str) -> dict:
                 return _run_api(cute_attn.gqa_paged_prefill, case, arch)
         return run
 
-    def combine_grid(kind: str, max_ctas: int):  # the capped combine grid: CTAs walk the merges a grid apart
+    def with_combine(kind: str, policy, seeds: tuple):  # a device-planned call that launches the combine, under
+        # ``policy()``: GQA prefill (a short request beside a 40k-key one: merges) or MLA decode (ragged, an empty one)
         def run():
-            from cute_attn.kernels.common.combine import combine_grid_policy
-
-            with combine_grid_policy(max_ctas):
+            with policy():
                 if kind == "prefill":
-                    case = testing.make_gqa_prefill_case([3, 40, 1], [40000, 300, 9000], device="cuda", seed=87)
+                    case = testing.make_gqa_prefill_case([3, 40, 1], [40000, 300, 9000], device="cuda", seed=seeds[0])
                     return _run_api(cute_attn.gqa_paged_prefill, case, arch)
-                case = testing.make_mla_decode_case([4096, 0, 70, 9000], device="cuda", seed=88)
+                case = testing.make_mla_decode_case([4096, 0, 70, 9000], device="cuda", seed=seeds[1])
                 return _run_api(cute_attn.mla_paged_decode, case, arch)
         return run
+
+    def combine_grid(kind: str, max_ctas: int):  # the capped combine grid: CTAs walk the merges a grid apart
+        def policy():
+            from cute_attn.kernels.common.combine import combine_grid_policy
+
+            return combine_grid_policy(max_ctas)
+        return with_combine(kind, policy, (87, 88))
 
     def q_tile_pass(q_lens, kv_lens):  # the device planner's q-tile pass chosen per launch (two a thread past 512)
         def run():
@@ -240,17 +246,13 @@ def _cases(arch: str) -> dict:
     cases["q-tile-pairs-prefill"] = ("device_planner", q_tile_pass([800] * 16, [800] * 16))
     cases["q-tile-pairs-ragged"] = ("device_planner", q_tile_pass([0, 130, 0, 1, 700, 0, 17, 2500] * 4,
                                                                   [5, 130, 64, 900, 700, 3, 17, 2600] * 4))
+
     def early_dependents(kind: str):  # attention CTAs release the combine's launch right after their wait
-        def run():
+        def policy():
             from cute_attn.config import early_dependents_policy
 
-            with early_dependents_policy(True):
-                if kind == "prefill":
-                    case = testing.make_gqa_prefill_case([3, 40, 1], [40000, 300, 9000], device="cuda", seed=96)
-                    return _run_api(cute_attn.gqa_paged_prefill, case, arch)
-                case = testing.make_mla_decode_case([4096, 0, 70, 9000], device="cuda", seed=97)
-                return _run_api(cute_attn.mla_paged_decode, case, arch)
-        return run
+            return early_dependents_policy(True)
+        return with_combine(kind, policy, (96, 97))
 
     cases["early-dependents-prefill"] = ("combine", early_dependents("prefill"))
     cases["early-dependents-mla-decode"] = ("combine", early_dependents("mla_decode"))
