@@ -128,3 +128,29 @@ def test_mla_decode_fused_merge_drawn_batches(batch, page_size, num_heads):
     with fused_merge_policy(True):
         _run_and_compare(q_lens, kv_lens, multi_token, page_size, num_heads, "device",
                          seed=sum(kv_lens) + len(kv_lens) + 1)
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@pytest.mark.parametrize("num_heads", HEADS)
+@pytest.mark.parametrize("route", ROUTES)
+def test_mla_decode_split_scores(page_size, num_heads, route):
+    """``share_scores`` in the swapped kernel (``ops/mla_decode.SM90_SPLIT_SCORES``): each consumer warpgroup sums
+    half of S^T's dims and adds the other's partial. Long split requests beside empty, one-key and page-edge ones:
+    a wrong exchange (the other's buffer, a stale parity) shows in every tile of the long ones."""
+    from cute_attn.ops.mla_decode import split_scores_policy
+
+    kv_lens = [LONG_KV, 0, 1, 4095, 65, 64, LONG_KV // 2 + 3]
+    with split_scores_policy(True):
+        _run_and_compare([1] * len(kv_lens), kv_lens, False, page_size, num_heads, route,
+                         seed=page_size + num_heads + 11)
+
+
+@settings(max_examples=10)
+@given(batch=decode_batches(), page_size=st.sampled_from(PAGE_SIZES), num_heads=st.sampled_from(HEADS))
+def test_mla_decode_split_scores_drawn_batches(batch, page_size, num_heads):
+    from cute_attn.ops.mla_decode import split_scores_policy
+
+    q_lens, kv_lens, multi_token = batch
+    with split_scores_policy(True):
+        _run_and_compare(q_lens, kv_lens, multi_token, page_size, num_heads, "device",
+                         seed=sum(kv_lens) + len(kv_lens) + 2)

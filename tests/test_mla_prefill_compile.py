@@ -337,10 +337,35 @@ def test_row_passes_cover_every_row_once(num_rows, chunks, num_threads):
     assert guarded == (len(inside) != len(copies))
 
 
+@pytest.mark.parametrize("heads, page_size", [(16, 64), (8, 1)])
+def test_swapped_decode_splits_scores_over_the_dims(heads, page_size):
+    """``share_scores`` in the swapped kernel: each consumer warpgroup issues its half of S^T's 36 k-steps (one
+    branch a warpgroup: 18 + 18 in the PTX), exchanges its partial through 2 x 2 x 64 x heads fp32 of shared
+    memory and meets the other at one barrier of both (id 4, 256 threads); O^T unchanged, no spills, 2 stages."""
+    from cute_attn.kernels.sm90 import mla_decode as swapped_kernel
+    from cute_attn.ops import mla_decode
+
+    with mla_decode.split_scores_policy(True):
+        tiles = mla_decode.one_token_tiles("sm_90a", heads, 1, 576, 512, page_size)
+    assert tiles["share_scores"] is True and mla_decode.SM90_SPLIT_SCORES is False  # restored on the way out
+    config = dataclasses.replace(_definition(page_size=page_size), num_qo_heads=heads, **{**CONSUMER_KNOBS, **tiles})
+    assert mla_prefill.check_config(config) is None and mla_prefill.num_stages(config) == 2
+    plain = dataclasses.replace(config, share_scores=False)
+    assert mla_prefill.smem_bytes(config) - mla_prefill.smem_bytes(plain) == 2 * 2 * 64 * heads * 4
+    assert swapped_kernel.exchange_bytes(heads, True) - swapped_kernel.exchange_bytes(heads) == 2 * 2 * 64 * heads * 4
+    ptx = compile_to_ptx(config)
+    assert "MlaPagedDecodeSwappedSm90" in ptx and "_SplitK" in ptx
+    mmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{heads}k16\.f32\.bf16\.bf16 [^;]*p, 1,  1, ([01]), 0;",
+                      ptx)
+    assert mmas.count("0") == 576 // 16 and mmas.count("1") == 4 * 4  # 18 a branch, each warpgroup runs one
+    assert len(re.findall(r"bar\.sync\s+4,\s*256;", ptx)) == 1
+    assert "ld.local" not in ptx
+    assert "_SplitK" not in compile_to_ptx(plain)
+
+
 def test_swapped_decode_refuses_what_it_does_not_build():
     base = dataclasses.replace(_definition(), tile_q_rows=16, **CONSUMER_KNOBS)
     assert "kv_tile" in mla_prefill.check_config(dataclasses.replace(base, kv_tile=32))
-    assert "share_scores" in mla_prefill.check_config(dataclasses.replace(base, share_scores=True))
     assert "score_warpgroup" in mla_prefill.check_config(dataclasses.replace(base, score_warpgroup=True))
     assert "head count" in mla_prefill.check_config(dataclasses.replace(base, tile_q_rows=8))
     from cute_attn.ops import mla_decode

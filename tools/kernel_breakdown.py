@@ -33,6 +33,11 @@ WORKLOADS = {
     "mla_n1_q4096": ("mla", ([4096], [4096])),
     # the seed definition's recorded workload (28 ragged requests, ~4 short items a CTA)
     "mla_seed": ("mla", "n28_q1954_kv2044"),
+    # MLA decode at page 64 (the bench's rows), planned once: the attention kernel and, with splits, the combine
+    "mla_decode_n1_kv4096_p64": ("mla_decode", [4096]),
+    "mla_decode_n16_kv4096_p64": ("mla_decode", [4096] * 16),
+    "mla_decode_n64_kv8192_p64": ("mla_decode", [8192] * 64),
+    "mla_decode_n128_kv4096_p64": ("mla_decode", [4096] * 128),
 }
 
 
@@ -56,6 +61,15 @@ def build(label: str):
             cute_attn.mla_paged_prefill(*case.inputs(), out, lse, plan=plan)
 
         return case, out, lse, run_mla
+    if kind == "mla_decode":
+        case = testing.make_mla_decode_case(lens, page_size=64, device="cuda", seed=1)
+        out, lse = case.new_outputs()
+        plan = cute_attn.plan_mla_paged_decode(*case.inputs())
+
+        def run_mla_decode():
+            cute_attn.mla_paged_decode(*case.inputs(), out, lse, plan=plan)
+
+        return case, out, lse, run_mla_decode
     if kind == "decode":
         case = testing.make_gqa_decode_case(lens, device="cuda", seed=1)
         entry = cute_attn.gqa_paged_decode
@@ -93,7 +107,13 @@ def main(argv=None) -> int:
     ap.add_argument("--once", help="run one workload 3 times (for ncu) and exit")
     ap.add_argument("--peer", choices=["fa4"], help="with --once: run the peer on the same case instead")
     ap.add_argument("--mla-split", help="the sm_90a MLA kernel's consumer split (ops.mla_prefill.SM90_CONSUMERS)")
+    ap.add_argument("--mla-decode-split-scores", type=int, choices=[0, 1],
+                    help="the swapped MLA decode kernel's S^T split (ops.mla_decode.SM90_SPLIT_SCORES)")
     args = ap.parse_args(argv)
+    if args.mla_decode_split_scores is not None:  # for the whole process
+        from cute_attn.ops.mla_decode import split_scores_policy
+
+        split_scores_policy(bool(args.mla_decode_split_scores)).__enter__()
     if args.mla_split:  # for the whole process
         from cute_attn.ops.mla_prefill import consumer_split
 

@@ -254,6 +254,19 @@ def _cases(arch: str) -> dict:
             return early_dependents_policy(True)
         return with_combine(kind, policy, (96, 97))
 
+    def mla_split_scores(page_size: int):  # the swapped MLA decode kernel with S^T split over the dims
+        def run():
+            from cute_attn.ops.mla_decode import split_scores_policy
+
+            with split_scores_policy(True):
+                case = testing.make_mla_decode_case([4096, 0, 70, 9000, 1], page_size=page_size, device="cuda",
+                                                    seed=98 + page_size)
+                return _run_api(cute_attn.mla_paged_decode, case, arch)
+        return run
+
+    if arch == "sm_90a":
+        cases["mla-decode-split-scores-p1"] = ("mla_paged_decode", mla_split_scores(1))
+        cases["mla-decode-split-scores-p64"] = ("mla_paged_decode", mla_split_scores(64))
     cases["early-dependents-prefill"] = ("combine", early_dependents("prefill"))
     cases["early-dependents-mla-decode"] = ("combine", early_dependents("mla_decode"))
     cases["combine-grid-prefill"] = ("combine", combine_grid("prefill", 1056))

@@ -20,6 +20,7 @@ and FlashInfer-Bench the decode argument order now.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import weakref
 
@@ -40,14 +41,28 @@ _SWAPPED_HEADS = (8, 16)  # kernels/sm90/mla_decode.HEAD_COUNTS
 #: process): 1 x 4096 24.5 -> 19.3 us at page 64, 24.7 -> 20.2 at page 1 (128: 19.4; 512: 24.9 / 27.4). Batches of
 #: >= 16 x 4096 already cut chunks longer than this, so only small batches change.
 ONE_TOKEN_MIN_CHUNK_KEYS = 256
+#: sm_90a swapped kernel: the consumer warpgroups split S^T's 576 dims and add each other's partial
+#: (``share_scores``; ``kernels/sm90/mla_decode.py``), instead of both computing all of it. Built in session 18 to
+#: shorten the time a K stage is held (36 + 16 -> 18 + 16 wgmma a warpgroup a tile); off until its A/B
+SM90_SPLIT_SCORES = False
 
 
 def one_token_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size) -> dict:
     """The MLA prefill kind's tiles, or (sm_90a, ``SM90_SWAPPED``, 8 or 16 heads) one token a tile."""
     if arch == "sm_90a" and SM90_SWAPPED and num_qo_heads in _SWAPPED_HEADS:
-        return dict(tile_q_rows=num_qo_heads, kv_tile=64, share_scores=False, min_chunk_keys=ONE_TOKEN_MIN_CHUNK_KEYS,
-                    fused_merge=mla_prefill.FUSED_MERGE)
+        return dict(tile_q_rows=num_qo_heads, kv_tile=64, share_scores=SM90_SPLIT_SCORES,
+                    min_chunk_keys=ONE_TOKEN_MIN_CHUNK_KEYS, fused_merge=mla_prefill.FUSED_MERGE)
     return mla_prefill.default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size)
+
+
+@contextlib.contextmanager
+def split_scores_policy(enabled: bool):
+    """Inside the block the decode entry's sm_90a one-token configs take ``share_scores=enabled`` whatever
+    ``SM90_SPLIT_SCORES`` says (A/Bs, the GPU tier, sanitizer cases)."""
+    from . import policy
+
+    with policy(globals(), SM90_SPLIT_SCORES=bool(enabled)):
+        yield bool(enabled)
 
 
 #: the MLA prefill kind with one-token tiles: the spec of the decode entry's one-query-per-request calls

@@ -7,7 +7,11 @@ transposed so that the 16 (8) heads are the wgmma N dimension:
 
 * ``S^T (64 keys x N) = K (64 x 576) . Q^T``: A = the K stage (K-major), B = the Q tile (N x 576, K-major),
   36 ``m64nNk16`` per tile. Both consumer warpgroups compute all of S^T (2 x 1.2 MFLOP), so their softmax
-  states are identical without an exchange between them.
+  states are identical without an exchange between them. ``share_scores``: warpgroup ``w`` sums only the 18
+  k-steps of dims ``288 w .. 288 w + 287`` and adds the other's partial S^T from ``s_split`` (a 4 KiB fp32
+  exchange a warpgroup, two buffers by tile parity, one barrier of both warpgroups a tile). The sums are
+  ``mine + other`` in each, equal bit for bit (fp32 addition commutes), so the states stay identical; the
+  tensor pipe runs 18 + 16 instead of 36 + 16 wgmma a warpgroup, which shortens the time a stage is held.
 * Softmax along M (keys) per column (head): a thread's 2 rows, ``shfl.xor`` 4, 8, 16 over the lanes of one
   column, then the warpgroup's 4 warps through ``s_red`` and a warpgroup named barrier. Every thread then holds
   the same new max for each of its columns, so O^T's columns rescale locally (the same N layout). Column sums
@@ -23,7 +27,7 @@ Runs on the H200 (GPU tier, memcheck + racecheck clean, session 9). ``tile_q_row
 (``mla_prefill._kernel_for``); the MLA decode entry asks for it on one-token batches (``ops/mla_decode.py``).
 
 Shared memory: Q N x 576 bf16 (18 KiB at h16), 2 K stages of 72 KiB, ``s_pt`` 2 x 2 KiB, ``s_red`` 2 x 2 x 4 x N
-fp32, the row-id table and mbarriers.
+fp32 (and ``s_split`` 2 x 2 x 64 x N fp32, 16 KiB at h16, with ``share_scores``), the row-id table and mbarriers.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ HEAD_COUNTS = (8, 16)
 KV_TILE = 64  # wgmma M: one K stage of 64 keys is one M tile of S^T
 WG_COLUMNS = CKV_DIM // (MMA_THREADS // 128)  # V columns per consumer warpgroup
 RED_BARRIER = 2  # + warpgroup: the named barrier of one consumer warpgroup (1 is the producers')
+SPLIT_BARRIER = 4  # share_scores: both consumer warpgroups' partial S^T written (once a tile)
 
 
 def swapped_reason(config) -> str | None:
@@ -56,24 +61,31 @@ def swapped_reason(config) -> str | None:
                 f"count, one of {HEAD_COUNTS} (got tile_q_rows={config.tile_q_rows}, {config.group_size} heads)")
     if config.kv_tile != KV_TILE:
         return f"kv_tile={config.kv_tile}: the swapped MLA decode kernel's S^T tile is {KV_TILE} keys (wgmma M)"
-    if config.share_scores or config.score_warpgroup:
-        knob = "share_scores" if config.share_scores else "score_warpgroup"
-        return f"{knob} is the 64-row prefill kernel's variant; the swapped decode kernel computes S^T in both"
+    if config.score_warpgroup:
+        return ("score_warpgroup is the 64-row prefill kernel's variant; the swapped decode kernel computes S^T in "
+                "both consumer warpgroups (share_scores: half the dims each)")
     return None
 
 
-def exchange_bytes(num_heads: int) -> int:
-    """``s_pt`` (2 warpgroups x heads x 64 keys bf16), ``s_red`` (2 x (max, sum) x 4 warps x heads fp32), and
-    1 KiB of alignment (``s_pt`` is a 128B-swizzled operand)."""
-    return 2 * num_heads * KV_TILE * 2 + 2 * 2 * 4 * num_heads * 4 + 1024
+def exchange_bytes(num_heads: int, share_scores: bool = False) -> int:
+    """``s_pt`` (2 warpgroups x heads x 64 keys bf16), ``s_red`` (2 x (max, sum) x 4 warps x heads fp32), 1 KiB of
+    alignment (``s_pt`` is a 128B-swizzled operand), and with ``share_scores`` ``s_split`` (2 tile parities x 2
+    warpgroups x 64 keys x heads fp32)."""
+    split = 2 * 2 * KV_TILE * num_heads * 4 if share_scores else 0
+    return 2 * num_heads * KV_TILE * 2 + 2 * 2 * 4 * num_heads * 4 + 1024 + split
 
 
 class MlaPagedDecodeSwappedSm90(MlaPagedPrefillSm90):
     """MLA decode with S^T = K Q^T (module docstring); the host side, load role and pipelines are the prefill
     kernel's."""
 
+    def __init__(self, config):
+        super().__init__(config)
+        self.split_scores = config.share_scores
+
     def __repr__(self) -> str:
-        return f"MlaPagedDecodeSwappedSm90_H{self.num_heads}_N{self.tile_n}_S{self.num_stages}"
+        return (f"MlaPagedDecodeSwappedSm90_H{self.num_heads}_N{self.tile_n}_S{self.num_stages}"
+                + ("_SplitK" if self.split_scores else ""))
 
     def tiled_mmas(self) -> tuple:
         """The swapped products: S^T = K Q^T (M = keys from the stage, N = heads from the Q tile) and O^T = V^T P^T
@@ -88,19 +100,25 @@ class MlaPagedDecodeSwappedSm90(MlaPagedPrefillSm90):
         return tiled_mma_qk, tiled_mma_pv
 
     def allocate_exchange(self, smem):
-        """``(s_pt, s_red)``: each warpgroup's P^T operand (heads x 64 keys, 128B-swizzled K-major) and its
-        (max | sum, warp, head) column reduction buffer."""
+        """``(s_pt, s_red, s_split)``: each warpgroup's P^T operand (heads x 64 keys, 128B-swizzled K-major), its
+        (max | sum, warp, head) column reduction buffer, and (``share_scores``, else None) the partial S^T
+        exchange (thread, value, warpgroup, tile parity): a thread's values at one thread stride, no bank
+        conflicts."""
         atom = warpgroup.make_smem_layout_atom(
             sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, self.tile_n), self.dtype)
         pt_layout = cute.tile_to_shape(atom, (self.tile_m, self.tile_n, MMA_THREADS // 128), (0, 1, 2))
         s_pt = smem.allocate_tensor(self.dtype, pt_layout.outer, 1024, pt_layout.inner)
         s_red = smem.allocate_tensor(Float32, cute.make_layout((2, 4, self.tile_m, MMA_THREADS // 128)), 16)
-        return s_pt, s_red
+        s_split = None
+        if cutlass.const_expr(self.split_scores):
+            values = KV_TILE * self.tile_m // 128
+            s_split = smem.allocate_tensor(Float32, cute.make_layout((128, values, MMA_THREADS // 128, 2)), 16)
+        return s_pt, s_red, s_split
 
     @cute.jit
     def consume_items(self, ctid, s_q, s_k, s_red, qo_indptr, items, item_begin, item_end, output, lse, partial_out,
                       partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k):
-        s_pt, s_cols = s_red
+        s_pt, s_cols, s_split = s_red
         N, K = self.tile_m, self.tile_n
         wg = cute.arch.make_warp_uniform(ctid // 128)
         wtid = ctid % 128
@@ -155,7 +173,11 @@ class MlaPagedDecodeSwappedSm90(MlaPagedPrefillSm90):
                 stage = k_state.index
                 pipe_k.consumer_wait(k_state)
                 cute.arch.fence_view_async_shared()  # the producers' cp.async rows, seen by this warp's wgmmas
-                wgmma_gemm(tiled_mma_qk, acc_s, t_sk[None, None, None, stage], t_sq, True)
+                if cutlass.const_expr(self.split_scores):
+                    self.split_k_scores(tiled_mma_qk, acc_s, t_sk[None, None, None, stage], t_sq, s_split,
+                                        k_state.count % 2, wg, wtid)
+                else:
+                    wgmma_gemm(tiled_mma_qk, acc_s, t_sk[None, None, None, stage], t_sq, True)
                 if t == num_tiles - 1:  # the item's last read of Q
                     pipe_q.consumer_release(q_state)
                 self.column_softmax(acc_s, s_mn, c_mn, o_mn, col_max, col_sum, scale, s_cols, kv_base, key_end,
@@ -206,6 +228,23 @@ class MlaPagedDecodeSwappedSm90(MlaPagedPrefillSm90):
                                     lse[token, (r0 + head) % self.group] = col_lse * lse_out_scale
                                 else:
                                     partial_lse[slot, head] = col_lse
+
+    @cute.jit
+    def split_k_scores(self, tiled_mma_qk, acc_s, t_sk_stage, t_sq, s_split, parity, wg, wtid):
+        """S^T with ``share_scores``: this warpgroup's half of the k-steps, its partial through ``s_split[.., wg,
+        parity]``, the other's added after one barrier of both (``mine + other``: the same bits in both). The
+        parity buffers make the barrier enough: a buffer is written again two tiles on, after the other warpgroup
+        has passed the next tile's barrier, so after its read of this one."""
+        half = cute.size(t_sk_stage.shape[2]) // 2
+        if wg == 0:
+            wgmma_gemm(tiled_mma_qk, acc_s, t_sk_stage, t_sq, True, k_blocks=(0, half))
+        else:
+            wgmma_gemm(tiled_mma_qk, acc_s, t_sk_stage, t_sq, True, k_blocks=(half, 2 * half))
+        for i in cutlass.range_constexpr(cute.size(acc_s)):
+            s_split[wtid, i, wg, parity] = acc_s[i]
+        cute.arch.barrier(barrier_id=SPLIT_BARRIER, number_of_threads=MMA_THREADS)
+        for i in cutlass.range_constexpr(cute.size(acc_s)):
+            acc_s[i] = acc_s[i] + s_split[wtid, i, 1 - wg, parity]
 
     @cute.jit
     def column_softmax(self, acc_s, s_mn, c_mn, o_mn, col_max, col_sum, scale, s_cols, kv_base, key_end, scale_log2,

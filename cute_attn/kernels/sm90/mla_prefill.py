@@ -121,7 +121,7 @@ def _exchange_bytes(config: PagedAttentionConfig) -> int:
     if swapped(config):
         from .mla_decode import exchange_bytes
 
-        return exchange_bytes(config.tile_q_rows)
+        return exchange_bytes(config.tile_q_rows, config.share_scores)
     if config.score_warpgroup:
         from .mla_prefill_score_wg import EXCHANGE_BYTES
 
@@ -200,7 +200,7 @@ def check_config(config: PagedAttentionConfig) -> str | None:
 
         if (reason := score_wg_reason(config)) is not None:
             return reason
-    elif config.share_scores:
+    elif config.share_scores and not swapped(config):  # the swapped kernel's share_scores: a split over K
         from .mla_prefill_shared_s import shared_s_reason
 
         if (reason := shared_s_reason(config)) is not None:
