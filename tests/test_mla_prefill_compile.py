@@ -296,7 +296,7 @@ def test_one_token_decode_builds_the_swapped_product(heads, page_size):
     config = dataclasses.replace(_definition(page_size=page_size), num_qo_heads=heads, tile_q_rows=heads,
                                  **CONSUMER_KNOBS)
     assert mla_decode.one_token_tiles("sm_90a", heads, 1, 576, 512, page_size) == dict(
-        tile_q_rows=heads, kv_tile=64, share_scores=False, min_chunk_keys=mla_decode.ONE_TOKEN_MIN_CHUNK_KEYS,
+        tile_q_rows=heads, kv_tile=64, share_scores=True, min_chunk_keys=mla_decode.ONE_TOKEN_MIN_CHUNK_KEYS,
         fused_merge=False)  # ops/mla_prefill.FUSED_MERGE: off until its GPU run
     assert mla_prefill.check_config(config) is None and config.can_implement() is None
     ptx = compile_to_ptx(config)
@@ -345,9 +345,13 @@ def test_swapped_decode_splits_scores_over_the_dims(heads, page_size):
     from cute_attn.kernels.sm90 import mla_decode as swapped_kernel
     from cute_attn.ops import mla_decode
 
+    default = mla_decode.SM90_SPLIT_SCORES
+    with mla_decode.split_scores_policy(not default):
+        assert mla_decode.one_token_tiles("sm_90a", heads, 1, 576, 512, page_size)["share_scores"] is (not default)
+    assert mla_decode.SM90_SPLIT_SCORES is default  # restored on the way out
     with mla_decode.split_scores_policy(True):
         tiles = mla_decode.one_token_tiles("sm_90a", heads, 1, 576, 512, page_size)
-    assert tiles["share_scores"] is True and mla_decode.SM90_SPLIT_SCORES is False  # restored on the way out
+    assert tiles["share_scores"] is True
     config = dataclasses.replace(_definition(page_size=page_size), num_qo_heads=heads, **{**CONSUMER_KNOBS, **tiles})
     assert mla_prefill.check_config(config) is None and mla_prefill.num_stages(config) == 2
     plain = dataclasses.replace(config, share_scores=False)

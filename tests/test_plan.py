@@ -354,19 +354,27 @@ def test_host_plans_take_the_twin_only_when_it_models_better(cfg, batch):
     assert plan.cta_cost.max() == min(lpt.cta_cost.max(), twin.cta_cost.max()) or not sum(q_lens)
 
 
-def test_mla_decode_host_plans_take_the_twins_cuts_where_the_lpt_cuts_evenly():
-    """MLA decode 64 x 8192 (one-token tiles): the LPT cuts every request at one cap, 4 chunks on 2 chunks a CTA
-    (busiest 4352); the twin's line cuts give 132 CTAs a near-equal stretch (4224), which the H200 ran faster."""
+def test_mla_decode_host_plans_cut_long_requests_in_halves_where_that_models_as_well():
+    """MLA decode 64 x 8192 (one-token tiles). The LPT's caps from the total cut every request into 4 chunks on 2
+    chunks a CTA (busiest 4352); the twin's line cuts give 132 CTAs a near-equal stretch (4224) but leave each request
+    a short third chunk (192 partials). The cap of half the longest tile models the same 4224 on 128 CTAs with 2
+    chunks a request (128 partials), which the H200 ran 2.7 us faster (session 18); the tie keeps the LPT's."""
     from cute_attn.config import default_paged_config
     from cute_attn.ops.mla_decode import ONE_TOKEN_SPEC
+    from cute_attn.plan_partition import partition
 
     config = default_paged_config("mla_paged_prefill", arch="sm_90a", num_qo_heads=16, num_kv_heads=1,
                                   head_dim_qk=576, head_dim_v=512, page_size=64, causal=True, spec=ONE_TOKEN_SPEC)
     pc = config.plan_config(132)
     assert pc.host_twin
-    lpt = plan_work(dataclasses.replace(pc, host_twin=False), [1] * 64, [8192] * 64)
+    twin, _ = partition(pc, [1] * 64, [8192] * 64)
     plan = plan_work(pc, [1] * 64, [8192] * 64)
-    assert lpt.cta_cost.max() == 4352 and plan.cta_cost.max() == 4224 and plan.num_ctas == 132
+    assert twin.cta_cost.max() == 4224 and (twin.num_items, twin.num_partials) == (192, 192)
+    assert plan.cta_cost.max() == 4224 and (plan.num_items, plan.num_partials, plan.num_merges) == (128, 128, 64)
+    assert plan.num_ctas == 128
+    items, field = plan.items[:plan.num_items], plan_module.ItemField
+    keys = items[:, field.KV_END] - items[:, field.KV_START]
+    assert (keys == 4096).all()
 
 
 @given(max_len=st.sampled_from([100, 5000, 10**6, 2**50]), data=st.data(), num_ctas=st.integers(1, 300),

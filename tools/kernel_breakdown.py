@@ -11,6 +11,7 @@ the span and the kernels' sum is launch-to-launch latency (the combine waits for
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -97,10 +98,6 @@ def per_kernel(run, flush, iters: int = 50) -> dict:
 
 
 def main(argv=None) -> int:
-    import torch
-
-    from cute_attn import testing
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--only", nargs="*")
@@ -110,17 +107,29 @@ def main(argv=None) -> int:
     ap.add_argument("--mla-decode-split-scores", type=int, choices=[0, 1],
                     help="the swapped MLA decode kernel's S^T split (ops.mla_decode.SM90_SPLIT_SCORES)")
     args = ap.parse_args(argv)
-    if args.mla_decode_split_scores is not None:  # for the whole process
-        from cute_attn.ops.mla_decode import split_scores_policy
+    # Policies for the whole run, held by the stack until main returns: a context manager entered and dropped is
+    # collected at once, and its generator's finally restores the policy (session 18: --mla-split and
+    # --mla-decode-split-scores had measured the default)
+    with contextlib.ExitStack() as policies:
+        if args.mla_decode_split_scores is not None:
+            from cute_attn.ops.mla_decode import split_scores_policy
 
-        split_scores_policy(bool(args.mla_decode_split_scores)).__enter__()
-    if args.mla_split:  # for the whole process
-        from cute_attn.ops.mla_prefill import consumer_split
+            policies.enter_context(split_scores_policy(bool(args.mla_decode_split_scores)))
+        if args.mla_split:
+            from cute_attn.ops.mla_prefill import consumer_split
 
-        try:
-            consumer_split(args.mla_split).__enter__()
-        except ValueError as exc:
-            raise SystemExit(f"--mla-split: {exc}") from None
+            try:
+                policies.enter_context(consumer_split(args.mla_split))
+            except ValueError as exc:
+                raise SystemExit(f"--mla-split: {exc}") from None
+        return _run(args)
+
+
+def _run(args) -> int:
+    import torch
+
+    from cute_attn import testing
+
     if args.once:
         case, out, lse, run = build(args.once)
         if args.peer == "fa4":  # same inputs, so ncu compares the two kernels on identical work

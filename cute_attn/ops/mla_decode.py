@@ -42,9 +42,11 @@ _SWAPPED_HEADS = (8, 16)  # kernels/sm90/mla_decode.HEAD_COUNTS
 #: >= 16 x 4096 already cut chunks longer than this, so only small batches change.
 ONE_TOKEN_MIN_CHUNK_KEYS = 256
 #: sm_90a swapped kernel: the consumer warpgroups split S^T's 576 dims and add each other's partial
-#: (``share_scores``; ``kernels/sm90/mla_decode.py``), instead of both computing all of it. Built in session 18 to
-#: shorten the time a K stage is held (36 + 16 -> 18 + 16 wgmma a warpgroup a tile); off until its A/B
-SM90_SPLIT_SCORES = False
+#: (``share_scores``; ``kernels/sm90/mla_decode.py``), instead of both computing all of it: 18 + 16 instead of 36 + 16
+#: wgmma a warpgroup a tile, so a K stage is held for less. H200, session 18 (``tools/sweep_many.py``, one process,
+#: planned calls): page 64 128 x 4096 155.1 -> 150.9 us, 64 x 8192 160.3 -> 157.4, 16 x 4096 34.9 -> 34.4, 1 x 4096
+#: 18.5 -> 17.4; page 1 128 x 4096 154.8 -> 154.0, 64 x 8192 161.2 -> 159.8
+SM90_SPLIT_SCORES = True
 
 
 def one_token_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size) -> dict:
