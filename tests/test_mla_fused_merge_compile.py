@@ -1,7 +1,7 @@
 """Compile-only tests of ``PagedAttentionConfig.fused_merge`` on the MLA kernels of both arches (no GPU needed).
 
-The build folds a split request's partials in the kernel (``common/decode_merge.fold_completed_merges``, the GQA
-decode's fold) instead of the combine launch. Built in session 14 and not run on a GPU yet, so it is off by default;
+The build folds a split request's partials in the kernel (``common/decode_merge.fold_completed_merges``: on sm_90a
+the 16-byte wide-row fold, on the sm_100a twin the GQA decode's fold) instead of the combine launch. Built in session 14 and not run on a GPU yet, so it is off by default;
 these tests hold its contract: the default builds are untouched, the fused entry takes the merge table and counters,
 arrives once a split item with an acq_rel atomic, and syncs both consumer warpgroups on its own named barrier.
 """
@@ -38,6 +38,17 @@ def _swapped_decode(**knobs):  # the MLA decode entry's one-token tiles (kernels
 def test_fused_build_folds_with_one_arrival_and_its_own_barrier(make):
     plain, fused = (compile_to_ptx(make(fused_merge=flag)) for flag in (False, True))
     assert_fused_build_folds(plain, fused)
+
+
+def test_sm90_mla_fold_reads_wide_rows_with_16_byte_loads():
+    """``decode_merge.fold_wide_merge``: a lane's 8 vectors of a 512-column row for ``WIDE_SLOTS`` slots at once, as
+    16-byte loads, at the first batch (before the LSE reduction) and in the loop over the rest: 2 x 4 x 8."""
+    from cute_attn.kernels.common.decode_merge import WIDE_SLOTS
+
+    plain, fused = (compile_to_ptx(_swapped_decode(fused_merge=flag)) for flag in (False, True))
+    wide_loads = re.compile(r"ld\.global\.v4\.b32")
+    assert len(wide_loads.findall(fused)) - len(wide_loads.findall(plain)) == 2 * WIDE_SLOTS * 512 // (16 * 4)
+    assert "ld.local" not in fused
 
 
 @pytest.mark.parametrize("page_size", [1, 64])

@@ -47,13 +47,19 @@ ONE_TOKEN_MIN_CHUNK_KEYS = 256
 #: planned calls): page 64 128 x 4096 155.1 -> 150.9 us, 64 x 8192 160.3 -> 157.4, 16 x 4096 34.9 -> 34.4, 1 x 4096
 #: 18.5 -> 17.4; page 1 128 x 4096 154.8 -> 154.0, 64 x 8192 161.2 -> 159.8
 SM90_SPLIT_SCORES = True
+#: sm_90a one-token configs: split items folded in-kernel by the last CTA of each merge (``fused_merge``, now with the
+#: 16-byte wide-row fold, ``common/decode_merge.fold_wide_merge``) instead of the combine launch; None: the MLA prefill
+#: kind's ``FUSED_MERGE``. The combine launch was 3.8-4.6 us of the page-64 planned calls with merges (session 18,
+#: ``tools/kernel_breakdown.py``: 1 x 4096 4.3 of 17.2, 16 x 4096 3.8 of 34.5, 64 x 8192 4.4 of 154.3)
+SM90_FUSED_MERGE: bool | None = None
 
 
 def one_token_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size) -> dict:
     """The MLA prefill kind's tiles, or (sm_90a, ``SM90_SWAPPED``, 8 or 16 heads) one token a tile."""
     if arch == "sm_90a" and SM90_SWAPPED and num_qo_heads in _SWAPPED_HEADS:
         return dict(tile_q_rows=num_qo_heads, kv_tile=64, share_scores=SM90_SPLIT_SCORES,
-                    min_chunk_keys=ONE_TOKEN_MIN_CHUNK_KEYS, fused_merge=mla_prefill.FUSED_MERGE)
+                    min_chunk_keys=ONE_TOKEN_MIN_CHUNK_KEYS,
+                    fused_merge=mla_prefill.FUSED_MERGE if SM90_FUSED_MERGE is None else SM90_FUSED_MERGE)
     return mla_prefill.default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size)
 
 
@@ -65,6 +71,16 @@ def split_scores_policy(enabled: bool):
 
     with policy(globals(), SM90_SPLIT_SCORES=bool(enabled)):
         yield bool(enabled)
+
+
+@contextlib.contextmanager
+def decode_fused_merge_policy(enabled: bool | None):
+    """Inside the block the decode entry's sm_90a one-token configs take ``fused_merge=enabled`` (None: the prefill
+    kind's) whatever ``SM90_FUSED_MERGE`` says (A/Bs, the bench, GPU tests)."""
+    from . import policy
+
+    with policy(globals(), SM90_FUSED_MERGE=enabled):
+        yield enabled
 
 
 #: the MLA prefill kind with one-token tiles: the spec of the decode entry's one-query-per-request calls

@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, Int64
 
 from ...plan import ItemField as F
 
 FOLD_ROW_LANES = 16  # lanes per row (8 rows in flight per 128 threads; decode has ~5)
 FOLD_SLOTS = 8  # slots whose loads are in flight at once
+WIDE_VEC = 4  # fold_wide_merge: fp32 columns a 16-byte load
+WIDE_SLOTS = 4  # fold_wide_merge: slots whose rows a lane loads before it accumulates any
 
 
 @cute.jit
 def fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_counters, arrival, group,
                           partial_out, partial_lse, output, lse, lse_out_scale, tidx,
-                          barrier_id: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int], qo_indptr=None):
+                          barrier_id: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int], qo_indptr=None,
+                          wide: cutlass.Constexpr[bool] = False):
     """After the CTA's item loop: count each of its partials in its merge; the last arrival folds the merge.
 
     Ordering: every thread's partial stores (all items), its fence.acq_rel.gpu, the named barrier, then per
@@ -35,7 +38,8 @@ def fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_count
     ``arrival``: one smem Int32 that broadcasts thread 0's old value.
     ``qo_indptr`` (multi-token decode): packed row r of the merge is token ``qo_indptr[REQUEST] + (Q_ROW_START +
     r) // group``, head ``KV_HEAD * group + r % group`` (tiles hold whole tokens); None (decode): token REQUEST,
-    head ``KV_HEAD * group + Q_ROW_START + r``."""
+    head ``KV_HEAD * group + Q_ROW_START + r``. ``wide`` (MLA's 512-column rows, with ``qo_indptr``):
+    :func:`fold_wide_merge` folds instead of :func:`fold_merge`."""
     cute.arch.fence_acq_rel_gpu()
     for it in cutlass.range(item_begin, item_end, unroll=1):
         if items[it, F.PARTIAL_SLOT] >= 0:
@@ -53,6 +57,11 @@ def fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_count
                     first_head = items[it, F.KV_HEAD] * group + items[it, F.Q_ROW_START]
                     fold_merge(slot_begin, num_slots, items[it, F.REQUEST], first_head, items[it, F.Q_ROW_COUNT],
                                partial_out, partial_lse, output, lse, lse_out_scale, tidx, num_threads)
+                elif cutlass.const_expr(wide):
+                    first_token = qo_indptr[items[it, F.REQUEST]] + items[it, F.Q_ROW_START] // group
+                    fold_wide_merge(slot_begin, num_slots, first_token, items[it, F.KV_HEAD] * group,
+                                    items[it, F.Q_ROW_COUNT], partial_out, partial_lse, output, lse, lse_out_scale,
+                                    tidx, num_threads, group)
                 else:
                     first_token = qo_indptr[items[it, F.REQUEST]] + items[it, F.Q_ROW_START] // group
                     fold_merge(slot_begin, num_slots, first_token, items[it, F.KV_HEAD] * group,
@@ -137,3 +146,91 @@ def fold_merge(slot_begin, num_slots, req, first_head, row_count, partial_out, p
                 output[token, head, lane + i * FOLD_ROW_LANES] = acc[i].to(output.element_type)
             if lane == 0:
                 lse[token, head] = merged * lse_out_scale
+
+
+@cute.jit
+def fold_wide_merge(slot_begin, num_slots, first_token, first_head, row_count, partial_out, partial_lse, output, lse,
+                    lse_out_scale, tidx, num_threads: cutlass.Constexpr[int], token_group: cutlass.Constexpr[int]):
+    """:func:`fold_merge` for wide rows (MLA: 512 fp32 columns, 32 KiB a slot at 16 heads): packed row ``r`` of the
+    merge into ``output[first_token + r // token_group, first_head + r % token_group]``.
+
+    :func:`fold_merge` reads a 512-column row with 4-byte loads, two slots in flight, so an MLA fold was a chain of
+    dependent L2 round trips (session 15: slower than the combine launch). Here a half-warp owns a row and a lane
+    every 16th 16-byte vector of it (8 a row: a half-warp's loads are 256 contiguous bytes), ``WIDE_SLOTS`` slots'
+    vectors are loaded before any is used (32 loads in flight a lane), the first batch before the LSE reduction, so
+    a merge of ``n`` slots costs ``ceil(n / WIDE_SLOTS)`` round trips. A slot's weight is
+    ``2^(lse - L)``; a slot that saw no key (``-inf``) and clamped loads past the last slot add nothing."""
+    neg_inf = -Float32.inf
+    lane = tidx % FOLD_ROW_LANES
+    half = (tidx % 32) // FOLD_ROW_LANES
+    warp = tidx // 32
+    vectors = partial_out.shape[2] // (FOLD_ROW_LANES * WIDE_VEC)  # a lane's vectors of one row
+    acc = cute.make_rmem_tensor((WIDE_VEC, vectors), Float32)
+    vals = cute.make_rmem_tensor((WIDE_VEC, vectors, WIDE_SLOTS), Float32)
+    lses = cute.make_rmem_tensor((WIDE_SLOTS,), Float32)
+    rows_per_warp = 32 // FOLD_ROW_LANES
+    for r0 in cutlass.range(warp * rows_per_warp, row_count, num_threads // FOLD_ROW_LANES, unroll=1):
+        r = r0 + half
+        rr = cutlass.min(r, row_count - 1)
+        wide_load_slots(partial_out, partial_lse, slot_begin, 0, num_slots, rr, lane, vals, lses)
+        lane_max = neg_inf
+        lane_sum = Float32(0.0)
+        for s in cutlass.range(lane, num_slots, FOLD_ROW_LANES, unroll=1):
+            x = partial_lse[slot_begin + s, rr]
+            new_max = cute.arch.fmax(lane_max, x)
+            base = new_max if new_max != neg_inf else Float32(0.0)
+            lane_sum = (lane_sum * cute.math.exp2(lane_max - base, fastmath=True)
+                        + cute.math.exp2(x - base, fastmath=True))
+            lane_max = new_max
+        row_max = cute.arch.warp_reduction_max(lane_max, threads_in_group=FOLD_ROW_LANES)
+        row_base = row_max if row_max != neg_inf else Float32(0.0)
+        total = cute.arch.warp_reduction_sum(lane_sum * cute.math.exp2(lane_max - row_base, fastmath=True),
+                                             threads_in_group=FOLD_ROW_LANES)
+        merged = neg_inf
+        shift = Float32(0.0)
+        if total > 0.0:
+            merged = row_base + cute.math.log2(total, fastmath=True)
+            shift = merged
+        acc.fill(0.0)
+        wide_accumulate(acc, vals, lses, 0, num_slots, shift)
+        for s0 in cutlass.range(WIDE_SLOTS, num_slots, WIDE_SLOTS, unroll=1):
+            wide_load_slots(partial_out, partial_lse, slot_begin, s0, num_slots, rr, lane, vals, lses)
+            wide_accumulate(acc, vals, lses, s0, num_slots, shift)
+        if r < row_count:
+            token, head = first_token + r // token_group, first_head + r % token_group
+            for v in cutlass.range_constexpr(vectors):
+                col0 = (v * FOLD_ROW_LANES + lane) * WIDE_VEC
+                for i in cutlass.range_constexpr(WIDE_VEC):
+                    output[token, head, col0 + i] = acc[i, v].to(output.element_type)
+            if lane == 0:
+                lse[token, head] = merged * lse_out_scale
+
+
+@cute.jit
+def wide_load_slots(partial_out, partial_lse, slot_begin, s0, num_slots, row, lane, vals, lses):
+    """Slots ``s0 .. s0 + WIDE_SLOTS - 1`` of ``row`` (clamped to the last slot): this lane's 16-byte vectors into
+    ``vals`` and the slots' LSEs into ``lses``, every load issued before any is used."""
+    vectors = cute.size(vals, mode=[1])
+    for k in cutlass.range_constexpr(WIDE_SLOTS):
+        s = slot_begin + cutlass.min(s0 + k, num_slots - 1)
+        lses[k] = partial_lse[s, row]
+        for v in cutlass.range_constexpr(vectors):
+            col0 = (v * FOLD_ROW_LANES + lane) * WIDE_VEC
+            offset = (Int64(s) * partial_out.stride[0] + row * partial_out.stride[1] + col0) * 4
+            src = cute.make_ptr(Float32, partial_out.iterator.toint() + offset, cute.AddressSpace.gmem,
+                                assumed_align=4 * WIDE_VEC)
+            cute.autovec_copy(cute.make_tensor(src, cute.make_layout(WIDE_VEC)), vals[None, v, k])
+
+
+@cute.jit
+def wide_accumulate(acc, vals, lses, s0, num_slots, shift):
+    """``acc += 2^(lse - shift) * row`` over the loaded slots; past the last slot, or a slot that saw no key, adds
+    nothing (its row is not read into the sum, whatever it holds)."""
+    vectors = cute.size(vals, mode=[1])
+    for k in cutlass.range_constexpr(WIDE_SLOTS):
+        w = cute.math.exp2(lses[k] - shift, fastmath=True)
+        w = w if s0 + k < num_slots else Float32(0.0)
+        for v in cutlass.range_constexpr(vectors):
+            for i in cutlass.range_constexpr(WIDE_VEC):
+                term = w * vals[i, v, k]
+                acc[i, v] = acc[i, v] + (term if w > 0.0 else Float32(0.0))

@@ -357,7 +357,8 @@ class MlaPagedPrefillSm90(MlaEntries):
             if cutlass.const_expr(merge_indptr is not None):  # both consumer warpgroups wrote the partials
                 fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_counters, arrival, self.group,
                                       partial_out, partial_lse, output, lse, lse_out_scale, tidx - PRODUCER_THREADS,
-                                      barrier_id=_FOLD_BARRIER, num_threads=MMA_THREADS, qo_indptr=qo_indptr)
+                                      barrier_id=_FOLD_BARRIER, num_threads=MMA_THREADS, qo_indptr=qo_indptr,
+                                      wide=True)
 
     # The two hooks the share_scores kernel (mla_prefill_shared_s.py) overrides; the rest of the kernel is shared.
     def allocate_exchange(self, smem):
