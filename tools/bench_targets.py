@@ -170,15 +170,20 @@ def _mla_decode_rows(records: List[Dict]) -> List[Dict]:
             add(f"{bw.short_name(kernel)} {label} vs best FlashInfer", ">= 1.00x",
                 None if ratio is None else f"{ratio:.2f}x", verdicts[kernel, label])
     h16 = [(k, label) for k in bw.KERNEL_GROUPS["mla_decode"] for label in MLA_DECODE_LABELS]
-    measured = [key for key in h16 if verdicts[key] is not None]
-    met = sum(bool(verdicts[key]) for key in measured)
-    add("MLA decode h16, each workload vs best FlashInfer", f"{len(h16)}/{len(h16)}",
-        f"{met}/{len(measured)} met", None if len(measured) < len(h16) else met == len(h16))
+    # the like-for-like reading beside the default call's: FlashInfer's rows time run() after a plan() outside the
+    # timed call, as our plan-once call (cute_attn_planned) does
+    for impl, reading in (("cute_attn", ""), ("cute_attn_planned", ", plan once")):
+        ratios = {key: _vs_best_peer(records, *key, impl) for key in h16}
+        measured = [key for key in h16 if ratios[key] is not None]
+        met = sum(ratios[key] >= 1.0 for key in measured)
+        add(f"MLA decode h16, each workload vs best FlashInfer{reading}", f"{len(h16)}/{len(h16)}",
+            f"{met}/{len(measured)} met", None if len(measured) < len(h16) else met == len(h16))
     for (kernel, label), floor in MLA_DECODE_MIN_TBPS.items():
-        ours = _find(records, kernel, label, "cute_attn")
-        got = ours["tbps"] if ours and ours["passed"] and ours.get("tbps") else None
-        add(f"{bw.short_name(kernel)} {label}", f">= {floor:g} TB/s", None if got is None else f"{got:.2f} TB/s",
-            None if got is None else got >= floor)
+        for impl, reading in (("cute_attn", ""), ("cute_attn_planned", ", plan once")):
+            ours = _find(records, kernel, label, impl)
+            got = ours["tbps"] if ours and ours["passed"] and ours.get("tbps") else None
+            add(f"{bw.short_name(kernel)} {label}{reading}", f">= {floor:g} TB/s",
+                None if got is None else f"{got:.2f} TB/s", None if got is None else got >= floor)
     return rows
 
 
