@@ -237,3 +237,26 @@ def test_fused_merge_policy_flips_every_sm90_mla_config_and_restores():
         assert fused[2].tile_q_rows == 16 and fused[1].score_warpgroup and not fused[1].smem_epilogue
         assert api._make_config(mla.SPEC, problem, "sm_100a").fused_merge is False  # sm_90a only
     assert configs() == default
+
+
+def test_decode_fused_merge_policy_flips_the_one_token_configs_only():
+    """``mla_decode.decode_fused_merge_policy``: the decode entry's one-token configs fold in-kernel inside the block
+    (None there: the prefill kind's ``FUSED_MERGE``), the prefill kind's configs keep theirs, and the default holds
+    again outside."""
+    from cute_attn.ops import mla_prefill
+
+    mla, problem = _mla_problem([1] * 4, [4096] * 4)
+
+    def configs():
+        return (api._make_config(mla.SPEC, problem, "sm_90a"),
+                api._make_config(mla_decode.ONE_TOKEN_SPEC, problem, "sm_90a"))
+
+    default = configs()
+    for enabled in (True, False):
+        with mla_decode.decode_fused_merge_policy(enabled):
+            prefill, one_token = configs()
+            assert one_token.fused_merge is enabled and one_token.can_implement() is None
+            assert prefill.fused_merge is mla_prefill.FUSED_MERGE
+    with mla_decode.decode_fused_merge_policy(None), mla_prefill.fused_merge_policy(True):
+        assert configs()[1].fused_merge is True
+    assert configs() == default

@@ -47,10 +47,13 @@ ONE_TOKEN_MIN_CHUNK_KEYS = 256
 #: planned calls): page 64 128 x 4096 155.1 -> 150.9 us, 64 x 8192 160.3 -> 157.4, 16 x 4096 34.9 -> 34.4, 1 x 4096
 #: 18.5 -> 17.4; page 1 128 x 4096 154.8 -> 154.0, 64 x 8192 161.2 -> 159.8
 SM90_SPLIT_SCORES = True
-#: sm_90a one-token configs: split items folded in-kernel by the last CTA of each merge (``fused_merge``, now with the
+#: sm_90a one-token configs: split items folded in-kernel by the last CTA of each merge (``fused_merge``, with the
 #: 16-byte wide-row fold, ``common/decode_merge.fold_wide_merge``) instead of the combine launch; None: the MLA prefill
-#: kind's ``FUSED_MERGE``. The combine launch was 3.8-4.6 us of the page-64 planned calls with merges (session 18,
-#: ``tools/kernel_breakdown.py``: 1 x 4096 4.3 of 17.2, 16 x 4096 3.8 of 34.5, 64 x 8192 4.4 of 154.3)
+#: kind's ``FUSED_MERGE`` (off). The combine launch is 3.8-4.6 us of the page-64 planned calls with merges (session
+#: 18, ``tools/kernel_breakdown.py``: 1 x 4096 4.3 of 17.2, 16 x 4096 3.8 of 34.5, 64 x 8192 4.4 of 154.3), but the
+#: wide fold did not win it back (H200, session 18, one process, planned, page 64): 64 x 8192 156.3 -> 156.1 us,
+#: 16 x 4096 34.6 -> 36.2, 1 x 4096 17.4 -> 19.8 (correct: GPU tests 34 passed, memcheck/racecheck clean). A merge of
+#: n slots is n x 32 KiB read by the one CTA that arrives last, where the combine spreads them over the grid
 SM90_FUSED_MERGE: bool | None = None
 
 
