@@ -58,11 +58,13 @@ def _split_plan(kind, q_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim, cau
     ("gqa_paged_prefill", [3], [40000], (32, 4), True, 64),
     ("mla_paged_prefill", [1, 1], [4096, 70], (16, 1), True, 512),  # batch-1 MLA decode: 64 slots of 512 columns
 ])
-@pytest.mark.parametrize("max_ctas", [0, 4, 1056], ids=["one_cta_a_merge", "grid_of_4", "grid_of_1056"])
-def test_combine_matches_reference_merge(kind, q_lens, kv_lens, heads, causal, head_dim, max_ctas):
+@pytest.mark.parametrize("max_ctas, early_rows", [(0, False), (4, False), (1056, False), (4, True), (1056, True)],
+                         ids=["one_cta_a_merge", "grid_of_4", "grid_of_1056", "grid_of_4_early_rows",
+                              "grid_of_1056_early_rows"])
+def test_combine_matches_reference_merge(kind, q_lens, kv_lens, heads, causal, head_dim, max_ctas, early_rows):
     """``max_ctas`` (``combine.combine_grid_policy``): 0 launches a CTA per merge slot; a cap makes each CTA walk merges
     a grid apart (4: every CTA folds many merges, and stops at the first merge without slots)."""
-    with combine.combine_grid_policy(max_ctas):
+    with combine.combine_grid_policy(max_ctas), combine.combine_early_rows_policy(early_rows):
         _check_combine(kind, q_lens, kv_lens, heads, causal, head_dim)
 
 
@@ -110,3 +112,25 @@ def test_capped_combine_grid_walks_merges_and_keeps_the_default_build():
                                       head_dim_qk=128, head_dim_v=128, page_size=64, causal=True)
         assert CombineConfig.for_paged(config).max_ctas == 0
     assert CombineConfig.for_paged(config).max_ctas == 1056
+
+
+@pytest.mark.parametrize("head_dim_v, vector", [(512, "v4"), (128, "v4"), (64, "v2")])
+def test_early_rows_load_the_first_slots_with_the_lses_and_keep_the_default_build(head_dim_v, vector):
+    """``early_rows`` (``COMBINE_EARLY_ROWS``, off until its GPU run): one more batch of a lane's slot vectors, issued
+    before the LSE reduction (the loop skips reloading it); the default build is unchanged by the knob."""
+    base = CombineConfig(arch="sm_90a", tile_q_rows=64, head_dim_v=head_dim_v, num_qo_heads=16, group_size=16,
+                         max_ctas=1056)
+    early = CombineConfig(arch="sm_90a", tile_q_rows=64, head_dim_v=head_dim_v, num_qo_heads=16, group_size=16,
+                          max_ctas=1056, early_rows=True)
+    plain_ptx, early_ptx = compile_to_ptx(base), compile_to_ptx(early)
+    assert plain_ptx.count(f"ld.global.{vector}.b32") == combine.SLOTS_IN_FLIGHT
+    assert early_ptx.count(f"ld.global.{vector}.b32") == 2 * combine.SLOTS_IN_FLIGHT
+    assert early_ptx.index(f"ld.global.{vector}.b32") < early_ptx.index("shfl.sync.bfly")  # before the reduction
+    assert "ld.local" not in early_ptx and repr(combine.LseCombine(early)).endswith("_EarlyRows")
+    config = default_paged_config("gqa_paged_prefill", arch="sm_90a", num_qo_heads=32, num_kv_heads=4,
+                                  head_dim_qk=128, head_dim_v=128, page_size=64, causal=True)
+    default = combine.COMBINE_EARLY_ROWS
+    assert CombineConfig.for_paged(config).early_rows is default
+    with combine.combine_early_rows_policy(not default):
+        assert CombineConfig.for_paged(config).early_rows is (not default)
+    assert CombineConfig.for_paged(config).early_rows is default

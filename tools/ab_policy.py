@@ -11,6 +11,8 @@ POLICY is one of
                   ``COMBINE_GRID_TRIAL`` CTAs walking the merges (``kernels/common/combine.COMBINE_MAX_CTAS``)
     early_dependents  attention kernels release the next launch right after their wait (``config.EARLY_DEPENDENTS``):
                   the combine that follows a device plan is dispatched during the attention grid, not after it
+    combine_early_rows  the combine loads a row's first slots with its LSEs (``combine.COMBINE_EARLY_ROWS``) off / on:
+                  the combine's cases plus MLA decode 16 x 4096
     q_tile_pass   the device planner's q-tile pass: one tile a thread, or chosen per launch (two past one pass;
                   ``kernels/common/device_planner.Q_TILES_PER_PASS`` 1 / 0); only the device-planned and default calls
                   move
@@ -168,6 +170,20 @@ def _q_tile_pass_cases(pages):
                    lambda on: device_planner.q_tile_pass_policy(0 if on else 1))
 
 
+def _combine_early_rows_cases(pages):
+    from cute_attn.kernels.common import combine
+
+    for row0, make, kind, _ in _combine_grid_cases(pages):  # the combine's cases, plus MLA decode 16 x 4096
+        yield row0, make, kind, combine.combine_early_rows_policy
+    from cute_attn import testing
+
+    for page_size in pages:
+        def make(page_size=page_size):
+            return testing.make_mla_decode_case([4096] * 16, page_size=page_size, device="cuda", seed=3)
+        yield (dict(batch="mla_decode_n16_kv4096", page_size=page_size, heads=0, kv_heads=0), make, "mla_decode",
+               combine.combine_early_rows_policy)
+
+
 def _early_dependents_cases(pages):
     from cute_attn.config import early_dependents_policy
 
@@ -177,9 +193,9 @@ def _early_dependents_cases(pages):
 
 POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, "k_ahead": _k_ahead_cases,
             "combine_grid": _combine_grid_cases, "q_tile_pass": _q_tile_pass_cases,
-            "early_dependents": _early_dependents_cases}
+            "early_dependents": _early_dependents_cases, "combine_early_rows": _combine_early_rows_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
-                 "q_tile_pass": [64], "early_dependents": [64]}
+                 "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64]}
 
 
 def main(argv=None) -> int:

@@ -267,6 +267,15 @@ def _cases(arch: str) -> dict:
     if arch == "sm_90a":
         cases["mla-decode-split-scores-p1"] = ("mla_paged_decode", mla_split_scores(1))
         cases["mla-decode-split-scores-p64"] = ("mla_paged_decode", mla_split_scores(64))
+    def combine_early_rows(kind: str):  # the combine's first slot rows loaded with the LSEs
+        def policy():
+            from cute_attn.kernels.common.combine import combine_early_rows_policy
+
+            return combine_early_rows_policy(True)
+        return with_combine(kind, policy, (99, 100))
+
+    cases["combine-early-rows-prefill"] = ("combine", combine_early_rows("prefill"))
+    cases["combine-early-rows-mla-decode"] = ("combine", combine_early_rows("mla_decode"))
     cases["early-dependents-prefill"] = ("combine", early_dependents("prefill"))
     cases["early-dependents-mla-decode"] = ("combine", early_dependents("mla_decode"))
     cases["combine-grid-prefill"] = ("combine", combine_grid("prefill", 1056))

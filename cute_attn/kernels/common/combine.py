@@ -12,7 +12,8 @@ load per slot (``o = sum_i w_i * partial_out[slot_i, row, :]``; a slot whose LSE
 nothing, whatever its row holds). The chunk is stored as bf16, and lane 0 of chunk 0 writes ``lse = L *
 lse_out_scale``. A row whose partials are all ``-inf`` (it saw no key) gets 0 and ``-inf``. Launched with
 programmatic dependent launch: its launch overlaps the attention kernel's tail, and it waits for that grid
-(``griddepcontrol.wait``) before its first global read.
+(``griddepcontrol.wait``) before its first global read. ``early_rows`` (``COMBINE_EARLY_ROWS``): a row's first
+slots' partials are loaded with its LSEs, before the reduction (one L2 round trip fewer for merges of <= 8 slots).
 
 Packed row ``r`` of (request ``b``, KV head ``h``) is token ``TOKEN_START + r // group`` and query head
 ``h * group + r % group`` (``docs/kernel-contract.md``).
@@ -49,6 +50,12 @@ ROWS_PER_MERGE_PASS = 16  # rows of one merge handled concurrently (CTAs per mer
 #: 47.7 us, MLA 1 / 1028 60.8 -> 59.1, GQA prefill 16 x 992 device-planned 367.2 -> 363.3; plans with real merges
 #: within +-1 us
 COMBINE_MAX_CTAS = 1056
+#: ``CombineConfig.early_rows`` of the API's combine launches: a row's first ``SLOTS_IN_FLIGHT`` slots' partials are
+#: loaded with its LSEs, before the reduction that gives their weights, so a merge of up to 8 slots costs one L2
+#: round trip after the plan instead of two. Why: the combine is a fixed ~4 us of every call with merges (MLA decode
+#: page 64, session 18: 3.8 of 34.5 us at 16 x 4096, where fa3 takes 34.3 in all). Built in session 18, not run on a
+#: GPU: off until its A/B (``tools/ab_policy.py combine_early_rows``)
+COMBINE_EARLY_ROWS = False
 
 
 @dataclass(frozen=True)
@@ -62,12 +69,13 @@ class CombineConfig(KernelConfig):
     num_qo_heads: int = 32
     group_size: int = 8
     max_ctas: int = 0  # see COMBINE_MAX_CTAS
+    early_rows: bool = False  # see COMBINE_EARLY_ROWS
 
     @staticmethod
     def for_paged(config: PagedAttentionConfig) -> "CombineConfig":
         return CombineConfig(arch=config.arch, tile_q_rows=config.tile_q_rows, head_dim_v=config.head_dim_v,
                              num_qo_heads=config.num_qo_heads, group_size=config.group_size,
-                             max_ctas=COMBINE_MAX_CTAS)
+                             max_ctas=COMBINE_MAX_CTAS, early_rows=COMBINE_EARLY_ROWS)
 
     def can_implement(self) -> str | None:
         if (reason := super().can_implement()) is not None:
@@ -79,6 +87,15 @@ class CombineConfig(KernelConfig):
         if self.max_ctas < 0:
             return f"max_ctas={self.max_ctas} must be >= 0 (0: one CTA per merge slot)"
         return None
+
+
+@contextlib.contextmanager
+def combine_early_rows_policy(enabled: bool):
+    """Inside the block every combine launch is built with ``early_rows=enabled`` (A/Bs, GPU tests, sanitizer)."""
+    from ...ops import policy
+
+    with policy(globals(), COMBINE_EARLY_ROWS=bool(enabled)):
+        yield
 
 
 @contextlib.contextmanager
@@ -107,7 +124,7 @@ class LseCombine:
     def __repr__(self) -> str:
         c = self.config
         return (f"LseCombine_R{c.tile_q_rows}_D{c.head_dim_v}_H{c.num_qo_heads}_G{c.group_size}"
-                f"{f'_C{self.merge_ctas}' if self.merge_ctas else ''}")
+                f"{f'_C{self.merge_ctas}' if self.merge_ctas else ''}{'_EarlyRows' if c.early_rows else ''}")
 
     @cute.jit
     def __call__(
@@ -171,6 +188,8 @@ class LseCombine:
         weights = cute.make_rmem_tensor((SLOTS_IN_FLIGHT,), cutlass.Float32)
         row_stride = self.row_blocks * WARPS_PER_CTA
         for r in range(row_block * WARPS_PER_CTA + warp, row_count, row_stride):
+            if cutlass.const_expr(self.config.early_rows):  # the first slots' rows go out with the LSE loads
+                self.load_rows(partial_out, parts, slot_begin, 0, cutlass.min(WARP, slot_end - slot_begin), r, col0)
             # the row's partial LSEs, spread over the lanes, reduced with shuffles
             lane_max = neg_inf
             for s in range(slot_begin + lane, slot_end, WARP):
@@ -195,15 +214,24 @@ class LseCombine:
                 n = cutlass.min(WARP, slot_end - g)
                 for j0 in range(0, n, SLOTS_IN_FLIGHT):
                     # all the group's rows are loaded before any is used: their latencies overlap
-                    for u in cutlass.range_constexpr(SLOTS_IN_FLIGHT):
-                        j = cutlass.min(j0 + u, n - 1)  # past the last slot: reread it, with weight 0
-                        weights[u] = cute.arch.shuffle_sync(lane_weight, j)
-                        if j0 + u >= n:
-                            weights[u] = cutlass.Float32(0.0)
-                        offset = (cutlass.Int64(g + j) * partial_out.stride[0] + r * partial_out.stride[1] + col0) * 4
-                        src = cute.make_ptr(cutlass.Float32, partial_out.iterator.toint() + offset,
-                                            cute.AddressSpace.gmem, assumed_align=4 * vec)
-                        cute.autovec_copy(cute.make_tensor(src, cute.make_layout(vec)), parts[None, u])
+                    if cutlass.const_expr(self.config.early_rows):
+                        for u in cutlass.range_constexpr(SLOTS_IN_FLIGHT):
+                            weights[u] = cute.arch.shuffle_sync(lane_weight, cutlass.min(j0 + u, n - 1))
+                            if j0 + u >= n:
+                                weights[u] = cutlass.Float32(0.0)
+                        if (g - slot_begin) + j0 > 0:  # the first batch came with the LSEs
+                            self.load_rows(partial_out, parts, g, j0, n, r, col0)
+                    else:
+                        for u in cutlass.range_constexpr(SLOTS_IN_FLIGHT):
+                            j = cutlass.min(j0 + u, n - 1)  # past the last slot: reread it, with weight 0
+                            weights[u] = cute.arch.shuffle_sync(lane_weight, j)
+                            if j0 + u >= n:
+                                weights[u] = cutlass.Float32(0.0)
+                            offset = (cutlass.Int64(g + j) * partial_out.stride[0] + r * partial_out.stride[1]
+                                      + col0) * 4
+                            src = cute.make_ptr(cutlass.Float32, partial_out.iterator.toint() + offset,
+                                                cute.AddressSpace.gmem, assumed_align=4 * vec)
+                            cute.autovec_copy(cute.make_tensor(src, cute.make_layout(vec)), parts[None, u])
                     for u in cutlass.range_constexpr(SLOTS_IN_FLIGHT):
                         for i in cutlass.range_constexpr(vec):
                             term = weights[u] * parts[i, u]
@@ -216,6 +244,18 @@ class LseCombine:
             if dim_block == 0:
                 if lane == 0:
                     lse[token, head] = merged_lse * lse_out_scale
+
+    @cute.jit
+    def load_rows(self, partial_out, parts, g, j0, n, r, col0):
+        """Slots ``g + j0 .. g + j0 + SLOTS_IN_FLIGHT - 1`` (clamped to ``g + n - 1``) of row ``r``: this lane's 16
+        bytes of each into ``parts``, every load issued before any is used."""
+        vec = self.dims_per_lane
+        for u in cutlass.range_constexpr(SLOTS_IN_FLIGHT):
+            j = cutlass.min(j0 + u, n - 1)
+            offset = (cutlass.Int64(g + j) * partial_out.stride[0] + r * partial_out.stride[1] + col0) * 4
+            src = cute.make_ptr(cutlass.Float32, partial_out.iterator.toint() + offset, cute.AddressSpace.gmem,
+                                assumed_align=4 * vec)
+            cute.autovec_copy(cute.make_tensor(src, cute.make_layout(vec)), parts[None, u])
 
 
 @cute.jit
