@@ -1,7 +1,7 @@
 """Compile-only tests of ``PagedAttentionConfig.fused_merge`` on the MLA kernels of both arches (no GPU needed).
 
-The build folds a split request's partials in the kernel (``common/decode_merge.fold_completed_merges``: on sm_90a
-the 16-byte wide-row fold, on the sm_100a twin the GQA decode's fold) instead of the combine launch. Built in session 14 and not run on a GPU yet, so it is off by default;
+The build folds a split request's partials in the kernel (``common/decode_merge.fold_completed_merges``, with the
+16-byte wide-row fold of MLA's 512-column rows on both arches) instead of the combine launch. Built in session 14 and not run on a GPU yet, so it is off by default;
 these tests hold its contract: the default builds are untouched, the fused entry takes the merge table and counters,
 arrives once a split item with an acq_rel atomic, and syncs both consumer warpgroups on its own named barrier.
 """
@@ -61,6 +61,8 @@ def test_sm100_twin_folds_in_its_correction_warpgroup(page_size):
     assert ".target sm_100a" in fused and "tcgen05.mma" in fused
     assert not ARRIVAL.search(plain) and len(ARRIVAL.findall(fused)) == 1
     assert not FOLD_SYNC_SM100.search(plain) and len(FOLD_SYNC_SM100.findall(fused)) == 2
+    wide_loads = re.compile(r"ld\.global\.v4\.b32")  # the wide-row fold, as on sm_90a
+    assert len(wide_loads.findall(fused)) - len(wide_loads.findall(plain)) == 2 * 4 * 512 // (16 * 4)
 
 
 def test_fused_merge_is_not_a_knob_of_the_gqa_decode_kernels():

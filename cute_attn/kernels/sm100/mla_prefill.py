@@ -283,7 +283,7 @@ class MlaPagedPrefillSm100(MlaEntries):
                 fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_counters, arrival, self.group,
                                       partial_out, partial_lse, output, lse, lse_out_scale,
                                       tidx - 32 * _WARP_CORRECTION, barrier_id=_BAR_FOLD, num_threads=128,
-                                      qo_indptr=qo_indptr)
+                                      qo_indptr=qo_indptr, wide=True)
         elif warp_idx < _WARP_MMA:
             cute.arch.setmaxregister_decrease(_REGS_OTHER)
             if warp_idx == _WARP_LOAD:
