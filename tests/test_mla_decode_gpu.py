@@ -119,15 +119,20 @@ def test_mla_decode_fused_merge(page_size, num_heads, multi_token, route):
         _run_and_compare(q_lens, kv_lens, multi_token, page_size, num_heads, route, seed=page_size + num_heads + 7)
 
 
+def _compare_drawn_under(policy, batch, page_size, num_heads, seed_offset):
+    """A drawn batch through the default route with ``policy(True)`` (a knob's state the default does not take)."""
+    q_lens, kv_lens, multi_token = batch
+    with policy(True):
+        _run_and_compare(q_lens, kv_lens, multi_token, page_size, num_heads, "device",
+                         seed=sum(kv_lens) + len(kv_lens) + seed_offset)
+
+
 @settings(max_examples=10)
 @given(batch=decode_batches(), page_size=st.sampled_from(PAGE_SIZES), num_heads=st.sampled_from(HEADS))
 def test_mla_decode_fused_merge_drawn_batches(batch, page_size, num_heads):
     from cute_attn.ops.mla_prefill import fused_merge_policy
 
-    q_lens, kv_lens, multi_token = batch
-    with fused_merge_policy(True):
-        _run_and_compare(q_lens, kv_lens, multi_token, page_size, num_heads, "device",
-                         seed=sum(kv_lens) + len(kv_lens) + 1)
+    _compare_drawn_under(fused_merge_policy, batch, page_size, num_heads, 1)
 
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
@@ -150,7 +155,4 @@ def test_mla_decode_split_scores(page_size, num_heads, route):
 def test_mla_decode_split_scores_drawn_batches(batch, page_size, num_heads):
     from cute_attn.ops.mla_decode import split_scores_policy
 
-    q_lens, kv_lens, multi_token = batch
-    with split_scores_policy(True):
-        _run_and_compare(q_lens, kv_lens, multi_token, page_size, num_heads, "device",
-                         seed=sum(kv_lens) + len(kv_lens) + 2)
+    _compare_drawn_under(split_scores_policy, batch, page_size, num_heads, 2)

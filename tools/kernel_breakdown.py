@@ -53,24 +53,20 @@ def build(label: str):
 
         recorded = next(w for w in bench_workloads.all_workloads() if w.label == lens)
         lens = (list(recorded.q_lens), list(recorded.kv_lens))
-    if kind == "mla":
-        case = testing.make_mla_prefill_case(*lens, device="cuda", seed=1)
+    if kind in ("mla", "mla_decode"):  # host-planned once, as the bench's planned rows
+        if kind == "mla":
+            case = testing.make_mla_prefill_case(*lens, device="cuda", seed=1)
+            entry, plan_fn = cute_attn.mla_paged_prefill, cute_attn.plan_mla_paged_prefill
+        else:
+            case = testing.make_mla_decode_case(lens, page_size=64, device="cuda", seed=1)
+            entry, plan_fn = cute_attn.mla_paged_decode, cute_attn.plan_mla_paged_decode
         out, lse = case.new_outputs()
-        plan = cute_attn.plan_mla_paged_prefill(*case.inputs())
+        plan = plan_fn(*case.inputs())
 
-        def run_mla():
-            cute_attn.mla_paged_prefill(*case.inputs(), out, lse, plan=plan)
+        def run_planned():
+            entry(*case.inputs(), out, lse, plan=plan)
 
-        return case, out, lse, run_mla
-    if kind == "mla_decode":
-        case = testing.make_mla_decode_case(lens, page_size=64, device="cuda", seed=1)
-        out, lse = case.new_outputs()
-        plan = cute_attn.plan_mla_paged_decode(*case.inputs())
-
-        def run_mla_decode():
-            cute_attn.mla_paged_decode(*case.inputs(), out, lse, plan=plan)
-
-        return case, out, lse, run_mla_decode
+        return case, out, lse, run_planned
     if kind == "decode":
         case = testing.make_gqa_decode_case(lens, device="cuda", seed=1)
         entry = cute_attn.gqa_paged_decode

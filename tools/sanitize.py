@@ -267,6 +267,7 @@ def _cases(arch: str) -> dict:
     if arch == "sm_90a":
         cases["mla-decode-split-scores-p1"] = ("mla_paged_decode", mla_split_scores(1))
         cases["mla-decode-split-scores-p64"] = ("mla_paged_decode", mla_split_scores(64))
+
     def combine_early_rows(kind: str):  # the combine's first slot rows loaded with the LSEs
         def policy():
             from cute_attn.kernels.common.combine import combine_early_rows_policy

@@ -221,7 +221,7 @@ class LseCombine:
                                 weights[u] = cutlass.Float32(0.0)
                         if (g - slot_begin) + j0 > 0:  # the first batch came with the LSEs
                             self.load_rows(partial_out, parts, g, j0, n, r, col0)
-                    else:
+                    else:  # the build the GPU tier ran: each slot's weight and load interleaved (load_rows' loads)
                         for u in cutlass.range_constexpr(SLOTS_IN_FLIGHT):
                             j = cutlass.min(j0 + u, n - 1)  # past the last slot: reread it, with weight 0
                             weights[u] = cute.arch.shuffle_sync(lane_weight, j)

@@ -78,13 +78,12 @@ def fold_merge(slot_begin, num_slots, req, first_head, row_count, partial_out, p
     g > 0, multi-token decode: into ``output[req + r // g, first_head + r % g]``, ``req`` the first token's row).
 
     Latency-bound (decode: ~5 rows, up to a few dozen slots), so every row gets its own half-warp and all
-    rows run at once: 16 lanes take every 16th slot's LSE (online max/sum, then shuffles) for ``L``; then
+    rows run at once: 16 lanes take every 16th slot's LSE (online max/sum, then shuffles) for ``L`` (:func:`merged_row_lse`); then
     each lane owns every 16th column and sums ``2^(lse_s - L) * o_s`` over the slots, ``FOLD_SLOTS`` slots
     per step with indices clamped to the last slot (weight 0 past it), so a step's loads issue together
     and cost one round trip; the first step's loads go out before the LSE reduction. Rows past ``row_count`` compute on a clamped row and store nothing (both
     half-warps of a warp run the same loop: the shuffles need every lane). All-``-inf`` rows give 0 and
     ``-inf`` (their weights are 2^(-inf - 0) = 0)."""
-    neg_inf = -Float32.inf
     lane = tidx % FOLD_ROW_LANES
     half = (tidx % 32) // FOLD_ROW_LANES
     warp = tidx // 32
@@ -103,24 +102,7 @@ def fold_merge(slot_begin, num_slots, req, first_head, row_count, partial_out, p
             weights[k] = partial_lse[s, rr]
             for i in cutlass.range_constexpr(cols):
                 vals[k * cols + i] = partial_out[s, rr, lane + i * FOLD_ROW_LANES]
-        lane_max = neg_inf
-        lane_sum = Float32(0.0)
-        for s in cutlass.range(lane, num_slots, FOLD_ROW_LANES, unroll=1):
-            x = partial_lse[slot_begin + s, rr]
-            new_max = cute.arch.fmax(lane_max, x)
-            base = new_max if new_max != neg_inf else Float32(0.0)
-            lane_sum = (lane_sum * cute.math.exp2(lane_max - base, fastmath=True)
-                        + cute.math.exp2(x - base, fastmath=True))
-            lane_max = new_max
-        row_max = cute.arch.warp_reduction_max(lane_max, threads_in_group=FOLD_ROW_LANES)
-        row_base = row_max if row_max != neg_inf else Float32(0.0)
-        total = cute.arch.warp_reduction_sum(lane_sum * cute.math.exp2(lane_max - row_base, fastmath=True),
-                                             threads_in_group=FOLD_ROW_LANES)
-        merged = neg_inf
-        shift = Float32(0.0)
-        if total > 0.0:
-            merged = row_base + cute.math.log2(total, fastmath=True)
-            shift = merged
+        merged, shift = merged_row_lse(partial_lse, slot_begin, num_slots, rr, lane)
         for i in cutlass.range_constexpr(cols):
             acc[i] = Float32(0.0)
         for k in cutlass.range_constexpr(unroll):
@@ -160,7 +142,6 @@ def fold_wide_merge(slot_begin, num_slots, first_token, first_head, row_count, p
     vectors are loaded before any is used (32 loads in flight a lane), the first batch before the LSE reduction, so
     a merge of ``n`` slots costs ``ceil(n / WIDE_SLOTS)`` round trips. A slot's weight is
     ``2^(lse - L)``; a slot that saw no key (``-inf``) and clamped loads past the last slot add nothing."""
-    neg_inf = -Float32.inf
     lane = tidx % FOLD_ROW_LANES
     half = (tidx % 32) // FOLD_ROW_LANES
     warp = tidx // 32
@@ -173,24 +154,7 @@ def fold_wide_merge(slot_begin, num_slots, first_token, first_head, row_count, p
         r = r0 + half
         rr = cutlass.min(r, row_count - 1)
         wide_load_slots(partial_out, partial_lse, slot_begin, 0, num_slots, rr, lane, vals, lses)
-        lane_max = neg_inf
-        lane_sum = Float32(0.0)
-        for s in cutlass.range(lane, num_slots, FOLD_ROW_LANES, unroll=1):
-            x = partial_lse[slot_begin + s, rr]
-            new_max = cute.arch.fmax(lane_max, x)
-            base = new_max if new_max != neg_inf else Float32(0.0)
-            lane_sum = (lane_sum * cute.math.exp2(lane_max - base, fastmath=True)
-                        + cute.math.exp2(x - base, fastmath=True))
-            lane_max = new_max
-        row_max = cute.arch.warp_reduction_max(lane_max, threads_in_group=FOLD_ROW_LANES)
-        row_base = row_max if row_max != neg_inf else Float32(0.0)
-        total = cute.arch.warp_reduction_sum(lane_sum * cute.math.exp2(lane_max - row_base, fastmath=True),
-                                             threads_in_group=FOLD_ROW_LANES)
-        merged = neg_inf
-        shift = Float32(0.0)
-        if total > 0.0:
-            merged = row_base + cute.math.log2(total, fastmath=True)
-            shift = merged
+        merged, shift = merged_row_lse(partial_lse, slot_begin, num_slots, rr, lane)
         acc.fill(0.0)
         wide_accumulate(acc, vals, lses, 0, num_slots, shift)
         for s0 in cutlass.range(WIDE_SLOTS, num_slots, WIDE_SLOTS, unroll=1):
@@ -234,3 +198,30 @@ def wide_accumulate(acc, vals, lses, s0, num_slots, shift):
             for i in cutlass.range_constexpr(WIDE_VEC):
                 term = w * vals[i, v, k]
                 acc[i, v] = acc[i, v] + (term if w > 0.0 else Float32(0.0))
+
+
+@cute.jit
+def merged_row_lse(partial_lse, slot_begin, num_slots, row, lane):
+    """``(L, shift)`` of one row of a merge, from its 16 lanes (:data:`FOLD_ROW_LANES`): each lane takes every 16th
+    slot's LSE (online max and sum), then shuffles within the half-warp. ``L = -inf`` and ``shift = 0`` for a row whose
+    slots all saw no key (its weights ``2^(lse - shift)`` are then 0); else ``shift = L``."""
+    neg_inf = -Float32.inf
+    lane_max = neg_inf
+    lane_sum = Float32(0.0)
+    for s in cutlass.range(lane, num_slots, FOLD_ROW_LANES, unroll=1):
+        x = partial_lse[slot_begin + s, row]
+        new_max = cute.arch.fmax(lane_max, x)
+        base = new_max if new_max != neg_inf else Float32(0.0)
+        lane_sum = (lane_sum * cute.math.exp2(lane_max - base, fastmath=True)
+                    + cute.math.exp2(x - base, fastmath=True))
+        lane_max = new_max
+    row_max = cute.arch.warp_reduction_max(lane_max, threads_in_group=FOLD_ROW_LANES)
+    row_base = row_max if row_max != neg_inf else Float32(0.0)
+    total = cute.arch.warp_reduction_sum(lane_sum * cute.math.exp2(lane_max - row_base, fastmath=True),
+                                         threads_in_group=FOLD_ROW_LANES)
+    merged = neg_inf
+    shift = Float32(0.0)
+    if total > 0.0:
+        merged = row_base + cute.math.log2(total, fastmath=True)
+        shift = merged
+    return merged, shift
