@@ -158,6 +158,11 @@ class PagedAttentionConfig(KernelConfig):
     #: the H200 but slower (session 15), off (``ops/mla_prefill.FUSED_MERGE`` says why); GQA prefill:
     #: ``ops/gqa_prefill.FUSED_MERGE``
     fused_merge: bool = False
+    #: sm_90a MLA kernels' TMA K stages at pages of >= kv_tile keys: a stage whose keys all hold rows (one page's
+    #: contiguous rows) loads as kv_tile-row boxes, 9 TMA instructions, instead of 72 8-row ones
+    #: (``common/mla.box_latent_tile``); ``ops/mla_prefill.PAGE_BOXES`` is the kind's policy. Row gathers
+    #: (``row_gather=True``) ignore it
+    page_boxes: bool = False
     #: every attention kernel: each CTA releases the launch that follows it (``griddepcontrol.launch_dependents``)
     #: right after its own wait (``kernels/common/launch_chain.wait_for_previous_grid``), so the combine's CTAs
     #: (launched with programmatic dependent launch) are dispatched while the attention grid runs and take SMs as its
@@ -187,6 +192,7 @@ class PagedAttentionConfig(KernelConfig):
             item_overhead_keys=self.item_overhead_keys, page_size=self.page_size,
             zigzag=self.causal and self.kind.startswith("mla_"), sorted_deal=self.causal,
             host_deal=self.causal and self.kind == "gqa_paged_prefill", line_deal=self._line_deal(),
+            even_pieces=EVEN_PIECES,
         )
 
     def _line_deal(self) -> bool:
@@ -226,6 +232,10 @@ class PagedAttentionConfig(KernelConfig):
                     "merges)")
         if self.fused_merge and self.kind == "gqa_paged_prefill" and self.arch != "sm_90a":
             return "fused_merge: built for the sm_90a GQA prefill kernel only (the sm_100a one takes the combine launch)"
+        if self.page_boxes and ((self.kind, self.arch) != ("mla_paged_prefill", "sm_90a")
+                                or self.page_size < self.kv_tile):
+            return (f"page_boxes: a knob of the sm_90a MLA kernels' TMA K stages at pages of >= kv_tile keys "
+                    f"(kind {self.kind}, arch {self.arch}, page_size {self.page_size}, kv_tile {self.kv_tile})")
         if self.tile_q_rows not in (8, 16, 64, 128):
             return (f"tile_q_rows={self.tile_q_rows} must be 64 or 128 (one or two MMA warpgroups of 64 rows), or 8 "
                     "or 16 (one query token's heads as the N of a swapped product: the MLA decode kernel)")
@@ -254,6 +264,24 @@ def gqa_shape_reason(config: PagedAttentionConfig) -> str | None:
 #: us behind the host plan of the same tiles in session 17 with the combine's grid already capped. Built in session
 #: 17, not run on a GPU: False until its A/B (``tools/ab_policy.py early_dependents``)
 EARLY_DEPENDENTS = False
+
+
+#: ``PlanConfig.even_pieces`` of every default config: device plans cut a batch of equal one-tile requests in even
+#: pieces, as host plans do, not where the line's edges fall (MLA decode 64 x 8192: halves, 128 partials, not 3
+#: pieces a request; GQA decode 16 x 2048: 128 items, not 186). H200, session 19 (``tools/ab_policy.py
+#: even_pieces``, one process), device-planned call off -> on, us: MLA decode 64 x 8192 160.5 -> 157.2 (page 64),
+#: 162.9 -> 160.1 (page 1); decode 1 x 3232 13.4 -> 10.1, 16 x 2048 31.1 -> 28.1 (page 64); the device-planned call
+#: now equals the host-planned one on every such row
+EVEN_PIECES = True
+
+
+@contextlib.contextmanager
+def even_pieces_policy(on: bool):
+    """Inside the block every default config's plans take ``even_pieces=on`` (A/Bs, GPU tests, sanitizer cases)."""
+    from .ops import policy
+
+    with policy(globals(), EVEN_PIECES=bool(on)):
+        yield
 
 
 @contextlib.contextmanager

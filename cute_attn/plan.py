@@ -123,6 +123,10 @@ class PlanConfig:
     #: where the two tie in the model the LPT was as fast or faster (MLA prefill seed 34.0 / 39.4, decode 1 x 3232
     #: 10.2 / 13.1), so ties keep it
     host_twin: bool = True
+    #: device plans (``plan_partition``): a batch of equal one-tile requests (decode) is cut into even pieces of
+    #: whole kv tiles, each tile at a CTA edge, as the host's caps cut it, instead of where the line's edges fall
+    #: (MLA decode 64 x 8192: 2 chunks a request and 128 partials instead of 3 and 192)
+    even_pieces: bool = False
 
     def __post_init__(self):
         if self.line_deal and self.sorted_deal:

@@ -24,6 +24,15 @@ Cuts
     on the GPU a plan without merges ran 4.6 µs faster at decode 64 x 2048 (no in-kernel fold, fewer item starts)
     than the split one the model rated equal.
 
+Even pieces
+    With ``PlanConfig.even_pieces``, a batch whose requests are each one q tile of the same ``K`` keys (decode,
+    no faults) is cut in even pieces instead: ``k0 = min(num_ctas // tiles, ceil(K / min_width))`` pieces a tile
+    at most, pieces of ``round_up(ceil(K / k0), kv_tile)`` keys, every tile starting at a CTA edge: the chunks
+    the host planner's caps cut (MLA decode 64 x 8192 on 132 CTAs: halves of 4096 keys, 128 partials; the line's
+    edges cut 3 pieces a request, 192 partials). Taken when ``k0 >= 2`` and a piece is no longer than
+    ``W + W / 2**SNAP_SHIFT`` (the modelled busiest CTA is then no worse than the line's); the whole-tile rule is
+    not (the pieces split by design), the deal runs on these cuts as on any split ones.
+
 Sorted deal
     Contiguous cuts cannot pack many tiles of a few hundred keys against a CTA width near a thousand (the MLA seed:
     max / mean 1.18 with 21 merges). With ``PlanConfig.sorted_deal`` (the causal kinds), when the cuts had to split
@@ -59,7 +68,7 @@ import numpy as np
 from .plan import NOT_CAUSAL_OFFSET, ItemField, MergeField, PlanCapacity, PlanConfig, WorkPlan
 
 __all__ = ["DEAL_WHOLE_SHIFT", "SNAP_SHIFT", "SORTED_DEAL_MAX_Q_TILES", "WHOLE_TILE_SHIFT", "QTiles", "cut_loads",
-           "deal_bound", "min_width", "partition",
+           "deal_bound", "even_pieces", "min_width", "partition",
            "line_cuts", "partition_plan", "piece_cost", "q_tiles", "sorted_deal"]
 
 SNAP_SHIFT = 5  # a cut within W / 2**SNAP_SHIFT of a tile edge snaps to it
@@ -155,9 +164,24 @@ def sorted_deal(config: PlanConfig, cost) -> tuple[np.ndarray, np.ndarray]:
     return order[position // heads], np.where(lap % 2 == 0, offset, m - 1 - offset)
 
 
-def line_cuts(config: PlanConfig, kv_end, cost):
+def even_pieces(config: PlanConfig, keys: int, num_tiles: int, width: int) -> tuple[int, int] | None:
+    """(pieces a tile, keys a piece) when ``num_tiles`` equal tiles of ``keys`` keys are cut in even pieces (the
+    module docstring's rule), else None."""
+    if not (config.even_pieces and config.allow_split) or keys <= 0 or num_tiles <= 0:
+        return None
+    most = min(config.num_ctas // num_tiles, -(-keys // min_width(config)))
+    if most < 2:
+        return None
+    piece = _round_up(-(-keys // most), config.kv_tile)
+    if piece >= keys or piece > width + (width >> SNAP_SHIFT):
+        return None
+    return -(-keys // piece), piece
+
+
+def line_cuts(config: PlanConfig, kv_end, cost, uniform_keys: int = 0):
     """(cut_tile, cut_key, width, whole_tiles): each CTA edge's cut of the cost line (``num_ctas + 1`` edges),
-    the width ``W`` of a CTA's stretch and whether the whole-tile cuts were taken."""
+    the width ``W`` of a CTA's stretch and whether the whole-tile cuts were taken. ``uniform_keys``: every q tile
+    is a whole request of this many keys (0: not so), for the even pieces."""
     heads, m = config.num_kv_heads, config.num_ctas
     q_start = np.concatenate([[0], np.cumsum(cost)]) * heads  # line position of q tile j's head 0
     total = int(q_start[-1])
@@ -165,6 +189,13 @@ def line_cuts(config: PlanConfig, kv_end, cost):
 
     # cuts: (tile, key) per CTA edge, edge c at position c * W
     width = max(-(-total // m), min_width(config)) if total else 1
+    if (even := even_pieces(config, uniform_keys, num_tiles, width)) is not None:
+        pieces, piece = even
+        edge = np.arange(m + 1)
+        cut = edge < num_tiles * pieces
+        cut_tile = np.where(cut, edge // pieces, num_tiles).astype(np.int64)
+        cut_key = np.where(cut, edge % pieces * piece, 0).astype(np.int64)
+        return cut_tile, cut_key, width, False
     active = -(-total // width) if total else 0
     cut_tile = np.full(m + 1, num_tiles, dtype=np.int64)
     cut_key = np.zeros(m + 1, dtype=np.int64)
@@ -244,7 +275,9 @@ def partition(config: PlanConfig, q_lens, kv_lens, *, kv_page_start=None, token_
     heads, m = config.num_kv_heads, config.num_ctas
 
     req, row_start, row_count, kv_end, offset, cost = q_tiles(config, q_lens, kv_lens, faulted)
-    cut_tile, cut_key, width, whole_tiles = line_cuts(config, kv_end, cost)
+    # every request one q tile of the same keys (no faults: a faulted tile has none): the even pieces' case
+    uniform = batch > 0 and np.array_equal(req, np.arange(batch)) and (kv_end == kv_end[0]).all()
+    cut_tile, cut_key, width, whole_tiles = line_cuts(config, kv_end, cost, int(kv_end[0]) if uniform else 0)
     if (config.sorted_deal or config.line_deal) and config.allow_split and 0 < req.size <= SORTED_DEAL_MAX_Q_TILES:
         bound = deal_bound(width, int(cut_loads(config, cost, cut_tile, cut_key).max()), whole_tiles,
                            config.line_deal)

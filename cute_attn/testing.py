@@ -410,6 +410,21 @@ def assert_close_benchmark(actual: torch.Tensor, expected: torch.Tensor, name: s
 # ---------------------------------------------------------------------------------------------
 # Hypothesis strategies and profiles (hypothesis is a test dependency: imported lazily)
 # ---------------------------------------------------------------------------------------------
+def even_batches(*, max_batch: int = 8, max_q: int = 4, max_kv: int = 1024):
+    """Strategy of ``(q_lens, kv_lens)``: requests of the same keys and few queries (decode-like), the batches
+    ``PlanConfig.even_pieces`` cuts in even pieces; the q lengths may differ (one q tile each when short enough)."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def build(draw):
+        batch = draw(st.integers(1, max_batch))
+        kv = draw(st.integers(0, max_kv))
+        q_lens = [draw(st.integers(min(1, kv), min(max_q, kv) if kv else 0)) for _ in range(batch)]
+        return q_lens, [kv] * batch
+
+    return build()
+
+
 def ragged_batches(
     *, max_batch: int = 8, max_q: int = 256, max_kv: int = 1024, kv_at_least_q: bool = True,
     allow_empty: bool = True,

@@ -116,8 +116,8 @@ def test_capped_combine_grid_walks_merges_and_keeps_the_default_build():
 
 @pytest.mark.parametrize("head_dim_v, vector", [(512, "v4"), (128, "v4"), (64, "v2")])
 def test_early_rows_load_the_first_slots_with_the_lses_and_keep_the_default_build(head_dim_v, vector):
-    """``early_rows`` (``COMBINE_EARLY_ROWS``, off until its GPU run): one more batch of a lane's slot vectors, issued
-    before the LSE reduction (the loop skips reloading it); the default build is unchanged by the knob."""
+    """``early_rows`` (``COMBINE_EARLY_ROWS``, on since its session-19 A/B): one more batch of a lane's slot vectors,
+    issued before the LSE reduction (the loop skips reloading it); the plain build is unchanged by the knob."""
     base = CombineConfig(arch="sm_90a", tile_q_rows=64, head_dim_v=head_dim_v, num_qo_heads=16, group_size=16,
                          max_ctas=1056)
     early = CombineConfig(arch="sm_90a", tile_q_rows=64, head_dim_v=head_dim_v, num_qo_heads=16, group_size=16,

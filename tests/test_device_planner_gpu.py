@@ -146,6 +146,69 @@ def test_line_deal_lists_equal_the_twin_and_the_call_the_reference(kv_lens, head
         cute_attn.raise_on_device_error()
 
 
+EVEN_PIECES_CASES = {  # (maker, q_lens or None for decode, kv_lens, page size): uniform batches and near misses
+    "gqa decode 16 x 2048": ("decode", None, [2048] * 16, 64),
+    "gqa decode 16 x 2048 page 1 (line deal)": ("decode", None, [2048] * 16, 1),
+    "gqa decode 1 x 3232": ("decode", None, [3232], 64),
+    "gqa decode 15 x 2048 + 2047": ("decode", None, [2048] * 15 + [2047], 64),
+    "gqa decode 8 x 4096 + empty": ("decode", None, [4096] * 8 + [0], 16),
+    "mla decode 64 x 8192": ("mla_decode", None, [8192] * 64, 64),
+    "mla decode 16 x 4096 page 1": ("mla_decode", None, [4096] * 16, 1),
+    "mla decode 1 x 4096": ("mla_decode", None, [4096], 64),
+    "gqa prefill 8 x 3 over 1000": ("prefill", [3] * 8, [1000] * 8, 64),
+}
+
+
+def _even_pieces_case(name):
+    kind, q_lens, kv_lens, page_size = EVEN_PIECES_CASES[name]
+    seed = len(kv_lens) + page_size
+    if kind == "prefill":
+        return testing.make_gqa_prefill_case(q_lens, kv_lens, page_size=page_size, device="cuda", seed=seed)
+    maker = testing.make_mla_decode_case if kind == "mla_decode" else testing.make_gqa_decode_case
+    return maker(kv_lens, page_size=page_size, device="cuda", seed=seed)
+
+
+@pytest.mark.parametrize("name", list(EVEN_PIECES_CASES))
+def test_even_pieces_lists_equal_the_twin_and_the_call_the_reference(name):
+    """``config.even_pieces_policy(True)``: the device planner's even pieces (equal one-tile requests) give the twin's
+    lists field by field, near misses keep the line's cuts, and the device-planned call matches the reference."""
+    from cute_attn.config import even_pieces_policy
+
+    with even_pieces_policy(True):
+        case = _even_pieces_case(name)
+        kind, q_lens, kv_lens, _ = EVEN_PIECES_CASES[name]
+        plan_fn = {"decode": cute_attn.plan_gqa_paged_decode, "prefill": cute_attn.plan_gqa_paged_prefill,
+                   "mla_decode": cute_attn.plan_mla_paged_decode}[kind]
+        plan = plan_fn(*case.inputs(), on_device=True)
+        assert plan.config.plan_config(plan.work_indptr.shape[0] - 1).even_pieces
+        qo = case.qo_indptr.tolist() if q_lens else list(range(len(kv_lens) + 1))
+        _assert_twin(plan, qo, case.kv_indptr.tolist(), q_lens or [1] * len(kv_lens), kv_lens, name)
+        if kind != "mla_decode":
+            _assert_default_call_matches_reference(case, name)
+            return
+        out, lse = case.new_outputs()  # the decode argument order (hostile.entry_for serves the prefill kinds)
+        cute_attn.mla_paged_decode(*case.inputs(), out, lse)
+        torch.cuda.synchronize()
+        ref_out, ref_lse = case.reference()
+        testing.assert_close_benchmark(out, ref_out, f"{name} output")
+        testing.assert_close_benchmark(lse, ref_lse, f"{name} lse")
+        cute_attn.raise_on_device_error()
+
+
+@SETTINGS
+@given(batch=st.integers(1, 70), kv=st.integers(0, 9000), mla=st.booleans())
+def test_even_pieces_lists_equal_the_twin_on_drawn_uniform_batches(batch, kv, mla):
+    from cute_attn.config import even_pieces_policy
+
+    with even_pieces_policy(True):
+        maker = testing.make_mla_decode_case if mla else testing.make_gqa_decode_case
+        case = maker([kv] * batch, device="cuda", seed=batch)
+        plan_fn = cute_attn.plan_mla_paged_decode if mla else cute_attn.plan_gqa_paged_decode
+        plan = plan_fn(*case.inputs(), on_device=True)
+        _assert_twin(plan, list(range(batch + 1)), case.kv_indptr.tolist(), [1] * batch, [kv] * batch,
+                     f"{'MLA ' if mla else ''}decode {batch} x {kv}")
+
+
 @pytest.mark.parametrize("batch, longest, scan_ctas, in_shared_memory", [
     (64, 8000, 2, True),  # ~8000 page ids: two scan CTAs, the last to arrive plans (acq_rel arrival counter)
     (1500, 700, 4, False),  # past SMEM_REQUESTS: the planning CTA's arrays live in the global scratch

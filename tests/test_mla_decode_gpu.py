@@ -156,3 +156,46 @@ def test_mla_decode_split_scores_drawn_batches(batch, page_size, num_heads):
     from cute_attn.ops.mla_decode import split_scores_policy
 
     _compare_drawn_under(split_scores_policy, batch, page_size, num_heads, 2)
+
+
+@pytest.mark.parametrize("page_size", [64, 128])
+@pytest.mark.parametrize("num_heads", HEADS)
+@pytest.mark.parametrize("multi_token", [False, True], ids=["q1", "q1to4"])
+@pytest.mark.parametrize("route", ROUTES)
+def test_mla_decode_page_boxes(page_size, num_heads, multi_token, route):
+    """``page_boxes`` (``ops/mla_prefill.PAGE_BOXES``): a K stage of one page's rows as 64-row TMA boxes. Split long
+    requests (chunks that start mid-page at 128), a request ending one key into a page, on a page edge and one short
+    of it: the partial stages keep the 8-row and 1-row boxes, whose zero fill must still cover the keys past the end
+    (the pool's tail rows hold NaN)."""
+    from cute_attn.ops.mla_prefill import page_boxes_policy
+
+    kv_lens = [LONG_KV, 0, 1, 4095, 65, 64, 128, 127, LONG_KV // 2 + 3]
+    q_lens = [4, 1, 1, 3, 2, 1, 4, 2, 1] if multi_token else [1] * len(kv_lens)
+    with page_boxes_policy(True):
+        _run_and_compare(q_lens, kv_lens, multi_token, page_size, num_heads, route,
+                         seed=page_size + num_heads + 13)
+
+
+@settings(max_examples=10)
+@given(batch=decode_batches(), page_size=st.sampled_from([64, 128]), num_heads=st.sampled_from(HEADS))
+def test_mla_decode_page_boxes_drawn_batches(batch, page_size, num_heads):
+    from cute_attn.ops.mla_prefill import page_boxes_policy
+
+    _compare_drawn_under(page_boxes_policy, batch, page_size, num_heads, 3)
+
+
+@pytest.mark.parametrize("page_size", [64, 128])
+def test_mla_prefill_page_boxes(page_size):
+    """The MLA prefill kernel (64-row tiles) with ``page_boxes``: ragged causal requests over whole and partial pages."""
+    import cute_attn
+    from cute_attn.ops.mla_prefill import page_boxes_policy
+
+    with page_boxes_policy(True):
+        case = testing.make_mla_prefill_case([300, 1, 0, 77, 64], [1500, 1, 5, 77, 4097], page_size=page_size,
+                                             device="cuda", seed=page_size + 17, with_last_page_len=True)
+        out, lse = case.new_outputs()
+        cute_attn.mla_paged_prefill(*case.inputs(), out, lse)
+        torch.cuda.synchronize()
+        ref_out, ref_lse = case.reference()
+        testing.assert_close_benchmark(out, ref_out, "output")
+        testing.assert_close_benchmark(lse, ref_lse, "lse")

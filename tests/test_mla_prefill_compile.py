@@ -15,6 +15,7 @@ from cute_attn.kernels.sm90 import mla_prefill
 from cute_attn.kernels.sm90 import mla_prefill_score_wg as score_wg
 from cute_attn.kernels.sm90.mla_prefill_shared_s import (EXCHANGE_BYTES, MAX_BARRIER, P_BARRIER, SUM_BARRIER,
                                                          MlaPagedPrefillSharedSSm90)
+from cute_attn.ops import mla_prefill as mla_prefill_ops
 from cute_attn.ops.mla_prefill import CONSUMER_KNOBS, SM90_CONSUMER_SPLITS
 
 SMEM_LIMIT = 227 * 1024
@@ -121,15 +122,43 @@ def test_long_pages_load_k_stages_as_tma_boxes(page_size, split):
     config = _definition(page_size=page_size, **{**CONSUMER_KNOBS, **SM90_CONSUMER_SPLITS[split]})
     assert mla_prefill.uses_kv_boxes(config) and mla_prefill.check_config(config) is None
     ptx = compile_to_ptx(config)
+    page = 9 if config.page_boxes else 0  # ops/mla_prefill.PAGE_BOXES at pages of >= 64 keys: whole-page boxes too
+    assert config.page_boxes == (page_size >= 64 and mla_prefill_ops.PAGE_BOXES)
     assert ptx.count("cp.async.bulk.tensor.2d.shared::cta.global.tile.mbarrier::complete_tx::bytes") == \
-        BOXES_PER_STAGE
+        BOXES_PER_STAGE + page
     assert len(K_ROW_COPY.findall(ptx)) == Q_SEGMENT_COPIES and "cp.async.mbarrier.arrive.noinc.shared" not in ptx
     assert ptx.count("mbarrier.arrive.expect_tx") == 1  # the K stage's bytes, by warp 0's elected thread
-    assert ptx.count("prefetch.tensormap") == 4  # the four maps: ckv and kpe, 8-row and 1-row boxes
+    # the four maps: ckv and kpe, 8-row and 1-row boxes (and the two kv_tile-row ones with page_boxes)
+    assert ptx.count("prefetch.tensormap") == 4 + 2 * (page > 0)
     assert len(BOUNDS_CHECK.findall(ptx)) == 1 and prefetched_bounds_checks(ptx) == 1
     assert "ld.local" not in ptx and "st.local" not in ptx
     rows = compile_to_ptx(dataclasses.replace(config, row_gather=True))
     assert "cp.async.bulk.tensor" not in rows and len(K_ROW_COPY.findall(rows)) == 36 + Q_SEGMENT_COPIES
+
+
+@pytest.mark.parametrize("decode_heads, page_size", [(0, 64), (0, 128), (16, 64), (8, 128)])
+def test_page_boxes_load_whole_page_stages_as_kv_tile_row_boxes(decode_heads, page_size):
+    """``page_boxes``: a K stage of one page's rows is 8 ckv + 1 kpe boxes of kv_tile rows (two more maps, prefetched
+    like the others), the 8-row and 1-row boxes stay for the other stages; the stage's bytes are the same."""
+    config = _definition(page_size=page_size, page_boxes=True)
+    if decode_heads:  # the swapped one-token kernel
+        config = dataclasses.replace(config, num_qo_heads=decode_heads, tile_q_rows=decode_heads, **CONSUMER_KNOBS)
+    assert mla_prefill.check_config(config) is None and config.can_implement() is None
+    ptx = compile_to_ptx(config)
+    assert ptx.count("cp.async.bulk.tensor.2d.shared::cta.global.tile.mbarrier::complete_tx::bytes") == \
+        BOXES_PER_STAGE + 9
+    assert ptx.count("prefetch.tensormap") == 6 and ptx.count("mbarrier.arrive.expect_tx") == 1
+    assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (dict(page_size=16), "pages of >= kv_tile keys"),
+    (dict(arch="sm_100a"), "sm_90a MLA kernels"),
+])
+def test_page_boxes_refused_where_a_stage_is_not_one_page(overrides, words):
+    config = _definition(**{"page_size": 64, "page_boxes": True, **overrides})
+    reason = config.can_implement()
+    assert reason is not None and words in reason
 
 
 def test_k_stage_boxes_need_pages_of_8_keys():
@@ -297,6 +326,7 @@ def test_one_token_decode_builds_the_swapped_product(heads, page_size):
                                  **CONSUMER_KNOBS)
     assert mla_decode.one_token_tiles("sm_90a", heads, 1, 576, 512, page_size) == dict(
         tile_q_rows=heads, kv_tile=64, share_scores=True, min_chunk_keys=mla_decode.ONE_TOKEN_MIN_CHUNK_KEYS,
+        page_boxes=mla_decode.mla_prefill.page_boxes(page_size, 64),
         fused_merge=False)  # ops/mla_prefill.FUSED_MERGE: off until its GPU run
     assert mla_prefill.check_config(config) is None and config.can_implement() is None
     ptx = compile_to_ptx(config)
@@ -312,7 +342,7 @@ def test_one_token_decode_builds_the_swapped_product(heads, page_size):
     assert len(Q_ROW_COPY.findall(ptx)) == (0 if heads == 16 else 3)
     if page_size >= 8:  # K stages by TMA boxes (test_long_pages_load_k_stages_as_tma_boxes)
         assert len(K_ROW_COPY.findall(ptx)) == q_segment_copies
-        assert ptx.count("cp.async.bulk.tensor.2d") == BOXES_PER_STAGE
+        assert ptx.count("cp.async.bulk.tensor.2d") == BOXES_PER_STAGE + (9 if config.page_boxes else 0)
     else:
         assert len(K_ROW_COPY.findall(ptx)) == 36 + q_segment_copies
         assert "cp.async.mbarrier.arrive.noinc.shared" in ptx

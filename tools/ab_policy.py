@@ -13,6 +13,10 @@ POLICY is one of
                   the combine that follows a device plan is dispatched during the attention grid, not after it
     combine_early_rows  the combine loads a row's first slots with its LSEs (``combine.COMBINE_EARLY_ROWS``) off / on:
                   the combine's cases plus MLA decode 16 x 4096
+    even_pieces   device plans cut equal one-tile requests in even pieces (``config.EVEN_PIECES``) off / on: the bench's
+                  split decode rows; only the device-planned and default calls move
+    page_boxes    sm_90a MLA K stages of one page's rows as kv_tile-row TMA boxes (``ops/mla_prefill.PAGE_BOXES``) off /
+                  on: MLA decode's bench batches and the MLA prefill seed at pages 64 and 128
     q_tile_pass   the device planner's q-tile pass: one tile a thread, or chosen per launch (two past one pass;
                   ``kernels/common/device_planner.Q_TILES_PER_PASS`` 1 / 0); only the device-planned and default calls
                   move
@@ -117,16 +121,17 @@ COMBINE_CASES = {  # label: (kind, q_lens, kv_lens): device plans launch the com
 }
 
 
+def _mla_seed_lengths():
+    """The MLA prefill seed workload's (q_lens, kv_lens), as the bench draws them."""
+    import bench_workloads as bw
+
+    seed = next(w for w in bw.all_workloads() if w.kernel.startswith("mla_paged_prefill") and w.label.startswith("n28"))
+    return list(seed.q_lens), list(seed.kv_lens)
+
+
 def _combine_grid_cases(pages):
     from cute_attn import testing
     from cute_attn.kernels.common import combine
-
-    def seed_lens():
-        import bench_workloads as bw
-
-        seed = next(w for w in bw.all_workloads()
-                    if w.kernel.startswith("mla_paged_prefill") and w.label.startswith("n28"))
-        return list(seed.q_lens), list(seed.kv_lens)
 
     for label, (kind, q_lens, kv_lens) in COMBINE_CASES.items():
         for page_size in pages:
@@ -135,7 +140,7 @@ def _combine_grid_cases(pages):
                     return testing.make_gqa_prefill_case(q_lens, kv_lens, page_size=page_size, device="cuda", seed=3)
             elif kind == "mla_prefill":
                 def make(q_lens=q_lens, kv_lens=kv_lens, page_size=page_size):
-                    q, kv = (q_lens, kv_lens) if q_lens else seed_lens()
+                    q, kv = (q_lens, kv_lens) if q_lens else _mla_seed_lengths()
                     return testing.make_mla_prefill_case(q, kv, page_size=page_size, device="cuda", seed=3)
             else:
                 def make(kv_lens=kv_lens, page_size=page_size):
@@ -184,6 +189,54 @@ def _combine_early_rows_cases(pages):
                combine.combine_early_rows_policy)
 
 
+EVEN_PIECES_CASES = {  # label: (kind, kv_lens): the bench's split decode rows, whose device plans even pieces change
+    "mla_decode_n1_kv4096": ("mla_decode", [4096]),
+    "mla_decode_n16_kv4096": ("mla_decode", [4096] * 16),
+    "mla_decode_n64_kv8192": ("mla_decode", [8192] * 64),
+    "decode_n1_kv3232": ("decode", [3232]),
+    "decode_n16_kv2048": ("decode", [2048] * 16),
+}
+
+
+def _even_pieces_cases(pages):
+    from cute_attn import testing
+    from cute_attn.config import even_pieces_policy
+
+    for label, (kind, kv_lens) in EVEN_PIECES_CASES.items():
+        for page_size in pages:
+            maker = testing.make_mla_decode_case if kind == "mla_decode" else testing.make_gqa_decode_case
+
+            def make(maker=maker, kv_lens=kv_lens, page_size=page_size):
+                return maker(kv_lens, page_size=page_size, device="cuda", seed=5)
+            yield dict(batch=label, page_size=page_size, heads=0, kv_heads=0), make, kind, even_pieces_policy
+
+
+PAGE_BOXES_CASES = {  # label: (kind, q_lens or None, kv_lens)
+    "mla_decode_n1_kv4096": ("mla_decode", None, [4096]),
+    "mla_decode_n16_kv4096": ("mla_decode", None, [4096] * 16),
+    "mla_decode_n64_kv8192": ("mla_decode", None, [8192] * 64),
+    "mla_decode_n128_kv4096": ("mla_decode", None, [4096] * 128),
+    "mla_prefill_n28_q1954": ("mla_prefill", None, None),  # the seed's lengths at this page size
+}
+
+
+def _page_boxes_cases(pages):
+    from cute_attn import testing
+    from cute_attn.ops.mla_prefill import page_boxes_policy
+
+    for label, (kind, _, kv_lens) in PAGE_BOXES_CASES.items():
+        for page_size in pages:
+            if kind == "mla_decode":
+                def make(kv_lens=kv_lens, page_size=page_size):
+                    return testing.make_mla_decode_case(kv_lens, page_size=page_size, device="cuda", seed=6)
+            else:
+                def make(page_size=page_size):
+                    q_lens, kv_lens = _mla_seed_lengths()
+                    return testing.make_mla_prefill_case(q_lens, kv_lens, page_size=page_size, device="cuda", seed=6,
+                                                         with_last_page_len=True)
+            yield dict(batch=label, page_size=page_size, heads=0, kv_heads=0), make, kind, page_boxes_policy
+
+
 def _early_dependents_cases(pages):
     from cute_attn.config import early_dependents_policy
 
@@ -193,9 +246,11 @@ def _early_dependents_cases(pages):
 
 POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, "k_ahead": _k_ahead_cases,
             "combine_grid": _combine_grid_cases, "q_tile_pass": _q_tile_pass_cases,
-            "early_dependents": _early_dependents_cases, "combine_early_rows": _combine_early_rows_cases}
+            "early_dependents": _early_dependents_cases, "combine_early_rows": _combine_early_rows_cases,
+            "even_pieces": _even_pieces_cases, "page_boxes": _page_boxes_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
-                 "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64]}
+                 "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64], "even_pieces": [64, 1],
+                 "page_boxes": [64, 128]}
 
 
 def main(argv=None) -> int:

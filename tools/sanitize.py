@@ -275,6 +275,38 @@ def _cases(arch: str) -> dict:
             return combine_early_rows_policy(True)
         return with_combine(kind, policy, (99, 100))
 
+    def even_pieces(kind: str, kv_lens, page_size: int):  # device plans cut equal one-tile requests in even pieces
+        def run():
+            from cute_attn.config import even_pieces_policy
+
+            with even_pieces_policy(True):
+                maker = testing.make_mla_decode_case if kind == "mla" else testing.make_gqa_decode_case
+                case = maker(kv_lens, page_size=page_size, device="cuda", seed=101 + page_size)
+                entry = cute_attn.mla_paged_decode if kind == "mla" else cute_attn.gqa_paged_decode
+                return _run_api(entry, case, arch)
+        return run
+
+    def page_boxes(kind: str, page_size: int):  # whole-page K stages as kv_tile-row TMA boxes
+        def run():
+            from cute_attn.ops.mla_prefill import page_boxes_policy
+
+            with page_boxes_policy(True):
+                kv_lens = [4096, 0, 70, 9000, 1, 127]
+                if kind == "decode":
+                    case = testing.make_mla_decode_case(kv_lens, page_size=page_size, device="cuda",
+                                                        seed=103 + page_size)
+                    return _run_api(cute_attn.mla_paged_decode, case, arch)
+                case = testing.make_mla_prefill_case([64, 0, 70, 300, 1, 127], kv_lens, page_size=page_size,
+                                                     device="cuda", seed=104 + page_size, with_last_page_len=True)
+                return _run_api(cute_attn.mla_paged_prefill, case, arch)
+        return run
+
+    if arch == "sm_90a":
+        cases["mla-decode-page-boxes-p64"] = ("mla_paged_decode", page_boxes("decode", 64))
+        cases["mla-decode-page-boxes-p128"] = ("mla_paged_decode", page_boxes("decode", 128))
+        cases["mla-prefill-page-boxes-p64"] = ("mla_paged_prefill", page_boxes("prefill", 64))
+    cases["even-pieces-decode"] = ("device_planner", even_pieces("gqa", [2048] * 16, 64))
+    cases["even-pieces-mla-decode"] = ("device_planner", even_pieces("mla", [4096] * 16, 1))
     cases["combine-early-rows-prefill"] = ("combine", combine_early_rows("prefill"))
     cases["combine-early-rows-mla-decode"] = ("combine", combine_early_rows("mla_decode"))
     cases["early-dependents-prefill"] = ("combine", early_dependents("prefill"))

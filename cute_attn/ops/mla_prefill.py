@@ -152,6 +152,12 @@ LONG_ITEM_KEYS = 640
 #: 512-column row with 4-byte loads, two slots in flight, on the one CTA that arrives last: a 16-slot merge is ~8
 #: dependent L2 round trips on one SM, where the combine launch spreads the same reads over the grid
 FUSED_MERGE = False
+#: sm_90a, pages of >= kv_tile keys: a K stage of one page's rows as 9 kv_tile-row TMA boxes instead of 72 8-row
+#: ones (``PagedAttentionConfig.page_boxes``). Built in session 19: one elected thread issues the stage, and at
+#: MLA decode 16 x 4096 page 64 a CTA moved 26 GB/s against the 31 it reaches at 128 x 4096 (ncu: 59% of DRAM
+#: peak over the kernel, no eligible warp 77% of cycles), so the issue chain is part of each stage's turnaround.
+#: Off until its GPU tests and A/B (``tools/ab_policy.py page_boxes``) run
+PAGE_BOXES = False
 
 
 def keys_per_item(problem) -> float:
@@ -187,8 +193,23 @@ def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, pag
     that ``SM90_CONSUMERS`` names, and ``FUSED_MERGE``)."""
     tiles = dict(tile_q_rows=64, kv_tile=64)
     if arch == "sm_90a":
-        tiles.update(SM90_CONSUMER_SPLITS[SM90_CONSUMERS], fused_merge=FUSED_MERGE)
+        tiles.update(SM90_CONSUMER_SPLITS[SM90_CONSUMERS], fused_merge=FUSED_MERGE,
+                     page_boxes=page_boxes(page_size, tiles["kv_tile"]))
     return tiles
+
+
+def page_boxes(page_size: int, kv_tile: int) -> bool:
+    """``PagedAttentionConfig.page_boxes`` of an sm_90a MLA config: ``PAGE_BOXES`` where a K stage is one page's
+    rows."""
+    return PAGE_BOXES and page_size >= kv_tile
+
+
+@contextlib.contextmanager
+def page_boxes_policy(enabled: bool):
+    """Inside the block every public MLA entry (prefill, decode, plan_*) builds sm_90a configs at pages of >= 64
+    keys with ``page_boxes=enabled`` whatever ``PAGE_BOXES`` says (A/Bs, GPU tests, sanitizer cases)."""
+    with policy(globals(), PAGE_BOXES=bool(enabled)):
+        yield bool(enabled)
 
 
 @contextlib.contextmanager

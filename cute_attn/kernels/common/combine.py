@@ -53,9 +53,10 @@ COMBINE_MAX_CTAS = 1056
 #: ``CombineConfig.early_rows`` of the API's combine launches: a row's first ``SLOTS_IN_FLIGHT`` slots' partials are
 #: loaded with its LSEs, before the reduction that gives their weights, so a merge of up to 8 slots costs one L2
 #: round trip after the plan instead of two. Why: the combine is a fixed ~4 us of every call with merges (MLA decode
-#: page 64, session 18: 3.8 of 34.5 us at 16 x 4096, where fa3 takes 34.3 in all). Built in session 18, not run on a
-#: GPU: off until its A/B (``tools/ab_policy.py combine_early_rows``)
-COMBINE_EARLY_ROWS = False
+#: page 64, session 18: 3.8 of 34.5 us at 16 x 4096, where fa3 takes 34.3 in all). H200, session 19
+#: (``tools/ab_policy.py combine_early_rows``, one process; GPU tests 35 passed, memcheck/racecheck clean): MLA decode
+#: 16 x 4096 planned 34.5 -> 34.2 us (page 64), 35.2 -> 34.8 (page 1); GQA prefill rows within +-1 us (noise)
+COMBINE_EARLY_ROWS = True
 
 
 @dataclass(frozen=True)

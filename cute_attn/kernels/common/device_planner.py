@@ -67,8 +67,8 @@ from ...compile import register_kernel
 from ...config import KernelConfig
 from ...plan import ItemField, MergeField, PlanConfig
 from ...plan_partition import SNAP_SHIFT, SORTED_DEAL_MAX_Q_TILES, WHOLE_TILE_SHIFT, min_width
-from .planner_collectives import (NUM_THREADS, NUM_WARPS, block_any, block_exclusive_sum, block_max_pair, div_nonneg,
-                                  last_at_most)
+from .planner_collectives import (NUM_THREADS, NUM_WARPS, block_any, block_any_pair, block_exclusive_sum,
+                                  block_max_pair, div_nonneg, last_at_most)
 from .planner_lists import build_item, bulk_store, ctas_of_items, store_words
 from .planner_q_tiles import q_tile_pairs, q_tile_singles
 from .sorted_deal import sorted_deal, tile_cost
@@ -119,6 +119,7 @@ class DevicePlannerConfig(KernelConfig):
     zigzag: bool = False  # PlanConfig.zigzag: a causal request's q tiles short, long, short... on the line
     sorted_deal: bool = False  # PlanConfig.sorted_deal: longest-first q tiles dealt serpentine when cuts split
     line_deal: bool = False  # PlanConfig.line_deal: whole tiles dealt serpentine in line order when no worse
+    even_pieces: bool = False  # PlanConfig.even_pieces: equal one-tile requests cut in even pieces
     num_qo_heads: int = 20
     head_dim_v: int = 128
     #: a development build: the planning CTA writes clock64 stamps of its phase boundaries to the last
@@ -139,7 +140,7 @@ class DevicePlannerConfig(KernelConfig):
             causal=plan_config.causal, has_qo_indptr=has_qo_indptr, item_overhead_keys=plan_config.item_overhead_keys,
             min_chunk_keys=plan_config.min_chunk_keys, allow_split=plan_config.allow_split,
             zigzag=plan_config.zigzag, sorted_deal=plan_config.sorted_deal, line_deal=plan_config.line_deal,
-            num_qo_heads=plan_config.num_qo_heads,
+            even_pieces=plan_config.even_pieces, num_qo_heads=plan_config.num_qo_heads,
             head_dim_v=head_dim_v, q_tiles_per_pass=Q_TILES_PER_PASS)
 
     def plan_config(self, num_ctas: int) -> PlanConfig:
@@ -147,7 +148,7 @@ class DevicePlannerConfig(KernelConfig):
                           tile_q_rows=self.rows_per_tile, kv_tile=self.kv_tile, num_ctas=num_ctas,
                           item_overhead_keys=self.item_overhead_keys, allow_split=self.allow_split,
                           min_chunk_keys=self.min_chunk_keys, page_size=self.page_size, zigzag=self.zigzag,
-                          sorted_deal=self.sorted_deal, line_deal=self.line_deal)
+                          sorted_deal=self.sorted_deal, line_deal=self.line_deal, even_pieces=self.even_pieces)
 
     def can_implement(self) -> str | None:
         if (reason := super().can_implement()) is not None:
@@ -365,6 +366,13 @@ class DevicePlanner:
         # One pass per 512 requests checks the rules and counts q tiles: the counts of a batch that breaks a
         # rule are discarded (batch_fault) before anything uses them.
         num_q_tiles = Int32(0)
+        ragged = Int32(0)  # even_pieces: this thread's requests are not all one q tile of request 0's keys
+        first_kv_len = Int32(0)
+        if cutlass.const_expr(c.even_pieces):
+            if batch > 0:
+                first_pages = kv_indptr[1] - kv_indptr[0]
+                if first_pages > 0:
+                    first_kv_len = (first_pages - 1) * c.page_size + kv_last_page_len[0]
         for base in range(0, batch, NUM_THREADS):
             b = base + tidx
             tiles = Int32(0)
@@ -399,6 +407,9 @@ class DevicePlanner:
                 requests[b, 1] = kv_len
                 requests[b, 2] = q_len
                 requests[b, 3] = mine
+                if cutlass.const_expr(c.even_pieces):
+                    if tiles != 1 or mine != 0 or kv_len != first_kv_len:
+                        ragged = Int32(1)
             first, total = block_exclusive_sum(Int64(tiles), tidx, warp_sums)
             if b < batch:
                 requests[b, 0] = Int32(first) + num_q_tiles
@@ -406,7 +417,13 @@ class DevicePlanner:
         self.stamp(trace, 8, tidx)
         if bad != 0:
             _record(error_word, bad, 0)
-        batch_fault = block_any(bad != 0, tidx, flags)
+        uniform = Int32(0)  # even_pieces: every request one q tile of the same keys, none faulted
+        if cutlass.const_expr(c.even_pieces):
+            votes = block_any_pair(bad != 0, ragged != 0, tidx, flags)
+            batch_fault = votes & 1
+            uniform = 1 - (votes >> 1)
+        else:
+            batch_fault = block_any(bad != 0, tidx, flags)
         self.stamp(trace, 2, tidx)
         self.stamp(trace, 3, tidx)
         capacity_bad = Int32(0)
@@ -417,7 +434,7 @@ class DevicePlanner:
             self.plan_tiles(tidx, qo_indptr, kv_indptr, kv_last_page_len, work_indptr, items, merge_indptr, merges,
                             q_tiles, q_tile_start, requests, error_word, warp_sums, flags, cut_tile, cut_key,
                             cta_items, merge_first_cut, merge_last_cut, merge_slot, cut_merge, stage, sort_keys,
-                            batch, num_q_tiles, num_ctas, max_partials, trace)
+                            batch, num_q_tiles, num_ctas, max_partials, uniform, trace)
             cute.arch.sync_threads()
             capacity_bad = flags[NUM_WARPS + 1]
         else:
@@ -444,7 +461,8 @@ class DevicePlanner:
     def plan_tiles(self, tidx, qo_indptr, kv_indptr, kv_last_page_len, work_indptr, items, merge_indptr, merges,
                    q_tiles, q_tile_start, requests, error_word, warp_sums, flags, cut_tile, cut_key, cta_items,
                    merge_first_cut, merge_last_cut, merge_slot, cut_merge, stage, sort_keys, batch, num_q_tiles,
-                   num_ctas, max_partials, trace):
+                   num_ctas, max_partials, uniform, trace):
+        """``uniform``: 1 when every request is one q tile of the same keys, none faulted (even_pieces builds)."""
         c = self.c
         heads = c.num_kv_heads
         cute.arch.sync_threads()  # every request's first q tile (requests[:, 0]) is written
@@ -476,6 +494,18 @@ class DevicePlanner:
             active = div_nonneg(total_cost + width - 1, width)
         num_tiles = num_q_tiles * heads
         slack = width >> SNAP_SHIFT
+        # plan_partition.even_pieces: equal one-tile requests cut in even pieces, each tile at a CTA edge
+        pieces = Int32(0)  # 0: the line's cuts
+        piece = Int32(0)
+        if cutlass.const_expr(c.even_pieces and c.allow_split):
+            if uniform != 0 and num_tiles > 0:
+                keys = q_tiles[0, 3]
+                most = cutlass.min(num_ctas // num_tiles, (keys + self.min_width - 1) // self.min_width)
+                if keys > 0 and most >= 2:
+                    piece = (keys + most - 1) // most
+                    piece = (piece + c.kv_tile - 1) // c.kv_tile * c.kv_tile
+                    if piece < keys and Int64(piece) <= width + slack:
+                        pieces = (keys + piece - 1) // piece
         edge = tidx
         t_snap = Int32(num_tiles)  # the same edge at the nearer tile boundary (whole tiles, no merge)
         p_snap = total_cost
@@ -517,6 +547,13 @@ class DevicePlanner:
                 if inside != 0:
                     t_cut = t
                     k_cut = Int32(k)
+            if cutlass.const_expr(c.even_pieces and c.allow_split):
+                if pieces != 0:
+                    t_cut = Int32(num_tiles)
+                    k_cut = Int32(0)
+                    if edge < num_tiles * pieces:
+                        t_cut = edge // pieces
+                        k_cut = edge % pieces * piece
             cut_tile[edge] = t_cut
             cut_key[edge] = k_cut
             if cutlass.const_expr(c.allow_split):
@@ -542,6 +579,9 @@ class DevicePlanner:
                     split = Int32(1)
             else:
                 split = block_any(snap_load > width + (width >> WHOLE_TILE_SHIFT), tidx, flags)
+            if cutlass.const_expr(c.even_pieces):
+                if pieces != 0:
+                    split = Int32(1)  # even pieces split by design: no whole-tile replacement
             if split == 0 and edge <= num_ctas:
                 cut_tile[edge] = t_snap
                 cut_key[edge] = Int32(0)

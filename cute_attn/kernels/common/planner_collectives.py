@@ -84,6 +84,20 @@ def block_any(predicate, tidx, flags: cute.Tensor) -> Int32:
 
 
 @cute.jit
+def block_any_pair(first, second, tidx, flags: cute.Tensor) -> Int32:
+    """:func:`block_any` of two predicates through one barrier: bit 0 for ``first``, bit 1 for ``second``."""
+    first_any = cute.arch.vote_any_sync(first)
+    second_any = cute.arch.vote_any_sync(second)
+    if tidx % WARP == 0:
+        flags[1 + tidx // WARP] = (Int32(1) if first_any else Int32(0)) | (Int32(2) if second_any else Int32(0))
+    cute.arch.sync_threads()
+    any_set = Int32(0)
+    for w in cutlass.range_constexpr(NUM_WARPS):
+        any_set = any_set | flags[1 + w]
+    return any_set
+
+
+@cute.jit
 def div_nonneg(a, b):
     """``a // b`` for Int64 ``a >= 0``, ``b > 0``: a 32-bit division when both fit (the common case; ptxas expands a
     64-bit division into a much longer sequence). The cuts chain three; the phase measured within noise with it

@@ -223,6 +223,7 @@ class MlaPagedPrefillSm90(MlaEntries):
         self.tile_n = config.kv_tile
         self.num_stages = num_stages(config)
         self.kv_boxes = uses_kv_boxes(config)
+        self.page_boxes = config.page_boxes and self.kv_boxes  # row gathers (row_gather=True) ignore it
         self.probe = config.probe
         self.row_segments = config.row_segments is not False  # the MLA policy: segments
         self.dtype = cutlass.BFloat16
@@ -249,6 +250,16 @@ class MlaPagedPrefillSm90(MlaEntries):
         return tuple(make_row_box_atom(g2s, rows, s_k_layout, box_rows)[0]
                      for rows in (ckv_rows, kpe_rows) for box_rows in (BOX_ROWS, 1))
 
+    def page_box_atoms(self, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor, s_k_layout) -> dict:
+        """``page_boxes``: the ``(ckv, kpe)`` kv_tile-row TMA atoms of a whole-page stage, as the kernel's keyword
+        arguments (none otherwise, so other builds keep their parameters)."""
+        if not self.page_boxes:
+            return {}
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        ckv_rows, kpe_rows = row_view(ckv_cache, CKV_DIM), row_view(kpe_cache, KPE_DIM)
+        return dict(box_ckv_page=make_row_box_atom(g2s, ckv_rows, s_k_layout, self.tile_n)[0],
+                    box_kpe_page=make_row_box_atom(g2s, kpe_rows, s_k_layout, self.tile_n)[0])
+
     @cute.jit
     def launch_kernel(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
                       qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor,
@@ -260,7 +271,7 @@ class MlaPagedPrefillSm90(MlaEntries):
         self.kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
                     output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, s_q_layout, s_k_layout,
                     tiled_mma_qk, tiled_mma_pv, *self.kv_box_atoms(ckv_cache, kpe_cache, s_k_layout),
-                    merge_indptr, merge_counters,
+                    merge_indptr, merge_counters, **self.page_box_atoms(ckv_cache, kpe_cache, s_k_layout),
                     ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream, use_pdl=True,
                              min_blocks_per_mp=1)
 
@@ -294,7 +305,8 @@ class MlaPagedPrefillSm90(MlaEntries):
                s_q_layout: cute.ComposedLayout, s_k_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma,
                tiled_mma_pv: cute.TiledMma, box_ckv8: cute.CopyAtom, box_ckv1: cute.CopyAtom,
                box_kpe8: cute.CopyAtom, box_kpe1: cute.CopyAtom, merge_indptr: cute.Tensor = None,
-               merge_counters: cute.Tensor = None):
+               merge_counters: cute.Tensor = None, box_ckv_page: cute.CopyAtom = None,
+               box_kpe_page: cute.CopyAtom = None):
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -341,6 +353,12 @@ class MlaPagedPrefillSm90(MlaEntries):
                         cpasync.prefetch_descriptor(atom)
                 kv_boxes = ((tma_descriptor_address(box_ckv8), tma_descriptor_address(box_ckv1)),
                             (tma_descriptor_address(box_kpe8), tma_descriptor_address(box_kpe1)))
+                if cutlass.const_expr(self.page_boxes):  # a third map each: whole-page stages
+                    if warp_idx == 0:
+                        cpasync.prefetch_descriptor(box_ckv_page)
+                        cpasync.prefetch_descriptor(box_kpe_page)
+                    kv_boxes = ((kv_boxes[0][0], kv_boxes[0][1], tma_descriptor_address(box_ckv_page)),
+                                (kv_boxes[1][0], kv_boxes[1][1], tma_descriptor_address(box_kpe_page)))
             load_q_and_kv_tiles(tidx, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, items,
                                 item_begin, item_end, s_q, s_k, s_ids, pipe_q, pipe_k,
                                 cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, 1),
