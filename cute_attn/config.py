@@ -192,7 +192,7 @@ class PagedAttentionConfig(KernelConfig):
             item_overhead_keys=self.item_overhead_keys, page_size=self.page_size,
             zigzag=self.causal and self.kind.startswith("mla_"), sorted_deal=self.causal,
             host_deal=self.causal and self.kind == "gqa_paged_prefill", line_deal=self._line_deal(),
-            even_pieces=EVEN_PIECES,
+            even_pieces=EVEN_PIECES, max_slack_keys=MAX_SLACK_KEYS,
         )
 
     def _line_deal(self) -> bool:
@@ -273,6 +273,22 @@ EARLY_DEPENDENTS = False
 #: 162.9 -> 160.1 (page 1); decode 1 x 3232 13.4 -> 10.1, 16 x 2048 31.1 -> 28.1 (page 64); the device-planned call
 #: now equals the host-planned one on every such row
 EVEN_PIECES = True
+
+
+#: ``PlanConfig.max_slack_keys`` of every default config (0: the slacks stay W / 32 and W / 8, uncapped). Built in
+#: session 19, not run on a GPU: the device plan of MLA prefill 16K takes whole-tile cuts 3.1% above the mean (the
+#: host LPT 0.1%; session 19's bench: device-planned 8414 against 8181 us planned); capped at 1024 keys the cuts
+#: split it, 1.004 with 102 merges, and no other bench row's device plan changes (the twin, on the CPU)
+MAX_SLACK_KEYS = 0
+
+
+@contextlib.contextmanager
+def max_slack_keys_policy(keys: int):
+    """Inside the block every default config's plans take ``max_slack_keys=keys`` (A/Bs, GPU tests, sanitizer)."""
+    from .ops import policy
+
+    with policy(globals(), MAX_SLACK_KEYS=int(keys)):
+        yield
 
 
 @contextlib.contextmanager

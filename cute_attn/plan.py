@@ -127,6 +127,12 @@ class PlanConfig:
     #: whole kv tiles, each tile at a CTA edge, as the host's caps cut it, instead of where the line's edges fall
     #: (MLA decode 64 x 8192: 2 chunks a request and 128 partials instead of 3 and 192)
     even_pieces: bool = False
+    #: device plans (``plan_partition``): the slack that buys a plan without a split, capped at this many keys (0: no
+    #: cap): a cut snaps to a tile edge within ``min(W / 2**SNAP_SHIFT, max_slack_keys)``, whole-tile cuts are taken
+    #: within ``W + min(W / 2**WHOLE_TILE_SHIFT, max_slack_keys)``. At W in the hundreds of thousands an eighth of W
+    #: is tens of thousands of keys (MLA prefill 16K: whole tiles 3.1% above the mean, ~230 us), far more than the
+    #: merges a split costs
+    max_slack_keys: int = 0
 
     def __post_init__(self):
         if self.line_deal and self.sorted_deal:

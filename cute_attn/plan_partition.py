@@ -68,7 +68,7 @@ import numpy as np
 from .plan import NOT_CAUSAL_OFFSET, ItemField, MergeField, PlanCapacity, PlanConfig, WorkPlan
 
 __all__ = ["DEAL_WHOLE_SHIFT", "SNAP_SHIFT", "SORTED_DEAL_MAX_Q_TILES", "WHOLE_TILE_SHIFT", "QTiles", "cut_loads",
-           "deal_bound", "even_pieces", "min_width", "partition",
+           "capped_slack", "deal_bound", "even_pieces", "min_width", "partition", "snap_slack", "whole_tile_bound",
            "line_cuts", "partition_plan", "piece_cost", "q_tiles", "sorted_deal"]
 
 SNAP_SHIFT = 5  # a cut within W / 2**SNAP_SHIFT of a tile edge snaps to it
@@ -164,6 +164,26 @@ def sorted_deal(config: PlanConfig, cost) -> tuple[np.ndarray, np.ndarray]:
     return order[position // heads], np.where(lap % 2 == 0, offset, m - 1 - offset)
 
 
+def capped_slack(config: PlanConfig, slack: int) -> int:
+    """``slack`` keys, at most ``config.max_slack_keys`` where that is set."""
+    return min(slack, config.max_slack_keys) if config.max_slack_keys > 0 else slack
+
+
+def snap_slack(config: PlanConfig, width: int) -> int:
+    """How near a tile edge a cut snaps to it: ``W / 2**SNAP_SHIFT`` keys (capped)."""
+    return capped_slack(config, width >> SNAP_SHIFT)
+
+
+def whole_tile_bound(config: PlanConfig, width: int) -> int:
+    """The busiest CTA whole-tile cuts may leave and still be taken: ``W + W / 2**WHOLE_TILE_SHIFT``; with
+    ``max_slack_keys`` that slack capped, but never below what split cuts may leave themselves (a CTA whose edges
+    both snap outward, plus the item overhead of one that starts inside a tile): splitting would buy nothing."""
+    if config.max_slack_keys <= 0:
+        return width + (width >> WHOLE_TILE_SHIFT)
+    split_worst = 2 * snap_slack(config, width) + config.item_overhead_keys
+    return width + max(capped_slack(config, width >> WHOLE_TILE_SHIFT), split_worst)
+
+
 def even_pieces(config: PlanConfig, keys: int, num_tiles: int, width: int) -> tuple[int, int] | None:
     """(pieces a tile, keys a piece) when ``num_tiles`` equal tiles of ``keys`` keys are cut in even pieces (the
     module docstring's rule), else None."""
@@ -200,7 +220,7 @@ def line_cuts(config: PlanConfig, kv_end, cost, uniform_keys: int = 0):
     cut_tile = np.full(m + 1, num_tiles, dtype=np.int64)
     cut_key = np.zeros(m + 1, dtype=np.int64)
     cut_tile[0] = 0
-    slack = width >> SNAP_SHIFT
+    slack = snap_slack(config, width)
     snap_tile = cut_tile.copy()
     snap_pos = np.full(m + 1, total, dtype=np.int64)
     snap_pos[0] = 0
@@ -223,22 +243,23 @@ def line_cuts(config: PlanConfig, kv_end, cost, uniform_keys: int = 0):
         inside = ~low & (up == 0)  # splits it at key k
     cut_tile[c] = np.where(inside, t, t + up)
     cut_key[c] = np.where(inside, k, 0)
-    tolerance = width + (width >> WHOLE_TILE_SHIFT)
+    tolerance = whole_tile_bound(config, width)
     whole_tiles = bool(config.allow_split and np.diff(snap_pos).max(initial=0) <= tolerance)
     if whole_tiles:
         cut_tile, cut_key = snap_tile, np.zeros(m + 1, dtype=np.int64)
     return cut_tile, cut_key, width, whole_tiles
 
 
-def deal_bound(width: int, cut_max: int, whole_tiles: bool, line_deal: bool = False) -> int | None:
+def deal_bound(width: int, cut_max: int, whole_tiles: bool, line_deal: bool = False,
+               whole_bound: int | None = None) -> int | None:
     """The busiest CTA a sorted deal may have to replace the cuts, or None when the deal is not tried: split cuts
     give way to a deal no worse than them or than the whole-tile rule's ``W + W / 2**WHOLE_TILE_SHIFT`` (no merges
     runs faster than modelled); whole-tile cuts whose busiest CTA exceeds ``W + W / 2**DEAL_WHOLE_SHIFT`` only to a
     strictly better one. A line deal (``PlanConfig.line_deal``) replaces whole-tile cuts whenever it is no worse."""
     if whole_tiles and line_deal:
         return cut_max
-    if not whole_tiles:
-        return max(cut_max, width + (width >> WHOLE_TILE_SHIFT))
+    if not whole_tiles:  # whole_bound: whole_tile_bound of the config (default: the uncapped eighth)
+        return max(cut_max, width + (width >> WHOLE_TILE_SHIFT) if whole_bound is None else whole_bound)
     if cut_max > width + (width >> DEAL_WHOLE_SHIFT):
         return cut_max - 1
     return None
@@ -280,7 +301,7 @@ def partition(config: PlanConfig, q_lens, kv_lens, *, kv_page_start=None, token_
     cut_tile, cut_key, width, whole_tiles = line_cuts(config, kv_end, cost, int(kv_end[0]) if uniform else 0)
     if (config.sorted_deal or config.line_deal) and config.allow_split and 0 < req.size <= SORTED_DEAL_MAX_Q_TILES:
         bound = deal_bound(width, int(cut_loads(config, cost, cut_tile, cut_key).max()), whole_tiles,
-                           config.line_deal)
+                           config.line_deal, whole_tile_bound(config, width))
         if bound is not None:
             dealt_tile, dealt_cta = sorted_deal(config, cost)
             loads = np.bincount(dealt_cta, weights=cost[dealt_tile], minlength=m).astype(np.int64)

@@ -209,6 +209,22 @@ def test_even_pieces_lists_equal_the_twin_on_drawn_uniform_batches(batch, kv, ml
                      f"{'MLA ' if mla else ''}decode {batch} x {kv}")
 
 
+@pytest.mark.parametrize("q_lens, kv_lens, call", [([16384], [16387], False), ([12000], [12000], True),
+                                                    ([6000, 10], [6000, 5000], False)], ids=["16k", "12k", "6k_and_10"])
+def test_slack_cap_lists_equal_the_twin(q_lens, kv_lens, call):
+    """``config.max_slack_keys_policy(1024)``: long MLA prefill batches split where the whole-tile rule's eighth of W
+    took whole tiles; the device's lists equal the twin's, and (12K) the device-planned call matches the reference."""
+    from cute_attn.config import max_slack_keys_policy
+
+    with max_slack_keys_policy(1024):
+        case = testing.make_mla_prefill_case(q_lens, kv_lens, device="cuda", seed=len(q_lens) + q_lens[0])
+        plan = cute_attn.plan_mla_paged_prefill(*case.inputs(), on_device=True)
+        assert plan.config.plan_config(plan.work_indptr.shape[0] - 1).max_slack_keys == 1024
+        _assert_twin(plan, case.qo_indptr.tolist(), case.kv_indptr.tolist(), q_lens, kv_lens, f"MLA {q_lens}")
+        if call:
+            _assert_default_call_matches_reference(case, f"MLA {q_lens}")
+
+
 @pytest.mark.parametrize("batch, longest, scan_ctas, in_shared_memory", [
     (64, 8000, 2, True),  # ~8000 page ids: two scan CTAs, the last to arrive plans (acq_rel arrival counter)
     (1500, 700, 4, False),  # past SMEM_REQUESTS: the planning CTA's arrays live in the global scratch

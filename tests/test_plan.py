@@ -35,7 +35,7 @@ def plan_configs(draw, causal=None):
         min_chunk_keys=draw(st.sampled_from([0, 0, 8, 64])), zigzag=draw(st.booleans()),
         **{"none": {}, "sorted": dict(sorted_deal=True), "line": dict(line_deal=True)}[
             draw(st.sampled_from(["none", "sorted", "line"]))],
-        even_pieces=draw(st.booleans()),
+        even_pieces=draw(st.booleans()), max_slack_keys=draw(st.sampled_from([0, 0, 4, 16])),
     )
 
 

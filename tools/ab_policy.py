@@ -17,6 +17,8 @@ POLICY is one of
                   split decode rows; only the device-planned and default calls move
     page_boxes    sm_90a MLA K stages of one page's rows as kv_tile-row TMA boxes (``ops/mla_prefill.PAGE_BOXES``) off /
                   on: MLA decode's bench batches and the MLA prefill seed at pages 64 and 128
+    max_slack     device plans' snap and whole-tile slacks capped at 1024 keys (``config.MAX_SLACK_KEYS``) off / on: MLA
+                  prefill 16K and 12K, whose whole-tile cuts sit ~3% above the mean; only device-planned calls move
     q_tile_pass   the device planner's q-tile pass: one tile a thread, or chosen per launch (two past one pass;
                   ``kernels/common/device_planner.Q_TILES_PER_PASS`` 1 / 0); only the device-planned and default calls
                   move
@@ -237,6 +239,18 @@ def _page_boxes_cases(pages):
             yield dict(batch=label, page_size=page_size, heads=0, kv_heads=0), make, kind, page_boxes_policy
 
 
+def _max_slack_cases(pages):
+    """MLA prefill's long batches, whose device plans the slack cap splits (page 1, the definition's)."""
+    from cute_attn import testing
+    from cute_attn.config import max_slack_keys_policy
+
+    for label, (q_lens, kv_lens) in {"mla_n1_q16384": ([16384], [16387]), "mla_n1_q12000": ([12000], [12000])}.items():
+        def make(q_lens=q_lens, kv_lens=kv_lens):
+            return testing.make_mla_prefill_case(q_lens, kv_lens, page_size=1, device="cuda", seed=7)
+        yield (dict(batch=label, page_size=1, heads=0, kv_heads=0), make, "mla_prefill",
+               lambda on: max_slack_keys_policy(1024 if on else 0))
+
+
 def _early_dependents_cases(pages):
     from cute_attn.config import early_dependents_policy
 
@@ -247,10 +261,10 @@ def _early_dependents_cases(pages):
 POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, "k_ahead": _k_ahead_cases,
             "combine_grid": _combine_grid_cases, "q_tile_pass": _q_tile_pass_cases,
             "early_dependents": _early_dependents_cases, "combine_early_rows": _combine_early_rows_cases,
-            "even_pieces": _even_pieces_cases, "page_boxes": _page_boxes_cases}
+            "even_pieces": _even_pieces_cases, "page_boxes": _page_boxes_cases, "max_slack": _max_slack_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
                  "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64], "even_pieces": [64, 1],
-                 "page_boxes": [64, 128]}
+                 "page_boxes": [64, 128], "max_slack": [1]}
 
 
 def main(argv=None) -> int:

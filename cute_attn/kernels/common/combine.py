@@ -291,10 +291,10 @@ def build(config: CombineConfig) -> tuple[Any, tuple[Any, ...]]:
 
 def default_configs(arch: str) -> list[CombineConfig]:
     """The combine steps of the three definitions' default tile geometry (and of head_dim 256 GQA prefill), with the
-    grid the API builds (``COMBINE_MAX_CTAS``)."""
+    grid and row loads the API builds (``COMBINE_MAX_CTAS``, ``COMBINE_EARLY_ROWS``)."""
     def config(tile_q_rows, head_dim_v, num_qo_heads, group_size):
         return CombineConfig(arch=arch, tile_q_rows=tile_q_rows, head_dim_v=head_dim_v, num_qo_heads=num_qo_heads,
-                             group_size=group_size, max_ctas=COMBINE_MAX_CTAS)
+                             group_size=group_size, max_ctas=COMBINE_MAX_CTAS, early_rows=COMBINE_EARLY_ROWS)
 
     return [
         config(128, 128, 32, 8),

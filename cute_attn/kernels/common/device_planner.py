@@ -71,7 +71,7 @@ from .planner_collectives import (NUM_THREADS, NUM_WARPS, block_any, block_any_p
                                   block_max_pair, div_nonneg, last_at_most)
 from .planner_lists import build_item, bulk_store, ctas_of_items, store_words
 from .planner_q_tiles import q_tile_pairs, q_tile_singles
-from .sorted_deal import sorted_deal, tile_cost
+from .sorted_deal import capped_slack, sorted_deal, tile_cost, whole_tile_bound
 
 MAX_CTAS = NUM_THREADS - 1  # one thread per CTA edge (num_ctas + 1 of them)
 SCAN_IDS_PER_THREAD = 8  # page scan: CTAs = ceil(len(kv_indices) / (NUM_THREADS * this)), capped
@@ -120,6 +120,7 @@ class DevicePlannerConfig(KernelConfig):
     sorted_deal: bool = False  # PlanConfig.sorted_deal: longest-first q tiles dealt serpentine when cuts split
     line_deal: bool = False  # PlanConfig.line_deal: whole tiles dealt serpentine in line order when no worse
     even_pieces: bool = False  # PlanConfig.even_pieces: equal one-tile requests cut in even pieces
+    max_slack_keys: int = 0  # PlanConfig.max_slack_keys: the snap and whole-tile slacks capped (0: none)
     num_qo_heads: int = 20
     head_dim_v: int = 128
     #: a development build: the planning CTA writes clock64 stamps of its phase boundaries to the last
@@ -140,7 +141,7 @@ class DevicePlannerConfig(KernelConfig):
             causal=plan_config.causal, has_qo_indptr=has_qo_indptr, item_overhead_keys=plan_config.item_overhead_keys,
             min_chunk_keys=plan_config.min_chunk_keys, allow_split=plan_config.allow_split,
             zigzag=plan_config.zigzag, sorted_deal=plan_config.sorted_deal, line_deal=plan_config.line_deal,
-            even_pieces=plan_config.even_pieces, num_qo_heads=plan_config.num_qo_heads,
+            even_pieces=plan_config.even_pieces, max_slack_keys=plan_config.max_slack_keys, num_qo_heads=plan_config.num_qo_heads,
             head_dim_v=head_dim_v, q_tiles_per_pass=Q_TILES_PER_PASS)
 
     def plan_config(self, num_ctas: int) -> PlanConfig:
@@ -148,7 +149,8 @@ class DevicePlannerConfig(KernelConfig):
                           tile_q_rows=self.rows_per_tile, kv_tile=self.kv_tile, num_ctas=num_ctas,
                           item_overhead_keys=self.item_overhead_keys, allow_split=self.allow_split,
                           min_chunk_keys=self.min_chunk_keys, page_size=self.page_size, zigzag=self.zigzag,
-                          sorted_deal=self.sorted_deal, line_deal=self.line_deal, even_pieces=self.even_pieces)
+                          sorted_deal=self.sorted_deal, line_deal=self.line_deal, even_pieces=self.even_pieces,
+                          max_slack_keys=self.max_slack_keys)
 
     def can_implement(self) -> str | None:
         if (reason := super().can_implement()) is not None:
@@ -537,9 +539,9 @@ class DevicePlanner:
                 if cutlass.const_expr(not c.allow_split):
                     up = nearer
                 else:
-                    if k == 0 or o <= slack:
+                    if k == 0 or o <= capped_slack(c, slack):
                         up = Int32(0)
-                    elif k >= kv_end or cost - o <= slack:
+                    elif k >= kv_end or cost - o <= capped_slack(c, slack):
                         up = Int32(1)
                     else:
                         inside = Int32(1)
@@ -575,10 +577,10 @@ class DevicePlanner:
                 # and whole-tile cuts within W + W / 2**DEAL_WHOLE_SHIFT then skip it without another reduction
                 snap_max, longest = block_max_pair(snap_load, longest, tidx, warp_sums)
                 split = Int32(0)
-                if snap_max > width + (width >> WHOLE_TILE_SHIFT):
+                if snap_max > whole_tile_bound(c, width):
                     split = Int32(1)
             else:
-                split = block_any(snap_load > width + (width >> WHOLE_TILE_SHIFT), tidx, flags)
+                split = block_any(snap_load > whole_tile_bound(c, width), tidx, flags)
             if cutlass.const_expr(c.even_pieces):
                 if pieces != 0:
                     split = Int32(1)  # even pieces split by design: no whole-tile replacement

@@ -16,7 +16,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
-from ...plan_partition import DEAL_WHOLE_SHIFT, SORT_TILE_CAP, SORTED_DEAL_MAX_Q_TILES, WHOLE_TILE_SHIFT
+from ...plan_partition import DEAL_WHOLE_SHIFT, SNAP_SHIFT, SORT_TILE_CAP, SORTED_DEAL_MAX_Q_TILES, WHOLE_TILE_SHIFT
 from .planner_collectives import NUM_THREADS, WARP, block_max
 
 KEYS_PER_THREAD = SORTED_DEAL_MAX_Q_TILES // NUM_THREADS
@@ -50,6 +50,25 @@ def cut_position(c: cutlass.Constexpr, edge, q_tiles, q_tile_start, cut_tile, cu
 
 
 @cute.jit
+def capped_slack(c: cutlass.Constexpr, slack):
+    """``plan_partition.capped_slack`` of the build: ``slack`` (Int64), at most ``c.max_slack_keys`` in builds that
+    set it (others emit nothing)."""
+    if cutlass.const_expr(c.max_slack_keys > 0):
+        slack = cutlass.min(slack, Int64(c.max_slack_keys))
+    return slack
+
+
+@cute.jit
+def whole_tile_bound(c: cutlass.Constexpr, width):
+    """``plan_partition.whole_tile_bound`` of the build (Int64 ``width``)."""
+    bound = width + (width >> WHOLE_TILE_SHIFT)
+    if cutlass.const_expr(c.max_slack_keys > 0):
+        split_worst = 2 * capped_slack(c, width >> SNAP_SHIFT) + c.item_overhead_keys
+        bound = width + cutlass.max(capped_slack(c, width >> WHOLE_TILE_SHIFT), split_worst)
+    return bound
+
+
+@cute.jit
 def sorted_deal(c: cutlass.Constexpr, tidx, split, snap_max, longest, q_tiles, q_tile_start, cut_tile, cut_key,
                 sort_keys, warp_sums, num_q_tiles, num_ctas, width, total_cost):
     """(1 when the deal replaces the cuts, the item count of this thread's CTA in the deal). ``split``: the cuts
@@ -74,7 +93,7 @@ def sorted_deal(c: cutlass.Constexpr, tidx, split, snap_max, longest, q_tiles, q
                         - cut_position(c, tidx, q_tiles, q_tile_start, cut_tile, cut_key, num_tiles, total_cost))
             if cut_key[tidx] > 0:
                 cut_load = cut_load + Int64(c.item_overhead_keys)
-        bound = cutlass.max(block_max(cut_load, tidx, warp_sums), width + (width >> WHOLE_TILE_SHIFT))
+        bound = cutlass.max(block_max(cut_load, tidx, warp_sums), whole_tile_bound(c, width))
     # the deal's busiest CTA holds the longest tile: past the bound it cannot win, so skip the sort (uniform)
     if num_q_tiles <= SORTED_DEAL_MAX_Q_TILES and longest <= bound:
         if cutlass.const_expr(c.line_deal):  # line order: the keys as they stand, no sort
