@@ -227,14 +227,18 @@ def test_partition_takes_whole_tiles_when_they_fit():
 
 @given(cfg=plan_configs(), batch=testing.ragged_batches(max_batch=12, max_q=64, max_kv=2000))
 def test_partition_whole_tile_plans_stay_within_their_bound(cfg, batch):
-    """A partition plan without a split piece (whole tiles) never loads a CTA above W + W/8 of the cost line."""
-    from cute_attn.plan_partition import WHOLE_TILE_SHIFT, min_width, piece_cost
+    """A partition plan that took the whole-tile rule never loads a CTA above its bound (W + W/8 of the cost line;
+    capped slacks: ``whole_tile_bound``). Split cuts that merely snapped every cut (a cut key that rounds to 0 inside
+    a tile shorter than the item overhead) are not the rule's and keep no such bound."""
+    from cute_attn.plan_partition import line_cuts, min_width, piece_cost, q_tiles, whole_tile_bound
 
     q_lens, kv_lens = batch
     cfg = dataclasses.replace(cfg, sorted_deal=False)  # the deal's own bound: test_a_sorted_deal_...
     plan = partition_plan(cfg, q_lens, kv_lens)
     items = plan.valid_items()
+    tiles_ = q_tiles(cfg, q_lens, kv_lens)
     assume(plan.num_merges == 0 and items.size and cfg.allow_split)
+    assume(line_cuts(cfg, tiles_.kv_end, tiles_.cost)[3])  # the whole-tile rule took them
     rows = np.asarray(q_lens) * cfg.group_size
     tiles = -(-rows // cfg.tile_q_rows)
     total = 0
@@ -245,7 +249,7 @@ def test_partition_whole_tile_plans_stay_within_their_bound(cfg, batch):
                                                         + kv - q, 0, kv))
             total += cfg.num_kv_heads * int(piece_cost(cfg, end))
     width = max(-(-total // cfg.num_ctas), min_width(cfg))
-    assert plan.cta_cost.max() <= width + (width >> WHOLE_TILE_SHIFT) or plan.cta_cost.max() <= max(
+    assert plan.cta_cost.max() <= whole_tile_bound(cfg, width) or plan.cta_cost.max() <= max(
         piece_cost(cfg, items[:, F.KV_END] - items[:, F.KV_START]))
 
 
