@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from .ops import gqa_decode, gqa_prefill, mla_prefill
-from .testing import GqaDecodeCase, GqaPrefillCase, MlaPrefillCase
+from .testing import GqaDecodeCase, GqaPrefillCase, MlaDecodeCase, MlaPrefillCase
 
 __all__ = [
     "Corruption",
@@ -111,6 +111,9 @@ def entry_for(case: Case) -> Entry:
         return Entry(gqa_decode.gqa_paged_decode, gqa_decode.plan_gqa_paged_decode, gqa_decode.check)
     if isinstance(case, GqaPrefillCase):
         return Entry(gqa_prefill.gqa_paged_prefill, gqa_prefill.plan_gqa_paged_prefill, gqa_prefill.check)
+    if isinstance(case, MlaDecodeCase):  # a subclass of the prefill case with the decode argument order
+        raise TypeError("an MlaDecodeCase's inputs() are the decode argument order: call cute_attn.mla_paged_decode "
+                        "(hostile entries serve the GQA kinds and MLA prefill)")
     if isinstance(case, MlaPrefillCase):
         return Entry(mla_prefill.mla_paged_prefill, mla_prefill.plan_mla_paged_prefill, mla_prefill.check)
     raise TypeError(f"not a case from cute_attn.testing: {type(case).__name__}")

@@ -185,3 +185,11 @@ def test_reference_keeps_non_finite_q_in_its_row(name, data):
     assert torch.equal(out[keep], clean_out[keep]) and torch.equal(lse[keep], clean_lse[keep]), corruption.description
     assert not torch.isfinite(lse[corruption.poisoned_row]), corruption.description
     assert int(keep.sum()) == keep.numel() - 1
+
+
+def test_an_mla_decode_case_is_not_served_the_prefill_entry():
+    """``MlaDecodeCase`` subclasses the prefill case but its ``inputs()`` are the decode order: entry_for says so
+    rather than hand it the prefill entry (whose argument check would then name the wrong tensor)."""
+    case = testing.make_mla_decode_case([5, 0, 70], page_size=64)
+    with pytest.raises(TypeError, match="mla_paged_decode"):
+        hostile.entry_for(case)
