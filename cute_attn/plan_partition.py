@@ -250,16 +250,15 @@ def line_cuts(config: PlanConfig, kv_end, cost, uniform_keys: int = 0):
     return cut_tile, cut_key, width, whole_tiles
 
 
-def deal_bound(width: int, cut_max: int, whole_tiles: bool, line_deal: bool = False,
-               whole_bound: int | None = None) -> int | None:
+def deal_bound(config: PlanConfig, width: int, cut_max: int, whole_tiles: bool) -> int | None:
     """The busiest CTA a sorted deal may have to replace the cuts, or None when the deal is not tried: split cuts
-    give way to a deal no worse than them or than the whole-tile rule's ``W + W / 2**WHOLE_TILE_SHIFT`` (no merges
+    give way to a deal no worse than them or than the whole-tile rule's bound (:func:`whole_tile_bound`: no merges
     runs faster than modelled); whole-tile cuts whose busiest CTA exceeds ``W + W / 2**DEAL_WHOLE_SHIFT`` only to a
     strictly better one. A line deal (``PlanConfig.line_deal``) replaces whole-tile cuts whenever it is no worse."""
-    if whole_tiles and line_deal:
+    if whole_tiles and config.line_deal:
         return cut_max
-    if not whole_tiles:  # whole_bound: whole_tile_bound of the config (default: the uncapped eighth)
-        return max(cut_max, width + (width >> WHOLE_TILE_SHIFT) if whole_bound is None else whole_bound)
+    if not whole_tiles:
+        return max(cut_max, whole_tile_bound(config, width))
     if cut_max > width + (width >> DEAL_WHOLE_SHIFT):
         return cut_max - 1
     return None
@@ -300,8 +299,7 @@ def partition(config: PlanConfig, q_lens, kv_lens, *, kv_page_start=None, token_
     uniform = batch > 0 and np.array_equal(req, np.arange(batch)) and (kv_end == kv_end[0]).all()
     cut_tile, cut_key, width, whole_tiles = line_cuts(config, kv_end, cost, int(kv_end[0]) if uniform else 0)
     if (config.sorted_deal or config.line_deal) and config.allow_split and 0 < req.size <= SORTED_DEAL_MAX_Q_TILES:
-        bound = deal_bound(width, int(cut_loads(config, cost, cut_tile, cut_key).max()), whole_tiles,
-                           config.line_deal, whole_tile_bound(config, width))
+        bound = deal_bound(config, width, int(cut_loads(config, cost, cut_tile, cut_key).max()), whole_tiles)
         if bound is not None:
             dealt_tile, dealt_cta = sorted_deal(config, cost)
             loads = np.bincount(dealt_cta, weights=cost[dealt_tile], minlength=m).astype(np.int64)

@@ -53,10 +53,11 @@ def _assert_twin(plan, qo, kvp, q_lens, kv_lens, what):
     assert np.array_equal(merges[:m], twin.merges[:m]), f"{what}: merges differ"
 
 
-def _assert_default_call_matches_reference(case, what):
-    """The default call (planned on the device) on ``case`` against the float32 reference, no device error."""
+def _assert_default_call_matches_reference(case, what, run=None):
+    """The default call (planned on the device) on ``case`` against the float32 reference, no device error.
+    ``run``: the entry (default: ``hostile.entry_for(case).run``; an MLA decode case takes ``mla_paged_decode``)."""
     out, lse = case.new_outputs()
-    hostile.entry_for(case).run(*case.inputs(), out, lse)
+    (run or hostile.entry_for(case).run)(*case.inputs(), out, lse)
     torch.cuda.synchronize()
     ref_out, ref_lse = case.reference()
     testing.assert_close_benchmark(out, ref_out, f"{what} output")
@@ -183,16 +184,7 @@ def test_even_pieces_lists_equal_the_twin_and_the_call_the_reference(name):
         assert plan.config.plan_config(plan.work_indptr.shape[0] - 1).even_pieces
         qo = case.qo_indptr.tolist() if q_lens else list(range(len(kv_lens) + 1))
         _assert_twin(plan, qo, case.kv_indptr.tolist(), q_lens or [1] * len(kv_lens), kv_lens, name)
-        if kind != "mla_decode":
-            _assert_default_call_matches_reference(case, name)
-            return
-        out, lse = case.new_outputs()  # the decode argument order (hostile.entry_for serves the prefill kinds)
-        cute_attn.mla_paged_decode(*case.inputs(), out, lse)
-        torch.cuda.synchronize()
-        ref_out, ref_lse = case.reference()
-        testing.assert_close_benchmark(out, ref_out, f"{name} output")
-        testing.assert_close_benchmark(lse, ref_lse, f"{name} lse")
-        cute_attn.raise_on_device_error()
+        _assert_default_call_matches_reference(case, name, cute_attn.mla_paged_decode if kind == "mla_decode" else None)
 
 
 @SETTINGS

@@ -495,7 +495,8 @@ class DevicePlanner:
             width = cutlass.max(div_nonneg(total_cost + num_ctas - 1, Int64(num_ctas)), Int64(self.min_width))
             active = div_nonneg(total_cost + width - 1, width)
         num_tiles = num_q_tiles * heads
-        slack = width >> SNAP_SHIFT
+        slack = width >> SNAP_SHIFT  # even pieces' bound; the cuts snap within ``snap`` (capped, plan_partition)
+        snap = capped_slack(c, slack)
         # plan_partition.even_pieces: equal one-tile requests cut in even pieces, each tile at a CTA edge
         pieces = Int32(0)  # 0: the line's cuts
         piece = Int32(0)
@@ -539,9 +540,9 @@ class DevicePlanner:
                 if cutlass.const_expr(not c.allow_split):
                     up = nearer
                 else:
-                    if k == 0 or o <= capped_slack(c, slack):
+                    if k == 0 or o <= snap:
                         up = Int32(0)
-                    elif k >= kv_end or cost - o <= capped_slack(c, slack):
+                    elif k >= kv_end or cost - o <= snap:
                         up = Int32(1)
                     else:
                         inside = Int32(1)

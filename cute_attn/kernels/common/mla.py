@@ -300,10 +300,7 @@ def box_latent_tile(descs_ckv, descs_kpe, stage_addr: Int32, ids: cute.Tensor, m
             groups = Int32(0)
         with cute.arch.elect_one():
             if groups == 0:
-                row = ids[0]
-                for c in cutlass.range_constexpr(CKV_DIM // 64):
-                    tma_load(stage_addr + c * tile_n * 128, descs_ckv[2], [Int32(c * 64), row], mbar)
-                tma_load(stage_addr + CKV_DIM // 64 * tile_n * 128, descs_kpe[2], [Int32(0), row], mbar)
+                _latent_boxes(descs_ckv[2], descs_kpe[2], stage_addr, 0, ids[0], mbar, tile_n)
             _box_groups(descs_ckv, descs_kpe, stage_addr, ids, mbar, tile_n, groups)
     else:
         with cute.arch.elect_one():
@@ -314,22 +311,27 @@ def box_latent_tile(descs_ckv, descs_kpe, stage_addr: Int32, ids: cute.Tensor, m
 def _box_groups(descs_ckv, descs_kpe, stage_addr: Int32, ids: cute.Tensor, mbar: Int32,
                 tile_n: cutlass.Constexpr[int], groups):
     """:func:`box_latent_tile`'s 8-key groups ``0 .. groups - 1``, from the elected thread."""
-    blocks = CKV_DIM // 64
     for g in cutlass.range(groups, unroll=1):
         first = ids[BOX_ROWS * g]
         last = ids[BOX_ROWS * g + BOX_ROWS - 1]
         dst = stage_addr + BOX_ROWS * g * 128
         if last >= 0 or first < 0:  # whole group: the keys of one page, all valid or none
             row = first if first >= 0 else Int32(-BOX_ROWS)
-            for c in cutlass.range_constexpr(blocks):
-                tma_load(dst + c * tile_n * 128, descs_ckv[0], [Int32(c * 64), row], mbar)
-            tma_load(dst + blocks * tile_n * 128, descs_kpe[0], [Int32(0), row], mbar)
+            _latent_boxes(descs_ckv[0], descs_kpe[0], dst, 0, row, mbar, tile_n)
         else:
-            for i in cutlass.range_constexpr(BOX_ROWS):
-                row = ids[BOX_ROWS * g + i]  # -1 past the end: zero-filled
-                for c in cutlass.range_constexpr(blocks):
-                    tma_load(dst + (c * tile_n + i) * 128, descs_ckv[1], [Int32(c * 64), row], mbar)
-                tma_load(dst + (blocks * tile_n + i) * 128, descs_kpe[1], [Int32(0), row], mbar)
+            for i in cutlass.range_constexpr(BOX_ROWS):  # row -1 past the end: zero-filled
+                _latent_boxes(descs_ckv[1], descs_kpe[1], dst, i * 128, ids[BOX_ROWS * g + i], mbar, tile_n)
+
+
+@cute.jit
+def _latent_boxes(desc_ckv, desc_kpe, dst: Int32, offset: cutlass.Constexpr[int], row, mbar: Int32,
+                  tile_n: cutlass.Constexpr[int]):
+    """One box of each 64-column block of latent ``row`` (8 ckv + 1 kpe, the maps' box height) into the stage at
+    ``dst + offset``, block ``c`` at ``c * tile_n * 128`` bytes further."""
+    blocks = CKV_DIM // 64
+    for c in cutlass.range_constexpr(blocks):
+        tma_load(dst + (c * tile_n * 128 + offset), desc_ckv, [Int32(c * 64), row], mbar)
+    tma_load(dst + (blocks * tile_n * 128 + offset), desc_kpe, [Int32(0), row], mbar)
 
 
 @cute.jit
