@@ -169,6 +169,11 @@ class PagedAttentionConfig(KernelConfig):
     #: CTAs exit, instead of being launched when it ends (the combine still waits for the whole grid and its writes).
     #: ``default_paged_config`` takes EARLY_DEPENDENTS
     early_dependents: bool = False
+    #: sm_90a MLA kernels: each CTA counts its split items in their merges after its item loop (release after the
+    #: partial stores) and releases the combine launch at its start; the combine (``CombineConfig.eager``) then folds
+    #: each merge once its slots are in, on SMs the attention grid's finished CTAs left, instead of waiting for the
+    #: whole grid (``kernels/common/combine.py``). ``ops/mla_prefill.EAGER_COMBINE`` is the kind's policy
+    eager_combine: bool = False
 
     @property
     def group_size(self) -> int:
@@ -232,6 +237,9 @@ class PagedAttentionConfig(KernelConfig):
                     "merges)")
         if self.fused_merge and self.kind == "gqa_paged_prefill" and self.arch != "sm_90a":
             return "fused_merge: built for the sm_90a GQA prefill kernel only (the sm_100a one takes the combine launch)"
+        if self.eager_combine and ((self.kind, self.arch) != ("mla_paged_prefill", "sm_90a") or self.fused_merge):
+            return (f"eager_combine: a knob of the sm_90a MLA kernels' combine launch, without fused_merge (kind "
+                    f"{self.kind}, arch {self.arch}, fused_merge {self.fused_merge})")
         if self.page_boxes and ((self.kind, self.arch) != ("mla_paged_prefill", "sm_90a")
                                 or self.page_size < self.kv_tile):
             return (f"page_boxes: a knob of the sm_90a MLA kernels' TMA K stages at pages of >= kv_tile keys "

@@ -199,3 +199,52 @@ def test_mla_prefill_page_boxes(page_size):
         ref_out, ref_lse = case.reference()
         testing.assert_close_benchmark(out, ref_out, "output")
         testing.assert_close_benchmark(lse, ref_lse, "lse")
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@pytest.mark.parametrize("num_heads", HEADS)
+@pytest.mark.parametrize("multi_token", [False, True], ids=["q1", "q1to4"])
+@pytest.mark.parametrize("route", ROUTES)
+def test_mla_decode_eager_combine(page_size, num_heads, multi_token, route):
+    """``eager_combine`` (``ops/mla_prefill.EAGER_COMBINE``): the combine folds each merge once its slots are counted
+    in, while the attention grid still runs. Long requests split over many CTAs beside empty and tiny ones, on every
+    route; three calls in a row, each checked, so a merge counter the combine failed to set back to 0 would let the
+    next call fold before its partials are written."""
+    from cute_attn.ops.mla_prefill import eager_combine_policy
+
+    kv_lens = [LONG_KV, 0, 1, 4095, 65, LONG_KV // 2 + 3]
+    q_lens = [4, 1, 1, 3, 2, 1] if multi_token else [1] * len(kv_lens)
+    with eager_combine_policy(True):
+        for call in range(3):
+            _run_and_compare(q_lens, kv_lens, multi_token, page_size, num_heads, route,
+                             seed=page_size + num_heads + 11 + call)
+
+
+@settings(max_examples=10)
+@given(batch=decode_batches(), page_size=st.sampled_from(PAGE_SIZES), num_heads=st.sampled_from(HEADS))
+def test_mla_decode_eager_combine_drawn_batches(batch, page_size, num_heads):
+    from cute_attn.ops.mla_prefill import eager_combine_policy
+
+    _compare_drawn_under(eager_combine_policy, batch, page_size, num_heads, 5)
+
+
+def test_mla_eager_combine_leaves_every_counter_at_zero():
+    """After eager-combined calls (host plan with real merges, replayed through ``plan=``) the plan's merge counters
+    are all 0 again, the state the next launch or graph replay starts from."""
+    import cute_attn
+    from cute_attn.ops.mla_prefill import eager_combine_policy
+
+    with eager_combine_policy(True):
+        case = testing.make_mla_prefill_case([1] * 16, [4096] * 16, page_size=64, device="cuda", seed=23,
+                                             with_last_page_len=True)
+        args = _decode_args(case)
+        plan = cute_attn.plan_mla_paged_decode(*args)
+        assert plan.config.eager_combine and plan.plan.num_merges > 0
+        ref_out, ref_lse = reference.mla_paged_decode_ref(*args)
+        for _ in range(5):
+            out, lse = case.new_outputs()
+            cute_attn.mla_paged_decode(*args, out, lse, plan=plan)
+            torch.cuda.synchronize()
+            testing.assert_close_benchmark(out, ref_out, "output")
+            testing.assert_close_benchmark(lse, ref_lse, "lse")
+        assert int(plan.scratch()[2].abs().sum()) == 0

@@ -19,6 +19,8 @@ POLICY is one of
                   on: MLA decode's bench batches and the MLA prefill seed at pages 64 and 128
     max_slack     device plans' snap and whole-tile slacks capped at 1024 keys (``config.MAX_SLACK_KEYS``) off / on: MLA
                   prefill 16K and 12K, whose whole-tile cuts sit ~3% above the mean; only device-planned calls move
+    eager_combine the sm_90a MLA combine folds each merge once its slots are in, while the attention grid runs
+                  (``ops/mla_prefill.EAGER_COMBINE``) off / on: the page-boxes cases and MLA prefill 1 / 1028
     q_tile_pass   the device planner's q-tile pass: one tile a thread, or chosen per launch (two past one pass;
                   ``kernels/common/device_planner.Q_TILES_PER_PASS`` 1 / 0); only the device-planned and default calls
                   move
@@ -235,8 +237,25 @@ def _page_boxes_cases(pages):
                 def make(page_size=page_size):
                     q_lens, kv_lens = _mla_seed_lengths()
                     return testing.make_mla_prefill_case(q_lens, kv_lens, page_size=page_size, device="cuda", seed=6,
-                                                         with_last_page_len=True)
+                                                         with_last_page_len=page_size > 1)
             yield dict(batch=label, page_size=page_size, heads=0, kv_heads=0), make, kind, page_boxes_policy
+
+
+def _eager_combine_cases(pages):
+    """MLA decode's bench batches and the MLA seed prefill (the page-boxes cases) plus MLA prefill 1 / 1028, whose
+    device plans split: the combine folds each merge once its slots are in, or after the attention grid."""
+    from cute_attn.ops.mla_prefill import eager_combine_policy
+
+    for row0, make, kind, _ in _page_boxes_cases(pages):
+        yield row0, make, kind, eager_combine_policy
+    for page_size in pages:
+        def make(page_size=page_size):
+            from cute_attn import testing
+
+            return testing.make_mla_prefill_case([1028], [1038], page_size=page_size, device="cuda", seed=8,
+                                                 with_last_page_len=page_size > 1)
+        yield dict(batch="mla_prefill_n1_q1028", page_size=page_size, heads=0, kv_heads=0), make, "mla_prefill", \
+            eager_combine_policy
 
 
 def _max_slack_cases(pages):
@@ -261,10 +280,11 @@ def _early_dependents_cases(pages):
 POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, "k_ahead": _k_ahead_cases,
             "combine_grid": _combine_grid_cases, "q_tile_pass": _q_tile_pass_cases,
             "early_dependents": _early_dependents_cases, "combine_early_rows": _combine_early_rows_cases,
-            "even_pieces": _even_pieces_cases, "page_boxes": _page_boxes_cases, "max_slack": _max_slack_cases}
+            "even_pieces": _even_pieces_cases, "page_boxes": _page_boxes_cases, "max_slack": _max_slack_cases,
+            "eager_combine": _eager_combine_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
                  "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64], "even_pieces": [64, 1],
-                 "page_boxes": [64, 128], "max_slack": [1]}
+                 "page_boxes": [64, 128], "max_slack": [1], "eager_combine": [64, 1]}
 
 
 def main(argv=None) -> int:

@@ -301,6 +301,33 @@ def _cases(arch: str) -> dict:
                 return _run_api(cute_attn.mla_paged_prefill, case, arch)
         return run
 
+    def slack_cap():  # device plans' slacks capped in keys: MLA prefill 12K splits (merges) where it took whole tiles
+        from cute_attn.config import max_slack_keys_policy
+
+        with max_slack_keys_policy(1024):
+            case = testing.make_mla_prefill_case([12000], [12000], device="cuda", seed=105)
+            return _run_api(cute_attn.mla_paged_prefill, case, arch)
+
+    cases["slack-cap-mla-prefill"] = ("device_planner", slack_cap)
+
+    def eager_combine(kind: str, page_size: int):  # the combine folds each merge once its slots are counted in
+        def run():
+            from cute_attn.ops.mla_prefill import eager_combine_policy
+
+            with eager_combine_policy(True):
+                if kind == "decode":  # device-planned: planner, attention and the polling combine in one chain
+                    case = testing.make_mla_decode_case([4096, 0, 70, 9000, 1, 4096], page_size=page_size,
+                                                        device="cuda", seed=106 + page_size)
+                    return _run_api(cute_attn.mla_paged_decode, case, arch)
+                case = testing.make_mla_prefill_case([8, 2, 0, 40], [9000, 3000, 7, 40], page_size=page_size,
+                                                     device="cuda", seed=107 + page_size)  # host plan: real merges
+                return _run_api(cute_attn.mla_paged_prefill, case, arch, check_indices=True)
+        return run
+
+    if arch == "sm_90a":
+        cases["eager-combine-mla-decode-p64"] = ("combine", eager_combine("decode", 64))
+        cases["eager-combine-mla-decode-p1"] = ("combine", eager_combine("decode", 1))
+        cases["eager-combine-mla-prefill"] = ("combine", eager_combine("prefill", 1))
     if arch == "sm_90a":
         cases["mla-decode-page-boxes-p64"] = ("mla_paged_decode", page_boxes("decode", 64))
         cases["mla-decode-page-boxes-p128"] = ("mla_paged_decode", page_boxes("decode", 128))

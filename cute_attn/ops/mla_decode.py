@@ -60,9 +60,10 @@ SM90_FUSED_MERGE: bool | None = None
 def one_token_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size) -> dict:
     """The MLA prefill kind's tiles, or (sm_90a, ``SM90_SWAPPED``, 8 or 16 heads) one token a tile."""
     if arch == "sm_90a" and SM90_SWAPPED and num_qo_heads in _SWAPPED_HEADS:
+        fused_merge = mla_prefill.FUSED_MERGE if SM90_FUSED_MERGE is None else SM90_FUSED_MERGE
         return dict(tile_q_rows=num_qo_heads, kv_tile=64, share_scores=SM90_SPLIT_SCORES,
                     min_chunk_keys=ONE_TOKEN_MIN_CHUNK_KEYS, page_boxes=mla_prefill.page_boxes(page_size, 64),
-                    fused_merge=mla_prefill.FUSED_MERGE if SM90_FUSED_MERGE is None else SM90_FUSED_MERGE)
+                    fused_merge=fused_merge, eager_combine=mla_prefill.eager_combine(fused_merge))
     return mla_prefill.default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size)
 
 

@@ -155,9 +155,18 @@ FUSED_MERGE = False
 #: sm_90a, pages of >= kv_tile keys: a K stage of one page's rows as 9 kv_tile-row TMA boxes instead of 72 8-row
 #: ones (``PagedAttentionConfig.page_boxes``). Built in session 19: one elected thread issues the stage, and at
 #: MLA decode 16 x 4096 page 64 a CTA moved 26 GB/s against the 31 it reaches at 128 x 4096 (ncu: 59% of DRAM
-#: peak over the kernel, no eligible warp 77% of cycles), so the issue chain is part of each stage's turnaround.
-#: Off until its GPU tests and A/B (``tools/ab_policy.py page_boxes``) run
+#: peak over the kernel, no eligible warp 77% of cycles), so the issue chain looked part of each stage's turnaround.
+#: Measured, session 20 (H200, one process, ``tools/ab_policy.py page_boxes``; GPU tests 27 passed, memcheck clean):
+#: slower where it was to help, planned page 64 16 x 4096 34.4 -> 34.9 us, 64 x 8192 155.5 -> 156.3, 128 x 4096
+#: 150.7 -> 151.6 (1 x 4096 15.9 -> 15.6). A 64-row box walks one 128-byte column of 64 rows 1152 bytes apart, the
+#: 8-row boxes cover whole rows in order: the DRAM access order, not the issue count, is what the stage waits on. Off
 PAGE_BOXES = False
+#: sm_90a: the combine folds each merge as soon as its slots are in (``PagedAttentionConfig.eager_combine``; the
+#: attention CTAs count their split items and release the combine launch at their start) instead of after the whole
+#: attention grid: the combine was a fixed 3.8-4.4 us after the attention kernel on MLA decode page 64 (session 18,
+#: ``tools/kernel_breakdown.py``: 16 x 4096 3.8 of 34.5 us, 64 x 8192 4.4 of 154.3), where fa3 takes 34.2 and 154.2
+#: in all. Built in session 20, not yet measured: off until its A/B (``tools/ab_policy.py eager_combine``)
+EAGER_COMBINE = False
 
 
 def keys_per_item(problem) -> float:
@@ -194,8 +203,23 @@ def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, pag
     tiles = dict(tile_q_rows=64, kv_tile=64)
     if arch == "sm_90a":
         tiles.update(SM90_CONSUMER_SPLITS[SM90_CONSUMERS], fused_merge=FUSED_MERGE,
-                     page_boxes=page_boxes(page_size, tiles["kv_tile"]))
+                     page_boxes=page_boxes(page_size, tiles["kv_tile"]), eager_combine=eager_combine(FUSED_MERGE))
     return tiles
+
+
+def eager_combine(fused_merge: bool) -> bool:
+    """``PagedAttentionConfig.eager_combine`` of an sm_90a MLA config: ``EAGER_COMBINE`` unless the kernel folds its
+    merges itself."""
+    return EAGER_COMBINE and not fused_merge
+
+
+@contextlib.contextmanager
+def eager_combine_policy(enabled: bool):
+    """Inside the block every public MLA entry (prefill, decode, plan_*) builds sm_90a configs with
+    ``eager_combine=enabled`` (unless ``fused_merge``) whatever ``EAGER_COMBINE`` says (A/Bs, GPU tests, sanitizer
+    cases)."""
+    with policy(globals(), EAGER_COMBINE=bool(enabled)):
+        yield bool(enabled)
 
 
 def page_boxes(page_size: int, kv_tile: int) -> bool:

@@ -15,6 +15,17 @@ programmatic dependent launch: its launch overlaps the attention kernel's tail, 
 (``griddepcontrol.wait``) before its first global read. ``early_rows`` (``COMBINE_EARLY_ROWS``): a row's first
 slots' partials are loaded with its LSEs, before the reduction (one L2 round trip fewer for merges of <= 8 slots).
 
+``eager`` (``PagedAttentionConfig.eager_combine``, entry ``call_eager``: ``merge_counters`` after ``merges``): the
+attention kernel releases this launch at its start and counts each split item in its merge
+(``decode_merge.announce_partials``: release after the partial stores), so no ``griddepcontrol.wait`` comes first:
+thread 0 of a CTA polls the merge's counter (``ld.acquire.gpu``) until every slot is in, and the CTA folds it while
+other attention CTAs still run, on the SMs their finished neighbours left. After the fold each CTA counts itself in
+the same counter; the last of the merge's ``row_blocks x dim_blocks`` CTAs sets it back to 0 (clean for the next
+launch or graph replay). The CTA waits for the attention grid at its end, so this grid's completion still implies
+that grid's. No deadlock: the launch is dispatched only once every attention CTA has started (each releases it
+after its own start), so every slot's writer is resident. A poll gives up after ``MAX_POLLS`` (a plan whose slots
+never all arrive is a planner bug; the fold then reads whatever is there rather than hang the stream).
+
 Packed row ``r`` of (request ``b``, KV head ``h``) is token ``TOKEN_START + r // group`` and query head
 ``h * group + r % group`` (``docs/kernel-contract.md``).
 
@@ -57,6 +68,7 @@ COMBINE_MAX_CTAS = 1056
 #: (``tools/ab_policy.py combine_early_rows``, one process; GPU tests 35 passed, memcheck/racecheck clean): MLA decode
 #: 16 x 4096 planned 34.5 -> 34.2 us (page 64), 35.2 -> 34.8 (page 1); GQA prefill rows within +-1 us (noise)
 COMBINE_EARLY_ROWS = True
+MAX_POLLS = 1 << 22  # eager: ~2-4 s of ~0.5-1 us L2 round trips before a poll gives up (never reached by a valid plan)
 
 
 @dataclass(frozen=True)
@@ -71,12 +83,13 @@ class CombineConfig(KernelConfig):
     group_size: int = 8
     max_ctas: int = 0  # see COMBINE_MAX_CTAS
     early_rows: bool = False  # see COMBINE_EARLY_ROWS
+    eager: bool = False  # PagedAttentionConfig.eager_combine: each merge folded once its slots are in (module doc)
 
     @staticmethod
     def for_paged(config: PagedAttentionConfig) -> "CombineConfig":
         return CombineConfig(arch=config.arch, tile_q_rows=config.tile_q_rows, head_dim_v=config.head_dim_v,
                              num_qo_heads=config.num_qo_heads, group_size=config.group_size,
-                             max_ctas=COMBINE_MAX_CTAS, early_rows=COMBINE_EARLY_ROWS)
+                             max_ctas=COMBINE_MAX_CTAS, early_rows=COMBINE_EARLY_ROWS, eager=config.eager_combine)
 
     def can_implement(self) -> str | None:
         if (reason := super().can_implement()) is not None:
@@ -125,7 +138,8 @@ class LseCombine:
     def __repr__(self) -> str:
         c = self.config
         return (f"LseCombine_R{c.tile_q_rows}_D{c.head_dim_v}_H{c.num_qo_heads}_G{c.group_size}"
-                f"{f'_C{self.merge_ctas}' if self.merge_ctas else ''}{'_EarlyRows' if c.early_rows else ''}")
+                f"{f'_C{self.merge_ctas}' if self.merge_ctas else ''}{'_EarlyRows' if c.early_rows else ''}"
+                f"{'_Eager' if c.eager else ''}")
 
     @cute.jit
     def __call__(
@@ -139,33 +153,87 @@ class LseCombine:
         lse_out_scale: cutlass.Float32,
         stream: cuda.CUstream,
     ):
+        self.launch(partial_out, partial_lse, merge_indptr, merges, None, output, lse, lse_out_scale, stream)
+
+    @cute.jit
+    def call_eager(self, partial_out: cute.Tensor, partial_lse: cute.Tensor, merge_indptr: cute.Tensor,
+                   merges: cute.Tensor, merge_counters: cute.Tensor, output: cute.Tensor, lse: cute.Tensor,
+                   lse_out_scale: cutlass.Float32, stream: cuda.CUstream):
+        """``eager``: ``merge_counters`` (int32 ``[max(max_merges, 1)]``, the plan's, zero between launches) after
+        ``merges``."""
+        self.launch(partial_out, partial_lse, merge_indptr, merges, merge_counters, output, lse, lse_out_scale,
+                    stream)
+
+    @cute.jit
+    def launch(self, partial_out, partial_lse, merge_indptr, merges, merge_counters, output, lse,
+               lse_out_scale: cutlass.Float32, stream: cuda.CUstream):
         grid_merges = merges.shape[0]
         if cutlass.const_expr(self.merge_ctas > 0):
             grid_merges = cutlass.min(merges.shape[0], self.merge_ctas)
-        self.kernel(partial_out, partial_lse, merge_indptr, merges, output, lse, lse_out_scale).launch(
+        self.kernel(partial_out, partial_lse, merge_indptr, merges, output, lse, lse_out_scale,
+                    merge_counters).launch(
             grid=(grid_merges, self.row_blocks, self.dim_blocks), block=(WARPS_PER_CTA * WARP, 1, 1),
             stream=stream, use_pdl=True
         )
 
     @cute.kernel
-    def kernel(self, partial_out, partial_lse, merge_indptr, merges, output, lse, lse_out_scale: cutlass.Float32):
+    def kernel(self, partial_out, partial_lse, merge_indptr, merges, output, lse, lse_out_scale: cutlass.Float32,
+               merge_counters: cute.Tensor = None):
         tidx, _, _ = cute.arch.thread_idx()
         m, row_block, dim_block = cute.arch.block_idx()
-        # launched with programmatic dependent launch behind the attention kernel (its launch overlaps that
-        # kernel's tail): nothing global is read before this wait, which returns once that grid has finished
-        cute.arch.griddepcontrol_wait()
+        eager = merge_counters is not None
+        if cutlass.const_expr(not eager):
+            # launched with programmatic dependent launch behind the attention kernel (its launch overlaps that
+            # kernel's tail): nothing global is read before this wait, which returns once that grid has finished
+            cute.arch.griddepcontrol_wait()
         if cutlass.const_expr(self.merge_ctas == 0):
-            self.fold(m, row_block, dim_block, tidx, partial_out, partial_lse, merge_indptr, merges, output, lse,
-                      lse_out_scale)
+            if cutlass.const_expr(eager):
+                if has_slots(merge_indptr, merges.shape[0], m, coherent=True) != 0:
+                    self.eager_fold(m, row_block, dim_block, tidx, partial_out, partial_lse, merge_indptr, merges,
+                                    merge_counters, output, lse, lse_out_scale)
+            else:
+                self.fold(m, row_block, dim_block, tidx, partial_out, partial_lse, merge_indptr, merges, output, lse,
+                          lse_out_scale)
         else:
             # the plan's merges are a prefix of the capacity: walk them a grid apart until the first without slots
             step, _, _ = cute.arch.grid_dim()
-            live = has_slots(merge_indptr, merges.shape[0], m)
+            live = has_slots(merge_indptr, merges.shape[0], m, coherent=eager)
             while live != 0:
-                self.fold(m, row_block, dim_block, tidx, partial_out, partial_lse, merge_indptr, merges, output,
-                          lse, lse_out_scale)
+                if cutlass.const_expr(eager):
+                    self.eager_fold(m, row_block, dim_block, tidx, partial_out, partial_lse, merge_indptr, merges,
+                                    merge_counters, output, lse, lse_out_scale)
+                else:
+                    self.fold(m, row_block, dim_block, tidx, partial_out, partial_lse, merge_indptr, merges, output,
+                              lse, lse_out_scale)
                 m = m + step
-                live = has_slots(merge_indptr, merges.shape[0], m)
+                live = has_slots(merge_indptr, merges.shape[0], m, coherent=eager)
+        if cutlass.const_expr(eager):
+            # this grid ends after the attention grid: whatever follows in the stream sees both finished
+            cute.arch.griddepcontrol_wait()
+
+    @cute.jit
+    def eager_fold(self, m, row_block, dim_block, tidx, partial_out, partial_lse, merge_indptr, merges,
+                   merge_counters, output, lse, lse_out_scale: cutlass.Float32):
+        """``eager``: wait until merge ``m``'s slots are all announced, fold this CTA's part, count the CTA out."""
+        counter = (merge_counters.iterator + m).llvm_ptr
+        slots = coherent_load(merge_indptr, m + 1) - coherent_load(merge_indptr, m)
+        if tidx == 0:
+            missing = slots - cute.arch.load(counter, Int32, sem="acquire", scope="gpu")
+            polls = Int32(0)
+            while missing > 0:
+                missing = slots - cute.arch.load(counter, Int32, sem="acquire", scope="gpu")
+                polls = polls + 1
+                if polls >= MAX_POLLS:
+                    missing = Int32(0)
+        cute.arch.sync_threads()
+        cute.arch.fence_acq_rel_gpu()  # thread 0's acquire, taken by every thread past the barrier
+        self.fold(m, row_block, dim_block, tidx, partial_out, partial_lse, merge_indptr, merges, output, lse,
+                  lse_out_scale)
+        cute.arch.sync_threads()  # the CTA's polls and reads of this merge are done
+        if tidx == 0:
+            ctas = self.row_blocks * self.dim_blocks
+            if cute.arch.atomic_add(counter, Int32(1), sem="relaxed", scope="gpu") == slots + ctas - 1:
+                cute.arch.store(counter, Int32(0), sem="relaxed", scope="gpu")
 
     @cute.jit
     def fold(self, m, row_block, dim_block, tidx, partial_out, partial_lse, merge_indptr, merges, output, lse,
@@ -260,11 +328,21 @@ class LseCombine:
 
 
 @cute.jit
-def has_slots(merge_indptr: cute.Tensor, max_merges, m) -> Int32:
+def coherent_load(tensor: cute.Tensor, i) -> Int32:
+    """``tensor[i]`` (int32) read at GPU scope (``ld.relaxed.gpu``: never a stale L1 line): an eager combine reads the
+    plan before any wait on the grid that follows the planner."""
+    return cute.arch.load((tensor.iterator + i).llvm_ptr, Int32, sem="relaxed", scope="gpu")
+
+
+@cute.jit
+def has_slots(merge_indptr: cute.Tensor, max_merges, m, coherent: cutlass.Constexpr[bool] = False) -> Int32:
     """1 when merge ``m`` exists in the capacity and has partial slots (the plan's merges are a prefix), else 0."""
     live = Int32(0)
     if m < max_merges:
-        if merge_indptr[m + 1] > merge_indptr[m]:
+        if cutlass.const_expr(coherent):
+            if coherent_load(merge_indptr, m + 1) > coherent_load(merge_indptr, m):
+                live = Int32(1)
+        elif merge_indptr[m + 1] > merge_indptr[m]:
             live = Int32(1)
     return live
 
@@ -281,12 +359,14 @@ def build(config: CombineConfig) -> tuple[Any, tuple[Any, ...]]:
         fake(cutlass.Float32, (slots, rows), stride_order=(1, 0), assumed_align=16),
         fake(cutlass.Int32, (merge_ptr_len,)),
         fake(cutlass.Int32, (num_merges, len(MergeField)), stride_order=(1, 0)),
+        *((fake(cutlass.Int32, (cute.sym_int(symbol="merge_counters"),)),) if config.eager else ()),
         fake(cutlass.BFloat16, (total_q, hq, dv), stride_order=(2, 1, 0), assumed_align=16),
         fake(cutlass.Float32, (total_q, hq), stride_order=(1, 0)),
         cutlass.Float32(1.0),
         cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
     )
-    return LseCombine(config), args
+    combine = LseCombine(config)
+    return (combine.call_eager if config.eager else combine), args
 
 
 def default_configs(arch: str) -> list[CombineConfig]:
@@ -315,12 +395,17 @@ def launch_combine(device_plan, output, lse, lse_out_scale: float, partial_out=N
     (no-op when the plan has no merges)."""
     if not device_plan.may_merge:
         return
+    merge_counters = device_plan.scratch()[2]
     if partial_out is None:
         partial_out, partial_lse, _ = device_plan.scratch()
     fn = compile_kernel(CombineConfig.for_paged(device_plan.config))
-    fn(*combine_arguments(device_plan, output, lse, lse_out_scale, partial_out, partial_lse))
+    fn(*combine_arguments(device_plan, output, lse, lse_out_scale, partial_out, partial_lse, merge_counters))
 
 
-def combine_arguments(device_plan, output, lse, lse_out_scale: float, partial_out, partial_lse) -> tuple:
-    """The combine kernel's arguments in its order (stream excluded): alone or as a launch chain's last stage."""
-    return (partial_out, partial_lse, device_plan.merge_indptr, device_plan.merges, output, lse, float(lse_out_scale))
+def combine_arguments(device_plan, output, lse, lse_out_scale: float, partial_out, partial_lse,
+                      merge_counters=None) -> tuple:
+    """The combine kernel's arguments in its order (stream excluded): alone or as a launch chain's last stage
+    (``merge_counters``, this stream's, only for an ``eager_combine`` config's combine)."""
+    counters = (merge_counters,) if device_plan.config.eager_combine else ()
+    return (partial_out, partial_lse, device_plan.merge_indptr, device_plan.merges, *counters, output, lse,
+            float(lse_out_scale))

@@ -72,6 +72,22 @@ def fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_count
 
 
 @cute.jit
+def announce_partials(items, item_begin, item_end, merge_counters, tidx, barrier_id: cutlass.Constexpr[int],
+                      num_threads: cutlass.Constexpr[int]):
+    """After the CTA's item loop (``eager_combine``): count each of its split items in its merge, for the combine
+    that polls the counters (``common/combine.py``, ``eager``). Every thread's partial stores, its fence.acq_rel.gpu,
+    the named barrier, then one thread's ``red.release.gpu`` per split item: the stores are visible to whoever
+    acquires the count. No fold and no read back here; the combine sets each counter back to 0."""
+    cute.arch.fence_acq_rel_gpu()
+    cute.arch.barrier(barrier_id=barrier_id, number_of_threads=num_threads)
+    if tidx == 0:
+        for it in cutlass.range(item_begin, item_end, unroll=1):
+            if items[it, F.PARTIAL_SLOT] >= 0:
+                cute.arch.atomic_add((merge_counters.iterator + items[it, F.MERGE]).llvm_ptr, Int32(1),
+                                     sem="release", scope="gpu")
+
+
+@cute.jit
 def fold_merge(slot_begin, num_slots, req, first_head, row_count, partial_out, partial_lse, output, lse,
                lse_out_scale, tidx, num_threads: cutlass.Constexpr[int], token_group: cutlass.Constexpr[int] = 0):
     """``reference.merge_partials`` of the slots into ``output[req, first_head + r]`` / ``lse`` (``token_group``

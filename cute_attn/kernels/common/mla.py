@@ -85,7 +85,7 @@ def fake_args(config: PagedAttentionConfig) -> tuple:
         fake(i32, (cute.sym_int(symbol="ctas_plus_1"),)),
         fake(i32, (cute.sym_int(symbol="max_items"), len(F)), stride_order=(1, 0)),
         *((fake(i32, (cute.sym_int(symbol="max_merges_plus_1"),)), fake(i32, (cute.sym_int(symbol="merge_counters"),)))
-          if config.fused_merge else ()),
+          if config.fused_merge or config.eager_combine else ()),
         fake(bf16, (rows, h, CKV_DIM), stride_order=(2, 1, 0), assumed_align=16),
         fake(f32, (rows, h), stride_order=(1, 0)),
         fake(f32, (slots, config.tile_q_rows, CKV_DIM), stride_order=(2, 1, 0), assumed_align=16),
@@ -131,7 +131,8 @@ def mla_entry(kernel_cls, check_config) -> tuple:
 
     def build(config: PagedAttentionConfig) -> tuple:
         kernel, fake = checked_build(kernel_cls, check_config, config, fake_args(config))
-        return (kernel.call_fused if config.fused_merge else kernel), fake
+        # call_fused: the merge table after items, for the kernel's fold (fused_merge) or its arrivals (eager_combine)
+        return (kernel.call_fused if config.fused_merge or config.eager_combine else kernel), fake
 
     def launch(device_plan, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, *rest,
                natural_lse: bool = False, planned=None) -> None:

@@ -112,13 +112,14 @@ def launch_paged(device_plan, check_config, inputs: tuple, sm_scale, output, lse
         resolved = _resolve(check_config, config)
     lse_out_scale = _LN2 if natural_lse else 1.0
     partial_out, partial_lse, merge_counters = device_plan.scratch()  # this stream's (DevicePlan: streams)
-    merge_args = (device_plan.merge_indptr, merge_counters) if fused_merge else ()
+    # the kernel counts its split items in their merges: it folds them itself (fused_merge) or an eager combine does
+    merge_args = (device_plan.merge_indptr, merge_counters) if fused_merge or config.eager_combine else ()
     args = (*inputs, device_plan.work_indptr, device_plan.items, *merge_args, output, lse, partial_out, partial_lse,
             float(sm_scale) * LOG2_E, lse_out_scale)
     # the combine goes out in the same host call as the attention kernel (launch_chain.py): from its own call it
     # reached the GPU ~10 us after a short attention kernel had ended
     combine = () if fused_merge or not device_plan.may_merge else combine_arguments(
-        device_plan, output, lse, lse_out_scale, partial_out, partial_lse)
+        device_plan, output, lse, lse_out_scale, partial_out, partial_lse, merge_counters)
     if planned is not None:
         route, planner_args = planned
         route.chain(config, bool(combine))(*planner_args, *args, *combine)

@@ -45,7 +45,9 @@ Warp roles (384 threads = 3 warpgroups):
   kernel), and ``launch`` runs the combine. ``fused_merge`` (entry ``call_fused``, every consumer split; built,
   not run on a GPU yet): after their items both consumer warpgroups count each split item in its merge
   (``common/decode_merge.fold_completed_merges``: fence, named barrier ``_FOLD_BARRIER``, one acq_rel atomic) and
-  the last CTA of a merge folds its slots, so no combine launch follows.
+  the last CTA of a merge folds its slots, so no combine launch follows. ``eager_combine`` (same entry): the
+  consumers only count the split items (``decode_merge.announce_partials``), every CTA releases the combine launch
+  at its start, and the combine folds each merge as soon as its slots are in (``common/combine.py``).
   An item with no key (or rows that see none) writes 0 / ``-inf`` through the same path.
 
 Shared memory (kv_tile 64, the default): Q 64 x 576 bf16 = 72 KiB, 2 stages x 64 x 576 bf16 = 144 KiB,
@@ -79,7 +81,7 @@ from cutlass.tensor_utils import LayoutEnum
 from ...config import PagedAttentionConfig
 from ...plan import ItemField as F
 from .. import register_paged_kernel
-from ..common.decode_merge import fold_completed_merges
+from ..common.decode_merge import announce_partials, fold_completed_merges
 from ..common.limits import SMEM_LIMIT_BYTES, mla_definition_reason, smem_reason, target_reason
 from ..common.mla import (BOX_ROWS, CKV_DIM, DEFINITION_PAGE_SIZES, KIND, KPE_DIM, QK_DIM, definition_config,
                           MlaEntries, fold_arrival_bytes, load_q_and_kv_tiles, mla_entry, row_view)
@@ -213,7 +215,9 @@ class MlaPagedPrefillSm90(MlaEntries):
     """The kernel object: compile-time constants live on ``self``; the entries are ``MlaEntries``'."""
 
     def __init__(self, config: PagedAttentionConfig):
-        self.releases_dependents = config.early_dependents  # config.EARLY_DEPENDENTS says why
+        # config.EARLY_DEPENDENTS says why; an eager combine must be dispatched while this grid runs
+        self.releases_dependents = config.early_dependents or config.eager_combine
+        self.eager_combine = config.eager_combine
         reason = check_config(config)
         if reason is not None:
             raise ValueError(reason)
@@ -319,7 +323,7 @@ class MlaPagedPrefillSm90(MlaEntries):
         mbar_q = smem.allocate_array(Int64, 2, byte_alignment=8)
         mbar_k = smem.allocate_array(Int64, 2 * self.num_stages, byte_alignment=8)
         arrival = None  # fused_merge: thread 0's merge arrival, broadcast to the consumers
-        if cutlass.const_expr(merge_indptr is not None):
+        if cutlass.const_expr(merge_indptr is not None and not self.eager_combine):
             arrival = smem.allocate_tensor(Int32, cute.make_layout((1,)), 16)
 
         producers = cpipe.CooperativeGroup(cpipe.Agent.Thread, PRODUCER_THREADS)
@@ -372,7 +376,10 @@ class MlaPagedPrefillSm90(MlaEntries):
             self.consume_items(tidx - PRODUCER_THREADS, s_q, s_k, s_red, qo_indptr, items, item_begin, item_end,
                                output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk,
                                tiled_mma_pv, pipe_q, pipe_k)
-            if cutlass.const_expr(merge_indptr is not None):  # both consumer warpgroups wrote the partials
+            if cutlass.const_expr(self.eager_combine):  # both consumer warpgroups wrote the partials
+                announce_partials(items, item_begin, item_end, merge_counters, tidx - PRODUCER_THREADS,
+                                  barrier_id=_FOLD_BARRIER, num_threads=MMA_THREADS)
+            elif cutlass.const_expr(merge_indptr is not None):  # both consumer warpgroups wrote the partials
                 fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_counters, arrival, self.group,
                                       partial_out, partial_lse, output, lse, lse_out_scale, tidx - PRODUCER_THREADS,
                                       barrier_id=_FOLD_BARRIER, num_threads=MMA_THREADS, qo_indptr=qo_indptr,
