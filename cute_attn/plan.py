@@ -133,6 +133,10 @@ class PlanConfig:
     #: is tens of thousands of keys (MLA prefill 16K: whole tiles 3.1% above the mean, ~230 us), far more than the
     #: merges a split costs
     max_slack_keys: int = 0
+    #: host plans (``plan_work``, with ``host_deal``): the whole q tiles dealt lap by lap onto the least loaded CTAs
+    #: (``plan_partition.lap_deal``: counts within one a CTA, as the deal that measured faster than the LPT at an
+    #: equal model, with the LPT's balance) replace the plan whenever its busiest CTA is no worse
+    lap_deal: bool = False
 
     def __post_init__(self):
         if self.line_deal and self.sorted_deal:
@@ -417,7 +421,7 @@ def plan_work(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity | None
         except ValueError:  # a caller's capacity sized for the LPT alone: keep it
             twin, dealt = None, False
         if dealt and config.host_deal:
-            return twin
+            return _lap_dealt_if_no_worse(config, q_lens, kv_lens, capacity, twin)
     m = config.num_ctas
     tiles = _tiles(config, q_lens, kv_lens)
 
@@ -448,8 +452,21 @@ def plan_work(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity | None
     plan = _assemble(config, capacity, tiles, token_start, best)
     _fill_page_starts(config, kv_lens, plan)
     if config.host_twin and tiles.count and twin is not None and twin.cta_cost.max() < plan.cta_cost.max():
-        return twin
-    return plan
+        plan = twin
+    return _lap_dealt_if_no_worse(config, q_lens, kv_lens, capacity, plan) if tiles.count else plan
+
+
+def _lap_dealt_if_no_worse(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity, plan: WorkPlan) -> WorkPlan:
+    """``lap_deal``: the lap deal's whole-tile plan where its busiest CTA is no worse than ``plan``'s."""
+    if not (config.lap_deal and config.host_deal):
+        return plan
+    from .plan_partition import lap_dealt_plan  # plan_partition imports this module
+
+    try:
+        dealt = lap_dealt_plan(config, q_lens, kv_lens, capacity)
+    except ValueError:  # a caller's capacity too small for every whole tile: keep the plan
+        return plan
+    return dealt if dealt.cta_cost.max() <= plan.cta_cost.max() else plan
 
 
 def _fill_page_starts(config: PlanConfig, kv_lens: np.ndarray, plan: WorkPlan) -> None:

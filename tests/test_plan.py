@@ -36,6 +36,7 @@ def plan_configs(draw, causal=None):
         **{"none": {}, "sorted": dict(sorted_deal=True), "line": dict(line_deal=True)}[
             draw(st.sampled_from(["none", "sorted", "line"]))],
         even_pieces=draw(st.booleans()), max_slack_keys=draw(st.sampled_from([0, 0, 4, 16])),
+        **(dict(host_deal=True, lap_deal=draw(st.booleans())) if draw(st.booleans()) else {}),
     )
 
 

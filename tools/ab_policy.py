@@ -21,6 +21,8 @@ POLICY is one of
                   prefill 16K and 12K, whose whole-tile cuts sit ~3% above the mean; only device-planned calls move
     eager_combine the sm_90a MLA combine folds each merge once its slots are in, while the attention grid runs
                   (``ops/mla_prefill.EAGER_COMBINE``) off / on: the page-boxes cases and MLA prefill 1 / 1028
+    lap_deal      GQA prefill host plans dealt lap by lap onto the least loaded CTAs (``ops/gqa_prefill.LAP_DEAL``)
+                  off / on: the FIB prefill rows whose serpentine deal the model rates uneven; only planned calls move
     q_tile_pass   the device planner's q-tile pass: one tile a thread, or chosen per launch (two past one pass;
                   ``kernels/common/device_planner.Q_TILES_PER_PASS`` 1 / 0); only the device-planned and default calls
                   move
@@ -102,6 +104,23 @@ K_AHEAD_CASES = {  # the FIB page-1 prefill representatives furthest behind FA4 
     "n8_q992_h24kv4": ([992] * 8, [992] * 8, 24, 4),
     "n8_q992_h32kv16": ([992] * 8, [992] * 8, 32, 16),
 }
+
+
+LAP_DEAL_CASES = {  # the GQA prefill rows whose host plan the lap deal changes (the model: 1.082 -> 1.024 etc.)
+    "n4_q992_h32kv4": ([992] * 4, [992] * 4, 32, 4),
+    "n8_q992_h32kv4": ([992] * 8, [992] * 8, 32, 4),  # the same busiest CTA: the lap deal's order, not its balance
+    "n16_q992_h32kv4": ([992] * 16, [992] * 16, 32, 4),
+    "n8_q992_h16kv1": ([992] * 8, [992] * 8, 16, 1),
+    "n8_q992_h16kv2": ([992] * 8, [992] * 8, 16, 2),
+    "n8_q992_h20kv4": ([992] * 8, [992] * 8, 20, 4),
+    "n8_q992_h32kv16": ([992] * 8, [992] * 8, 32, 16),
+}
+
+
+def _lap_deal_cases(pages):
+    from cute_attn.ops import gqa_prefill
+
+    return _prefill_cases(LAP_DEAL_CASES, pages, lambda page_size: gqa_prefill.lap_deal_policy)
 
 
 def _k_ahead_cases(pages):
@@ -281,10 +300,11 @@ POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, 
             "combine_grid": _combine_grid_cases, "q_tile_pass": _q_tile_pass_cases,
             "early_dependents": _early_dependents_cases, "combine_early_rows": _combine_early_rows_cases,
             "even_pieces": _even_pieces_cases, "page_boxes": _page_boxes_cases, "max_slack": _max_slack_cases,
-            "eager_combine": _eager_combine_cases}
+            "eager_combine": _eager_combine_cases, "lap_deal": _lap_deal_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
                  "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64], "even_pieces": [64, 1],
-                 "page_boxes": [64, 128], "max_slack": [1], "eager_combine": [64, 1]}
+                 "page_boxes": [64, 128], "max_slack": [1], "eager_combine": [64, 1],
+                 "lap_deal": [64]}
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,74 @@
+"""The lap deal (``PlanConfig.lap_deal``, host plans of GQA prefill): whole q tiles dealt lap by lap onto the least
+loaded CTAs, taken where it models no worse; counts stay within one a CTA and each CTA's items longest first."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cute_attn import testing
+from cute_attn.config import default_paged_config
+from cute_attn.ops.gqa_prefill import lap_deal_policy
+from cute_attn.plan import ItemField as F
+from cute_attn.plan import plan_work
+from cute_attn.plan_partition import lap_deal, partition, q_tiles, sorted_deal
+
+
+def _prefill(num_qo_heads=32, num_kv_heads=4, lap=True):
+    with lap_deal_policy(lap):
+        config = default_paged_config("gqa_paged_prefill", arch="sm_90a", num_qo_heads=num_qo_heads,
+                                      num_kv_heads=num_kv_heads, head_dim_qk=128, head_dim_v=128, page_size=64,
+                                      causal=True)
+        return config.plan_config(132)
+
+
+def _items_per_cta(plan):
+    return np.diff(plan.work_indptr)
+
+
+@settings(max_examples=60, deadline=None)
+@given(batch=testing.ragged_batches(max_batch=12, max_q=700, max_kv=3000), num_ctas=st.integers(1, 40),
+       heads=st.sampled_from([(32, 4), (16, 1), (20, 4)]))
+def test_every_position_once_a_lap_on_distinct_ctas_longest_first(batch, num_ctas, heads):
+    config = dataclasses.replace(_prefill(*heads), num_ctas=num_ctas)
+    q_lens, kv_lens = (np.asarray(x) for x in batch)
+    cost = q_tiles(config, q_lens, kv_lens, np.zeros(q_lens.size, bool)).cost
+    tile, cta = lap_deal(config, cost)
+    serpentine_tile, _ = sorted_deal(config, cost)
+    assert np.array_equal(tile, serpentine_tile)  # the same positions, only the CTAs differ
+    for start in range(0, cta.size, num_ctas):
+        lap = cta[start:start + num_ctas]
+        assert np.unique(lap).size == lap.size  # one position a CTA a lap: counts within one
+    for c in range(num_ctas):
+        mine = cost[tile[cta == c]]
+        assert (np.diff(mine) <= 0).all()  # lap order is longest first
+
+
+@pytest.mark.parametrize("heads, n, before, after", [
+    ((32, 4), 4, 7168, 6784), ((32, 4), 16, 27328, 26816), ((16, 1), 8, 7168, 6784), ((20, 4), 8, 8960, 8832),
+    ((32, 16), 8, 14336, 14080), ((32, 4), 32, 53312, 53312),
+])
+def test_the_bench_rows_the_serpentine_leaves_uneven_deal_to_the_lpts_balance(heads, n, before, after):
+    """x 992 causal batches: the serpentine's busiest CTA (host plans with ``host_deal``) against the lap deal's; both
+    give every CTA the same item count within one, no merges."""
+    lens = [992] * n
+    off, on = (plan_work(_prefill(*heads, lap=lap), lens, lens) for lap in (False, True))
+    assert (off.cta_cost.max(), on.cta_cost.max()) == (before, after)
+    counts = _items_per_cta(on)
+    assert counts.max() - counts.min() <= 1 and on.num_merges == 0
+    items = on.valid_items()
+    assert (items[:, F.KV_START] == 0).all() and (items[:, F.PARTIAL_SLOT] == -1).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch=testing.ragged_batches(max_batch=12, max_q=700, max_kv=3000))
+def test_taken_only_where_no_worse_and_the_device_twin_ignores_it(batch):
+    q_lens, kv_lens = batch
+    on, off = _prefill(lap=True), _prefill(lap=False)
+    plan_on, plan_off = plan_work(on, q_lens, kv_lens), plan_work(off, q_lens, kv_lens)
+    if sum(q_lens):
+        assert plan_on.cta_cost.max() <= plan_off.cta_cost.max()
+    twin_on, twin_off = partition(on, q_lens, kv_lens)[0], partition(off, q_lens, kv_lens)[0]
+    assert np.array_equal(twin_on.items, twin_off.items) and np.array_equal(twin_on.work_indptr, twin_off.work_indptr)
