@@ -197,13 +197,13 @@ class PagedAttentionConfig(KernelConfig):
             item_overhead_keys=self.item_overhead_keys, page_size=self.page_size,
             zigzag=self.causal and self.kind.startswith("mla_"), sorted_deal=self.causal,
             host_deal=self.causal and self.kind == "gqa_paged_prefill", line_deal=self._line_deal(),
-            even_pieces=EVEN_PIECES, max_slack_keys=MAX_SLACK_KEYS, lap_deal=self._lap_deal(),
+            even_pieces=EVEN_PIECES, max_slack_keys=MAX_SLACK_KEYS, whole_deal=self._whole_deal(),
         )
 
-    def _lap_deal(self) -> bool:
+    def _whole_deal(self) -> str:
         from .ops import gqa_prefill  # the prefill spec's host-plan policy
 
-        return self.causal and self.kind == "gqa_paged_prefill" and gqa_prefill.LAP_DEAL
+        return gqa_prefill.WHOLE_DEAL if self.causal and self.kind == "gqa_paged_prefill" else ""
 
     def _line_deal(self) -> bool:
         from .ops import gqa_decode  # the decode spec's page-size policy

@@ -81,6 +81,8 @@ class MergeField(IntEnum):
 NOT_CAUSAL_OFFSET = np.iinfo(np.int32).max // 2
 
 
+SERPENTINE_SLACK_SHIFT = 4  # whole_deal "serpentine": taken within 1/16 of the plan it replaces
+
 @dataclass(frozen=True)
 class PlanConfig:
     """What the planner needs to know about the kernel and the machine."""
@@ -133,10 +135,11 @@ class PlanConfig:
     #: is tens of thousands of keys (MLA prefill 16K: whole tiles 3.1% above the mean, ~230 us), far more than the
     #: merges a split costs
     max_slack_keys: int = 0
-    #: host plans (``plan_work``, with ``host_deal``): the whole q tiles dealt lap by lap onto the least loaded CTAs
-    #: (``plan_partition.lap_deal``: counts within one a CTA, as the deal that measured faster than the LPT at an
-    #: equal model, with the LPT's balance) replace the plan whenever its busiest CTA is no worse
-    lap_deal: bool = False
+    #: host plans (``plan_work``, with ``host_deal``) of whole q tiles dealt over the CTAs, whatever the twin did:
+    #: "lap" -- lap by lap onto the least loaded CTAs (``plan_partition.lap_deal``), taken where its busiest CTA is no
+    #: worse; "serpentine" -- the twin's serpentine deal (``sorted_deal``) where its busiest CTA is within a sixteenth
+    #: (batches of at most ``SORTED_DEAL_MAX_Q_TILES`` q tiles); "": neither (``ops/gqa_prefill.WHOLE_DEAL`` says what measured)
+    whole_deal: str = ""
 
     def __post_init__(self):
         if self.line_deal and self.sorted_deal:
@@ -421,7 +424,7 @@ def plan_work(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity | None
         except ValueError:  # a caller's capacity sized for the LPT alone: keep it
             twin, dealt = None, False
         if dealt and config.host_deal:
-            return _lap_dealt_if_no_worse(config, q_lens, kv_lens, capacity, twin)
+            return _whole_dealt(config, q_lens, kv_lens, capacity, twin)
     m = config.num_ctas
     tiles = _tiles(config, q_lens, kv_lens)
 
@@ -453,20 +456,25 @@ def plan_work(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity | None
     _fill_page_starts(config, kv_lens, plan)
     if config.host_twin and tiles.count and twin is not None and twin.cta_cost.max() < plan.cta_cost.max():
         plan = twin
-    return _lap_dealt_if_no_worse(config, q_lens, kv_lens, capacity, plan) if tiles.count else plan
+    return _whole_dealt(config, q_lens, kv_lens, capacity, plan) if tiles.count else plan
 
 
-def _lap_dealt_if_no_worse(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity, plan: WorkPlan) -> WorkPlan:
-    """``lap_deal``: the lap deal's whole-tile plan where its busiest CTA is no worse than ``plan``'s."""
-    if not (config.lap_deal and config.host_deal):
+def _whole_dealt(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity, plan: WorkPlan) -> WorkPlan:
+    """``whole_deal``: "lap" -- the lap deal's whole-tile plan where its busiest CTA is no worse than ``plan``'s;
+    "serpentine" -- the serpentine deal's, where the batch's q tiles are few enough for the device's sort and its
+    busiest CTA is within ``1 / 2**SERPENTINE_SLACK_SHIFT`` of ``plan``'s (8 x 992 h32/kv4: 1.057)."""
+    if not (config.whole_deal and config.host_deal):
         return plan
-    from .plan_partition import lap_dealt_plan  # plan_partition imports this module
+    from .plan_partition import whole_dealt_plan  # plan_partition imports this module
 
     try:
-        dealt = lap_dealt_plan(config, q_lens, kv_lens, capacity)
-    except ValueError:  # a caller's capacity too small for every whole tile: keep the plan
+        dealt = whole_dealt_plan(config, q_lens, kv_lens, capacity)
+    except ValueError:  # too many q tiles, or a caller's capacity too small for every whole tile: keep the plan
         return plan
-    return dealt if dealt.cta_cost.max() <= plan.cta_cost.max() else plan
+    bound = plan.cta_cost.max()
+    if config.whole_deal == "serpentine":  # its pattern against the model's balance, within a sixteenth
+        bound += bound >> SERPENTINE_SLACK_SHIFT
+    return dealt if dealt.cta_cost.max() <= bound else plan
 
 
 def _fill_page_starts(config: PlanConfig, kv_lens: np.ndarray, plan: WorkPlan) -> None:

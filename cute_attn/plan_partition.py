@@ -70,7 +70,7 @@ from .plan import NOT_CAUSAL_OFFSET, ItemField, MergeField, PlanCapacity, PlanCo
 
 __all__ = ["DEAL_WHOLE_SHIFT", "SNAP_SHIFT", "SORTED_DEAL_MAX_Q_TILES", "WHOLE_TILE_SHIFT", "QTiles", "cut_loads",
            "capped_slack", "deal_bound", "even_pieces", "min_width", "partition", "snap_slack", "whole_tile_bound",
-           "lap_deal", "lap_dealt_plan", "line_cuts", "partition_plan", "piece_cost", "q_tiles", "sorted_deal"]
+           "lap_deal", "whole_dealt_plan", "line_cuts", "partition_plan", "piece_cost", "q_tiles", "sorted_deal"]
 
 SNAP_SHIFT = 5  # a cut within W / 2**SNAP_SHIFT of a tile edge snaps to it
 WHOLE_TILE_SHIFT = 3  # whole tiles (every cut at its nearer tile edge) when no CTA then exceeds W + W / 2**this
@@ -168,7 +168,7 @@ def sorted_deal(config: PlanConfig, cost) -> tuple[np.ndarray, np.ndarray]:
 def lap_deal(config: PlanConfig, cost) -> tuple[np.ndarray, np.ndarray]:
     """(q tile of each dealt position, CTA of each position): :func:`sorted_deal`'s positions (q tiles longest first,
     each tile's heads in a row), dealt lap by lap, a lap's longest position to its least loaded CTA (host plans only:
-    ``PlanConfig.lap_deal``). Counts stay within one a CTA, as in the serpentine deal, and each CTA's items stay
+    ``PlanConfig.whole_deal`` "lap"). Counts stay within one a CTA, as in the serpentine deal, and each CTA's items stay
     longest first; where equal costs come in clumps (GQA prefill 4 x 992: 7.5 laps) the serpentine's fixed turn puts
     a lap's clump on the CTAs that drew the last one (busiest 1.082 of the mean; by loads 1.024)."""
     heads, m = config.num_kv_heads, config.num_ctas
@@ -184,13 +184,16 @@ def lap_deal(config: PlanConfig, cost) -> tuple[np.ndarray, np.ndarray]:
     return tile, cta
 
 
-def lap_dealt_plan(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity) -> WorkPlan:
-    """The whole-tile plan of :func:`lap_deal` (no merges)."""
+def whole_dealt_plan(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity) -> WorkPlan:
+    """The whole-tile plan (no merges) of :func:`lap_deal` (``whole_deal`` "lap") or of :func:`sorted_deal`
+    ("serpentine": ValueError past ``SORTED_DEAL_MAX_Q_TILES`` q tiles, which the device would not deal)."""
     q_lens = np.asarray(q_lens, dtype=np.int64).reshape(-1)
     kv_lens = np.asarray(kv_lens, dtype=np.int64).reshape(-1)
     pages = -(-kv_lens // config.page_size) if config.page_size else np.zeros(q_lens.size, dtype=np.int64)
     req, row_start, row_count, kv_end, offset, cost = q_tiles(config, q_lens, kv_lens, np.zeros(q_lens.size, bool))
-    tile, cta = lap_deal(config, cost)
+    if config.whole_deal == "serpentine" and req.size > SORTED_DEAL_MAX_Q_TILES:
+        raise ValueError(f"{req.size} q tiles: the serpentine deal takes at most {SORTED_DEAL_MAX_Q_TILES}")
+    tile, cta = (lap_deal if config.whole_deal == "lap" else sorted_deal)(config, cost)
     loads = np.bincount(cta, weights=cost[tile], minlength=config.num_ctas).astype(np.int64)
     return _dealt_plan(config, capacity, tile, cta, loads, req, row_start, row_count, kv_end, offset,
                        np.cumsum(pages) - pages)

@@ -342,16 +342,17 @@ def test_k_ahead_drawn_batches(page_size, batch):
 @pytest.mark.parametrize("q_lens, kv_lens, heads, kv_heads", [
     ([992] * 4, [992] * 4, 32, 4), ([992] * 8, [992] * 8, 16, 1), ([300, 1, 0, 777, 64], [300, 5, 9, 2000, 64], 20, 4),
 ], ids=["4x992", "8x992-h16kv1", "ragged-h20kv4"])
-def test_lap_deal_host_plans(q_lens, kv_lens, heads, kv_heads):
-    """``lap_deal`` (``ops/gqa_prefill.LAP_DEAL``): host plans dealt lap by lap onto the least loaded CTAs, through
-    ``plan=`` and ``check_indices=True`` (the two host-planned routes), against the reference."""
+@pytest.mark.parametrize("mode", ["lap", "serpentine"])
+def test_whole_deal_host_plans(q_lens, kv_lens, heads, kv_heads, mode):
+    """``whole_deal`` (``ops/gqa_prefill.WHOLE_DEAL``): host plans of whole tiles dealt lap by lap or serpentine,
+    through ``plan=`` and ``check_indices=True`` (the two host-planned routes), against the reference."""
     import cute_attn
-    from cute_attn.ops.gqa_prefill import lap_deal_policy
+    from cute_attn.ops.gqa_prefill import whole_deal_policy
 
-    with lap_deal_policy(True):
+    with whole_deal_policy(mode):
         case = _case(q_lens, kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads, seed=len(q_lens) + heads)
         plan = cute_attn.plan_gqa_paged_prefill(*case.inputs())
-        assert plan.config.plan_config(plan.work_indptr.shape[0] - 1).lap_deal
+        assert plan.config.plan_config(plan.work_indptr.shape[0] - 1).whole_deal == mode
         ref_out, ref_lse = case.reference()
         for kw in (dict(plan=plan), dict(check_indices=True)):
             out, lse = case.new_outputs()

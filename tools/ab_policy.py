@@ -21,8 +21,10 @@ POLICY is one of
                   prefill 16K and 12K, whose whole-tile cuts sit ~3% above the mean; only device-planned calls move
     eager_combine the sm_90a MLA combine folds each merge once its slots are in, while the attention grid runs
                   (``ops/mla_prefill.EAGER_COMBINE``) off / on: the page-boxes cases and MLA prefill 1 / 1028
-    lap_deal      GQA prefill host plans dealt lap by lap onto the least loaded CTAs (``ops/gqa_prefill.LAP_DEAL``)
-                  off / on: the FIB prefill rows whose serpentine deal the model rates uneven; only planned calls move
+    lap_deal      GQA prefill host plans dealt lap by lap onto the least loaded CTAs (``ops/gqa_prefill.WHOLE_DEAL``
+                  "lap") off / on: the FIB prefill rows whose serpentine deal the model rates uneven; planned calls move
+    serpentine_deal  GQA prefill host plans always the twin's serpentine deal (``WHOLE_DEAL`` "serpentine") off / on:
+                  the rows whose host plan is the LPT or the twin's cuts today; only planned calls move
     q_tile_pass   the device planner's q-tile pass: one tile a thread, or chosen per launch (two past one pass;
                   ``kernels/common/device_planner.Q_TILES_PER_PASS`` 1 / 0); only the device-planned and default calls
                   move
@@ -120,7 +122,22 @@ LAP_DEAL_CASES = {  # the GQA prefill rows whose host plan the lap deal changes 
 def _lap_deal_cases(pages):
     from cute_attn.ops import gqa_prefill
 
-    return _prefill_cases(LAP_DEAL_CASES, pages, lambda page_size: gqa_prefill.lap_deal_policy)
+    return _prefill_cases(LAP_DEAL_CASES, pages,
+                          lambda page_size: lambda on: gqa_prefill.whole_deal_policy("lap" if on else ""))
+
+
+SERPENTINE_DEAL_CASES = {  # GQA prefill rows whose host plan the serpentine changes (within 1/16 of the model)
+    "n8_q992_h32kv4": ([992] * 8, [992] * 8, 32, 4),
+    "n8_q992_h32kv8": ([992] * 8, [992] * 8, 32, 8),
+    "n8_q128_kv2048_h32kv4": ([128] * 8, [2048] * 8, 32, 4),
+}
+
+
+def _serpentine_deal_cases(pages):
+    from cute_attn.ops import gqa_prefill
+
+    return _prefill_cases(SERPENTINE_DEAL_CASES, pages,
+                          lambda page_size: lambda on: gqa_prefill.whole_deal_policy("serpentine" if on else ""))
 
 
 def _k_ahead_cases(pages):
@@ -300,11 +317,12 @@ POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, 
             "combine_grid": _combine_grid_cases, "q_tile_pass": _q_tile_pass_cases,
             "early_dependents": _early_dependents_cases, "combine_early_rows": _combine_early_rows_cases,
             "even_pieces": _even_pieces_cases, "page_boxes": _page_boxes_cases, "max_slack": _max_slack_cases,
-            "eager_combine": _eager_combine_cases, "lap_deal": _lap_deal_cases}
+            "eager_combine": _eager_combine_cases, "lap_deal": _lap_deal_cases,
+            "serpentine_deal": _serpentine_deal_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
                  "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64], "even_pieces": [64, 1],
                  "page_boxes": [64, 128], "max_slack": [1], "eager_combine": [64, 1],
-                 "lap_deal": [64]}
+                 "lap_deal": [64], "serpentine_deal": [64]}
 
 
 def main(argv=None) -> int:

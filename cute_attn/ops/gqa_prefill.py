@@ -51,13 +51,15 @@ PREFILL_ITEM_OVERHEAD_KEYS = 320
 #: mostly have no merges, +0.2..+4.8 us on all 12 (so the fused build's main loop itself is slower: one more named
 #: barrier, ptxas spills 4 bytes at page 1; a first build that walked every CTA's items at its tail was 2-9 us slower)
 FUSED_MERGE = False
-#: host plans (``plan_*`` and ``check_indices=True`` calls) deal the whole q tiles lap by lap onto the least loaded
-#: CTAs where that models no worse (``PlanConfig.lap_deal``). The serpentine deal the host plans take (``host_deal``)
-#: measured 1-7% faster than the LPT at an equal model (session 15: a lap each, counts within one), but its fixed
-#: turn leaves 4 x 992 and 8 x 992 at h16/kv1, h16/kv2, h32/kv8 at 1.082 of the mean where loads give 1.024 (the
-#: serpentine's last lap of short tiles lands on the CTAs that drew long ones). Built in session 20, not yet
-#: measured: off until its A/B (``tools/ab_policy.py lap_deal``)
-LAP_DEAL = False
+#: host plans (``plan_*`` and ``check_indices=True`` calls) of whole q tiles dealt over the CTAs whatever the device
+#: twin did (``PlanConfig.whole_deal``): "lap" (lap by lap onto the least loaded CTAs, where no worse in the model),
+#: "serpentine" (the twin's deal, always), "" (the twin's deal where it deals, else the LPT or the twin's cuts). The
+#: serpentine deal measured 1-7% faster than the LPT at an equal model (session 15), and its fixed turn leaves 4 x 992
+#: at 1.082 of the mean where loads give 1.024; but "lap" (the LPT's balance, counts within one) ran slower on every
+#: row (session 20, H200, one process, ``tools/ab_policy.py lap_deal``, planned, us): 4 x 992 99.0 -> 104.7, 16 x 992
+#: 360.8 -> 370.6, 8 x 992 h16/kv1 102.0 -> 110.0, h16/kv2 99.7 -> 107.2, h20/kv4 128.3 -> 132.6, h32/kv16 183.9 ->
+#: 190.8, h32/kv4 193.6 -> 195.0. So what the serpentine wins by is its regular pattern, not its item counts
+WHOLE_DEAL = ""
 #: sm_90a page sizes whose row gathers copy K one tile ahead of V (``PagedAttentionConfig.k_ahead``: K_0, K_1, V_0,
 #: K_2, V_1, ..., FA3's paged-KV order). Why: page-1 prefill runs 6-16% behind page 64 and FA4 (whose page 1 runs
 #: at its page-64 time); with the intra-warpgroup overlap a consumer waits for K_{t+1} before V_t, and the producer
@@ -74,10 +76,13 @@ def k_ahead_policy(page_sizes):
 
 
 @contextlib.contextmanager
-def lap_deal_policy(enabled: bool):
-    """Inside the block GQA prefill host plans take ``lap_deal=enabled`` whatever ``LAP_DEAL`` says (A/Bs, GPU tests)."""
-    with policy(globals(), LAP_DEAL=bool(enabled)):
-        yield bool(enabled)
+def whole_deal_policy(mode: str):
+    """Inside the block GQA prefill host plans take ``whole_deal=mode`` ("", "lap", "serpentine") whatever
+    ``WHOLE_DEAL`` says (A/Bs, GPU tests)."""
+    if mode not in ("", "lap", "serpentine"):
+        raise ValueError(f"whole_deal must be '', 'lap' or 'serpentine', got {mode!r}")
+    with policy(globals(), WHOLE_DEAL=mode):
+        yield mode
 
 
 @contextlib.contextmanager

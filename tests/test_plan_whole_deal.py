@@ -1,5 +1,6 @@
-"""The lap deal (``PlanConfig.lap_deal``, host plans of GQA prefill): whole q tiles dealt lap by lap onto the least
-loaded CTAs, taken where it models no worse; counts stay within one a CTA and each CTA's items longest first."""
+"""Whole-tile deals of GQA prefill host plans (``PlanConfig.whole_deal``): "lap" (lap by lap onto the least loaded
+CTAs, taken where it models no worse; counts within one a CTA, each CTA's items longest first) and "serpentine" (the
+device twin's deal, always)."""
 
 import dataclasses
 
@@ -10,14 +11,14 @@ from hypothesis import strategies as st
 
 from cute_attn import testing
 from cute_attn.config import default_paged_config
-from cute_attn.ops.gqa_prefill import lap_deal_policy
+from cute_attn.ops.gqa_prefill import whole_deal_policy
 from cute_attn.plan import ItemField as F
 from cute_attn.plan import plan_work
 from cute_attn.plan_partition import lap_deal, partition, q_tiles, sorted_deal
 
 
-def _prefill(num_qo_heads=32, num_kv_heads=4, lap=True):
-    with lap_deal_policy(lap):
+def _prefill(num_qo_heads=32, num_kv_heads=4, mode="lap"):
+    with whole_deal_policy(mode):
         config = default_paged_config("gqa_paged_prefill", arch="sm_90a", num_qo_heads=num_qo_heads,
                                       num_kv_heads=num_kv_heads, head_dim_qk=128, head_dim_v=128, page_size=64,
                                       causal=True)
@@ -54,7 +55,7 @@ def test_the_bench_rows_the_serpentine_leaves_uneven_deal_to_the_lpts_balance(he
     """x 992 causal batches: the serpentine's busiest CTA (host plans with ``host_deal``) against the lap deal's; both
     give every CTA the same item count within one, no merges."""
     lens = [992] * n
-    off, on = (plan_work(_prefill(*heads, lap=lap), lens, lens) for lap in (False, True))
+    off, on = (plan_work(_prefill(*heads, mode=mode), lens, lens) for mode in ("", "lap"))
     assert (off.cta_cost.max(), on.cta_cost.max()) == (before, after)
     counts = _items_per_cta(on)
     assert counts.max() - counts.min() <= 1 and on.num_merges == 0
@@ -66,9 +67,28 @@ def test_the_bench_rows_the_serpentine_leaves_uneven_deal_to_the_lpts_balance(he
 @given(batch=testing.ragged_batches(max_batch=12, max_q=700, max_kv=3000))
 def test_taken_only_where_no_worse_and_the_device_twin_ignores_it(batch):
     q_lens, kv_lens = batch
-    on, off = _prefill(lap=True), _prefill(lap=False)
+    on, off = _prefill(mode="lap"), _prefill(mode="")
     plan_on, plan_off = plan_work(on, q_lens, kv_lens), plan_work(off, q_lens, kv_lens)
     if sum(q_lens):
         assert plan_on.cta_cost.max() <= plan_off.cta_cost.max()
     twin_on, twin_off = partition(on, q_lens, kv_lens)[0], partition(off, q_lens, kv_lens)[0]
     assert np.array_equal(twin_on.items, twin_off.items) and np.array_equal(twin_on.work_indptr, twin_off.work_indptr)
+
+
+@pytest.mark.parametrize("heads, n", [((32, 4), 8), ((32, 8), 8), ((24, 8), 8), ((32, 4), 1)])
+def test_serpentine_host_plans_are_the_twins_deal_whatever_the_model_says(heads, n):
+    """"serpentine": host plans take the twin's serpentine deal of whole tiles even where the twin cuts the line
+    (8 x 992 h32/kv4: the cuts model 1.024 of the mean, the serpentine 1.082)."""
+    lens = [992] * n
+    config = _prefill(*heads, mode="serpentine")
+    plan = plan_work(config, lens, lens)
+    cost = q_tiles(config, np.asarray(lens), np.asarray(lens), np.zeros(n, bool)).cost
+    tile, cta = sorted_deal(config, cost)
+    assert np.array_equal(plan.cta_cost, np.bincount(cta, weights=cost[tile], minlength=132).astype(np.int64))
+    assert plan.num_merges == 0 and np.diff(plan.work_indptr).max() - np.diff(plan.work_indptr).min() <= 1
+
+
+def test_serpentine_host_plans_leave_batches_past_the_sort_limit_to_the_lpt():
+    lens = [992] * 32  # 1984 q tiles: past SORTED_DEAL_MAX_Q_TILES, the device would not deal them either
+    assert np.array_equal(plan_work(_prefill(mode="serpentine"), lens, lens).items,
+                          plan_work(_prefill(mode=""), lens, lens).items)
