@@ -137,8 +137,8 @@ class PlanConfig:
     max_slack_keys: int = 0
     #: host plans (``plan_work``, with ``host_deal``) of whole q tiles dealt over the CTAs, whatever the twin did:
     #: "lap" -- lap by lap onto the least loaded CTAs (``plan_partition.lap_deal``), taken where its busiest CTA is no
-    #: worse; "serpentine" -- the twin's serpentine deal (``sorted_deal``) where its busiest CTA is within a sixteenth
-    #: (batches of at most ``SORTED_DEAL_MAX_Q_TILES`` q tiles); "": neither (``ops/gqa_prefill.WHOLE_DEAL`` says what measured)
+    #: worse; "serpentine" -- the twin's serpentine deal (``sorted_deal``) in place of a plan without merges where its
+    #: busiest CTA is within a sixteenth (batches of at most ``SORTED_DEAL_MAX_Q_TILES`` q tiles); "": neither (``ops/gqa_prefill.WHOLE_DEAL`` says what measured)
     whole_deal: str = ""
 
     def __post_init__(self):
@@ -461,8 +461,9 @@ def plan_work(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity | None
 
 def _whole_dealt(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity, plan: WorkPlan) -> WorkPlan:
     """``whole_deal``: "lap" -- the lap deal's whole-tile plan where its busiest CTA is no worse than ``plan``'s;
-    "serpentine" -- the serpentine deal's, where the batch's q tiles are few enough for the device's sort and its
-    busiest CTA is within ``1 / 2**SERPENTINE_SLACK_SHIFT`` of ``plan``'s (8 x 992 h32/kv4: 1.057)."""
+    "serpentine" -- the serpentine deal's in place of a plan without merges, where the batch's q tiles are few enough
+    for the device's sort and its busiest CTA is within ``1 / 2**SERPENTINE_SLACK_SHIFT`` of ``plan``'s (8 x 992
+    h32/kv4: 1.057)."""
     if not (config.whole_deal and config.host_deal):
         return plan
     from .plan_partition import whole_dealt_plan  # plan_partition imports this module
@@ -472,7 +473,9 @@ def _whole_dealt(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity, pl
     except ValueError:  # too many q tiles, or a caller's capacity too small for every whole tile: keep the plan
         return plan
     bound = plan.cta_cost.max()
-    if config.whole_deal == "serpentine":  # its pattern against the model's balance, within a sixteenth
+    if config.whole_deal == "serpentine":  # its pattern against the model's balance, within a sixteenth, in place
+        if plan.num_merges:  # of whole tiles only (as measured): a split plan's balance is what its merges buy
+            return plan
         bound += bound >> SERPENTINE_SLACK_SHIFT
     return dealt if dealt.cta_cost.max() <= bound else plan
 

@@ -58,8 +58,13 @@ FUSED_MERGE = False
 #: at 1.082 of the mean where loads give 1.024; but "lap" (the LPT's balance, counts within one) ran slower on every
 #: row (session 20, H200, one process, ``tools/ab_policy.py lap_deal``, planned, us): 4 x 992 99.0 -> 104.7, 16 x 992
 #: 360.8 -> 370.6, 8 x 992 h16/kv1 102.0 -> 110.0, h16/kv2 99.7 -> 107.2, h20/kv4 128.3 -> 132.6, h32/kv16 183.9 ->
-#: 190.8, h32/kv4 193.6 -> 195.0. So what the serpentine wins by is its regular pattern, not its item counts
-WHOLE_DEAL = ""
+#: 190.8, h32/kv4 193.6 -> 195.0. So what the serpentine wins by is its regular pattern, not its item counts; and
+#: "serpentine" where the twin cuts the line instead (within 1/16 of the cuts' busiest CTA) is faster though the model
+#: rates it worse (session 20, same tooling, ``serpentine_deal``, planned, page 64, us): 8 x 992 h32/kv4 195.4 -> 189.3
+#: (the cuts 1.024 of the mean, the serpentine 1.082), h32/kv8 192.4 -> 185.4, 8 x 128 / 2048 70.3 -> 70.6 (noise).
+#: GPU tests 6 passed (both host routes). Of the bench's and the FIB representatives' rows it changes only those
+#: (and their page-1 twins). Device plans keep the twin's rule (its cuts there): device-planned calls do not move
+WHOLE_DEAL = "serpentine"
 #: sm_90a page sizes whose row gathers copy K one tile ahead of V (``PagedAttentionConfig.k_ahead``: K_0, K_1, V_0,
 #: K_2, V_1, ..., FA3's paged-KV order). Why: page-1 prefill runs 6-16% behind page 64 and FA4 (whose page 1 runs
 #: at its page-64 time); with the intra-warpgroup overlap a consumer waits for K_{t+1} before V_t, and the producer
