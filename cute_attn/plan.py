@@ -140,6 +140,10 @@ class PlanConfig:
     #: worse; "serpentine" -- the twin's serpentine deal (``sorted_deal``) in place of a plan without merges where its
     #: busiest CTA is within a sixteenth (batches of at most ``SORTED_DEAL_MAX_Q_TILES`` q tiles); "": neither (``ops/gqa_prefill.WHOLE_DEAL`` says what measured)
     whole_deal: str = ""
+    #: device plans (and their twin): whole-tile cuts give way to the serpentine deal whenever its busiest CTA is within
+    #: ``1 / 2**SERPENTINE_SLACK_SHIFT`` of theirs (``plan_partition.deal_bound``), the rule host plans take with
+    #: ``whole_deal`` "serpentine"; without it, only cuts above ``W + W / 2**DEAL_WHOLE_SHIFT``, to a strictly better deal
+    deal_whole_cuts: bool = False
 
     def __post_init__(self):
         if self.line_deal and self.sorted_deal:

@@ -66,7 +66,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .plan import NOT_CAUSAL_OFFSET, ItemField, MergeField, PlanCapacity, PlanConfig, WorkPlan
+from .plan import (NOT_CAUSAL_OFFSET, SERPENTINE_SLACK_SHIFT, ItemField, MergeField, PlanCapacity, PlanConfig,
+                   WorkPlan)
 
 __all__ = ["DEAL_WHOLE_SHIFT", "SNAP_SHIFT", "SORTED_DEAL_MAX_Q_TILES", "WHOLE_TILE_SHIFT", "QTiles", "cut_loads",
            "capped_slack", "deal_bound", "even_pieces", "min_width", "partition", "snap_slack", "whole_tile_bound",
@@ -289,11 +290,14 @@ def deal_bound(config: PlanConfig, width: int, cut_max: int, whole_tiles: bool) 
     """The busiest CTA a sorted deal may have to replace the cuts, or None when the deal is not tried: split cuts
     give way to a deal no worse than them or than the whole-tile rule's bound (:func:`whole_tile_bound`: no merges
     runs faster than modelled); whole-tile cuts whose busiest CTA exceeds ``W + W / 2**DEAL_WHOLE_SHIFT`` only to a
-    strictly better one. A line deal (``PlanConfig.line_deal``) replaces whole-tile cuts whenever it is no worse."""
+    strictly better one (``deal_whole_cuts``: any whole-tile cuts, to a deal within ``1 / 2**SERPENTINE_SLACK_SHIFT``
+    of them). A line deal (``PlanConfig.line_deal``) replaces whole-tile cuts whenever it is no worse."""
     if whole_tiles and config.line_deal:
         return cut_max
     if not whole_tiles:
         return max(cut_max, whole_tile_bound(config, width))
+    if config.deal_whole_cuts:
+        return cut_max + (cut_max >> SERPENTINE_SLACK_SHIFT)
     if cut_max > width + (width >> DEAL_WHOLE_SHIFT):
         return cut_max - 1
     return None

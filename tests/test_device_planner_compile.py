@@ -219,3 +219,16 @@ def test_q_tile_phase_builds_one_or_two_tiles_a_thread(arch):
     with device_planner.q_tile_pass_policy(0):
         assert device_planner.default_configs(arch)[1].q_tiles_per_pass == 0
     assert device_planner.default_configs(arch)[1].q_tiles_per_pass == 1
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_whole_cuts_deal_build_differs_only_in_the_deal_bound(arch):
+    """``deal_whole_cuts`` (``ops/gqa_prefill.DEVICE_WHOLE_DEAL``, off): the prefill planner builds with the serpentine
+    allowed within 1/16 of whole-tile cuts (a shift and an add in place of the W/32 test); the sort is the same."""
+    prefill = device_planner.default_configs(arch)[1]
+    assert not prefill.deal_whole_cuts
+    dealing = dataclasses.replace(prefill, deal_whole_cuts=True)
+    assert dealing.can_implement() is None
+    plain_ptx, dealing_ptx = compile_to_ptx(prefill), compile_to_ptx(dealing)
+    assert f".target {arch}" in dealing_ptx and plain_ptx != dealing_ptx
+    assert dealing_ptx.count("shfl.sync.bfly") == plain_ptx.count("shfl.sync.bfly")

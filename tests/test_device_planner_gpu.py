@@ -369,3 +369,21 @@ def test_captured_decode_step_replays_across_changing_batches():
         testing.assert_close_benchmark(replayed[1], ref_lse, f"live {live} lse")
         assert (replayed[0][live:] == 0).all() and torch.isneginf(replayed[1][live:]).all()
     cute_attn.raise_on_device_error()
+
+
+@pytest.mark.parametrize("q_lens, kv_lens, heads, kv_heads", [
+    ([992] * 8, [992] * 8, 32, 4), ([992] * 8, [992] * 8, 32, 8), ([128] * 8, [2048] * 8, 32, 4),
+    ([0, 130, 1, 700, 64, 2500], [5, 130, 64, 900, 64, 2600], 20, 4),
+], ids=["8x992-h32kv4", "8x992-h32kv8", "8x128-2048", "ragged-h20kv4"])
+def test_whole_cuts_dealt_lists_equal_the_twin(q_lens, kv_lens, heads, kv_heads):
+    """``deal_whole_cuts`` (``ops/gqa_prefill.DEVICE_WHOLE_DEAL``): whole-tile cuts give way to the serpentine deal
+    within 1/16 of their busiest CTA; the device's lists equal the twin's and the default call matches the reference."""
+    from cute_attn.ops.gqa_prefill import device_whole_deal_policy
+
+    with device_whole_deal_policy(True):
+        case = testing.make_gqa_prefill_case(q_lens, kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads, device="cuda",
+                                             seed=len(q_lens) + heads)
+        plan = cute_attn.plan_gqa_paged_prefill(*case.inputs(), on_device=True)
+        assert plan.config.plan_config(plan.work_indptr.shape[0] - 1).deal_whole_cuts
+        _assert_twin(plan, case.qo_indptr.tolist(), case.kv_indptr.tolist(), q_lens, kv_lens, f"{q_lens[:3]}...")
+        _assert_default_call_matches_reference(case, f"whole cuts dealt {heads}/{kv_heads}")

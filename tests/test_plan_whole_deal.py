@@ -92,3 +92,16 @@ def test_serpentine_host_plans_leave_batches_past_the_sort_limit_to_the_lpt():
     lens = [992] * 32  # 1984 q tiles: past SORTED_DEAL_MAX_Q_TILES, the device would not deal them either
     assert np.array_equal(plan_work(_prefill(mode="serpentine"), lens, lens).items,
                           plan_work(_prefill(mode=""), lens, lens).items)
+
+
+@pytest.mark.parametrize("heads, n", [((32, 4), 8), ((32, 8), 8)])
+def test_the_twin_deals_whole_tile_cuts_within_a_sixteenth_with_deal_whole_cuts(heads, n):
+    """``deal_whole_cuts`` (device plans, ``DEVICE_WHOLE_DEAL``): 8 x 992 at h32/kv4 and h32/kv8, whose cuts are whole
+    tiles within W/32 (1.024 of the mean), give way to the serpentine deal (1.082), which the host plans take too."""
+    lens = [992] * n
+    config = dataclasses.replace(_prefill(*heads, mode="serpentine"), deal_whole_cuts=True)
+    twin, dealt = partition(config, lens, lens)
+    assert dealt and twin.cta_cost.max() == 14336
+    assert not partition(dataclasses.replace(config, deal_whole_cuts=False), lens, lens)[1]
+    host = plan_work(config, lens, lens)
+    assert np.array_equal(host.items, twin.items) and np.array_equal(host.work_indptr, twin.work_indptr)

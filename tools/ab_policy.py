@@ -25,6 +25,9 @@ POLICY is one of
                   "lap") off / on: the FIB prefill rows whose serpentine deal the model rates uneven; planned calls move
     serpentine_deal  GQA prefill host plans always the twin's serpentine deal (``WHOLE_DEAL`` "serpentine") off / on:
                   the rows whose host plan is the LPT or the twin's cuts today; only planned calls move
+    device_whole_deal  GQA prefill device plans' whole-tile cuts given way to the serpentine deal within 1/16
+                  (``ops/gqa_prefill.DEVICE_WHOLE_DEAL``) off / on: the serpentine_deal rows; device-planned and default
+                  calls move
     q_tile_pass   the device planner's q-tile pass: one tile a thread, or chosen per launch (two past one pass;
                   ``kernels/common/device_planner.Q_TILES_PER_PASS`` 1 / 0); only the device-planned and default calls
                   move
@@ -131,6 +134,12 @@ SERPENTINE_DEAL_CASES = {  # GQA prefill rows whose host plan the serpentine cha
     "n8_q992_h32kv8": ([992] * 8, [992] * 8, 32, 8),
     "n8_q128_kv2048_h32kv4": ([128] * 8, [2048] * 8, 32, 4),
 }
+
+
+def _device_whole_deal_cases(pages):
+    from cute_attn.ops import gqa_prefill
+
+    return _prefill_cases(SERPENTINE_DEAL_CASES, pages, lambda page_size: gqa_prefill.device_whole_deal_policy)
 
 
 def _serpentine_deal_cases(pages):
@@ -318,11 +327,12 @@ POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, 
             "early_dependents": _early_dependents_cases, "combine_early_rows": _combine_early_rows_cases,
             "even_pieces": _even_pieces_cases, "page_boxes": _page_boxes_cases, "max_slack": _max_slack_cases,
             "eager_combine": _eager_combine_cases, "lap_deal": _lap_deal_cases,
-            "serpentine_deal": _serpentine_deal_cases}
+            "serpentine_deal": _serpentine_deal_cases, "device_whole_deal": _device_whole_deal_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
                  "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64], "even_pieces": [64, 1],
                  "page_boxes": [64, 128], "max_slack": [1], "eager_combine": [64, 1],
-                 "lap_deal": [64], "serpentine_deal": [64]}
+                 "lap_deal": [64], "serpentine_deal": [64],
+                 "device_whole_deal": [64]}
 
 
 def main(argv=None) -> int:

@@ -177,6 +177,13 @@ def _cases(arch: str) -> dict:
         case = testing.make_gqa_prefill_case([700], [700], device="cuda", seed=81)
         return _run_api(cute_attn.gqa_paged_prefill, case, arch)
 
+    def deal_whole_cuts():  # whole-tile cuts within W/32 given way to the serpentine deal (the sort then runs)
+        from cute_attn.ops.gqa_prefill import device_whole_deal_policy
+
+        with device_whole_deal_policy(True):
+            case = testing.make_gqa_prefill_case([992] * 8, [992] * 8, device="cuda", seed=108)
+            return _run_api(cute_attn.gqa_paged_prefill, case, arch)
+
     def deal_mla():  # the sorted deal on an MLA batch of short requests (the seed's shape, smaller)
         q_lens, kv_lens = [179, 23, 43, 55, 43, 177, 191, 130], [186, 41, 109, 141, 167, 272, 243, 161]
         case = testing.make_mla_prefill_case(q_lens, kv_lens, device="cuda", seed=82)
@@ -349,6 +356,7 @@ def _cases(arch: str) -> dict:
     cases["deal-prefill"] = ("gqa_paged_prefill", deal_prefill)
     cases["line-deal-decode"] = ("gqa_paged_decode", line_deal_decode)
     cases["deal-whole-tiles"] = ("gqa_paged_prefill", deal_whole_tiles)
+    cases["deal-whole-cuts"] = ("device_planner", deal_whole_cuts)
     cases["deal-mla"] = ("mla_paged_prefill", deal_mla)
     for page_size in (2, 4, 8):
         cases[f"prefill-rows-p{page_size}"] = ("gqa_paged_prefill", prefill_small_pages(page_size))

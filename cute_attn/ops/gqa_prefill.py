@@ -65,6 +65,11 @@ FUSED_MERGE = False
 #: GPU tests 6 passed (both host routes). Of the bench's and the FIB representatives' rows it changes only those
 #: (and their page-1 twins). Device plans keep the twin's rule (its cuts there): device-planned calls do not move
 WHOLE_DEAL = "serpentine"
+#: device plans take the same rule (``PlanConfig.deal_whole_cuts``: whole-tile cuts give way to the serpentine deal
+#: within 1/16 of their busiest CTA; the planner then sorts where it kept the cuts before). Built in session 20, not
+#: run on a GPU: off until the device-planner tier and its A/B (``tools/ab_policy.py device_whole_deal``; prediction:
+#: 8 x 992 h32/kv4 device-planned 199.5 -> ~193 us, the default call ~-5 after the sort's cost)
+DEVICE_WHOLE_DEAL = False
 #: sm_90a page sizes whose row gathers copy K one tile ahead of V (``PagedAttentionConfig.k_ahead``: K_0, K_1, V_0,
 #: K_2, V_1, ..., FA3's paged-KV order). Why: page-1 prefill runs 6-16% behind page 64 and FA4 (whose page 1 runs
 #: at its page-64 time); with the intra-warpgroup overlap a consumer waits for K_{t+1} before V_t, and the producer
@@ -88,6 +93,14 @@ def whole_deal_policy(mode: str):
         raise ValueError(f"whole_deal must be '', 'lap' or 'serpentine', got {mode!r}")
     with policy(globals(), WHOLE_DEAL=mode):
         yield mode
+
+
+@contextlib.contextmanager
+def device_whole_deal_policy(enabled: bool):
+    """Inside the block GQA prefill device plans take ``deal_whole_cuts=enabled`` whatever ``DEVICE_WHOLE_DEAL`` says
+    (A/Bs, the device-planner tier, sanitizer cases)."""
+    with policy(globals(), DEVICE_WHOLE_DEAL=bool(enabled)):
+        yield bool(enabled)
 
 
 @contextlib.contextmanager

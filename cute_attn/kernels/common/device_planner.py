@@ -121,6 +121,7 @@ class DevicePlannerConfig(KernelConfig):
     line_deal: bool = False  # PlanConfig.line_deal: whole tiles dealt serpentine in line order when no worse
     even_pieces: bool = False  # PlanConfig.even_pieces: equal one-tile requests cut in even pieces
     max_slack_keys: int = 0  # PlanConfig.max_slack_keys: the snap and whole-tile slacks capped (0: none)
+    deal_whole_cuts: bool = False  # PlanConfig.deal_whole_cuts: whole-tile cuts dealt within 1/16 of their busiest
     num_qo_heads: int = 20
     head_dim_v: int = 128
     #: a development build: the planning CTA writes clock64 stamps of its phase boundaries to the last
@@ -142,7 +143,7 @@ class DevicePlannerConfig(KernelConfig):
             min_chunk_keys=plan_config.min_chunk_keys, allow_split=plan_config.allow_split,
             zigzag=plan_config.zigzag, sorted_deal=plan_config.sorted_deal, line_deal=plan_config.line_deal,
             even_pieces=plan_config.even_pieces, max_slack_keys=plan_config.max_slack_keys, num_qo_heads=plan_config.num_qo_heads,
-            head_dim_v=head_dim_v, q_tiles_per_pass=Q_TILES_PER_PASS)
+            head_dim_v=head_dim_v, q_tiles_per_pass=Q_TILES_PER_PASS, deal_whole_cuts=plan_config.deal_whole_cuts)
 
     def plan_config(self, num_ctas: int) -> PlanConfig:
         return PlanConfig(num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads, causal=self.causal,
@@ -150,7 +151,7 @@ class DevicePlannerConfig(KernelConfig):
                           item_overhead_keys=self.item_overhead_keys, allow_split=self.allow_split,
                           min_chunk_keys=self.min_chunk_keys, page_size=self.page_size, zigzag=self.zigzag,
                           sorted_deal=self.sorted_deal, line_deal=self.line_deal, even_pieces=self.even_pieces,
-                          max_slack_keys=self.max_slack_keys)
+                          max_slack_keys=self.max_slack_keys, deal_whole_cuts=self.deal_whole_cuts)
 
     def can_implement(self) -> str | None:
         if (reason := super().can_implement()) is not None:

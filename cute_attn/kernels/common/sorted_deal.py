@@ -16,6 +16,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
+from ...plan import SERPENTINE_SLACK_SHIFT
 from ...plan_partition import DEAL_WHOLE_SHIFT, SNAP_SHIFT, SORT_TILE_CAP, SORTED_DEAL_MAX_Q_TILES, WHOLE_TILE_SHIFT
 from .planner_collectives import NUM_THREADS, WARP, block_max
 
@@ -84,6 +85,8 @@ def sorted_deal(c: cutlass.Constexpr, tidx, split, snap_max, longest, q_tiles, q
     bound = snap_max - 1
     if cutlass.const_expr(c.line_deal):
         bound = snap_max  # a line deal replaces whole-tile cuts whenever it is no worse
+    elif cutlass.const_expr(c.deal_whole_cuts):
+        bound = snap_max + (snap_max >> SERPENTINE_SLACK_SHIFT)  # any whole-tile cuts, to a deal within 1/16
     elif snap_max <= width + (width >> DEAL_WHOLE_SHIFT):
         bound = Int64(-1)
     if split != 0:  # uniform: each CTA's load under the split cuts, one reduction
