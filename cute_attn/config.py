@@ -198,13 +198,18 @@ class PagedAttentionConfig(KernelConfig):
             zigzag=self.causal and self.kind.startswith("mla_"), sorted_deal=self.causal,
             host_deal=self.causal and self.kind == "gqa_paged_prefill", line_deal=self._line_deal(),
             even_pieces=EVEN_PIECES, max_slack_keys=MAX_SLACK_KEYS, whole_deal=self._whole_deal(),
-            deal_whole_cuts=self._whole_deal() != "" and gqa_prefill_device_whole_deal(),
+            deal_whole_cuts=self._deal_whole_cuts(),
         )
 
-    def _whole_deal(self) -> str:  # GQA prefill's host-plan policy (also gates its device rule)
+    def _whole_deal(self) -> str:
         from .ops import gqa_prefill  # the prefill spec's host-plan policy
 
         return gqa_prefill.WHOLE_DEAL if self.causal and self.kind == "gqa_paged_prefill" else ""
+
+    def _deal_whole_cuts(self) -> bool:
+        from .ops import gqa_prefill  # the prefill spec's device-plan policy
+
+        return self.causal and self.kind == "gqa_paged_prefill" and gqa_prefill.DEVICE_WHOLE_DEAL
 
     def _line_deal(self) -> bool:
         from .ops import gqa_decode  # the decode spec's page-size policy
@@ -271,12 +276,6 @@ def gqa_shape_reason(config: PagedAttentionConfig) -> str | None:
         knob = "share_scores" if config.share_scores else "score_warpgroup"
         return f"{knob} is a variant of the sm_90a MLA prefill kernel only"
     return None
-
-
-def gqa_prefill_device_whole_deal() -> bool:
-    from .ops import gqa_prefill  # the prefill spec's device-plan policy
-
-    return gqa_prefill.DEVICE_WHOLE_DEAL
 
 
 #: ``PagedAttentionConfig.early_dependents`` of every default config. Why: without it the combine launch (device
