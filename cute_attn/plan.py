@@ -428,7 +428,8 @@ def plan_work(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity | None
         except ValueError:  # a caller's capacity sized for the LPT alone: keep it
             twin, dealt = None, False
         if dealt and config.host_deal:
-            return _whole_dealt(config, q_lens, kv_lens, capacity, twin)
+            # the twin's deal is the serpentine already: only the lap deal is another candidate
+            return _whole_dealt(config, q_lens, kv_lens, capacity, twin) if config.whole_deal == "lap" else twin
     m = config.num_ctas
     tiles = _tiles(config, q_lens, kv_lens)
 
@@ -470,6 +471,8 @@ def _whole_dealt(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity, pl
     h32/kv4: 1.057)."""
     if not (config.whole_deal and config.host_deal):
         return plan
+    if config.whole_deal == "serpentine" and plan.num_merges:  # in place of whole tiles only (as measured): a split
+        return plan  # plan's balance is what its merges buy
     from .plan_partition import whole_dealt_plan  # plan_partition imports this module
 
     try:
@@ -477,9 +480,7 @@ def _whole_dealt(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity, pl
     except ValueError:  # too many q tiles, or a caller's capacity too small for every whole tile: keep the plan
         return plan
     bound = plan.cta_cost.max()
-    if config.whole_deal == "serpentine":  # its pattern against the model's balance, within a sixteenth, in place
-        if plan.num_merges:  # of whole tiles only (as measured): a split plan's balance is what its merges buy
-            return plan
+    if config.whole_deal == "serpentine":  # its pattern against the model's balance, within a sixteenth
         bound += bound >> SERPENTINE_SLACK_SHIFT
     return dealt if dealt.cta_cost.max() <= bound else plan
 
