@@ -66,10 +66,12 @@ FUSED_MERGE = False
 #: (and their page-1 twins). Device plans keep the twin's rule (its cuts there): device-planned calls do not move
 WHOLE_DEAL = "serpentine"
 #: device plans take the same rule (``PlanConfig.deal_whole_cuts``: whole-tile cuts give way to the serpentine deal
-#: within 1/16 of their busiest CTA; the planner then sorts where it kept the cuts before). Built in session 20, not
-#: run on a GPU: off until the device-planner tier and its A/B (``tools/ab_policy.py device_whole_deal``; prediction:
-#: 8 x 992 h32/kv4 device-planned 199.5 -> ~193 us, the default call ~-5 after the sort's cost)
-DEVICE_WHOLE_DEAL = False
+#: within 1/16 of their busiest CTA; the planner then sorts where it kept the cuts before). H200, session 21 (one
+#: process, ``tools/ab_policy.py device_whole_deal --pages 64 1``; GPU tests 4 passed, memcheck/racecheck clean on
+#: deal-whole-cuts), off -> on, us: device-planned 8 x 992 h32/kv4 200.3 -> 192.2 (page 64), 208.8 -> 201.6 (page 1),
+#: h32/kv8 194.7 -> 189.3, 205.9 -> 197.6; the default call 210.3 -> 205.4, 221.0 -> 217.3, 205.9 -> 201.6, 217.8 ->
+#: 213.2; 8 x 128 / 2048 within noise (73.4 -> 72.5, default 81.5 -> 82.1). Prediction was 199.5 -> ~193, default ~-5
+DEVICE_WHOLE_DEAL = True
 #: sm_90a page sizes whose row gathers copy K one tile ahead of V (``PagedAttentionConfig.k_ahead``: K_0, K_1, V_0,
 #: K_2, V_1, ..., FA3's paged-KV order). Why: page-1 prefill runs 6-16% behind page 64 and FA4 (whose page 1 runs
 #: at its page-64 time); with the intra-warpgroup overlap a consumer waits for K_{t+1} before V_t, and the producer
