@@ -72,7 +72,7 @@ class DevicePlan:
     items: torch.Tensor
     merge_indptr: torch.Tensor
     merges: torch.Tensor
-    partial_out: torch.Tensor  # [max(max_partials, 1), tile_q_rows, head_dim_v] fp32
+    partial_out: torch.Tensor  # [max(max_partials, 1), tile_q_rows, head_dim_v] fp32 (bf16: config.bf16_partials)
     partial_lse: torch.Tensor  # [max(max_partials, 1), tile_q_rows] fp32
     merge_counters: torch.Tensor  # [max(max_merges, 1)] int32, zero between launches (see above)
     #: CUDA stream handle -> (partial_out, partial_lse, merge_counters) of launches on that stream
@@ -111,7 +111,8 @@ class DevicePlan:
             config=config, plan=None,
             work_indptr=ints(num_ctas + 1), items=ints(capacity.max_items, len(ItemField)),
             merge_indptr=ints(capacity.max_merges + 1), merges=ints(capacity.max_merges, len(MergeField)),
-            partial_out=torch.empty(slots, config.tile_q_rows, config.head_dim_v, dtype=torch.float32, device=device),
+            partial_out=torch.empty(slots, config.tile_q_rows, config.head_dim_v,
+                                    dtype=torch.bfloat16 if config.bf16_partials else torch.float32, device=device),
             partial_lse=torch.empty(slots, config.tile_q_rows, dtype=torch.float32, device=device),
             merge_counters=ints(max(capacity.max_merges, 1)),
         )

@@ -174,6 +174,10 @@ class PagedAttentionConfig(KernelConfig):
     #: each merge once its slots are in, on SMs the attention grid's finished CTAs left, instead of waiting for the
     #: whole grid (``kernels/common/combine.py``). ``ops/mla_prefill.EAGER_COMBINE`` is the kind's policy
     eager_combine: bool = False
+    #: sm_90a MLA and GQA prefill kernels with the combine launch: split items store their normalised partial O as
+    #: bf16 instead of fp32 (the partial LSEs stay fp32), halving the partials' stores and the combine's reads
+    #: (FlashInfer's split-KV keeps its partials in the output dtype too). ``BF16_PARTIALS`` is the policy
+    bf16_partials: bool = False
 
     @property
     def group_size(self) -> int:
@@ -251,6 +255,10 @@ class PagedAttentionConfig(KernelConfig):
         if self.eager_combine and ((self.kind, self.arch) != ("mla_paged_prefill", "sm_90a") or self.fused_merge):
             return (f"eager_combine: a knob of the sm_90a MLA kernels' combine launch, without fused_merge (kind "
                     f"{self.kind}, arch {self.arch}, fused_merge {self.fused_merge})")
+        if self.bf16_partials and (bf16_partials_reason := _bf16_partials_reason(self.kind, self.arch,
+                                                                                  self.fused_merge,
+                                                                                  self.eager_combine)):
+            return f"bf16_partials: {bf16_partials_reason}"
         if self.page_boxes and ((self.kind, self.arch) != ("mla_paged_prefill", "sm_90a")
                                 or self.page_size < self.kv_tile):
             return (f"page_boxes: a knob of the sm_90a MLA kernels' TMA K stages at pages of >= kv_tile keys "
@@ -328,6 +336,34 @@ def early_dependents_policy(on: bool):
         yield
 
 
+#: ``PagedAttentionConfig.bf16_partials`` of every default config where a kernel builds it. Why: the split items of
+#: a batch end together and store their fp32 partials at once (MLA decode page 64 16 x 4096: 128 CTAs x 32 KiB at the
+#: tail), and the combine that follows reads them all back: ~4 us of 34.3 where fa3 takes 34.2 in all. Measured,
+#: session 21 (H200, one process, ``tools/ab_policy.py bf16_partials``; GPU tests 30 passed, memcheck/racecheck clean):
+#: within noise, planned page 64 / page 1, us: MLA decode 16 x 4096 34.7 -> 34.2 / 35.3 -> 35.0, 64 x 8192 158.3 ->
+#: 157.9 / 160.8 -> 160.4, 1 x 4096 15.8 -> 15.9 / 15.6 -> 15.8; device-planned within +-0.1; MLA prefill and GQA
+#: prefill rows with merges +-0.8. The partials are written to and read from L2 (4 MiB at 16 x 4096): their bytes
+#: are not what the tail waits on (prediction was 16 x 4096 -0.7). Off
+BF16_PARTIALS = False
+
+
+def _bf16_partials_reason(kind: str, arch: str, fused_merge: bool, eager_combine: bool) -> str | None:
+    if arch != "sm_90a" or kind not in ("mla_paged_prefill", "gqa_paged_prefill"):
+        return f"built for the sm_90a MLA and GQA prefill kernels only (kind {kind}, arch {arch})"
+    if fused_merge or eager_combine:
+        return "the in-kernel fold and the eager combine read fp32 partials (fused_merge / eager_combine must be off)"
+    return None
+
+
+@contextlib.contextmanager
+def bf16_partials_policy(on: bool):
+    """Inside the block every default config that can takes ``bf16_partials=on`` (A/Bs, GPU tests, sanitizer)."""
+    from .ops import policy
+
+    with policy(globals(), BF16_PARTIALS=bool(on)):
+        yield
+
+
 def default_paged_config(kind: str, *, arch: str, num_qo_heads: int, num_kv_heads: int, head_dim_qk: int,
                          head_dim_v: int, page_size: int, causal: bool, spec=None) -> PagedAttentionConfig:
     """The tuned tile geometry for a problem: the kind's policy (``OpSpec.default_tiles``; the tuning notebooks
@@ -337,6 +373,9 @@ def default_paged_config(kind: str, *, arch: str, num_qo_heads: int, num_kv_head
 
     policy = (spec or get_spec(kind)).default_tiles
     tiles = policy(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size)
+    if BF16_PARTIALS and _bf16_partials_reason(kind, arch, tiles.get("fused_merge", False),
+                                               tiles.get("eager_combine", False)) is None:
+        tiles = {**tiles, "bf16_partials": True}
     return PagedAttentionConfig(
         arch=arch, kind=kind, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim_qk=head_dim_qk,
         head_dim_v=head_dim_v, page_size=page_size, causal=causal, **{"early_dependents": EARLY_DEPENDENTS, **tiles},

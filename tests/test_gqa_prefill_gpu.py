@@ -312,6 +312,43 @@ def test_fused_merge_drawn_batches_default_call(shape, batch):
                      page_size=page_size, seed=sum(kv_lens) % 977))
 
 
+# ---------------------------------------------------------------------------------------- bf16 partials
+@pytest.mark.parametrize("on_device", [False, True], ids=["host_plan", "device_plan"])
+@pytest.mark.parametrize("heads, kv_heads, head_dim, page_size", FUSED_SHAPES, ids=str)
+def test_bf16_partials_split_items(on_device, heads, kv_heads, head_dim, page_size):
+    """``bf16_partials`` (``config.BF16_PARTIALS``): split items store bf16 partial rows, the combine widens them."""
+    import cute_attn
+    from cute_attn.config import bf16_partials_policy
+
+    with bf16_partials_policy(True):
+        case = _case([1, 40, 0, 200, 64, 3], [3000, 40, 5, 1500, 30000, 3], num_qo_heads=heads,
+                     num_kv_heads=kv_heads, head_dim=head_dim, page_size=page_size, seed=heads + page_size + 1)
+        plan = cute_attn.plan_gqa_paged_prefill(*case.inputs(), on_device=on_device)
+        assert plan.config.bf16_partials and plan.partial_out.dtype == torch.bfloat16
+        if not on_device:
+            assert plan.plan.num_merges > 0  # the bf16 rows are what the combine reads
+        out, lse = case.new_outputs()
+        cute_attn.gqa_paged_prefill(*case.inputs(), out, lse, plan=plan)
+        torch.cuda.synchronize()
+        ref_out, ref_lse = case.reference()
+        testing.assert_close_benchmark(out, ref_out, "output")
+        testing.assert_close_benchmark(lse, ref_lse, "lse")
+        cute_attn.raise_on_device_error()
+
+
+@settings(max_examples=6, deadline=None)
+@given(shape=st.sampled_from(FUSED_SHAPES), batch=testing.ragged_batches(max_batch=8, max_q=600, max_kv=6000))
+def test_bf16_partials_drawn_batches_default_call(shape, batch):
+    """The default call (a device plan every call) with bf16 partials, on drawn batches and shapes."""
+    from cute_attn.config import bf16_partials_policy
+
+    heads, kv_heads, head_dim, page_size = shape
+    q_lens, kv_lens = batch
+    with bf16_partials_policy(True):
+        _check(_case(q_lens, kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+                     page_size=page_size, seed=sum(kv_lens) % 977))
+
+
 # ---------------------------------------------------------------------------------------- k_ahead row gathers
 @pytest.mark.parametrize("page_size, heads, kv_heads", [(1, 32, 4), (1, 16, 1), (2, 20, 4), (4, 24, 8), (8, 32, 8)],
                          ids=str)

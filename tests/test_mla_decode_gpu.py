@@ -228,6 +228,29 @@ def test_mla_decode_eager_combine_drawn_batches(batch, page_size, num_heads):
     _compare_drawn_under(eager_combine_policy, batch, page_size, num_heads, 5)
 
 
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@pytest.mark.parametrize("num_heads", HEADS)
+@pytest.mark.parametrize("multi_token", [False, True], ids=["q1", "q1to4"])
+@pytest.mark.parametrize("route", ROUTES)
+def test_mla_decode_bf16_partials(page_size, num_heads, multi_token, route):
+    """``bf16_partials`` (``config.BF16_PARTIALS``): split items store their partial rows as bf16 and the combine
+    widens them. Long requests split over many CTAs (a 16-slot merge) beside empty and tiny ones, on every route."""
+    from cute_attn.config import bf16_partials_policy
+
+    kv_lens = [LONG_KV, 0, 1, 4095, 65, LONG_KV // 2 + 3]
+    q_lens = [4, 1, 1, 3, 2, 1] if multi_token else [1] * len(kv_lens)
+    with bf16_partials_policy(True):
+        _run_and_compare(q_lens, kv_lens, multi_token, page_size, num_heads, route, seed=page_size + num_heads + 23)
+
+
+@settings(max_examples=10)
+@given(batch=decode_batches(), page_size=st.sampled_from(PAGE_SIZES), num_heads=st.sampled_from(HEADS))
+def test_mla_decode_bf16_partials_drawn_batches(batch, page_size, num_heads):
+    from cute_attn.config import bf16_partials_policy
+
+    _compare_drawn_under(bf16_partials_policy, batch, page_size, num_heads, 7)
+
+
 def test_mla_eager_combine_leaves_every_counter_at_zero():
     """After eager-combined calls (host plan with real merges, replayed through ``plan=``) the plan's merge counters
     are all 0 again, the state the next launch or graph replay starts from."""

@@ -102,19 +102,22 @@ def test_natural_lse():
     _check(_case([300, 50], [1000, 50], seed=3), natural_lse=True)
 
 
-@pytest.mark.parametrize("merge", ["combine", "fused_merge", "eager_combine"])
+@pytest.mark.parametrize("merge", ["combine", "fused_merge", "eager_combine", "bf16_partials"])
 def test_long_request_split_and_combined(merge):
     # few query rows over many keys: the planner splits the KV range, the combine kernel (with fused_merge, the last
     # CTA of each merge; with eager_combine, the combine folding each merge once its slots are in) merges the
     # partials; then the same batch planned on the device (the default call)
     import cute_attn
+    from cute_attn.config import bf16_partials_policy
     from cute_attn.ops.mla_prefill import eager_combine_policy, fused_merge_policy
 
     case = _case([8, 2], [9000, 3000], seed=4)
-    with fused_merge_policy(merge == "fused_merge"), eager_combine_policy(merge == "eager_combine"):
+    with fused_merge_policy(merge == "fused_merge"), eager_combine_policy(merge == "eager_combine"), \
+            bf16_partials_policy(merge == "bf16_partials"):
         plan = cute_attn.plan_mla_paged_prefill(*case.inputs())
         assert plan.plan.num_merges > 0 and plan.config.fused_merge == (merge == "fused_merge")
         assert plan.config.eager_combine == (merge == "eager_combine")
+        assert plan.config.bf16_partials == (merge == "bf16_partials")
         out, lse = case.new_outputs()
         cute_attn.mla_paged_prefill(*case.inputs(), out, lse, plan=plan, natural_lse=True)
         torch.cuda.synchronize()

@@ -28,6 +28,8 @@ POLICY is one of
     device_whole_deal  GQA prefill device plans' whole-tile cuts given way to the serpentine deal within 1/16
                   (``ops/gqa_prefill.DEVICE_WHOLE_DEAL``) off / on: the serpentine_deal rows; device-planned and default
                   calls move
+    bf16_partials split items store bf16 partial rows (``config.BF16_PARTIALS``, the sm_90a MLA and GQA prefill
+                  kernels) off / on: the eager-combine cases and GQA prefill 1 x 992 and 4 x 512 / 4096, whose plans split
     q_tile_pass   the device planner's q-tile pass: one tile a thread, or chosen per launch (two past one pass;
                   ``kernels/common/device_planner.Q_TILES_PER_PASS`` 1 / 0); only the device-planned and default calls
                   move
@@ -303,6 +305,22 @@ def _eager_combine_cases(pages):
             eager_combine_policy
 
 
+BF16_PARTIALS_PREFILL_CASES = {  # GQA prefill rows whose plans split (merges, a combine launch)
+    "n1_q992_h32kv4": ([992], [992], 32, 4),
+    "n4_q512_kv4096_h32kv4": ([512] * 4, [4096] * 4, 32, 4),
+}
+
+
+def _bf16_partials_cases(pages):
+    """The eager-combine cases (MLA decode's bench batches, the MLA seed and 1 / 1028) and the GQA prefill rows whose
+    plans split: the split items' partial rows stored as bf16 or fp32."""
+    from cute_attn.config import bf16_partials_policy
+
+    for row0, make, kind, _ in _eager_combine_cases(pages):
+        yield row0, make, kind, bf16_partials_policy
+    yield from _prefill_cases(BF16_PARTIALS_PREFILL_CASES, pages, lambda page_size: bf16_partials_policy)
+
+
 def _max_slack_cases(pages):
     """MLA prefill's long batches, whose device plans the slack cap splits (page 1, the definition's)."""
     from cute_attn import testing
@@ -327,12 +345,13 @@ POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, 
             "early_dependents": _early_dependents_cases, "combine_early_rows": _combine_early_rows_cases,
             "even_pieces": _even_pieces_cases, "page_boxes": _page_boxes_cases, "max_slack": _max_slack_cases,
             "eager_combine": _eager_combine_cases, "lap_deal": _lap_deal_cases,
-            "serpentine_deal": _serpentine_deal_cases, "device_whole_deal": _device_whole_deal_cases}
+            "serpentine_deal": _serpentine_deal_cases, "device_whole_deal": _device_whole_deal_cases,
+            "bf16_partials": _bf16_partials_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
                  "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64], "even_pieces": [64, 1],
                  "page_boxes": [64, 128], "max_slack": [1], "eager_combine": [64, 1],
                  "lap_deal": [64], "serpentine_deal": [64],
-                 "device_whole_deal": [64]}
+                 "device_whole_deal": [64], "bf16_partials": [64, 1]}
 
 
 def main(argv=None) -> int:

@@ -335,6 +335,29 @@ def _cases(arch: str) -> dict:
         cases["eager-combine-mla-decode-p64"] = ("combine", eager_combine("decode", 64))
         cases["eager-combine-mla-decode-p1"] = ("combine", eager_combine("decode", 1))
         cases["eager-combine-mla-prefill"] = ("combine", eager_combine("prefill", 1))
+    def bf16_partials(kind: str, page_size: int):  # split items store bf16 partial rows, the combine widens them
+        def run():
+            from cute_attn.config import bf16_partials_policy
+
+            with bf16_partials_policy(True):
+                if kind == "mla_decode":  # device-planned: planner, attention, combine
+                    case = testing.make_mla_decode_case([4096, 0, 70, 9000, 1, 4096], page_size=page_size,
+                                                        device="cuda", seed=108 + page_size)
+                    return _run_api(cute_attn.mla_paged_decode, case, arch)
+                if kind == "mla_prefill":
+                    case = testing.make_mla_prefill_case([8, 2, 0, 40], [9000, 3000, 7, 40], page_size=page_size,
+                                                         device="cuda", seed=109 + page_size)  # host plan: merges
+                    return _run_api(cute_attn.mla_paged_prefill, case, arch, check_indices=True)
+                case = testing.make_gqa_prefill_case([1, 40, 0, 200, 3], [3000, 40, 5, 1500, 3], page_size=page_size,
+                                                     device="cuda", seed=110 + page_size)
+                return _run_api(cute_attn.gqa_paged_prefill, case, arch, check_indices=True)
+        return run
+
+    if arch == "sm_90a":
+        cases["bf16-partials-mla-decode-p64"] = ("combine", bf16_partials("mla_decode", 64))
+        cases["bf16-partials-mla-decode-p1"] = ("combine", bf16_partials("mla_decode", 1))
+        cases["bf16-partials-mla-prefill"] = ("combine", bf16_partials("mla_prefill", 1))
+        cases["bf16-partials-gqa-prefill"] = ("combine", bf16_partials("gqa_prefill", 64))
     if arch == "sm_90a":
         cases["mla-decode-page-boxes-p64"] = ("mla_paged_decode", page_boxes("decode", 64))
         cases["mla-decode-page-boxes-p128"] = ("mla_paged_decode", page_boxes("decode", 128))

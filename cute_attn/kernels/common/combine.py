@@ -29,7 +29,9 @@ never all arrive is a planner bug; the fold then reads whatever is there rather 
 Packed row ``r`` of (request ``b``, KV head ``h``) is token ``TOKEN_START + r // group`` and query head
 ``h * group + r % group`` (``docs/kernel-contract.md``).
 
-Memory-light by design: partials are small (only split items write them) and read once.
+Memory-light by design: partials are small (only split items write them) and read once. ``bf16_partials``
+(``PagedAttentionConfig.bf16_partials``): the rows are bf16 (8-byte loads, widened in registers; the sums stay fp32),
+the LSEs fp32.
 """
 
 from __future__ import annotations
@@ -84,12 +86,14 @@ class CombineConfig(KernelConfig):
     max_ctas: int = 0  # see COMBINE_MAX_CTAS
     early_rows: bool = False  # see COMBINE_EARLY_ROWS
     eager: bool = False  # PagedAttentionConfig.eager_combine: each merge folded once its slots are in (module doc)
+    bf16_partials: bool = False  # PagedAttentionConfig.bf16_partials: the partial rows are bf16 (LSEs stay fp32)
 
     @staticmethod
     def for_paged(config: PagedAttentionConfig) -> "CombineConfig":
         return CombineConfig(arch=config.arch, tile_q_rows=config.tile_q_rows, head_dim_v=config.head_dim_v,
                              num_qo_heads=config.num_qo_heads, group_size=config.group_size,
-                             max_ctas=COMBINE_MAX_CTAS, early_rows=COMBINE_EARLY_ROWS, eager=config.eager_combine)
+                             max_ctas=COMBINE_MAX_CTAS, early_rows=COMBINE_EARLY_ROWS, eager=config.eager_combine,
+                             bf16_partials=config.bf16_partials)
 
     def can_implement(self) -> str | None:
         if (reason := super().can_implement()) is not None:
@@ -139,12 +143,12 @@ class LseCombine:
         c = self.config
         return (f"LseCombine_R{c.tile_q_rows}_D{c.head_dim_v}_H{c.num_qo_heads}_G{c.group_size}"
                 f"{f'_C{self.merge_ctas}' if self.merge_ctas else ''}{'_EarlyRows' if c.early_rows else ''}"
-                f"{'_Eager' if c.eager else ''}")
+                f"{'_Eager' if c.eager else ''}{'_Bf16Partials' if c.bf16_partials else ''}")
 
     @cute.jit
     def __call__(
         self,
-        partial_out: cute.Tensor,  # [slots, tile_q_rows, head_dim_v] fp32
+        partial_out: cute.Tensor,  # [slots, tile_q_rows, head_dim_v] fp32 (bf16: bf16_partials)
         partial_lse: cute.Tensor,  # [slots, tile_q_rows] fp32
         merge_indptr: cute.Tensor,  # [max_merges + 1] int32
         merges: cute.Tensor,  # [max_merges, len(MergeField)] int32
@@ -296,11 +300,7 @@ class LseCombine:
                             weights[u] = cute.arch.shuffle_sync(lane_weight, j)
                             if j0 + u >= n:
                                 weights[u] = cutlass.Float32(0.0)
-                            offset = (cutlass.Int64(g + j) * partial_out.stride[0] + r * partial_out.stride[1]
-                                      + col0) * 4
-                            src = cute.make_ptr(cutlass.Float32, partial_out.iterator.toint() + offset,
-                                                cute.AddressSpace.gmem, assumed_align=4 * vec)
-                            cute.autovec_copy(cute.make_tensor(src, cute.make_layout(vec)), parts[None, u])
+                            self.load_slot_row(partial_out, parts, u, g + j, r, col0)
                     for u in cutlass.range_constexpr(SLOTS_IN_FLIGHT):
                         for i in cutlass.range_constexpr(vec):
                             term = weights[u] * parts[i, u]
@@ -318,13 +318,25 @@ class LseCombine:
     def load_rows(self, partial_out, parts, g, j0, n, r, col0):
         """Slots ``g + j0 .. g + j0 + SLOTS_IN_FLIGHT - 1`` (clamped to ``g + n - 1``) of row ``r``: this lane's 16
         bytes of each into ``parts``, every load issued before any is used."""
-        vec = self.dims_per_lane
         for u in cutlass.range_constexpr(SLOTS_IN_FLIGHT):
-            j = cutlass.min(j0 + u, n - 1)
-            offset = (cutlass.Int64(g + j) * partial_out.stride[0] + r * partial_out.stride[1] + col0) * 4
-            src = cute.make_ptr(cutlass.Float32, partial_out.iterator.toint() + offset, cute.AddressSpace.gmem,
-                                assumed_align=4 * vec)
-            cute.autovec_copy(cute.make_tensor(src, cute.make_layout(vec)), parts[None, u])
+            self.load_slot_row(partial_out, parts, u, g + cutlass.min(j0 + u, n - 1), r, col0)
+
+    @cute.jit
+    def load_slot_row(self, partial_out, parts, u, slot, r, col0):
+        """This lane's ``dims_per_lane`` columns of ``partial_out[slot, r]`` into ``parts[:, u]`` (fp32): one 16-byte
+        load of fp32 partials, or one 8-byte load of bf16 ones widened in registers."""
+        vec = self.dims_per_lane
+        dtype = cutlass.BFloat16 if cutlass.const_expr(self.config.bf16_partials) else cutlass.Float32
+        size = 2 if cutlass.const_expr(self.config.bf16_partials) else 4
+        offset = (cutlass.Int64(slot) * partial_out.stride[0] + r * partial_out.stride[1] + col0) * size
+        src = cute.make_tensor(cute.make_ptr(dtype, partial_out.iterator.toint() + offset, cute.AddressSpace.gmem,
+                                             assumed_align=size * vec), cute.make_layout(vec))
+        if cutlass.const_expr(self.config.bf16_partials):
+            narrow = cute.make_rmem_tensor((vec,), dtype)
+            cute.autovec_copy(src, narrow)
+            parts[None, u].store(narrow.load().to(cutlass.Float32))
+        else:
+            cute.autovec_copy(src, parts[None, u])
 
 
 @cute.jit
@@ -355,7 +367,8 @@ def build(config: CombineConfig) -> tuple[Any, tuple[Any, ...]]:
     rows, dv, hq = config.tile_q_rows, config.head_dim_v, config.num_qo_heads
     fake = cute.runtime.make_fake_compact_tensor
     args = (
-        fake(cutlass.Float32, (slots, rows, dv), stride_order=(2, 1, 0), assumed_align=16),
+        fake(cutlass.BFloat16 if config.bf16_partials else cutlass.Float32, (slots, rows, dv), stride_order=(2, 1, 0),
+             assumed_align=16),
         fake(cutlass.Float32, (slots, rows), stride_order=(1, 0), assumed_align=16),
         fake(cutlass.Int32, (merge_ptr_len,)),
         fake(cutlass.Int32, (num_merges, len(MergeField)), stride_order=(1, 0)),

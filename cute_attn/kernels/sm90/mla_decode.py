@@ -213,7 +213,7 @@ class MlaPagedDecodeSwappedSm90(MlaPagedPrefillSm90):
                     if slot < 0:
                         output[token, (r0 + head) % self.group, column] = acc_o[i].to(output.element_type)
                     else:
-                        partial_out[slot, head, column] = acc_o[i]
+                        partial_out[slot, head, column] = acc_o[i].to(partial_out.element_type)
             # lse per column, by warpgroup 0's lanes holding row 0 of the tile (lane // 4 == 0, warp 0)
             if wg == 0:
                 if warp == 0:

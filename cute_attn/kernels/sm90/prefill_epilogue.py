@@ -143,13 +143,14 @@ def store_item_rows(acc_o: cute.Tensor, c_o: cute.Tensor, row_lse: cute.Tensor, 
 @cute.jit
 def store_partial_rows(acc_o: cute.Tensor, c_o: cute.Tensor, row_lse: cute.Tensor, row_count: Int32, slot: Int32,
                        partial_out: cute.Tensor, partial_lse: cute.Tensor):
-    """A split item: fp32 ``partial_out[slot]`` and base-2 ``partial_lse[slot]`` of rows ``< row_count``."""
+    """A split item: ``partial_out[slot]`` (fp32, or bf16 with ``bf16_partials``) and base-2 fp32
+    ``partial_lse[slot]`` of rows ``< row_count``."""
     o_mn = acc_mn_view(acc_o)
     c_mn = acc_mn_view(c_o)
     for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
         row = c_mn[r, 0][0]
         if row < row_count:
             for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
-                partial_out[slot, row, c_mn[r, c][1]] = o_mn[r, c]
+                partial_out[slot, row, c_mn[r, c][1]] = o_mn[r, c].to(partial_out.element_type)
             if c_mn[r, 0][1] == 0:
                 partial_lse[slot, row] = row_lse[r]
