@@ -586,6 +586,50 @@ def test_plan_quality_models_the_planners_costs():
     assert loads.tolist() == [8, 7]
 
 
+def test_grid_study_plans_one_item_a_cta_longest_first():
+    """tools/grid_study.py: the item-grid plan gives every CTA exactly one whole tile, in non-increasing modelled cost
+    along the CTAs (the order the hardware dispatches them), and covers every causal key of every row once."""
+    import numpy as np
+    import grid_study as tool
+    from cute_attn.config import default_paged_config
+    from cute_attn.plan_executor import plan_coverage
+
+    config = default_paged_config("gqa_paged_prefill", arch="sm_90a", num_qo_heads=20, num_kv_heads=4, head_dim_qk=128,
+                                  head_dim_v=128, page_size=64, causal=True)
+    q_lens, kv_lens = [300, 1, 77, 992], [300, 9, 700, 992]
+    device_plan, num_items = tool.item_grid_plan(config, q_lens, kv_lens, torch.device("cpu"))
+    plan = device_plan.plan
+    assert plan.num_items == num_items == plan.config.num_ctas and plan.num_merges == 0
+    assert (np.diff(plan.work_indptr) == 1).all()
+    assert (np.diff(plan.cta_cost) <= 0).all()
+    for b, hits in enumerate(plan_coverage(plan, q_lens, kv_lens)):
+        assert hits.max() == 1 and hits.sum() == sum(
+            kv_lens[b] - q_lens[b] + t + 1 for t in range(q_lens[b])) * config.num_qo_heads
+
+
+def test_item_cost_study_plans_n_whole_items_of_k_tiles_a_cta_and_fits_them():
+    """tools/item_cost_study.py: each grid point's host plan gives all 132 CTAs exactly n whole items of k key tiles
+    (no merges), and the fit recovers a known fixed and per-tile cost."""
+    import numpy as np
+    import item_cost_study as tool
+    from cute_attn.config import default_paged_config
+    from cute_attn.plan import ItemField as F
+    from cute_attn.plan import plan_work
+
+    config = default_paged_config("gqa_paged_prefill", arch="sm_90a", num_qo_heads=tool.HEADS,
+                                  num_kv_heads=tool.KV_HEADS, head_dim_qk=128, head_dim_v=128, page_size=64,
+                                  causal=True).plan_config(tool.CTAS)
+    for n in (1, 4):
+        for k in (1, 8):
+            q_lens, kv_lens = tool.batch(n, k)
+            plan = plan_work(config, np.array(q_lens), np.array(kv_lens))
+            items = plan.valid_items()
+            assert plan.num_merges == 0 and (np.diff(plan.work_indptr) == n).all()
+            assert ((items[:, F.KV_END] - items[:, F.KV_START] + 127) // 128 == k).all()
+    rows = [dict(n=n, k=k, span_us=3.0 + n * (2.0 + 1.5 * k)) for n in (1, 2, 4) for k in (1, 2, 4)]
+    assert tool.fit(rows) == dict(launch_us=3.0, item_fixed_us=2.0, per_tile_us=1.5, fixed_in_tiles=1.33)
+
+
 def test_compile_jobs_deal_the_workloads_over_warm_only_processes(monkeypatch):
     """``--compile-jobs N``: N processes of bench.py --warm-only, each over its share of the selected workloads
     (every workload in exactly one share), started together and all waited for."""

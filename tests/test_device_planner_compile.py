@@ -223,11 +223,12 @@ def test_q_tile_phase_builds_one_or_two_tiles_a_thread(arch):
 
 @pytest.mark.parametrize("arch", ARCHES)
 def test_whole_cuts_deal_build_differs_only_in_the_deal_bound(arch):
-    """``deal_whole_cuts`` (``ops/gqa_prefill.DEVICE_WHOLE_DEAL``, off): the prefill planner builds with the serpentine
-    allowed within 1/16 of whole-tile cuts (a shift and an add in place of the W/32 test); the sort is the same."""
-    prefill = device_planner.default_configs(arch)[1]
-    assert not prefill.deal_whole_cuts
-    dealing = dataclasses.replace(prefill, deal_whole_cuts=True)
+    """``deal_whole_cuts`` (``ops/gqa_prefill.DEVICE_WHOLE_DEAL``, on since session 21): the prefill planner builds with
+    the serpentine allowed within 1/16 of whole-tile cuts (a shift and an add in place of the W/32 test); the sort is
+    the same."""
+    dealing = device_planner.default_configs(arch)[1]
+    assert dealing.deal_whole_cuts
+    prefill = dataclasses.replace(dealing, deal_whole_cuts=False)
     assert dealing.can_implement() is None
     plain_ptx, dealing_ptx = compile_to_ptx(prefill), compile_to_ptx(dealing)
     assert f".target {arch}" in dealing_ptx and plain_ptx != dealing_ptx

@@ -540,13 +540,15 @@ def test_the_line_deal_runs_a_requests_kv_heads_together():
 
 def test_whole_tile_cuts_that_snap_unevenly_are_dealt():
     """GQA prefill 8 x 992 at h20/kv4 (1280 tiles of 64..1024 keys): the whole-tile cuts leave max / mean 1.12; the
-    deal takes over at 1.03 (the host LPT: 1.02). At h32/kv4 the cuts are within W/32 and stay (no sort)."""
+    deal takes over at 1.03 (the host LPT: 1.02). At h32/kv4 the cuts are within W/32 and stay (no sort) unless
+    ``deal_whole_cuts`` (``ops/gqa_prefill.DEVICE_WHOLE_DEAL``, on since session 21) lets the serpentine in within W/16
+    (``test_plan_whole_deal.py``); here it is off, the rule this test is about."""
     from cute_attn.config import default_paged_config
 
     for heads, expect_deal in ((20, True), (32, False)):
         config = default_paged_config("gqa_paged_prefill", arch="sm_90a", num_qo_heads=heads, num_kv_heads=4,
                                       head_dim_qk=128, head_dim_v=128, page_size=64, causal=True)
-        pc = config.plan_config(132)
+        pc = dataclasses.replace(config.plan_config(132), deal_whole_cuts=False)
         cuts = partition_plan(dataclasses.replace(pc, sorted_deal=False), [992] * 8, [992] * 8)
         plan = partition_plan(pc, [992] * 8, [992] * 8)
         balance = plan.cta_cost.max() / plan.cta_cost.mean()

@@ -29,6 +29,7 @@ WORKLOADS = {
     "decode_n128_kv4096": ("decode", [4096] * 128),
     "prefill_n1_q992": ("prefill", [992]),
     "prefill_n32_q992": ("prefill", [992] * 32),
+    "prefill_n4_q992": ("prefill", [992] * 4),
     # MLA prefill (page 1), host-planned: one attention kernel (and the combine) a call, no planner kernel
     "mla_n1_q1028": ("mla", ([1028], [1038])),
     "mla_n1_q4096": ("mla", ([4096], [4096])),
@@ -75,11 +76,20 @@ def build(label: str):
                                              page_size=64, device="cuda", seed=1)
         entry = cute_attn.gqa_paged_prefill
     out, lse = case.new_outputs()
+    plan = None
+    if kind == "prefill" and _PREFILL_WHOLE_DEAL is not None:  # a host plan of that deal, made once
+        from cute_attn.ops.gqa_prefill import whole_deal_policy
+
+        with whole_deal_policy(_PREFILL_WHOLE_DEAL):
+            plan = cute_attn.plan_gqa_paged_prefill(*case.inputs())
 
     def run():
-        entry(*case.inputs(), out, lse)
+        entry(*case.inputs(), out, lse, **({} if plan is None else dict(plan=plan)))
 
     return case, out, lse, run
+
+
+_PREFILL_WHOLE_DEAL: str | None = None  # --prefill-whole-deal
 
 
 def per_kernel(run, flush, iters: int = 50) -> dict:
@@ -102,7 +112,13 @@ def main(argv=None) -> int:
     ap.add_argument("--mla-split", help="the sm_90a MLA kernel's consumer split (ops.mla_prefill.SM90_CONSUMERS)")
     ap.add_argument("--mla-decode-split-scores", type=int, choices=[0, 1],
                     help="the swapped MLA decode kernel's S^T split (ops.mla_decode.SM90_SPLIT_SCORES)")
+    ap.add_argument("--prefill-whole-deal", choices=["serpentine", "lap", "none"],
+                    help="GQA prefill: a host plan made once with this whole-tile deal ('none': the LPT or the cuts), "
+                         "instead of the default call (a device plan every call)")
     args = ap.parse_args(argv)
+    global _PREFILL_WHOLE_DEAL
+    if args.prefill_whole_deal:
+        _PREFILL_WHOLE_DEAL = "" if args.prefill_whole_deal == "none" else args.prefill_whole_deal
     # Policies for the whole run, held by the stack until main returns: a context manager entered and dropped is
     # collected at once, and its generator's finally restores the policy (session 18: --mla-split and
     # --mla-decode-split-scores had measured the default)
