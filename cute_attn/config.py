@@ -202,7 +202,7 @@ class PagedAttentionConfig(KernelConfig):
             zigzag=self.causal and self.kind.startswith("mla_"), sorted_deal=self.causal,
             host_deal=self.causal and self.kind == "gqa_paged_prefill", line_deal=self._line_deal(),
             even_pieces=EVEN_PIECES, max_slack_keys=MAX_SLACK_KEYS, whole_deal=self._whole_deal(),
-            deal_whole_cuts=self._deal_whole_cuts(),
+            deal_whole_cuts=self._deal_whole_cuts(), deal_max_q_tiles=self._deal_max_q_tiles(),
         )
 
     def _whole_deal(self) -> str:
@@ -214,6 +214,11 @@ class PagedAttentionConfig(KernelConfig):
         from .ops import gqa_prefill  # the prefill spec's device-plan policy
 
         return self.causal and self.kind == "gqa_paged_prefill" and gqa_prefill.DEVICE_WHOLE_DEAL
+
+    def _deal_max_q_tiles(self) -> int:
+        from .ops import gqa_prefill  # the prefill spec's device-plan policy
+
+        return gqa_prefill.DEAL_MAX_Q_TILES if self.causal and self.kind == "gqa_paged_prefill" else 1024
 
     def _line_deal(self) -> bool:
         from .ops import gqa_decode  # the decode spec's page-size policy

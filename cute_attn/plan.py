@@ -138,12 +138,15 @@ class PlanConfig:
     #: host plans (``plan_work``, with ``host_deal``) of whole q tiles dealt over the CTAs, whatever the twin did:
     #: "lap" -- lap by lap onto the least loaded CTAs (``plan_partition.lap_deal``), taken where its busiest CTA is no
     #: worse; "serpentine" -- the twin's serpentine deal (``sorted_deal``) in place of a plan without merges where its
-    #: busiest CTA is within a sixteenth (batches of at most ``SORTED_DEAL_MAX_Q_TILES`` q tiles); "": neither (``ops/gqa_prefill.WHOLE_DEAL`` says what measured)
+    #: busiest CTA is within a sixteenth (batches of at most ``deal_max_q_tiles`` q tiles); "": neither (``ops/gqa_prefill.WHOLE_DEAL`` says what measured)
     whole_deal: str = ""
     #: device plans (and their twin): whole-tile cuts give way to the serpentine deal whenever its busiest CTA is within
     #: ``1 / 2**SERPENTINE_SLACK_SHIFT`` of theirs (``plan_partition.deal_bound``), the rule host plans take with
     #: ``whole_deal`` "serpentine"; without it, only cuts above ``W + W / 2**DEAL_WHOLE_SHIFT``, to a strictly better deal
     deal_whole_cuts: bool = False
+    #: device plans (and their twin): the most q tiles the sorted deal takes (the planning CTA's Int32 bitonic sort of
+    #: 1024 keys, two a thread, or 2048, four); a batch of more keeps the cuts (GQA prefill 32 x 992 at h32/kv4: 1984)
+    deal_max_q_tiles: int = 1024
 
     def __post_init__(self):
         if self.line_deal and self.sorted_deal:
@@ -159,6 +162,8 @@ class PlanConfig:
             raise ValueError("PlanConfig.item_overhead_keys must be >= 0")
         if self.page_size < 0:
             raise ValueError(f"PlanConfig.page_size must be >= 0, got {self.page_size}")
+        if self.deal_max_q_tiles not in (1024, 2048):
+            raise ValueError(f"PlanConfig.deal_max_q_tiles must be 1024 or 2048, got {self.deal_max_q_tiles}")
 
     @property
     def group_size(self) -> int:

@@ -36,7 +36,7 @@ Even pieces
 Sorted deal
     Contiguous cuts cannot pack many tiles of a few hundred keys against a CTA width near a thousand (the MLA seed:
     max / mean 1.18 with 21 merges). With ``PlanConfig.sorted_deal`` (the causal kinds), when the cuts had to split
-    (the whole-tile rule refused) and the batch has at most ``SORTED_DEAL_MAX_Q_TILES`` q tiles, the q tiles are
+    (the whole-tile rule refused) and the batch has at most ``deal_max_q_tiles`` q tiles, the q tiles are
     sorted by cost, longest first (ties: line order), their heads expanded in place, and dealt serpentine: position
     ``p`` goes to CTA ``p mod m`` on even laps ``p // m``, to ``m - 1 - p mod m`` on odd ones (whole tiles, no
     merges; a CTA's items in lap order). The deal replaces the cuts when its busiest CTA costs no more than the
@@ -79,9 +79,20 @@ WHOLE_TILE_SHIFT = 3  # whole tiles (every cut at its nearer tile edge) when no 
 #: (GQA prefill 8 x 992 at h20/kv4: cuts 1.12 x the mean, the deal 1.03)
 DEAL_WHOLE_SHIFT = 5
 SORTED_DEAL_MAX_Q_TILES = 1024  # the device sorts q tiles in its planning CTA's shared memory (one per thread pair)
-#: the deal orders q tiles by kv tiles capped here (the device's Int32 sort keys hold 21 bits of them): tiles of more
-#: than ~134 M keys tie, and keep their line order
-SORT_TILE_CAP = (1 << 21) - 2
+
+
+def sort_index_bits(max_q_tiles: int) -> int:
+    """Bits of the q tile index in the device's Int32 sort keys: 10 for 1024 q tiles, 11 for 2048."""
+    return max_q_tiles.bit_length() - 1
+
+
+def sort_tile_cap(max_q_tiles: int) -> int:
+    """The deal orders q tiles by kv tiles capped here (what the device's Int32 sort keys hold above the index:
+    21 bits at 1024 q tiles, 20 at 2048): longer tiles (over ~134 M / ~67 M keys) tie, and keep their line order."""
+    return (1 << (31 - sort_index_bits(max_q_tiles))) - 2
+
+
+SORT_TILE_CAP = sort_tile_cap(SORTED_DEAL_MAX_Q_TILES)
 
 
 def _round_up(x, m):
@@ -159,7 +170,8 @@ def sorted_deal(config: PlanConfig, cost) -> tuple[np.ndarray, np.ndarray]:
     if config.line_deal:
         order = np.arange(cost.size)
     else:  # cost = kv tiles * kv_tile + overhead: ordering by it is ordering by kv tiles, which the device caps
-        order = np.argsort(-np.minimum(cost, SORT_TILE_CAP * config.kv_tile + config.item_overhead_keys),
+        cap = sort_tile_cap(config.deal_max_q_tiles)
+        order = np.argsort(-np.minimum(cost, cap * config.kv_tile + config.item_overhead_keys),
                            kind="stable")
     position = np.arange(order.size * heads)
     lap, offset = position // m, position % m
@@ -187,13 +199,13 @@ def lap_deal(config: PlanConfig, cost) -> tuple[np.ndarray, np.ndarray]:
 
 def whole_dealt_plan(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity) -> WorkPlan:
     """The whole-tile plan (no merges) of :func:`lap_deal` (``whole_deal`` "lap") or of :func:`sorted_deal`
-    ("serpentine": ValueError past ``SORTED_DEAL_MAX_Q_TILES`` q tiles, which the device would not deal)."""
+    ("serpentine": ValueError past ``config.deal_max_q_tiles`` q tiles, which the device would not deal)."""
     q_lens = np.asarray(q_lens, dtype=np.int64).reshape(-1)
     kv_lens = np.asarray(kv_lens, dtype=np.int64).reshape(-1)
     pages = -(-kv_lens // config.page_size) if config.page_size else np.zeros(q_lens.size, dtype=np.int64)
     req, row_start, row_count, kv_end, offset, cost = q_tiles(config, q_lens, kv_lens, np.zeros(q_lens.size, bool))
-    if config.whole_deal == "serpentine" and req.size > SORTED_DEAL_MAX_Q_TILES:
-        raise ValueError(f"{req.size} q tiles: the serpentine deal takes at most {SORTED_DEAL_MAX_Q_TILES}")
+    if config.whole_deal == "serpentine" and req.size > config.deal_max_q_tiles:
+        raise ValueError(f"{req.size} q tiles: the serpentine deal takes at most {config.deal_max_q_tiles}")
     tile, cta = (lap_deal if config.whole_deal == "lap" else sorted_deal)(config, cost)
     loads = np.bincount(cta, weights=cost[tile], minlength=config.num_ctas).astype(np.int64)
     return _dealt_plan(config, capacity, tile, cta, loads, req, row_start, row_count, kv_end, offset,
@@ -337,7 +349,7 @@ def partition(config: PlanConfig, q_lens, kv_lens, *, kv_page_start=None, token_
     # every request one q tile of the same keys (no faults: a faulted tile has none): the even pieces' case
     uniform = batch > 0 and np.array_equal(req, np.arange(batch)) and (kv_end == kv_end[0]).all()
     cut_tile, cut_key, width, whole_tiles = line_cuts(config, kv_end, cost, int(kv_end[0]) if uniform else 0)
-    if (config.sorted_deal or config.line_deal) and config.allow_split and 0 < req.size <= SORTED_DEAL_MAX_Q_TILES:
+    if (config.sorted_deal or config.line_deal) and config.allow_split and 0 < req.size <= config.deal_max_q_tiles:
         bound = deal_bound(config, width, int(cut_loads(config, cost, cut_tile, cut_key).max()), whole_tiles)
         if bound is not None:
             dealt_tile, dealt_cta = sorted_deal(config, cost)

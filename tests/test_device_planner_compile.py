@@ -222,6 +222,24 @@ def test_q_tile_phase_builds_one_or_two_tiles_a_thread(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHES)
+def test_the_2048_key_sort_builds_four_keys_a_thread(arch):
+    """``deal_max_q_tiles`` 2048 (``ops/gqa_prefill.DEAL_MAX_Q_TILES``, off): the prefill planner's sort takes four
+    keys a thread (one more level of in-register exchanges, twice the shared-memory keys); 4096 is refused."""
+    from cute_attn.ops.gqa_prefill import deal_max_q_tiles_policy
+
+    prefill = device_planner.default_configs(arch)[1]
+    assert prefill.deal_max_q_tiles == 1024
+    with deal_max_q_tiles_policy(2048):
+        wide = device_planner.default_configs(arch)[1]
+    assert wide.deal_max_q_tiles == 2048 and wide.can_implement() is None
+    assert "1024 or 2048" in dataclasses.replace(prefill, deal_max_q_tiles=4096).can_implement()
+    plain_ptx, wide_ptx = compile_to_ptx(prefill), compile_to_ptx(wide)
+    assert f".target {arch}" in wide_ptx and plain_ptx != wide_ptx and "ld.local" not in wide_ptx
+    # the sort's register exchanges: min/max pairs of the thread's own keys, more of them with four keys a thread
+    assert wide_ptx.count("min.s32") > plain_ptx.count("min.s32")
+
+
+@pytest.mark.parametrize("arch", ARCHES)
 def test_whole_cuts_deal_build_differs_only_in_the_deal_bound(arch):
     """``deal_whole_cuts`` (``ops/gqa_prefill.DEVICE_WHOLE_DEAL``, on since session 21): the prefill planner builds with
     the serpentine allowed within 1/16 of whole-tile cuts (a shift and an add in place of the W/32 test); the sort is

@@ -372,6 +372,25 @@ def test_captured_decode_step_replays_across_changing_batches():
 
 
 @pytest.mark.parametrize("q_lens, kv_lens, heads, kv_heads", [
+    ([992] * 32, [992] * 32, 32, 4), ([992] * 40, [992] * 40, 20, 4), ([600] * 30, [3000] * 30, 32, 4),
+    ([0, 130, 1, 700, 64, 900] * 16, [5, 130, 64, 900, 64, 1000] * 16, 32, 4),  # 1840 q tiles: dealt
+    ([0, 130, 1, 700, 64, 2500] * 10, [5, 130, 64, 900, 64, 2600] * 10, 32, 4),  # 2150: past the sort, cut
+], ids=["32x992-h32kv4", "40x992-h20kv4", "30x600-3000", "ragged-1840", "ragged-2150"])
+def test_the_2048_key_deal_lists_equal_the_twin(q_lens, kv_lens, heads, kv_heads):
+    """``deal_max_q_tiles`` 2048 (``ops/gqa_prefill.DEAL_MAX_Q_TILES``): batches of 1025..2048 q tiles are sorted four
+    keys a thread and dealt; the device's lists equal the twin's and the default call matches the reference."""
+    from cute_attn.ops.gqa_prefill import deal_max_q_tiles_policy
+
+    with deal_max_q_tiles_policy(2048):
+        case = testing.make_gqa_prefill_case(q_lens, kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads, device="cuda",
+                                             seed=len(q_lens) + heads)
+        plan = cute_attn.plan_gqa_paged_prefill(*case.inputs(), on_device=True)
+        assert plan.config.plan_config(plan.work_indptr.shape[0] - 1).deal_max_q_tiles == 2048
+        _assert_twin(plan, case.qo_indptr.tolist(), case.kv_indptr.tolist(), q_lens, kv_lens, f"{q_lens[:3]}...")
+        _assert_default_call_matches_reference(case, f"2048-key deal {heads}/{kv_heads}")
+
+
+@pytest.mark.parametrize("q_lens, kv_lens, heads, kv_heads", [
     ([992] * 8, [992] * 8, 32, 4), ([992] * 8, [992] * 8, 32, 8), ([128] * 8, [2048] * 8, 32, 4),
     ([0, 130, 1, 700, 64, 2500], [5, 130, 64, 900, 64, 2600], 20, 4),
 ], ids=["8x992-h32kv4", "8x992-h32kv8", "8x128-2048", "ragged-h20kv4"])

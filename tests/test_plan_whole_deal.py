@@ -89,9 +89,27 @@ def test_serpentine_host_plans_are_the_twins_deal_whatever_the_model_says(heads,
 
 
 def test_serpentine_host_plans_leave_batches_past_the_sort_limit_to_the_lpt():
-    lens = [992] * 32  # 1984 q tiles: past SORTED_DEAL_MAX_Q_TILES, the device would not deal them either
+    lens = [992] * 32  # 1984 q tiles: past deal_max_q_tiles 1024, the device would not deal them either
     assert np.array_equal(plan_work(_prefill(mode="serpentine"), lens, lens).items,
                           plan_work(_prefill(mode=""), lens, lens).items)
+
+
+def test_a_2048_key_sort_deals_32_x_992_where_1024_keys_keep_the_cuts():
+    """``deal_max_q_tiles`` 2048 (``ops/gqa_prefill.DEAL_MAX_Q_TILES``): the twin deals 32 x 992's 1984 q tiles
+    (serpentine, 1.006 of the mean: the host LPT's balance) where 1024 keys left it its cuts (1.013), and host plans
+    take that deal; every key of every row is covered once."""
+    from cute_attn.plan_executor import plan_coverage
+
+    lens = [992] * 32
+    config = dataclasses.replace(_prefill(mode="serpentine"), deal_whole_cuts=True)
+    assert not partition(config, lens, lens)[1]
+    wide = dataclasses.replace(config, deal_max_q_tiles=2048)
+    twin, dealt = partition(wide, lens, lens)
+    assert dealt and twin.num_merges == 0 and twin.cta_cost.max() / twin.cta_cost.mean() < 1.007
+    assert np.array_equal(plan_work(wide, lens, lens).items, twin.items)
+    assert all(hits.max() == 1 for hits in plan_coverage(twin, lens, lens))
+    with pytest.raises(ValueError, match="deal_max_q_tiles"):
+        dataclasses.replace(config, deal_max_q_tiles=4096)
 
 
 @pytest.mark.parametrize("heads, n", [((32, 4), 8), ((32, 8), 8)])

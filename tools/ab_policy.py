@@ -28,6 +28,9 @@ POLICY is one of
     device_whole_deal  GQA prefill device plans' whole-tile cuts given way to the serpentine deal within 1/16
                   (``ops/gqa_prefill.DEVICE_WHOLE_DEAL``) off / on: the serpentine_deal rows; device-planned and default
                   calls move
+    deal_2048     GQA prefill plans deal batches of up to 2048 q tiles (``ops/gqa_prefill.DEAL_MAX_Q_TILES``, the device
+                  sort four keys a thread) off / on: 32 x 992 (1984 q tiles) and a ragged batch of 1840; all three calls
+                  move (host plans take the twin's deal)
     bf16_partials split items store bf16 partial rows (``config.BF16_PARTIALS``, the sm_90a MLA and GQA prefill
                   kernels) off / on: the eager-combine cases and GQA prefill 1 x 992 and 4 x 512 / 4096, whose plans split
     q_tile_pass   the device planner's q-tile pass: one tile a thread, or chosen per launch (two past one pass;
@@ -321,6 +324,19 @@ def _bf16_partials_cases(pages):
     yield from _prefill_cases(BF16_PARTIALS_PREFILL_CASES, pages, lambda page_size: bf16_partials_policy)
 
 
+DEAL_2048_CASES = {  # GQA prefill batches of 1025..2048 q tiles, which the 1024-key sort leaves to the cuts
+    "n32_q992_h32kv4": ([992] * 32, [992] * 32, 32, 4),
+    "ragged96_h32kv4": ([0, 130, 1, 700, 64, 900] * 16, [5, 130, 64, 900, 64, 1000] * 16, 32, 4),
+}
+
+
+def _deal_2048_cases(pages):
+    from cute_attn.ops.gqa_prefill import deal_max_q_tiles_policy
+
+    return _prefill_cases(DEAL_2048_CASES, pages,
+                          lambda page_size: lambda on: deal_max_q_tiles_policy(2048 if on else 1024))
+
+
 def _max_slack_cases(pages):
     """MLA prefill's long batches, whose device plans the slack cap splits (page 1, the definition's)."""
     from cute_attn import testing
@@ -346,12 +362,12 @@ POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, 
             "even_pieces": _even_pieces_cases, "page_boxes": _page_boxes_cases, "max_slack": _max_slack_cases,
             "eager_combine": _eager_combine_cases, "lap_deal": _lap_deal_cases,
             "serpentine_deal": _serpentine_deal_cases, "device_whole_deal": _device_whole_deal_cases,
-            "bf16_partials": _bf16_partials_cases}
+            "bf16_partials": _bf16_partials_cases, "deal_2048": _deal_2048_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
                  "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64], "even_pieces": [64, 1],
                  "page_boxes": [64, 128], "max_slack": [1], "eager_combine": [64, 1],
                  "lap_deal": [64], "serpentine_deal": [64],
-                 "device_whole_deal": [64], "bf16_partials": [64, 1]}
+                 "device_whole_deal": [64], "bf16_partials": [64, 1], "deal_2048": [64, 1]}
 
 
 def main(argv=None) -> int:

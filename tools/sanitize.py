@@ -184,6 +184,13 @@ def _cases(arch: str) -> dict:
             case = testing.make_gqa_prefill_case([992] * 8, [992] * 8, device="cuda", seed=108)
             return _run_api(cute_attn.gqa_paged_prefill, case, arch)
 
+    def deal_2048():  # 1984 q tiles sorted four keys a thread and dealt (DEAL_MAX_Q_TILES 2048)
+        from cute_attn.ops.gqa_prefill import deal_max_q_tiles_policy
+
+        with deal_max_q_tiles_policy(2048):
+            case = testing.make_gqa_prefill_case([992] * 32, [992] * 32, device="cuda", seed=111)
+            return _run_api(cute_attn.gqa_paged_prefill, case, arch)
+
     def deal_mla():  # the sorted deal on an MLA batch of short requests (the seed's shape, smaller)
         q_lens, kv_lens = [179, 23, 43, 55, 43, 177, 191, 130], [186, 41, 109, 141, 167, 272, 243, 161]
         case = testing.make_mla_prefill_case(q_lens, kv_lens, device="cuda", seed=82)
@@ -380,6 +387,7 @@ def _cases(arch: str) -> dict:
     cases["line-deal-decode"] = ("gqa_paged_decode", line_deal_decode)
     cases["deal-whole-tiles"] = ("gqa_paged_prefill", deal_whole_tiles)
     cases["deal-whole-cuts"] = ("device_planner", deal_whole_cuts)
+    cases["deal-2048"] = ("device_planner", deal_2048)
     cases["deal-mla"] = ("mla_paged_prefill", deal_mla)
     for page_size in (2, 4, 8):
         cases[f"prefill-rows-p{page_size}"] = ("gqa_paged_prefill", prefill_small_pages(page_size))

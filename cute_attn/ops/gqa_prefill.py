@@ -72,6 +72,12 @@ WHOLE_DEAL = "serpentine"
 #: h32/kv8 194.7 -> 189.3, 205.9 -> 197.6; the default call 210.3 -> 205.4, 221.0 -> 217.3, 205.9 -> 201.6, 217.8 ->
 #: 213.2; 8 x 128 / 2048 within noise (73.4 -> 72.5, default 81.5 -> 82.1). Prediction was 199.5 -> ~193, default ~-5
 DEVICE_WHOLE_DEAL = True
+#: the most q tiles a GQA prefill plan deals (``PlanConfig.deal_max_q_tiles``: the device's sort of 1024 or 2048 keys,
+#: and its twin, which host plans take where it deals). Why 2048: 32 x 992 at h32/kv4 has 1984 q tiles, so the device
+#: keeps its cuts, 1.013 of the mean in the model against the deal's 1.006, but 9% slower on the H200 (session 21's
+#: bench: device-planned 764.9 us against the host LPT's 701.4). Built in session 21, not run on a GPU: 1024 until the
+#: device-planner tier and its A/B (``tools/ab_policy.py deal_2048``; prediction in docs/perf-notes.md)
+DEAL_MAX_Q_TILES = 1024
 #: sm_90a page sizes whose row gathers copy K one tile ahead of V (``PagedAttentionConfig.k_ahead``: K_0, K_1, V_0,
 #: K_2, V_1, ..., FA3's paged-KV order). Why: page-1 prefill runs 6-16% behind page 64 and FA4 (whose page 1 runs
 #: at its page-64 time); with the intra-warpgroup overlap a consumer waits for K_{t+1} before V_t, and the producer
@@ -103,6 +109,16 @@ def device_whole_deal_policy(enabled: bool):
     (A/Bs, the device-planner tier, sanitizer cases)."""
     with policy(globals(), DEVICE_WHOLE_DEAL=bool(enabled)):
         yield bool(enabled)
+
+
+@contextlib.contextmanager
+def deal_max_q_tiles_policy(most: int):
+    """Inside the block GQA prefill plans (device and host) deal batches of up to ``most`` (1024 or 2048) q tiles
+    whatever ``DEAL_MAX_Q_TILES`` says (A/Bs, the device-planner tier, sanitizer cases)."""
+    if most not in (1024, 2048):
+        raise ValueError(f"deal_max_q_tiles must be 1024 or 2048, got {most!r}")
+    with policy(globals(), DEAL_MAX_Q_TILES=int(most)):
+        yield int(most)
 
 
 @contextlib.contextmanager

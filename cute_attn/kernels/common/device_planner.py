@@ -66,7 +66,7 @@ from cutlass import Int32, Int64
 from ...compile import register_kernel
 from ...config import KernelConfig
 from ...plan import ItemField, MergeField, PlanConfig
-from ...plan_partition import SNAP_SHIFT, SORTED_DEAL_MAX_Q_TILES, WHOLE_TILE_SHIFT, min_width
+from ...plan_partition import SNAP_SHIFT, WHOLE_TILE_SHIFT, min_width
 from .planner_collectives import (NUM_THREADS, NUM_WARPS, block_any, block_any_pair, block_exclusive_sum,
                                   block_max_pair, div_nonneg, last_at_most)
 from .planner_lists import build_item, bulk_store, ctas_of_items, store_words
@@ -83,17 +83,16 @@ SMEM_REQUESTS = 1024
 SMEM_Q_TILES = 2048
 L2_LINE_INT32 = 32  # the index arrays are prefetched to L2 a 128-byte line at a time
 #: item rows a thread builds per pass of the lists phase (their CTA searches side by side); a pass's rows go out as
-#: one bulk copy from one of two stage buffers (2 x NUM_THREADS x ITEMS_PER_THREAD rows of 40 bytes: 80 KB at 2, the
-#: planning CTA's shared memory ~183 KB in all). ``DevicePlannerConfig.items_per_thread`` overrides it (A/Bs)
+#: one bulk copy from one of two stage buffers (2 x NUM_THREADS x ITEMS_PER_THREAD rows of 40 bytes: 80 KB at 2; the
+#: planning CTA's shared memory ~183 KB in all, ~199 KB with the 2048-key sort). ``items_per_thread`` overrides it
 ITEMS_PER_THREAD = 2
 #: the q-tile phase's build for every planner (``DevicePlannerConfig.q_tiles_per_pass``): 1 until the per-launch
 #: choice (0) has run on a GPU; :func:`q_tile_pass_policy` sets it inside a block (GPU tests, A/Bs)
 Q_TILES_PER_PASS = 1
 TRACE_STAMPS = 19  # trace_phases: clock64 stamps at the tail of q_tile_start (tools/planner_trace.py)
 Q_TILE_FIELDS = 4  # request, row start, row count, key end
-# first q tile, keys, query tokens, fault bits, first page (kv_indptr[b]), first token (qo_indptr[b]): the lists
-# phase reads a request's page and token starts here, not from global per item (on the H200 the phase's time did
-# not change: its cost is the search over CTA edges and the barriers, docs/perf-notes.md session 7)
+# first q tile, keys, query tokens, fault bits, first page, first token: the lists phase reads a request's page and
+# token starts here, not from global per item (no faster on the H200: docs/perf-notes.md session 7)
 REQUEST_FIELDS = 6
 # fault bits (cute_attn.device_errors.Fault mirrors them)
 FAULT_QO_INDPTR, FAULT_KV_INDPTR, FAULT_LAST_PAGE_LEN, FAULT_PAGE_ID, FAULT_CAPACITY = 1, 2, 4, 8, 16
@@ -122,6 +121,7 @@ class DevicePlannerConfig(KernelConfig):
     even_pieces: bool = False  # PlanConfig.even_pieces: equal one-tile requests cut in even pieces
     max_slack_keys: int = 0  # PlanConfig.max_slack_keys: the snap and whole-tile slacks capped (0: none)
     deal_whole_cuts: bool = False  # PlanConfig.deal_whole_cuts: whole-tile cuts dealt within 1/16 of their busiest
+    deal_max_q_tiles: int = 1024  # PlanConfig.deal_max_q_tiles: the sort's keys (1024 or 2048; shared memory 16 / 32 KiB)
     num_qo_heads: int = 20
     head_dim_v: int = 128
     #: a development build: the planning CTA writes clock64 stamps of its phase boundaries to the last
@@ -143,7 +143,8 @@ class DevicePlannerConfig(KernelConfig):
             min_chunk_keys=plan_config.min_chunk_keys, allow_split=plan_config.allow_split,
             zigzag=plan_config.zigzag, sorted_deal=plan_config.sorted_deal, line_deal=plan_config.line_deal,
             even_pieces=plan_config.even_pieces, max_slack_keys=plan_config.max_slack_keys, num_qo_heads=plan_config.num_qo_heads,
-            head_dim_v=head_dim_v, q_tiles_per_pass=Q_TILES_PER_PASS, deal_whole_cuts=plan_config.deal_whole_cuts)
+            head_dim_v=head_dim_v, q_tiles_per_pass=Q_TILES_PER_PASS, deal_whole_cuts=plan_config.deal_whole_cuts,
+            deal_max_q_tiles=plan_config.deal_max_q_tiles)
 
     def plan_config(self, num_ctas: int) -> PlanConfig:
         return PlanConfig(num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads, causal=self.causal,
@@ -151,7 +152,8 @@ class DevicePlannerConfig(KernelConfig):
                           item_overhead_keys=self.item_overhead_keys, allow_split=self.allow_split,
                           min_chunk_keys=self.min_chunk_keys, page_size=self.page_size, zigzag=self.zigzag,
                           sorted_deal=self.sorted_deal, line_deal=self.line_deal, even_pieces=self.even_pieces,
-                          max_slack_keys=self.max_slack_keys, deal_whole_cuts=self.deal_whole_cuts)
+                          max_slack_keys=self.max_slack_keys, deal_whole_cuts=self.deal_whole_cuts,
+                          deal_max_q_tiles=self.deal_max_q_tiles)
 
     def can_implement(self) -> str | None:
         if (reason := super().can_implement()) is not None:
@@ -168,6 +170,8 @@ class DevicePlannerConfig(KernelConfig):
             return "item_overhead_keys and min_chunk_keys must be >= 0"
         if self.sorted_deal and self.line_deal:
             return "sorted_deal and line_deal are exclusive"
+        if self.deal_max_q_tiles not in (1024, 2048):
+            return f"deal_max_q_tiles={self.deal_max_q_tiles} must be 1024 or 2048 (the sort's keys)"
         if self.q_tiles_per_pass not in (0, 1, 2):
             return f"q_tiles_per_pass={self.q_tiles_per_pass} must be 1, 2 or 0 (chosen per launch)"
         if self.items_per_thread not in (0, 1, 2):
@@ -253,7 +257,7 @@ class DevicePlanner:
                                                              stride=(len(ItemField), 1)), byte_alignment=128)
         sort_keys = None  # the sorted deal's (cost, q tile) keys: the sorted ones, then the sort's second buffer
         if cutlass.const_expr(self.deals):
-            sort_keys = smem.allocate_tensor(Int64, cute.make_layout(2 * SORTED_DEAL_MAX_Q_TILES), byte_alignment=16)
+            sort_keys = smem.allocate_tensor(Int64, cute.make_layout(2 * self.c.deal_max_q_tiles), byte_alignment=16)
 
         batch = kv_indptr.shape[0] - 1
         num_indices = kv_indices.shape[0]

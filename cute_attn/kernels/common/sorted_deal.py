@@ -3,9 +3,9 @@
 Run by the planning CTA after its cuts, whose vote already reduced the busiest whole-tile CTA and the longest tile;
 where the cuts split, each CTA's cut load (one more reduction). Only when the cuts split tiles or their whole tiles
 leave a CTA above ``W + W / 2**DEAL_WHOLE_SHIFT`` (``plan_partition.deal_bound``), and the deal can win, a bitonic
-sort of the q tiles' Int32 (capped kv tiles, index) keys over a fixed 512 or 1024 keys, up to two a thread in
-registers, every stage unrolled: those under a warp's stride by shuffles, the others through shared memory
-(:func:`fast_sort`); then each CTA's serpentine load over its laps. The line deal (``line_deal``, small-page decode)
+sort of the q tiles' Int32 (capped kv tiles, index) keys over a fixed 512, 1024 or (``c.deal_max_q_tiles`` 2048)
+2048 keys, up to four a thread in registers, every stage unrolled: those under a warp's stride by shuffles, those
+under the block's through shared memory, the rest between a thread's own keys (:func:`fast_sort`); then each CTA's serpentine load over its laps. The line deal (``line_deal``, small-page decode)
 takes the keys in line order, unsorted. ``c`` is the :class:`DevicePlannerConfig` (a compile-time constant). The sort is 5.0 k cycles at the MLA
 seed's 500 q tiles on the H200 (session 14; a runtime-sized Int64 sort before it: 14.4 k).
 """
@@ -17,16 +17,21 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64
 
 from ...plan import SERPENTINE_SLACK_SHIFT
-from ...plan_partition import DEAL_WHOLE_SHIFT, SNAP_SHIFT, SORT_TILE_CAP, SORTED_DEAL_MAX_Q_TILES, WHOLE_TILE_SHIFT
+from ...plan_partition import DEAL_WHOLE_SHIFT, SNAP_SHIFT, WHOLE_TILE_SHIFT, sort_index_bits, sort_tile_cap
 from .planner_collectives import NUM_THREADS, WARP, block_max
 
-KEYS_PER_THREAD = SORTED_DEAL_MAX_Q_TILES // NUM_THREADS
 INDEX_BITS = 20  # sort_key (what the deal reads): the q tile index in the low bits (< 2**20), 2**32 - cost above
-# fast_sort's Int32 keys: (SORT_TILE_CAP - kv tiles, capped) << 10 | q tile index; the padding sorts after all
-FAST_INDEX_BITS = 10
+# fast_sort's Int32 keys: (sort_tile_cap - kv tiles, capped) << index bits | q tile index; the padding sorts after all
 FAST_PADDING_KEY = 2**31 - 1
-assert SORTED_DEAL_MAX_Q_TILES <= 1 << FAST_INDEX_BITS and (SORT_TILE_CAP << FAST_INDEX_BITS) | 1023 < FAST_PADDING_KEY
-assert KEYS_PER_THREAD * NUM_THREADS == SORTED_DEAL_MAX_Q_TILES and KEYS_PER_THREAD <= 2
+DEAL_MAX_Q_TILES = (1024, 2048)  # PlanConfig.deal_max_q_tiles: what the sort builds
+for _most in DEAL_MAX_Q_TILES:
+    assert (sort_tile_cap(_most) << sort_index_bits(_most)) | (_most - 1) < FAST_PADDING_KEY
+    assert _most % NUM_THREADS == 0 and _most // NUM_THREADS <= 4
+
+
+def keys_per_thread(c) -> int:
+    """The sort keys a thread holds in registers: 2 (1024 q tiles) or 4 (2048)."""
+    return c.deal_max_q_tiles // NUM_THREADS
 
 
 @cute.jit
@@ -98,16 +103,16 @@ def sorted_deal(c: cutlass.Constexpr, tidx, split, snap_max, longest, q_tiles, q
                 cut_load = cut_load + Int64(c.item_overhead_keys)
         bound = cutlass.max(block_max(cut_load, tidx, warp_sums), whole_tile_bound(c, width))
     # the deal's busiest CTA holds the longest tile: past the bound it cannot win, so skip the sort (uniform)
-    if num_q_tiles <= SORTED_DEAL_MAX_Q_TILES and longest <= bound:
+    if num_q_tiles <= c.deal_max_q_tiles and longest <= bound:
         if cutlass.const_expr(c.line_deal):  # line order: the keys as they stand, no sort
-            for r in cutlass.range_constexpr(KEYS_PER_THREAD):
+            for r in cutlass.range_constexpr(keys_per_thread(c)):
                 i = tidx + r * NUM_THREADS
                 if i < num_q_tiles:
                     sort_keys[i] = sort_key(tile_cost(c, q_tiles[i, 3]), i)
             cute.arch.sync_threads()
         else:
-            keys32 = cute.make_rmem_tensor((KEYS_PER_THREAD,), Int32)
-            for r in cutlass.range_constexpr(KEYS_PER_THREAD):
+            keys32 = cute.make_rmem_tensor((keys_per_thread(c),), Int32)
+            for r in cutlass.range_constexpr(keys_per_thread(c)):
                 keys32[r] = Int32(FAST_PADDING_KEY)
                 i = tidx + r * NUM_THREADS
                 if i < num_q_tiles:
@@ -159,56 +164,66 @@ def _exchange(mine, theirs, index, stride, block):
 
 @cute.jit
 def fast_sort_key(c: cutlass.Constexpr, kv_end, index):
-    """Ascending Int32 keys = longest first (kv tiles, capped at ``SORT_TILE_CAP`` as the numpy twin caps them), ties
+    """Ascending Int32 keys = longest first (kv tiles, capped at ``sort_tile_cap`` as the numpy twin caps them), ties
     by q tile index."""
-    tiles = cutlass.min((kv_end + c.kv_tile - 1) // c.kv_tile, Int32(SORT_TILE_CAP))
-    return ((Int32(SORT_TILE_CAP) - tiles) << FAST_INDEX_BITS) | index
+    cap = sort_tile_cap(c.deal_max_q_tiles)
+    tiles = cutlass.min((kv_end + c.kv_tile - 1) // c.kv_tile, Int32(cap))
+    return ((Int32(cap) - tiles) << sort_index_bits(c.deal_max_q_tiles)) | index
 
 
 @cute.jit
 def fast_sort(c: cutlass.Constexpr, keys: cute.Tensor, num_q_tiles, tidx, q_tiles: cute.Tensor, sort_keys: cute.Tensor):
-    """The q tiles longest first from Int32 keys (one shuffle an exchange) over a fixed 512 or 1024 keys, every stage
-    unrolled (no runtime stride branches); the sorted q tiles are then written to ``sort_keys[0 : 1024]`` as
-    :func:`sort_key` keys with their true costs, which the deal reads. The Int32 exchanges use ``sort_keys``' second
-    half."""
-    scratch = cute.make_tensor(cute.recast_ptr(sort_keys.iterator + SORTED_DEAL_MAX_Q_TILES, dtype=Int32),
-                               cute.make_layout(2 * SORTED_DEAL_MAX_Q_TILES))
-    if num_q_tiles <= NUM_THREADS:
-        _bitonic_sort_unrolled(keys, NUM_THREADS, tidx, scratch)
+    """The q tiles longest first from Int32 keys (one shuffle an exchange) over a fixed 512, 1024 or 2048 keys (the
+    fewest that hold ``num_q_tiles``), every stage unrolled (no runtime stride branches); the sorted q tiles are then
+    written to ``sort_keys[0 : c.deal_max_q_tiles]`` as :func:`sort_key` keys with their true costs, which the deal
+    reads. The Int32 exchanges use ``sort_keys``' second half."""
+    most = c.deal_max_q_tiles
+    scratch = cute.make_tensor(cute.recast_ptr(sort_keys.iterator + most, dtype=Int32), cute.make_layout(2 * most))
+    if cutlass.const_expr(most == 2 * NUM_THREADS):
+        if num_q_tiles <= NUM_THREADS:
+            _bitonic_sort_unrolled(keys, NUM_THREADS, most, tidx, scratch)
+        else:
+            _bitonic_sort_unrolled(keys, most, most, tidx, scratch)
     else:
-        _bitonic_sort_unrolled(keys, SORTED_DEAL_MAX_Q_TILES, tidx, scratch)
-    for r in cutlass.range_constexpr(KEYS_PER_THREAD):
+        if num_q_tiles <= NUM_THREADS:
+            _bitonic_sort_unrolled(keys, NUM_THREADS, most, tidx, scratch)
+        elif num_q_tiles <= 2 * NUM_THREADS:
+            _bitonic_sort_unrolled(keys, 2 * NUM_THREADS, most, tidx, scratch)
+        else:
+            _bitonic_sort_unrolled(keys, most, most, tidx, scratch)
+    for r in cutlass.range_constexpr(keys_per_thread(c)):
         i = tidx + r * NUM_THREADS
         if i < num_q_tiles:
-            index = scratch[i] & ((1 << FAST_INDEX_BITS) - 1)
+            index = scratch[i] & ((1 << sort_index_bits(most)) - 1)
             sort_keys[i] = sort_key(tile_cost(c, q_tiles[index, 3]), index)
     cute.arch.sync_threads()
 
 
-def bitonic_stages(size: int) -> list[tuple[int, int, int]]:
+def bitonic_stages(size: int, half: int = 1024) -> list[tuple[int, int, int]]:
     """``(block, stride, scratch half)`` of every stage of a bitonic sort of ``size`` keys, in order; the half
-    alternates over the shared-memory exchanges (``0`` or ``SORTED_DEAL_MAX_Q_TILES``) so that no barrier is needed
-    between one exchange's reads and the next one's writes."""
+    alternates over the shared-memory exchanges (``0`` or ``half``, the scratch's second half: ``deal_max_q_tiles``)
+    so that no barrier is needed between one exchange's reads and the next one's writes."""
     stages, buffer, block = [], 0, 2
     while block <= size:
         stride = block // 2
         while stride > 0:
             stages.append((block, stride, buffer))
             if WARP <= stride < NUM_THREADS:
-                buffer = SORTED_DEAL_MAX_Q_TILES - buffer
+                buffer = half - buffer
             stride //= 2
         block *= 2
     return stages
 
 
 @cute.jit
-def _bitonic_sort_unrolled(keys: cute.Tensor, size: cutlass.Constexpr[int], tidx, scratch: cute.Tensor):
-    """Sort ``size`` (512 or 1024) Int32 keys ascending into ``scratch[0 : size]``, key ``tidx + r * NUM_THREADS`` in
-    ``keys[r]``: every (block, stride) stage is a trace-time constant, a stride under a warp a shuffle, under
-    NUM_THREADS a shared-memory exchange (alternate halves of ``scratch``: one barrier), NUM_THREADS the thread's
-    own two keys."""
+def _bitonic_sort_unrolled(keys: cute.Tensor, size: cutlass.Constexpr[int], half: cutlass.Constexpr[int], tidx,
+                           scratch: cute.Tensor):
+    """Sort ``size`` (512, 1024 or 2048) Int32 keys ascending into ``scratch[0 : size]``, key ``tidx + r *
+    NUM_THREADS`` in ``keys[r]``: every (block, stride) stage is a trace-time constant, a stride under a warp a
+    shuffle, under NUM_THREADS a shared-memory exchange (alternate halves of ``scratch``, ``half`` apart: one
+    barrier), NUM_THREADS and up between the thread's own keys."""
     per_thread = size // NUM_THREADS
-    for block, stride, buffer in bitonic_stages(size):
+    for block, stride, buffer in bitonic_stages(size, half):
         if cutlass.const_expr(stride < WARP):
             for r in cutlass.range_constexpr(per_thread):
                 theirs = cute.arch.shuffle_sync_bfly(keys[r], stride)
@@ -220,10 +235,18 @@ def _bitonic_sort_unrolled(keys: cute.Tensor, size: cutlass.Constexpr[int], tidx
             for r in cutlass.range_constexpr(per_thread):
                 index = tidx + r * NUM_THREADS
                 keys[r] = _exchange(keys[r], scratch[buffer + (index ^ stride)], index, stride, block)
-        else:  # stride NUM_THREADS: the thread's keys tidx and tidx + NUM_THREADS, an ascending pair
-            low = cutlass.min(keys[0], keys[1])
-            keys[1] = cutlass.max(keys[0], keys[1])
-            keys[0] = low
+        else:  # the thread's keys r and r + stride / NUM_THREADS; whether the pair ascends is r's alone (tidx < block)
+            step = stride // NUM_THREADS
+            for r in cutlass.range_constexpr(per_thread):
+                if cutlass.const_expr(r & step == 0):
+                    low = cutlass.min(keys[r], keys[r + step])
+                    high = cutlass.max(keys[r], keys[r + step])
+                    if cutlass.const_expr((r * NUM_THREADS) & block == 0):
+                        keys[r + step] = high
+                        keys[r] = low
+                    else:
+                        keys[r + step] = low
+                        keys[r] = high
     cute.arch.sync_threads()  # every read of the last exchange is done before the result overwrites scratch
     for r in cutlass.range_constexpr(per_thread):
         scratch[tidx + r * NUM_THREADS] = keys[r]
