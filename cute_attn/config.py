@@ -217,8 +217,10 @@ class PagedAttentionConfig(KernelConfig):
 
     def _deal_max_q_tiles(self) -> int:
         from .ops import gqa_prefill  # the prefill spec's device-plan policy
+        from .plan import DEAL_MAX_Q_TILES_CHOICES
 
-        return gqa_prefill.DEAL_MAX_Q_TILES if self.causal and self.kind == "gqa_paged_prefill" else 1024
+        return (gqa_prefill.DEAL_MAX_Q_TILES if self.causal and self.kind == "gqa_paged_prefill"
+                else DEAL_MAX_Q_TILES_CHOICES[0])
 
     def _line_deal(self) -> bool:
         from .ops import gqa_decode  # the decode spec's page-size policy

@@ -82,6 +82,9 @@ NOT_CAUSAL_OFFSET = np.iinfo(np.int32).max // 2
 
 
 SERPENTINE_SLACK_SHIFT = 4  # whole_deal "serpentine": taken within 1/16 of the plan it replaces
+#: ``PlanConfig.deal_max_q_tiles`` values: the device planner's Int32 sort of 1024 keys (two a thread, the default)
+#: or 2048 (four a thread)
+DEAL_MAX_Q_TILES_CHOICES = (1024, 2048)
 
 @dataclass(frozen=True)
 class PlanConfig:
@@ -146,7 +149,7 @@ class PlanConfig:
     deal_whole_cuts: bool = False
     #: device plans (and their twin): the most q tiles the sorted deal takes (the planning CTA's Int32 bitonic sort of
     #: 1024 keys, two a thread, or 2048, four); a batch of more keeps the cuts (GQA prefill 32 x 992 at h32/kv4: 1984)
-    deal_max_q_tiles: int = 1024
+    deal_max_q_tiles: int = DEAL_MAX_Q_TILES_CHOICES[0]
 
     def __post_init__(self):
         if self.line_deal and self.sorted_deal:
@@ -162,7 +165,7 @@ class PlanConfig:
             raise ValueError("PlanConfig.item_overhead_keys must be >= 0")
         if self.page_size < 0:
             raise ValueError(f"PlanConfig.page_size must be >= 0, got {self.page_size}")
-        if self.deal_max_q_tiles not in (1024, 2048):
+        if self.deal_max_q_tiles not in DEAL_MAX_Q_TILES_CHOICES:
             raise ValueError(f"PlanConfig.deal_max_q_tiles must be 1024 or 2048, got {self.deal_max_q_tiles}")
 
     @property

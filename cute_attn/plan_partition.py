@@ -66,7 +66,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .plan import (NOT_CAUSAL_OFFSET, SERPENTINE_SLACK_SHIFT, ItemField, MergeField, PlanCapacity, PlanConfig,
+from .plan import (DEAL_MAX_Q_TILES_CHOICES, NOT_CAUSAL_OFFSET, SERPENTINE_SLACK_SHIFT, ItemField, MergeField, PlanCapacity, PlanConfig,
                    WorkPlan)
 
 __all__ = ["DEAL_WHOLE_SHIFT", "SNAP_SHIFT", "SORTED_DEAL_MAX_Q_TILES", "WHOLE_TILE_SHIFT", "QTiles", "cut_loads",
@@ -78,7 +78,8 @@ WHOLE_TILE_SHIFT = 3  # whole tiles (every cut at its nearer tile edge) when no 
 #: whole-tile cuts whose busiest CTA exceeds W + W / 2**this are worth a sort: the deal may balance them better
 #: (GQA prefill 8 x 992 at h20/kv4: cuts 1.12 x the mean, the deal 1.03)
 DEAL_WHOLE_SHIFT = 5
-SORTED_DEAL_MAX_Q_TILES = 1024  # the device sorts q tiles in its planning CTA's shared memory (one per thread pair)
+#: the device sorts q tiles in its planning CTA's shared memory (one per thread pair; ``PlanConfig.deal_max_q_tiles``)
+SORTED_DEAL_MAX_Q_TILES = DEAL_MAX_Q_TILES_CHOICES[0]
 
 
 def sort_index_bits(max_q_tiles: int) -> int:
@@ -184,7 +185,7 @@ def lap_deal(config: PlanConfig, cost) -> tuple[np.ndarray, np.ndarray]:
     ``PlanConfig.whole_deal`` "lap"). Counts stay within one a CTA, as in the serpentine deal, and each CTA's items stay
     longest first; where equal costs come in clumps (GQA prefill 4 x 992: 7.5 laps) the serpentine's fixed turn puts
     a lap's clump on the CTAs that drew the last one (busiest 1.082 of the mean; by loads 1.024)."""
-    heads, m = config.num_kv_heads, config.num_ctas
+    m = config.num_ctas
     tile, _ = sorted_deal(dataclasses.replace(config, line_deal=False), cost)
     position_cost = np.asarray(cost)[tile]
     loads = np.zeros(m, dtype=np.int64)

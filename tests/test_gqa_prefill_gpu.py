@@ -273,6 +273,20 @@ def test_head_dim_256_ragged_batches(shape, batch):
 FUSED_SHAPES = [(32, 4, 128, 64), (20, 4, 128, 1), (16, 2, 256, 16), (40, 10, 128, 64)]
 
 
+def _split_case(heads, kv_heads, head_dim, page_size, seed):
+    """A batch whose plans split items: short requests beside one of 30K keys, empty and one-token ones."""
+    return _case([1, 40, 0, 200, 64, 3], [3000, 40, 5, 1500, 30000, 3], num_qo_heads=heads, num_kv_heads=kv_heads,
+                 head_dim=head_dim, page_size=page_size, seed=seed)
+
+
+def _check_drawn(shape, batch):
+    """The default call on a drawn batch of ``shape`` (heads, kv heads, head_dim, page size)."""
+    heads, kv_heads, head_dim, page_size = shape
+    q_lens, kv_lens = batch
+    _check(_case(q_lens, kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, page_size=page_size,
+                 seed=sum(kv_lens) % 977))
+
+
 @pytest.mark.parametrize("on_device", [False, True], ids=["host_plan", "device_plan"])
 @pytest.mark.parametrize("heads, kv_heads, head_dim, page_size", FUSED_SHAPES, ids=str)
 def test_fused_merge_folds_split_items(on_device, heads, kv_heads, head_dim, page_size):
@@ -282,8 +296,7 @@ def test_fused_merge_folds_split_items(on_device, heads, kv_heads, head_dim, pag
     from cute_attn.ops.gqa_prefill import fused_merge_policy
 
     with fused_merge_policy(True):
-        case = _case([1, 40, 0, 200, 64, 3], [3000, 40, 5, 1500, 30000, 3], num_qo_heads=heads,
-                     num_kv_heads=kv_heads, head_dim=head_dim, page_size=page_size, seed=heads + page_size)
+        case = _split_case(heads, kv_heads, head_dim, page_size, seed=heads + page_size)
         plan = cute_attn.plan_gqa_paged_prefill(*case.inputs(), on_device=on_device)
         assert plan.config.fused_merge
         if not on_device:
@@ -305,11 +318,8 @@ def test_fused_merge_drawn_batches_default_call(shape, batch):
     """The default call (a device plan every call) with the fold, on drawn batches and shapes."""
     from cute_attn.ops.gqa_prefill import fused_merge_policy
 
-    heads, kv_heads, head_dim, page_size = shape
-    q_lens, kv_lens = batch
     with fused_merge_policy(True):
-        _check(_case(q_lens, kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-                     page_size=page_size, seed=sum(kv_lens) % 977))
+        _check_drawn(shape, batch)
 
 
 # ---------------------------------------------------------------------------------------- bf16 partials
@@ -321,8 +331,7 @@ def test_bf16_partials_split_items(on_device, heads, kv_heads, head_dim, page_si
     from cute_attn.config import bf16_partials_policy
 
     with bf16_partials_policy(True):
-        case = _case([1, 40, 0, 200, 64, 3], [3000, 40, 5, 1500, 30000, 3], num_qo_heads=heads,
-                     num_kv_heads=kv_heads, head_dim=head_dim, page_size=page_size, seed=heads + page_size + 1)
+        case = _split_case(heads, kv_heads, head_dim, page_size, seed=heads + page_size + 1)
         plan = cute_attn.plan_gqa_paged_prefill(*case.inputs(), on_device=on_device)
         assert plan.config.bf16_partials and plan.partial_out.dtype == torch.bfloat16
         if not on_device:
@@ -342,11 +351,8 @@ def test_bf16_partials_drawn_batches_default_call(shape, batch):
     """The default call (a device plan every call) with bf16 partials, on drawn batches and shapes."""
     from cute_attn.config import bf16_partials_policy
 
-    heads, kv_heads, head_dim, page_size = shape
-    q_lens, kv_lens = batch
     with bf16_partials_policy(True):
-        _check(_case(q_lens, kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-                     page_size=page_size, seed=sum(kv_lens) % 977))
+        _check_drawn(shape, batch)
 
 
 # ---------------------------------------------------------------------------------------- k_ahead row gathers

@@ -370,6 +370,24 @@ DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], 
                  "device_whole_deal": [64], "bf16_partials": [64, 1], "deal_2048": [64, 1]}
 
 
+def checked_span(run, out, lse, reference, label: str, timer, digits: int = 1):
+    """Run ``run`` once (it writes ``out`` / ``lse``), check both against ``reference`` (the float32 ``(out, lse)``)
+    by the benchmark's rule, then time it as the bench times its rows: the GPU span in µs (the wall time where CUPTI
+    gave none), rounded to ``digits``; None without a ``timer`` (a check-and-compile pass)."""
+    import torch
+
+    from cute_attn import testing
+
+    run()
+    torch.cuda.synchronize()
+    testing.assert_close_benchmark(out, reference[0], f"{label} output")
+    testing.assert_close_benchmark(lse, reference[1], f"{label} lse")
+    if timer is None:
+        return None
+    timing = timer(run)
+    return round(timing.gpu_us if timing.gpu_us is not None else timing.wall_us, digits)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("policy", choices=sorted(POLICIES))
@@ -381,7 +399,6 @@ def main(argv=None) -> int:
     import torch
 
     import cute_attn
-    from cute_attn import testing
     from cute_attn.timing import ColdL2Timer
 
     if not torch.cuda.is_available():
@@ -398,7 +415,7 @@ def main(argv=None) -> int:
         if args.only and row0["batch"] not in args.only:
             continue
         case = make()
-        ref_out, ref_lse = case.reference()
+        reference = case.reference()
         inputs = tuple(case.inputs())
         entry, plan_fn = entries[kind]
         for on in (False, True):
@@ -412,13 +429,9 @@ def main(argv=None) -> int:
                     def run(out=out, lse=lse, kw=kw):
                         entry(*inputs, out, lse, **kw)
 
-                    run()
-                    torch.cuda.synchronize()
-                    testing.assert_close_benchmark(out, ref_out, f"{row0} {mode} output")
-                    testing.assert_close_benchmark(lse, ref_lse, f"{row0} {mode} lse")
-                    if timer is not None:
-                        timing = timer(run)
-                        row[mode] = round(timing.gpu_us if timing.gpu_us is not None else timing.wall_us, 1)
+                    span = checked_span(run, out, lse, reference, f"{row0} {mode}", timer)
+                    if span is not None:
+                        row[mode] = span
                 cute_attn.raise_on_device_error()
             rows.append(row)
             print(json.dumps(row), flush=True)

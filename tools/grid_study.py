@@ -62,6 +62,7 @@ def main(argv=None) -> int:
     import torch
 
     import cute_attn
+    from ab_policy import checked_span  # this folder: the tools' run-check-time step
     from cute_attn import testing
     from cute_attn.timing import ColdL2Timer
 
@@ -77,7 +78,7 @@ def main(argv=None) -> int:
             case = testing.make_gqa_prefill_case(q_lens, kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads,
                                                  page_size=page_size, device="cuda", seed=len(q_lens))
             inputs = tuple(case.inputs())
-            ref_out, ref_lse = case.reference()
+            reference = case.reference()
             planned = cute_attn.plan_gqa_paged_prefill(*inputs)
             grid, num_items = item_grid_plan(planned.config, q_lens, kv_lens, torch.device("cuda"))
             row = dict(batch=label, page_size=page_size, items=num_items)
@@ -87,12 +88,7 @@ def main(argv=None) -> int:
                 def run(out=out, lse=lse, plan=plan):
                     cute_attn.gqa_paged_prefill(*inputs, out, lse, plan=plan)
 
-                run()
-                torch.cuda.synchronize()
-                testing.assert_close_benchmark(out, ref_out, f"{label} p{page_size} {mode} output")
-                testing.assert_close_benchmark(lse, ref_lse, f"{label} p{page_size} {mode} lse")
-                timing = timer(run)
-                row[mode] = round(timing.gpu_us if timing.gpu_us is not None else timing.wall_us, 1)
+                row[mode] = checked_span(run, out, lse, reference, f"{label} p{page_size} {mode}", timer)
             cute_attn.raise_on_device_error()
             rows.append(row)
             print(json.dumps(row), flush=True)

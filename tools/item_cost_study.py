@@ -52,6 +52,7 @@ def main(argv=None) -> int:
     import torch
 
     import cute_attn
+    from ab_policy import checked_span  # this folder: the tools' run-check-time step
     from cute_attn import testing
     from cute_attn.timing import ColdL2Timer
 
@@ -74,13 +75,7 @@ def main(argv=None) -> int:
             def run(out=out, lse=lse):
                 cute_attn.gqa_paged_prefill(*inputs, out, lse, plan=plan)
 
-            run()
-            torch.cuda.synchronize()
-            ref_out, ref_lse = case.reference()
-            testing.assert_close_benchmark(out, ref_out, f"n{n} k{k} output")
-            testing.assert_close_benchmark(lse, ref_lse, f"n{n} k{k} lse")
-            timing = timer(run)
-            row = dict(n=n, k=k, span_us=round(timing.gpu_us if timing.gpu_us is not None else timing.wall_us, 2))
+            row = dict(n=n, k=k, span_us=checked_span(run, out, lse, case.reference(), f"n{n} k{k}", timer, digits=2))
             rows.append(row)
             print(json.dumps(row), flush=True)
     result = dict(page_size=args.page_size, rows=rows, fit=fit(rows))

@@ -324,41 +324,41 @@ def _cases(arch: str) -> dict:
 
     cases["slack-cap-mla-prefill"] = ("device_planner", slack_cap)
 
-    def eager_combine(kind: str, page_size: int):  # the combine folds each merge once its slots are counted in
+    def split_merges(policy, kind: str, page_size: int, seed: int):  # batches whose plans split, under ``policy()``
         def run():
-            from cute_attn.ops.mla_prefill import eager_combine_policy
-
-            with eager_combine_policy(True):
-                if kind == "decode":  # device-planned: planner, attention and the polling combine in one chain
+            with policy():
+                if kind == "mla_decode":  # device-planned: planner, attention and combine in one chain
                     case = testing.make_mla_decode_case([4096, 0, 70, 9000, 1, 4096], page_size=page_size,
-                                                        device="cuda", seed=106 + page_size)
+                                                        device="cuda", seed=seed)
                     return _run_api(cute_attn.mla_paged_decode, case, arch)
-                case = testing.make_mla_prefill_case([8, 2, 0, 40], [9000, 3000, 7, 40], page_size=page_size,
-                                                     device="cuda", seed=107 + page_size)  # host plan: real merges
-                return _run_api(cute_attn.mla_paged_prefill, case, arch, check_indices=True)
-        return run
-
-    if arch == "sm_90a":
-        cases["eager-combine-mla-decode-p64"] = ("combine", eager_combine("decode", 64))
-        cases["eager-combine-mla-decode-p1"] = ("combine", eager_combine("decode", 1))
-        cases["eager-combine-mla-prefill"] = ("combine", eager_combine("prefill", 1))
-    def bf16_partials(kind: str, page_size: int):  # split items store bf16 partial rows, the combine widens them
-        def run():
-            from cute_attn.config import bf16_partials_policy
-
-            with bf16_partials_policy(True):
-                if kind == "mla_decode":  # device-planned: planner, attention, combine
-                    case = testing.make_mla_decode_case([4096, 0, 70, 9000, 1, 4096], page_size=page_size,
-                                                        device="cuda", seed=108 + page_size)
-                    return _run_api(cute_attn.mla_paged_decode, case, arch)
-                if kind == "mla_prefill":
+                if kind == "mla_prefill":  # host plan: real merges
                     case = testing.make_mla_prefill_case([8, 2, 0, 40], [9000, 3000, 7, 40], page_size=page_size,
-                                                         device="cuda", seed=109 + page_size)  # host plan: merges
+                                                         device="cuda", seed=seed)
                     return _run_api(cute_attn.mla_paged_prefill, case, arch, check_indices=True)
                 case = testing.make_gqa_prefill_case([1, 40, 0, 200, 3], [3000, 40, 5, 1500, 3], page_size=page_size,
-                                                     device="cuda", seed=110 + page_size)
+                                                     device="cuda", seed=seed)
                 return _run_api(cute_attn.gqa_paged_prefill, case, arch, check_indices=True)
         return run
+
+    def eager_combine(kind: str, page_size: int):  # the combine folds each merge once its slots are counted in
+        def policy():
+            from cute_attn.ops.mla_prefill import eager_combine_policy
+
+            return eager_combine_policy(True)
+        return split_merges(policy, kind, page_size, (106 if kind == "mla_decode" else 107) + page_size)
+
+    if arch == "sm_90a":
+        cases["eager-combine-mla-decode-p64"] = ("combine", eager_combine("mla_decode", 64))
+        cases["eager-combine-mla-decode-p1"] = ("combine", eager_combine("mla_decode", 1))
+        cases["eager-combine-mla-prefill"] = ("combine", eager_combine("mla_prefill", 1))
+
+    def bf16_partials(kind: str, page_size: int):  # split items store bf16 partial rows, the combine widens them
+        def policy():
+            from cute_attn.config import bf16_partials_policy
+
+            return bf16_partials_policy(True)
+        seed = {"mla_decode": 108, "mla_prefill": 109, "gqa_prefill": 110}[kind] + page_size
+        return split_merges(policy, kind, page_size, seed)
 
     if arch == "sm_90a":
         cases["bf16-partials-mla-decode-p64"] = ("combine", bf16_partials("mla_decode", 64))

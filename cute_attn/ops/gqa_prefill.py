@@ -12,6 +12,7 @@ import torch
 from .. import reference, testing, validate
 from ..api import DevicePlan, plan_for, run
 from ..config import gqa_shape_reason
+from ..plan import DEAL_MAX_Q_TILES_CHOICES
 from . import OpSpec, policy
 
 ARG_NAMES = ("q", "k_cache", "v_cache", "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "sm_scale",
@@ -115,7 +116,7 @@ def device_whole_deal_policy(enabled: bool):
 def deal_max_q_tiles_policy(most: int):
     """Inside the block GQA prefill plans (device and host) deal batches of up to ``most`` (1024 or 2048) q tiles
     whatever ``DEAL_MAX_Q_TILES`` says (A/Bs, the device-planner tier, sanitizer cases)."""
-    if most not in (1024, 2048):
+    if most not in DEAL_MAX_Q_TILES_CHOICES:
         raise ValueError(f"deal_max_q_tiles must be 1024 or 2048, got {most!r}")
     with policy(globals(), DEAL_MAX_Q_TILES=int(most)):
         yield int(most)

@@ -65,8 +65,8 @@ from cutlass import Int32, Int64
 
 from ...compile import register_kernel
 from ...config import KernelConfig
-from ...plan import ItemField, MergeField, PlanConfig
-from ...plan_partition import SNAP_SHIFT, WHOLE_TILE_SHIFT, min_width
+from ...plan import DEAL_MAX_Q_TILES_CHOICES, ItemField, MergeField, PlanConfig
+from ...plan_partition import SNAP_SHIFT, min_width
 from .planner_collectives import (NUM_THREADS, NUM_WARPS, block_any, block_any_pair, block_exclusive_sum,
                                   block_max_pair, div_nonneg, last_at_most)
 from .planner_lists import build_item, bulk_store, ctas_of_items, store_words
@@ -121,7 +121,7 @@ class DevicePlannerConfig(KernelConfig):
     even_pieces: bool = False  # PlanConfig.even_pieces: equal one-tile requests cut in even pieces
     max_slack_keys: int = 0  # PlanConfig.max_slack_keys: the snap and whole-tile slacks capped (0: none)
     deal_whole_cuts: bool = False  # PlanConfig.deal_whole_cuts: whole-tile cuts dealt within 1/16 of their busiest
-    deal_max_q_tiles: int = 1024  # PlanConfig.deal_max_q_tiles: the sort's keys (1024 or 2048; shared memory 16 / 32 KiB)
+    deal_max_q_tiles: int = DEAL_MAX_Q_TILES_CHOICES[0]  # PlanConfig.deal_max_q_tiles: the sort's keys (16 / 32 KiB)
     num_qo_heads: int = 20
     head_dim_v: int = 128
     #: a development build: the planning CTA writes clock64 stamps of its phase boundaries to the last
@@ -170,7 +170,7 @@ class DevicePlannerConfig(KernelConfig):
             return "item_overhead_keys and min_chunk_keys must be >= 0"
         if self.sorted_deal and self.line_deal:
             return "sorted_deal and line_deal are exclusive"
-        if self.deal_max_q_tiles not in (1024, 2048):
+        if self.deal_max_q_tiles not in DEAL_MAX_Q_TILES_CHOICES:
             return f"deal_max_q_tiles={self.deal_max_q_tiles} must be 1024 or 2048 (the sort's keys)"
         if self.q_tiles_per_pass not in (0, 1, 2):
             return f"q_tiles_per_pass={self.q_tiles_per_pass} must be 1, 2 or 0 (chosen per launch)"

@@ -5,8 +5,9 @@ where the cuts split, each CTA's cut load (one more reduction). Only when the cu
 leave a CTA above ``W + W / 2**DEAL_WHOLE_SHIFT`` (``plan_partition.deal_bound``), and the deal can win, a bitonic
 sort of the q tiles' Int32 (capped kv tiles, index) keys over a fixed 512, 1024 or (``c.deal_max_q_tiles`` 2048)
 2048 keys, up to four a thread in registers, every stage unrolled: those under a warp's stride by shuffles, those
-under the block's through shared memory, the rest between a thread's own keys (:func:`fast_sort`); then each CTA's serpentine load over its laps. The line deal (``line_deal``, small-page decode)
-takes the keys in line order, unsorted. ``c`` is the :class:`DevicePlannerConfig` (a compile-time constant). The sort is 5.0 k cycles at the MLA
+under the block's through shared memory, the rest between a thread's own keys (:func:`fast_sort`); then each CTA's
+serpentine load over its laps. The line deal (``line_deal``, small-page decode) takes the keys in line order,
+unsorted. ``c`` is the :class:`DevicePlannerConfig` (a compile-time constant). The sort is 5.0 k cycles at the MLA
 seed's 500 q tiles on the H200 (session 14; a runtime-sized Int64 sort before it: 14.4 k).
 """
 
@@ -16,15 +17,14 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
-from ...plan import SERPENTINE_SLACK_SHIFT
+from ...plan import DEAL_MAX_Q_TILES_CHOICES, SERPENTINE_SLACK_SHIFT
 from ...plan_partition import DEAL_WHOLE_SHIFT, SNAP_SHIFT, WHOLE_TILE_SHIFT, sort_index_bits, sort_tile_cap
 from .planner_collectives import NUM_THREADS, WARP, block_max
 
 INDEX_BITS = 20  # sort_key (what the deal reads): the q tile index in the low bits (< 2**20), 2**32 - cost above
 # fast_sort's Int32 keys: (sort_tile_cap - kv tiles, capped) << index bits | q tile index; the padding sorts after all
 FAST_PADDING_KEY = 2**31 - 1
-DEAL_MAX_Q_TILES = (1024, 2048)  # PlanConfig.deal_max_q_tiles: what the sort builds
-for _most in DEAL_MAX_Q_TILES:
+for _most in DEAL_MAX_Q_TILES_CHOICES:  # PlanConfig.deal_max_q_tiles: what the sort builds
     assert (sort_tile_cap(_most) << sort_index_bits(_most)) | (_most - 1) < FAST_PADDING_KEY
     assert _most % NUM_THREADS == 0 and _most // NUM_THREADS <= 4
 
