@@ -1,6 +1,14 @@
-"""Shared test setup: the hypothesis profile (ci or fuzz) and the `gpu` marker's skip rule."""
+"""Shared test setup: the hypothesis profile (ci or fuzz), the `gpu` marker's skip rule, and MKL's reproducible mode."""
 
-import pytest
+import os
+
+# The CPU float32 reference's einsums run on MKL, whose results may depend on the operands' memory alignment (its
+# conditional numerical reproducibility): a request's reference alone and inside its batch differed in ~1 of 8
+# processes (tests/test_batch_invariance_plans.py). This mode makes them alignment-independent; read lazily by MKL,
+# so it holds although torch may already be imported. A value set by the caller wins.
+os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
+
+import pytest  # noqa: E402
 
 from cute_attn.testing import load_hypothesis_profile
 
