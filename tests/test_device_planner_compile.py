@@ -223,15 +223,16 @@ def test_q_tile_phase_builds_one_or_two_tiles_a_thread(arch):
 
 @pytest.mark.parametrize("arch", ARCHES)
 def test_the_2048_key_sort_builds_four_keys_a_thread(arch):
-    """``deal_max_q_tiles`` 2048 (``ops/gqa_prefill.DEAL_MAX_Q_TILES``, off): the prefill planner's sort takes four
-    keys a thread (one more level of in-register exchanges, twice the shared-memory keys); 4096 is refused."""
+    """``deal_max_q_tiles`` 2048 (``ops/gqa_prefill.DEAL_MAX_Q_TILES``, the default since session 22): the prefill
+    planner's sort takes four keys a thread (one more level of in-register exchanges, twice the shared-memory keys);
+    4096 is refused."""
     from cute_attn.ops.gqa_prefill import deal_max_q_tiles_policy
 
-    prefill = device_planner.default_configs(arch)[1]
-    assert prefill.deal_max_q_tiles == 1024
-    with deal_max_q_tiles_policy(2048):
-        wide = device_planner.default_configs(arch)[1]
+    wide = device_planner.default_configs(arch)[1]
     assert wide.deal_max_q_tiles == 2048 and wide.can_implement() is None
+    with deal_max_q_tiles_policy(1024):
+        prefill = device_planner.default_configs(arch)[1]
+    assert prefill.deal_max_q_tiles == 1024
     assert "1024 or 2048" in dataclasses.replace(prefill, deal_max_q_tiles=4096).can_implement()
     plain_ptx, wide_ptx = compile_to_ptx(prefill), compile_to_ptx(wide)
     assert f".target {arch}" in wide_ptx and plain_ptx != wide_ptx and "ld.local" not in wide_ptx

@@ -99,6 +99,19 @@ def test_family_members(page_size, heads, kv_heads):
                  seed=page_size))
 
 
+@pytest.mark.parametrize("page_size", [2, 8, 16, 64, 128])
+@pytest.mark.parametrize("heads, kv_heads", [(32, 4), (20, 4)], ids=str)
+def test_items_ending_in_and_before_the_last_page(page_size, heads, kv_heads):
+    """The kernel zeroes only the V rows that can hold pool garbage: the last page's tail past kv_len, when an item
+    reads that page (``kernels/common/kv_tail.py``). Here the causal items' KV_END walks through the last page and
+    the pages before it (the tail is NaN-poisoned; rows between KV_END and kv_len are real keys, masked), and a long
+    request splits (items ending on tile bounds)."""
+    P = page_size
+    kv_lens = [7 * P + max(1, P // 3), 6 * P - 1, 3 * P + 1, 4096 + P // 2 + 1]
+    q_lens = [min(kv_lens[0], 2 * P + 37), min(kv_lens[1], P + 50), 3, 1500]
+    _check(_case(q_lens, kv_lens, page_size=P, num_qo_heads=heads, num_kv_heads=kv_heads, seed=300 + P + heads))
+
+
 # Pages of 1..8 keys (SGLang's page 1): the sm_90a kernel gathers a 128-key tile as 16-byte rows by four warps, a
 # quarter each, ids a tile ahead; lengths straddle page, tile, warp-slice and 32-page id-load ends.
 @pytest.mark.parametrize("page_size", [1, 2, 4, 8])

@@ -90,6 +90,9 @@ def test_serpentine_host_plans_are_the_twins_deal_whatever_the_model_says(heads,
 
 def test_serpentine_host_plans_leave_batches_past_the_sort_limit_to_the_lpt():
     lens = [992] * 32  # 1984 q tiles: past deal_max_q_tiles 1024, the device would not deal them either
+    narrow = [dataclasses.replace(_prefill(mode=mode), deal_max_q_tiles=1024) for mode in ("serpentine", "")]
+    assert np.array_equal(plan_work(narrow[0], lens, lens).items, plan_work(narrow[1], lens, lens).items)
+    lens = [992] * 40  # 2480 q tiles: past the default 2048 as well
     assert np.array_equal(plan_work(_prefill(mode="serpentine"), lens, lens).items,
                           plan_work(_prefill(mode=""), lens, lens).items)
 
@@ -101,7 +104,7 @@ def test_a_2048_key_sort_deals_32_x_992_where_1024_keys_keep_the_cuts():
     from cute_attn.plan_executor import plan_coverage
 
     lens = [992] * 32
-    config = dataclasses.replace(_prefill(mode="serpentine"), deal_whole_cuts=True)
+    config = dataclasses.replace(_prefill(mode="serpentine"), deal_whole_cuts=True, deal_max_q_tiles=1024)
     assert not partition(config, lens, lens)[1]
     wide = dataclasses.replace(config, deal_max_q_tiles=2048)
     twin, dealt = partition(wide, lens, lens)

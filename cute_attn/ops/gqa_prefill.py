@@ -74,11 +74,15 @@ WHOLE_DEAL = "serpentine"
 #: 213.2; 8 x 128 / 2048 within noise (73.4 -> 72.5, default 81.5 -> 82.1). Prediction was 199.5 -> ~193, default ~-5
 DEVICE_WHOLE_DEAL = True
 #: the most q tiles a GQA prefill plan deals (``PlanConfig.deal_max_q_tiles``: the device's sort of 1024 or 2048 keys,
-#: and its twin, which host plans take where it deals). Why 2048: 32 x 992 at h32/kv4 has 1984 q tiles, so the device
-#: keeps its cuts, 1.013 of the mean in the model against the deal's 1.006, but 9% slower on the H200 (session 21's
-#: bench: device-planned 764.9 us against the host LPT's 701.4). Built in session 21, not run on a GPU: 1024 until the
-#: device-planner tier and its A/B (``tools/ab_policy.py deal_2048``; prediction in docs/perf-notes.md)
-DEAL_MAX_Q_TILES = 1024
+#: and its twin, which host plans take where it deals). Why 2048: 32 x 992 at h32/kv4 has 1984 q tiles, so with 1024
+#: the device kept its cuts, 1.013 of the mean in the model against the deal's 1.006, but 9% slower on the H200
+#: (session 21's bench: device-planned 764.9 us against the host LPT's 701.4). H200, session 22, one process
+#: (``tools/ab_policy.py deal_2048``, ``docs/perf/h200-deal-2048.json``; GPU tests 19 passed, memcheck/racecheck clean
+#: on deal-2048), 1024 -> 2048, us: 32 x 992 page 64 device-planned 725.1 -> 703.6, default 746.9 -> 732.1, planned
+#: 710.6 -> 699.9; page 1 768.4 -> 731.9, 788.3 -> 770.7, 732.7 -> 731.6; a ragged batch of 1840 q tiles 718.4 ->
+#: 684.4, 741.6 -> 714.7, 682.0 -> 679.5 (page 1 alike). The bigger sort costs ~7 us of planner span (default minus
+#: device-planned 21.8 -> 28.5), more than the ~4 predicted
+DEAL_MAX_Q_TILES = 2048
 #: sm_90a page sizes whose row gathers copy K one tile ahead of V (``PagedAttentionConfig.k_ahead``: K_0, K_1, V_0,
 #: K_2, V_1, ..., FA3's paged-KV order). Why: page-1 prefill runs 6-16% behind page 64 and FA4 (whose page 1 runs
 #: at its page-64 time); with the intra-warpgroup overlap a consumer waits for K_{t+1} before V_t, and the producer

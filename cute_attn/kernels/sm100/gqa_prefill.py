@@ -22,8 +22,9 @@ Warp roles (384 threads, 12 warps):
   ``lse * lse_out_scale``, or fp32 ``partial_out[slot]`` and base-2 ``partial_lse[slot]``); a row
   that saw no key (or an item with no key) writes 0 and -inf. Warp 4 allocates / frees TMEM.
 * warp 8 MMA: ``S = Q K^T`` (smem x smem, 128x128x16 atoms), ``O (+)= P V`` (P from TMEM, V smem).
-  Before the last PV of an item that ends inside a key tile it zeroes V rows ``>= KV_END`` in smem
-  (the pool's page tails are NaN and 0 * NaN = NaN inside the MMA), then ``fence.proxy.async``.
+  Before the last PV of an item that reads the request's last page it zeroes that page's V rows past the
+  request's keys in smem (pool garbage, NaN in the tests, and 0 * NaN = NaN inside the MMA;
+  ``common/kv_tail.py``), then ``fence.proxy.async``.
 * warp 9 TMA load: the packed Q tile (one box over q viewed as ``((group, total_q), d, kv_heads)``:
   the block ``q[t0:t0+128/group, gh:gh+group]``; rows past the request are loaded, never stored);
   per key tile one box per page of one KV head (page id from ``kv_indices`` via ``kv_indptr``; a page
@@ -301,7 +302,7 @@ class GqaPagedPrefillSm100(PrefillRoles):
         else:
             cute.arch.setmaxregister_decrease(self.regs_other)
             if warp_idx == _WARP_MMA:
-                self.mma_role(tiled_mma_qk, tiled_mma_pv, s_q, s_k, s_v, kv_buf, tmem, items, item_begin,
+                self.mma_role(tiled_mma_qk, tiled_mma_pv, s_q, s_k, s_v, kv_buf, tmem, items, qo_indptr, item_begin,
                               item_end, pipe_q, pipe_kv, pipe_s, pipe_p, pipe_o,
                               cpipe.make_pipeline_state(consumer, self.q_stages),
                               cpipe.make_pipeline_state(consumer, self.kv_stages),

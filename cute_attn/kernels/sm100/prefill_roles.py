@@ -25,6 +25,7 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, tcgen05
 
 from ...plan import ItemField as F
+from ..common.kv_tail import garbage_rows, zero_rows
 from ..common.packed_q import q_box_rows
 from ..common.page_ids import LANE_IDS_BELOW, id_loads, lane_page_id, load_lane_page_ids, load_tile_page_ids
 from ..common.tma_issue import ONE_ELECTION, issue_page_boxes, issue_page_gather4, tma_descriptor_address
@@ -119,7 +120,7 @@ class PrefillRoles:
 
     # ---------------------------------------------------------------------------------------- mma
     @cute.jit
-    def mma_role(self, tiled_mma_qk, tiled_mma_pv, s_q, s_k, s_v, s_kv_rows, tmem, items, item_begin: Int32,
+    def mma_role(self, tiled_mma_qk, tiled_mma_pv, s_q, s_k, s_v, s_kv_rows, tmem, items, qo_indptr, item_begin: Int32,
                  item_end: Int32, pipe_q, pipe_kv, pipe_s, pipe_p, pipe_o, q_state, kv_state, s_state, p_state,
                  o_state):
         N = self.tile_n
@@ -134,6 +135,12 @@ class PrefillRoles:
             kv_start = items[it, int(F.KV_START)]
             kv_end = items[it, int(F.KV_END)]
             n = num_key_tiles(kv_start, kv_end, N)
+            # the last tile's V rows that may hold pool garbage (common/kv_tail.py); pages of 1 have no tail
+            zero_first, zero_end = Int32(0), Int32(0)
+            if cutlass.const_expr(self.page_size > 1):
+                b = items[it, int(F.REQUEST)]
+                kv_len = items[it, int(F.CAUSAL_OFFSET)] + qo_indptr[b + 1] - qo_indptr[b]
+                zero_first, zero_end = garbage_rows(kv_start + (n - 1) * N, kv_end, kv_len, N, self.page_size)
             if n > 0:
                 pipe_q.consumer_wait(q_state)
                 q_stage = q_state.index
@@ -143,15 +150,15 @@ class PrefillRoles:
                     kv_state, s_state = self._mma_qk(tiled_mma_qk, t_rq, t_rk, t_s, q_stage, pipe_kv, pipe_s,
                                                      kv_state, s_state)
                     kv_state, p_state, o_state = self._mma_pv(
-                        tiled_mma_pv, t_rv, tmem_ptr, p_layout, t_o, s_kv_rows, j > 1, N, pipe_kv, pipe_p, pipe_o,
-                        kv_state, p_state, o_state)
+                        tiled_mma_pv, t_rv, tmem_ptr, p_layout, t_o, s_kv_rows, j > 1, Int32(0), Int32(0), pipe_kv,
+                        pipe_p, pipe_o, kv_state, p_state, o_state)
                 # every QK GEMM of the item is issued: free the Q stage (its commit fires once they complete),
                 # so the next item's Q loads under the last PV (with one Q stage, at head_dim 256, that matters)
                 pipe_q.consumer_release(q_state)
                 q_state.advance()
-                # the last tile may end inside a page: zero its V rows >= kv_end first (NaN pool tails)
+                # the last tile may read the request's last page: zero its rows past the keys first
                 kv_state, p_state, o_state = self._mma_pv(
-                    tiled_mma_pv, t_rv, tmem_ptr, p_layout, t_o, s_kv_rows, n > 1, kv_end - kv_start - (n - 1) * N,
+                    tiled_mma_pv, t_rv, tmem_ptr, p_layout, t_o, s_kv_rows, n > 1, zero_first, zero_end,
                     pipe_kv, pipe_p, pipe_o, kv_state, p_state, o_state)
 
     @cute.jit
@@ -171,11 +178,11 @@ class PrefillRoles:
         return kv_state, s_state
 
     @cute.jit
-    def _mma_pv(self, tiled_mma, t_rv, tmem_ptr, p_layout, t_o, s_kv_rows, accumulate, valid_keys: Int32,
-                pipe_kv, pipe_p, pipe_o, kv_state, p_state, o_state):
+    def _mma_pv(self, tiled_mma, t_rv, tmem_ptr, p_layout, t_o, s_kv_rows, accumulate, zero_first: Int32,
+                zero_end: Int32, pipe_kv, pipe_p, pipe_o, kv_state, p_state, o_state):
         pipe_kv.consumer_wait(kv_state)
-        if valid_keys < self.tile_n:
-            self._zero_v_tail(s_kv_rows, kv_state.index, valid_keys)
+        if zero_end > zero_first:
+            self._zero_v_rows(s_kv_rows, kv_state.index, zero_first, zero_end)
         pipe_o.producer_acquire(o_state)  # the correction role is done with O (rescaled, or read out)
         pipe_p.consumer_wait(p_state)
         fence_after_sync()
@@ -195,12 +202,9 @@ class PrefillRoles:
         return kv_state, p_state, o_state
 
     @cute.jit
-    def _zero_v_tail(self, s_kv_rows, stage: Int32, first_row: Int32):
-        """Zero V rows ``[first_row, tile_n)`` of ``stage`` (one warp), then make them visible to tcgen05."""
-        lane = cute.arch.lane_idx()
-        D = self.head_dim
-        for e in cutlass.range(lane + first_row * D, self.tile_n * D, 32, unroll=1):
-            s_kv_rows[e // D, e % D, stage] = self.dtype(0.0)
+    def _zero_v_rows(self, s_kv_rows, stage: Int32, first: Int32, end: Int32):
+        """Zero V rows ``[first, end)`` of ``stage`` (one warp, 16-byte stores), then make them visible to tcgen05."""
+        zero_rows(s_kv_rows[None, None, stage], first, end, cute.arch.lane_idx(), 32, self.head_dim)
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.sync_warp()
 

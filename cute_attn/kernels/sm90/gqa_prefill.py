@@ -24,9 +24,10 @@ Warp roles (384 threads = 3 warpgroups):
 * WG1, WG2 -- consumers (``setmaxnreg`` 240), 64 packed rows each. Per key tile: wgmma
   ``S = Q K^T`` (smem x smem), causal / sequence-end mask only on tiles that need it, online softmax
   in base 2 (``common/softmax.py``), P converted to bf16 in registers, wgmma ``O += P V``
-  (registers x smem). On the last tile of an item whose ``KV_END`` is not tile aligned, both
-  consumer warpgroups zero the V rows ``>= KV_END`` in shared memory first (the pool's page tails
-  are NaN), then meet at a named barrier.
+  (registers x smem). On the last tile of an item that reads the request's last page, both consumer
+  warpgroups zero its V rows past the request's keys in shared memory first (pool garbage, NaN in the
+  tests; ``common/kv_tail.py``: every other row past ``KV_END`` is zero-filled or a real key), then meet
+  at a named barrier.
 * Epilogue (consumers): ``O / rowsum`` and ``lse = (max * scale_log2 + log2 sum)``; final items write
   bf16 ``output`` and ``lse * lse_out_scale`` with predicated stores (rows < Q_ROW_COUNT), split items
   write fp32 ``partial_out[slot]`` / base-2 ``partial_lse[slot]`` (``prefill_epilogue.py``, shared with the
@@ -83,6 +84,7 @@ from .. import register_paged_kernel
 from ..common.decode_merge import fold_completed_merges
 from ..common.paged_launch import gqa_prefill_entry
 from ..common.limits import page_box_reason, row_gather_reason, smem_reason, target_reason, uses_row_gather
+from ..common.kv_tail import garbage_rows, zero_rows
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.named_barrier import warpgroup_barrier_arrive, warpgroup_barrier_sync
 from ..common.packed_q import q_box_rows, q_box_stage_layout
@@ -558,6 +560,10 @@ class GqaPagedPrefillSm90:
             kv_end = items[it, int(F.KV_END)]
             causal_offset = items[it, int(F.CAUSAL_OFFSET)]
             first_token = r0 // G
+            kv_len = kv_end  # the request's keys (causal: kv_len - q_len is CAUSAL_OFFSET); pages of 1 have no tail
+            if cutlass.const_expr(self.page_size > 1):
+                req = items[it, int(F.REQUEST)]
+                kv_len = causal_offset + qo_indptr[req + 1] - qo_indptr[req]
             softmax_reset(row_max, row_sum)
             acc_o.fill(0.0)
             pipe_q.consumer_wait(q_state)
@@ -565,8 +571,8 @@ class GqaPagedPrefillSm90:
             num_tiles = cute.ceil_div(kv_end - kv_start, self.tile_n) if kv_end > kv_start else 0
             if cutlass.const_expr(self.intra_wg_overlap):
                 kv_state = self.mainloop_overlap(
-                    ctid, wg, num_tiles, kv_start, kv_end, r0, first_token, causal_offset, s_v, t_sq_cur, t_sk,
-                    t_ovt, t_op, acc_s, acc_o, c_s, row_max, row_sum, scale_log2, tiled_mma_qk, tiled_mma_pv,
+                    ctid, wg, num_tiles, kv_start, kv_end, kv_len, r0, first_token, causal_offset, s_v, t_sq_cur,
+                    t_sk, t_ovt, t_op, acc_s, acc_o, c_s, row_max, row_sum, scale_log2, tiled_mma_qk, tiled_mma_pv,
                     pipe_k, pipe_v, kv_state)
             else:
                 self.sched_wait(wg)
@@ -584,7 +590,7 @@ class GqaPagedPrefillSm90:
                     t_op.store(acc_to_mma_a_view(acc_s).load().to(self.dtype))
                     self.wait_rows(pipe_v, kv_state)
                     if kv_base + self.tile_n > kv_end:
-                        self.zero_v_tail(s_v, stage, kv_end - kv_base, ctid)
+                        self.zero_v_garbage(s_v, stage, kv_base, kv_end, kv_len, ctid)
                     self.sched_wait(wg)
                     wgmma_gemm(tiled_mma_pv, acc_o, t_op, t_ovt[None, None, None, stage], False)
                     pipe_v.consumer_release(kv_state)
@@ -616,7 +622,8 @@ class GqaPagedPrefillSm90:
         return split_items
 
     @cute.jit
-    def mainloop_overlap(self, ctid: Int32, wg: Int32, num_tiles: Int32, kv_start: Int32, kv_end: Int32, r0: Int32,
+    def mainloop_overlap(self, ctid: Int32, wg: Int32, num_tiles: Int32, kv_start: Int32, kv_end: Int32,
+                         kv_len: Int32, r0: Int32,
                          first_token: Int32, causal_offset: Int32, s_v: cute.Tensor, t_sq: cute.Tensor,
                          t_sk: cute.Tensor, t_ovt: cute.Tensor, t_op: cute.Tensor, acc_s: cute.Tensor,
                          acc_o: cute.Tensor, c_s: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor,
@@ -653,7 +660,7 @@ class GqaPagedPrefillSm90:
             last_base = kv_start + (num_tiles - 1) * self.tile_n
             self.wait_rows(pipe_v, kv_state)
             if last_base + self.tile_n > kv_end:
-                self.zero_v_tail(s_v, kv_state.index, kv_end - last_base, ctid)
+                self.zero_v_garbage(s_v, kv_state.index, last_base, kv_end, kv_len, ctid)
             wgmma_gemm(tiled_mma_pv, acc_o, t_op, t_ovt[None, None, None, kv_state.index], False)
             pipe_v.consumer_release(kv_state)
             kv_state.advance()
@@ -682,13 +689,17 @@ class GqaPagedPrefillSm90:
         warpgroup_barrier_arrive(_SCHED_BARRIER, 1 - wg, self.num_mma_threads, self.num_mma_wg)
 
     @cute.jit
-    def zero_v_tail(self, s_v: cute.Tensor, stage: Int32, first_row: Int32, ctid: Int32):
-        """Zero V rows ``[first_row, tile_n)`` of ``stage`` (NaN page tails), visible to wgmma in both WGs."""
-        D = self.head_dim
-        for e in cutlass.range(ctid + first_row * D, self.tile_n * D, self.num_mma_threads, unroll=1):
-            s_v[e // D, e % D, stage] = self.dtype(0.0)
-        cute.arch.fence_view_async_shared()
-        cute.arch.barrier(barrier_id=_ZERO_V_BARRIER, number_of_threads=self.num_mma_threads)
+    def zero_v_garbage(self, s_v: cute.Tensor, stage: Int32, kv_base: Int32, kv_end: Int32, kv_len: Int32,
+                       ctid: Int32):
+        """Zero the stage's V rows that may hold pool garbage (``common/kv_tail.py``: the request's last page past
+        ``kv_len``, when this item reads it), visible to wgmma in both warpgroups. Item-uniform, so both
+        warpgroups take the same branch to the named barrier."""
+        if cutlass.const_expr(self.page_size > 1):
+            first, end = garbage_rows(kv_base, kv_end, kv_len, self.tile_n, self.page_size)
+            if end > first:
+                zero_rows(s_v[None, None, stage], first, end, ctid, self.num_mma_threads, self.head_dim)
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier(barrier_id=_ZERO_V_BARRIER, number_of_threads=self.num_mma_threads)
 
 
 # ----------------------------------------------------------------------------------- registration
