@@ -27,6 +27,7 @@ WORKLOADS = {
     "decode_n16_kv2048": ("decode", [2048] * 16),
     "decode_n64_kv2048": ("decode", [2048] * 64),
     "decode_n128_kv4096": ("decode", [4096] * 128),
+    "decode_n64_kv2048_p1": ("decode", [2048] * 64, 1),  # page 1: the row-gather decode
     "prefill_n1_q992": ("prefill", [992]),
     "prefill_n32_q992": ("prefill", [992] * 32),
     "prefill_n4_q992": ("prefill", [992] * 4),
@@ -48,7 +49,8 @@ def build(label: str):
     import cute_attn
     from cute_attn import testing
 
-    kind, lens = WORKLOADS[label]
+    kind, lens, *page = WORKLOADS[label]
+    page_size = page[0] if page else 64
     if isinstance(lens, str):  # a bench workload's label: its recorded lengths
         import bench_workloads
 
@@ -69,7 +71,7 @@ def build(label: str):
 
         return case, out, lse, run_planned
     if kind == "decode":
-        case = testing.make_gqa_decode_case(lens, device="cuda", seed=1)
+        case = testing.make_gqa_decode_case(lens, page_size=page_size, device="cuda", seed=1)
         entry = cute_attn.gqa_paged_decode
     else:
         case = testing.make_gqa_prefill_case(lens, lens, num_qo_heads=32, num_kv_heads=4, head_dim=128,
