@@ -73,6 +73,10 @@ def _check_ptx(config, ptx: str):
     page_loads = pages // 4 if config.page_size in GATHER4_PAGE_SIZES else pages
     halves = config.head_dim_qk // 64
     assert ptx.count("cp.async.bulk.tensor") == halves + 4 * page_loads * halves
+    # the MMA warp zeroes V rows that may hold pool garbage 16 bytes a store (kernels/common/kv_tail.py); page 1
+    # has no page tails, so no zeroing
+    assert not re.search(r"st\.shared\.(?:b|u)16", ptx)
+    assert ("st.shared.v4" in ptx) == (config.page_size > 1)
 
 
 @pytest.mark.parametrize("config", gqa_prefill.configs("sm_100a"), ids=str)

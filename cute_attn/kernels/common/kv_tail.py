@@ -29,9 +29,10 @@ def garbage_rows(kv_base: Int32, kv_end: Int32, kv_len: Int32, tile_n: cutlass.C
                  page_size: cutlass.Constexpr[int]):
     """``(first, end)``: the tile rows (the tile starts at key ``kv_base``) that may hold pool garbage when an item
     ends at ``kv_end`` in a request of ``kv_len`` keys; none when ``end <= first``. Pages of one key have no
-    tail: ``end`` is then ``kv_end - kv_base <= first``."""
+    tail: ``end`` is then ``kv_end - kv_base <= first``. Always inside the tile (``0 <= first``, ``end <= tile_n``),
+    whatever ``kv_len`` a hostile ``qo_indptr`` makes: the zeroing never writes outside its stage."""
     loaded_end = cutlass.min((kv_end + page_size - 1) // page_size * page_size, kv_base + tile_n)
-    return kv_len - kv_base, loaded_end - kv_base
+    return cutlass.max(kv_len - kv_base, 0), loaded_end - kv_base
 
 
 @cute.jit
