@@ -3,6 +3,14 @@ with the most stall samples (the report needs the SourceCounters section, e.g. `
 
     ncu --clock-control none --set full -k regex:Mla -c 1 -o seed python tools/kernel_breakdown.py --once mla_seed
     python tools/ncu_stalls.py seed.ncu-rep --top 40 > stalls.txt
+    ncu -i seed.ncu-rep --csv --page source --print-source sass > sass.csv    # where ncu runs
+    python tools/ncu_stalls.py --blocks 12 sass.csv                           # anywhere: no ncu needed
+
+``--blocks``: where the executed instructions go, by basic block (runs of SASS lines with the same execution count),
+largest share first. Session 22 found the GQA prefill's element-wise V zeroing this way (30% of the instructions).
+The source page comes from an instrumented replay: its counts of spin-wait loops (``try_wait`` / ``NANOSLEEP``) are
+not the plain kernel's (page-1 decode: 29.9 M there, 8.8 M in the metric pass), so read those as waiting, and compare
+totals with ``smsp__inst_executed.sum``.
 
 Runs where ``ncu`` runs (the device machine); plain text out, small enough to commit beside the report's summary.
 """
@@ -49,11 +57,49 @@ def top_instructions(report: str, top: int) -> tuple[list[str], list[list[str]]]
     return [header[i] for i in keep], [[row[i] for i in keep] for row in body]
 
 
+def hot_blocks(sass_csv_text: str, top: int) -> tuple[float, list[dict]]:
+    """(executed warp instructions in all, the ``top`` basic blocks by executed instructions) of an exported source
+    page (``ncu -i R --csv --page source --print-source sass``). A block is a run of consecutive SASS lines with the
+    same ``Instructions Executed``: each has its count, its lines, its share, its stall samples and its first lines."""
+    rows = [row for row in csv.reader(io.StringIO(sass_csv_text)) if row]
+    header_index = next(i for i, row in enumerate(rows) if "Source" in row and "Instructions Executed" in row)
+    header, body = rows[header_index], [row for row in rows[header_index + 1:] if len(row) == len(rows[header_index])]
+    executed, source = header.index("Instructions Executed"), header.index("Source")
+    samples = next((i for i, name in enumerate(header) if name.startswith("Warp Stall Sampling (All")), None)
+    blocks: list[dict] = []
+    for line, row in enumerate(body):
+        count = _number(row[executed])
+        if blocks and blocks[-1]["executed"] == count and blocks[-1]["last"] == line - 1:
+            block = blocks[-1]
+        else:
+            block = dict(executed=count, first=line, lines=0, samples=0.0, source=[])
+            blocks.append(block)
+        block["last"] = line
+        block["lines"] += 1
+        block["samples"] += _number(row[samples]) if samples is not None else 0.0
+        if len(block["source"]) < 3:
+            block["source"].append(row[source].strip())
+    total = sum(b["executed"] * b["lines"] for b in blocks) or 1.0
+    for block in blocks:
+        block["share"] = block["executed"] * block["lines"] / total
+    return total, sorted(blocks, key=lambda b: -b["share"])[:top]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("report")
+    ap.add_argument("report", help="an .ncu-rep (needs ncu), or with --blocks an exported source-page CSV")
     ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--blocks", type=int, default=0, help="print the N basic blocks with the most executed "
+                                                           "instructions (REPORT: the exported source-page CSV)")
     args = ap.parse_args(argv)
+    if args.blocks:
+        with open(args.report) as f:
+            total, blocks = hot_blocks(f.read(), args.blocks)
+        print(f"# {total:,.0f} warp instructions executed; basic blocks by share")
+        for b in blocks:
+            print(f"{100 * b['share']:5.1f}%  {b['executed']:>10,.0f} x {b['lines']:3d} lines  samples {b['samples']:6.0f}"
+                  f"  line {b['first']}: {' / '.join(b['source'])}")
+        return 0
     states = warp_states(args.report)
     total = sum(v for _, v in states) or 1.0
     print("# sampled warp states (share of all stalled samples)")
