@@ -655,3 +655,26 @@ def test_compile_jobs_deal_the_workloads_over_warm_only_processes(monkeypatch):
         assert cmd[cmd.index("--impls") + 1:] == ["cute_attn", "flashinfer_fa3"]
     assert sorted(labels) == sorted(w.label for w in workloads)
     assert bench.parse_args(["--warm-only"]).warm_only and not bench.parse_args([]).compile_jobs
+
+
+# ----------------------------------------------------------------------------- ncu source pages
+def test_ncu_hot_blocks_groups_runs_of_equal_execution_counts(tmp_path):
+    """``tools/ncu_stalls.py --blocks``: a basic block is a run of SASS lines with one execution count; blocks are
+    ranked by executed instructions (count x lines), each with its stall samples and first lines."""
+    import ncu_stalls
+
+    header = '"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed"'
+    lines = [("0x10", "LDC R1", 1, 100), ("0x20", "MOV R2", 0, 100),  # a block of 2 x 100
+             ("0x30", "STS.U16 [R3], RZ", 7, 1000), ("0x40", "@!P0 BRA 0x30", 3, 1000),  # a loop: 2 x 1000
+             ("0x50", "EXIT", 0, 100)]  # same count as the first block, but not next to it
+    text = '"Kernel Name","k"\n' + header + "\n" + "\n".join(
+        f'"{a}","      {src}","{s}","{e:,}"' for a, src, s, e in lines) + "\n"
+    total, blocks = ncu_stalls.hot_blocks(text, 2)
+    assert total == 2300
+    assert [(b["executed"], b["lines"], b["samples"]) for b in blocks] == [(1000, 2, 10), (100, 2, 1)]
+    assert blocks[0]["source"] == ["STS.U16 [R3], RZ", "@!P0 BRA 0x30"] and abs(blocks[0]["share"] - 2000 / 2300) < 1e-12
+    path = tmp_path / "sass.csv"
+    path.write_text(text)
+    out = subprocess.run([sys.executable, os.path.join(TOOLS, "ncu_stalls.py"), "--blocks", "3", str(path)],
+                         check=True, capture_output=True, text=True).stdout
+    assert "2,300 warp instructions executed" in out and "87.0%" in out and "STS.U16" in out
