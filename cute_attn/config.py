@@ -153,6 +153,10 @@ class PagedAttentionConfig(KernelConfig):
     #: sm_90a GQA kernels: K/V tiles as 16-byte cp.async rows (True) or as TMA page boxes (False); None: the
     #: kernel's page-size policy (its ``ROW_GATHER_PAGE_SIZES``). A knob for ``tuning.sweep`` A/Bs in one process
     row_gather: bool | None = None
+    #: sm_90a GQA decode row gathers (pages 1, 2): the warps that copy each stage's rows, 1 (the producer warp) or 4
+    #: (a producer warpgroup, a quarter of every stage each, as the prefill kernel's); ``ops/gqa_decode.GATHER_WARPS``
+    #: says which is the default and why
+    gather_warps: int = 1
     #: MLA kernels (both arches) and the sm_90a GQA prefill kernel: the last CTA to finish a split item folds its
     #: partials in-kernel (the GQA decode's ``common/decode_merge.py``), so no combine launch follows. MLA: correct on
     #: the H200 but slower (session 15), off (``ops/mla_prefill.FUSED_MERGE`` says why); GQA prefill:
@@ -252,6 +256,11 @@ class PagedAttentionConfig(KernelConfig):
             return f"probe={self.probe!r}: measurement builds exist for the sm_90a MLA prefill kernel only"
         if self.k_ahead and (self.kind, self.arch) != ("gqa_paged_prefill", "sm_90a"):
             return f"k_ahead={self.k_ahead}: a knob of the sm_90a GQA prefill kernel's row gathers only"
+        if self.gather_warps not in (1, 4):
+            return f"gather_warps={self.gather_warps}: 1 (the producer warp) or 4 (a producer warpgroup)"
+        if self.gather_warps != 1 and ((self.arch != "sm_90a")
+                                       or self.kind not in ("gqa_paged_decode", "gqa_paged_multi_token_decode")):
+            return f"gather_warps={self.gather_warps}: a knob of the sm_90a GQA decode kernel's row gathers only"
         if self.row_segments is not None and self.arch != "sm_90a":
             return f"row_segments={self.row_segments}: a knob of the sm_90a cp.async row gathers only"
         if self.fused_merge and self.kind not in ("mla_paged_prefill", "gqa_paged_prefill"):

@@ -67,6 +67,18 @@ def test_small_pages_around_stage_ends(hq, hkv, d, ps):
     _check([5000, 63, 64, 65, 1, 0, 2 * ps + 1, 2049], hq, hkv, d, ps, seed=hq * ps + d + 1)
 
 
+@pytest.mark.parametrize("hq, hkv, d, ps", [(20, 4, 128, 1), (20, 4, 128, 2), (8, 8, 64, 1), (32, 16, 128, 1)],
+                         ids=lambda v: str(v))
+def test_four_gathering_warps(hq, hkv, d, ps):
+    """``gather_warps`` 4 (``ops/gqa_decode.GATHER_WARPS_PAGE_SIZES``): a producer warpgroup copies each stage's rows,
+    a quarter a warp, each with its slice's page ids; lengths straddle the quarter (16 keys at page 1), the stage and
+    the 32-page id loads; 5000 splits (fused merge)."""
+    from cute_attn.ops.gqa_decode import gather_warps_policy
+
+    with gather_warps_policy((ps,)):
+        _check([5000, 15, 16, 17, 63, 64, 65, 1, 0, 2 * ps + 1, 2049], hq, hkv, d, ps, seed=hq * ps + d + 7)
+
+
 @pytest.mark.parametrize("hq, hkv, d, ps", [FAMILY[0], FAMILY[4], FAMILY[7]], ids=lambda v: str(v))
 @settings(max_examples=6, deadline=None)
 @given(kv_lens=testing.decode_batches(max_batch=40, max_kv=3000))

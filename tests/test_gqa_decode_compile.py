@@ -169,3 +169,34 @@ def test_pages_of_16_and_more_may_take_several_per_stage(page_size, kv_tile):
     config = dataclasses.replace(base, kv_tile=kv_tile)
     assert gqa_decode.check_config(config) is None
     assert gqa_decode.num_stages(config) % 2 == 0
+
+
+@pytest.mark.parametrize("kind", ["gqa_paged_decode", "gqa_paged_multi_token_decode"])
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_four_gathering_warps_split_each_stage(kind, page_size):
+    """``gather_warps`` 4 (``ops/gqa_decode.GATHER_WARPS_PAGE_SIZES``, off until measured): a producer warpgroup
+    (384 threads, not 288) copies each stage's rows, a quarter a warp: a lane issues 16 cp.async a stage instead of
+    64, each warp arrives on the full mbarrier for its own copies, nothing spills to local memory; the default
+    build is the one-warp kernel."""
+    config = dataclasses.replace(_definition_config(), kind=kind, causal=kind != "gqa_paged_decode",
+                                 page_size=page_size, kv_tile=64)
+    wide = dataclasses.replace(config, gather_warps=4)
+    assert config.gather_warps == 1 and wide.can_implement() is None and gqa_decode.check_config(wide) is None
+    one, four = compile_to_ptx(config), compile_to_ptx(wide)
+    copies = [len(re.findall(r"cp\.async\.cg\.shared\.global", ptx)) for ptx in (one, four)]
+    assert copies == [2 * 64 * 16 // 32, 2 * 64 * 16 // 32 // 4]
+    assert ".reqntid 288, 1, 1" in one and ".reqntid 384, 1, 1" in four
+    assert "cp.async.mbarrier.arrive.noinc.shared" in four
+    assert "ld.local" not in four and "st.local" not in four
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (dict(gather_warps=3), "1 (the producer warp) or 4"),
+    (dict(gather_warps=4, page_size=64, kv_tile=64), "TMA page boxes"),
+    (dict(gather_warps=4, arch="sm_100a"), "sm_90a GQA decode"),
+])
+def test_gather_warps_where_no_kernel_builds_them_are_refused(change, fragment):
+    config = dataclasses.replace(_definition_config(), page_size=1, kv_tile=64)
+    config = dataclasses.replace(config, **change)
+    reason = config.can_implement() or gqa_decode.check_config(config)
+    assert reason is not None and fragment in reason

@@ -97,6 +97,16 @@ def test_family_shapes(head_dim, page_size):
     _check(_case(q_lens, kv_lens, head_dim=head_dim, page_size=page_size, seed=head_dim + page_size))
 
 
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_four_gathering_warps(page_size):
+    """``gather_warps`` 4 (``ops/gqa_decode.GATHER_WARPS_PAGE_SIZES``, both decode kinds): the producer warpgroup's
+    row gathers under draft tokens, causal among themselves; q_len 1..8, lengths around the quarter-stage slices."""
+    from cute_attn.ops.gqa_decode import gather_warps_policy
+
+    with gather_warps_policy((page_size,)):
+        _check(_case([1, 4, 8, 2, 3], [5000, 17, 65, 2, 2049], page_size=page_size, seed=40 + page_size))
+
+
 def test_q_len_one_matches_single_token_decode():
     import cute_attn
 

@@ -25,6 +25,9 @@ POLICY is one of
                   "lap") off / on: the FIB prefill rows whose serpentine deal the model rates uneven; planned calls move
     serpentine_deal  GQA prefill host plans always the twin's serpentine deal (``WHOLE_DEAL`` "serpentine") off / on:
                   the rows whose host plan is the LPT or the twin's cuts today; only planned calls move
+    gather_warps  the sm_90a decode row gathers (pages 1, 2) by a producer warpgroup, a quarter of each stage a warp
+                  (``ops/gqa_decode.GATHER_WARPS_PAGE_SIZES``), against the one producer warp: the line deal's decode
+                  batches and layouts; all three calls move
     device_whole_deal  GQA prefill device plans' whole-tile cuts given way to the serpentine deal within 1/16
                   (``ops/gqa_prefill.DEVICE_WHOLE_DEAL``) off / on: the serpentine_deal rows; device-planned and default
                   calls move
@@ -86,6 +89,14 @@ def _line_deal_cases(pages):
                                                         page_size=page_size, device="cuda", seed=len(kv_lens))
                 yield (dict(batch=label, page_size=page_size, heads=heads, kv_heads=kv_heads), make, "decode",
                        lambda on, page_size=page_size: gqa_decode.line_deal_policy((page_size,) if on else ()))
+
+
+def _gather_warps_cases(pages):
+    from cute_attn.ops import gqa_decode
+
+    for row0, make, kind, _ in _line_deal_cases(pages):  # the same batches and layouts, the line deal as it is
+        yield (row0, make, kind,
+               lambda on, page_size=row0["page_size"]: gqa_decode.gather_warps_policy((page_size,) if on else ()))
 
 
 def _prefill_cases(cases, pages, policy_at):
@@ -362,12 +373,12 @@ POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, 
             "even_pieces": _even_pieces_cases, "page_boxes": _page_boxes_cases, "max_slack": _max_slack_cases,
             "eager_combine": _eager_combine_cases, "lap_deal": _lap_deal_cases,
             "serpentine_deal": _serpentine_deal_cases, "device_whole_deal": _device_whole_deal_cases,
-            "bf16_partials": _bf16_partials_cases, "deal_2048": _deal_2048_cases}
+            "bf16_partials": _bf16_partials_cases, "deal_2048": _deal_2048_cases, "gather_warps": _gather_warps_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
                  "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64], "even_pieces": [64, 1],
                  "page_boxes": [64, 128], "max_slack": [1], "eager_combine": [64, 1],
                  "lap_deal": [64], "serpentine_deal": [64],
-                 "device_whole_deal": [64], "bf16_partials": [64, 1], "deal_2048": [64, 1]}
+                 "device_whole_deal": [64], "bf16_partials": [64, 1], "deal_2048": [64, 1], "gather_warps": [1, 2]}
 
 
 def checked_span(run, out, lse, reference, label: str, timer, digits: int = 1):

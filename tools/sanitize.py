@@ -21,6 +21,8 @@ Cases (small, ragged, each a registered config's shape):
     mla-*fused-p*  the sm_90a MLA prefill and decode kernels with ``fused_merge`` (the in-kernel fold of split items)
     prefill-fused-* the sm_90a GQA prefill kernel with ``fused_merge``: device plan (p1, p64) and host plan (hostplan)
     prefill-k-ahead-p* the sm_90a GQA prefill's row gathers with ``k_ahead`` (K one tile ahead of V), pages 1 and 4
+    gather-warps-*  the sm_90a decode kernels' row gathers by a producer warpgroup (``gather_warps`` 4): decode at
+                   pages 1 and 2, multi-token decode at page 1
     q-tile-pairs-* the device planner's q-tile pass chosen per launch (``q_tile_pass_policy(0)``: two tiles a thread
                    past one pass), with and without empty requests
     early-dependents-* attention kernels that release the combine's launch right after their wait
@@ -229,6 +231,20 @@ def _cases(arch: str) -> dict:
                 return _run_api(cute_attn.gqa_paged_prefill, case, arch)
         return run
 
+    def gather_warps(kind: str, page_size: int):  # decode row gathers by four warps, a quarter of each stage each
+        def run():
+            from cute_attn.ops.gqa_decode import gather_warps_policy
+
+            with gather_warps_policy((page_size,)):
+                if kind == "decode":
+                    case = testing.make_gqa_decode_case([3000, 15, 17, 0, 65], page_size=page_size, device="cuda",
+                                                        seed=88 + page_size)
+                    return _run_api(cute_attn.gqa_paged_decode, case, arch)
+                case = testing.make_gqa_multi_token_decode_case([4, 1, 8, 2], [3000, 17, 65, 2], page_size=page_size,
+                                                                device="cuda", seed=90 + page_size)
+                return _run_api(cute_attn.gqa_paged_multi_token_decode, case, arch)
+        return run
+
     def with_combine(kind: str, policy, seeds: tuple):  # a device-planned call that launches the combine, under
         # ``policy()``: GQA prefill (a short request beside a 40k-key one: merges) or MLA decode (ragged, an empty one)
         def run():
@@ -379,6 +395,9 @@ def _cases(arch: str) -> dict:
     cases["combine-grid-mla-decode"] = ("combine", combine_grid("mla_decode", 4))
     if arch == "sm_90a":
         cases["prefill-k-ahead-p1"] = ("gqa_paged_prefill", prefill_k_ahead(1))
+        cases["gather-warps-decode-p1"] = ("gqa_paged_decode", gather_warps("decode", 1))
+        cases["gather-warps-decode-p2"] = ("gqa_paged_decode", gather_warps("decode", 2))
+        cases["gather-warps-mtp-p1"] = ("gqa_paged_multi_token_decode", gather_warps("mtp", 1))
         cases["prefill-k-ahead-p4"] = ("gqa_paged_prefill", prefill_k_ahead(4))
         cases["prefill-fused-p1"] = ("gqa_paged_prefill", prefill_fused(1, False))
         cases["prefill-fused-p64"] = ("gqa_paged_prefill", prefill_fused(64, False))

@@ -72,6 +72,24 @@ def signature(q, k, v, kvp, kvi, last, sm_scale):
             last.__class__, last.shape, last.is_contiguous(), last.dtype, last.device, last.data_ptr(), last._version)
 
 
+#: sm_90a page sizes whose row gathers (pages 1, 2) run on a producer warpgroup, a quarter of every stage's rows a warp
+#: (``PagedAttentionConfig.gather_warps`` 4), instead of the one producer warp. Why: under ncu (session 22, 64 x 2048
+#: h20/kv4, ``docs/perf/h200-ncu-decode-p1-p64.txt``) page 1 runs 73.1 us against page 64's 67.4 for the same DRAM
+#: bytes and executes 3.3 M more warp instructions, about what the one producer warp issues (~418 a 64-key stage),
+#: while the consumers wait on it; the prefill kernel's four gathering warps took its page 1 from 442 to 220 us
+#: (session 10). Built in session 22, not run on a GPU: empty (off) until its GPU tests and A/B
+#: (``tools/ab_policy.py gather_warps``) say so
+GATHER_WARPS_PAGE_SIZES: tuple[int, ...] = ()
+
+
+@contextlib.contextmanager
+def gather_warps_policy(page_sizes):
+    """Inside the block sm_90a decode configs (both decode kinds) at ``page_sizes`` gather rows with four warps
+    whatever ``GATHER_WARPS_PAGE_SIZES`` says (the GPU tier, sanitizer cases, A/Bs)."""
+    with policy(globals(), GATHER_WARPS_PAGE_SIZES=tuple(page_sizes)):
+        yield
+
+
 def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size) -> dict:
     """The group's heads are the rows of one 64-row M tile; one page is one ring stage (kv_tile = page_size)
     for pages of 16..128 keys, and smaller pages (1, 2, 4, 8) fill a 64-key stage with 64 / page_size page
@@ -84,6 +102,8 @@ def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, pag
     tiles = dict(tile_q_rows=64, kv_tile=64, min_chunk_keys=256)
     if 16 <= page_size <= 128 and not (arch == "sm_90a" and page_size == 16):
         tiles.update(kv_tile=page_size)
+    if arch == "sm_90a" and page_size in GATHER_WARPS_PAGE_SIZES:
+        tiles.update(gather_warps=4)
     return tiles
 
 

@@ -6,7 +6,7 @@ group's query heads are the rows of one 64-row wgmma M tile (rows >= Q_ROW_COUNT
 repeat the last real row, so they stay finite and are never written), attending keys
 ``[KV_START, KV_END)``.
 
-Warp roles (288 threads)
+Warp roles (288 threads; 384 with ``gather_warps`` 4)
     warps 0-7  two consumer warpgroups (128 threads each) that split every item's KV tiles: warpgroup w
                takes the ring stages of global tiles w, w + 2, ... (the per-tile chain of two dependent
                wgmmas and a softmax is the critical path of the small batches; two warpgroups halve it).
@@ -34,6 +34,9 @@ Warp roles (288 threads)
                one coalesced id load (one per lane, ``common/page_ids.py``) covers 32 / pages-per-stage stages; a
                page past KV_END gets id -1 (zero-filled, its bytes counted), so the full mbarrier keeps one
                expect-tx of the whole stage. Pages 1, 2 (``produce_rows``): 16-byte cp.async rows, below.
+               The producer role lives in ``decode_producer.py``.
+    warps 8-11 with ``gather_warps`` 4 (pages 1, 2; off by default, ``ops/gqa_decode.GATHER_WARPS_PAGE_SIZES``): a
+               producer warpgroup, each warp gathering a quarter of every stage's rows with its slice's page ids.
 
 Small pages: a box of fewer rows than the 128B swizzle's 8-row atom (pages 2, 4) at a row offset inside a swizzled
 stage is legal: TMA swizzles by shared-memory address and the stage is 1024 B aligned. The atom is built for the
@@ -79,10 +82,8 @@ from .. import register_paged_kernel
 from ..common.decode_merge import FOLD_ROW_LANES, fold_completed_merges
 from ..common.limits import SMEM_LIMIT_BYTES, row_gather_reason, target_reason, uses_row_gather
 from ..common.named_barrier import warpgroup_barrier_sync
-from ..common.page_ids import IDS_PER_LOAD, id_loads, lane_page_id, load_lane_page_ids, rotate_lane_page_ids
-from ..common.row_gather import ROW_CHUNK, gather_one_row_pages
-from ..common.tma_issue import ONE_ELECTION, issue_page_boxes, tma_descriptor_address
 from ..common.work_items import guess_first_item, load_item
+from .decode_producer import ITEM_FIELDS, DecodeProducer
 from .wgmma import wgmma_gemm
 from ..common.paged_launch import gqa_decode_entry, gqa_multi_token_decode_entry
 from ..common.launch_chain import wait_for_previous_grid
@@ -97,11 +98,9 @@ NUM_MMA_THREADS = 128  # one consumer warpgroup
 NUM_CONSUMER_WG = 2
 NUM_CONSUMER_THREADS = NUM_CONSUMER_WG * NUM_MMA_THREADS
 PRODUCER_WARP = NUM_CONSUMER_THREADS // 32
-NUM_THREADS = NUM_CONSUMER_THREADS + 32
 WG_BARRIER_ID = 1  # + wg: named barrier of one consumer warpgroup (0 is __syncthreads)
 BOTH_BARRIER_ID = WG_BARRIER_ID + NUM_CONSUMER_WG  # both consumer warpgroups
 Q_VEC = 8  # bf16 per 16-byte Q load
-PAGE_IDS_PER_LOAD = 32  # producer: one page id per lane of the producer warp
 MULTI_PAGE_BELOW = 16  # pages of fewer keys: a stage of kv_tile keys is kv_tile / page_size page boxes
 # Stages of several pages are also built for pages of 16+ keys when asked for (kv_tile 64 or 128 with page 16 or
 # 32: fewer, wider tiles, i.e. fewer wgmma pairs and softmaxes per key); the defaults keep one page per stage.
@@ -109,7 +108,6 @@ MULTI_PAGE_TILES = (64, 128)
 # Pages of one or two keys: 16-byte cp.async rows from the producer warp (produce_rows), not page boxes (the TMA
 # unit's rate for 128-byte boxes held page 1 to 43% of page 64 even with one election per stage; rows: 88%)
 ROW_GATHER_PAGE_SIZES = (1, 2)
-ITEM_FIELDS = tuple(F)  # an item's row in registers is indexed by ItemField (unused fields are dead loads)
 
 
 # --------------------------------------------------------------------------------------------- config
@@ -171,8 +169,12 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         return reason
     if config.tile_q_rows != 64:
         return f"decode packs one group into a single 64-row warpgroup tile; tile_q_rows={config.tile_q_rows}"
-    if (reason := row_gather_reason(config, ROW_GATHER_PAGE_SIZES, rows_per_warp=config.kv_tile)) is not None:
+    if (reason := row_gather_reason(config, ROW_GATHER_PAGE_SIZES,
+                                    rows_per_warp=config.kv_tile // config.gather_warps)) is not None:
         return reason
+    if config.gather_warps != 1 and not uses_row_gather(config, ROW_GATHER_PAGE_SIZES):
+        return (f"gather_warps={config.gather_warps}: page_size={config.page_size} stages are TMA page boxes, issued "
+                "by one producer warp (the warps share the row gathers of pages 1 and 2)")
     if config.group_size > config.tile_q_rows:
         return f"group size {config.group_size} exceeds the {config.tile_q_rows}-row tile"
     if config.page_size >= MULTI_PAGE_BELOW and config.kv_tile not in (config.page_size, *MULTI_PAGE_TILES):
@@ -195,7 +197,7 @@ def check_config(config: PagedAttentionConfig) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------- kernel
-class GqaDecodeSm90:
+class GqaDecodeSm90(DecodeProducer):
     """The kernel object: compile-time constants live on ``self``."""
 
     def __init__(self, config: PagedAttentionConfig) -> None:
@@ -212,6 +214,8 @@ class GqaDecodeSm90:
         self.pages_per_stage = config.kv_tile // config.page_size  # 1 for pages of 16..128 keys
         self.row_gather = uses_row_gather(config, ROW_GATHER_PAGE_SIZES)
         self.row_segments = self.row_gather and config.row_segments is not False  # policy (None): segments
+        self.gather_warps = config.gather_warps if self.row_gather else 1  # check_config refuses 4 without rows
+        self.num_threads = NUM_CONSUMER_THREADS + 32 * self.gather_warps
         self.stages = num_stages(config)
         self.dtype = cutlass.BFloat16
         self.tile_bytes = self.tile_n * self.head_dim * 2
@@ -279,7 +283,7 @@ class GqaDecodeSm90:
             q, qo_indptr, tma_atom_k, tma_k, tma_atom_v, tma_v, k_rows, v_rows, kv_indices, work_indptr, items,
             merge_indptr, merge_counters, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
             sQ_layout, sKV_layout, tiled_mma_qk, tiled_mma_pv,
-        ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream, use_pdl=True)
+        ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(self.num_threads, 1, 1), stream=stream, use_pdl=True)
 
     @cute.kernel
     def kernel(
@@ -332,7 +336,7 @@ class GqaDecodeSm90:
             # consumers of PipelineCpAsync arrive from every thread, so the empty count is the warpgroup's
             pipe = pipeline.PipelineCpAsync.create(
                 barrier_storage=mbar, num_stages=self.stages,
-                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32 * self.gather_warps),
                 consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, NUM_MMA_THREADS),
             )
         else:
@@ -348,148 +352,25 @@ class GqaDecodeSm90:
                 tx_count=2 * self.tile_bytes,
             )  # initialises the mbarriers (warp 0), fences and syncs the CTA
 
-        if warp_idx == PRODUCER_WARP:
-            if cutlass.const_expr(self.row_gather):
-                self.produce_rows(k_rows, v_rows, sK, sV, kv_indices, items, item_begin, item_end, guess, row, pipe)
-            elif cutlass.const_expr(self.pages_per_stage > 1):
-                self.produce_pages(tma_atom_k, tma_k, tma_atom_v, tma_v, sK, sV, kv_indices, items, item_begin,
-                                   item_end, guess, row, pipe)
-            else:
-                self.produce(tma_atom_k, tma_k, tma_atom_v, tma_v, sK, sV, kv_indices, items, item_begin, item_end,
-                             guess, row, pipe)
+        if cutlass.const_expr(self.gather_warps > 1):  # a producer warpgroup shares the row gathers (pages 1, 2)
+            if warp_idx >= PRODUCER_WARP:
+                self.produce_rows(k_rows, v_rows, sK, sV, kv_indices, items, item_begin, item_end, guess, row, pipe,
+                                  warp_idx - PRODUCER_WARP)
+        else:
+            if warp_idx == PRODUCER_WARP:
+                if cutlass.const_expr(self.row_gather):
+                    self.produce_rows(k_rows, v_rows, sK, sV, kv_indices, items, item_begin, item_end, guess, row,
+                                      pipe, 0)
+                elif cutlass.const_expr(self.pages_per_stage > 1):
+                    self.produce_pages(tma_atom_k, tma_k, tma_atom_v, tma_v, sK, sV, kv_indices, items, item_begin,
+                                       item_end, guess, row, pipe)
+                else:
+                    self.produce(tma_atom_k, tma_k, tma_atom_v, tma_v, sK, sV, kv_indices, items, item_begin,
+                                 item_end, guess, row, pipe)
         if warp_idx < PRODUCER_WARP:
             self.consume(q, qo_indptr, sQ, sK, sV, exchange, items, merge_indptr, merge_counters, arrival, output, lse,
                          partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, item_begin, item_end,
                          guess, row, pipe, tidx)
-
-    # ----------------------------------------------------------------------------------- producer
-    @cute.jit
-    def produce(self, tma_atom_k, tma_k, tma_atom_v, tma_v, sK, sV, kv_indices, items, item_begin, item_end,
-                guess, row, pipe):
-        tKsK, tKgK = cpasync.tma_partition(
-            tma_atom_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(tma_k, 0, 2)
-        )
-        tVsV, tVgV = cpasync.tma_partition(
-            tma_atom_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(tma_v, 0, 2)
-        )
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        lane = cute.arch.lane_idx()
-        for it in cutlass.range(item_begin, item_end, unroll=1):
-            load_item(items, it, item_begin, guess, ITEM_FIELDS, row)
-            head = row[F.KV_HEAD]
-            n_tiles = (cutlass.max(row[F.KV_END] - row[F.KV_START], 0) + self.tile_n - 1) // self.tile_n
-            first_page = row[F.KV_PAGE_START]
-            # Page ids 32 at a time: lane l loads the id of tile t0 + l (one coalesced load), and each
-            # tile's id is shuffled out of its lane. Loading the id inside the per-tile loop put one
-            # dependent global round trip in front of every TMA issue.
-            for t0 in cutlass.range(0, n_tiles, PAGE_IDS_PER_LOAD, unroll=1):
-                lane_page = Int32(0)
-                if t0 + lane < n_tiles:
-                    lane_page = kv_indices[first_page + t0 + lane]
-                for j in cutlass.range(cutlass.min(PAGE_IDS_PER_LOAD, n_tiles - t0), unroll=1):
-                    page = cute.arch.shuffle_sync(lane_page, j)
-                    pipe.producer_acquire(state)
-                    bar = pipe.producer_get_barrier(state)
-                    cute.copy(tma_atom_k, tKgK[None, head, page], tKsK[None, state.index], tma_bar_ptr=bar)
-                    cute.copy(tma_atom_v, tVgV[None, head, page], tVsV[None, state.index], tma_bar_ptr=bar)
-                    pipe.producer_commit(state)
-                    state.advance()
-
-    @cute.jit
-    def produce_pages(self, tma_atom_k, tma_k, tma_atom_v, tma_v, sK, sV, kv_indices, items, item_begin, item_end,
-                      guess, row, pipe):
-        """Pages of fewer than 16 keys: each stage (``tile_n`` keys) is ``pages_per_stage`` page boxes of K and V.
-
-        Page ids one per lane (``common/page_ids.py``): one coalesced load covers ``32 / pages_per_stage`` whole
-        stages (page 8: 4), or a stage takes ``pages_per_stage / 32`` loads (page 1: 2); each box's id is shuffled
-        out to the issuing lane. Pages wholly past KV_END get id -1 (TMA zero-fills the box and counts its bytes),
-        so the stage's full mbarrier always expects ``2 * tile_bytes``.
-        """
-        P, npg = self.page_size, self.pages_per_stage
-        stages_per_round = max(1, IDS_PER_LOAD // npg)
-        # smem pages: (box, page in stage, 1, stage)
-        tKsK, tKgK = cpasync.tma_partition(
-            tma_atom_k, 0, cute.make_layout(1), cute.group_modes(cute.flat_divide(sK, (P, self.head_dim)), 0, 2),
-            cute.group_modes(tma_k, 0, 2)
-        )
-        tVsV, tVgV = cpasync.tma_partition(
-            tma_atom_v, 0, cute.make_layout(1), cute.group_modes(cute.flat_divide(sV, (P, self.head_dim)), 0, 2),
-            cute.group_modes(tma_v, 0, 2)
-        )
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        lane = cute.arch.lane_idx()
-        lane_pages = cute.make_rmem_tensor((id_loads(npg),), Int32)
-        next_pages = cute.make_rmem_tensor((id_loads(npg),), Int32)
-        pages = cute.make_rmem_tensor((npg,), Int32)
-        desc_k = tma_descriptor_address(tma_atom_k)
-        desc_v = tma_descriptor_address(tma_atom_v)
-        for it in cutlass.range(item_begin, item_end, unroll=1):
-            load_item(items, it, item_begin, guess, ITEM_FIELDS, row)
-            head = row[F.KV_HEAD]
-            n_keys = cutlass.max(row[F.KV_END] - row[F.KV_START], 0)
-            n_tiles = (n_keys + self.tile_n - 1) // self.tile_n
-            n_pages = (n_keys + P - 1) // P  # pages holding keys of the item (the last may be partial)
-            first_page = row[F.KV_PAGE_START]
-            load_lane_page_ids(kv_indices, next_pages, first_page, n_pages, lane)
-            for t0 in cutlass.range(0, n_tiles, stages_per_round, unroll=1):
-                t1 = t0 + stages_per_round
-                rotate_lane_page_ids(kv_indices, lane_pages, next_pages, first_page + t1 * npg, n_pages - t1 * npg, lane)
-                for j in cutlass.range(cutlass.min(stages_per_round, n_tiles - t0), unroll=1):
-                    pipe.producer_acquire(state)
-                    bar = pipe.producer_get_barrier(state)
-                    if cutlass.const_expr(ONE_ELECTION):
-                        self.issue_pages(desc_k, desc_v, sK, sV, lane_pages, pages, j * npg, head, bar, state.index)
-                    else:
-                        for i in cutlass.range_constexpr(npg):
-                            page = lane_page_id(lane_pages, i, j * npg)
-                            cute.copy(tma_atom_k, tKgK[None, head, page], tKsK[None, i, 0, state.index], tma_bar_ptr=bar)
-                            cute.copy(tma_atom_v, tVgV[None, head, page], tVsV[None, i, 0, state.index], tma_bar_ptr=bar)
-                    pipe.producer_commit(state)
-                    state.advance()
-
-    @cute.jit
-    def produce_rows(self, k_rows, v_rows, sK, sV, kv_indices, items, item_begin, item_end, guess, row, pipe):
-        """Pages of 1 or 2 keys: each stage's ``tile_n`` K and V rows as 16-byte ``cp.async`` copies by the 32
-        producer lanes (``common/row_gather.gather_one_row_pages``), page ids one per lane loaded a round ahead;
-        the consumers fence the rows into the async proxy before their wgmmas read them."""
-        N, P = self.tile_n, self.page_size
-        npg = N // P
-        sK_chunks = cute.flat_divide(sK, (1, ROW_CHUNK))  # (1, vec, row, chunk, stage)
-        sV_chunks = cute.flat_divide(sV, (1, ROW_CHUNK))
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        lane = cute.arch.lane_idx()
-        lane_pages = cute.make_rmem_tensor((id_loads(npg),), Int32)
-        next_pages = cute.make_rmem_tensor((id_loads(npg),), Int32)
-        for it in cutlass.range(item_begin, item_end, unroll=1):
-            load_item(items, it, item_begin, guess, ITEM_FIELDS, row)
-            n_keys = cutlass.max(row[F.KV_END] - row[F.KV_START], 0)
-            n_pages = (n_keys + P - 1) // P
-            first_page = row[F.KV_PAGE_START]
-            load_lane_page_ids(kv_indices, next_pages, first_page, n_pages, lane)
-            for t in cutlass.range((n_keys + N - 1) // N, unroll=1):
-                t1 = t + 1
-                rotate_lane_page_ids(kv_indices, lane_pages, next_pages, first_page + t1 * npg, n_pages - t1 * npg,
-                                     lane)
-                pipe.producer_acquire(state)
-                gather_one_row_pages(k_rows, sK_chunks[None, None, None, None, state.index], lane_pages,
-                                     row[F.KV_HEAD], lane, N, self.head_dim, v_rows,
-                                     sV_chunks[None, None, None, None, state.index], P,
-                                     segments=self.row_segments)
-                pipe.producer_commit(state)
-                state.advance()
-
-    @cute.jit
-    def issue_pages(self, desc_k, desc_v, sK, sV, lane_pages, pages, first, head, bar, stage):
-        """Every lane shuffles out the stage's page ids, then one elected lane issues all its page boxes back to
-        back (``common/tma_issue.py``: no election per box), where the DSL's partition puts them: page ``i`` at row
-        ``i * page_size``, 64-column blocks ``tile_n * 128`` bytes apart, stages ``tile_n * D * 2`` bytes apart."""
-        N, D = self.tile_n, self.head_dim
-        for i in cutlass.range_constexpr(self.pages_per_stage):
-            pages[i] = lane_page_id(lane_pages, i, first)
-        mbar = bar.toint()
-        for s_tile, desc in ((sK, desc_k), (sV, desc_v)):
-            issue_page_boxes(desc, s_tile.iterator.toint() + stage * (N * D * 2), pages, head, mbar,
-                             self.pages_per_stage, self.page_size, D // 64, N * 128, self.num_kv_heads)
 
     # ----------------------------------------------------------------------------------- consumer
     @cute.jit
