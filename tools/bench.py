@@ -298,6 +298,9 @@ def parse_args(argv=None):
                    help="GPU path: first call every cute_attn impl once in N processes at a time (each compiles "
                         "into the file-locked disk cache), then time in this one: a fresh machine compiles N kernels "
                         "at once instead of one")
+    p.add_argument("--policy", action="append", default=[], metavar="MODULE.NAME=VALUE",
+                   help="set a spec policy for this run, e.g. gqa_decode.GATHER_WARPS_PAGE_SIZES=(1,2) (a module "
+                        "of cute_attn.ops, a Python literal); every record carries the policies it ran under")
     p.add_argument("--warm-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--list", action="store_true", help="print the selected workloads and exit")
     p.add_argument("-v", "--verbose", action="store_true", help="tracebacks for errors")
@@ -328,6 +331,8 @@ def _warm_in_parallel(workloads, args) -> None:
                "--kernel", *dict.fromkeys(w.kernel for w in group), "--workloads", *(w.label for w in group)]
         if args.impls:
             cmd += ["--impls", *args.impls]
+        for setting in args.policy:
+            cmd += ["--policy", setting]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
     for proc in procs:
         proc.wait()
@@ -335,8 +340,35 @@ def _warm_in_parallel(workloads, args) -> None:
           f"{time.perf_counter() - start:.0f} s", flush=True)
 
 
+def apply_policies(settings) -> dict:
+    """``--policy MODULE.NAME=VALUE``: each a global of ``cute_attn.ops.MODULE`` that exists (a typo is an error,
+    not a silently default run), set for the whole process before anything is planned or compiled."""
+    import ast
+    import importlib
+
+    applied = {}
+    for setting in settings:
+        target, sep, literal = setting.partition("=")
+        module_name, dot, name = target.strip().rpartition(".")
+        if not sep or not dot:
+            raise ValueError(f"--policy {setting!r}: expected MODULE.NAME=VALUE, e.g. "
+                             f"gqa_decode.GATHER_WARPS_PAGE_SIZES=(1,2)")
+        module = importlib.import_module(f"cute_attn.ops.{module_name}")
+        if not hasattr(module, name):
+            raise ValueError(f"--policy {setting!r}: cute_attn.ops.{module_name} has no {name}")
+        value = ast.literal_eval(literal.strip())
+        setattr(module, name, value)
+        applied[target.strip()] = value
+    return applied
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    try:
+        policies = apply_policies(args.policy)
+    except (ValueError, ImportError, SyntaxError) as exc:
+        print(exc)
+        return 2
     try:
         workloads = bw.select_workloads(args.kernel, args.workloads, args.quick)
     except ValueError as exc:
@@ -378,7 +410,10 @@ def main(argv=None) -> int:
     for w in workloads:
         print(f"\n== {bw.short_name(w.kernel)} {w.label}  (batch {w.batch}, total q {sum(w.q_lens)}, "
               f"total kv {sum(w.kv_lens)})", flush=True)
-        records.extend(bench_workload(w, args, flush))
+        rows = bench_workload(w, args, flush)
+        for row in rows if policies else ():
+            row["policies"] = {k: repr(v) for k, v in policies.items()}
+        records.extend(rows)
         if args.json:  # after every workload, so a run cut short by a time limit still leaves its rows
             _write_json(records, args.json, quiet=True)
     add_peer_ratios(records)

@@ -91,6 +91,7 @@ from ...plan import ItemField
 from .. import register_paged_kernel
 from ..common.paged_launch import gqa_decode_entry, gqa_multi_token_decode_entry
 from ..common.decode_merge import fold_completed_merges
+from ..common.kv_tail import garbage_rows
 from ..common.page_ids import IDS_PER_LOAD, id_loads, lane_page_id, load_lane_page_ids, rotate_lane_page_ids
 from ..common.tma_issue import (GATHER4_PAGE_SIZES, ONE_ELECTION, issue_page_boxes, issue_page_gather4,
                                 make_gather4_atom, pages_as_rows, tma_descriptor_address)
@@ -129,6 +130,7 @@ class GqaDecodeSm100:
         self.head_dim_v = config.head_dim_v
         self.page = config.page_size
         self.step = step_keys(config)  # keys per ring stage / S MMA N (the page for pages of 16..128 keys)
+        self.page_size = config.page_size
         self.pages_per_step = self.step // self.page
         self.gather4 = self.page in GATHER4_PAGE_SIZES  # steps of 32..128 keys: whole quads of pages
         self.qk_tiler = (MMA_M, self.step, self.head_dim)
@@ -670,7 +672,7 @@ class GqaDecodeSm100:
                 if key0 + self.step > kv_end:  # last step: zero V rows >= KV_END (NaN poison)
                     stage = step % self.kv_stages
                     cute.arch.mbarrier_wait(kv_full + stage, (step // self.kv_stages) % 2)
-                    self.zero_v_tail(s_v, stage, kv_end - key0, tidx)
+                    self.zero_v_tail(s_v, stage, key0, kv_end, tidx)
                 cute.copy(st_p, r_p, t_st_p)
                 cute.arch.fence_view_async_tmem_store()
                 _fence_before_sync()
@@ -684,15 +686,18 @@ class GqaDecodeSm100:
                               32 * SOFTMAX_WARPS, qo_indptr)
 
     @cute.jit
-    def zero_v_tail(self, s_v, stage, valid, tidx):
-        """Zero keys ``valid..page-1`` of ring slot ``stage`` of V (thread = head-dim column, in passes of
-        128 columns), then make the generic-proxy stores visible to the tensor core (async proxy)."""
+    def zero_v_tail(self, s_v, stage, key0, kv_end, tidx):
+        """Zero the last step's V rows that may hold pool garbage (``common/kv_tail.py``; the item's ``kv_end``
+        stands in for ``kv_len``, as in the sm_90a kernel: rows between a split's end and ``kv_len`` are finite
+        keys) of ring slot ``stage`` (thread = head-dim column, in passes of 128 columns), then make the
+        generic-proxy stores visible to the tensor core (async proxy)."""
+        first, end = garbage_rows(key0, kv_end, kv_end, self.step, self.page_size)
         for col0 in cutlass.range_constexpr(0, self.head_dim_v, 32 * SOFTMAX_WARPS):
             col = tidx + col0
             if col < self.head_dim_v:
                 zero = cutlass.BFloat16(0.0)
                 # V's smem mode 0 is one MMA atom: (head_dim columns, 16 keys of a K block)
-                for j in cutlass.range(valid, self.step, unroll=1):
+                for j in cutlass.range(first, end, unroll=1):
                     s_v[((col, j % 16), 0, j // 16, stage)] = zero
         cute.arch.fence_proxy("async.shared", space="cta")
 

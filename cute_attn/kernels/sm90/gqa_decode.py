@@ -80,6 +80,7 @@ from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField as F
 from .. import register_paged_kernel
 from ..common.decode_merge import FOLD_ROW_LANES, fold_completed_merges
+from ..common.kv_tail import garbage_rows, zero_rows
 from ..common.limits import SMEM_LIMIT_BYTES, row_gather_reason, target_reason, uses_row_gather
 from ..common.named_barrier import warpgroup_barrier_sync
 from ..common.work_items import guess_first_item, load_item
@@ -466,16 +467,17 @@ class GqaDecodeSm90(DecodeProducer):
                         self.softmax_tile(acc_S, acc_O, tOrP, tScS, tile_start, kv_end, scale_log2, row_max,
                                           row_sum, row_scale, row_base)
                 if tile_start + N > kv_end:  # the item's last tile
-                    self.zero_v_tail(sV, stage, kv_end - tile_start, wtid, wg)
+                    self.zero_v_tail(sV, stage, tile_start, kv_end, wtid, wg)
                 wgmma_gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, stage], False)
                 pipe.consumer_release(state)
                 state.advance(NUM_CONSUMER_WG)
-            # A partial last tile made its owner pass zero_v_tail's warpgroup barrier; the other warpgroup passes its
-            # own once too. The GPU needs no such thing (bar.sync BOTH below orders the hand-over for every warp),
+            # A partial last tile made its owner pass zero_v_tail's warpgroup barrier (pages > 1); the other warpgroup
+            # passes its own once too. The GPU needs no such thing (bar.sync BOTH below orders the hand-over for every warp),
             # but racecheck orders two threads' accesses by how many barriers each has passed, so one warpgroup one
             # barrier ahead makes it report the hand-over as a race (tools/racecheck_probe.py --variant asymmetric).
-            if n_tiles > 0 and n_tiles * N > kv_end - kv_start and (n_tiles - 1) % 2 != t_first:
-                warpgroup_barrier_sync(WG_BARRIER_ID, wg, NUM_MMA_THREADS, NUM_CONSUMER_WG)
+            if cutlass.const_expr(self.page_size > 1):
+                if n_tiles > 0 and n_tiles * N > kv_end - kv_start and (n_tiles - 1) % 2 != t_first:
+                    warpgroup_barrier_sync(WG_BARRIER_ID, wg, NUM_MMA_THREADS, NUM_CONSUMER_WG)
             first_tile += n_tiles
 
             # ---- warpgroup 1 hands its (max, sum, O) to warpgroup 0, which merges and stores the item
@@ -539,15 +541,17 @@ class GqaDecodeSm90(DecodeProducer):
                 acc_O[i] = acc_O[i] * row_scale[(i // 2) % 2]
 
     @cute.jit
-    def zero_v_tail(self, sV, stage, valid, wtid, wg):
-        """V rows >= ``valid`` of ``stage`` may be NaN (pool poison): zero them before the P V GEMM reads them."""
-        N, D = self.tile_n, self.head_dim
-        for j in cutlass.range_constexpr(N * D // NUM_MMA_THREADS):
-            e = wtid + j * NUM_MMA_THREADS
-            if e // D >= valid:
-                sV[e // D, e % D, stage] = self.dtype(0.0)
-        cute.arch.fence_view_async_shared()
-        warpgroup_barrier_sync(WG_BARRIER_ID, wg, NUM_MMA_THREADS, NUM_CONSUMER_WG)
+    def zero_v_tail(self, sV, stage, tile_start, kv_end, wtid, wg):
+        """Zero the last tile's V rows that may hold pool garbage (``common/kv_tail.py``) with 16-byte stores before
+        the P V GEMM reads them. A decode item's ``kv_end`` stands in for the request's ``kv_len``: a split ending
+        before it leaves rows of real (finite, masked) keys in ``[kv_end, kv_len)``, so zeroing from ``kv_end`` to
+        the page's end covers the garbage past ``kv_len`` whichever item reads that page. Pages of one key have no
+        tail (rows past ``kv_end`` are id -1 rows, zero-filled): nothing to zero, no barrier."""
+        if cutlass.const_expr(self.page_size > 1):
+            first, end = garbage_rows(tile_start, kv_end, kv_end, self.tile_n, self.page_size)
+            zero_rows(sV[None, None, stage], first, end, wtid, NUM_MMA_THREADS, self.head_dim)
+            cute.arch.fence_view_async_shared()
+            warpgroup_barrier_sync(WG_BARRIER_ID, wg, NUM_MMA_THREADS, NUM_CONSUMER_WG)
 
     @cute.jit
     def export_state(self, exchange, wtid, row_max, row_sum, acc_O):
