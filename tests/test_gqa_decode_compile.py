@@ -176,10 +176,10 @@ def test_pages_of_16_and_more_may_take_several_per_stage(page_size, kv_tile):
 @pytest.mark.parametrize("kind", ["gqa_paged_decode", "gqa_paged_multi_token_decode"])
 @pytest.mark.parametrize("page_size", [1, 2])
 def test_four_gathering_warps_split_each_stage(kind, page_size):
-    """``gather_warps`` 4 (``ops/gqa_decode.GATHER_WARPS_PAGE_SIZES``, off until measured): a producer warpgroup
-    (384 threads, not 288) copies each stage's rows, a quarter a warp: a lane issues 16 cp.async a stage instead of
-    64, each warp arrives on the full mbarrier for its own copies, nothing spills to local memory; the default
-    build is the one-warp kernel."""
+    """``gather_warps`` 4 (``ops/gqa_decode.GATHER_WARPS_PAGE_SIZES``, the sm_90a default at pages 1 and 2 since
+    session 23): a producer warpgroup (384 threads, not 288) copies each stage's rows, a quarter a warp: a lane issues
+    16 cp.async a stage instead of 64, each warp arrives on the full mbarrier for its own copies, nothing spills to
+    local memory; the one-warp kernel stays buildable (``gather_warps`` 1)."""
     config = dataclasses.replace(_definition_config(), kind=kind, causal=kind != "gqa_paged_decode",
                                  page_size=page_size, kv_tile=64)
     wide = dataclasses.replace(config, gather_warps=4)
@@ -190,6 +190,9 @@ def test_four_gathering_warps_split_each_stage(kind, page_size):
     assert ".reqntid 288, 1, 1" in one and ".reqntid 384, 1, 1" in four
     assert "cp.async.mbarrier.arrive.noinc.shared" in four
     assert "ld.local" not in four and "st.local" not in four
+    default = default_paged_config(kind, arch="sm_90a", num_qo_heads=20, num_kv_heads=4, head_dim_qk=128,
+                                   head_dim_v=128, page_size=page_size, causal=kind != "gqa_paged_decode")
+    assert default.gather_warps == 4
 
 
 @pytest.mark.parametrize("change, fragment", [

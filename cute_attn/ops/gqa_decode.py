@@ -74,12 +74,12 @@ def signature(q, k, v, kvp, kvi, last, sm_scale):
 
 #: sm_90a page sizes whose row gathers (pages 1, 2) run on a producer warpgroup, a quarter of every stage's rows a warp
 #: (``PagedAttentionConfig.gather_warps`` 4), instead of the one producer warp. Why: under ncu (session 22, 64 x 2048
-#: h20/kv4, ``docs/perf/h200-ncu-decode-p1-p64.txt``) page 1 runs 73.1 us against page 64's 67.4 for the same DRAM
-#: bytes and executes 3.3 M more warp instructions, about what the one producer warp issues (~418 a 64-key stage),
-#: while the consumers wait on it; the prefill kernel's four gathering warps took its page 1 from 442 to 220 us
-#: (session 10). Built in session 22, not run on a GPU: empty (off) until its GPU tests and A/B
-#: (``tools/ab_policy.py gather_warps``) say so
-GATHER_WARPS_PAGE_SIZES: tuple[int, ...] = ()
+#: h20/kv4, ``docs/perf/h200-ncu-decode-p1-p64.txt``) page 1 ran 73.1 us against page 64's 67.4 for the same DRAM
+#: bytes and executed 3.3 M more warp instructions, about what the one producer warp issues (~418 a 64-key stage),
+#: while the consumers waited on it. Measured in session 23 (``tools/ab_policy.py gather_warps``,
+#: ``docs/perf/h200-gather-warps.json``), planned 64 x 2048: page 1 h20/kv4 78.7 -> 75.7 us, h24/kv8 144.9 -> 138.2,
+#: h32/kv16 276.2 -> 264.8; page 2 alike
+GATHER_WARPS_PAGE_SIZES: tuple[int, ...] = (1, 2)
 
 
 @contextlib.contextmanager

@@ -35,7 +35,7 @@ Warp roles (288 threads; 384 with ``gather_warps`` 4)
                page past KV_END gets id -1 (zero-filled, its bytes counted), so the full mbarrier keeps one
                expect-tx of the whole stage. Pages 1, 2 (``produce_rows``): 16-byte cp.async rows, below.
                The producer role lives in ``decode_producer.py``.
-    warps 8-11 with ``gather_warps`` 4 (pages 1, 2; off by default, ``ops/gqa_decode.GATHER_WARPS_PAGE_SIZES``): a
+    warps 8-11 with ``gather_warps`` 4 (pages 1, 2 by default, ``ops/gqa_decode.GATHER_WARPS_PAGE_SIZES``): a
                producer warpgroup, each warp gathering a quarter of every stage's rows with its slice's page ids.
 
 Small pages: a box of fewer rows than the 128B swizzle's 8-row atom (pages 2, 4) at a row offset inside a swizzled
