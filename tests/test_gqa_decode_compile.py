@@ -11,6 +11,7 @@ from cute_attn.compile import compile_kernel, compile_to_ptx
 from cute_attn.config import default_paged_config
 from cute_attn.kernels import find_launcher
 from cute_attn.kernels.sm90 import gqa_decode
+from cute_attn.ops import gqa_decode as gqa_decode_spec
 from ptx_boxes import raw_box_offsets
 
 SMEM_LIMIT = 227 * 1024
@@ -104,8 +105,11 @@ def test_small_pages_fill_a_64_key_stage_with_page_boxes(page_size):
     """Pages of 1..8 keys keep the ring of page 64 (kv_tile 64 keys a stage, same stage count), each stage built
     from 64 / page_size page boxes; nothing below 16 keys a page is refused for lack of a loader."""
     config = dataclasses.replace(_definition_config(), page_size=page_size)
-    assert config == default_paged_config("gqa_paged_decode", arch="sm_90a", num_qo_heads=20, num_kv_heads=4,
-                                          head_dim_qk=128, head_dim_v=128, page_size=page_size, causal=False)
+    # pages 1, 2 also gather with the producer warpgroup by default (ops/gqa_decode.GATHER_WARPS_PAGE_SIZES)
+    gather_warps = 4 if page_size in gqa_decode_spec.GATHER_WARPS_PAGE_SIZES else 1
+    assert dataclasses.replace(config, gather_warps=gather_warps) == default_paged_config(
+        "gqa_paged_decode", arch="sm_90a", num_qo_heads=20, num_kv_heads=4, head_dim_qk=128, head_dim_v=128,
+        page_size=page_size, causal=False)
     assert config.kv_tile == 64 and gqa_decode.check_config(config) is None
     assert gqa_decode.num_stages(config) == gqa_decode.num_stages(_definition_config())
 

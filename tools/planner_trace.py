@@ -64,6 +64,9 @@ def _cases():
     yield gqa("decode 1 x 3232", decode, testing.make_gqa_decode_case([3232], device="cuda", seed=1), None)
     yield gqa("decode 64 x 2048", decode, testing.make_gqa_decode_case([2048] * 64, device="cuda", seed=2), None)
     yield gqa("decode 128 x 4096", decode, testing.make_gqa_decode_case([4096] * 128, device="cuda", seed=3), None)
+    # page 1: 131072 ids, a page scan of 32 CTAs and their arrival (the default call runs ~2 us longer than at page 64)
+    yield gqa("decode 64 x 2048 page 1", decode,
+              testing.make_gqa_decode_case([2048] * 64, page_size=1, device="cuda", seed=6), None)
     case = testing.make_gqa_prefill_case([992] * 8, [992] * 8, device="cuda", seed=4)
     yield gqa("prefill 8 x 992", prefill, case, case.qo_indptr)
     case = testing.make_gqa_prefill_case([992] * 8, [992] * 8, page_size=1, device="cuda", seed=5)
