@@ -23,7 +23,7 @@ import json
 import os
 import sys
 import traceback
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 _TOOLS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _TOOLS)  # sibling helper modules

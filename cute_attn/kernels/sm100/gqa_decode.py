@@ -687,18 +687,15 @@ class GqaDecodeSm100:
 
     @cute.jit
     def zero_v_tail(self, s_v, stage, key0, kv_end, tidx):
-        """Zero the last step's V rows that may hold pool garbage (``common/kv_tail.py``; the item's ``kv_end``
-        stands in for ``kv_len``, as in the sm_90a kernel: rows between a split's end and ``kv_len`` are finite
-        keys) of ring slot ``stage`` (thread = head-dim column, in passes of 128 columns), then make the
-        generic-proxy stores visible to the tensor core (async proxy)."""
+        """Zero ring slot ``stage``'s V rows that may hold pool garbage (``common/kv_tail.py``, ``kv_end`` for
+        ``kv_len`` as on sm_90a), a head-dim column a thread, then fence them into the async proxy."""
         first, end = garbage_rows(key0, kv_end, kv_end, self.step, self.page_size)
         for col0 in cutlass.range_constexpr(0, self.head_dim_v, 32 * SOFTMAX_WARPS):
             col = tidx + col0
             if col < self.head_dim_v:
-                zero = cutlass.BFloat16(0.0)
                 # V's smem mode 0 is one MMA atom: (head_dim columns, 16 keys of a K block)
                 for j in cutlass.range(first, end, unroll=1):
-                    s_v[((col, j % 16), 0, j // 16, stage)] = zero
+                    s_v[((col, j % 16), 0, j // 16, stage)] = cutlass.BFloat16(0.0)
         cute.arch.fence_proxy("async.shared", space="cta")
 
     @cute.jit
