@@ -678,3 +678,30 @@ def test_ncu_hot_blocks_groups_runs_of_equal_execution_counts(tmp_path):
     out = subprocess.run([sys.executable, os.path.join(TOOLS, "ncu_stalls.py"), "--blocks", "3", str(path)],
                          check=True, capture_output=True, text=True).stdout
     assert "2,300 warp instructions executed" in out and "87.0%" in out and "STS.U16" in out
+
+
+# ----------------------------------------------------------------------------- --policy
+
+
+def test_policy_sets_a_spec_global_for_the_run():
+    from cute_attn.ops import gqa_decode
+
+    saved = gqa_decode.GATHER_WARPS_PAGE_SIZES
+    try:
+        applied = bench.apply_policies(["gqa_decode.GATHER_WARPS_PAGE_SIZES=(2,)"])
+        assert applied == {"gqa_decode.GATHER_WARPS_PAGE_SIZES": (2,)}
+        assert gqa_decode.GATHER_WARPS_PAGE_SIZES == (2,)
+        tiles = gqa_decode.default_tiles("sm_90a", 20, 4, 128, 128, 1)
+        assert "gather_warps" not in tiles  # page 1 is no longer listed: the one producer warp
+    finally:
+        gqa_decode.GATHER_WARPS_PAGE_SIZES = saved
+
+
+@pytest.mark.parametrize("setting, words", [
+    ("GATHER_WARPS_PAGE_SIZES=(1,)", "MODULE.NAME=VALUE"),
+    ("gqa_decode.NO_SUCH_POLICY=1", "has no NO_SUCH_POLICY"),
+])
+def test_policy_typos_are_errors_not_a_default_run(setting, words):
+    with pytest.raises(ValueError, match=words):
+        bench.apply_policies([setting])
+    assert bench.main(["--policy", setting, "--cpu", "--list"]) == 2
