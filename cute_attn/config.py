@@ -154,8 +154,8 @@ class PagedAttentionConfig(KernelConfig):
     #: kernel's page-size policy (its ``ROW_GATHER_PAGE_SIZES``). A knob for ``tuning.sweep`` A/Bs in one process
     row_gather: bool | None = None
     #: sm_90a GQA decode row gathers (pages 1, 2): the warps that copy each stage's rows, 1 (the producer warp) or 4
-    #: (a producer warpgroup, a quarter of every stage each, as the prefill kernel's); ``ops/gqa_decode.GATHER_WARPS``
-    #: says which is the default and why
+    #: (a producer warpgroup, a quarter of every stage each, as the prefill kernel's);
+    #: ``ops/gqa_decode.GATHER_WARPS_PAGE_SIZES`` says which is the default and why
     gather_warps: int = 1
     #: MLA kernels (both arches) and the sm_90a GQA prefill kernel: the last CTA to finish a split item folds its
     #: partials in-kernel (the GQA decode's ``common/decode_merge.py``), so no combine launch follows. MLA: correct on

@@ -130,7 +130,6 @@ class GqaDecodeSm100:
         self.head_dim_v = config.head_dim_v
         self.page = config.page_size
         self.step = step_keys(config)  # keys per ring stage / S MMA N (the page for pages of 16..128 keys)
-        self.page_size = config.page_size
         self.pages_per_step = self.step // self.page
         self.gather4 = self.page in GATHER4_PAGE_SIZES  # steps of 32..128 keys: whole quads of pages
         self.qk_tiler = (MMA_M, self.step, self.head_dim)
@@ -689,7 +688,7 @@ class GqaDecodeSm100:
     def zero_v_tail(self, s_v, stage, key0, kv_end, tidx):
         """Zero ring slot ``stage``'s V rows that may hold pool garbage (``common/kv_tail.py``, ``kv_end`` for
         ``kv_len`` as on sm_90a), a head-dim column a thread, then fence them into the async proxy."""
-        first, end = garbage_rows(key0, kv_end, kv_end, self.step, self.page_size)
+        first, end = garbage_rows(key0, kv_end, kv_end, self.step, self.page)
         for col0 in cutlass.range_constexpr(0, self.head_dim_v, 32 * SOFTMAX_WARPS):
             col = tidx + col0
             if col < self.head_dim_v:

@@ -353,21 +353,16 @@ class GqaDecodeSm90(DecodeProducer):
                 tx_count=2 * self.tile_bytes,
             )  # initialises the mbarriers (warp 0), fences and syncs the CTA
 
-        if cutlass.const_expr(self.gather_warps > 1):  # a producer warpgroup shares the row gathers (pages 1, 2)
-            if warp_idx >= PRODUCER_WARP:
+        if warp_idx >= PRODUCER_WARP:  # the producer warp, or with gather_warps 4 the producer warpgroup
+            if cutlass.const_expr(self.row_gather):
                 self.produce_rows(k_rows, v_rows, sK, sV, kv_indices, items, item_begin, item_end, guess, row, pipe,
                                   warp_idx - PRODUCER_WARP)
-        else:
-            if warp_idx == PRODUCER_WARP:
-                if cutlass.const_expr(self.row_gather):
-                    self.produce_rows(k_rows, v_rows, sK, sV, kv_indices, items, item_begin, item_end, guess, row,
-                                      pipe, 0)
-                elif cutlass.const_expr(self.pages_per_stage > 1):
-                    self.produce_pages(tma_atom_k, tma_k, tma_atom_v, tma_v, sK, sV, kv_indices, items, item_begin,
-                                       item_end, guess, row, pipe)
-                else:
-                    self.produce(tma_atom_k, tma_k, tma_atom_v, tma_v, sK, sV, kv_indices, items, item_begin,
-                                 item_end, guess, row, pipe)
+            elif cutlass.const_expr(self.pages_per_stage > 1):
+                self.produce_pages(tma_atom_k, tma_k, tma_atom_v, tma_v, sK, sV, kv_indices, items, item_begin,
+                                   item_end, guess, row, pipe)
+            else:
+                self.produce(tma_atom_k, tma_k, tma_atom_v, tma_v, sK, sV, kv_indices, items, item_begin, item_end,
+                             guess, row, pipe)
         if warp_idx < PRODUCER_WARP:
             self.consume(q, qo_indptr, sQ, sK, sV, exchange, items, merge_indptr, merge_counters, arrival, output, lse,
                          partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, item_begin, item_end,
@@ -472,8 +467,8 @@ class GqaDecodeSm90(DecodeProducer):
                 pipe.consumer_release(state)
                 state.advance(NUM_CONSUMER_WG)
             # A partial last tile made its owner pass zero_v_tail's warpgroup barrier (pages > 1); the other warpgroup
-            # passes its own once too. The GPU needs no such thing (bar.sync BOTH below orders the hand-over for every warp),
-            # but racecheck orders two threads' accesses by how many barriers each has passed, so one warpgroup one
+            # passes its own once too. The GPU needs no such thing (bar.sync BOTH below orders the hand-over for every
+            # warp), but racecheck orders two threads' accesses by how many barriers each has passed, so one warpgroup one
             # barrier ahead makes it report the hand-over as a race (tools/racecheck_probe.py --variant asymmetric).
             if cutlass.const_expr(self.page_size > 1):
                 if n_tiles > 0 and n_tiles * N > kv_end - kv_start and (n_tiles - 1) % 2 != t_first:
