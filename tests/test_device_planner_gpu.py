@@ -3,6 +3,8 @@ reference, hostile page tables are contained, and a captured decode step replays
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -218,7 +220,7 @@ def test_slack_cap_lists_equal_the_twin(q_lens, kv_lens, call):
 
 
 @pytest.mark.parametrize("batch, longest, scan_ctas, in_shared_memory", [
-    (64, 8000, 2, True),  # ~8000 page ids: two scan CTAs, the last to arrive plans (acq_rel arrival counter)
+    (64, 8000, 2, True),  # ~8000 page ids: two scan CTAs beside the planning one (acq_rel arrival counter)
     (1500, 700, 4, False),  # past SMEM_REQUESTS: the planning CTA's arrays live in the global scratch
     (3000, 3000, 31, False),  # both, with many scan CTAs
 ])
@@ -316,6 +318,64 @@ def test_hostile_page_tables_are_contained_and_reported(entry):
     torch.cuda.synchronize()
     ref_out, _ = case.reference()
     testing.assert_close_benchmark(out, ref_out, "after hostile calls")
+
+
+PAGE_FAULTED = {  # (case, requests whose first page id goes bad, the first of them split across CTAs)
+    "decode": (lambda: testing.make_gqa_decode_case([3232, 300, 130, 700], device="cuda", seed=31), (0, 1, 3)),
+    "mla decode page 1": (lambda: testing.make_mla_decode_case([4096, 50, 300], page_size=1, device="cuda", seed=32),
+                          (0, 2)),
+    "prefill": (lambda: testing.make_gqa_prefill_case([5, 0, 300, 1], [300, 3, 4000, 1], device="cuda", seed=33),
+                (2, 0)),
+    "mla": (lambda: testing.make_mla_prefill_case([3, 0, 170], [50, 4, 2000], device="cuda", seed=34), (2,)),
+}
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["marks_before_the_lists", "last_to_arrive_empties"])
+@pytest.mark.parametrize("name", list(PAGE_FAULTED))
+def test_page_faults_empty_their_requests_split_or_not(name, late):
+    """A page id outside the pool, found by the scan CTAs while CTA 0 plans (``planner_scan.py``): the faulted
+    requests' rows are 0 / lse -inf, a split one's pieces included, every other row is the reference's, the error
+    word names kv_indices; the marks are cleared, so the next clean call is right. Both ways the marks reach the
+    lists: before CTA 0 writes them, and (``late_scan_policy``) by the last CTA to arrive, in place."""
+    from cute_attn.device_errors import DeviceIndexError
+    from cute_attn.kernels.common.device_planner import late_scan_policy
+    from cute_attn.plan import MergeField
+
+    make, faulted = PAGE_FAULTED[name]
+    with late_scan_policy() if late else _no_policy():
+        case = make()
+        mla_decode = name.startswith("mla decode")
+        run = cute_attn.mla_paged_decode if mla_decode else hostile.entry_for(case).run
+        plan_fn = cute_attn.plan_mla_paged_decode if mla_decode else hostile.entry_for(case).plan
+        decode = mla_decode or name == "decode"
+        plan = plan_fn(*case.inputs(), on_device=True)
+        merge_indptr = plan.merge_indptr.cpu().numpy()
+        n_merges = int((merge_indptr < merge_indptr[-1]).sum())  # past the last merge every entry is the total
+        merged = set(plan.merges.cpu().numpy()[:n_merges, MergeField.REQUEST].tolist())
+        assert faulted[0] in merged, f"{name}: request {faulted[0]} is no longer split (merges of {sorted(merged)})"
+        ref_out, ref_lse = case.reference()
+        rows = (lambda b: slice(b, b + 1)) if decode else \
+            (lambda b: slice(int(case.qo_indptr[b]), int(case.qo_indptr[b + 1])))
+        kvp = case.kv_indptr.tolist()
+        saved = case.kv_indices.clone()
+        for k, b in enumerate(faulted):
+            ref_out[rows(b)], ref_lse[rows(b)] = 0, float("-inf")
+            case.kv_indices[kvp[b]] = -3 if k % 2 else (case.ckv_cache if hasattr(case, "ckv_cache")
+                                                           else case.k_cache).shape[0] + 7
+        out, lse = case.new_outputs()
+        run(*case.inputs(), out, lse)
+        torch.cuda.synchronize()
+        testing.assert_close_benchmark(out, ref_out, f"{name}: output")
+        testing.assert_close_benchmark(lse, ref_lse, f"{name}: lse")
+        with pytest.raises(DeviceIndexError, match="kv_indices"):
+            cute_attn.raise_on_device_error()
+        case.kv_indices.copy_(saved)
+        _assert_default_call_matches_reference(case, f"{name}, clean again", run)
+
+
+@contextlib.contextmanager
+def _no_policy():
+    yield
 
 
 def test_captured_decode_step_replays_across_changing_batches():

@@ -30,13 +30,15 @@ Cases (small, ragged, each a registered config's shape):
     combine-grid-* the combine launch with a capped grid (CTAs walk the merges; 4 CTAs for MLA decode's case)
     hostplan-decode  check_indices=True: the host-planned path (every other case plans on the device)
     line-deal-decode  the device planner's line deal at page 1 (on by default at pages 1-2 and from 8 KV heads)
-    hostile-decode the device planner's bounds checks (ids past the pool and negative; those requests 0 / -inf)
+    hostile-decode the device planner's bounds checks (ids past the pool and negative; those requests 0 / -inf, a split
+                   one included); -late: the last CTA to arrive empties their items (``late_scan_policy``)
     gather         the TMA page gather kernel (a test-side kernel)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import subprocess
@@ -151,22 +153,28 @@ def _cases(arch: str) -> dict:
         case = testing.make_gqa_decode_case([3232, 0, 130, 1, 700], device="cuda", seed=79)
         return _run_api(cute_attn.gqa_paged_decode, case, arch, check_indices=True)
 
-    def hostile_decode():  # the device planner's bounds checks: requests 1 and 3 hold ids outside the pool
-        from cute_attn.device_errors import DeviceIndexError
+    def hostile_decode(late: bool):  # the device planner's bounds checks: requests 0 (split), 1 and 3 hold ids
+        # outside the pool; ``late``: the last CTA to arrive empties their items in place (planner_scan.py)
+        def run():
+            from cute_attn.device_errors import DeviceIndexError
+            from cute_attn.kernels.common.device_planner import late_scan_policy
 
-        case = testing.make_gqa_decode_case([3232, 300, 130, 700], device="cuda", seed=80)
-        ref_out, ref_lse = case.reference()  # of the valid batch, before the corruption
-        ref_out[[1, 3]], ref_lse[[1, 3]] = 0, float("-inf")  # what faulted requests get
-        kvp = case.kv_indptr.tolist()
-        case.kv_indices[kvp[1]] = case.k_cache.shape[0] + 5
-        case.kv_indices[kvp[3]] = -7
-        out, lse, _ = _run_api(cute_attn.gqa_paged_decode, case, arch)
-        try:
-            cute_attn.raise_on_device_error()
-            raise AssertionError("the device planner recorded no fault")
-        except DeviceIndexError:
-            pass
-        return out, lse, lambda: (ref_out, ref_lse)
+            with late_scan_policy() if late else contextlib.nullcontext():
+                case = testing.make_gqa_decode_case([3232, 300, 130, 700], device="cuda", seed=80)
+                ref_out, ref_lse = case.reference()  # of the valid batch, before the corruption
+                ref_out[[0, 1, 3]], ref_lse[[0, 1, 3]] = 0, float("-inf")  # what faulted requests get
+                kvp = case.kv_indptr.tolist()
+                case.kv_indices[kvp[0] + 2] = case.k_cache.shape[0]
+                case.kv_indices[kvp[1]] = case.k_cache.shape[0] + 5
+                case.kv_indices[kvp[3]] = -7
+                out, lse, _ = _run_api(cute_attn.gqa_paged_decode, case, arch)
+                try:
+                    cute_attn.raise_on_device_error()
+                    raise AssertionError("the device planner recorded no fault")
+                except DeviceIndexError:
+                    pass
+            return out, lse, lambda: (ref_out, ref_lse)
+        return run
 
     def prefill_small_pages(page_size):  # pages 2..8 gather rows as page 1 does (no registered config of their own)
         def run():
@@ -413,7 +421,8 @@ def _cases(arch: str) -> dict:
     cases["edge-decode"] = ("gqa_paged_decode", edge_decode)
     cases["edge-prefill"] = ("gqa_paged_prefill", edge_prefill)
     cases["hostplan-decode"] = ("gqa_paged_decode", host_planned_decode)
-    cases["hostile-decode"] = ("device_planner", hostile_decode)
+    cases["hostile-decode"] = ("device_planner", hostile_decode(False))
+    cases["hostile-decode-late"] = ("device_planner", hostile_decode(True))
 
     def gather():
         from cute_attn.compile import compile_kernel

@@ -4,28 +4,24 @@ The algorithm is :mod:`cute_attn.plan_partition`'s (its numpy twin and oracle: c
 every step is a prefix sum or a binary search); this kernel also checks the index values, so a new batch
 costs launches only and stays safe with ``check_indices=False``.
 
-Roles / phases (:func:`scan_ctas` x 512 threads, arch-neutral SIMT code: the same source for sm_90a and sm_100a)
+Roles / phases (:func:`scan_ctas` + 1 CTAs x 512 threads, arch-neutral SIMT code: the same source for sm_90a and
+sm_100a)
     every CTA   ``griddepcontrol.launch_dependents`` first: the attention kernel is launched with programmatic
                 dependent launch, so its CTAs start their prologue while this grid runs and wait
                 (``griddepcontrol.wait``) only before their first global read.
-                *prefetch*: every index array to L2, before the first dependent load (a new step's indices are
-                cold: one DRAM round trip for all of them instead of one per phase).
-                *page scan*: a grid-stride pass over ``kv_indices`` (8 ids in flight per thread), checking
-                ``[0 : min(kv_indptr[batch], len)]``; a page id outside ``[0, num_pages)`` marks its request
-                (binary search of ``kv_indptr``) in ``request_faults`` and the device error word. With one scan
-                CTA (up to 4096 ids) it plans at once; with several: fence, and one ``atom.add.acq_rel.gpu`` on
-                ``arrivals``:
-                the CTA that arrives last (it has seen every other CTA's marks) plans; the others exit. It
-                resets ``arrivals`` and ``request_faults`` to 0, so the buffers are clean for the next launch
-                and for every CUDA-graph replay.
+    CTAs 1..    *page scan* (``planner_scan.py``), beside the planning: a grid-stride pass over ``kv_indices`` (prefetched
+                to L2, 8 ids in flight per thread), checking ``[0 : min(kv_indptr[batch], len)]``; a page id outside
+                ``[0, num_pages)`` marks its request (binary search of ``kv_indptr``) in ``request_faults`` and the
+                device error word. Each scan CTA then counts itself in ``arrivals`` (acq_rel); how the marks reach
+                the lists, with no CTA waiting on another, is ``planner_scan.py``'s docstring.
                 The planning CTA keeps ``requests``, ``q_tiles`` and the cost line in shared memory when the
                 batch fits (``SMEM_REQUESTS`` requests, ``SMEM_Q_TILES`` q tiles; one code path, instantiated
                 twice), so its phases hand each other data at shared-memory latency; larger batches use the
                 global scratch of the same names.
-    last CTA    *rules*: ``qo_indptr``/``kv_indptr`` start at 0, never decrease, end at ``total_q`` / at most
+    CTA 0       *rules*: ``qo_indptr``/``kv_indptr`` start at 0, never decrease, end at ``total_q`` / at most
                 ``len(kv_indices)``; ``kv_last_page_len`` in ``1..page_size`` (``0..page_size`` without pages).
                 A broken indptr faults the whole batch: no items, and this CTA writes output 0 / lse ``-inf``
-                for every row. A broken request gets its tiles with no keys (the attention kernel writes 0 /
+                for every row. A broken request gets its tiles with no keys (a page-id fault: its items only) (the attention kernel writes 0 /
                 ``-inf`` for its rows and reads none of its pages).
                 *q tiles*: per request ``ceil(q_len * group / rows_per_tile)`` tiles (block prefix sum), per q
                 tile its request (binary search), rows, causal key end and cost; the cost line's prefix sum
@@ -71,17 +67,18 @@ from .planner_collectives import (NUM_THREADS, NUM_WARPS, block_any, block_any_p
                                   block_max_pair, div_nonneg, last_at_most)
 from .planner_lists import build_item, bulk_store, ctas_of_items, store_words
 from .planner_q_tiles import q_tile_pairs, q_tile_singles
+from .planner_scan import MAX_SCAN_CTAS, scan_ctas  # noqa: F401 (the planner's public sizes)
+from .planner_scan import (ARRIVAL_COUNT_MASK, L2_LINE_INT32, arrivals_seen, planner_arrives, scan_and_arrive,
+                           take_scan_faults)
+from .planner_scan import record_fault as _record
 from .sorted_deal import capped_slack, sorted_deal, tile_cost, whole_tile_bound
 
 MAX_CTAS = NUM_THREADS - 1  # one thread per CTA edge (num_ctas + 1 of them)
-SCAN_IDS_PER_THREAD = 8  # page scan: CTAs = ceil(len(kv_indices) / (NUM_THREADS * this)), capped
-MAX_SCAN_CTAS = 132
 # The planning CTA keeps its per-request and per-q-tile arrays in shared memory when the batch fits (the
 # common case): every phase then reads what the previous one wrote at ~30 cycles instead of an L2 round trip
 # (~0.3 us), and the binary searches cost ~30 cycles a step. Larger batches use the global scratch.
 SMEM_REQUESTS = 1024
 SMEM_Q_TILES = 2048
-L2_LINE_INT32 = 32  # the index arrays are prefetched to L2 a 128-byte line at a time
 #: item rows a thread builds per pass of the lists phase (their CTA searches side by side); a pass's rows go out as
 #: one bulk copy from one of two stage buffers (2 x NUM_THREADS x ITEMS_PER_THREAD rows of 40 bytes: 80 KB at 2; the
 #: planning CTA's shared memory ~183 KB in all, ~199 KB with the 2048-key sort). ``items_per_thread`` overrides it
@@ -89,13 +86,15 @@ ITEMS_PER_THREAD = 2
 #: the q-tile phase's build for every planner (``DevicePlannerConfig.q_tiles_per_pass``): 1 until the per-launch
 #: choice (0) has run on a GPU; :func:`q_tile_pass_policy` sets it inside a block (GPU tests, A/Bs)
 Q_TILES_PER_PASS = 1
+#: every planner built with ``late_scan`` (a test build; :func:`late_scan_policy` sets it inside a block)
+LATE_SCAN = False
 TRACE_STAMPS = 19  # trace_phases: clock64 stamps at the tail of q_tile_start (tools/planner_trace.py)
 Q_TILE_FIELDS = 4  # request, row start, row count, key end
 # first q tile, keys, query tokens, fault bits, first page, first token: the lists phase reads a request's page and
 # token starts here, not from global per item (no faster on the H200: docs/perf-notes.md session 7)
 REQUEST_FIELDS = 6
 # fault bits (cute_attn.device_errors.Fault mirrors them)
-FAULT_QO_INDPTR, FAULT_KV_INDPTR, FAULT_LAST_PAGE_LEN, FAULT_PAGE_ID, FAULT_CAPACITY = 1, 2, 4, 8, 16
+FAULT_QO_INDPTR, FAULT_KV_INDPTR, FAULT_LAST_PAGE_LEN, FAULT_CAPACITY = 1, 2, 4, 16  # FAULT_PAGE_ID 8
 INT32_MAX = 2**31 - 1
 
 
@@ -133,6 +132,9 @@ class DevicePlannerConfig(KernelConfig):
     #: q tiles, slower below; both measured) or 0 (per launch: pairs past one pass of NUM_THREADS tiles; built in
     #: session 17, not run yet). ``for_plan`` takes Q_TILES_PER_PASS
     q_tiles_per_pass: int = 1
+    #: a test build: the planning CTA takes the late way (``planner_scan.py``) even when every scan CTA has arrived,
+    #: so the last CTA to arrive empties the faulted requests' items in place
+    late_scan: bool = False
 
     @staticmethod
     def for_plan(plan_config: PlanConfig, *, arch: str, has_qo_indptr: bool, head_dim_v: int) -> "DevicePlannerConfig":
@@ -144,6 +146,7 @@ class DevicePlannerConfig(KernelConfig):
             zigzag=plan_config.zigzag, sorted_deal=plan_config.sorted_deal, line_deal=plan_config.line_deal,
             even_pieces=plan_config.even_pieces, max_slack_keys=plan_config.max_slack_keys, num_qo_heads=plan_config.num_qo_heads,
             head_dim_v=head_dim_v, q_tiles_per_pass=Q_TILES_PER_PASS, deal_whole_cuts=plan_config.deal_whole_cuts,
+            late_scan=LATE_SCAN,
             deal_max_q_tiles=plan_config.deal_max_q_tiles)
 
     def plan_config(self, num_ctas: int) -> PlanConfig:
@@ -183,18 +186,6 @@ class DevicePlannerConfig(KernelConfig):
         return self.items_per_thread or ITEMS_PER_THREAD
 
 
-def scan_ctas(num_indices: int) -> int:
-    """CTAs of the page scan for ``num_indices`` kv_indices entries (the last of them plans)."""
-    return max(1, min(MAX_SCAN_CTAS, -(-num_indices // (NUM_THREADS * SCAN_IDS_PER_THREAD))))
-
-
-# ------------------------------------------------------------------------------------------ device helpers
-@cute.jit
-def _record(error_word: cute.Tensor, bits, request):
-    cute.arch.atomic_or((error_word.iterator + 0).llvm_ptr, Int32(bits))
-    cute.arch.atomic_min((error_word.iterator + 1).llvm_ptr, Int32(request))
-
-
 class DevicePlanner:
     def __init__(self, config: DevicePlannerConfig):
         self.c = config
@@ -215,8 +206,8 @@ class DevicePlanner:
                  max_partials: Int32, num_scan_ctas: Int32, stream: cuda.CUstream):
         self.kernel(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output, lse, work_indptr, items,
                     merge_indptr, merges, q_tiles, q_tile_start, requests, request_faults, error_word, arrivals,
-                    num_pages, total_q, max_partials, num_scan_ctas).launch(grid=(num_scan_ctas, 1, 1), block=(NUM_THREADS, 1, 1),
-                                                     stream=stream)
+                    num_pages, total_q, max_partials, num_scan_ctas).launch(
+            grid=(num_scan_ctas + 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream)  # CTA 0 plans, the rest scan
 
     @cute.kernel
     def kernel(self, qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor,
@@ -261,14 +252,12 @@ class DevicePlanner:
 
         batch = kv_indptr.shape[0] - 1
         num_indices = kv_indices.shape[0]
-        # ---------------------------------------------------------------- L2 prefetch of every index array
-        # Issued before the first dependent load, so the scan and the rules find their lines in L2 instead of
-        # paying one DRAM round trip per phase (the bench flushes L2 before every call, as a new step would).
-        lines = (num_indices + L2_LINE_INT32 - 1) // L2_LINE_INT32
-        for line in range(cta * NUM_THREADS + tidx, lines, num_scan_ctas * NUM_THREADS):
-            cute.arch.prefetch((kv_indices.iterator + line * L2_LINE_INT32).llvm_ptr, cache_level="L2")
-        if cta == num_scan_ctas - 1:  # most likely the planner (the last to arrive); the hint is harmless else
-            # (to L1 for a one-CTA scan measured no gain: the rules phase is its scan, not its loads)
+        if cta != 0:
+            scan_and_arrive(kv_indptr, kv_indices, request_faults, error_word, items, work_indptr, arrivals, flags,
+                            num_pages, batch, cta - 1, num_scan_ctas, tidx)
+        else:
+            # the planner's own inputs to L2 before its first dependent load (the bench flushes L2 before every
+            # call, as a new step would): one DRAM round trip for all of them instead of one per phase
             for line in range(tidx, (batch + L2_LINE_INT32) // L2_LINE_INT32, NUM_THREADS):
                 cute.arch.prefetch((kv_indptr.iterator + line * L2_LINE_INT32).llvm_ptr, cache_level="L2")
                 if cutlass.const_expr(self.c.has_qo_indptr):
@@ -276,65 +265,26 @@ class DevicePlanner:
                 if line * L2_LINE_INT32 < batch:
                     cute.arch.prefetch((kv_last_page_len.iterator + line * L2_LINE_INT32).llvm_ptr,
                                        cache_level="L2")
-                    cute.arch.prefetch((request_faults.iterator + line * L2_LINE_INT32).llvm_ptr, cache_level="L2")
-        # ---------------------------------------------------------------- page scan (every CTA)
-        # A thread loads SCAN_IDS_PER_THREAD ids before it checks any, so their loads are in flight together. The
-        # loads cover the whole tensor (the grid is sized by it) and only the checks stop at kv_indptr[batch], so no
-        # load waits for that bound (measured on the H200: the arrival phase within noise, 2.57 k -> 2.49 k cycles at
-        # prefill 8 x 992: the indices' prefetch had already hidden that round trip)
-        scan_end = cutlass.min(cutlass.max(kv_indptr[batch], Int32(0)), num_indices)
-        ids = cute.make_rmem_tensor((SCAN_IDS_PER_THREAD,), Int32)
-        chunk = NUM_THREADS * SCAN_IDS_PER_THREAD
-        for base in range(cta * chunk, num_indices, num_scan_ctas * chunk):
-            for k in cutlass.range_constexpr(SCAN_IDS_PER_THREAD):
-                p = base + k * NUM_THREADS + tidx
-                ids[k] = Int32(0)
-                if p < num_indices:
-                    ids[k] = kv_indices[p]
-            for k in cutlass.range_constexpr(SCAN_IDS_PER_THREAD):
-                p = base + k * NUM_THREADS + tidx
-                page = ids[k]
-                if p < scan_end:
-                    if page < 0 or page >= num_pages:
-                        b = last_at_most(kv_indptr, batch, p)
-                        cute.arch.atomic_or((request_faults.iterator + b).llvm_ptr, Int32(FAULT_PAGE_ID))
-                        _record(error_word, FAULT_PAGE_ID, b)
-                        error_word[2] = page
-                        error_word[3] = p
-        planning = Int32(1)
-        if num_scan_ctas > 1:
-            cute.arch.fence_acq_rel_gpu()
-            cute.arch.sync_threads()
-            if tidx == 0:
-                flags[0] = cute.arch.atomic_add(arrivals.iterator.llvm_ptr, Int32(1), sem="acq_rel", scope="gpu")
-            cute.arch.sync_threads()
-            planning = Int32(0)
-            if flags[0] == num_scan_ctas - 1:
-                cute.arch.fence_acq_rel_gpu()
-                planning = Int32(1)
-        else:
-            # one CTA scanned everything: its marks reach its own threads through the barrier (CTA scope)
-            cute.arch.fence_acq_rel_cta()
-            cute.arch.sync_threads()
-        if planning != 0:
             self.stamp(q_tile_start, 0, tidx, started)
             self.stamp(q_tile_start, 1, tidx)
             tile_bound = Int64(batch) * ((self.c.group_size + self.c.rows_per_tile - 1) // self.c.rows_per_tile)
             if cutlass.const_expr(self.c.has_qo_indptr):
                 tile_bound = Int64(batch) + (Int64(total_q) * self.c.group_size + self.c.rows_per_tile - 1) \
                     // self.c.rows_per_tile
+            late = Int32(1)  # 1: the lists were written before every scan CTA had arrived (planner_scan.py)
             if batch <= SMEM_REQUESTS and tile_bound <= Int64(SMEM_Q_TILES):
-                self.plan(tidx, qo_indptr, kv_indptr, kv_last_page_len, output, lse, work_indptr, items,
-                          merge_indptr, merges, q_tiles_s, q_tile_start_s, requests_s, request_faults, error_word,
-                          warp_sums, flags, cut_tile, cut_key, cta_items, merge_first_cut, merge_last_cut, merge_slot,
-                          cut_merge, stage, sort_keys, batch, num_indices, total_q, max_partials, q_tile_start)
+                late = self.plan(tidx, qo_indptr, kv_indptr, kv_last_page_len, output, lse, work_indptr, items,
+                                 merge_indptr, merges, q_tiles_s, q_tile_start_s, requests_s, request_faults,
+                                 error_word, arrivals, warp_sums, flags, cut_tile, cut_key, cta_items, merge_first_cut,
+                                 merge_last_cut, merge_slot, cut_merge, stage, sort_keys, batch, num_indices, total_q,
+                                 max_partials, num_scan_ctas, q_tile_start)
             else:
-                self.plan(tidx, qo_indptr, kv_indptr, kv_last_page_len, output, lse, work_indptr, items,
-                          merge_indptr, merges, q_tiles, q_tile_start, requests, request_faults, error_word,
-                          warp_sums, flags, cut_tile, cut_key, cta_items, merge_first_cut, merge_last_cut, merge_slot,
-                          cut_merge, stage, sort_keys, batch, num_indices, total_q, max_partials, q_tile_start)
-            if tidx == 0:
-                arrivals[0] = Int32(0)
+                late = self.plan(tidx, qo_indptr, kv_indptr, kv_last_page_len, output, lse, work_indptr, items,
+                                 merge_indptr, merges, q_tiles, q_tile_start, requests, request_faults, error_word,
+                                 arrivals, warp_sums, flags, cut_tile, cut_key, cta_items, merge_first_cut,
+                                 merge_last_cut, merge_slot, cut_merge, stage, sort_keys, batch, num_indices, total_q,
+                                 max_partials, num_scan_ctas, q_tile_start)
+            planner_arrives(items, work_indptr, request_faults, arrivals, flags, batch, num_scan_ctas, late, tidx)
             self.stamp(q_tile_start, TRACE_STAMPS - 3, tidx)
             self.stamp(q_tile_start, TRACE_STAMPS - 2, tidx, started_ns)
             self.stamp(q_tile_start, TRACE_STAMPS - 1, tidx, "globaltimer")
@@ -354,11 +304,12 @@ class DevicePlanner:
 
     @cute.jit
     def plan(self, tidx, qo_indptr, kv_indptr, kv_last_page_len, output, lse, work_indptr, items, merge_indptr,
-             merges, q_tiles, q_tile_start, requests, request_faults, error_word, warp_sums, flags, cut_tile, cut_key,
-             cta_items, merge_first_cut, merge_last_cut, merge_slot, cut_merge, stage, sort_keys, batch, num_indices,
-             total_q, max_partials, trace):
+             merges, q_tiles, q_tile_start, requests, request_faults, error_word, arrivals, warp_sums, flags, cut_tile,
+             cut_key, cta_items, merge_first_cut, merge_last_cut, merge_slot, cut_merge, stage, sort_keys, batch,
+             num_indices, total_q, max_partials, scanners, trace):
         """The planning CTA's work; ``requests``/``q_tiles``/``q_tile_start`` are shared memory when the batch fits
-        (see SMEM_REQUESTS), else the global scratch; ``trace`` is the global q_tile_start (trace_phases)."""
+        (see SMEM_REQUESTS), else the global scratch; ``trace`` is the global q_tile_start (trace_phases). Returns
+        ``late``: 1 unless the scan's marks were taken before the lists (``planner_scan.py``)."""
         c = self.c
         heads = c.num_kv_heads
         num_ctas = work_indptr.shape[0] - 1
@@ -399,14 +350,13 @@ class DevicePlanner:
                 requests[b, 5] = token_start
                 last = kv_last_page_len[b]
                 lowest = Int32(1) if pages > 0 else Int32(0)
-                mine = request_faults[b]
+                mine = Int32(0)  # the page scan's marks join before the lists (planner_scan.py)
                 if last < lowest or last > c.page_size:
                     mine = mine | FAULT_LAST_PAGE_LEN
                     _record(error_word, FAULT_LAST_PAGE_LEN, b)
                 if Int64(pages) * c.page_size > Int64(INT32_MAX - 2 * c.kv_tile):
                     mine = mine | FAULT_KV_INDPTR
                     _record(error_word, FAULT_KV_INDPTR, b)
-                request_faults[b] = Int32(0)  # clean for the next launch; the verdict moves to `requests`
                 tiles = (q_len * c.group_size + c.rows_per_tile - 1) // c.rows_per_tile
                 kv_len = Int32(0)
                 if pages > 0:
@@ -434,14 +384,16 @@ class DevicePlanner:
         self.stamp(trace, 2, tidx)
         self.stamp(trace, 3, tidx)
         capacity_bad = Int32(0)
+        late = Int32(1)
         if batch_fault == 0:
             if Int64(num_q_tiles) * heads > Int64(items.shape[0]) or num_q_tiles > q_tiles.shape[0]:
                 capacity_bad = Int32(1)
         if batch_fault == 0 and capacity_bad == 0:
-            self.plan_tiles(tidx, qo_indptr, kv_indptr, kv_last_page_len, work_indptr, items, merge_indptr, merges,
-                            q_tiles, q_tile_start, requests, error_word, warp_sums, flags, cut_tile, cut_key,
-                            cta_items, merge_first_cut, merge_last_cut, merge_slot, cut_merge, stage, sort_keys,
-                            batch, num_q_tiles, num_ctas, max_partials, uniform, trace)
+            late = self.plan_tiles(tidx, qo_indptr, kv_indptr, kv_last_page_len, work_indptr, items, merge_indptr,
+                                   merges, q_tiles, q_tile_start, requests, request_faults, error_word, arrivals,
+                                   warp_sums, flags, cut_tile, cut_key, cta_items, merge_first_cut, merge_last_cut,
+                                   merge_slot, cut_merge, stage, sort_keys, batch, num_q_tiles, num_ctas, max_partials,
+                                   uniform, scanners, trace)
             cute.arch.sync_threads()
             capacity_bad = flags[NUM_WARPS + 1]
         else:
@@ -449,6 +401,7 @@ class DevicePlanner:
                 _record(error_word, FAULT_CAPACITY, 0)
         if batch_fault != 0 or capacity_bad != 0:
             self.empty_plan(tidx, output, lse, work_indptr, merge_indptr, num_ctas, total_q)
+        return late
 
     @cute.jit
     def empty_plan(self, tidx, output, lse, work_indptr, merge_indptr, num_ctas, total_q):
@@ -466,10 +419,11 @@ class DevicePlanner:
 
     @cute.jit
     def plan_tiles(self, tidx, qo_indptr, kv_indptr, kv_last_page_len, work_indptr, items, merge_indptr, merges,
-                   q_tiles, q_tile_start, requests, error_word, warp_sums, flags, cut_tile, cut_key, cta_items,
-                   merge_first_cut, merge_last_cut, merge_slot, cut_merge, stage, sort_keys, batch, num_q_tiles,
-                   num_ctas, max_partials, uniform, trace):
-        """``uniform``: 1 when every request is one q tile of the same keys, none faulted (even_pieces builds)."""
+                   q_tiles, q_tile_start, requests, request_faults, error_word, arrivals, warp_sums, flags, cut_tile,
+                   cut_key, cta_items, merge_first_cut, merge_last_cut, merge_slot, cut_merge, stage, sort_keys, batch,
+                   num_q_tiles, num_ctas, max_partials, uniform, scanners, trace):
+        """``uniform``: 1 when every request is one q tile of the same keys, none faulted (even_pieces builds).
+        Returns ``late`` (see :meth:`plan`)."""
         c = self.c
         heads = c.num_kv_heads
         cute.arch.sync_threads()  # every request's first q tile (requests[:, 0]) is written
@@ -601,6 +555,10 @@ class DevicePlanner:
             deal, deal_count = sorted_deal(c, tidx, split, snap_max, longest, q_tiles, q_tile_start, cut_tile, cut_key,
                                            sort_keys, warp_sums, num_q_tiles, num_ctas, width, total_cost)
         self.stamp(trace, 7, tidx)
+        # the scan CTAs' arrivals, read here and used before the lists: the load's latency hides behind the merges
+        seen = Int32(0)
+        if tidx == 0:
+            seen = arrivals_seen(arrivals)
 
         # ---------------------------------------------------------------- merges: runs of cuts inside one tile
         run_start = Int32(0)
@@ -663,12 +621,24 @@ class DevicePlanner:
             flags[NUM_WARPS + 1] = too_big
             if too_big != 0:
                 _record(error_word, FAULT_CAPACITY, 0)
+            if cutlass.const_expr(c.late_scan):
+                seen = Int32(0)
+            if (seen & ARRIVAL_COUNT_MASK) == scanners and (seen >> 16) != 0:
+                cute.arch.fence_acq_rel_gpu()  # every scan CTA's marks, visible to the CTA after the barrier
+            flags[0] = seen
         cute.arch.sync_threads()
+        seen = flags[0]
+        late = Int32(1)
+        if (seen & ARRIVAL_COUNT_MASK) == scanners:
+            late = Int32(0)
+            if (seen >> 16) != 0:
+                take_scan_faults(requests, request_faults, batch, tidx)
         self.stamp(trace, 6, tidx)
         if too_big == 0:
             self.write_lists(tidx, items, merge_indptr, merges, q_tiles, requests, cut_tile,
                              cut_key, cta_items, merge_first_cut, merge_slot, cut_merge, stage, sort_keys, deal,
                              Int32(num_items), Int32(num_merges), Int32(num_partials), num_ctas, trace)
+        return late
 
     @cute.jit
     def write_lists(self, tidx, items, merge_indptr, merges, q_tiles, requests, cut_tile,
@@ -794,6 +764,16 @@ def q_tile_pass_policy(per_pass: int):
     from ...ops import policy  # the spec policies' save / clear caches / restore
 
     with policy(globals(), Q_TILES_PER_PASS=int(per_pass)):
+        yield
+
+
+@contextlib.contextmanager
+def late_scan_policy():
+    """Inside the block every device planner takes the late way (``planner_scan.py``: the last CTA to arrive empties
+    the faulted requests' items), as when the page scan outlasts the plan (GPU tests, the sanitizer)."""
+    from ...ops import policy
+
+    with policy(globals(), LATE_SCAN=True):
         yield
 
 

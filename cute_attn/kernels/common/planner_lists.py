@@ -40,6 +40,8 @@ def build_item(c: cutlass.Constexpr, stage, row, i, cta, q_tiles, requests, cut_
     elif key_end < kv_end:
         merge = cut_merge[cta + 1]
         slot = merge_slot[merge]
+    if requests[b, 3] != 0:  # a faulted request's items (split pieces too) keep their merges, with no keys
+        key_end = key_start
     offset = Int32(NOT_CAUSAL_OFFSET)
     if cutlass.const_expr(c.causal):
         offset = requests[b, 1] - requests[b, 2]
