@@ -553,8 +553,7 @@ class DevicePlanner:
         deal_count = Int32(0)  # this thread's CTA's items in the deal
         if cutlass.const_expr(self.deals):
             deal, deal_count = sorted_deal(c, tidx, split, snap_max, longest, q_tiles, q_tile_start, cut_tile, cut_key,
-                                           sort_keys, warp_sums, num_q_tiles, num_ctas, width, total_cost, requests,
-                                           batch)
+                                           sort_keys, warp_sums, num_q_tiles, num_ctas, width, total_cost)
         self.stamp(trace, 7, tidx)
         # the scan CTAs' arrivals, read here and used before the lists: the load's latency hides behind the merges
         seen = Int32(0)

@@ -20,7 +20,6 @@ from cutlass import Int32, Int64
 from ...plan import DEAL_MAX_Q_TILES_CHOICES, SERPENTINE_SLACK_SHIFT
 from ...plan_partition import DEAL_WHOLE_SHIFT, SNAP_SHIFT, WHOLE_TILE_SHIFT, sort_index_bits, sort_tile_cap
 from .planner_collectives import NUM_THREADS, WARP, block_max
-from .rank_sort import RANK_SORT_MAX_WORK, rank_sort
 
 INDEX_BITS = 20  # sort_key (what the deal reads): the q tile index in the low bits (< 2**20), 2**32 - cost above
 # fast_sort's Int32 keys: (sort_tile_cap - kv tiles, capped) << index bits | q tile index; the padding sorts after all
@@ -77,7 +76,7 @@ def whole_tile_bound(c: cutlass.Constexpr, width):
 
 @cute.jit
 def sorted_deal(c: cutlass.Constexpr, tidx, split, snap_max, longest, q_tiles, q_tile_start, cut_tile, cut_key,
-                sort_keys, warp_sums, num_q_tiles, num_ctas, width, total_cost, requests, batch):
+                sort_keys, warp_sums, num_q_tiles, num_ctas, width, total_cost):
     """(1 when the deal replaces the cuts, the item count of this thread's CTA in the deal). ``split``: the cuts
     split tiles (else they are whole tiles, the busiest ``snap_max``); ``longest``: the longest tile's cost (both
     from the cuts' vote). Leaves the q tiles in deal order in ``sort_keys[0 : num_q_tiles]`` (:func:`sort_key`
@@ -112,21 +111,13 @@ def sorted_deal(c: cutlass.Constexpr, tidx, split, snap_max, longest, q_tiles, q
                     sort_keys[i] = sort_key(tile_cost(c, q_tiles[i, 3]), i)
             cute.arch.sync_threads()
         else:
-            passes = (num_q_tiles + NUM_THREADS - 1) // NUM_THREADS
-            ranked = Int32(0)
-            if cutlass.const_expr(c.causal and not c.zigzag):  # key ends rise along a request's tiles (rank_sort)
-                if batch * passes <= RANK_SORT_MAX_WORK:
-                    ranked = Int32(1)
-            if ranked != 0:
-                sort_by_ranks(c, tidx, q_tiles, requests, sort_keys, num_q_tiles, batch, passes)
-            else:
-                keys32 = cute.make_rmem_tensor((keys_per_thread(c),), Int32)
-                for r in cutlass.range_constexpr(keys_per_thread(c)):
-                    keys32[r] = Int32(FAST_PADDING_KEY)
-                    i = tidx + r * NUM_THREADS
-                    if i < num_q_tiles:
-                        keys32[r] = fast_sort_key(c, q_tiles[i, 3], i)
-                fast_sort(c, keys32, num_q_tiles, tidx, q_tiles, sort_keys)
+            keys32 = cute.make_rmem_tensor((keys_per_thread(c),), Int32)
+            for r in cutlass.range_constexpr(keys_per_thread(c)):
+                keys32[r] = Int32(FAST_PADDING_KEY)
+                i = tidx + r * NUM_THREADS
+                if i < num_q_tiles:
+                    keys32[r] = fast_sort_key(c, q_tiles[i, 3], i)
+            fast_sort(c, keys32, num_q_tiles, tidx, q_tiles, sort_keys)
         load = Int64(0)
         if tidx < num_ctas:
             lap = Int32(0)
@@ -141,25 +132,6 @@ def sorted_deal(c: cutlass.Constexpr, tidx, split, snap_max, longest, q_tiles, q
         if block_max(load, tidx, warp_sums) <= bound:
             deal = Int32(1)
     return deal, count
-
-
-@cute.jit
-def sort_by_ranks(c: cutlass.Constexpr, tidx, q_tiles, requests, sort_keys, num_q_tiles, batch, passes):
-    """The deal order by :mod:`rank_sort` (a thread's q tiles walk the requests once) instead of the bitonic sort;
-    the same ``sort_keys[0 : num_q_tiles]``."""
-    per_thread = keys_per_thread(c)
-    rank = cute.make_rmem_tensor((per_thread,), Int32)
-    if passes <= 1:
-        rank_sort(c, 1, tidx, q_tiles, requests, num_q_tiles, batch, rank)
-    elif passes <= 2:
-        rank_sort(c, 2, tidx, q_tiles, requests, num_q_tiles, batch, rank)
-    else:
-        rank_sort(c, per_thread, tidx, q_tiles, requests, num_q_tiles, batch, rank)
-    for r in cutlass.range_constexpr(per_thread):
-        i = tidx + r * NUM_THREADS
-        if i < num_q_tiles:
-            sort_keys[rank[r]] = sort_key(tile_cost(c, q_tiles[i, 3]), i)
-    cute.arch.sync_threads()
 
 
 @cute.jit
