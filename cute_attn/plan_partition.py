@@ -53,7 +53,9 @@ Items
 
 Faults
     A request whose index values break a rule (``faulted``) keeps its tiles, with no keys: its rows get output 0
-    and lse ``-inf``, and none of its page ids is read.
+    and lse ``-inf``, and none of its page ids is read. The device planner knows the rule faults (indptr, last page
+    length) before its cuts and models them so; a page id outside the pool is found by its scan CTAs while it plans,
+    so that request is cut with its keys and only its items lose them (``kernels/common/planner_scan.py``).
 
 :func:`partition_plan` is the reference for ``kernels/common/device_planner.py``: the GPU tier checks that the
 kernel's work lists equal it field by field, and the CPU tier runs it through the plan executor.
