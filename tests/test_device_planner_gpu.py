@@ -330,19 +330,21 @@ PAGE_FAULTED = {  # (case, requests whose first page id goes bad, the first of t
 }
 
 
-@pytest.mark.parametrize("late", [False, True], ids=["marks_before_the_lists", "last_to_arrive_empties"])
+@pytest.mark.parametrize("late", [False, True, "scan_last"],
+                         ids=["marks_before_the_lists", "last_to_arrive_empties", "a_scan_cta_empties"])
 @pytest.mark.parametrize("name", list(PAGE_FAULTED))
 def test_page_faults_empty_their_requests_split_or_not(name, late):
     """A page id outside the pool, found by the scan CTAs while CTA 0 plans (``planner_scan.py``): the faulted
     requests' rows are 0 / lse -inf, a split one's pieces included, every other row is the reference's, the error
     word names kv_indices; the marks are cleared, so the next clean call is right. Both ways the marks reach the
-    lists: before CTA 0 writes them, and (``late_scan_policy``) by the last CTA to arrive, in place."""
+    lists: before CTA 0 writes them, and (``late_scan_policy``) by the last CTA to arrive, in place: CTA 0 itself, or
+    (``scan_last``: the scan CTAs arrive 50 us late) a scan CTA, reading the items CTA 0's bulk copies wrote."""
     from cute_attn.device_errors import DeviceIndexError
     from cute_attn.kernels.common.device_planner import late_scan_policy
     from cute_attn.plan import MergeField
 
     make, faulted = PAGE_FAULTED[name]
-    with late_scan_policy() if late else _no_policy():
+    with late_scan_policy(scan_last=late == "scan_last") if late else _no_policy():
         case = make()
         mla_decode = name.startswith("mla decode")
         run = cute_attn.mla_paged_decode if mla_decode else hostile.entry_for(case).run

@@ -31,7 +31,8 @@ Cases (small, ragged, each a registered config's shape):
     hostplan-decode  check_indices=True: the host-planned path (every other case plans on the device)
     line-deal-decode  the device planner's line deal at page 1 (on by default at pages 1-2 and from 8 KV heads)
     hostile-decode the device planner's bounds checks (ids past the pool and negative; those requests 0 / -inf, a split
-                   one included); -late: the last CTA to arrive empties their items (``late_scan_policy``)
+                   one included); -late: the last CTA to arrive empties their items (``late_scan_policy``), -scan-last: a
+                   scan CTA is that last one (built in session 24, not run yet)
     gather         the TMA page gather kernel (a test-side kernel)
 """
 
@@ -153,13 +154,13 @@ def _cases(arch: str) -> dict:
         case = testing.make_gqa_decode_case([3232, 0, 130, 1, 700], device="cuda", seed=79)
         return _run_api(cute_attn.gqa_paged_decode, case, arch, check_indices=True)
 
-    def hostile_decode(late: bool):  # the device planner's bounds checks: requests 0 (split), 1 and 3 hold ids
+    def hostile_decode(late):  # the device planner's bounds checks: requests 0 (split), 1 and 3 hold ids
         # outside the pool; ``late``: the last CTA to arrive empties their items in place (planner_scan.py)
         def run():
             from cute_attn.device_errors import DeviceIndexError
             from cute_attn.kernels.common.device_planner import late_scan_policy
 
-            with late_scan_policy() if late else contextlib.nullcontext():
+            with late_scan_policy(scan_last=late == "scan_last") if late else contextlib.nullcontext():
                 case = testing.make_gqa_decode_case([3232, 300, 130, 700], device="cuda", seed=80)
                 ref_out, ref_lse = case.reference()  # of the valid batch, before the corruption
                 ref_out[[0, 1, 3]], ref_lse[[0, 1, 3]] = 0, float("-inf")  # what faulted requests get
@@ -423,6 +424,7 @@ def _cases(arch: str) -> dict:
     cases["hostplan-decode"] = ("gqa_paged_decode", host_planned_decode)
     cases["hostile-decode"] = ("device_planner", hostile_decode(False))
     cases["hostile-decode-late"] = ("device_planner", hostile_decode(True))
+    cases["hostile-decode-scan-last"] = ("device_planner", hostile_decode("scan_last"))
 
     def gather():
         from cute_attn.compile import compile_kernel

@@ -86,8 +86,9 @@ ITEMS_PER_THREAD = 2
 #: the q-tile phase's build for every planner (``DevicePlannerConfig.q_tiles_per_pass``): 1 until the per-launch
 #: choice (0) has run on a GPU; :func:`q_tile_pass_policy` sets it inside a block (GPU tests, A/Bs)
 Q_TILES_PER_PASS = 1
-#: every planner built with ``late_scan`` (a test build; :func:`late_scan_policy` sets it inside a block)
+#: every planner built with ``late_scan`` / ``scan_delay_ns`` (test builds; :func:`late_scan_policy` sets them)
 LATE_SCAN = False
+SCAN_DELAY_NS = 0
 TRACE_STAMPS = 19  # trace_phases: clock64 stamps at the tail of q_tile_start (tools/planner_trace.py)
 Q_TILE_FIELDS = 4  # request, row start, row count, key end
 # first q tile, keys, query tokens, fault bits, first page, first token: the lists phase reads a request's page and
@@ -135,6 +136,9 @@ class DevicePlannerConfig(KernelConfig):
     #: a test build: the planning CTA takes the late way (``planner_scan.py``) even when every scan CTA has arrived,
     #: so the last CTA to arrive empties the faulted requests' items in place
     late_scan: bool = False
+    #: a test build: each scan CTA waits this long (globaltimer) before it counts itself, so with ``late_scan`` the
+    #: last CTA to arrive is a scan CTA, which then empties the faulted items the planning CTA wrote
+    scan_delay_ns: int = 0
 
     @staticmethod
     def for_plan(plan_config: PlanConfig, *, arch: str, has_qo_indptr: bool, head_dim_v: int) -> "DevicePlannerConfig":
@@ -146,7 +150,7 @@ class DevicePlannerConfig(KernelConfig):
             zigzag=plan_config.zigzag, sorted_deal=plan_config.sorted_deal, line_deal=plan_config.line_deal,
             even_pieces=plan_config.even_pieces, max_slack_keys=plan_config.max_slack_keys, num_qo_heads=plan_config.num_qo_heads,
             head_dim_v=head_dim_v, q_tiles_per_pass=Q_TILES_PER_PASS, deal_whole_cuts=plan_config.deal_whole_cuts,
-            late_scan=LATE_SCAN,
+            late_scan=LATE_SCAN, scan_delay_ns=SCAN_DELAY_NS,
             deal_max_q_tiles=plan_config.deal_max_q_tiles)
 
     def plan_config(self, num_ctas: int) -> PlanConfig:
@@ -254,7 +258,7 @@ class DevicePlanner:
         num_indices = kv_indices.shape[0]
         if cta != 0:
             scan_and_arrive(kv_indptr, kv_indices, request_faults, error_word, items, work_indptr, arrivals, flags,
-                            num_pages, batch, cta - 1, num_scan_ctas, tidx)
+                            num_pages, batch, cta - 1, num_scan_ctas, tidx, self.c.scan_delay_ns)
         else:
             # the planner's own inputs to L2 before its first dependent load (the bench flushes L2 before every
             # call, as a new step would): one DRAM round trip for all of them instead of one per phase
@@ -768,12 +772,13 @@ def q_tile_pass_policy(per_pass: int):
 
 
 @contextlib.contextmanager
-def late_scan_policy():
+def late_scan_policy(scan_last: bool = False):
     """Inside the block every device planner takes the late way (``planner_scan.py``: the last CTA to arrive empties
-    the faulted requests' items), as when the page scan outlasts the plan (GPU tests, the sanitizer)."""
+    the faulted requests' items), as when the page scan outlasts the plan (GPU tests, the sanitizer); ``scan_last``:
+    the scan CTAs also wait 50 us before they arrive, so the one that empties the items is a scan CTA."""
     from ...ops import policy
 
-    with policy(globals(), LATE_SCAN=True):
+    with policy(globals(), LATE_SCAN=True, SCAN_DELAY_NS=50_000 if scan_last else 0):
         yield
 
 

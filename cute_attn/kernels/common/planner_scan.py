@@ -98,11 +98,16 @@ def arrive(arrivals: cute.Tensor, flags: cute.Tensor, tidx, value) -> Int32:
 
 @cute.jit
 def scan_and_arrive(kv_indptr, kv_indices, request_faults, error_word, items, work_indptr, arrivals, flags,
-                    num_pages, batch, scanner, scanners, tidx):
+                    num_pages, batch, scanner, scanners, tidx, delay_ns: cutlass.Constexpr = 0):
     """A scan CTA's whole work: its share of the scan, its arrival, and, when it arrives after the planning CTA
-    took the late way and every other scan CTA, the faulted requests' items emptied."""
+    took the late way and every other scan CTA, the faulted requests' items emptied. ``delay_ns``: a test build's
+    wait before the arrival (``DevicePlannerConfig.scan_delay_ns``)."""
     found = page_scan(kv_indptr, kv_indices, request_faults, error_word, num_pages, batch, scanner, scanners, tidx)
     faulted = block_any(found != 0, tidx, flags)
+    if cutlass.const_expr(delay_ns > 0):
+        start = cute.arch.globaltimer()
+        while cute.arch.globaltimer() - start < delay_ns:
+            pass
     before = arrive(arrivals, flags, tidx, Int32(1) + faulted * FAULTED_SCANNER)
     if (before & ARRIVAL_COUNT_MASK) == scanners:
         cute.arch.fence_acq_rel_gpu()
