@@ -42,6 +42,25 @@ def test_trace_build_stamps_clocks():
     assert "%clock64" in ptx and "%globaltimer" in ptx
 
 
+@pytest.mark.parametrize("arch", ARCHES)
+def test_scan_ctas_arrive_with_acq_rel_and_no_cta_waits(arch):
+    """The page scan runs beside the planning CTA (``planner_scan.py``): scan CTAs count themselves with one
+    ``atom.acq_rel.gpu`` add each, the planning CTA reads the count once (relaxed) before its lists and on the late way
+    orders its bulk-copied rows before its own add; nothing spins on another CTA (a spin would hang a grid that cannot
+    be resident at once). The test builds (late way forced, scan CTAs delayed) add only what they say."""
+    ptx = compile_to_ptx(_decode_planner(arch))
+    assert len(re.findall(r"atom\.global\.acq_rel\.add", ptx)) == 2  # a scan CTA's arrival, the planner's late one
+    # the planner's one look at the arrivals, in each instantiation of its path (shared-memory and global-scratch batches)
+    assert len(re.findall(r"ld\.relaxed\.gpu\.global", ptx)) == 2
+    assert "fence.proxy.async.global" in ptx  # bulk-copied rows ordered before the late arrival
+    late = compile_to_ptx(dataclasses.replace(_decode_planner(arch), late_scan=True))
+    assert "%globaltimer" not in late
+    delayed = compile_to_ptx(dataclasses.replace(_decode_planner(arch), late_scan=True, scan_delay_ns=50_000))
+    assert "%globaltimer" in delayed and "%globaltimer" not in ptx
+    assert device_planner.scan_ctas(0) == 1 and device_planner.scan_ctas(10**9) == device_planner.MAX_SCAN_CTAS
+    assert device_planner.MAX_SCAN_CTAS + 1 <= 132  # with the planning CTA, resident at once on an H200
+
+
 def test_shared_memory_arrays_fit_with_room_for_the_lists():
     # the planning CTA's requests, q tiles and cost line, plus the per-edge arrays, within one SM's 227 KiB
     per_edge = 7 * device_planner.NUM_THREADS * 4
