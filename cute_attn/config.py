@@ -207,6 +207,7 @@ class PagedAttentionConfig(KernelConfig):
             host_deal=self.causal and self.kind == "gqa_paged_prefill", line_deal=self._line_deal(),
             even_pieces=EVEN_PIECES, max_slack_keys=MAX_SLACK_KEYS, whole_deal=self._whole_deal(),
             deal_whole_cuts=self._deal_whole_cuts(), deal_max_q_tiles=self._deal_max_q_tiles(),
+            rank_deal_max_q_tiles=RANK_DEAL_MAX_Q_TILES if self.causal else 0,
         )
 
     def _whole_deal(self) -> str:
@@ -323,6 +324,22 @@ EVEN_PIECES = True
 #: host LPT 0.1%; session 19's bench: device-planned 8414 against 8181 us planned); capped at 1024 keys the cuts
 #: split it, 1.004 with 102 merges, and no other bench row's device plan changes (the twin, on the CPU)
 MAX_SLACK_KEYS = 0
+
+
+#: ``PlanConfig.rank_deal_max_q_tiles`` of every causal default config (0: off). Built in session 24, not run on a
+#: GPU: the device planner ranks the q tiles of a small batch past its sort's keys (``kernels/common/rank_sort.py``),
+#: so MLA prefill 1 x 16384 (4096 q tiles) is dealt instead of cut (the twin's busiest CTA 1.0315 -> 1.0024 of the
+#: mean; its default call ran 8351 us against 8174 planned, fa3 8299); no other bench row's plan changes
+RANK_DEAL_MAX_Q_TILES = 0
+
+
+@contextlib.contextmanager
+def rank_deal_policy(most: int = 4096):
+    """Inside the block every causal default config's plans take ``rank_deal_max_q_tiles=most`` (GPU tests, A/Bs)."""
+    from .ops import policy
+
+    with policy(globals(), RANK_DEAL_MAX_Q_TILES=int(most)):
+        yield
 
 
 @contextlib.contextmanager

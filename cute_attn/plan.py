@@ -85,6 +85,11 @@ SERPENTINE_SLACK_SHIFT = 4  # whole_deal "serpentine": taken within 1/16 of the 
 #: ``PlanConfig.deal_max_q_tiles`` values: the device planner's Int32 sort of 1024 keys (two a thread, the default)
 #: or 2048 (four a thread)
 DEAL_MAX_Q_TILES_CHOICES = (1024, 2048)
+#: ``PlanConfig.rank_deal_max_q_tiles`` values: 0 (off) or the most q tiles a ranked deal holds (``rank_sort.py``)
+RANK_DEAL_MAX_Q_TILES_CHOICES = (0, 4096)
+#: a ranked deal's work bound: batch x ceil(q tiles / 512) (each of the planning CTA's 512 threads walks the requests
+#: once for each of its q tiles)
+RANK_DEAL_MAX_WORK = 64
 
 @dataclass(frozen=True)
 class PlanConfig:
@@ -150,6 +155,11 @@ class PlanConfig:
     #: device plans (and their twin): the most q tiles the sorted deal takes (the planning CTA's Int32 bitonic sort of
     #: 1024 keys, two a thread, or 2048, four); a batch of more keeps the cuts (GQA prefill 32 x 992 at h32/kv4: 1984)
     deal_max_q_tiles: int = DEAL_MAX_Q_TILES_CHOICES[0]
+    #: device plans (and their twin): the sorted deal also takes a causal batch past ``deal_max_q_tiles``, up to this
+    #: many q tiles, when batch x ceil(q tiles / 512) <= RANK_DEAL_MAX_WORK: the planning CTA ranks the q tiles from
+    #: the requests' shapes instead of sorting them (``kernels/common/rank_sort.py``; MLA prefill 1 x 16384's 4096 q
+    #: tiles: the twin's busiest CTA 1.0315 -> 1.0024 of the mean). 0: off
+    rank_deal_max_q_tiles: int = 0
 
     def __post_init__(self):
         if self.line_deal and self.sorted_deal:
@@ -167,6 +177,8 @@ class PlanConfig:
             raise ValueError(f"PlanConfig.page_size must be >= 0, got {self.page_size}")
         if self.deal_max_q_tiles not in DEAL_MAX_Q_TILES_CHOICES:
             raise ValueError(f"PlanConfig.deal_max_q_tiles must be 1024 or 2048, got {self.deal_max_q_tiles}")
+        if self.rank_deal_max_q_tiles not in RANK_DEAL_MAX_Q_TILES_CHOICES:
+            raise ValueError(f"PlanConfig.rank_deal_max_q_tiles must be 0 or 4096, got {self.rank_deal_max_q_tiles}")
 
     @property
     def group_size(self) -> int:

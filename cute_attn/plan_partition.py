@@ -68,11 +68,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .plan import (DEAL_MAX_Q_TILES_CHOICES, NOT_CAUSAL_OFFSET, SERPENTINE_SLACK_SHIFT, ItemField, MergeField, PlanCapacity, PlanConfig,
-                   WorkPlan)
+from .plan import (DEAL_MAX_Q_TILES_CHOICES, NOT_CAUSAL_OFFSET, RANK_DEAL_MAX_WORK, SERPENTINE_SLACK_SHIFT, ItemField,
+                   MergeField, PlanCapacity, PlanConfig, WorkPlan)
 
 __all__ = ["DEAL_WHOLE_SHIFT", "SNAP_SHIFT", "SORTED_DEAL_MAX_Q_TILES", "WHOLE_TILE_SHIFT", "QTiles", "cut_loads",
-           "capped_slack", "deal_bound", "even_pieces", "min_width", "partition", "snap_slack", "whole_tile_bound",
+           "capped_slack", "deal_bound", "dealable", "deal_rank", "even_pieces", "min_width", "partition", "snap_slack", "whole_tile_bound",
            "lap_deal", "whole_dealt_plan", "line_cuts", "partition_plan", "piece_cost", "q_tiles", "sorted_deal"]
 
 SNAP_SHIFT = 5  # a cut within W / 2**SNAP_SHIFT of a tile edge snaps to it
@@ -82,6 +82,7 @@ WHOLE_TILE_SHIFT = 3  # whole tiles (every cut at its nearer tile edge) when no 
 DEAL_WHOLE_SHIFT = 5
 #: the device sorts q tiles in its planning CTA's shared memory (one per thread pair; ``PlanConfig.deal_max_q_tiles``)
 SORTED_DEAL_MAX_Q_TILES = DEAL_MAX_Q_TILES_CHOICES[0]
+RANK_THREADS = 512  # the planning CTA's threads: a ranked deal's q tiles a thread is ceil(q tiles / this)
 
 
 def sort_index_bits(max_q_tiles: int) -> int:
@@ -301,6 +302,64 @@ def line_cuts(config: PlanConfig, kv_end, cost, uniform_keys: int = 0):
     return cut_tile, cut_key, width, whole_tiles
 
 
+def dealable(config: PlanConfig, batch: int, num_q_tiles: int) -> bool:
+    """Whether the device can order ``num_q_tiles`` q tiles for a deal: its sort's keys (``deal_max_q_tiles``), or,
+    past them, its ranks (``rank_deal_max_q_tiles``: causal, no line deal, batch x ceil(q tiles / 512) at most
+    ``RANK_DEAL_MAX_WORK``)."""
+    if 0 < num_q_tiles <= config.deal_max_q_tiles:
+        return True
+    return (config.causal and config.sorted_deal and 0 < num_q_tiles <= config.rank_deal_max_q_tiles
+            and batch * -(-num_q_tiles // RANK_THREADS) <= RANK_DEAL_MAX_WORK)
+
+
+def tiles_reaching(config: PlanConfig, q_len: int, kv_len: int, faulted: bool, x: int, cap: int) -> int:
+    """How many q tiles of a causal request hold at least ``x`` kv tiles (capped at ``cap``): a suffix of its tiles in
+    natural order, since a tile's key end never falls along them (``kernels/common/rank_sort.py`` mirrors this)."""
+    g, rows = config.group_size, config.tile_q_rows
+    n = -(-q_len * g // rows)
+    if x <= 0:
+        return n
+    if x > cap or faulted:
+        return 0
+    keys = (x - 1) * config.kv_tile + 1  # at least x kv tiles <=> a key end of at least this
+    if keys > kv_len:
+        return 0
+    z = keys - 1 - (kv_len - q_len)  # the tile's last row must reach token z
+    if z <= 0:
+        return n
+    if q_len <= z:
+        return 0
+    return max(n - g * z // rows, 0)
+
+
+def zigzag_before(n: int, lo: int, hi: int, position: int) -> int:
+    """How many of a zigzag request's tiles ``lo .. hi - 1`` (natural order, ``n`` tiles) lie before line ``position``
+    (``q_tiles``: even positions take tiles 0, 1, ... of the first half, odd ones n - 1, n - 2, ...)."""
+    half = (n + 1) // 2
+    low = max(0, min(hi, half, (position + 1) // 2) - lo)
+    high = 0
+    if position >= 2:
+        high = max(0, hi - max(lo, half, n - 1 - (position - 2) // 2))
+    return low + high
+
+
+def deal_rank(config: PlanConfig, q_lens, kv_lens, faulted, b: int, position: int, kv_end: int) -> int:
+    """The place in the deal order (``sorted_deal``: capped kv tiles, most first, ties in line order) of request
+    ``b``'s q tile at line ``position`` (within the request) with ``kv_end`` keys, from the requests' shapes alone:
+    the longer tiles of every request, the equal ones of earlier requests, then its own equal ones before it."""
+    cap = sort_tile_cap(config.deal_max_q_tiles)
+    k = min(-(-kv_end // config.kv_tile), cap)
+    rank = 0
+    for other in range(len(q_lens)):
+        rank += tiles_reaching(config, q_lens[other], kv_lens[other], faulted[other], k if other < b else k + 1, cap)
+    n = -(-q_lens[b] * config.group_size // config.tile_q_rows)
+    lo = n - tiles_reaching(config, q_lens[b], kv_lens[b], faulted[b], k, cap)
+    hi = n - tiles_reaching(config, q_lens[b], kv_lens[b], faulted[b], k + 1, cap)
+    if not (config.zigzag and config.causal):
+        return rank + position - lo
+    return rank + zigzag_before(n, lo, hi, position)
+
+
 def deal_bound(config: PlanConfig, width: int, cut_max: int, whole_tiles: bool) -> int | None:
     """The busiest CTA a sorted deal may have to replace the cuts, or None when the deal is not tried: split cuts
     give way to a deal no worse than them or than the whole-tile rule's bound (:func:`whole_tile_bound`: no merges
@@ -352,7 +411,7 @@ def partition(config: PlanConfig, q_lens, kv_lens, *, kv_page_start=None, token_
     # every request one q tile of the same keys (no faults: a faulted tile has none): the even pieces' case
     uniform = batch > 0 and np.array_equal(req, np.arange(batch)) and (kv_end == kv_end[0]).all()
     cut_tile, cut_key, width, whole_tiles = line_cuts(config, kv_end, cost, int(kv_end[0]) if uniform else 0)
-    if (config.sorted_deal or config.line_deal) and config.allow_split and 0 < req.size <= config.deal_max_q_tiles:
+    if (config.sorted_deal or config.line_deal) and config.allow_split and dealable(config, batch, req.size):
         bound = deal_bound(config, width, int(cut_loads(config, cost, cut_tile, cut_key).max()), whole_tiles)
         if bound is not None:
             dealt_tile, dealt_cta = sorted_deal(config, cost)

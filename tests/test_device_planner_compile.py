@@ -61,6 +61,20 @@ def test_scan_ctas_arrive_with_acq_rel_and_no_cta_waits(arch):
     assert device_planner.MAX_SCAN_CTAS + 1 <= 132  # with the planning CTA, resident at once on an H200
 
 
+@pytest.mark.parametrize("arch", ARCHES)
+def test_ranked_deal_builds_beside_the_sort_and_leaves_the_default_alone(arch):
+    """``rank_deal_max_q_tiles`` (``rank_sort.py``, off by default) adds the ranked branch to the causal planners:
+    a different build, still a multiple of 16 bytes of keys within the planning CTA's shared memory."""
+    from cute_attn.kernels.common.sorted_deal import sort_key_slots
+
+    for causal in device_planner.default_configs(arch)[1:]:
+        ranked = dataclasses.replace(causal, rank_deal_max_q_tiles=4096)
+        assert ranked.can_implement() is None
+        assert compile_to_ptx(ranked) != compile_to_ptx(causal)
+        assert sort_key_slots(ranked) == max(2 * causal.deal_max_q_tiles, 4096)
+    assert "4096" in dataclasses.replace(_decode_planner(arch), rank_deal_max_q_tiles=2048).can_implement()
+
+
 def test_shared_memory_arrays_fit_with_room_for_the_lists():
     # the planning CTA's requests, q tiles and cost line, plus the per-edge arrays, within one SM's 227 KiB
     per_edge = 7 * device_planner.NUM_THREADS * 4

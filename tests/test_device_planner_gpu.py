@@ -380,6 +380,29 @@ def _no_policy():
     yield
 
 
+@pytest.mark.parametrize("q_lens, kv_lens, call", [
+    ([4300], [4300], True),  # 1075 q tiles: past the MLA sort's 1024 keys, four a thread
+    ([2200, 2200], [2300, 2250], True),  # two zigzag requests' equal tiles interleave by line order
+    ([3000, 1500, 40], [3100, 1600, 900], True),
+    ([16384], [16387], False),  # the bench's 16K: 4096 q tiles, eight a thread (lists only: its reference is large)
+], ids=["1x4300", "2x2200", "ragged3", "16k"])
+def test_ranked_deal_lists_equal_the_twin(q_lens, kv_lens, call):
+    """``config.rank_deal_policy()`` (built in session 24): past the sort's keys the planner ranks the q tiles from
+    the requests' shapes (``rank_sort.py``); its lists equal the twin's (a deal), and the default call the reference."""
+    from cute_attn.config import rank_deal_policy
+
+    with rank_deal_policy(4096):
+        case = testing.make_mla_prefill_case(q_lens, kv_lens, device="cuda", seed=len(q_lens) + q_lens[0])
+        plan = cute_attn.plan_mla_paged_prefill(*case.inputs(), on_device=True)
+        config = plan.config.plan_config(plan.work_indptr.shape[0] - 1)
+        assert config.rank_deal_max_q_tiles == 4096 and config.zigzag
+        _, dealt = partition(config, q_lens, kv_lens)
+        assert dealt, "the batch no longer exercises the ranked deal"
+        _assert_twin(plan, case.qo_indptr.tolist(), case.kv_indptr.tolist(), q_lens, kv_lens, f"ranked {q_lens}")
+        if call:
+            _assert_default_call_matches_reference(case, f"ranked {q_lens}")
+
+
 def test_captured_decode_step_replays_across_changing_batches():
     """Capture plan + attention once at capacity; replay with new lengths, page tables and live batch sizes
     (requests past the live batch are empty: output 0, lse -inf), equal to eager calls and to the reference."""

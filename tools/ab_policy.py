@@ -36,6 +36,9 @@ POLICY is one of
                   move (host plans take the twin's deal)
     bf16_partials split items store bf16 partial rows (``config.BF16_PARTIALS``, the sm_90a MLA and GQA prefill
                   kernels) off / on: the eager-combine cases and GQA prefill 1 x 992 and 4 x 512 / 4096, whose plans split
+    rank_deal     device plans rank the q tiles of small batches past the sort's keys and deal them
+                  (``config.RANK_DEAL_MAX_Q_TILES`` 0 / 4096, built in session 24): MLA prefill 1 x 16384, 1 x 6000 and
+                  2 x 2200; only the device-planned and default calls move
     q_tile_pass   the device planner's q-tile pass: one tile a thread, or chosen per launch (two past one pass;
                   ``kernels/common/device_planner.Q_TILES_PER_PASS`` 1 / 0); only the device-planned and default calls
                   move
@@ -360,6 +363,19 @@ def _max_slack_cases(pages):
                lambda on: max_slack_keys_policy(1024 if on else 0))
 
 
+def _rank_deal_cases(pages):
+    """MLA prefill batches past the sort's 1024 keys that a ranked deal takes (page 1, the definition's)."""
+    from cute_attn import testing
+    from cute_attn.config import rank_deal_policy
+
+    for label, (q_lens, kv_lens) in {"mla_n1_q16384": ([16384], [16387]), "mla_n1_q6000": ([6000], [6100]),
+                                     "mla_n2_q2200": ([2200, 2200], [2300, 2250])}.items():
+        def make(q_lens=q_lens, kv_lens=kv_lens):
+            return testing.make_mla_prefill_case(q_lens, kv_lens, page_size=1, device="cuda", seed=8)
+        yield (dict(batch=label, page_size=1, heads=0, kv_heads=0), make, "mla_prefill",
+               lambda on: rank_deal_policy(4096 if on else 0))
+
+
 def _early_dependents_cases(pages):
     from cute_attn.config import early_dependents_policy
 
@@ -373,12 +389,14 @@ POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, 
             "even_pieces": _even_pieces_cases, "page_boxes": _page_boxes_cases, "max_slack": _max_slack_cases,
             "eager_combine": _eager_combine_cases, "lap_deal": _lap_deal_cases,
             "serpentine_deal": _serpentine_deal_cases, "device_whole_deal": _device_whole_deal_cases,
-            "bf16_partials": _bf16_partials_cases, "deal_2048": _deal_2048_cases, "gather_warps": _gather_warps_cases}
+            "bf16_partials": _bf16_partials_cases, "deal_2048": _deal_2048_cases, "gather_warps": _gather_warps_cases,
+            "rank_deal": _rank_deal_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
                  "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64], "even_pieces": [64, 1],
                  "page_boxes": [64, 128], "max_slack": [1], "eager_combine": [64, 1],
                  "lap_deal": [64], "serpentine_deal": [64],
-                 "device_whole_deal": [64], "bf16_partials": [64, 1], "deal_2048": [64, 1], "gather_warps": [1, 2]}
+                 "device_whole_deal": [64], "bf16_partials": [64, 1], "deal_2048": [64, 1], "gather_warps": [1, 2],
+                 "rank_deal": [1]}
 
 
 def checked_span(run, out, lse, reference, label: str, timer, digits: int = 1):

@@ -30,6 +30,7 @@ Cases (small, ragged, each a registered config's shape):
     combine-grid-* the combine launch with a capped grid (CTAs walk the merges; 4 CTAs for MLA decode's case)
     hostplan-decode  check_indices=True: the host-planned path (every other case plans on the device)
     line-deal-decode  the device planner's line deal at page 1 (on by default at pages 1-2 and from 8 KV heads)
+    rank-deal-mla  a ranked deal past the MLA sort's 1024 keys (``config.rank_deal_policy``; built in session 24)
     hostile-decode the device planner's bounds checks (ids past the pool and negative; those requests 0 / -inf, a split
                    one included); -late: the last CTA to arrive empties their items (``late_scan_policy``), -scan-last: a
                    scan CTA is that last one (built in session 24, not run yet)
@@ -422,6 +423,14 @@ def _cases(arch: str) -> dict:
     cases["edge-decode"] = ("gqa_paged_decode", edge_decode)
     cases["edge-prefill"] = ("gqa_paged_prefill", edge_prefill)
     cases["hostplan-decode"] = ("gqa_paged_decode", host_planned_decode)
+    def rank_deal_mla():  # a ranked deal past the MLA sort's 1024 keys (config.rank_deal_policy, built in session 24)
+        from cute_attn.config import rank_deal_policy
+
+        with rank_deal_policy(4096):
+            case = testing.make_mla_prefill_case([2200, 2200], [2300, 2250], device="cuda", seed=81)
+            return _run_api(cute_attn.mla_paged_prefill, case, arch)
+
+    cases["rank-deal-mla"] = ("device_planner", rank_deal_mla)
     cases["hostile-decode"] = ("device_planner", hostile_decode(False))
     cases["hostile-decode-late"] = ("device_planner", hostile_decode(True))
     cases["hostile-decode-scan-last"] = ("device_planner", hostile_decode("scan_last"))

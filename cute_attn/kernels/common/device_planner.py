@@ -61,7 +61,7 @@ from cutlass import Int32, Int64
 
 from ...compile import register_kernel
 from ...config import KernelConfig
-from ...plan import DEAL_MAX_Q_TILES_CHOICES, ItemField, MergeField, PlanConfig
+from ...plan import DEAL_MAX_Q_TILES_CHOICES, RANK_DEAL_MAX_Q_TILES_CHOICES, ItemField, MergeField, PlanConfig
 from ...plan_partition import SNAP_SHIFT, min_width
 from .planner_collectives import (NUM_THREADS, NUM_WARPS, block_any, block_any_pair, block_exclusive_sum,
                                   block_max_pair, div_nonneg, last_at_most)
@@ -71,7 +71,7 @@ from .planner_scan import MAX_SCAN_CTAS, scan_ctas  # noqa: F401 (the planner's 
 from .planner_scan import (ARRIVAL_COUNT_MASK, L2_LINE_INT32, arrivals_seen, planner_arrives, scan_and_arrive,
                            take_scan_faults)
 from .planner_scan import record_fault as _record
-from .sorted_deal import capped_slack, sorted_deal, tile_cost, whole_tile_bound
+from .sorted_deal import capped_slack, sort_key_slots, sorted_deal, tile_cost, whole_tile_bound
 
 MAX_CTAS = NUM_THREADS - 1  # one thread per CTA edge (num_ctas + 1 of them)
 # The planning CTA keeps its per-request and per-q-tile arrays in shared memory when the batch fits (the
@@ -122,6 +122,7 @@ class DevicePlannerConfig(KernelConfig):
     max_slack_keys: int = 0  # PlanConfig.max_slack_keys: the snap and whole-tile slacks capped (0: none)
     deal_whole_cuts: bool = False  # PlanConfig.deal_whole_cuts: whole-tile cuts dealt within 1/16 of their busiest
     deal_max_q_tiles: int = DEAL_MAX_Q_TILES_CHOICES[0]  # PlanConfig.deal_max_q_tiles: the sort's keys (16 / 32 KiB)
+    rank_deal_max_q_tiles: int = 0  # PlanConfig.rank_deal_max_q_tiles: ranked deals past the sort (rank_sort.py)
     num_qo_heads: int = 20
     head_dim_v: int = 128
     #: a development build: the planning CTA writes clock64 stamps of its phase boundaries to the last
@@ -151,7 +152,7 @@ class DevicePlannerConfig(KernelConfig):
             even_pieces=plan_config.even_pieces, max_slack_keys=plan_config.max_slack_keys, num_qo_heads=plan_config.num_qo_heads,
             head_dim_v=head_dim_v, q_tiles_per_pass=Q_TILES_PER_PASS, deal_whole_cuts=plan_config.deal_whole_cuts,
             late_scan=LATE_SCAN, scan_delay_ns=SCAN_DELAY_NS,
-            deal_max_q_tiles=plan_config.deal_max_q_tiles)
+            deal_max_q_tiles=plan_config.deal_max_q_tiles, rank_deal_max_q_tiles=plan_config.rank_deal_max_q_tiles)
 
     def plan_config(self, num_ctas: int) -> PlanConfig:
         return PlanConfig(num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads, causal=self.causal,
@@ -160,7 +161,7 @@ class DevicePlannerConfig(KernelConfig):
                           min_chunk_keys=self.min_chunk_keys, page_size=self.page_size, zigzag=self.zigzag,
                           sorted_deal=self.sorted_deal, line_deal=self.line_deal, even_pieces=self.even_pieces,
                           max_slack_keys=self.max_slack_keys, deal_whole_cuts=self.deal_whole_cuts,
-                          deal_max_q_tiles=self.deal_max_q_tiles)
+                          deal_max_q_tiles=self.deal_max_q_tiles, rank_deal_max_q_tiles=self.rank_deal_max_q_tiles)
 
     def can_implement(self) -> str | None:
         if (reason := super().can_implement()) is not None:
@@ -179,6 +180,8 @@ class DevicePlannerConfig(KernelConfig):
             return "sorted_deal and line_deal are exclusive"
         if self.deal_max_q_tiles not in DEAL_MAX_Q_TILES_CHOICES:
             return f"deal_max_q_tiles={self.deal_max_q_tiles} must be 1024 or 2048 (the sort's keys)"
+        if self.rank_deal_max_q_tiles not in RANK_DEAL_MAX_Q_TILES_CHOICES:
+            return f"rank_deal_max_q_tiles={self.rank_deal_max_q_tiles} must be 0 or 4096"
         if self.q_tiles_per_pass not in (0, 1, 2):
             return f"q_tiles_per_pass={self.q_tiles_per_pass} must be 1, 2 or 0 (chosen per launch)"
         if self.items_per_thread not in (0, 1, 2):
@@ -252,7 +255,7 @@ class DevicePlanner:
                                                              stride=(len(ItemField), 1)), byte_alignment=128)
         sort_keys = None  # the sorted deal's (cost, q tile) keys: the sorted ones, then the sort's second buffer
         if cutlass.const_expr(self.deals):
-            sort_keys = smem.allocate_tensor(Int64, cute.make_layout(2 * self.c.deal_max_q_tiles), byte_alignment=16)
+            sort_keys = smem.allocate_tensor(Int64, cute.make_layout(sort_key_slots(self.c)), byte_alignment=16)
 
         batch = kv_indptr.shape[0] - 1
         num_indices = kv_indices.shape[0]
@@ -557,7 +560,8 @@ class DevicePlanner:
         deal_count = Int32(0)  # this thread's CTA's items in the deal
         if cutlass.const_expr(self.deals):
             deal, deal_count = sorted_deal(c, tidx, split, snap_max, longest, q_tiles, q_tile_start, cut_tile, cut_key,
-                                           sort_keys, warp_sums, num_q_tiles, num_ctas, width, total_cost)
+                                           sort_keys, warp_sums, num_q_tiles, num_ctas, width, total_cost, requests,
+                                           batch)
         self.stamp(trace, 7, tidx)
         # the scan CTAs' arrivals, read here and used before the lists: the load's latency hides behind the merges
         seen = Int32(0)

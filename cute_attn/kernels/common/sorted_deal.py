@@ -17,9 +17,10 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
-from ...plan import DEAL_MAX_Q_TILES_CHOICES, SERPENTINE_SLACK_SHIFT
+from ...plan import DEAL_MAX_Q_TILES_CHOICES, RANK_DEAL_MAX_WORK, SERPENTINE_SLACK_SHIFT
 from ...plan_partition import DEAL_WHOLE_SHIFT, SNAP_SHIFT, WHOLE_TILE_SHIFT, sort_index_bits, sort_tile_cap
 from .planner_collectives import NUM_THREADS, WARP, block_max
+from .rank_sort import rank_sort
 
 INDEX_BITS = 20  # sort_key (what the deal reads): the q tile index in the low bits (< 2**20), 2**32 - cost above
 # fast_sort's Int32 keys: (sort_tile_cap - kv tiles, capped) << index bits | q tile index; the padding sorts after all
@@ -74,9 +75,28 @@ def whole_tile_bound(c: cutlass.Constexpr, width):
     return bound
 
 
+def sort_key_slots(c) -> int:
+    """The Int64 entries of the deal's ``sort_keys``: the sorted keys and the bitonic sort's second buffer, or a ranked
+    deal's keys (``rank_deal_max_q_tiles``), whichever is more."""
+    return max(2 * c.deal_max_q_tiles, c.rank_deal_max_q_tiles)
+
+
+@cute.jit
+def dealable(c: cutlass.Constexpr, num_q_tiles, batch):
+    """``plan_partition.dealable`` of the build (1 or 0): the sort's keys, or past them a ranked deal's bound."""
+    ok = Int32(0)
+    if num_q_tiles <= c.deal_max_q_tiles:
+        ok = Int32(1)
+    if cutlass.const_expr(c.rank_deal_max_q_tiles > 0 and c.causal and c.sorted_deal):
+        passes = (num_q_tiles + NUM_THREADS - 1) // NUM_THREADS
+        if num_q_tiles <= c.rank_deal_max_q_tiles and batch * passes <= RANK_DEAL_MAX_WORK:
+            ok = Int32(1)
+    return ok
+
+
 @cute.jit
 def sorted_deal(c: cutlass.Constexpr, tidx, split, snap_max, longest, q_tiles, q_tile_start, cut_tile, cut_key,
-                sort_keys, warp_sums, num_q_tiles, num_ctas, width, total_cost):
+                sort_keys, warp_sums, num_q_tiles, num_ctas, width, total_cost, requests, batch):
     """(1 when the deal replaces the cuts, the item count of this thread's CTA in the deal). ``split``: the cuts
     split tiles (else they are whole tiles, the busiest ``snap_max``); ``longest``: the longest tile's cost (both
     from the cuts' vote). Leaves the q tiles in deal order in ``sort_keys[0 : num_q_tiles]`` (:func:`sort_key`
@@ -103,21 +123,20 @@ def sorted_deal(c: cutlass.Constexpr, tidx, split, snap_max, longest, q_tiles, q
                 cut_load = cut_load + Int64(c.item_overhead_keys)
         bound = cutlass.max(block_max(cut_load, tidx, warp_sums), whole_tile_bound(c, width))
     # the deal's busiest CTA holds the longest tile: past the bound it cannot win, so skip the sort (uniform)
-    if num_q_tiles <= c.deal_max_q_tiles and longest <= bound:
+    if dealable(c, num_q_tiles, batch) != 0 and longest <= bound:
         if cutlass.const_expr(c.line_deal):  # line order: the keys as they stand, no sort
             for r in cutlass.range_constexpr(keys_per_thread(c)):
                 i = tidx + r * NUM_THREADS
                 if i < num_q_tiles:
                     sort_keys[i] = sort_key(tile_cost(c, q_tiles[i, 3]), i)
             cute.arch.sync_threads()
+        elif cutlass.const_expr(c.rank_deal_max_q_tiles > 0 and c.causal):
+            if num_q_tiles > c.deal_max_q_tiles:  # past the sort's keys: ranked (rank_sort.py)
+                sort_by_ranks(c, tidx, q_tiles, requests, sort_keys, num_q_tiles, batch)
+            else:
+                sort_bitonic(c, tidx, q_tiles, sort_keys, num_q_tiles)
         else:
-            keys32 = cute.make_rmem_tensor((keys_per_thread(c),), Int32)
-            for r in cutlass.range_constexpr(keys_per_thread(c)):
-                keys32[r] = Int32(FAST_PADDING_KEY)
-                i = tidx + r * NUM_THREADS
-                if i < num_q_tiles:
-                    keys32[r] = fast_sort_key(c, q_tiles[i, 3], i)
-            fast_sort(c, keys32, num_q_tiles, tidx, q_tiles, sort_keys)
+            sort_bitonic(c, tidx, q_tiles, sort_keys, num_q_tiles)
         load = Int64(0)
         if tidx < num_ctas:
             lap = Int32(0)
@@ -132,6 +151,35 @@ def sorted_deal(c: cutlass.Constexpr, tidx, split, snap_max, longest, q_tiles, q
         if block_max(load, tidx, warp_sums) <= bound:
             deal = Int32(1)
     return deal, count
+
+
+@cute.jit
+def sort_bitonic(c: cutlass.Constexpr, tidx, q_tiles, sort_keys, num_q_tiles):
+    """The q tiles longest first by :func:`fast_sort` of their Int32 keys into ``sort_keys[0 : num_q_tiles]``."""
+    keys32 = cute.make_rmem_tensor((keys_per_thread(c),), Int32)
+    for r in cutlass.range_constexpr(keys_per_thread(c)):
+        keys32[r] = Int32(FAST_PADDING_KEY)
+        i = tidx + r * NUM_THREADS
+        if i < num_q_tiles:
+            keys32[r] = fast_sort_key(c, q_tiles[i, 3], i)
+    fast_sort(c, keys32, num_q_tiles, tidx, q_tiles, sort_keys)
+
+
+@cute.jit
+def sort_by_ranks(c: cutlass.Constexpr, tidx, q_tiles, requests, sort_keys, num_q_tiles, batch):
+    """The same order by :mod:`rank_sort` (a thread's q tiles walk the requests once; no key limit but
+    ``sort_key_slots``), for batches past the sort's keys: ``deal_max_q_tiles < num_q_tiles <= rank_deal_max_q_tiles``."""
+    most = c.rank_deal_max_q_tiles // NUM_THREADS
+    rank = cute.make_rmem_tensor((most,), Int32)
+    if num_q_tiles <= 4 * NUM_THREADS:
+        rank_sort(c, 4, tidx, q_tiles, requests, num_q_tiles, batch, rank)
+    else:
+        rank_sort(c, most, tidx, q_tiles, requests, num_q_tiles, batch, rank)
+    for r in cutlass.range_constexpr(most):
+        i = tidx + r * NUM_THREADS
+        if i < num_q_tiles:
+            sort_keys[rank[r]] = sort_key(tile_cost(c, q_tiles[i, 3]), i)
+    cute.arch.sync_threads()
 
 
 @cute.jit
