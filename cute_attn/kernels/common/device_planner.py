@@ -4,13 +4,13 @@ The algorithm is :mod:`cute_attn.plan_partition`'s (its numpy twin and oracle: c
 every step is a prefix sum or a binary search); this kernel also checks the index values, so a new batch
 costs launches only and stays safe with ``check_indices=False``.
 
-Roles / phases (:func:`scan_ctas` + 1 CTAs x 512 threads, arch-neutral SIMT code: the same source for sm_90a and
-sm_100a)
+Roles / phases (:func:`scan_ctas` + 1 CTAs x 512 threads, arch-neutral SIMT code: the same source for sm_90a
+and sm_100a)
     every CTA   ``griddepcontrol.launch_dependents`` first: the attention kernel is launched with programmatic
                 dependent launch, so its CTAs start their prologue while this grid runs and wait
                 (``griddepcontrol.wait``) only before their first global read.
-    CTAs 1..    *page scan* (``planner_scan.py``), beside the planning: a grid-stride pass over ``kv_indices`` (prefetched
-                to L2, 8 ids in flight per thread), checking ``[0 : min(kv_indptr[batch], len)]``; a page id outside
+    CTAs 1..    *page scan* (``planner_scan.py``), beside the planning: a grid-stride pass over ``kv_indices``
+                (prefetched to L2, 8 ids in flight per thread), checking ``[0 : min(kv_indptr[batch], len)]``; a page id outside
                 ``[0, num_pages)`` marks its request (binary search of ``kv_indptr``) in ``request_faults`` and the
                 device error word. Each scan CTA then counts itself in ``arrivals`` (acq_rel); how the marks reach
                 the lists, with no CTA waiting on another, is ``planner_scan.py``'s docstring.
@@ -21,8 +21,8 @@ sm_100a)
     CTA 0       *rules*: ``qo_indptr``/``kv_indptr`` start at 0, never decrease, end at ``total_q`` / at most
                 ``len(kv_indices)``; ``kv_last_page_len`` in ``1..page_size`` (``0..page_size`` without pages).
                 A broken indptr faults the whole batch: no items, and this CTA writes output 0 / lse ``-inf``
-                for every row. A broken request gets its tiles with no keys (a page-id fault: its items only) (the attention kernel writes 0 /
-                ``-inf`` for its rows and reads none of its pages).
+                for every row. A broken request gets its tiles with no keys (a page-id fault: its items only; the
+                attention kernel writes 0 / ``-inf`` for its rows and reads none of its pages).
                 *q tiles*: per request ``ceil(q_len * group / rows_per_tile)`` tiles (block prefix sum), per q
                 tile its request (binary search), rows, causal key end and cost; the cost line's prefix sum
                 (int64) into ``q_tile_start``.

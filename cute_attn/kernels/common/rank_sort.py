@@ -1,4 +1,5 @@
-"""The sorted deal's order past its sort's keys: each q tile's rank from the requests' shapes (``rank_deal_max_q_tiles``).
+"""The sorted deal's order past its sort's keys: each q tile's rank from the requests' shapes
+(``rank_deal_max_q_tiles``).
 
 The deal orders q tiles by kv tiles (capped at ``sort_tile_cap``), most first, ties in line order (the numpy twin's
 stable argsort). In a causal request a tile's key end never falls along its tiles (natural order), so the tiles of

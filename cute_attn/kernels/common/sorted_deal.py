@@ -6,9 +6,10 @@ leave a CTA above ``W + W / 2**DEAL_WHOLE_SHIFT`` (``plan_partition.deal_bound``
 sort of the q tiles' Int32 (capped kv tiles, index) keys over a fixed 512, 1024 or (``c.deal_max_q_tiles`` 2048)
 2048 keys, up to four a thread in registers, every stage unrolled: those under a warp's stride by shuffles, those
 under the block's through shared memory, the rest between a thread's own keys (:func:`fast_sort`); then each CTA's
-serpentine load over its laps. The line deal (``line_deal``, small-page decode) takes the keys in line order,
-unsorted. ``c`` is the :class:`DevicePlannerConfig` (a compile-time constant). The sort is 5.0 k cycles at the MLA
-seed's 500 q tiles on the H200 (session 14; a runtime-sized Int64 sort before it: 14.4 k).
+serpentine load over its laps. Past the sort's keys a small causal batch is ranked instead (``rank_sort.py``,
+``rank_deal_max_q_tiles``; off by default). The line deal (``line_deal``, small-page decode) takes the keys in line
+order, unsorted. ``c`` is the :class:`DevicePlannerConfig` (a compile-time constant). The sort is 5.0 k cycles at
+the MLA seed's 500 q tiles on the H200 (session 14; a runtime-sized Int64 sort before it: 14.4 k).
 """
 
 from __future__ import annotations
