@@ -10,9 +10,9 @@ and sm_100a)
                 dependent launch, so its CTAs start their prologue while this grid runs and wait
                 (``griddepcontrol.wait``) only before their first global read.
     CTAs 1..    *page scan* (``planner_scan.py``), beside the planning: a grid-stride pass over ``kv_indices``
-                (prefetched to L2, 8 ids in flight per thread), checking ``[0 : min(kv_indptr[batch], len)]``; a page id outside
-                ``[0, num_pages)`` marks its request (binary search of ``kv_indptr``) in ``request_faults`` and the
-                device error word. Each scan CTA then counts itself in ``arrivals`` (acq_rel); how the marks reach
+                (prefetched to L2, 8 ids in flight per thread), checking ``[0 : min(kv_indptr[batch], len)]``; a
+                page id outside ``[0, num_pages)`` marks its request (binary search of ``kv_indptr``) in
+                ``request_faults`` and the device error word. Each scan CTA then counts itself in ``arrivals`` (acq_rel); how the marks reach
                 the lists, with no CTA waiting on another, is ``planner_scan.py``'s docstring.
                 The planning CTA keeps ``requests``, ``q_tiles`` and the cost line in shared memory when the
                 batch fits (``SMEM_REQUESTS`` requests, ``SMEM_Q_TILES`` q tiles; one code path, instantiated

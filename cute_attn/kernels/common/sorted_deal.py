@@ -169,7 +169,8 @@ def sort_bitonic(c: cutlass.Constexpr, tidx, q_tiles, sort_keys, num_q_tiles):
 @cute.jit
 def sort_by_ranks(c: cutlass.Constexpr, tidx, q_tiles, requests, sort_keys, num_q_tiles, batch):
     """The same order by :mod:`rank_sort` (a thread's q tiles walk the requests once; no key limit but
-    ``sort_key_slots``), for batches past the sort's keys: ``deal_max_q_tiles < num_q_tiles <= rank_deal_max_q_tiles``."""
+    ``sort_key_slots``), for batches past the sort's keys:
+    ``deal_max_q_tiles < num_q_tiles <= rank_deal_max_q_tiles``."""
     most = c.rank_deal_max_q_tiles // NUM_THREADS
     rank = cute.make_rmem_tensor((most,), Int32)
     if num_q_tiles <= 4 * NUM_THREADS:
