@@ -12,8 +12,9 @@ and sm_100a)
     CTAs 1..    *page scan* (``planner_scan.py``), beside the planning: a grid-stride pass over ``kv_indices``
                 (prefetched to L2, 8 ids in flight per thread), checking ``[0 : min(kv_indptr[batch], len)]``; a
                 page id outside ``[0, num_pages)`` marks its request (binary search of ``kv_indptr``) in
-                ``request_faults`` and the device error word. Each scan CTA then counts itself in ``arrivals`` (acq_rel); how the marks reach
-                the lists, with no CTA waiting on another, is ``planner_scan.py``'s docstring.
+                ``request_faults`` and the device error word. Each scan CTA then counts itself in ``arrivals``
+                (acq_rel); how the marks reach the lists, with no CTA waiting on another, is ``planner_scan.py``'s
+                docstring.
                 The planning CTA keeps ``requests``, ``q_tiles`` and the cost line in shared memory when the
                 batch fits (``SMEM_REQUESTS`` requests, ``SMEM_Q_TILES`` q tiles; one code path, instantiated
                 twice), so its phases hand each other data at shared-memory latency; larger batches use the
