@@ -72,8 +72,8 @@ from .plan import (DEAL_MAX_Q_TILES_CHOICES, NOT_CAUSAL_OFFSET, RANK_DEAL_MAX_WO
                    MergeField, PlanCapacity, PlanConfig, WorkPlan)
 
 __all__ = ["DEAL_WHOLE_SHIFT", "SNAP_SHIFT", "SORTED_DEAL_MAX_Q_TILES", "WHOLE_TILE_SHIFT", "QTiles", "cut_loads",
-           "capped_slack", "deal_bound", "dealable", "deal_rank", "even_pieces", "min_width", "partition", "snap_slack", "whole_tile_bound",
-           "lap_deal", "whole_dealt_plan", "line_cuts", "partition_plan", "piece_cost", "q_tiles", "sorted_deal"]
+           "capped_slack", "deal_bound", "dealable", "deal_rank", "even_pieces", "min_width", "partition",
+           "snap_slack", "whole_tile_bound", "lap_deal", "whole_dealt_plan", "line_cuts", "partition_plan", "piece_cost", "q_tiles", "sorted_deal"]
 
 SNAP_SHIFT = 5  # a cut within W / 2**SNAP_SHIFT of a tile edge snaps to it
 WHOLE_TILE_SHIFT = 3  # whole tiles (every cut at its nearer tile edge) when no CTA then exceeds W + W / 2**this

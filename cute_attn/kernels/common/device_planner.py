@@ -68,7 +68,7 @@ from .planner_collectives import (NUM_THREADS, NUM_WARPS, block_any, block_any_p
                                   block_max_pair, div_nonneg, last_at_most)
 from .planner_lists import build_item, bulk_store, ctas_of_items, store_words
 from .planner_q_tiles import q_tile_pairs, q_tile_singles
-from .planner_scan import MAX_SCAN_CTAS, scan_ctas  # noqa: F401 (the planner's public sizes)
+from .planner_scan import FAULT_PAGE_ID, MAX_SCAN_CTAS, scan_ctas  # noqa: F401 (the planner's public names)
 from .planner_scan import (ARRIVAL_COUNT_MASK, L2_LINE_INT32, arrivals_seen, planner_arrives, scan_and_arrive,
                            take_scan_faults)
 from .planner_scan import record_fault as _record
@@ -96,7 +96,7 @@ Q_TILE_FIELDS = 4  # request, row start, row count, key end
 # token starts here, not from global per item (no faster on the H200: docs/perf-notes.md session 7)
 REQUEST_FIELDS = 6
 # fault bits (cute_attn.device_errors.Fault mirrors them)
-FAULT_QO_INDPTR, FAULT_KV_INDPTR, FAULT_LAST_PAGE_LEN, FAULT_CAPACITY = 1, 2, 4, 16  # FAULT_PAGE_ID 8
+FAULT_QO_INDPTR, FAULT_KV_INDPTR, FAULT_LAST_PAGE_LEN, FAULT_CAPACITY = 1, 2, 4, 16  # and planner_scan.FAULT_PAGE_ID
 INT32_MAX = 2**31 - 1
 
 

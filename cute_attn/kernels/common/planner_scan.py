@@ -108,10 +108,7 @@ def scan_and_arrive(kv_indptr, kv_indices, request_faults, error_word, items, wo
         start = cute.arch.globaltimer()
         while cute.arch.globaltimer() - start < delay_ns:
             pass
-    before = arrive(arrivals, flags, tidx, Int32(1) + faulted * FAULTED_SCANNER)
-    if (before & ARRIVAL_COUNT_MASK) == scanners:
-        cute.arch.fence_acq_rel_gpu()
-        empty_faulted_items(items, work_indptr, request_faults, arrivals, batch, faulted + (before >> 16), tidx)
+    arrive_and_empty_if_last(items, work_indptr, request_faults, arrivals, flags, batch, scanners, faulted, tidx)
 
 
 @cute.jit
@@ -125,10 +122,17 @@ def planner_arrives(items, work_indptr, request_faults, arrivals, flags, batch, 
         if tidx == 0:
             # the lists' bulk copies (async proxy) have completed: order them before the release below
             cute.arch.fence_proxy("async.global")
-        before = arrive(arrivals, flags, tidx, Int32(1))
-        if (before & ARRIVAL_COUNT_MASK) == scanners:
-            cute.arch.fence_acq_rel_gpu()
-            empty_faulted_items(items, work_indptr, request_faults, arrivals, batch, before >> 16, tidx)
+        arrive_and_empty_if_last(items, work_indptr, request_faults, arrivals, flags, batch, scanners, Int32(0), tidx)
+
+
+@cute.jit
+def arrive_and_empty_if_last(items, work_indptr, request_faults, arrivals, flags, batch, scanners, faulted, tidx):
+    """Count this CTA in ``arrivals`` (with FAULTED_SCANNER when ``faulted``: a scan CTA that marked a fault); the
+    CTA that finds ``scanners`` counted before it is the last on the late way and empties the faulted items."""
+    before = arrive(arrivals, flags, tidx, Int32(1) + faulted * FAULTED_SCANNER)
+    if (before & ARRIVAL_COUNT_MASK) == scanners:
+        cute.arch.fence_acq_rel_gpu()
+        empty_faulted_items(items, work_indptr, request_faults, arrivals, batch, faulted + (before >> 16), tidx)
 
 
 @cute.jit
