@@ -208,6 +208,7 @@ class PagedAttentionConfig(KernelConfig):
             even_pieces=EVEN_PIECES, max_slack_keys=MAX_SLACK_KEYS, whole_deal=self._whole_deal(),
             deal_whole_cuts=self._deal_whole_cuts(), deal_max_q_tiles=self._deal_max_q_tiles(),
             rank_deal_max_q_tiles=RANK_DEAL_MAX_Q_TILES if self.causal else 0,
+            deal_first=self.causal and self.kind in DEAL_FIRST_KINDS,
         )
 
     def _whole_deal(self) -> str:
@@ -326,11 +327,32 @@ EVEN_PIECES = True
 MAX_SLACK_KEYS = 0
 
 
-#: ``PlanConfig.rank_deal_max_q_tiles`` of every causal default config (0: off). Built in session 24, not run on a
-#: GPU: the device planner ranks the q tiles of a small batch past its sort's keys (``kernels/common/rank_sort.py``),
-#: so MLA prefill 1 x 16384 (4096 q tiles) is dealt instead of cut (the twin's busiest CTA 1.0315 -> 1.0024 of the
-#: mean; its default call ran 8351 us against 8174 planned, fa3 8299); no other bench row's plan changes
+#: ``PlanConfig.rank_deal_max_q_tiles`` of every causal default config (0: off). Built in session 24: the device
+#: planner ranks the q tiles of a small batch past its sort's keys (``kernels/common/rank_sort.py``), so MLA prefill
+#: 1 x 16384 (4096 q tiles) is dealt instead of cut (the twin's busiest CTA 1.0315 -> 1.0024 of the mean); no other
+#: bench row's plan changes. H200, session 25: correct (GPU tests, sanitizer), but its A/B stayed within the +-1%
+#: the same plan moves between arms (device-planned 8021 -> 8137 us, default 8083 -> 8116): off
 RANK_DEAL_MAX_Q_TILES = 0
+
+
+#: The kinds whose default configs' plans take ``PlanConfig.deal_first``: device plans make the sorted deal before
+#: the cuts and keep it with no cuts made when its busiest CTA is within W + W / 8 (``plan_partition.deals_first``),
+#: so the planning CTA skips its cuts phase, their vote and the partial slots' scan on the batches the deal takes.
+#: Session 25: no plan of the bench's 66 prefill and MLA prefill rows or of 400 drawn batches changes (the twin), 49
+#: of the 66 skip the cuts. H200 (``tools/ab_policy.py deal_first``, 200 runs, twice): the planner in-kernel at GQA
+#: prefill 8 x 992 12.54 -> 11.10 us, its default call 170.1 -> 168.1 / 168.4 us (4 x 512 / 4096 -1.9, h20 8 x 992
+#: -1.5; 1 x 992 at h16/kv1, which cuts first, +0.6); MLA prefill's planner is faster too (the seed 10.56 -> 8.70 us
+#: in-kernel) but its default calls ran +1.1..+1.4 us slower (the seed, 1 / 1028), not understood yet: MLA stays off
+DEAL_FIRST_KINDS = ("gqa_paged_prefill",)
+
+
+@contextlib.contextmanager
+def deal_first_policy(enabled: bool = True):
+    """Inside the block every causal default config's plans take ``deal_first=enabled`` (GPU tests, A/Bs)."""
+    from .ops import policy
+
+    with policy(globals(), DEAL_FIRST_KINDS=("gqa_paged_prefill", "mla_paged_prefill") if enabled else ()):
+        yield
 
 
 @contextlib.contextmanager

@@ -160,6 +160,11 @@ class PlanConfig:
     #: the requests' shapes instead of sorting them (``kernels/common/rank_sort.py``; MLA prefill 1 x 16384's 4096 q
     #: tiles: the twin's busiest CTA 1.0315 -> 1.0024 of the mean). 0: off
     rank_deal_max_q_tiles: int = 0
+    #: device plans (and their twin) of the sorted deal: deal before cutting, and keep the deal without cutting at all
+    #: when its busiest CTA is within ``W + W / 2**DEAL_FIRST_SHIFT`` (``plan_partition.deal_first_bound``); otherwise
+    #: cut and decide by ``deal_bound`` as before. The planning CTA then skips its cuts phase, the cuts' vote and
+    #: the partial slots' scan (no merges) on the batches the deal takes anyway
+    deal_first: bool = False
 
     def __post_init__(self):
         if self.line_deal and self.sorted_deal:

@@ -697,8 +697,20 @@ def test_policy_sets_a_spec_global_for_the_run():
         gqa_decode.GATHER_WARPS_PAGE_SIZES = saved
 
 
+def test_policy_sets_a_planner_global_of_config():
+    from cute_attn import config
+
+    saved = config.RANK_DEAL_MAX_Q_TILES
+    try:
+        assert bench.apply_policies(["config.RANK_DEAL_MAX_Q_TILES=4096"]) == {"config.RANK_DEAL_MAX_Q_TILES": 4096}
+        assert config.RANK_DEAL_MAX_Q_TILES == 4096
+    finally:
+        config.RANK_DEAL_MAX_Q_TILES = saved
+
+
 @pytest.mark.parametrize("setting, words", [
     ("GATHER_WARPS_PAGE_SIZES=(1,)", "MODULE.NAME=VALUE"),
+    ("config.NO_SUCH_POLICY=1", "cute_attn.config has no NO_SUCH_POLICY"),
     ("gqa_decode.NO_SUCH_POLICY=1", "has no NO_SUCH_POLICY"),
 ])
 def test_policy_typos_are_errors_not_a_default_run(setting, words):

@@ -4,6 +4,7 @@ reference, hostile page tables are contained, and a captured decode step replays
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import numpy as np
 import pytest
@@ -401,6 +402,71 @@ def test_ranked_deal_lists_equal_the_twin(q_lens, kv_lens, call):
         _assert_twin(plan, case.qo_indptr.tolist(), case.kv_indptr.tolist(), q_lens, kv_lens, f"ranked {q_lens}")
         if call:
             _assert_default_call_matches_reference(case, f"ranked {q_lens}")
+
+
+DEAL_FIRST_CASES = {  # (q_lens, kv_lens, heads, kv_heads, mla, the deal kept before any cut)
+    "gqa h32 8 x 992": ([992] * 8, [992] * 8, 32, 4, False, True),
+    "gqa h16/kv1 1 x 992": ([992], [992], 16, 1, False, False),  # tiles past W + W / 8: the cuts first, no sort
+    "gqa uniform 8 one-tile requests": ([16] * 8, [900] * 8, 32, 4, False, False),  # even pieces may cut it
+    "mla seed-like": ([179, 23, 43, 55, 43, 177, 191, 130], [186, 41, 109, 141, 167, 272, 243, 161], 16, 1, True,
+                      False),  # made first, past W + W / 8; the cuts then give way to it
+    "mla 1 x 1028": ([1028], [1038], 16, 1, True, True),
+    "gqa ragged made, then cut": ([35, 294, 224, 288, 28, 217], [269, 726, 963, 509, 608, 345], 32, 4, False, False),
+}
+
+
+def _deal_first_case(q_lens, kv_lens, heads, kv_heads, mla):
+    if mla:
+        case = testing.make_mla_prefill_case(q_lens, kv_lens, device="cuda", seed=len(q_lens) + 21)
+        return case, cute_attn.plan_mla_paged_prefill(*case.inputs(), on_device=True)
+    case = testing.make_gqa_prefill_case(q_lens, kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads, device="cuda",
+                                         seed=len(q_lens) + 22)
+    return case, cute_attn.plan_gqa_paged_prefill(*case.inputs(), on_device=True)
+
+
+@pytest.mark.parametrize("name", list(DEAL_FIRST_CASES))
+def test_deal_first_lists_equal_the_twin_and_the_call_the_reference(name):
+    """``config.deal_first_policy()`` (built in session 25): the planner deals before it cuts and keeps a deal near
+    the mean with no cuts made; elsewhere the cuts decide against the same deal. Its lists equal the twin's, which
+    equal the plan the cuts-first rule makes, and the default call matches the reference."""
+    from cute_attn.config import deal_first_policy
+    from cute_attn.plan_partition import deal_first_bound, deals_first, line_width, q_tiles, sorted_deal
+
+    q_lens, kv_lens, heads, kv_heads, mla, kept = DEAL_FIRST_CASES[name]
+    with deal_first_policy():
+        case, plan = _deal_first_case(q_lens, kv_lens, heads, kv_heads, mla)
+        config = plan.config.plan_config(plan.work_indptr.shape[0] - 1)
+        assert config.deal_first and deals_first(config, len(q_lens), q_tiles(config, q_lens, kv_lens).cost.size)
+        tiles = q_tiles(config, q_lens, kv_lens)
+        cost = tiles.cost
+        tile, cta = sorted_deal(config, cost)
+        busiest = np.bincount(cta, weights=cost[tile], minlength=config.num_ctas).max()
+        uniform = np.array_equal(tiles.request, np.arange(len(q_lens))) and (tiles.kv_end == tiles.kv_end[0]).all()
+        assert (busiest <= deal_first_bound(line_width(config, int(cost.sum()) * config.num_kv_heads))
+                and not uniform) == kept, "the case no longer takes the path it names"
+        _assert_twin(plan, case.qo_indptr.tolist(), case.kv_indptr.tolist(), q_lens, kv_lens, f"deal first {name}")
+        cuts_first = partition_plan(dataclasses.replace(config, deal_first=False), q_lens, kv_lens,
+                                    kv_page_start=case.kv_indptr.cpu().numpy()[:-1],
+                                    token_start=case.qo_indptr.cpu().numpy()[:-1], capacity=plan_capacity(plan))
+        work, items, _, _ = _lists(plan)
+        assert np.array_equal(work, cuts_first.work_indptr) and np.array_equal(items, cuts_first.valid_items()), (
+            f"{name}: the deal-first plan differs from the cuts-first one")
+        _assert_default_call_matches_reference(case, f"deal first {name}")
+
+
+@SETTINGS
+@given(batch=testing.ragged_batches(max_batch=12, max_q=700, max_kv=9000), mla=st.booleans())
+def test_deal_first_lists_equal_the_twin_on_drawn_batches(batch, mla):
+    from cute_attn.config import deal_first_policy
+
+    q_lens, kv_lens = batch
+    with deal_first_policy():
+        if mla:
+            q_lens, kv_lens = [min(q, 260) for q in q_lens], [min(k, 3000) for k in kv_lens]
+            q_lens = [min(q, k) for q, k in zip(q_lens, kv_lens)]
+        case, plan = _deal_first_case(q_lens, kv_lens, 32, 4, mla)
+        _assert_twin(plan, case.qo_indptr.tolist(), case.kv_indptr.tolist(), q_lens, kv_lens,
+                     f"deal first {'mla' if mla else 'gqa'} {q_lens} {kv_lens}")
 
 
 def test_captured_decode_step_replays_across_changing_batches():

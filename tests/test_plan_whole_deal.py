@@ -16,6 +16,8 @@ from cute_attn.plan import ItemField as F
 from cute_attn.plan import plan_work
 from cute_attn.plan_partition import lap_deal, partition, q_tiles, sorted_deal
 
+from test_plan import batches, plan_configs
+
 
 def _prefill(num_qo_heads=32, num_kv_heads=4, mode="lap"):
     with whole_deal_policy(mode):
@@ -123,6 +125,60 @@ def test_the_twin_deals_whole_tile_cuts_within_a_sixteenth_with_deal_whole_cuts(
     config = dataclasses.replace(_prefill(*heads, mode="serpentine"), deal_whole_cuts=True)
     twin, dealt = partition(config, lens, lens)
     assert dealt and twin.cta_cost.max() == 14336
-    assert not partition(dataclasses.replace(config, deal_whole_cuts=False), lens, lens)[1]
+    # without it the cuts-first rule keeps them (deal_first, the default, keeps the deal before any cut is made)
+    assert not partition(dataclasses.replace(config, deal_whole_cuts=False, deal_first=False), lens, lens)[1]
     host = plan_work(config, lens, lens)
     assert np.array_equal(host.items, twin.items) and np.array_equal(host.work_indptr, twin.work_indptr)
+
+
+# ----------------------------------------------------------------------------- deal first (PlanConfig.deal_first)
+
+
+@settings(max_examples=200, deadline=None)
+@given(cfg=plan_configs(causal=True), batch=batches(max_batch=6, max_q=40, max_kv=120))
+def test_a_deal_made_first_is_kept_only_near_the_mean_and_else_the_cuts_decide(cfg, batch):
+    """``deal_first``: the plan is the cuts-first rule's, or the sorted deal kept before any cut with its busiest CTA
+    within ``W + W / 8`` (``plan_partition.deal_first_bound``) -- never anything else."""
+    from cute_attn.plan_partition import deal_first_bound, line_width
+
+    q_lens, kv_lens = batch
+    first, first_dealt = partition(dataclasses.replace(cfg, deal_first=True), q_lens, kv_lens)
+    cuts_first, _ = partition(dataclasses.replace(cfg, deal_first=False), q_lens, kv_lens)
+    same = (first.num_items == cuts_first.num_items and np.array_equal(first.work_indptr, cuts_first.work_indptr)
+            and np.array_equal(first.valid_items(), cuts_first.valid_items()))
+    if not same:
+        cost = q_tiles(cfg, q_lens, kv_lens).cost
+        assert first_dealt and first.num_merges == 0
+        assert first.cta_cost.max() <= deal_first_bound(line_width(cfg, int(cost.sum()) * cfg.num_kv_heads))
+
+
+def test_deal_first_changes_no_plan_of_the_bench_prefill_rows():
+    """On the bench's GQA prefill and MLA prefill workloads the deal made first changes no device plan (the twin),
+    and it is kept with no cuts made on the FIB seed rows it was built for (8 x 992 at h32/kv4, MLA 1 / 1028)."""
+    import sys
+    from pathlib import Path
+
+    from cute_attn.plan_partition import deal_first_bound, line_width
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    import bench_workloads as bw
+
+    kept = set()
+    for w in bw.all_workloads():
+        if w.kernel not in (bw.PREFILL, bw.MLA):
+            continue
+        mla = w.kernel == bw.MLA
+        config = default_paged_config("mla_paged_prefill" if mla else "gqa_paged_prefill", arch="sm_90a", causal=True,
+                                      num_qo_heads=16 if mla else 32, num_kv_heads=1 if mla else 4,
+                                      head_dim_qk=576 if mla else 128, head_dim_v=512 if mla else 128,
+                                      page_size=1 if mla else 64).plan_config(132)
+        q_lens, kv_lens = list(w.q_lens), list(w.kv_lens)
+        first, _ = partition(dataclasses.replace(config, deal_first=True), q_lens, kv_lens)
+        cuts_first, _ = partition(dataclasses.replace(config, deal_first=False), q_lens, kv_lens)
+        assert np.array_equal(first.valid_items(), cuts_first.valid_items()), w.label
+        cost = q_tiles(config, q_lens, kv_lens).cost
+        tile, cta = sorted_deal(config, cost)
+        if np.bincount(cta, weights=cost[tile]).max() <= deal_first_bound(line_width(config, int(cost.sum()) *
+                                                                                     config.num_kv_heads)):
+            kept.add(("mla " if mla else "") + w.label)
+    assert {"n8_q992_kv992", "mla n1_q1028_kv1038"} <= kept, kept

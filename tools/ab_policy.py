@@ -39,6 +39,10 @@ POLICY is one of
     rank_deal     device plans rank the q tiles of small batches past the sort's keys and deal them
                   (``config.RANK_DEAL_MAX_Q_TILES`` 0 / 4096, built in session 24): MLA prefill 1 x 16384, 1 x 6000 and
                   2 x 2200; only the device-planned and default calls move
+    deal_first    device plans make the sorted deal before the cuts and keep it, with no cuts made, within W + W / 8
+                  (``config.DEAL_FIRST_KINDS``, session 25; no bench plan changes): GQA prefill 8 x 992 at h32/kv4 and
+                  h20/kv4, 16 x 992, 4 x 512 / 4096, 1 x 992 at h16/kv1 (cut), the MLA seed and 1 / 1028; only the
+                  device-planned and default calls move
     q_tile_pass   the device planner's q-tile pass: one tile a thread, or chosen per launch (two past one pass;
                   ``kernels/common/device_planner.Q_TILES_PER_PASS`` 1 / 0); only the device-planned and default calls
                   move
@@ -376,6 +380,32 @@ def _rank_deal_cases(pages):
                lambda on: rank_deal_policy(4096 if on else 0))
 
 
+DEAL_FIRST_CASES = {  # GQA prefill: the FIB 8 x 992 layouts the deal takes with no cuts, and one it does not
+    "n8_q992_h32kv4": ([992] * 8, [992] * 8, 32, 4),
+    "n8_q992_h20kv4": ([992] * 8, [992] * 8, 20, 4),
+    "n16_q992_h32kv4": ([992] * 16, [992] * 16, 32, 4),
+    "n4_q512_kv4096_h32kv4": ([512] * 4, [4096] * 4, 32, 4),
+    "n1_q992_h16kv1": ([992], [992], 16, 1),  # split cuts: the deal is made first, then loses to them
+}
+
+
+def _deal_first_cases(pages):
+    """Device plans deal before they cut (``config.deal_first_policy``): GQA prefill, then the MLA seed and 1 / 1028
+    at page 1 (the definition's)."""
+    from cute_attn import testing
+    from cute_attn.config import deal_first_policy
+
+    yield from _prefill_cases(DEAL_FIRST_CASES, pages, lambda page_size: deal_first_policy)
+    import bench_workloads as bw
+
+    for w in bw.all_workloads():
+        if w.kernel == bw.MLA and w.label in ("n28_q1954_kv2044", "n1_q1028_kv1038"):
+            def make(q_lens=list(w.q_lens), kv_lens=list(w.kv_lens)):
+                return testing.make_mla_prefill_case(q_lens, kv_lens, page_size=1, device="cuda", seed=9)
+            yield (dict(batch="mla_" + w.label, page_size=1, heads=0, kv_heads=0), make, "mla_prefill",
+                   deal_first_policy)
+
+
 def _early_dependents_cases(pages):
     from cute_attn.config import early_dependents_policy
 
@@ -390,13 +420,13 @@ POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, 
             "eager_combine": _eager_combine_cases, "lap_deal": _lap_deal_cases,
             "serpentine_deal": _serpentine_deal_cases, "device_whole_deal": _device_whole_deal_cases,
             "bf16_partials": _bf16_partials_cases, "deal_2048": _deal_2048_cases, "gather_warps": _gather_warps_cases,
-            "rank_deal": _rank_deal_cases}
+            "rank_deal": _rank_deal_cases, "deal_first": _deal_first_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
                  "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64], "even_pieces": [64, 1],
                  "page_boxes": [64, 128], "max_slack": [1], "eager_combine": [64, 1],
                  "lap_deal": [64], "serpentine_deal": [64],
                  "device_whole_deal": [64], "bf16_partials": [64, 1], "deal_2048": [64, 1], "gather_warps": [1, 2],
-                 "rank_deal": [1]}
+                 "rank_deal": [1], "deal_first": [64]}
 
 
 def checked_span(run, out, lse, reference, label: str, timer, digits: int = 1):

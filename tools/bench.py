@@ -341,8 +341,9 @@ def _warm_in_parallel(workloads, args) -> None:
 
 
 def apply_policies(settings) -> dict:
-    """``--policy MODULE.NAME=VALUE``: each a global of ``cute_attn.ops.MODULE`` that exists (a typo is an error,
-    not a silently default run), set for the whole process before anything is planned or compiled."""
+    """``--policy MODULE.NAME=VALUE``: each a global of ``cute_attn.ops.MODULE`` (or of ``cute_attn.config``, where
+    the planner's policies live: ``config.RANK_DEAL_MAX_Q_TILES=4096``) that exists (a typo is an error, not a
+    silently default run), set for the whole process before anything is planned or compiled."""
     import ast
     import importlib
 
@@ -353,9 +354,10 @@ def apply_policies(settings) -> dict:
         if not sep or not dot:
             raise ValueError(f"--policy {setting!r}: expected MODULE.NAME=VALUE, e.g. "
                              f"gqa_decode.GATHER_WARPS_PAGE_SIZES=(1,2)")
-        module = importlib.import_module(f"cute_attn.ops.{module_name}")
+        qualified = "cute_attn.config" if module_name == "config" else f"cute_attn.ops.{module_name}"
+        module = importlib.import_module(qualified)
         if not hasattr(module, name):
-            raise ValueError(f"--policy {setting!r}: cute_attn.ops.{module_name} has no {name}")
+            raise ValueError(f"--policy {setting!r}: {qualified} has no {name}")
         value = ast.literal_eval(literal.strip())
         setattr(module, name, value)
         applied[target.strip()] = value

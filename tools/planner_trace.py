@@ -96,6 +96,9 @@ def main(argv=None) -> int:
     p.add_argument("--items-per-thread", type=int, nargs="+", default=[0],
                    help="lists-phase rows a thread builds per pass, one trace each (0: the default)")
     p.add_argument("--only", nargs="+", default=None, help="case labels that start with any of these")
+    p.add_argument("--deal-first", type=int, nargs="+", default=[-1],
+                   help="causal planners built with DevicePlannerConfig.deal_first 0 / 1, one trace each (-1: the "
+                        "default config's)")
     p.add_argument("--l2", choices=("flushed", "code-warm", "warm"), default="flushed",
                    help="L2 before each timed launch (see the module docstring)")
     args = p.parse_args(argv)
@@ -107,17 +110,22 @@ def main(argv=None) -> int:
         if args.only and not any(label.startswith(prefix) for prefix in args.only):
             continue
         for per_thread in args.items_per_thread:
-            row = _trace(f"{label} [items/thread {per_thread or 'default'}]" if len(args.items_per_thread) > 1
-                         else label, planner_fn, case, qo, num_pages, total_q, per_thread, args.reps, flush,
-                         args.q_tiles_per_pass, args.l2 == "code-warm")
-            report.append(row)
+            for first in args.deal_first:
+                name = label
+                if len(args.items_per_thread) > 1:
+                    name += f" [items/thread {per_thread or 'default'}]"
+                if first >= 0:
+                    name += f" [deal first {first}]"
+                row = _trace(name, planner_fn, case, qo, num_pages, total_q, per_thread, args.reps, flush,
+                             args.q_tiles_per_pass, args.l2 == "code-warm", first)
+                report.append(row)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     return 0
 
 
 def _trace(label, planner_fn, case, qo, num_pages, total_q, per_thread, reps, flush, q_tiles_per_pass=1,
-           code_warm=False) -> dict:
+           code_warm=False, deal_first=-1) -> dict:
     import torch
 
     from cute_attn.compile import compile_kernel
@@ -128,6 +136,8 @@ def _trace(label, planner_fn, case, qo, num_pages, total_q, per_thread, reps, fl
     num_ctas = plan.work_indptr.shape[0] - 1
     config = DevicePlannerConfig.for_plan(plan.config.plan_config(num_ctas), arch=plan.config.arch,
                                           has_qo_indptr=qo is not None, head_dim_v=plan.config.head_dim_v)
+    if deal_first >= 0 and config.sorted_deal:
+        config = dataclasses.replace(config, deal_first=bool(deal_first))
     traced = compile_kernel(dataclasses.replace(config, trace_phases=True, items_per_thread=per_thread,
                                                 q_tiles_per_pass=q_tiles_per_pass))
     out, lse = case.new_outputs()

@@ -30,10 +30,12 @@ Cases (small, ragged, each a registered config's shape):
     combine-grid-* the combine launch with a capped grid (CTAs walk the merges; 4 CTAs for MLA decode's case)
     hostplan-decode  check_indices=True: the host-planned path (every other case plans on the device)
     line-deal-decode  the device planner's line deal at page 1 (on by default at pages 1-2 and from 8 KV heads)
+    deal-first-prefill / deal-first-mla  the sorted deal made before the cuts (``config.deal_first_policy``, session
+                   25): kept with no cuts made at GQA 8 x 992, then decided by the cuts on an MLA batch
     rank-deal-mla  a ranked deal past the MLA sort's 1024 keys (``config.rank_deal_policy``; built in session 24)
     hostile-decode the device planner's bounds checks (ids past the pool and negative; those requests 0 / -inf, a split
                    one included); -late: the last CTA to arrive empties their items (``late_scan_policy``), -scan-last: a
-                   scan CTA is that last one (built in session 24, not run yet)
+                   scan CTA is that last one (built in session 24; clean in session 25)
     gather         the TMA page gather kernel (a test-side kernel)
 """
 
@@ -431,6 +433,23 @@ def _cases(arch: str) -> dict:
             return _run_api(cute_attn.mla_paged_prefill, case, arch)
 
     cases["rank-deal-mla"] = ("device_planner", rank_deal_mla)
+
+    def deal_first(mla):  # the sorted deal made before the cuts and kept with none made (config.deal_first_policy)
+        def run():
+            from cute_attn.config import deal_first_policy
+
+            with deal_first_policy():
+                if mla:  # made first, past W + W / 8: the cuts then decide
+                    case = testing.make_mla_prefill_case([179, 23, 43, 55, 43, 177, 191, 130],
+                                                         [186, 41, 109, 141, 167, 272, 243, 161], device="cuda",
+                                                         seed=83)
+                    return _run_api(cute_attn.mla_paged_prefill, case, arch)
+                case = testing.make_gqa_prefill_case([992] * 8, [992] * 8, device="cuda", seed=84)
+                return _run_api(cute_attn.gqa_paged_prefill, case, arch)
+        return run
+
+    cases["deal-first-prefill"] = ("device_planner", deal_first(False))
+    cases["deal-first-mla"] = ("device_planner", deal_first(True))
     cases["hostile-decode"] = ("device_planner", hostile_decode(False))
     cases["hostile-decode-late"] = ("device_planner", hostile_decode(True))
     cases["hostile-decode-scan-last"] = ("device_planner", hostile_decode("scan_last"))

@@ -27,7 +27,12 @@ and sm_100a)
                 *q tiles*: per request ``ceil(q_len * group / rows_per_tile)`` tiles (block prefix sum), per q
                 tile its request (binary search), rows, causal key end and cost; the cost line's prefix sum
                 (int64) into ``q_tile_start``.
-                *cuts*: one thread per CTA edge finds its tile (binary search) and key, snapping near edges;
+                *deal first* (``deal_first``: GQA prefill by default): where the longest tile is within
+                ``W + W / 8``, the sorted deal below is made before any cut, and kept with none made when its
+                busiest CTA is too (the cuts, their vote and the partial slots' scan are skipped); otherwise the
+                cuts follow and decide against it as below (``plan_partition.deals_first``).
+                *cuts* (``planner_cuts.py``): one thread per CTA edge finds its tile (binary search) and key,
+                snapping near edges;
                 the same thread also finds the edge's nearer tile boundary, and when those whole-tile cuts
                 leave no CTA above ``W + W / 2**WHOLE_TILE_SHIFT`` (one vote) they replace the split cuts.
                 *sorted deal* (``sorted_deal``, causal kinds, when the cuts split or their whole tiles leave a
@@ -63,16 +68,17 @@ from cutlass import Int32, Int64
 from ...compile import register_kernel
 from ...config import KernelConfig
 from ...plan import DEAL_MAX_Q_TILES_CHOICES, RANK_DEAL_MAX_Q_TILES_CHOICES, ItemField, MergeField, PlanConfig
-from ...plan_partition import SNAP_SHIFT, min_width
-from .planner_collectives import (NUM_THREADS, NUM_WARPS, block_any, block_any_pair, block_exclusive_sum,
-                                  block_max_pair, div_nonneg, last_at_most)
+from ...plan_partition import min_width
+from .planner_collectives import (NUM_THREADS, NUM_WARPS, block_any, block_any_pair, block_exclusive_sum, div_nonneg,
+                                  last_at_most)
 from .planner_lists import build_item, bulk_store, ctas_of_items, store_words
 from .planner_q_tiles import q_tile_pairs, q_tile_singles
 from .planner_scan import FAULT_PAGE_ID, MAX_SCAN_CTAS, scan_ctas  # noqa: F401 (the planner's public names)
 from .planner_scan import (ARRIVAL_COUNT_MASK, L2_LINE_INT32, arrivals_seen, planner_arrives, scan_and_arrive,
                            take_scan_faults)
 from .planner_scan import record_fault as _record
-from .sorted_deal import capped_slack, sort_key_slots, sorted_deal, tile_cost, whole_tile_bound
+from .planner_cuts import cut_line
+from .sorted_deal import deal_first, sort_key_slots, sorted_deal
 
 MAX_CTAS = NUM_THREADS - 1  # one thread per CTA edge (num_ctas + 1 of them)
 # The planning CTA keeps its per-request and per-q-tile arrays in shared memory when the batch fits (the
@@ -124,6 +130,7 @@ class DevicePlannerConfig(KernelConfig):
     deal_whole_cuts: bool = False  # PlanConfig.deal_whole_cuts: whole-tile cuts dealt within 1/16 of their busiest
     deal_max_q_tiles: int = DEAL_MAX_Q_TILES_CHOICES[0]  # PlanConfig.deal_max_q_tiles: the sort's keys (16 / 32 KiB)
     rank_deal_max_q_tiles: int = 0  # PlanConfig.rank_deal_max_q_tiles: ranked deals past the sort (rank_sort.py)
+    deal_first: bool = False  # PlanConfig.deal_first: the sorted deal before the cuts, kept near the mean with none
     num_qo_heads: int = 20
     head_dim_v: int = 128
     #: a development build: the planning CTA writes clock64 stamps of its phase boundaries to the last
@@ -153,7 +160,8 @@ class DevicePlannerConfig(KernelConfig):
             even_pieces=plan_config.even_pieces, max_slack_keys=plan_config.max_slack_keys, num_qo_heads=plan_config.num_qo_heads,
             head_dim_v=head_dim_v, q_tiles_per_pass=Q_TILES_PER_PASS, deal_whole_cuts=plan_config.deal_whole_cuts,
             late_scan=LATE_SCAN, scan_delay_ns=SCAN_DELAY_NS,
-            deal_max_q_tiles=plan_config.deal_max_q_tiles, rank_deal_max_q_tiles=plan_config.rank_deal_max_q_tiles)
+            deal_max_q_tiles=plan_config.deal_max_q_tiles, rank_deal_max_q_tiles=plan_config.rank_deal_max_q_tiles,
+            deal_first=plan_config.deal_first)
 
     def plan_config(self, num_ctas: int) -> PlanConfig:
         return PlanConfig(num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads, causal=self.causal,
@@ -162,7 +170,8 @@ class DevicePlannerConfig(KernelConfig):
                           min_chunk_keys=self.min_chunk_keys, page_size=self.page_size, zigzag=self.zigzag,
                           sorted_deal=self.sorted_deal, line_deal=self.line_deal, even_pieces=self.even_pieces,
                           max_slack_keys=self.max_slack_keys, deal_whole_cuts=self.deal_whole_cuts,
-                          deal_max_q_tiles=self.deal_max_q_tiles, rank_deal_max_q_tiles=self.rank_deal_max_q_tiles)
+                          deal_max_q_tiles=self.deal_max_q_tiles, rank_deal_max_q_tiles=self.rank_deal_max_q_tiles,
+                          deal_first=self.deal_first)
 
     def can_implement(self) -> str | None:
         if (reason := super().can_implement()) is not None:
@@ -198,6 +207,7 @@ class DevicePlanner:
     def __init__(self, config: DevicePlannerConfig):
         self.c = config
         self.deals = (config.sorted_deal or config.line_deal) and config.allow_split  # a deal may replace the cuts
+        self.deals_first = config.deal_first and config.sorted_deal and config.allow_split  # plan_partition.deals_first
         self.min_width = min_width(config.plan_config(1))
 
     def __repr__(self) -> str:
@@ -461,108 +471,25 @@ class DevicePlanner:
         if total_cost > 0:
             width = cutlass.max(div_nonneg(total_cost + num_ctas - 1, Int64(num_ctas)), Int64(self.min_width))
             active = div_nonneg(total_cost + width - 1, width)
-        num_tiles = num_q_tiles * heads
-        slack = width >> SNAP_SHIFT  # even pieces' bound; the cuts snap within ``snap`` (capped, plan_partition)
-        snap = capped_slack(c, slack)
-        # plan_partition.even_pieces: equal one-tile requests cut in even pieces, each tile at a CTA edge
-        pieces = Int32(0)  # 0: the line's cuts
-        piece = Int32(0)
-        if cutlass.const_expr(c.even_pieces and c.allow_split):
-            if uniform != 0 and num_tiles > 0:
-                keys = q_tiles[0, 3]
-                most = cutlass.min(num_ctas // num_tiles, (keys + self.min_width - 1) // self.min_width)
-                if keys > 0 and most >= 2:
-                    piece = (keys + most - 1) // most
-                    piece = (piece + c.kv_tile - 1) // c.kv_tile * c.kv_tile
-                    if piece < keys and Int64(piece) <= width + slack:
-                        pieces = (keys + piece - 1) // piece
-        edge = tidx
-        t_snap = Int32(num_tiles)  # the same edge at the nearer tile boundary (whole tiles, no merge)
-        p_snap = total_cost
-        if edge <= num_ctas:
-            t_cut = Int32(num_tiles)
-            k_cut = Int32(0)
-            if edge == 0:
-                t_cut = Int32(0)
-                t_snap = Int32(0)
-                p_snap = Int64(0)
-            elif Int64(edge) < active:
-                p = Int64(edge) * width
-                j = last_at_most(q_tile_start, num_q_tiles, p)
-                kv_end = q_tiles[j, 3]
-                cost = tile_cost(c, kv_end)
-                j_start = q_tile_start[j]
-                h = div_nonneg(p - j_start, cost)
-                o = p - j_start - h * cost
-                t = Int32(j * heads + Int32(h))
-                k = (o - c.item_overhead_keys + c.kv_tile // 2) // c.kv_tile * c.kv_tile
-                k = cutlass.min(cutlass.max(k, Int64(0)), Int64(kv_end))
-                nearer = Int32(0)
-                if 2 * o >= cost:
-                    nearer = Int32(1)
-                t_snap = t + nearer
-                p_snap = j_start + (h + Int64(nearer)) * cost
-                up = Int32(0)
-                inside = Int32(0)
-                if cutlass.const_expr(not c.allow_split):
-                    up = nearer
-                else:
-                    if k == 0 or o <= snap:
-                        up = Int32(0)
-                    elif k >= kv_end or cost - o <= snap:
-                        up = Int32(1)
-                    else:
-                        inside = Int32(1)
-                t_cut = t + up
-                if inside != 0:
-                    t_cut = t
-                    k_cut = Int32(k)
-            if cutlass.const_expr(c.even_pieces and c.allow_split):
-                if pieces != 0:
-                    t_cut = Int32(num_tiles)
-                    k_cut = Int32(0)
-                    if edge < num_tiles * pieces:
-                        t_cut = edge // pieces
-                        k_cut = edge % pieces * piece
-            cut_tile[edge] = t_cut
-            cut_key[edge] = k_cut
-            if cutlass.const_expr(c.allow_split):
-                stage[edge, 0] = Int32(p_snap & Int64(0xFFFFFFFF))  # the stage is free until the lists
-                stage[edge, 1] = Int32(p_snap >> 32)
-        cute.arch.sync_threads()
-        self.stamp(trace, 15, tidx)
-        snap_max = Int64(0)  # the sorted deal's: the busiest whole-tile CTA (and `longest`, reduced below)
-        if cutlass.const_expr(c.allow_split):
-            # Whole tiles when no CTA's load then exceeds W + W / 2**WHOLE_TILE_SHIFT: a plan without merges
-            # runs faster than the model says a split one does (no fold, fewer item starts)
-            snap_load = Int64(0)
-            if edge < num_ctas:
-                nxt = (Int64(stage[edge + 1, 1]) << 32) | (Int64(stage[edge + 1, 0]) & Int64(0xFFFFFFFF))
-                here = (Int64(stage[edge, 1]) << 32) | (Int64(stage[edge, 0]) & Int64(0xFFFFFFFF))
-                snap_load = nxt - here
-            if cutlass.const_expr(self.deals):
-                # the busiest whole-tile CTA and the longest tile in one barrier round: the deal's bound needs both,
-                # and whole-tile cuts within W + W / 2**DEAL_WHOLE_SHIFT then skip it without another reduction
-                snap_max, longest = block_max_pair(snap_load, longest, tidx, warp_sums)
-                split = Int32(0)
-                if snap_max > whole_tile_bound(c, width):
-                    split = Int32(1)
-            else:
-                split = block_any(snap_load > whole_tile_bound(c, width), tidx, flags)
-            if cutlass.const_expr(c.even_pieces):
-                if pieces != 0:
-                    split = Int32(1)  # even pieces split by design: no whole-tile replacement
-            if split == 0 and edge <= num_ctas:
-                cut_tile[edge] = t_snap
-                cut_key[edge] = Int32(0)
-            cute.arch.sync_threads()
-        self.stamp(trace, 5, tidx)
         deal = Int32(0)  # 1: the sorted deal replaces the cuts
         deal_count = Int32(0)  # this thread's CTA's items in the deal
-        if cutlass.const_expr(self.deals):
-            deal, deal_count = sorted_deal(c, tidx, split, snap_max, longest, q_tiles, q_tile_start, cut_tile, cut_key,
-                                           sort_keys, warp_sums, num_q_tiles, num_ctas, width, total_cost, requests,
-                                           batch)
+        dealt_max = Int64(-1)  # the busiest CTA of a deal made before the cuts (deal_first), -1: none made
+        if cutlass.const_expr(self.deals_first):  # the deal first: near the mean it is kept, and no cut is made
+            self.stamp(trace, 15, tidx)
+            self.stamp(trace, 5, tidx)
+            deal, deal_count, dealt_max = deal_first(c, tidx, q_tiles, requests, sort_keys, warp_sums, num_q_tiles,
+                                                     num_ctas, batch, width, uniform, longest)
+        if cutlass.const_expr(self.deals_first):
+            if deal == 0:
+                deal, deal_count = self.cut_then_deal(tidx, q_tiles, q_tile_start, requests, warp_sums, flags,
+                                                      cut_tile, cut_key, stage, sort_keys, batch, num_q_tiles,
+                                                      num_ctas, total_cost, width, active, uniform, longest,
+                                                      dealt_max, deal_count, trace)
+        else:
+            deal, deal_count = self.cut_then_deal(tidx, q_tiles, q_tile_start, requests, warp_sums, flags, cut_tile,
+                                                  cut_key, stage, sort_keys, batch, num_q_tiles, num_ctas,
+                                                  total_cost, width, active, uniform, longest, dealt_max, deal_count,
+                                                  trace)
         self.stamp(trace, 7, tidx)
         # the scan CTAs' arrivals, read here and used before the lists: the load's latency hides behind the merges
         seen = Int32(0)
@@ -570,6 +497,7 @@ class DevicePlanner:
             seen = arrivals_seen(arrivals)
 
         # ---------------------------------------------------------------- merges: runs of cuts inside one tile
+        edge = tidx  # one thread an edge of the cut line
         run_start = Int32(0)
         run_end = Int32(0)
         if edge <= num_ctas:
@@ -615,7 +543,13 @@ class DevicePlanner:
         chunks = Int64(0)
         if tidx < Int32(num_merges):
             chunks = Int64(merge_last_cut[tidx] - merge_first_cut[tidx] + 2)
-        slot_before, num_partials = block_exclusive_sum(chunks, tidx, warp_sums)
+        if cutlass.const_expr(self.deals_first):
+            slot_before = Int64(0)
+            num_partials = Int64(0)
+            if deal == 0:  # a deal has no merges, so no partial slots to count (uniform over the CTA)
+                slot_before, num_partials = block_exclusive_sum(chunks, tidx, warp_sums)
+        else:
+            slot_before, num_partials = block_exclusive_sum(chunks, tidx, warp_sums)
         if tidx < Int32(num_merges):
             merge_slot[tidx] = Int32(slot_before)
         if edge <= num_ctas:
@@ -648,6 +582,28 @@ class DevicePlanner:
                              cut_key, cta_items, merge_first_cut, merge_slot, cut_merge, stage, sort_keys, deal,
                              Int32(num_items), Int32(num_merges), Int32(num_partials), num_ctas, trace)
         return late
+
+    @cute.jit
+    def cut_then_deal(self, tidx, q_tiles, q_tile_start, requests, warp_sums, flags, cut_tile, cut_key, stage,
+                      sort_keys, batch, num_q_tiles, num_ctas, total_cost, width, active, uniform, longest, dealt_max,
+                      deal_count, trace):
+        """The cuts (``planner_cuts.cut_line``), then whether the sorted deal replaces them (made here, or before
+        them in ``deals_first`` builds: its busiest CTA ``dealt_max`` >= 0, its count ``deal_count``). Returns
+        (deal, this thread's CTA's items in the deal)."""
+        c = self.c
+        split, snap_max, longest = cut_line(c, self.deals, self.min_width, self.stamp, tidx, q_tiles, q_tile_start,
+                                            cut_tile, cut_key, stage, warp_sums, flags, trace, num_q_tiles,
+                                            num_ctas, total_cost, width, active, uniform, longest)
+        self.stamp(trace, 5, tidx)
+        deal = Int32(0)
+        if cutlass.const_expr(self.deals):
+            cut_count = Int32(0)
+            deal, cut_count = sorted_deal(c, tidx, split, snap_max, longest, q_tiles, q_tile_start, cut_tile,
+                                          cut_key, sort_keys, warp_sums, num_q_tiles, num_ctas, width, total_cost,
+                                          requests, batch, dealt_max)
+            if dealt_max < 0:  # a deal made first keeps its count
+                deal_count = cut_count
+        return deal, deal_count
 
     @cute.jit
     def write_lists(self, tidx, items, merge_indptr, merges, q_tiles, requests, cut_tile,

@@ -19,7 +19,8 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64
 
 from ...plan import DEAL_MAX_Q_TILES_CHOICES, RANK_DEAL_MAX_WORK, SERPENTINE_SLACK_SHIFT
-from ...plan_partition import DEAL_WHOLE_SHIFT, SNAP_SHIFT, WHOLE_TILE_SHIFT, sort_index_bits, sort_tile_cap
+from ...plan_partition import (DEAL_FIRST_SHIFT, DEAL_WHOLE_SHIFT, SNAP_SHIFT, WHOLE_TILE_SHIFT, sort_index_bits,
+                               sort_tile_cap)
 from .planner_collectives import NUM_THREADS, WARP, block_max
 from .rank_sort import rank_sort
 
@@ -97,11 +98,12 @@ def dealable(c: cutlass.Constexpr, num_q_tiles, batch):
 
 @cute.jit
 def sorted_deal(c: cutlass.Constexpr, tidx, split, snap_max, longest, q_tiles, q_tile_start, cut_tile, cut_key,
-                sort_keys, warp_sums, num_q_tiles, num_ctas, width, total_cost, requests, batch):
+                sort_keys, warp_sums, num_q_tiles, num_ctas, width, total_cost, requests, batch, dealt_max):
     """(1 when the deal replaces the cuts, the item count of this thread's CTA in the deal). ``split``: the cuts
     split tiles (else they are whole tiles, the busiest ``snap_max``); ``longest``: the longest tile's cost (both
-    from the cuts' vote). Leaves the q tiles in deal order in ``sort_keys[0 : num_q_tiles]`` (:func:`sort_key`
-    layout); every thread calls it."""
+    from the cuts' vote). ``dealt_max``: the busiest CTA of a deal made before the cuts (:func:`deal_first`), which
+    is not made again; -1: none was. Leaves the q tiles in deal order in ``sort_keys[0 : num_q_tiles]`` (:func:`sort_key` layout); every
+    thread calls it."""
     heads = c.num_kv_heads
     num_tiles = num_q_tiles * heads
     deal = Int32(0)
@@ -123,35 +125,70 @@ def sorted_deal(c: cutlass.Constexpr, tidx, split, snap_max, longest, q_tiles, q
             if cut_key[tidx] > 0:
                 cut_load = cut_load + Int64(c.item_overhead_keys)
         bound = cutlass.max(block_max(cut_load, tidx, warp_sums), whole_tile_bound(c, width))
+    if dealt_max >= 0:  # made before the cuts: its busiest CTA holds the longest tile too, so the same rule
+        if dealt_max <= bound:
+            deal = Int32(1)
     # the deal's busiest CTA holds the longest tile: past the bound it cannot win, so skip the sort (uniform)
-    if dealable(c, num_q_tiles, batch) != 0 and longest <= bound:
-        if cutlass.const_expr(c.line_deal):  # line order: the keys as they stand, no sort
-            for r in cutlass.range_constexpr(keys_per_thread(c)):
-                i = tidx + r * NUM_THREADS
-                if i < num_q_tiles:
-                    sort_keys[i] = sort_key(tile_cost(c, q_tiles[i, 3]), i)
-            cute.arch.sync_threads()
-        elif cutlass.const_expr(c.rank_deal_max_q_tiles > 0 and c.causal):
-            if num_q_tiles > c.deal_max_q_tiles:  # past the sort's keys: ranked (rank_sort.py)
-                sort_by_ranks(c, tidx, q_tiles, requests, sort_keys, num_q_tiles, batch)
-            else:
-                sort_bitonic(c, tidx, q_tiles, sort_keys, num_q_tiles)
-        else:
-            sort_bitonic(c, tidx, q_tiles, sort_keys, num_q_tiles)
-        load = Int64(0)
-        if tidx < num_ctas:
-            lap = Int32(0)
-            position = tidx
-            while position < num_tiles:
-                load = load + key_cost(sort_keys[position // heads])
-                count = count + 1
-                lap = lap + 1
-                position = lap * num_ctas + tidx
-                if lap % 2 != 0:
-                    position = lap * num_ctas + num_ctas - 1 - tidx
-        if block_max(load, tidx, warp_sums) <= bound:
+    elif dealable(c, num_q_tiles, batch) != 0 and longest <= bound:
+        busiest, count = deal_loads(c, tidx, q_tiles, requests, sort_keys, warp_sums, num_q_tiles, num_ctas, batch)
+        if busiest <= bound:
             deal = Int32(1)
     return deal, count
+
+
+@cute.jit
+def deal_loads(c: cutlass.Constexpr, tidx, q_tiles, requests, sort_keys, warp_sums, num_q_tiles, num_ctas, batch):
+    """(the deal's busiest CTA, the item count of this thread's CTA in it): the q tiles ordered (sorted, ranked or,
+    for a line deal, as they stand) into ``sort_keys``, then each CTA's serpentine load over its laps."""
+    heads = c.num_kv_heads
+    num_tiles = num_q_tiles * heads
+    count = Int32(0)
+    if cutlass.const_expr(c.line_deal):  # line order: the keys as they stand, no sort
+        for r in cutlass.range_constexpr(keys_per_thread(c)):
+            i = tidx + r * NUM_THREADS
+            if i < num_q_tiles:
+                sort_keys[i] = sort_key(tile_cost(c, q_tiles[i, 3]), i)
+        cute.arch.sync_threads()
+    elif cutlass.const_expr(c.rank_deal_max_q_tiles > 0 and c.causal):
+        if num_q_tiles > c.deal_max_q_tiles:  # past the sort's keys: ranked (rank_sort.py)
+            sort_by_ranks(c, tidx, q_tiles, requests, sort_keys, num_q_tiles, batch)
+        else:
+            sort_bitonic(c, tidx, q_tiles, sort_keys, num_q_tiles)
+    else:
+        sort_bitonic(c, tidx, q_tiles, sort_keys, num_q_tiles)
+    load = Int64(0)
+    if tidx < num_ctas:
+        lap = Int32(0)
+        position = tidx
+        while position < num_tiles:
+            load = load + key_cost(sort_keys[position // heads])
+            count = count + 1
+            lap = lap + 1
+            position = lap * num_ctas + tidx
+            if lap % 2 != 0:
+                position = lap * num_ctas + num_ctas - 1 - tidx
+    return block_max(load, tidx, warp_sums), count
+
+
+@cute.jit
+def deal_first(c: cutlass.Constexpr, tidx, q_tiles, requests, sort_keys, warp_sums, num_q_tiles, num_ctas, batch,
+               width, uniform, longest):
+    """``PlanConfig.deal_first`` (``plan_partition.deals_first``): (1 when the deal is kept with no cuts made, the
+    item count of this thread's CTA in it, its busiest CTA or -1 when it was not made). It is made when the longest
+    tile (``longest``: this thread's) fits the bound, so could be kept (a batch of few long tiles goes to the cuts
+    with no sort: GQA prefill 1 x 992 at h16/kv1); kept near the mean and not where even pieces may cut the batch.
+    Every thread calls it."""
+    deal = Int32(0)
+    count = Int32(0)
+    busiest = Int64(-1)
+    bound = width + (width >> DEAL_FIRST_SHIFT)
+    if dealable(c, num_q_tiles, batch) != 0:
+        if block_max(longest, tidx, warp_sums) <= bound:
+            busiest, count = deal_loads(c, tidx, q_tiles, requests, sort_keys, warp_sums, num_q_tiles, num_ctas,
+                                        batch)
+            if busiest <= bound and uniform == 0:
+                deal = Int32(1)
+    return deal, count, busiest
 
 
 @cute.jit
