@@ -342,7 +342,8 @@ RANK_DEAL_MAX_Q_TILES = 0
 #: of the 66 skip the cuts. H200 (``tools/ab_policy.py deal_first``, 200 runs, twice): the planner in-kernel at GQA
 #: prefill 8 x 992 12.54 -> 11.10 us, its default call 170.1 -> 168.1 / 168.4 us (4 x 512 / 4096 -1.9, h20 8 x 992
 #: -1.5; 1 x 992 at h16/kv1, which cuts first, +0.6); MLA prefill's planner is faster too (the seed 10.56 -> 8.70 us
-#: in-kernel) but its default calls ran +1.1..+1.4 us slower (the seed, 1 / 1028), not understood yet: MLA stays off
+#: in-kernel) but its default calls ran +1.1..+1.4 us slower (the seed, 1 / 1028); the deal's code at one call site
+#: (``device_planner.DEAL_ONE_SITE``) took back 0.5 us of that; the rest is not understood yet: MLA stays off
 DEAL_FIRST_KINDS = ("gqa_paged_prefill",)
 
 

@@ -285,3 +285,23 @@ def test_whole_cuts_deal_build_differs_only_in_the_deal_bound(arch):
     plain_ptx, dealing_ptx = compile_to_ptx(prefill), compile_to_ptx(dealing)
     assert f".target {arch}" in dealing_ptx and plain_ptx != dealing_ptx
     assert dealing_ptx.count("shfl.sync.bfly") == plain_ptx.count("shfl.sync.bfly")
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_deal_first_builds_hold_the_sort_once_with_one_site(arch):
+    """``deal_first`` (on for GQA prefill since session 25): the default build makes the deal at two call sites (before
+    the cuts, and after them where it was not made first), so the unrolled sort's shuffles are there twice; the
+    ``deal_one_site`` A/B build holds them once (a smaller kernel), with the cuts' smaller code at two sites."""
+    first = device_planner.default_configs(arch)[1]
+    assert first.deal_first and not first.deal_one_site
+    assert not device_planner.default_configs(arch)[2].deal_first  # MLA prefill keeps the cuts first
+    cuts_first = dataclasses.replace(first, deal_first=False)
+    one_site = dataclasses.replace(first, deal_one_site=True)
+    assert one_site.can_implement() is None
+    ptx = {name: compile_to_ptx(cfg) for name, cfg in
+           (("cuts_first", cuts_first), ("first", first), ("one_site", one_site))}
+    assert all(f".target {arch}" in text for text in ptx.values())
+    shuffles = {name: text.count("shfl.sync.bfly") for name, text in ptx.items()}
+    sort_shuffles = shuffles["first"] - shuffles["one_site"]  # the second copy of the sort
+    assert sort_shuffles > 0 and shuffles["one_site"] - shuffles["cuts_first"] < sort_shuffles
+    assert len(ptx["one_site"]) < len(ptx["first"])

@@ -15,7 +15,6 @@ torch = pytest.importorskip("torch")
 
 import cute_attn  # noqa: E402
 from cute_attn import hostile, testing  # noqa: E402
-from cute_attn.plan import ItemField as F  # noqa: E402
 from cute_attn.plan_partition import partition, partition_plan  # noqa: E402
 
 pytestmark = [
@@ -424,16 +423,28 @@ def _deal_first_case(q_lens, kv_lens, heads, kv_heads, mla):
     return case, cute_attn.plan_gqa_paged_prefill(*case.inputs(), on_device=True)
 
 
+def _deal_first_builds(one_site):
+    """deal_first on for both causal kinds; ``one_site``: the A/B build with the deal's code at one call site."""
+    from cute_attn.config import deal_first_policy
+    from cute_attn.kernels.common.device_planner import deal_one_site_policy
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(deal_first_policy())
+    stack.enter_context(deal_one_site_policy(one_site))
+    return stack
+
+
+@pytest.mark.parametrize("one_site", [False, True], ids=["two_sites", "one_site"])
 @pytest.mark.parametrize("name", list(DEAL_FIRST_CASES))
-def test_deal_first_lists_equal_the_twin_and_the_call_the_reference(name):
+def test_deal_first_lists_equal_the_twin_and_the_call_the_reference(name, one_site):
     """``config.deal_first_policy()`` (built in session 25): the planner deals before it cuts and keeps a deal near
     the mean with no cuts made; elsewhere the cuts decide against the same deal. Its lists equal the twin's, which
-    equal the plan the cuts-first rule makes, and the default call matches the reference."""
-    from cute_attn.config import deal_first_policy
+    equal the plan the cuts-first rule makes, and the default call matches the reference. ``one_site``: the build
+    with the deal's code at one call site (``planner_deal_first.deal_first_one_site``)."""
     from cute_attn.plan_partition import deal_first_bound, deals_first, line_width, q_tiles, sorted_deal
 
     q_lens, kv_lens, heads, kv_heads, mla, kept = DEAL_FIRST_CASES[name]
-    with deal_first_policy():
+    with _deal_first_builds(one_site):
         case, plan = _deal_first_case(q_lens, kv_lens, heads, kv_heads, mla)
         config = plan.config.plan_config(plan.work_indptr.shape[0] - 1)
         assert config.deal_first and deals_first(config, len(q_lens), q_tiles(config, q_lens, kv_lens).cost.size)
@@ -455,12 +466,10 @@ def test_deal_first_lists_equal_the_twin_and_the_call_the_reference(name):
 
 
 @SETTINGS
-@given(batch=testing.ragged_batches(max_batch=12, max_q=700, max_kv=9000), mla=st.booleans())
-def test_deal_first_lists_equal_the_twin_on_drawn_batches(batch, mla):
-    from cute_attn.config import deal_first_policy
-
+@given(batch=testing.ragged_batches(max_batch=12, max_q=700, max_kv=9000), mla=st.booleans(), one_site=st.booleans())
+def test_deal_first_lists_equal_the_twin_on_drawn_batches(batch, mla, one_site):
     q_lens, kv_lens = batch
-    with deal_first_policy():
+    with _deal_first_builds(one_site):
         if mla:
             q_lens, kv_lens = [min(q, 260) for q in q_lens], [min(k, 3000) for k in kv_lens]
             q_lens = [min(q, k) for q, k in zip(q_lens, kv_lens)]

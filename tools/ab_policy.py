@@ -43,6 +43,9 @@ POLICY is one of
                   (``config.DEAL_FIRST_KINDS``, session 25; no bench plan changes): GQA prefill 8 x 992 at h32/kv4 and
                   h20/kv4, 16 x 992, 4 x 512 / 4096, 1 x 992 at h16/kv1 (cut), the MLA seed and 1 / 1028; only the
                   device-planned and default calls move
+    deal_one_site the deal-first planner with the deal's code at one call site (``device_planner.DEAL_ONE_SITE``,
+                  built in session 25, not run) against the landed two-site build, deal-first on for both causal kinds:
+                  GQA prefill 8 x 992, 1 x 992 at h16/kv1, the MLA seed and 1 / 1028 (is code size what MLA pays?)
     q_tile_pass   the device planner's q-tile pass: one tile a thread, or chosen per launch (two past one pass;
                   ``kernels/common/device_planner.Q_TILES_PER_PASS`` 1 / 0); only the device-planned and default calls
                   move
@@ -406,6 +409,24 @@ def _deal_first_cases(pages):
                    deal_first_policy)
 
 
+def _deal_one_site_cases(pages):
+    """The deal-first build with the deal's code at one call site against the landed one (two sites), deal-first on
+    for both causal kinds: GQA prefill 8 x 992 and the MLA seed and 1 / 1028."""
+    import contextlib
+
+    from cute_attn.config import deal_first_policy
+    from cute_attn.kernels.common.device_planner import deal_one_site_policy
+
+    @contextlib.contextmanager
+    def builds(on):
+        with deal_first_policy(), deal_one_site_policy(on):
+            yield
+
+    for row0, make, kind, _ in _deal_first_cases(pages):
+        if row0["batch"] in ("n8_q992_h32kv4", "n1_q992_h16kv1") or row0["batch"].startswith("mla_"):
+            yield row0, make, kind, builds
+
+
 def _early_dependents_cases(pages):
     from cute_attn.config import early_dependents_policy
 
@@ -420,13 +441,13 @@ POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, 
             "eager_combine": _eager_combine_cases, "lap_deal": _lap_deal_cases,
             "serpentine_deal": _serpentine_deal_cases, "device_whole_deal": _device_whole_deal_cases,
             "bf16_partials": _bf16_partials_cases, "deal_2048": _deal_2048_cases, "gather_warps": _gather_warps_cases,
-            "rank_deal": _rank_deal_cases, "deal_first": _deal_first_cases}
+            "rank_deal": _rank_deal_cases, "deal_first": _deal_first_cases, "deal_one_site": _deal_one_site_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
                  "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64], "even_pieces": [64, 1],
                  "page_boxes": [64, 128], "max_slack": [1], "eager_combine": [64, 1],
                  "lap_deal": [64], "serpentine_deal": [64],
                  "device_whole_deal": [64], "bf16_partials": [64, 1], "deal_2048": [64, 1], "gather_warps": [1, 2],
-                 "rank_deal": [1], "deal_first": [64]}
+                 "rank_deal": [1], "deal_first": [64], "deal_one_site": [64]}
 
 
 def checked_span(run, out, lse, reference, label: str, timer, digits: int = 1):

@@ -31,7 +31,8 @@ Cases (small, ragged, each a registered config's shape):
     hostplan-decode  check_indices=True: the host-planned path (every other case plans on the device)
     line-deal-decode  the device planner's line deal at page 1 (on by default at pages 1-2 and from 8 KV heads)
     deal-first-prefill / deal-first-mla  the sorted deal made before the cuts (``config.deal_first_policy``, session
-                   25): kept with no cuts made at GQA 8 x 992, then decided by the cuts on an MLA batch
+                   25): kept with no cuts made at GQA 8 x 992, then decided by the cuts on an MLA batch;
+                   deal-one-site-*: the same with the deal's code at one call site (``deal_one_site_policy``)
     rank-deal-mla  a ranked deal past the MLA sort's 1024 keys (``config.rank_deal_policy``; built in session 24)
     hostile-decode the device planner's bounds checks (ids past the pool and negative; those requests 0 / -inf, a split
                    one included); -late: the last CTA to arrive empties their items (``late_scan_policy``), -scan-last: a
@@ -434,11 +435,12 @@ def _cases(arch: str) -> dict:
 
     cases["rank-deal-mla"] = ("device_planner", rank_deal_mla)
 
-    def deal_first(mla):  # the sorted deal made before the cuts and kept with none made (config.deal_first_policy)
+    def deal_first(mla, one_site=False):  # the sorted deal made before the cuts (config.deal_first_policy)
         def run():
             from cute_attn.config import deal_first_policy
+            from cute_attn.kernels.common.device_planner import deal_one_site_policy
 
-            with deal_first_policy():
+            with deal_first_policy(), deal_one_site_policy(one_site):
                 if mla:  # made first, past W + W / 8: the cuts then decide
                     case = testing.make_mla_prefill_case([179, 23, 43, 55, 43, 177, 191, 130],
                                                          [186, 41, 109, 141, 167, 272, 243, 161], device="cuda",
@@ -450,6 +452,8 @@ def _cases(arch: str) -> dict:
 
     cases["deal-first-prefill"] = ("device_planner", deal_first(False))
     cases["deal-first-mla"] = ("device_planner", deal_first(True))
+    cases["deal-one-site-prefill"] = ("device_planner", deal_first(False, True))
+    cases["deal-one-site-mla"] = ("device_planner", deal_first(True, True))
     cases["hostile-decode"] = ("device_planner", hostile_decode(False))
     cases["hostile-decode-late"] = ("device_planner", hostile_decode(True))
     cases["hostile-decode-scan-last"] = ("device_planner", hostile_decode("scan_last"))

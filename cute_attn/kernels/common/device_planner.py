@@ -27,10 +27,10 @@ and sm_100a)
                 *q tiles*: per request ``ceil(q_len * group / rows_per_tile)`` tiles (block prefix sum), per q
                 tile its request (binary search), rows, causal key end and cost; the cost line's prefix sum
                 (int64) into ``q_tile_start``.
-                *deal first* (``deal_first``: GQA prefill by default): where the longest tile is within
-                ``W + W / 8``, the sorted deal below is made before any cut, and kept with none made when its
-                busiest CTA is too (the cuts, their vote and the partial slots' scan are skipped); otherwise the
-                cuts follow and decide against it as below (``plan_partition.deals_first``).
+                *deal first* (``deal_first``, ``planner_deal_first.py``; GQA prefill by default): where the
+                longest tile is within ``W + W / 8``, the sorted deal below is made before any cut, and kept with
+                none made when its busiest CTA is too (the cuts, their vote and the partial slots' scan are
+                skipped); otherwise the cuts follow and decide against it as below (``plan_partition.deals_first``).
                 *cuts* (``planner_cuts.py``): one thread per CTA edge finds its tile (binary search) and key,
                 snapping near edges;
                 the same thread also finds the edge's nearer tile boundary, and when those whole-tile cuts
@@ -78,7 +78,8 @@ from .planner_scan import (ARRIVAL_COUNT_MASK, L2_LINE_INT32, arrivals_seen, pla
                            take_scan_faults)
 from .planner_scan import record_fault as _record
 from .planner_cuts import cut_line
-from .sorted_deal import deal_first, sort_key_slots, sorted_deal
+from .planner_deal_first import deal_first, deal_first_one_site
+from .sorted_deal import sort_key_slots, sorted_deal
 
 MAX_CTAS = NUM_THREADS - 1  # one thread per CTA edge (num_ctas + 1 of them)
 # The planning CTA keeps its per-request and per-q-tile arrays in shared memory when the batch fits (the
@@ -96,6 +97,8 @@ Q_TILES_PER_PASS = 1
 #: every planner built with ``late_scan`` / ``scan_delay_ns`` (test builds; :func:`late_scan_policy` sets them)
 LATE_SCAN = False
 SCAN_DELAY_NS = 0
+#: every deal-first planner built with ``deal_one_site`` (A/B builds; :func:`deal_one_site_policy` sets it)
+DEAL_ONE_SITE = False
 TRACE_STAMPS = 19  # trace_phases: clock64 stamps at the tail of q_tile_start (tools/planner_trace.py)
 Q_TILE_FIELDS = 4  # request, row start, row count, key end
 # first q tile, keys, query tokens, fault bits, first page, first token: the lists phase reads a request's page and
@@ -131,6 +134,9 @@ class DevicePlannerConfig(KernelConfig):
     deal_max_q_tiles: int = DEAL_MAX_Q_TILES_CHOICES[0]  # PlanConfig.deal_max_q_tiles: the sort's keys (16 / 32 KiB)
     rank_deal_max_q_tiles: int = 0  # PlanConfig.rank_deal_max_q_tiles: ranked deals past the sort (rank_sort.py)
     deal_first: bool = False  # PlanConfig.deal_first: the sorted deal before the cuts, kept near the mean with none
+    #: an A/B build of ``deal_first`` with the deal's code at one call site (``planner_deal_first.py``); for_plan
+    #: takes DEAL_ONE_SITE
+    deal_one_site: bool = False
     num_qo_heads: int = 20
     head_dim_v: int = 128
     #: a development build: the planning CTA writes clock64 stamps of its phase boundaries to the last
@@ -161,7 +167,7 @@ class DevicePlannerConfig(KernelConfig):
             head_dim_v=head_dim_v, q_tiles_per_pass=Q_TILES_PER_PASS, deal_whole_cuts=plan_config.deal_whole_cuts,
             late_scan=LATE_SCAN, scan_delay_ns=SCAN_DELAY_NS,
             deal_max_q_tiles=plan_config.deal_max_q_tiles, rank_deal_max_q_tiles=plan_config.rank_deal_max_q_tiles,
-            deal_first=plan_config.deal_first)
+            deal_first=plan_config.deal_first, deal_one_site=DEAL_ONE_SITE)
 
     def plan_config(self, num_ctas: int) -> PlanConfig:
         return PlanConfig(num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads, causal=self.causal,
@@ -477,9 +483,14 @@ class DevicePlanner:
         if cutlass.const_expr(self.deals_first):  # the deal first: near the mean it is kept, and no cut is made
             self.stamp(trace, 15, tidx)
             self.stamp(trace, 5, tidx)
+        if cutlass.const_expr(self.deals_first and c.deal_one_site):
+            deal, deal_count = deal_first_one_site(c, self.min_width, self.stamp, tidx, q_tiles, q_tile_start,
+                                                   requests, warp_sums, flags, cut_tile, cut_key, stage, sort_keys,
+                                                   batch, num_q_tiles, num_ctas, total_cost, width, active, uniform,
+                                                   longest, trace)
+        elif cutlass.const_expr(self.deals_first):
             deal, deal_count, dealt_max = deal_first(c, tidx, q_tiles, requests, sort_keys, warp_sums, num_q_tiles,
                                                      num_ctas, batch, width, uniform, longest)
-        if cutlass.const_expr(self.deals_first):
             if deal == 0:
                 deal, deal_count = self.cut_then_deal(tidx, q_tiles, q_tile_start, requests, warp_sums, flags,
                                                       cut_tile, cut_key, stage, sort_keys, batch, num_q_tiles,
@@ -729,6 +740,15 @@ def q_tile_pass_policy(per_pass: int):
     from ...ops import policy  # the spec policies' save / clear caches / restore
 
     with policy(globals(), Q_TILES_PER_PASS=int(per_pass)):
+        yield
+
+
+@contextlib.contextmanager
+def deal_one_site_policy(enabled: bool = True):
+    """Inside the block every deal-first planner is built with the deal's code at one call site (GPU tests, A/Bs)."""
+    from ...ops import policy
+
+    with policy(globals(), DEAL_ONE_SITE=bool(enabled)):
         yield
 
 

@@ -19,8 +19,7 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64
 
 from ...plan import DEAL_MAX_Q_TILES_CHOICES, RANK_DEAL_MAX_WORK, SERPENTINE_SLACK_SHIFT
-from ...plan_partition import (DEAL_FIRST_SHIFT, DEAL_WHOLE_SHIFT, SNAP_SHIFT, WHOLE_TILE_SHIFT, sort_index_bits,
-                               sort_tile_cap)
+from ...plan_partition import DEAL_WHOLE_SHIFT, SNAP_SHIFT, WHOLE_TILE_SHIFT, sort_index_bits, sort_tile_cap
 from .planner_collectives import NUM_THREADS, WARP, block_max
 from .rank_sort import rank_sort
 
@@ -101,30 +100,13 @@ def sorted_deal(c: cutlass.Constexpr, tidx, split, snap_max, longest, q_tiles, q
                 sort_keys, warp_sums, num_q_tiles, num_ctas, width, total_cost, requests, batch, dealt_max):
     """(1 when the deal replaces the cuts, the item count of this thread's CTA in the deal). ``split``: the cuts
     split tiles (else they are whole tiles, the busiest ``snap_max``); ``longest``: the longest tile's cost (both
-    from the cuts' vote). ``dealt_max``: the busiest CTA of a deal made before the cuts (:func:`deal_first`), which
-    is not made again; -1: none was. Leaves the q tiles in deal order in ``sort_keys[0 : num_q_tiles]`` (:func:`sort_key` layout); every
-    thread calls it."""
-    heads = c.num_kv_heads
-    num_tiles = num_q_tiles * heads
+    from the cuts' vote). ``dealt_max``: the busiest CTA of a deal made before the cuts
+    (``planner_deal_first.deal_first``), which is not made again; -1: none was. Leaves the q tiles in deal order in
+    ``sort_keys[0 : num_q_tiles]`` (:func:`sort_key` layout); every thread calls it."""
     deal = Int32(0)
     count = Int32(0)
-    # plan_partition.deal_bound: split cuts give way to a deal no worse than them or than the whole-tile rule;
-    # whole-tile cuts above W + W / 2**DEAL_WHOLE_SHIFT only to a strictly better one, the others are kept
-    bound = snap_max - 1
-    if cutlass.const_expr(c.line_deal):
-        bound = snap_max  # a line deal replaces whole-tile cuts whenever it is no worse
-    elif cutlass.const_expr(c.deal_whole_cuts):
-        bound = snap_max + (snap_max >> SERPENTINE_SLACK_SHIFT)  # any whole-tile cuts, to a deal within 1/16
-    elif snap_max <= width + (width >> DEAL_WHOLE_SHIFT):
-        bound = Int64(-1)
-    if split != 0:  # uniform: each CTA's load under the split cuts, one reduction
-        cut_load = Int64(0)
-        if tidx < num_ctas:
-            cut_load = (cut_position(c, tidx + 1, q_tiles, q_tile_start, cut_tile, cut_key, num_tiles, total_cost)
-                        - cut_position(c, tidx, q_tiles, q_tile_start, cut_tile, cut_key, num_tiles, total_cost))
-            if cut_key[tidx] > 0:
-                cut_load = cut_load + Int64(c.item_overhead_keys)
-        bound = cutlass.max(block_max(cut_load, tidx, warp_sums), whole_tile_bound(c, width))
+    bound = cuts_bound(c, tidx, split, snap_max, q_tiles, q_tile_start, cut_tile, cut_key, warp_sums, num_q_tiles,
+                       num_ctas, width, total_cost)
     if dealt_max >= 0:  # made before the cuts: its busiest CTA holds the longest tile too, so the same rule
         if dealt_max <= bound:
             deal = Int32(1)
@@ -134,6 +116,31 @@ def sorted_deal(c: cutlass.Constexpr, tidx, split, snap_max, longest, q_tiles, q
         if busiest <= bound:
             deal = Int32(1)
     return deal, count
+
+
+@cute.jit
+def cuts_bound(c: cutlass.Constexpr, tidx, split, snap_max, q_tiles, q_tile_start, cut_tile, cut_key, warp_sums,
+               num_q_tiles, num_ctas, width, total_cost):
+    """``plan_partition.deal_bound`` (Int64; -1: no deal may replace the cuts): split cuts give way to a deal no worse
+    than them or than the whole-tile rule; whole-tile cuts above W + W / 2**DEAL_WHOLE_SHIFT only to a strictly better
+    one, the others are kept. ``split`` is uniform over the CTA (each CTA's load under split cuts: one reduction)."""
+    num_tiles = num_q_tiles * c.num_kv_heads
+    bound = snap_max - 1
+    if cutlass.const_expr(c.line_deal):
+        bound = snap_max  # a line deal replaces whole-tile cuts whenever it is no worse
+    elif cutlass.const_expr(c.deal_whole_cuts):
+        bound = snap_max + (snap_max >> SERPENTINE_SLACK_SHIFT)  # any whole-tile cuts, to a deal within 1/16
+    elif snap_max <= width + (width >> DEAL_WHOLE_SHIFT):
+        bound = Int64(-1)
+    if split != 0:
+        cut_load = Int64(0)
+        if tidx < num_ctas:
+            cut_load = (cut_position(c, tidx + 1, q_tiles, q_tile_start, cut_tile, cut_key, num_tiles, total_cost)
+                        - cut_position(c, tidx, q_tiles, q_tile_start, cut_tile, cut_key, num_tiles, total_cost))
+            if cut_key[tidx] > 0:
+                cut_load = cut_load + Int64(c.item_overhead_keys)
+        bound = cutlass.max(block_max(cut_load, tidx, warp_sums), whole_tile_bound(c, width))
+    return bound
 
 
 @cute.jit
@@ -168,27 +175,6 @@ def deal_loads(c: cutlass.Constexpr, tidx, q_tiles, requests, sort_keys, warp_su
             if lap % 2 != 0:
                 position = lap * num_ctas + num_ctas - 1 - tidx
     return block_max(load, tidx, warp_sums), count
-
-
-@cute.jit
-def deal_first(c: cutlass.Constexpr, tidx, q_tiles, requests, sort_keys, warp_sums, num_q_tiles, num_ctas, batch,
-               width, uniform, longest):
-    """``PlanConfig.deal_first`` (``plan_partition.deals_first``): (1 when the deal is kept with no cuts made, the
-    item count of this thread's CTA in it, its busiest CTA or -1 when it was not made). It is made when the longest
-    tile (``longest``: this thread's) fits the bound, so could be kept (a batch of few long tiles goes to the cuts
-    with no sort: GQA prefill 1 x 992 at h16/kv1); kept near the mean and not where even pieces may cut the batch.
-    Every thread calls it."""
-    deal = Int32(0)
-    count = Int32(0)
-    busiest = Int64(-1)
-    bound = width + (width >> DEAL_FIRST_SHIFT)
-    if dealable(c, num_q_tiles, batch) != 0:
-        if block_max(longest, tidx, warp_sums) <= bound:
-            busiest, count = deal_loads(c, tidx, q_tiles, requests, sort_keys, warp_sums, num_q_tiles, num_ctas,
-                                        batch)
-            if busiest <= bound and uniform == 0:
-                deal = Int32(1)
-    return deal, count, busiest
 
 
 @cute.jit
