@@ -305,3 +305,16 @@ def test_deal_first_builds_hold_the_sort_once_with_one_site(arch):
     sort_shuffles = shuffles["first"] - shuffles["one_site"]  # the second copy of the sort
     assert sort_shuffles > 0 and shuffles["one_site"] - shuffles["cuts_first"] < sort_shuffles
     assert len(ptx["one_site"]) < len(ptx["first"])
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_lap_lists_build_compiles_beside_the_default(arch):
+    """``lap_lists`` (an A/B build, session 25): a dealt plan's rows in one pass by (lap, CTA) slots; the default
+    builds do not change."""
+    for config in device_planner.default_configs(arch)[1:]:
+        assert not config.lap_lists
+        lap = dataclasses.replace(config, lap_lists=True)
+        assert lap.can_implement() is None
+        plain_ptx, lap_ptx = compile_to_ptx(config), compile_to_ptx(lap)
+        assert f".target {arch}" in lap_ptx and lap_ptx != plain_ptx
+        assert lap_ptx.count("cp.async.bulk.global.shared::cta") > plain_ptx.count("cp.async.bulk.global.shared::cta")

@@ -478,6 +478,46 @@ def test_deal_first_lists_equal_the_twin_on_drawn_batches(batch, mla, one_site):
                      f"deal first {'mla' if mla else 'gqa'} {q_lens} {kv_lens}")
 
 
+LAP_LISTS_CASES = {  # (q_lens, kv_lens, heads, kv_heads, mla)
+    "gqa h32 8 x 992 (1984 items: one pass)": ([992] * 8, [992] * 8, 32, 4, False),
+    "gqa h20 8 x 992": ([992] * 8, [992] * 8, 20, 4, False),
+    "gqa 16 x 992 (3968 items: the chunks)": ([992] * 16, [992] * 16, 32, 4, False),
+    "mla seed-like": ([179, 23, 43, 55, 43, 177, 191, 130], [186, 41, 109, 141, 167, 272, 243, 161], 16, 1, True),
+}
+
+
+@pytest.mark.parametrize("name", list(LAP_LISTS_CASES))
+def test_lap_lists_equal_the_twin_and_the_call_the_reference(name):
+    """``device_planner.lap_lists_policy()`` (built in session 25): a dealt plan's rows built in one pass by (lap, CTA)
+    slots, no CTA search; past both stage buffers the chunks as before. Its lists equal the twin's, and the default
+    call matches the reference."""
+    from cute_attn.kernels.common.device_planner import lap_lists_policy
+
+    q_lens, kv_lens, heads, kv_heads, mla = LAP_LISTS_CASES[name]
+    with lap_lists_policy():
+        case, plan = _deal_first_case(q_lens, kv_lens, heads, kv_heads, mla)
+        config = plan.config.plan_config(plan.work_indptr.shape[0] - 1)
+        _, dealt = partition(config, q_lens, kv_lens)
+        assert dealt, "the batch no longer exercises a dealt plan"
+        _assert_twin(plan, case.qo_indptr.tolist(), case.kv_indptr.tolist(), q_lens, kv_lens, f"lap lists {name}")
+        _assert_default_call_matches_reference(case, f"lap lists {name}")
+
+
+@SETTINGS
+@given(batch=testing.ragged_batches(max_batch=12, max_q=700, max_kv=9000), mla=st.booleans())
+def test_lap_lists_equal_the_twin_on_drawn_batches(batch, mla):
+    from cute_attn.kernels.common.device_planner import lap_lists_policy
+
+    q_lens, kv_lens = batch
+    with lap_lists_policy():
+        if mla:
+            q_lens, kv_lens = [min(q, 260) for q in q_lens], [min(k, 3000) for k in kv_lens]
+            q_lens = [min(q, k) for q, k in zip(q_lens, kv_lens)]
+        case, plan = _deal_first_case(q_lens, kv_lens, 32, 4, mla)
+        _assert_twin(plan, case.qo_indptr.tolist(), case.kv_indptr.tolist(), q_lens, kv_lens,
+                     f"lap lists {'mla' if mla else 'gqa'} {q_lens} {kv_lens}")
+
+
 def test_captured_decode_step_replays_across_changing_batches():
     """Capture plan + attention once at capacity; replay with new lengths, page tables and live batch sizes
     (requests past the live batch are empty: output 0, lse -inf), equal to eager calls and to the reference."""

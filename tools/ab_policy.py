@@ -46,6 +46,9 @@ POLICY is one of
     deal_one_site the deal-first planner with the deal's code at one call site (``device_planner.DEAL_ONE_SITE``,
                   built in session 25, not run) against the landed two-site build, deal-first on for both causal kinds:
                   GQA prefill 8 x 992, 1 x 992 at h16/kv1, the MLA seed and 1 / 1028 (is code size what MLA pays?)
+    lap_lists     a dealt plan's rows built in one pass by (lap, CTA) slots, no search for an item's CTA
+                  (``device_planner.LAP_LISTS``, built in session 25, not run): GQA prefill 8 x 992 h32/kv4 and h20/kv4,
+                  16 x 992, 4 x 512 / 4096, the MLA seed and 1 / 1028; only the device-planned and default calls move
     q_tile_pass   the device planner's q-tile pass: one tile a thread, or chosen per launch (two past one pass;
                   ``kernels/common/device_planner.Q_TILES_PER_PASS`` 1 / 0); only the device-planned and default calls
                   move
@@ -427,6 +430,16 @@ def _deal_one_site_cases(pages):
             yield row0, make, kind, builds
 
 
+def _lap_lists_cases(pages):
+    """A dealt plan's rows in one pass by (lap, CTA) slots (``device_planner.lap_lists_policy``): GQA prefill 8 x 992
+    at h32/kv4 and h20/kv4 (one pass), 16 x 992 (past both buffers: unchanged), the MLA seed and 1 / 1028."""
+    from cute_attn.kernels.common.device_planner import lap_lists_policy
+
+    for row0, make, kind, _ in _deal_first_cases(pages):
+        if row0["batch"] != "n1_q992_h16kv1":
+            yield row0, make, kind, lap_lists_policy
+
+
 def _early_dependents_cases(pages):
     from cute_attn.config import early_dependents_policy
 
@@ -441,13 +454,14 @@ POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, 
             "eager_combine": _eager_combine_cases, "lap_deal": _lap_deal_cases,
             "serpentine_deal": _serpentine_deal_cases, "device_whole_deal": _device_whole_deal_cases,
             "bf16_partials": _bf16_partials_cases, "deal_2048": _deal_2048_cases, "gather_warps": _gather_warps_cases,
-            "rank_deal": _rank_deal_cases, "deal_first": _deal_first_cases, "deal_one_site": _deal_one_site_cases}
+            "rank_deal": _rank_deal_cases, "deal_first": _deal_first_cases, "deal_one_site": _deal_one_site_cases,
+            "lap_lists": _lap_lists_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
                  "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64], "even_pieces": [64, 1],
                  "page_boxes": [64, 128], "max_slack": [1], "eager_combine": [64, 1],
                  "lap_deal": [64], "serpentine_deal": [64],
                  "device_whole_deal": [64], "bf16_partials": [64, 1], "deal_2048": [64, 1], "gather_warps": [1, 2],
-                 "rank_deal": [1], "deal_first": [64], "deal_one_site": [64]}
+                 "rank_deal": [1], "deal_first": [64], "deal_one_site": [64], "lap_lists": [64]}
 
 
 def checked_span(run, out, lse, reference, label: str, timer, digits: int = 1):

@@ -33,6 +33,7 @@ Cases (small, ragged, each a registered config's shape):
     deal-first-prefill / deal-first-mla  the sorted deal made before the cuts (``config.deal_first_policy``, session
                    25): kept with no cuts made at GQA 8 x 992, then decided by the cuts on an MLA batch;
                    deal-one-site-*: the same with the deal's code at one call site (``deal_one_site_policy``)
+    lap-lists-prefill  a dealt plan's rows built in one pass by (lap, CTA) slots (``lap_lists_policy``, session 25)
     rank-deal-mla  a ranked deal past the MLA sort's 1024 keys (``config.rank_deal_policy``; built in session 24)
     hostile-decode the device planner's bounds checks (ids past the pool and negative; those requests 0 / -inf, a split
                    one included); -late: the last CTA to arrive empties their items (``late_scan_policy``), -scan-last: a
@@ -454,6 +455,15 @@ def _cases(arch: str) -> dict:
     cases["deal-first-mla"] = ("device_planner", deal_first(True))
     cases["deal-one-site-prefill"] = ("device_planner", deal_first(False, True))
     cases["deal-one-site-mla"] = ("device_planner", deal_first(True, True))
+
+    def lap_lists():  # a dealt plan's rows in one pass by (lap, CTA) slots (device_planner.lap_lists_policy)
+        from cute_attn.kernels.common.device_planner import lap_lists_policy
+
+        with lap_lists_policy():
+            case = testing.make_gqa_prefill_case([992] * 8, [992] * 8, device="cuda", seed=85)
+            return _run_api(cute_attn.gqa_paged_prefill, case, arch)
+
+    cases["lap-lists-prefill"] = ("device_planner", lap_lists)
     cases["hostile-decode"] = ("device_planner", hostile_decode(False))
     cases["hostile-decode-late"] = ("device_planner", hostile_decode(True))
     cases["hostile-decode-scan-last"] = ("device_planner", hostile_decode("scan_last"))

@@ -69,9 +69,8 @@ from ...compile import register_kernel
 from ...config import KernelConfig
 from ...plan import DEAL_MAX_Q_TILES_CHOICES, RANK_DEAL_MAX_Q_TILES_CHOICES, ItemField, MergeField, PlanConfig
 from ...plan_partition import min_width
-from .planner_collectives import (NUM_THREADS, NUM_WARPS, block_any, block_any_pair, block_exclusive_sum, div_nonneg,
-                                  last_at_most)
-from .planner_lists import build_item, bulk_store, ctas_of_items, store_words
+from .planner_collectives import NUM_THREADS, NUM_WARPS, block_any, block_any_pair, block_exclusive_sum, div_nonneg
+from .planner_lists import write_dealt_rows, write_row_chunks
 from .planner_q_tiles import q_tile_pairs, q_tile_singles
 from .planner_scan import FAULT_PAGE_ID, MAX_SCAN_CTAS, scan_ctas  # noqa: F401 (the planner's public names)
 from .planner_scan import (ARRIVAL_COUNT_MASK, L2_LINE_INT32, arrivals_seen, planner_arrives, scan_and_arrive,
@@ -99,6 +98,8 @@ LATE_SCAN = False
 SCAN_DELAY_NS = 0
 #: every deal-first planner built with ``deal_one_site`` (A/B builds; :func:`deal_one_site_policy` sets it)
 DEAL_ONE_SITE = False
+#: every planner built with ``lap_lists`` (A/B builds; :func:`lap_lists_policy` sets it)
+LAP_LISTS = False
 TRACE_STAMPS = 19  # trace_phases: clock64 stamps at the tail of q_tile_start (tools/planner_trace.py)
 Q_TILE_FIELDS = 4  # request, row start, row count, key end
 # first q tile, keys, query tokens, fault bits, first page, first token: the lists phase reads a request's page and
@@ -137,6 +138,9 @@ class DevicePlannerConfig(KernelConfig):
     #: an A/B build of ``deal_first`` with the deal's code at one call site (``planner_deal_first.py``); for_plan
     #: takes DEAL_ONE_SITE
     deal_one_site: bool = False
+    #: an A/B build: a dealt plan's rows in one pass by (lap, CTA) slots, no CTA search (``planner_lists.
+    #: build_dealt_rows``); for_plan takes LAP_LISTS
+    lap_lists: bool = False
     num_qo_heads: int = 20
     head_dim_v: int = 128
     #: a development build: the planning CTA writes clock64 stamps of its phase boundaries to the last
@@ -167,7 +171,7 @@ class DevicePlannerConfig(KernelConfig):
             head_dim_v=head_dim_v, q_tiles_per_pass=Q_TILES_PER_PASS, deal_whole_cuts=plan_config.deal_whole_cuts,
             late_scan=LATE_SCAN, scan_delay_ns=SCAN_DELAY_NS,
             deal_max_q_tiles=plan_config.deal_max_q_tiles, rank_deal_max_q_tiles=plan_config.rank_deal_max_q_tiles,
-            deal_first=plan_config.deal_first, deal_one_site=DEAL_ONE_SITE)
+            deal_first=plan_config.deal_first, deal_one_site=DEAL_ONE_SITE, lap_lists=LAP_LISTS)
 
     def plan_config(self, num_ctas: int) -> PlanConfig:
         return PlanConfig(num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads, causal=self.causal,
@@ -640,7 +644,6 @@ class DevicePlanner:
         # that dominated a row's build); thread 0 then stores the pass's rows as one bulk copy (cp.async.bulk, the TMA
         # engine) while the CTA builds the next pass in the other stage buffer. (Before: the CTA's 16-byte stores, a
         # 512-row chunk a pass; a row per thread straight to global was 10 scattered 4-byte stores a row.)
-        fields = len(ItemField)
         per_thread = self.c.rows_per_thread
         rows_per_pass = NUM_THREADS * per_thread
         # bulk stores need 16-byte aligned rows: our buffers always are (a pass starts at a multiple of
@@ -648,37 +651,17 @@ class DevicePlanner:
         bulk = Int32(0)
         if (items.iterator.toint() & 15) == 0:
             bulk = Int32(1)
-        buffer = Int32(0)
-        ctas = cute.make_rmem_tensor((per_thread,), Int32)
-        for chunk in range(0, num_items, rows_per_pass):
-            if cutlass.const_expr(per_thread == 1):
-                ctas[0] = last_at_most(cta_items, num_ctas, chunk + tidx)
-            else:
-                ctas_of_items(cta_items, num_ctas, chunk + tidx, ctas)
-            for k in cutlass.range_constexpr(per_thread):
-                i = chunk + k * NUM_THREADS + tidx
-                if i < num_items:
-                    build_item(c, stage, buffer * rows_per_pass + k * NUM_THREADS + tidx, i, ctas[k], q_tiles,
-                               requests, cut_tile, cut_key, cta_items, merge_first_cut, merge_slot, cut_merge,
-                               sort_keys, deal, num_ctas)
-            self.stamp(trace, 9, tidx)  # trace builds: the last pass's build, barrier and store
-            words = cutlass.min(Int32(rows_per_pass), num_items - chunk) * fields
-            first = buffer * (rows_per_pass * fields)  # the buffer's first word in the stage
-            if bulk != 0:
-                cute.arch.fence_proxy("async.shared", space="cta")  # the rows, visible to the bulk copy's reads
-            cute.arch.sync_threads()
-            self.stamp(trace, 10, tidx)
-            if bulk != 0:
-                if tidx == 0:
-                    bulk_store(items, stage, chunk * fields, first, words // 4 * 4)
-                    # the buffer the next pass builds in was read by the copy before this one
-                    cute.arch.cp_async_bulk_wait_group(1, read=True)
-                store_words(items, stage, chunk * fields, first, words // 4 * 4, words, tidx)  # the < 4-word tail
-            else:
-                store_words(items, stage, chunk * fields, first, 0, words, tidx)
-            self.stamp(trace, 11, tidx)
-            buffer = 1 - buffer
-            cute.arch.sync_threads()
+        whole = Int32(0)  # lap_lists: a dealt plan that fits both stage buffers, built in one pass (uniform)
+        if cutlass.const_expr(c.lap_lists and sort_keys is not None):
+            if deal != 0 and num_items <= 2 * rows_per_pass:
+                whole = Int32(1)
+        if whole != 0:
+            write_dealt_rows(c, self.stamp, tidx, items, q_tiles, requests, cut_tile, cut_key, cta_items,
+                             merge_first_cut, merge_slot, cut_merge, stage, sort_keys, num_items, num_ctas, bulk, trace)
+        else:
+            write_row_chunks(c, self.stamp, tidx, items, q_tiles, requests, cut_tile, cut_key, cta_items,
+                             merge_first_cut, merge_slot, cut_merge, stage, sort_keys, deal, num_items, num_ctas, bulk,
+                             trace)
         if bulk != 0 and tidx == 0:
             cute.arch.cp_async_bulk_wait_group(0)  # every row in global before the grid ends (the kernel that reads
             # them waits for this grid's completion)
@@ -749,6 +732,15 @@ def deal_one_site_policy(enabled: bool = True):
     from ...ops import policy
 
     with policy(globals(), DEAL_ONE_SITE=bool(enabled)):
+        yield
+
+
+@contextlib.contextmanager
+def lap_lists_policy(enabled: bool = True):
+    """Inside the block every planner builds a dealt plan's rows by (lap, CTA) slots in one pass (GPU tests, A/Bs)."""
+    from ...ops import policy
+
+    with policy(globals(), LAP_LISTS=bool(enabled)):
         yield
 
 

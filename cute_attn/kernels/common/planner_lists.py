@@ -1,6 +1,8 @@
 """The device planner's item rows (its lists phase, :meth:`device_planner.DevicePlanner.write_lists`): one row built
 from the cuts or the deal, the CTA of several items searched side by side, and the rows' way to global memory (one
-``cp.async.bulk`` a pass, or word stores where the destination is not 16-byte aligned)."""
+``cp.async.bulk`` a pass, or word stores where the destination is not 16-byte aligned). ``lap_lists`` builds (an A/B,
+session 25, not run): a dealt plan that fits both stage buffers is built in one pass by (lap, CTA) slots, with no
+search for an item's CTA, and stored by one bulk copy (:func:`write_dealt_rows`)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64
 
 from ...plan import NOT_CAUSAL_OFFSET, ItemField
-from .planner_collectives import NUM_THREADS
+from .planner_collectives import NUM_THREADS, last_at_most
 from .sorted_deal import dealt_tile
 
 
@@ -59,6 +61,23 @@ def build_item(c: cutlass.Constexpr, stage, row, i, cta, q_tiles, requests, cut_
 
 
 @cute.jit
+def build_dealt_rows(c: cutlass.Constexpr, stage, tidx, q_tiles, requests, cut_tile, cut_key, cta_items,
+                     merge_first_cut, merge_slot, cut_merge, sort_keys, num_ctas, num_items):
+    """A dealt plan's item rows into ``stage`` rows ``0 .. num_items - 1`` (``DevicePlannerConfig.lap_lists``): one
+    (lap, CTA) slot a thread a step, lap-major, so item ``cta_items[cta] + lap`` needs no search for its CTA (the
+    chunked build's binary search of ``cta_items`` a row). A deal's items are its tiles, so ``num_items`` positions
+    make ``ceil(num_items / num_ctas)`` laps; a CTA has ``cta_items[cta + 1] - cta_items[cta]`` of them."""
+    laps = (num_items + num_ctas - 1) // num_ctas
+    for slot in range(tidx, laps * num_ctas, NUM_THREADS):
+        lap = slot // num_ctas
+        cta = slot - lap * num_ctas
+        first = cta_items[cta]
+        if lap < cta_items[cta + 1] - first:
+            build_item(c, stage, first + lap, first + lap, cta, q_tiles, requests, cut_tile, cut_key, cta_items,
+                       merge_first_cut, merge_slot, cut_merge, sort_keys, Int32(1), num_ctas)
+
+
+@cute.jit
 def ctas_of_items(cta_items: cute.Tensor, num_ctas, first_item, ctas: cute.Tensor):
     """``ctas[k]`` = the CTA of item ``first_item + k * NUM_THREADS`` (:func:`last_at_most` of ``cta_items`` over its
     first ``num_ctas`` entries) for every k, by fixed-step searches run side by side: each step's loads of all k
@@ -96,3 +115,69 @@ def store_words(items: cute.Tensor, stage: cute.Tensor, first_word, first_stage_
     flat_stage = cute.make_tensor(stage.iterator, cute.make_layout(cute.size(stage)))
     for e in range(done + tidx, words, NUM_THREADS):
         flat_items[first_word + e] = flat_stage[first_stage_word + e]
+
+
+@cute.jit
+def write_dealt_rows(c: cutlass.Constexpr, stamp: cutlass.Constexpr, tidx, items, q_tiles, requests, cut_tile, cut_key,
+                     cta_items, merge_first_cut, merge_slot, cut_merge, stage, sort_keys, num_items, num_ctas, bulk,
+                     trace):
+    """``lap_lists``: a dealt plan's rows in one pass over both stage buffers (``build_dealt_rows``: no CTA
+    search), then one bulk copy."""
+    fields = len(ItemField)
+    build_dealt_rows(c, stage, tidx, q_tiles, requests, cut_tile, cut_key, cta_items, merge_first_cut,
+                     merge_slot, cut_merge, sort_keys, num_ctas, num_items)
+    stamp(trace, 9, tidx)
+    words = num_items * fields
+    if bulk != 0:
+        cute.arch.fence_proxy("async.shared", space="cta")  # the rows, visible to the bulk copy's reads
+    cute.arch.sync_threads()
+    stamp(trace, 10, tidx)
+    if bulk != 0:
+        if tidx == 0:
+            bulk_store(items, stage, 0, 0, words // 4 * 4)
+        store_words(items, stage, 0, 0, words // 4 * 4, words, tidx)  # the < 4-word tail
+    else:
+        store_words(items, stage, 0, 0, 0, words, tidx)
+    stamp(trace, 11, tidx)
+
+
+@cute.jit
+def write_row_chunks(c: cutlass.Constexpr, stamp: cutlass.Constexpr, tidx, items, q_tiles, requests, cut_tile, cut_key,
+                     cta_items, merge_first_cut, merge_slot, cut_merge, stage, sort_keys, deal, num_items, num_ctas,
+                     bulk, trace):
+    """The rows a pass of ``rows_per_thread`` a thread at a time (their CTAs searched side by side), each pass
+    one bulk copy from one stage buffer while the next is built in the other."""
+    fields = len(ItemField)
+    per_thread = c.rows_per_thread
+    rows_per_pass = NUM_THREADS * per_thread
+    buffer = Int32(0)
+    ctas = cute.make_rmem_tensor((per_thread,), Int32)
+    for chunk in range(0, num_items, rows_per_pass):
+        if cutlass.const_expr(per_thread == 1):
+            ctas[0] = last_at_most(cta_items, num_ctas, chunk + tidx)
+        else:
+            ctas_of_items(cta_items, num_ctas, chunk + tidx, ctas)
+        for k in cutlass.range_constexpr(per_thread):
+            i = chunk + k * NUM_THREADS + tidx
+            if i < num_items:
+                build_item(c, stage, buffer * rows_per_pass + k * NUM_THREADS + tidx, i, ctas[k], q_tiles,
+                           requests, cut_tile, cut_key, cta_items, merge_first_cut, merge_slot, cut_merge,
+                           sort_keys, deal, num_ctas)
+        stamp(trace, 9, tidx)  # trace builds: the last pass's build, barrier and store
+        words = cutlass.min(Int32(rows_per_pass), num_items - chunk) * fields
+        first = buffer * (rows_per_pass * fields)  # the buffer's first word in the stage
+        if bulk != 0:
+            cute.arch.fence_proxy("async.shared", space="cta")  # the rows, visible to the bulk copy's reads
+        cute.arch.sync_threads()
+        stamp(trace, 10, tidx)
+        if bulk != 0:
+            if tidx == 0:
+                bulk_store(items, stage, chunk * fields, first, words // 4 * 4)
+                # the buffer the next pass builds in was read by the copy before this one
+                cute.arch.cp_async_bulk_wait_group(1, read=True)
+            store_words(items, stage, chunk * fields, first, words // 4 * 4, words, tidx)  # the < 4-word tail
+        else:
+            store_words(items, stage, chunk * fields, first, 0, words, tidx)
+        stamp(trace, 11, tidx)
+        buffer = 1 - buffer
+        cute.arch.sync_threads()
