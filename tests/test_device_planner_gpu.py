@@ -465,17 +465,23 @@ def test_deal_first_lists_equal_the_twin_and_the_call_the_reference(name, one_si
         _assert_default_call_matches_reference(case, f"deal first {name}")
 
 
+def _assert_drawn_batch_lists_equal_the_twin(batch, mla, what):
+    """A drawn GQA (h32/kv4) or MLA prefill batch (MLA: at most 260 query and 3000 keys a request) planned on the
+    device under the caller's policy, its lists against the twin's."""
+    q_lens, kv_lens = batch
+    if mla:
+        q_lens, kv_lens = [min(q, 260) for q in q_lens], [min(k, 3000) for k in kv_lens]
+        q_lens = [min(q, k) for q, k in zip(q_lens, kv_lens)]
+    case, plan = _deal_first_case(q_lens, kv_lens, 32, 4, mla)
+    _assert_twin(plan, case.qo_indptr.tolist(), case.kv_indptr.tolist(), q_lens, kv_lens,
+                 f"{what} {'mla' if mla else 'gqa'} {q_lens} {kv_lens}")
+
+
 @SETTINGS
 @given(batch=testing.ragged_batches(max_batch=12, max_q=700, max_kv=9000), mla=st.booleans(), one_site=st.booleans())
 def test_deal_first_lists_equal_the_twin_on_drawn_batches(batch, mla, one_site):
-    q_lens, kv_lens = batch
     with _deal_first_builds(one_site):
-        if mla:
-            q_lens, kv_lens = [min(q, 260) for q in q_lens], [min(k, 3000) for k in kv_lens]
-            q_lens = [min(q, k) for q, k in zip(q_lens, kv_lens)]
-        case, plan = _deal_first_case(q_lens, kv_lens, 32, 4, mla)
-        _assert_twin(plan, case.qo_indptr.tolist(), case.kv_indptr.tolist(), q_lens, kv_lens,
-                     f"deal first {'mla' if mla else 'gqa'} {q_lens} {kv_lens}")
+        _assert_drawn_batch_lists_equal_the_twin(batch, mla, "deal first")
 
 
 LAP_LISTS_CASES = {  # (q_lens, kv_lens, heads, kv_heads, mla)
@@ -508,14 +514,8 @@ def test_lap_lists_equal_the_twin_and_the_call_the_reference(name):
 def test_lap_lists_equal_the_twin_on_drawn_batches(batch, mla):
     from cute_attn.kernels.common.device_planner import lap_lists_policy
 
-    q_lens, kv_lens = batch
     with lap_lists_policy():
-        if mla:
-            q_lens, kv_lens = [min(q, 260) for q in q_lens], [min(k, 3000) for k in kv_lens]
-            q_lens = [min(q, k) for q, k in zip(q_lens, kv_lens)]
-        case, plan = _deal_first_case(q_lens, kv_lens, 32, 4, mla)
-        _assert_twin(plan, case.qo_indptr.tolist(), case.kv_indptr.tolist(), q_lens, kv_lens,
-                     f"lap lists {'mla' if mla else 'gqa'} {q_lens} {kv_lens}")
+        _assert_drawn_batch_lists_equal_the_twin(batch, mla, "lap lists")
 
 
 def test_captured_decode_step_replays_across_changing_batches():

@@ -127,18 +127,7 @@ def write_dealt_rows(c: cutlass.Constexpr, stamp: cutlass.Constexpr, tidx, items
     build_dealt_rows(c, stage, tidx, q_tiles, requests, cut_tile, cut_key, cta_items, merge_first_cut,
                      merge_slot, cut_merge, sort_keys, num_ctas, num_items)
     stamp(trace, 9, tidx)
-    words = num_items * fields
-    if bulk != 0:
-        cute.arch.fence_proxy("async.shared", space="cta")  # the rows, visible to the bulk copy's reads
-    cute.arch.sync_threads()
-    stamp(trace, 10, tidx)
-    if bulk != 0:
-        if tidx == 0:
-            bulk_store(items, stage, 0, 0, words // 4 * 4)
-        store_words(items, stage, 0, 0, words // 4 * 4, words, tidx)  # the < 4-word tail
-    else:
-        store_words(items, stage, 0, 0, 0, words, tidx)
-    stamp(trace, 11, tidx)
+    store_built_rows(stamp, tidx, items, stage, Int32(0), 0, num_items * fields, bulk, trace, False)
 
 
 @cute.jit
@@ -166,18 +155,30 @@ def write_row_chunks(c: cutlass.Constexpr, stamp: cutlass.Constexpr, tidx, items
         stamp(trace, 9, tidx)  # trace builds: the last pass's build, barrier and store
         words = cutlass.min(Int32(rows_per_pass), num_items - chunk) * fields
         first = buffer * (rows_per_pass * fields)  # the buffer's first word in the stage
-        if bulk != 0:
-            cute.arch.fence_proxy("async.shared", space="cta")  # the rows, visible to the bulk copy's reads
-        cute.arch.sync_threads()
-        stamp(trace, 10, tidx)
-        if bulk != 0:
-            if tidx == 0:
-                bulk_store(items, stage, chunk * fields, first, words // 4 * 4)
-                # the buffer the next pass builds in was read by the copy before this one
-                cute.arch.cp_async_bulk_wait_group(1, read=True)
-            store_words(items, stage, chunk * fields, first, words // 4 * 4, words, tidx)  # the < 4-word tail
-        else:
-            store_words(items, stage, chunk * fields, first, 0, words, tidx)
-        stamp(trace, 11, tidx)
+        store_built_rows(stamp, tidx, items, stage, chunk, first, words, bulk, trace, True)
         buffer = 1 - buffer
         cute.arch.sync_threads()
+
+
+@cute.jit
+def store_built_rows(stamp: cutlass.Constexpr, tidx, items, stage, first_row, first_stage_word, words, bulk, trace,
+                     double_buffered: cutlass.Constexpr):
+    """The rows every thread built in ``stage`` from word ``first_stage_word``, ``words`` of them, to ``items`` from
+    row ``first_row``: one barrier, then one bulk copy by thread 0 and the < 4-word tail by all (``bulk``), or word
+    stores by all where the destination is not 16-byte aligned (:func:`write_dealt_rows`, :func:`write_row_chunks`).
+    ``double_buffered``: the next pass builds in the other stage buffer, so after issuing its copy thread 0 waits
+    until the copy before it has read that buffer."""
+    if bulk != 0:
+        cute.arch.fence_proxy("async.shared", space="cta")  # the rows, visible to the bulk copy's reads
+    cute.arch.sync_threads()
+    stamp(trace, 10, tidx)
+    if bulk != 0:
+        if tidx == 0:
+            bulk_store(items, stage, first_row * len(ItemField), first_stage_word, words // 4 * 4)
+            if cutlass.const_expr(double_buffered):
+                cute.arch.cp_async_bulk_wait_group(1, read=True)
+        # the < 4-word tail
+        store_words(items, stage, first_row * len(ItemField), first_stage_word, words // 4 * 4, words, tidx)
+    else:
+        store_words(items, stage, first_row * len(ItemField), first_stage_word, 0, words, tidx)
+    stamp(trace, 11, tidx)
