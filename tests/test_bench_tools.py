@@ -717,3 +717,23 @@ def test_policy_typos_are_errors_not_a_default_run(setting, words):
     with pytest.raises(ValueError, match=words):
         bench.apply_policies([setting])
     assert bench.main(["--policy", setting, "--cpu", "--list"]) == 2
+
+
+# ----------------------------------------------------------------------------- parity probes
+
+
+def test_head_split_indices_give_each_half_of_the_heads_its_request_pages():
+    """``tools/parity_probes.py mla-head-split``: request b becomes requests 2b and 2b+1, both over b's pages (and
+    b's last-page length), so the h8 view of the queries reads each key twice and nothing else."""
+    import parity_probes
+    from cute_attn import testing
+
+    case = testing.make_mla_decode_case([5, 0, 130], num_heads=16, page_size=64, device="cpu", seed=3)
+    indptr, indices, last = parity_probes._head_split_indices(case)
+    ptr = case.kv_indptr.tolist()
+    assert indptr.tolist()[0] == 0 and len(indptr) == 2 * len(ptr) - 1
+    for b in range(len(ptr) - 1):
+        pages = case.kv_indices[ptr[b]:ptr[b + 1]].tolist()
+        for half in (2 * b, 2 * b + 1):
+            assert indices[indptr[half]:indptr[half + 1]].tolist() == pages
+            assert int(last[half]) == int(case.kv_last_page_len[b])

@@ -306,12 +306,12 @@ def test_deal_first_builds_hold_the_sort_once_with_one_site(arch):
 
 @pytest.mark.parametrize("arch", ARCHES)
 def test_lap_lists_build_compiles_beside_the_default(arch):
-    """``lap_lists`` (an A/B build, session 25): a dealt plan's rows in one pass by (lap, CTA) slots, stored by a
-    bulk copy of its own (GQA prefill's planner; MLA's compiles the same path)."""
-    config = device_planner.default_configs(arch)[1]
-    assert not config.lap_lists
-    lap = dataclasses.replace(config, lap_lists=True)
-    assert lap.can_implement() is None
+    """``lap_lists`` (built in session 25, on with deal_first since session 26): a dealt plan's rows in one pass by
+    (lap, CTA) slots, stored by a bulk copy of its own (GQA prefill's planner; MLA's, cuts first, builds without)."""
+    decode, lap, mla = device_planner.default_configs(arch)
+    assert lap.lap_lists and not mla.lap_lists and not decode.lap_lists
+    config = dataclasses.replace(lap, lap_lists=False)
+    assert config.can_implement() is None
     plain_ptx, lap_ptx = compile_to_ptx(config), compile_to_ptx(lap)
     assert f".target {arch}" in lap_ptx and lap_ptx != plain_ptx
     assert lap_ptx.count("cp.async.bulk.global.shared::cta") > plain_ptx.count("cp.async.bulk.global.shared::cta")

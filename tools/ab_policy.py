@@ -44,11 +44,12 @@ POLICY is one of
                   h20/kv4, 16 x 992, 4 x 512 / 4096, 1 x 992 at h16/kv1 (cut), the MLA seed and 1 / 1028; only the
                   device-planned and default calls move
     deal_one_site the deal-first planner with the deal's code at one call site (``device_planner.DEAL_ONE_SITE``,
-                  built in session 25, not run) against the landed two-site build, deal-first on for both causal kinds:
-                  GQA prefill 8 x 992, 1 x 992 at h16/kv1, the MLA seed and 1 / 1028 (is code size what MLA pays?)
+                  session 25) against the landed two-site build, deal-first on for both causal kinds: GQA prefill
+                  8 x 992, 1 x 992 at h16/kv1, the MLA seed and 1 / 1028 (MLA -0.5 us, GQA +1.7: off)
     lap_lists     a dealt plan's rows built in one pass by (lap, CTA) slots, no search for an item's CTA
-                  (``device_planner.LAP_LISTS``, built in session 25, not run): GQA prefill 8 x 992 h32/kv4 and h20/kv4,
-                  16 x 992, 4 x 512 / 4096, the MLA seed and 1 / 1028; only the device-planned and default calls move
+                  (``device_planner.LAP_LISTS`` False / True; its default follows deal_first since session 26): GQA
+                  prefill 8 x 992 h32/kv4 and h20/kv4, 16 x 992, 4 x 512 / 4096, the MLA seed and 1 / 1028; only the
+                  device-planned and default calls move
     q_tile_pass   the device planner's q-tile pass: one tile a thread, or chosen per launch (two past one pass;
                   ``kernels/common/device_planner.Q_TILES_PER_PASS`` 1 / 0); only the device-planned and default calls
                   move

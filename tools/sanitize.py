@@ -33,7 +33,8 @@ Cases (small, ragged, each a registered config's shape):
     deal-first-prefill / deal-first-mla  the sorted deal made before the cuts (``config.deal_first_policy``, session
                    25): kept with no cuts made at GQA 8 x 992, then decided by the cuts on an MLA batch;
                    deal-one-site-*: the same with the deal's code at one call site (``deal_one_site_policy``)
-    lap-lists-prefill  a dealt plan's rows built in one pass by (lap, CTA) slots (``lap_lists_policy``, session 25)
+    lap-lists-prefill  a dealt plan's rows built in one pass by (lap, CTA) slots (``lap_lists_policy``, session 25;
+                   the GQA prefill default since session 26)
     rank-deal-mla  a ranked deal past the MLA sort's 1024 keys (``config.rank_deal_policy``; built in session 24)
     hostile-decode the device planner's bounds checks (ids past the pool and negative; those requests 0 / -inf, a split
                    one included); -late: the last CTA to arrive empties their items (``late_scan_policy``), -scan-last: a

@@ -96,10 +96,16 @@ Q_TILES_PER_PASS = 1
 #: every planner built with ``late_scan`` / ``scan_delay_ns`` (test builds; :func:`late_scan_policy` sets them)
 LATE_SCAN = False
 SCAN_DELAY_NS = 0
-#: every deal-first planner built with ``deal_one_site`` (A/B builds; :func:`deal_one_site_policy` sets it)
+#: every deal-first planner built with the deal's code at one call site (``planner_deal_first.deal_first_one_site``)
+#: instead of two (A/B builds; :func:`deal_one_site_policy` sets it). H200, 200 runs: the MLA seed's default call
+#: 47.3 -> 46.8 us (session 25), GQA prefill 8 x 992's 169.1 -> 170.8 (session 26, its kind): off
 DEAL_ONE_SITE = False
-#: every planner built with ``lap_lists`` (A/B builds; :func:`lap_lists_policy` sets it)
-LAP_LISTS = False
+#: planners built with ``lap_lists`` (a dealt plan's rows in one pass by (lap, CTA) slots): None follows
+#: ``deal_first``, so the GQA prefill planners, whose kept deals are dealt plans; True / False: every planner (A/Bs,
+#: GPU tests; :func:`lap_lists_policy` sets it). H200, session 26 (``tools/ab_policy.py lap_lists``, 200 runs): GQA
+#: prefill 8 x 992 default call 170.0 -> 169.5 us at h32/kv4, 114.3 -> 113.8 at h20/kv4; the MLA seed 45.9 -> 46.8
+#: (MLA's default call moves ~1 us with any change of its planner's build: session 25), so it follows deal_first
+LAP_LISTS: bool | None = None
 TRACE_STAMPS = 19  # trace_phases: clock64 stamps at the tail of q_tile_start (tools/planner_trace.py)
 Q_TILE_FIELDS = 4  # request, row start, row count, key end
 # first q tile, keys, query tokens, fault bits, first page, first token: the lists phase reads a request's page and
@@ -138,8 +144,8 @@ class DevicePlannerConfig(KernelConfig):
     #: an A/B build of ``deal_first`` with the deal's code at one call site (``planner_deal_first.py``); for_plan
     #: takes DEAL_ONE_SITE
     deal_one_site: bool = False
-    #: an A/B build: a dealt plan's rows in one pass by (lap, CTA) slots, no CTA search (``planner_lists.
-    #: build_dealt_rows``); for_plan takes LAP_LISTS
+    #: a dealt plan's rows in one pass by (lap, CTA) slots, no CTA search (``planner_lists.build_dealt_rows``);
+    #: for_plan takes LAP_LISTS (None: deal_first)
     lap_lists: bool = False
     num_qo_heads: int = 20
     head_dim_v: int = 128
@@ -171,7 +177,8 @@ class DevicePlannerConfig(KernelConfig):
             head_dim_v=head_dim_v, q_tiles_per_pass=Q_TILES_PER_PASS, deal_whole_cuts=plan_config.deal_whole_cuts,
             late_scan=LATE_SCAN, scan_delay_ns=SCAN_DELAY_NS,
             deal_max_q_tiles=plan_config.deal_max_q_tiles, rank_deal_max_q_tiles=plan_config.rank_deal_max_q_tiles,
-            deal_first=plan_config.deal_first, deal_one_site=DEAL_ONE_SITE, lap_lists=LAP_LISTS)
+            deal_first=plan_config.deal_first, deal_one_site=DEAL_ONE_SITE,
+            lap_lists=plan_config.deal_first if LAP_LISTS is None else LAP_LISTS)
 
     def plan_config(self, num_ctas: int) -> PlanConfig:
         return PlanConfig(num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads, causal=self.causal,

@@ -11,6 +11,8 @@ does. Two builds of the same rule:
   first, at one call site and the deal at one (``cut_line`` twice instead), so the sort's code is in the kernel once.
   H200, session 25, MLA prefill's default call (200 runs, one machine): cuts first 46.0 / 58.8 us (the seed /
   1 / 1028), two sites 47.3 / 59.9, one site 46.8 / 59.4: half of what deal-first costs MLA there is the code's size.
+  Session 26, GQA prefill (deal-first's kind; 200 runs): two sites 169.1 / 40.4 us (8 x 992 / 1 x 992 at h16/kv1),
+  one site 170.8 / 40.9, so the default stays two sites (GPU tests and memcheck / racecheck of both clean).
 """
 
 from __future__ import annotations

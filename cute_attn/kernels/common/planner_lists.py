@@ -1,8 +1,8 @@
 """The device planner's item rows (its lists phase, :meth:`device_planner.DevicePlanner.write_lists`): one row built
 from the cuts or the deal, the CTA of several items searched side by side, and the rows' way to global memory (one
-``cp.async.bulk`` a pass, or word stores where the destination is not 16-byte aligned). ``lap_lists`` builds (an A/B,
-session 25, not run): a dealt plan that fits both stage buffers is built in one pass by (lap, CTA) slots, with no
-search for an item's CTA, and stored by one bulk copy (:func:`write_dealt_rows`)."""
+``cp.async.bulk`` a pass, or word stores where the destination is not 16-byte aligned). ``lap_lists`` builds (the
+deal-first planners', since session 26): a dealt plan that fits both stage buffers is built in one pass by (lap, CTA)
+slots, with no search for an item's CTA, and stored by one bulk copy (:func:`write_dealt_rows`)."""
 
 from __future__ import annotations
 
