@@ -139,7 +139,8 @@ class PagedAttentionConfig(KernelConfig):
     #: measurement builds, never a default (sm_90a MLA prefill, score_warpgroup, row gathers): "loads_only" -- the
     #: consumers wait for each K stage and release it without computing (the load role's own period a tile);
     #: "compute_only" -- the load role completes each K stage without copying into it (the consumers' chain alone).
-    #: Their outputs are wrong by design; tools/mla_prefill_variants.py times them beside the real kernel
+    #: Their outputs are wrong by design; tools/mla_prefill_variants.py times them beside the real kernel. sm_90a GQA
+    #: prefill: "cta_stamps" -- each CTA's entry, release and end times in scratch, outputs right (tools/cta_timeline.py)
     probe: str = ""
     #: sm_90a cp.async row gathers dealt by 128-byte segments, 8 lanes a segment and few rows a thread
     #: (``common/row_gather.gather_row_segments``, ``gather_one_row_pages(segments=True)``); False keeps one 16-byte
@@ -254,8 +255,8 @@ class PagedAttentionConfig(KernelConfig):
             return str(exc)
         if self.num_kv_heads < 1 or self.num_qo_heads % self.num_kv_heads:
             return f"num_qo_heads={self.num_qo_heads} must be a positive multiple of num_kv_heads={self.num_kv_heads}"
-        if self.probe and (self.kind, self.arch) != ("mla_paged_prefill", "sm_90a"):
-            return f"probe={self.probe!r}: measurement builds exist for the sm_90a MLA prefill kernel only"
+        if self.probe and (self.kind, self.arch) not in (("mla_paged_prefill", "sm_90a"), ("gqa_paged_prefill", "sm_90a")):
+            return f"probe={self.probe!r}: measurement builds exist for the sm_90a MLA and GQA prefill kernels only"
         if self.k_ahead and (self.kind, self.arch) != ("gqa_paged_prefill", "sm_90a"):
             return f"k_ahead={self.k_ahead}: a knob of the sm_90a GQA prefill kernel's row gathers only"
         if self.gather_warps not in (1, 4):

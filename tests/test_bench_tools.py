@@ -737,3 +737,21 @@ def test_head_split_indices_give_each_half_of_the_heads_its_request_pages():
         for half in (2 * b, 2 * b + 1):
             assert indices[indptr[half]:indptr[half + 1]].tolist() == pages
             assert int(last[half]) == int(case.kv_last_page_len[b])
+
+
+def test_cta_timeline_reads_wrapped_stamps_from_the_earliest_release():
+    """``tools/cta_timeline.py``: globaltimer_lo words wrap every 2**32 ns; times come out in us from the earliest
+    release, and the last CTA to end is named with its entry and items."""
+    import numpy as np
+
+    import cta_timeline
+
+    base = 2**32 - 1500  # the low word wraps between the stamps
+    stamps = np.array([[base, base + 1000, base + 151_000, 15],
+                       [base + 200, base + 1200, base + 154_000, 16],
+                       [base - 50, base + 900, base + 149_000, 15]], dtype=np.int64)
+    words = ((stamps + 2**31) % 2**32 - 2**31).astype(np.int32)
+    got = cta_timeline.summarize(words)
+    assert got["release_last"] == pytest.approx(0.3) and got["entry_first"] == pytest.approx(-0.95)
+    assert got["end_last"] == pytest.approx(153.1) and got["end_first"] == pytest.approx(148.1)
+    assert got["last_cta"] == 1 and got["last_cta_items"] == 16 and got["last_cta_entry"] == pytest.approx(-0.7)

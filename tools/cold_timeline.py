@@ -23,9 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main(argv=None) -> int:
-    import cute_attn
-    from cute_attn import testing, timing
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--batch", type=int, nargs="+", default=[1, 64])
@@ -37,7 +34,22 @@ def main(argv=None) -> int:
     p.add_argument("--prefill", type=int, default=0, metavar="Q",
                    help="GQA prefill (h32/kv4, page 64) with Q queries a request instead of decode: the batches are "
                         "--batch requests of Q queries over --kv keys")
+    p.add_argument("--late-scan", action="store_true",
+                   help="planners built with late_scan_policy(scan_last=True): the planning CTA ends at once, its "
+                        "scan CTAs arrive 50 us later, so the attention kernel waits ~50 us longer for the grid")
     args = p.parse_args(argv)
+    if args.late_scan:
+        from cute_attn.kernels.common.device_planner import late_scan_policy
+
+        with late_scan_policy(scan_last=True):
+            return _run(args)
+    return _run(args)
+
+
+def _run(args) -> int:
+    import cute_attn
+    from cute_attn import testing, timing
+
     flush = timing.make_l2_flusher()
     report = {}
     for batch, kv in zip(args.batch, args.kv):
@@ -70,6 +82,7 @@ def main(argv=None) -> int:
             calls.append((", device-planned", planned))
         for suffix, call in calls:
             label = (f"prefill {batch} x {args.prefill} / {kv}" if args.prefill else f"decode {batch} x {kv}") + suffix
+            label += ", late scan" if args.late_scan and not suffix else ""
             report[label] = _timeline(label, call, flush, args.iters)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))

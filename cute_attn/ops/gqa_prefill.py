@@ -126,6 +126,18 @@ def deal_max_q_tiles_policy(most: int):
         yield int(most)
 
 
+#: sm_90a configs' ``PagedAttentionConfig.probe`` (measurement builds; "" in every default): "cta_stamps" records each
+#: CTA's entry, release and end times in scratch (``tools/cta_timeline.py`` sets it through :func:`probe_policy`)
+PROBE = ""
+
+
+@contextlib.contextmanager
+def probe_policy(probe: str):
+    """Inside the block every public GQA prefill entry builds sm_90a configs with ``probe=probe`` (measurement tools)."""
+    with policy(globals(), PROBE=str(probe)):
+        yield
+
+
 @contextlib.contextmanager
 def fused_merge_policy(enabled: bool):
     """Inside the block every public GQA prefill entry builds sm_90a configs with ``fused_merge=enabled`` whatever
@@ -162,6 +174,8 @@ def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, pag
     tiles = dict(tile_q_rows=128, kv_tile=kv_tile, item_overhead_keys=PREFILL_ITEM_OVERHEAD_KEYS)
     if arch == "sm_90a":
         tiles.update(intra_wg_overlap=True, smem_epilogue=head_dim_qk != 256, fused_merge=FUSED_MERGE)
+        if PROBE:
+            tiles.update(probe=PROBE)
         if page_size in K_AHEAD_PAGE_SIZES:
             tiles.update(k_ahead=True)
     return tiles

@@ -119,6 +119,13 @@ _FOLD_BARRIER = 6  # fused_merge: both consumer warpgroups (ids 4, 5: prefill_ep
 _FOLD_ARRIVAL_BYTES = 16  # fused_merge: the merge counter's old value, broadcast to the consumers
 
 
+#: ``PagedAttentionConfig.probe`` builds of this kernel: "cta_stamps" -- each CTA writes globaltimer_lo stamps (entry,
+#: the wait's release, its consumers' end) and its item count to row ``slots - 1 - cta`` of ``partial_lse`` viewed as
+#: int32, for plans whose partial slots leave those rows alone (``tools/cta_timeline.py``); the outputs stay right
+PROBES = ("cta_stamps",)
+CTA_STAMPS = 4  # entry, release, consumers' end (ns, low 32 bits of globaltimer), items
+
+
 def q_stages(head_dim: int) -> int:
     """Q stages: 2 (the next item's Q and first K/V load while the current item finishes), 1 at head_dim 256
     (a 128 x 256 bf16 Q stage is 64 KB; two would leave room for only one K/V stage)."""
@@ -162,6 +169,8 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         return reason
     if (reason := smem_reason(smem_bytes(config))) is not None:
         return reason
+    if config.probe and config.probe not in PROBES:
+        return f"probe={config.probe!r} must be one of {PROBES} for this kernel"
     return None
 
 
@@ -194,13 +203,14 @@ class GqaPagedPrefillSm90:
         self.intra_wg_overlap = config.intra_wg_overlap
         self.smem_epilogue = config.smem_epilogue
         self.fused_merge = config.fused_merge
+        self.cta_stamps = config.probe == "cta_stamps"
 
     def __repr__(self) -> str:  # shows in the kernel symbol
         return (f"GqaPagedPrefillSm90_H{self.num_qo_heads}_KV{self.num_kv_heads}_D{self.head_dim}"
                 f"_P{self.page_size}_M{self.tile_m}_N{self.tile_n}"
                 f"{'_OVL' if self.intra_wg_overlap else ''}{'_SEPI' if self.smem_epilogue else ''}"
                 f"{'_RowSeg' if self.row_segments else ''}{'_KAhead' if self.k_ahead else ''}"
-                f"{'_Fold' if self.fused_merge else ''}")
+                f"{'_Fold' if self.fused_merge else ''}{'_CtaStamps' if self.cta_stamps else ''}")
 
     # ------------------------------------------------------------------------------- host side
     @cute.jit
@@ -277,6 +287,9 @@ class GqaPagedPrefillSm90:
                merge_indptr: cute.Tensor = None, merge_counters: cute.Tensor = None):
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
+        entered = Int32(0)
+        if cutlass.const_expr(self.cta_stamps):
+            entered = cute.arch.globaltimer_lo()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
             cpasync.prefetch_descriptor(tma_atom_q)
@@ -326,6 +339,11 @@ class GqaPagedPrefillSm90:
         wait_for_previous_grid(self.releases_dependents)
         item_begin = work_indptr[cta]
         item_end = work_indptr[cta + 1]
+        if cutlass.const_expr(self.cta_stamps):
+            if tidx == 0:
+                self.stamp(partial_lse, cta, 0, entered)
+                self.stamp(partial_lse, cta, 1, cute.arch.globaltimer_lo())
+                self.stamp(partial_lse, cta, 3, item_end - item_begin)
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if cutlass.const_expr(self.row_gather):
@@ -339,6 +357,9 @@ class GqaPagedPrefillSm90:
             split_items = self.consume(tidx - 128, s_q, s_k, s_v, qo_indptr, items, item_begin, item_end, output,
                                        lse, partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk,
                                        tiled_mma_pv, pipe_q, pipe_k, pipe_v)
+            if cutlass.const_expr(self.cta_stamps):
+                if tidx == 128:
+                    self.stamp(partial_lse, cta, 2, cute.arch.globaltimer_lo())
             if cutlass.const_expr(merge_indptr is not None):  # both consumer warpgroups wrote the partials
                 # only a CTA that wrote partials walks its items again: a prefill CTA runs ~15-30 items, and the
                 # walk's item loads at the tail of every CTA made plans without merges 2-9 us slower (session 16)
@@ -347,6 +368,13 @@ class GqaPagedPrefillSm90:
                                           self.group, partial_out, partial_lse, output, lse, lse_out_scale,
                                           tidx - 128, barrier_id=_FOLD_BARRIER, num_threads=self.num_mma_threads,
                                           qo_indptr=qo_indptr)
+
+    @cute.jit
+    def stamp(self, partial_lse: cute.Tensor, cta, slot: cutlass.Constexpr, value):
+        """``cta_stamps`` builds: ``value`` into word ``slot`` of the CTA's row of ``partial_lse`` (as int32), counted
+        from the buffer's last row so that a plan's first partial slots stay free."""
+        words = cute.recast_tensor(partial_lse, Int32)
+        words[words.shape[0] - 1 - cta, slot] = Int32(value)
 
     @cute.jit
     def produce(self, tma_atom_q: cute.CopyAtom, tma_q: cute.Tensor, tma_atom_k: cute.CopyAtom, tma_k: cute.Tensor,
