@@ -466,7 +466,11 @@ def test_probes_are_refused_elsewhere():
     gqa = dataclasses.replace(default_paged_config(
         "gqa_paged_prefill", arch="sm_90a", num_qo_heads=32, num_kv_heads=4, head_dim_qk=128, head_dim_v=128,
         page_size=64, causal=True), probe="loads_only")
-    assert "sm_90a MLA prefill kernel only" in gqa.can_implement()
+    assert "must be one of ('cta_stamps',)" in gqa.can_implement()  # the GQA prefill kernel's own probe only
+    decode = dataclasses.replace(default_paged_config(
+        "gqa_paged_decode", arch="sm_90a", num_qo_heads=32, num_kv_heads=4, head_dim_qk=128, head_dim_v=128,
+        page_size=64, causal=False), probe="loads_only")
+    assert "sm_90a MLA and GQA prefill kernels only" in decode.can_implement()
 
 
 def test_score_warpgroup_refuses_what_it_does_not_build():
