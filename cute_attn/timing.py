@@ -135,19 +135,23 @@ def profile_calls(run: Callable[[], object], flush: Callable[[], None], iters: i
     return prof
 
 
-def time_gpu_span(run: Callable[[], object], flush: Callable[[], None], iters: int,
-                  warmup: int) -> list[dict[str, float] | None]:
-    """Profile ``iters`` flushed calls under torch.profiler (CUPTI) and return per-call spans."""
+def profile_events(run: Callable[[], object], flush: Callable[[], None], iters: int, warmup: int) -> list[dict]:
+    """Profile ``iters`` flushed calls under torch.profiler (CUPTI) and return the trace's events (chrome format)."""
     prof = profile_calls(run, flush, iters, warmup)
     fd, path = tempfile.mkstemp(suffix=".json", prefix="bench_trace_")
     os.close(fd)
     try:
         prof.export_chrome_trace(path)
         with open(path) as f:
-            events = json.load(f).get("traceEvents", [])
+            return json.load(f).get("traceEvents", [])
     finally:
         os.unlink(path)
-    return iteration_spans(events)
+
+
+def time_gpu_span(run: Callable[[], object], flush: Callable[[], None], iters: int,
+                  warmup: int) -> list[dict[str, float] | None]:
+    """Profile ``iters`` flushed calls under torch.profiler (CUPTI) and return per-call spans."""
+    return iteration_spans(profile_events(run, flush, iters, warmup))
 
 
 def measure(run: Callable[[], object], flush: Callable[[], None], iters: int = MIN_ITERS,

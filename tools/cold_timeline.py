@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -93,12 +91,7 @@ def _timeline(label, run, flush, iters):
     """Median launch and kernel times of ``run``'s kernels, relative to each call's start."""
     from cute_attn import timing
 
-    prof = timing.profile_calls(run, flush, iters, warmup=10)
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    prof.export_chrome_trace(path)
-    events = json.load(open(path))["traceEvents"]
-    os.unlink(path)
+    events = timing.profile_events(run, flush, iters, warmup=10)
     iters = sorted((e for e in events if e.get("cat") == "user_annotation"
                     and str(e.get("name", "")).startswith(timing.ITER_PREFIX)), key=lambda e: float(e["ts"]))
     launches = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")
