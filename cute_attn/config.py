@@ -210,6 +210,7 @@ class PagedAttentionConfig(KernelConfig):
             deal_whole_cuts=self._deal_whole_cuts(), deal_max_q_tiles=self._deal_max_q_tiles(),
             rank_deal_max_q_tiles=RANK_DEAL_MAX_Q_TILES if self.causal else 0,
             deal_first=self.causal and self.kind in DEAL_FIRST_KINDS,
+            lap_turn=self.causal and self.kind in LAP_TURN_KINDS,
         )
 
     def _whole_deal(self) -> str:
@@ -346,6 +347,23 @@ RANK_DEAL_MAX_Q_TILES = 0
 #: in-kernel) but its default calls ran +1.1..+1.4 us slower (the seed, 1 / 1028); the deal's code at one call site
 #: (``device_planner.DEAL_ONE_SITE``) took back 0.5 us of that; the rest is not understood yet: MLA stays off
 DEAL_FIRST_KINDS = ("gqa_paged_prefill",)
+
+
+#: The kinds whose default configs' plans take ``PlanConfig.lap_turn``: the sorted deal hands each lap's positions to
+#: the CTAs in ascending order of their loads so far (``plan_partition.turned_deal``) instead of the serpentine's
+#: fixed turn. Session 27 (H200, per-CTA stamps, ``tools/cta_timeline.py``): at GQA prefill 8 x 992 the serpentine's
+#: busiest CTA (72 kv tiles against a mean of 65.9) ends 149.3 us after the release, the lap deal's 140.4; host plans
+#: of the lap deal (``tools/ab_policy.py lap_deal``, 200 runs): 8 x 992 149.1 -> 141.3 us, 4 x 992 77.3 -> 73.6
+LAP_TURN_KINDS: tuple = ()
+
+
+@contextlib.contextmanager
+def lap_turn_policy(enabled: bool = True):
+    """Inside the block GQA prefill default configs' plans take ``lap_turn=enabled`` (GPU tests, A/Bs)."""
+    from .ops import policy
+
+    with policy(globals(), LAP_TURN_KINDS=("gqa_paged_prefill",) if enabled else ()):
+        yield
 
 
 @contextlib.contextmanager

@@ -144,8 +144,8 @@ class PlanConfig:
     #: merges a split costs
     max_slack_keys: int = 0
     #: host plans (``plan_work``, with ``host_deal``) of whole q tiles dealt over the CTAs, whatever the twin did:
-    #: "lap" -- lap by lap onto the least loaded CTAs (``plan_partition.lap_deal``), taken where its busiest CTA is no
-    #: worse; "serpentine" -- the twin's serpentine deal (``sorted_deal``) in place of a plan without merges where its
+    #: "lap" -- lap by lap onto the least loaded CTAs (``plan_partition.lap_deal``), taken where its busiest CTA is
+    #: strictly lower; "serpentine" -- the twin's serpentine deal (``sorted_deal``) in place of a plan without merges where its
     #: busiest CTA is within a sixteenth (batches of at most ``deal_max_q_tiles`` q tiles); "": neither (``ops/gqa_prefill.WHOLE_DEAL`` says what measured)
     whole_deal: str = ""
     #: device plans (and their twin): whole-tile cuts give way to the serpentine deal whenever its busiest CTA is within
@@ -165,6 +165,13 @@ class PlanConfig:
     #: cut and decide by ``deal_bound`` as before. The planning CTA then skips its cuts phase, the cuts' vote and
     #: the partial slots' scan (no merges) on the batches the deal takes anyway
     deal_first: bool = False
+    #: device plans (and their twin) of the sorted deal: each lap's positions (longest first) go to the CTAs in
+    #: ascending order of their loads so far, ties by CTA (``plan_partition.turned_deal``: the lap deal, its order
+    #: re-ranked after at most ``LAP_TURN_EPOCHS - 1`` laps, and only with at most ``LAP_TURN_CTAS`` CTAs), in place
+    #: of the serpentine's fixed turn, which puts a lap's clump of equal costs on the CTAs that drew the last one
+    #: (GQA prefill 8 x 992 h32/kv4: busiest CTA 1.082 of the mean against 1.024; per-CTA stamps on the H200: its
+    #: last CTA ends 149.3 against 140.4 us after the release, session 27)
+    lap_turn: bool = False
 
     def __post_init__(self):
         if self.line_deal and self.sorted_deal:
@@ -490,7 +497,7 @@ def plan_work(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity | None
 
 
 def _whole_dealt(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity, plan: WorkPlan) -> WorkPlan:
-    """``whole_deal``: "lap" -- the lap deal's whole-tile plan where its busiest CTA is no worse than ``plan``'s;
+    """``whole_deal``: "lap" -- the lap deal's whole-tile plan where its busiest CTA is strictly below ``plan``'s;
     "serpentine" -- the serpentine deal's in place of a plan without merges, where the batch's q tiles are few enough
     for the device's sort and its busiest CTA is within ``1 / 2**SERPENTINE_SLACK_SHIFT`` of ``plan``'s (8 x 992
     h32/kv4: 1.057)."""
@@ -507,7 +514,8 @@ def _whole_dealt(config: PlanConfig, q_lens, kv_lens, capacity: PlanCapacity, pl
     bound = plan.cta_cost.max()
     if config.whole_deal == "serpentine":  # its pattern against the model's balance, within a sixteenth
         bound += bound >> SERPENTINE_SLACK_SHIFT
-    return dealt if dealt.cta_cost.max() <= bound else plan
+        return dealt if dealt.cta_cost.max() <= bound else plan
+    return dealt if dealt.cta_cost.max() < bound else plan  # "lap": for its balance only (ties keep the plan)
 
 
 def _fill_page_starts(config: PlanConfig, kv_lens: np.ndarray, plan: WorkPlan) -> None:

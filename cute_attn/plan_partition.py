@@ -43,7 +43,8 @@ Sorted deal
     cuts' busiest or than ``W + W / 2**WHOLE_TILE_SHIFT`` (a plan without merges runs faster than modelled). Whole-tile
     cuts are dealt too when their busiest CTA exceeds ``W + W / 2**DEAL_WHOLE_SHIFT`` and the deal's is lower (tiles
     of a few hundred keys against a width of a few thousand snap unevenly: GQA prefill 8 x 992 at h20/kv4, cuts
-    1.12 x the mean, the deal 1.03); :func:`deal_bound`.
+    1.12 x the mean, the deal 1.03); :func:`deal_bound`. With ``PlanConfig.lap_turn`` (GQA prefill) a lap's positions
+    go to the CTAs in ascending order of their loads so far instead of the serpentine's turn (:func:`turned_deal`).
 
 Deal first
     With ``PlanConfig.deal_first`` (GQA prefill's device plans by default) the sorted deal is made before any cut
@@ -180,6 +181,8 @@ def cut_loads(config: PlanConfig, cost, cut_tile, cut_key) -> np.ndarray:
 def sorted_deal(config: PlanConfig, cost) -> tuple[np.ndarray, np.ndarray]:
     """(q tile of each dealt position, CTA of each position): the q tiles longest first (ties in line order;
     ``line_deal``: line order, unsorted), each tile's heads in a row, dealt serpentine over ``num_ctas`` CTAs."""
+    if turns_laps(config):
+        return turned_deal(config, cost)
     heads, m = config.num_kv_heads, config.num_ctas
     cost = np.asarray(cost)
     if config.line_deal:
@@ -191,6 +194,48 @@ def sorted_deal(config: PlanConfig, cost) -> tuple[np.ndarray, np.ndarray]:
     position = np.arange(order.size * heads)
     lap, offset = position // m, position % m
     return order[position // heads], np.where(lap % 2 == 0, offset, m - 1 - offset)
+
+
+#: ``PlanConfig.lap_turn``: deals of more laps keep the serpentine (the device keeps one Int32 shift a lap)
+LAP_TURN_MAX_LAPS = 512
+
+
+def turns_laps(config: PlanConfig) -> bool:
+    """Whether ``config``'s sorted deal may turn its laps (``PlanConfig.lap_turn``) instead of the serpentine."""
+    return config.lap_turn and not config.line_deal
+
+
+def lap_shifts(position_cost: np.ndarray, num_ctas: int) -> np.ndarray:
+    """Each lap's rotation of the CTA order (:func:`turned_deal`): the exclusive prefix, mod ``num_ctas``, of the
+    count of each lap's positions at its first (longest) cost (a whole lap of one cost: 0)."""
+    m = num_ctas
+    laps = -(-position_cost.size // m)
+    first = np.arange(laps) * m
+    lead = position_cost[first]
+    lower = np.searchsorted(-position_cost, -lead, side="right")  # the first position of a lower cost (falling)
+    leading = np.minimum(lower - first, m) % m
+    return (np.cumsum(leading) - leading) % m
+
+
+def turned_deal(config: PlanConfig, cost) -> tuple[np.ndarray, np.ndarray]:
+    """(q tile of each dealt position, CTA of each position) of ``PlanConfig.lap_turn``: :func:`sorted_deal`'s
+    positions, lap ``k``'s position ``k * m + r`` to CTA ``(r + shift_k) mod m``: after each lap the CTAs that drew
+    its longest cost go to the back of the order (:func:`lap_shifts`), where the serpentine reverses the order
+    whatever the lap held. Where a lap's costs come in two runs and the loads are within their difference, that is
+    the lap deal's order (the least loaded CTAs first: GQA prefill 8 x 992's busiest CTA 1.082 -> 1.024 of the mean,
+    as the lap deal). Taken only where its busiest CTA is strictly below the serpentine's (h5/kv1 8 x 992: 1.208
+    against 1.149) and the deal has at most ``LAP_TURN_MAX_LAPS`` laps; else the serpentine."""
+    m = config.num_ctas
+    serpentine = sorted_deal(dataclasses.replace(config, lap_turn=False), cost)
+    tile = serpentine[0]
+    if -(-tile.size // m) > LAP_TURN_MAX_LAPS or tile.size == 0:
+        return serpentine
+    position_cost = np.asarray(cost)[tile]
+    position = np.arange(tile.size)
+    cta = (position % m + lap_shifts(position_cost, m)[position // m]) % m
+    turned_max = np.bincount(cta, weights=position_cost, minlength=m).max()
+    serpentine_max = np.bincount(serpentine[1], weights=position_cost, minlength=m).max()
+    return (tile, cta) if turned_max < serpentine_max else serpentine
 
 
 def lap_deal(config: PlanConfig, cost) -> tuple[np.ndarray, np.ndarray]:

@@ -755,3 +755,31 @@ def test_cta_timeline_reads_wrapped_stamps_from_the_earliest_release():
     assert got["release_last"] == pytest.approx(0.3) and got["entry_first"] == pytest.approx(-0.95)
     assert got["end_last"] == pytest.approx(153.1) and got["end_first"] == pytest.approx(148.1)
     assert got["last_cta"] == 1 and got["last_cta_items"] == 16 and got["last_cta_entry"] == pytest.approx(-0.7)
+
+
+def test_cta_timeline_item_times_fit_and_greedy_deal():
+    """``tools/cta_timeline.py``: item times come from each CTA's release and item-end stamps; the fit recovers a
+    known ``fixed + per_tile * tiles`` with the first items' extra; the greedy deal hands each position to the least
+    loaded CTA."""
+    import numpy as np
+
+    import cta_timeline
+    from cute_attn.kernels.sm90.gqa_prefill import CTA_STAMPS
+
+    tiles = [np.array([8, 5, 2, 1]), np.array([7, 6, 3]), np.array([8, 4, 4, 2])]
+    fixed, per_tile, fill = 1.5, 2.0, 3.0
+    rows = np.zeros((3, CTA_STAMPS + 6), dtype=np.int64)
+    for cta, k in enumerate(tiles):
+        release = 10_000 * cta + 2**32 - 700  # wraps inside the call
+        times = fixed + per_tile * k + np.where(np.arange(k.size) == 0, fill, 0.0)
+        rows[cta, 1] = release
+        rows[cta, CTA_STAMPS:CTA_STAMPS + k.size] = release + np.round(np.cumsum(times) * 1000).astype(np.int64)
+    words = ((rows + 2**31) % 2**32 - 2**31).astype(np.int32)
+    got = cta_timeline.item_times(words, np.array([k.size for k in tiles]))
+    for t, k in zip(got, tiles):
+        assert np.allclose(t, fixed + per_tile * k + np.where(np.arange(k.size) == 0, fill, 0.0), atol=1e-3)
+    fit = cta_timeline.fit_item_cost(got, tiles)
+    assert fit["fixed_us"] == pytest.approx(fixed, abs=1e-3) and fit["per_tile_us"] == pytest.approx(per_tile, abs=1e-3)
+    assert fit["first_item_excess_us"] == pytest.approx(fill, abs=1e-3) and fit["items"] == 8
+    tile, cta = cta_timeline.greedy_deal(np.array([3, 9, 5]), heads=2, num_ctas=3)
+    assert tile.tolist() == [1, 1, 2, 2, 0, 0] and cta.tolist() == [0, 1, 2, 2, 0, 1]

@@ -315,3 +315,20 @@ def test_lap_lists_build_compiles_beside_the_default(arch):
     plain_ptx, lap_ptx = compile_to_ptx(config), compile_to_ptx(lap)
     assert f".target {arch}" in lap_ptx and lap_ptx != plain_ptx
     assert lap_ptx.count("cp.async.bulk.global.shared::cta") > plain_ptx.count("cp.async.bulk.global.shared::cta")
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_lap_turn_builds_beside_the_serpentine_and_leaves_the_default_alone(arch):
+    """``lap_turn`` (``planner_lap_turn.py``, off by default until measured): the GQA prefill planner with the lap
+    shifts' scan and the vote compiles without local memory, a different build; it needs the sorted deal."""
+    from cute_attn.kernels.common.planner_lap_turn import turn_slots
+    from cute_attn.kernels.common.sorted_deal import deal_slots, sort_key_slots
+
+    prefill = device_planner.default_configs(arch)[1]
+    assert not prefill.lap_turn and prefill.sorted_deal
+    turned = dataclasses.replace(prefill, lap_turn=True)
+    assert turned.can_implement() is None
+    ptx = compile_to_ptx(turned)
+    assert ptx != compile_to_ptx(prefill) and ".local" not in ptx
+    assert deal_slots(turned) == sort_key_slots(turned) + turn_slots(turned) and turn_slots(prefill) == 0
+    assert "sorted_deal" in dataclasses.replace(_decode_planner(arch), lap_turn=True).can_implement()

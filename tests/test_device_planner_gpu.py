@@ -606,3 +606,52 @@ def test_whole_cuts_dealt_lists_equal_the_twin(q_lens, kv_lens, heads, kv_heads)
         assert plan.config.plan_config(plan.work_indptr.shape[0] - 1).deal_whole_cuts
         _assert_twin(plan, case.qo_indptr.tolist(), case.kv_indptr.tolist(), q_lens, kv_lens, f"{q_lens[:3]}...")
         _assert_default_call_matches_reference(case, f"whole cuts dealt {heads}/{kv_heads}")
+
+
+LAP_TURN_CASES = {  # (q_lens, kv_lens, heads, kv_heads, num_sms)
+    "gqa h32 8 x 992": ([992] * 8, [992] * 8, 32, 4, None),
+    "gqa h16/kv1 8 x 992": ([992] * 8, [992] * 8, 16, 1, None),
+    "gqa 16 x 992 (the chunks)": ([992] * 16, [992] * 16, 32, 4, None),
+    "gqa 32 x 992 (2048 keys, 61 laps)": ([992] * 32, [992] * 32, 32, 4, None),
+    "gqa ragged (runs in a lap)": ([35, 294, 224, 288, 28, 217], [269, 726, 963, 509, 608, 345], 32, 4, None),
+    "gqa h5/kv1 8 x 992 (the serpentine wins the vote)": ([992] * 8, [992] * 8, 5, 1, None),
+    "gqa 8 x 992 on 3 CTAs (661 laps: the serpentine)": ([992] * 8, [992] * 8, 32, 4, 3),
+}
+
+
+@pytest.mark.parametrize("name", list(LAP_TURN_CASES))
+def test_lap_turn_lists_equal_the_twin_and_the_call_the_reference(name):
+    """``config.lap_turn_policy()`` (session 27, ``planner_lap_turn.py``): each lap's CTA order rotated past the CTAs
+    that drew its longest cost, where that deal's busiest CTA beats the serpentine's; the lists equal the twin's
+    (``plan_partition.turned_deal``), and the default call matches the reference. The cases: turned deals kept first,
+    the chunked lists, the 2048-key sort, laps of several runs, a batch the serpentine wins, and more laps than the
+    shifts' table (the serpentine)."""
+    from cute_attn.config import lap_turn_policy
+    from cute_attn.plan_partition import turns_laps
+
+    q_lens, kv_lens, heads, kv_heads, num_sms = LAP_TURN_CASES[name]
+    with lap_turn_policy():
+        case = testing.make_gqa_prefill_case(q_lens, kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads,
+                                             device="cuda", seed=len(q_lens) + 27)
+        plan = cute_attn.plan_gqa_paged_prefill(*case.inputs(), on_device=True, num_sms=num_sms)
+        config = plan.config.plan_config(plan.work_indptr.shape[0] - 1)
+        assert config.lap_turn and turns_laps(config)
+        _, dealt = partition(config, q_lens, kv_lens)
+        assert dealt, "the batch no longer exercises a dealt plan"
+        _assert_twin(plan, case.qo_indptr.tolist(), case.kv_indptr.tolist(), q_lens, kv_lens, f"lap turn {name}")
+        out, lse = case.new_outputs()
+        cute_attn.gqa_paged_prefill(*case.inputs(), out, lse, num_sms=num_sms)
+        torch.cuda.synchronize()
+        ref_out, ref_lse = case.reference()
+        testing.assert_close_benchmark(out, ref_out, f"lap turn {name} output")
+        testing.assert_close_benchmark(lse, ref_lse, f"lap turn {name} lse")
+        cute_attn.raise_on_device_error()
+
+
+@SETTINGS
+@given(batch=testing.ragged_batches(max_batch=12, max_q=700, max_kv=9000))
+def test_lap_turn_lists_equal_the_twin_on_drawn_batches(batch):
+    from cute_attn.config import lap_turn_policy
+
+    with lap_turn_policy():
+        _assert_drawn_batch_lists_equal_the_twin(batch, False, "lap turn")

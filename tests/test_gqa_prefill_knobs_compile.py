@@ -114,16 +114,18 @@ def test_k_ahead_policy_reaches_the_configs_of_its_page_sizes_only():
     assert not _prefill(page_size=1).k_ahead
 
 
-def test_cta_stamps_probe_adds_three_timer_reads_and_leaves_the_default_alone():
+def test_cta_stamps_probe_adds_four_timer_reads_and_leaves_the_default_alone():
     """``probe="cta_stamps"`` (``tools/cta_timeline.py``): each CTA reads ``%globaltimer_lo`` at its entry, after its
-    wait and at its consumers' end, and names itself in the kernel symbol; the default build reads no timer. Other
-    probes, kinds and arches refuse it with a reason; the policy sets it only inside its block."""
+    wait, after each item and at its consumers' end, reads its SM id, and names itself in the kernel symbol; the
+    default build reads neither. Other probes, kinds and arches refuse it with a reason; the policy sets it only
+    inside its block."""
     config = _prefill()
     assert config.probe == ""
     probe = dataclasses.replace(config, probe="cta_stamps")
     assert probe.can_implement() is None
     plain, stamped = compile_to_ptx(config), compile_to_ptx(probe)
-    assert plain.count("%globaltimer_lo") == 0 and stamped.count("%globaltimer_lo") == 3
+    assert plain.count("%globaltimer_lo") == 0 and stamped.count("%globaltimer_lo") == 4
+    assert plain.count("%smid") == 0 and stamped.count("%smid") == 1
     assert "CtaStamps" in stamped and "CtaStamps" not in plain
     assert "must be one of" in dataclasses.replace(config, probe="loads_only").can_implement()
     assert "sm_90a MLA and GQA prefill" in _prefill(arch="sm_100a", probe="cta_stamps").can_implement()

@@ -1,5 +1,5 @@
 """Whole-tile deals of GQA prefill host plans (``PlanConfig.whole_deal``): "lap" (lap by lap onto the least loaded
-CTAs, taken where it models no worse; counts within one a CTA, each CTA's items longest first) and "serpentine" (the
+CTAs, taken where it models strictly better; counts within one a CTA, each CTA's items longest first) and "serpentine" (the
 device twin's deal, always)."""
 
 import dataclasses
@@ -67,12 +67,13 @@ def test_the_bench_rows_the_serpentine_leaves_uneven_deal_to_the_lpts_balance(he
 
 @settings(max_examples=40, deadline=None)
 @given(batch=testing.ragged_batches(max_batch=12, max_q=700, max_kv=3000))
-def test_taken_only_where_no_worse_and_the_device_twin_ignores_it(batch):
+def test_taken_only_where_strictly_better_and_the_device_twin_ignores_it(batch):
     q_lens, kv_lens = batch
     on, off = _prefill(mode="lap"), _prefill(mode="")
     plan_on, plan_off = plan_work(on, q_lens, kv_lens), plan_work(off, q_lens, kv_lens)
-    if sum(q_lens):
-        assert plan_on.cta_cost.max() <= plan_off.cta_cost.max()
+    same = (np.array_equal(plan_on.items, plan_off.items) and np.array_equal(plan_on.work_indptr,
+                                                                            plan_off.work_indptr))
+    assert same or plan_on.cta_cost.max() < plan_off.cta_cost.max()
     twin_on, twin_off = partition(on, q_lens, kv_lens)[0], partition(off, q_lens, kv_lens)[0]
     assert np.array_equal(twin_on.items, twin_off.items) and np.array_equal(twin_on.work_indptr, twin_off.work_indptr)
 

@@ -50,6 +50,9 @@ POLICY is one of
                   (``device_planner.LAP_LISTS`` False / True; its default follows deal_first since session 26): GQA
                   prefill 8 x 992 h32/kv4 and h20/kv4, 16 x 992, 4 x 512 / 4096, the MLA seed and 1 / 1028; only the
                   device-planned and default calls move
+    lap_turn      each lap's CTA order rotated past the CTAs of its longest cost instead of the serpentine's turn
+                  (``config.LAP_TURN_KINDS``, session 27): GQA prefill 4 / 8 / 16 x 992 h32/kv4, 8 x 992 h16/kv1,
+                  h20/kv4, h32/kv16; all three calls move (host plans take the twin's deal)
     q_tile_pass   the device planner's q-tile pass: one tile a thread, or chosen per launch (two past one pass;
                   ``kernels/common/device_planner.Q_TILES_PER_PASS`` 1 / 0); only the device-planned and default calls
                   move
@@ -396,6 +399,23 @@ DEAL_FIRST_CASES = {  # GQA prefill: the FIB 8 x 992 layouts the deal takes with
 }
 
 
+LAP_TURN_CASES = {  # GQA prefill: the seed's batches and the FIB 8 x 992 layouts the serpentine deals unevenly
+    "n4_q992_h32kv4": ([992] * 4, [992] * 4, 32, 4),
+    "n8_q992_h32kv4": ([992] * 8, [992] * 8, 32, 4),
+    "n16_q992_h32kv4": ([992] * 16, [992] * 16, 32, 4),
+    "n8_q992_h16kv1": ([992] * 8, [992] * 8, 16, 1),
+    "n8_q992_h20kv4": ([992] * 8, [992] * 8, 20, 4),
+    "n8_q992_h32kv16": ([992] * 8, [992] * 8, 32, 16),
+}
+
+
+def _lap_turn_cases(pages):
+    """Device (and host) plans turn the deal's laps by load (``config.lap_turn_policy``), GQA prefill."""
+    from cute_attn.config import lap_turn_policy
+
+    return _prefill_cases(LAP_TURN_CASES, pages, lambda page_size: lap_turn_policy)
+
+
 def _deal_first_cases(pages):
     """Device plans deal before they cut (``config.deal_first_policy``): GQA prefill, then the MLA seed and 1 / 1028
     at page 1 (the definition's)."""
@@ -456,13 +476,14 @@ POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, 
             "serpentine_deal": _serpentine_deal_cases, "device_whole_deal": _device_whole_deal_cases,
             "bf16_partials": _bf16_partials_cases, "deal_2048": _deal_2048_cases, "gather_warps": _gather_warps_cases,
             "rank_deal": _rank_deal_cases, "deal_first": _deal_first_cases, "deal_one_site": _deal_one_site_cases,
-            "lap_lists": _lap_lists_cases}
+            "lap_lists": _lap_lists_cases, "lap_turn": _lap_turn_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
                  "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64], "even_pieces": [64, 1],
                  "page_boxes": [64, 128], "max_slack": [1], "eager_combine": [64, 1],
                  "lap_deal": [64], "serpentine_deal": [64],
                  "device_whole_deal": [64], "bf16_partials": [64, 1], "deal_2048": [64, 1], "gather_warps": [1, 2],
-                 "rank_deal": [1], "deal_first": [64], "deal_one_site": [64], "lap_lists": [64]}
+                 "rank_deal": [1], "deal_first": [64], "deal_one_site": [64], "lap_lists": [64],
+                 "lap_turn": [64]}
 
 
 def checked_span(run, out, lse, reference, label: str, timer, digits: int = 1):

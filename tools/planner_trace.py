@@ -17,6 +17,7 @@ of SASS, decode's ~75 KB). ``warm`` skips the flush.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import statistics
@@ -71,7 +72,7 @@ def _cases():
     yield gqa("prefill 8 x 992", prefill, case, case.qo_indptr)
     case = testing.make_gqa_prefill_case([992] * 8, [992] * 8, page_size=1, device="cuda", seed=5)
     yield gqa("prefill 8 x 992 page 1", prefill, case, case.qo_indptr)
-    for n in (16, 32):  # the lists phase grows with the items (3968 / 7936 here)
+    for n in (4, 16, 32):  # the lists phase grows with the items (3968 / 7936 here)
         case = testing.make_gqa_prefill_case([992] * n, [992] * n, device="cuda", seed=n)
         yield gqa(f"prefill {n} x 992", prefill, case, case.qo_indptr)
     import bench_workloads as bw
@@ -87,6 +88,7 @@ def main(argv=None) -> int:
     import torch
 
     import bench_timing
+    from cute_attn.config import lap_turn_policy
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=30)
@@ -98,6 +100,9 @@ def main(argv=None) -> int:
     p.add_argument("--only", nargs="+", default=None, help="case labels that start with any of these")
     p.add_argument("--deal-first", type=int, nargs="+", default=[-1],
                    help="causal planners built with DevicePlannerConfig.deal_first 0 / 1, one trace each (-1: the "
+                        "default config's)")
+    p.add_argument("--lap-turn", type=int, nargs="+", default=[-1],
+                   help="GQA prefill planners built under config.lap_turn_policy 0 / 1, one trace each (-1: the "
                         "default config's)")
     p.add_argument("--l2", choices=("flushed", "code-warm", "warm"), default="flushed",
                    help="L2 before each timed launch (see the module docstring)")
@@ -111,14 +116,18 @@ def main(argv=None) -> int:
             continue
         for per_thread in args.items_per_thread:
             for first in args.deal_first:
-                name = label
-                if len(args.items_per_thread) > 1:
-                    name += f" [items/thread {per_thread or 'default'}]"
-                if first >= 0:
-                    name += f" [deal first {first}]"
-                row = _trace(name, planner_fn, case, qo, num_pages, total_q, per_thread, args.reps, flush,
-                             args.q_tiles_per_pass, args.l2 == "code-warm", first)
-                report.append(row)
+                for turn in args.lap_turn:
+                    name = label
+                    if len(args.items_per_thread) > 1:
+                        name += f" [items/thread {per_thread or 'default'}]"
+                    if first >= 0:
+                        name += f" [deal first {first}]"
+                    if turn >= 0:
+                        name += f" [lap turn {turn}]"
+                    with lap_turn_policy(bool(turn)) if turn >= 0 else contextlib.nullcontext():
+                        row = _trace(name, planner_fn, case, qo, num_pages, total_q, per_thread, args.reps, flush,
+                                     args.q_tiles_per_pass, args.l2 == "code-warm", first)
+                    report.append(row)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     return 0

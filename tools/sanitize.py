@@ -35,6 +35,8 @@ Cases (small, ragged, each a registered config's shape):
                    deal-one-site-*: the same with the deal's code at one call site (``deal_one_site_policy``)
     lap-lists-prefill  a dealt plan's rows built in one pass by (lap, CTA) slots (``lap_lists_policy``, session 25;
                    the GQA prefill default since session 26)
+    lap-turn-prefill / lap-turn-ragged  each lap's CTA order rotated past the CTAs of its longest cost
+                   (``config.lap_turn_policy``, session 27): 8 x 992, and a ragged batch whose laps hold several costs
     rank-deal-mla  a ranked deal past the MLA sort's 1024 keys (``config.rank_deal_policy``; built in session 24)
     hostile-decode the device planner's bounds checks (ids past the pool and negative; those requests 0 / -inf, a split
                    one included); -late: the last CTA to arrive empties their items (``late_scan_policy``), -scan-last: a
@@ -465,6 +467,20 @@ def _cases(arch: str) -> dict:
             return _run_api(cute_attn.gqa_paged_prefill, case, arch)
 
     cases["lap-lists-prefill"] = ("device_planner", lap_lists)
+
+    def lap_turn(ragged):  # each lap's CTA order rotated (config.lap_turn_policy)
+        def run():
+            from cute_attn.config import lap_turn_policy
+
+            with lap_turn_policy():
+                lens = (([35, 294, 224, 288, 28, 217], [269, 726, 963, 509, 608, 345]) if ragged
+                        else ([992] * 8, [992] * 8))
+                case = testing.make_gqa_prefill_case(*lens, device="cuda", seed=86)
+                return _run_api(cute_attn.gqa_paged_prefill, case, arch)
+        return run
+
+    cases["lap-turn-prefill"] = ("device_planner", lap_turn(False))
+    cases["lap-turn-ragged"] = ("device_planner", lap_turn(True))
     cases["hostile-decode"] = ("device_planner", hostile_decode(False))
     cases["hostile-decode-late"] = ("device_planner", hostile_decode(True))
     cases["hostile-decode-scan-last"] = ("device_planner", hostile_decode("scan_last"))

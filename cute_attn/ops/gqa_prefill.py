@@ -53,19 +53,18 @@ PREFILL_ITEM_OVERHEAD_KEYS = 320
 #: barrier, ptxas spills 4 bytes at page 1; a first build that walked every CTA's items at its tail was 2-9 us slower)
 FUSED_MERGE = False
 #: host plans (``plan_*`` and ``check_indices=True`` calls) of whole q tiles dealt over the CTAs whatever the device
-#: twin did (``PlanConfig.whole_deal``): "lap" (lap by lap onto the least loaded CTAs, where no worse in the model),
-#: "serpentine" (the twin's deal, always), "" (the twin's deal where it deals, else the LPT or the twin's cuts). The
-#: serpentine deal measured 1-7% faster than the LPT at an equal model (session 15), and its fixed turn leaves 4 x 992
-#: at 1.082 of the mean where loads give 1.024; but "lap" (the LPT's balance, counts within one) ran slower on every
-#: row (session 20, H200, one process, ``tools/ab_policy.py lap_deal``, planned, us): 4 x 992 99.0 -> 104.7, 16 x 992
-#: 360.8 -> 370.6, 8 x 992 h16/kv1 102.0 -> 110.0, h16/kv2 99.7 -> 107.2, h20/kv4 128.3 -> 132.6, h32/kv16 183.9 ->
-#: 190.8, h32/kv4 193.6 -> 195.0. So what the serpentine wins by is its regular pattern, not its item counts; and
-#: "serpentine" where the twin cuts the line instead (within 1/16 of the cuts' busiest CTA) is faster though the model
-#: rates it worse (session 20, same tooling, ``serpentine_deal``, planned, page 64, us): 8 x 992 h32/kv4 195.4 -> 189.3
-#: (the cuts 1.024 of the mean, the serpentine 1.082), h32/kv8 192.4 -> 185.4, 8 x 128 / 2048 70.3 -> 70.6 (noise).
-#: GPU tests 6 passed (both host routes). Of the bench's and the FIB representatives' rows it changes only those
-#: (and their page-1 twins). Device plans keep the twin's rule (its cuts there): device-planned calls do not move
-WHOLE_DEAL = "serpentine"
+#: twin did (``PlanConfig.whole_deal``): "lap" (lap by lap onto the least loaded CTAs, where strictly better in the
+#: model), "serpentine" (the twin's deal, always), "" (the twin's deal where it deals, else the LPT or the twin's cuts).
+#: History: the serpentine measured 1-7% faster than the LPT at an equal model (session 15) and "lap" slower on every
+#: row in session 20, before the kernel stopped zeroing V past each item's keys (session 22: -22% a call). Session 27
+#: (H200): per-CTA stamps (``tools/cta_timeline.py``) put 8 x 992's last CTA at 149.3 us after the release under the
+#: serpentine (72 kv tiles against a mean of 65.9: its fixed turn lands a lap's clump of equal costs on the CTAs
+#: that drew the last one) and 140.4 under the lap deal; ``tools/ab_policy.py lap_deal`` (one process, 200 runs,
+#: planned, us): 4 x 992 77.3 -> 73.6, 8 x 992 149.1 -> 141.3, 16 x 992 282.3 -> 280.8, 8 x 992 h16/kv1 77.5 ->
+#: 73.7, h16/kv2 78.6 -> 73.4, h20/kv4 98.9 -> 97.0, h32/kv16 161.7 -> 159.0 (every arm checked against the reference).
+#: "lap" takes the lap deal only where the model is strictly better (those rows, h32/kv8 and h40/kv10); ties keep the
+#: twin's plan. Device plans keep the twin's rule (``PlanConfig.lap_turn`` is the device's lever, off until measured)
+WHOLE_DEAL = "lap"
 #: device plans take the same rule (``PlanConfig.deal_whole_cuts``: whole-tile cuts give way to the serpentine deal
 #: within 1/16 of their busiest CTA; the planner then sorts where it kept the cuts before). H200, session 21 (one
 #: process, ``tools/ab_policy.py device_whole_deal --pages 64 1``; GPU tests 4 passed, memcheck/racecheck clean on

@@ -78,7 +78,7 @@ from .planner_scan import (ARRIVAL_COUNT_MASK, L2_LINE_INT32, arrivals_seen, pla
 from .planner_scan import record_fault as _record
 from .planner_cuts import cut_line
 from .planner_deal_first import deal_first, deal_first_one_site
-from .sorted_deal import sort_key_slots, sorted_deal
+from .sorted_deal import deal_slots, sorted_deal
 
 MAX_CTAS = NUM_THREADS - 1  # one thread per CTA edge (num_ctas + 1 of them)
 # The planning CTA keeps its per-request and per-q-tile arrays in shared memory when the batch fits (the
@@ -147,6 +147,7 @@ class DevicePlannerConfig(KernelConfig):
     #: a dealt plan's rows in one pass by (lap, CTA) slots, no CTA search (``planner_lists.build_dealt_rows``);
     #: for_plan takes LAP_LISTS (None: deal_first)
     lap_lists: bool = False
+    lap_turn: bool = False  # PlanConfig.lap_turn: a lap's positions to the CTAs by load (planner_lap_turn.py)
     num_qo_heads: int = 20
     head_dim_v: int = 128
     #: a development build: the planning CTA writes clock64 stamps of its phase boundaries to the last
@@ -177,7 +178,7 @@ class DevicePlannerConfig(KernelConfig):
             head_dim_v=head_dim_v, q_tiles_per_pass=Q_TILES_PER_PASS, deal_whole_cuts=plan_config.deal_whole_cuts,
             late_scan=LATE_SCAN, scan_delay_ns=SCAN_DELAY_NS,
             deal_max_q_tiles=plan_config.deal_max_q_tiles, rank_deal_max_q_tiles=plan_config.rank_deal_max_q_tiles,
-            deal_first=plan_config.deal_first, deal_one_site=DEAL_ONE_SITE,
+            deal_first=plan_config.deal_first, deal_one_site=DEAL_ONE_SITE, lap_turn=plan_config.lap_turn,
             lap_lists=plan_config.deal_first if LAP_LISTS is None else LAP_LISTS)
 
     def plan_config(self, num_ctas: int) -> PlanConfig:
@@ -188,7 +189,7 @@ class DevicePlannerConfig(KernelConfig):
                           sorted_deal=self.sorted_deal, line_deal=self.line_deal, even_pieces=self.even_pieces,
                           max_slack_keys=self.max_slack_keys, deal_whole_cuts=self.deal_whole_cuts,
                           deal_max_q_tiles=self.deal_max_q_tiles, rank_deal_max_q_tiles=self.rank_deal_max_q_tiles,
-                          deal_first=self.deal_first)
+                          deal_first=self.deal_first, lap_turn=self.lap_turn)
 
     def can_implement(self) -> str | None:
         if (reason := super().can_implement()) is not None:
@@ -205,6 +206,8 @@ class DevicePlannerConfig(KernelConfig):
             return "item_overhead_keys and min_chunk_keys must be >= 0"
         if self.sorted_deal and self.line_deal:
             return "sorted_deal and line_deal are exclusive"
+        if self.lap_turn and not self.sorted_deal:
+            return "lap_turn turns the sorted deal's laps: it needs sorted_deal"
         if self.deal_max_q_tiles not in DEAL_MAX_Q_TILES_CHOICES:
             return f"deal_max_q_tiles={self.deal_max_q_tiles} must be 1024 or 2048 (the sort's keys)"
         if self.rank_deal_max_q_tiles not in RANK_DEAL_MAX_Q_TILES_CHOICES:
@@ -283,7 +286,7 @@ class DevicePlanner:
                                                              stride=(len(ItemField), 1)), byte_alignment=128)
         sort_keys = None  # the sorted deal's (cost, q tile) keys: the sorted ones, then the sort's second buffer
         if cutlass.const_expr(self.deals):
-            sort_keys = smem.allocate_tensor(Int64, cute.make_layout(sort_key_slots(self.c)), byte_alignment=16)
+            sort_keys = smem.allocate_tensor(Int64, cute.make_layout(deal_slots(self.c)), byte_alignment=16)
 
         batch = kv_indptr.shape[0] - 1
         num_indices = kv_indices.shape[0]

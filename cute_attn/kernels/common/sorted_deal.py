@@ -19,8 +19,10 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64
 
 from ...plan import DEAL_MAX_Q_TILES_CHOICES, RANK_DEAL_MAX_WORK, SERPENTINE_SLACK_SHIFT
-from ...plan_partition import DEAL_WHOLE_SHIFT, SNAP_SHIFT, WHOLE_TILE_SHIFT, sort_index_bits, sort_tile_cap
+from ...plan_partition import (DEAL_WHOLE_SHIFT, SNAP_SHIFT, WHOLE_TILE_SHIFT, sort_index_bits,
+                                sort_tile_cap)
 from .planner_collectives import NUM_THREADS, WARP, block_max
+from .planner_lap_turn import turn_slots, turned_deal_loads, turned_position
 from .rank_sort import rank_sort
 
 INDEX_BITS = 20  # sort_key (what the deal reads): the q tile index in the low bits (< 2**20), 2**32 - cost above
@@ -78,8 +80,14 @@ def whole_tile_bound(c: cutlass.Constexpr, width):
 
 def sort_key_slots(c) -> int:
     """The Int64 entries of the deal's ``sort_keys``: the sorted keys and the bitonic sort's second buffer, or a ranked
-    deal's keys (``rank_deal_max_q_tiles``), whichever is more."""
+    deal's keys (``rank_deal_max_q_tiles``), whichever is more; the lap turns' tables past them
+    (:func:`planner_lap_turn.turn_slots`; ``PlanConfig.lap_turn``) are in :func:`deal_slots`."""
     return max(2 * c.deal_max_q_tiles, c.rank_deal_max_q_tiles)
+
+
+def deal_slots(c) -> int:
+    """The Int64 entries the planner allocates for ``sort_keys``: :func:`sort_key_slots` and the lap turns' tables."""
+    return sort_key_slots(c) + turn_slots(c)
 
 
 @cute.jit
@@ -146,7 +154,8 @@ def cuts_bound(c: cutlass.Constexpr, tidx, split, snap_max, q_tiles, q_tile_star
 @cute.jit
 def deal_loads(c: cutlass.Constexpr, tidx, q_tiles, requests, sort_keys, warp_sums, num_q_tiles, num_ctas, batch):
     """(the deal's busiest CTA, the item count of this thread's CTA in it): the q tiles ordered (sorted, ranked or,
-    for a line deal, as they stand) into ``sort_keys``, then each CTA's serpentine load over its laps."""
+    for a line deal, as they stand) into ``sort_keys``, then each CTA's load over its laps: serpentine, or with
+    ``c.lap_turn`` turned where that wins (``planner_lap_turn.py``)."""
     heads = c.num_kv_heads
     num_tiles = num_q_tiles * heads
     count = Int32(0)
@@ -163,7 +172,20 @@ def deal_loads(c: cutlass.Constexpr, tidx, q_tiles, requests, sort_keys, warp_su
             sort_bitonic(c, tidx, q_tiles, sort_keys, num_q_tiles)
     else:
         sort_bitonic(c, tidx, q_tiles, sort_keys, num_q_tiles)
+    busiest = Int64(0)
+    if cutlass.const_expr(c.lap_turn):
+        busiest, count = turned_deal_loads(sort_key_slots(c), heads, tidx, sort_keys, warp_sums, num_tiles, num_ctas)
+    else:
+        busiest, count = serpentine_loads(c, tidx, sort_keys, warp_sums, num_tiles, num_ctas)
+    return busiest, count
+
+
+@cute.jit
+def serpentine_loads(c: cutlass.Constexpr, tidx, sort_keys, warp_sums, num_tiles, num_ctas):
+    """(the serpentine deal's busiest CTA, the item count of this thread's CTA in it)."""
+    heads = c.num_kv_heads
     load = Int64(0)
+    count = Int32(0)
     if tidx < num_ctas:
         lap = Int32(0)
         position = tidx
@@ -329,9 +351,11 @@ def _bitonic_sort_unrolled(keys: cute.Tensor, size: cutlass.Constexpr[int], half
 @cute.jit
 def dealt_tile(c: cutlass.Constexpr, sort_keys: cute.Tensor, lap, cta, num_ctas):
     """The tile (q tile * heads + head) a deal gives CTA ``cta`` on lap ``lap``: position ``lap * m + cta``, or
-    ``lap * m + m - 1 - cta`` on odd laps."""
+    ``lap * m + m - 1 - cta`` on odd laps; with lap turns (where they won the vote), ``lap * m + (cta - shift) mod m``."""
     position = lap * num_ctas + cta
     if lap % 2 != 0:
         position = lap * num_ctas + num_ctas - 1 - cta
+    if cutlass.const_expr(c.lap_turn):
+        position = turned_position(sort_key_slots(c), sort_keys, lap, cta, num_ctas, position)
     heads = c.num_kv_heads
     return Int32(sort_keys[position // heads] & Int64((1 << INDEX_BITS) - 1)) * heads + position % heads

@@ -120,10 +120,11 @@ _FOLD_ARRIVAL_BYTES = 16  # fused_merge: the merge counter's old value, broadcas
 
 
 #: ``PagedAttentionConfig.probe`` builds of this kernel: "cta_stamps" -- each CTA writes globaltimer_lo stamps (entry,
-#: the wait's release, its consumers' end) and its item count to row ``slots - 1 - cta`` of ``partial_lse`` viewed as
-#: int32, for plans whose partial slots leave those rows alone (``tools/cta_timeline.py``); the outputs stay right
+#: the wait's release, its consumers' end), its item count, its SM and each item's end to row ``slots - 1 - cta`` of
+#: ``partial_lse`` viewed as int32, for plans whose partial slots leave those rows alone (``tools/cta_timeline.py``);
+#: the outputs stay right
 PROBES = ("cta_stamps",)
-CTA_STAMPS = 4  # entry, release, consumers' end (ns, low 32 bits of globaltimer), items
+CTA_STAMPS = 5  # entry, release, consumers' end (ns, low 32 bits of globaltimer), items, SM id
 
 
 def q_stages(head_dim: int) -> int:
@@ -344,6 +345,7 @@ class GqaPagedPrefillSm90:
                 self.stamp(partial_lse, cta, 0, entered)
                 self.stamp(partial_lse, cta, 1, cute.arch.globaltimer_lo())
                 self.stamp(partial_lse, cta, 3, item_end - item_begin)
+                self.stamp(partial_lse, cta, 4, cute.arch.smid())
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if cutlass.const_expr(self.row_gather):
@@ -370,7 +372,7 @@ class GqaPagedPrefillSm90:
                                           qo_indptr=qo_indptr)
 
     @cute.jit
-    def stamp(self, partial_lse: cute.Tensor, cta, slot: cutlass.Constexpr, value):
+    def stamp(self, partial_lse: cute.Tensor, cta, slot, value):
         """``cta_stamps`` builds: ``value`` into word ``slot`` of the CTA's row of ``partial_lse`` (as int32), counted
         from the buffer's last row so that a plan's first partial slots stay free."""
         words = cute.recast_tensor(partial_lse, Int32)
@@ -647,6 +649,11 @@ class GqaPagedPrefillSm90:
                             partial_out, partial_lse, G, write_output=not self.smem_epilogue, q_start=q_start)
             if slot >= 0:
                 split_items = split_items + 1
+            if cutlass.const_expr(self.cta_stamps):
+                # words CTA_STAMPS.. of the row: each item's end (warpgroup 0's stores issued), while the row lasts
+                if ctid == 0 and CTA_STAMPS + it - item_begin < partial_lse.shape[1]:
+                    cta, _, _ = cute.arch.block_idx()
+                    self.stamp(partial_lse, cta, CTA_STAMPS + it - item_begin, cute.arch.globaltimer_lo())
         return split_items
 
     @cute.jit
