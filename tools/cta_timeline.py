@@ -1,6 +1,6 @@
 """Per-CTA and per-item times of the sm_90a GQA prefill attention kernel (a ``cta_stamps`` build), on a GPU.
 
-    python tools/cta_timeline.py [--batch 8 1] [--q 992] [--kv 992] [--iters 30]
+    python tools/cta_timeline.py [--batch 8 1] [--q 992] [--kv 992] [--heads 32 --kv-heads 4] [--iters 30]
         [--arms default device serpentine lap lpt lpt-tile] [--json OUT]
 
 Each CTA of the kernel built with ``probe="cta_stamps"`` (``ops/gqa_prefill.probe_policy``) writes the time it
@@ -171,6 +171,8 @@ def main(argv=None) -> int:
     p.add_argument("--q", type=int, default=992)
     p.add_argument("--kv", type=int, default=992)
     p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--heads", type=int, default=32, help="query heads (FIB layouts: e.g. 5 with --kv-heads 1)")
+    p.add_argument("--kv-heads", type=int, default=4)
     p.add_argument("--arms", nargs="+", default=["default", "device"],
                    choices=["default", "device", "serpentine", "lap", "lpt", "lpt-tile"])
     p.add_argument("--json", type=Path, default=None)
@@ -187,9 +189,9 @@ def main(argv=None) -> int:
     report, all_times, all_tiles = {}, [], []
     with probe_policy("cta_stamps"):
         for batch in args.batch:
-            case = testing.make_gqa_prefill_case([args.q] * batch, [args.kv] * batch, num_qo_heads=32,
-                                                 num_kv_heads=4, head_dim=128, page_size=64, device="cuda",
-                                                 seed=batch)
+            case = testing.make_gqa_prefill_case([args.q] * batch, [args.kv] * batch, num_qo_heads=args.heads,
+                                                 num_kv_heads=args.kv_heads, head_dim=128, page_size=64,
+                                                 device="cuda", seed=batch)
             ref_out, ref_lse = case.reference()
             inputs = case.inputs()
             out, lse = case.new_outputs()
@@ -227,7 +229,7 @@ def main(argv=None) -> int:
                 item_med = [np.median(np.stack([t[c] for t in times]), axis=0) for c in range(num_ctas)]
                 all_times.extend(item_med), all_tiles.extend(tiles)
                 busy = np.array([k.sum() + 2.5 * k.size for k in tiles], dtype=float)
-                label = f"prefill {batch} x {args.q} / {args.kv}, {arm}"
+                label = f"prefill {batch} x {args.q} / {args.kv} h{args.heads}/kv{args.kv_heads}, {arm}"
                 med.update(modelled_busiest=float(busy.max() / busy.mean()), items=counts.tolist(),
                            kv_tiles=[k.tolist() for k in tiles], item_us=[t.round(3).tolist() for t in item_med],
                            sm=[int(x) for x in _stamps(plan, num_ctas)[:, 4]])
