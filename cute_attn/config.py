@@ -349,9 +349,9 @@ RANK_DEAL_MAX_Q_TILES = 0
 DEAL_FIRST_KINDS = ("gqa_paged_prefill",)
 
 
-#: The kinds whose default configs' plans take ``PlanConfig.lap_turn``: the sorted deal hands each lap's positions to
-#: the CTAs in ascending order of their loads so far (``plan_partition.turned_deal``) instead of the serpentine's
-#: fixed turn. Session 27 (H200, per-CTA stamps, ``tools/cta_timeline.py``): at GQA prefill 8 x 992 the serpentine's
+#: The kinds whose default configs' plans take ``PlanConfig.lap_turn``: the sorted deal rotates each lap's CTA order
+#: past the CTAs that drew the last lap's longest cost (``plan_partition.turned_deal``) instead of the serpentine's
+#: fixed turn, where that balances better. Off until the device build is measured. Session 27 (H200, per-CTA stamps, ``tools/cta_timeline.py``): at GQA prefill 8 x 992 the serpentine's
 #: busiest CTA (72 kv tiles against a mean of 65.9) ends 149.3 us after the release, the lap deal's 140.4; host plans
 #: of the lap deal (``tools/ab_policy.py lap_deal``, 200 runs): 8 x 992 149.1 -> 141.3 us, 4 x 992 77.3 -> 73.6
 LAP_TURN_KINDS: tuple = ()

@@ -145,8 +145,8 @@ class PlanConfig:
     max_slack_keys: int = 0
     #: host plans (``plan_work``, with ``host_deal``) of whole q tiles dealt over the CTAs, whatever the twin did:
     #: "lap" -- lap by lap onto the least loaded CTAs (``plan_partition.lap_deal``), taken where its busiest CTA is
-    #: strictly lower; "serpentine" -- the twin's serpentine deal (``sorted_deal``) in place of a plan without merges where its
-    #: busiest CTA is within a sixteenth (batches of at most ``deal_max_q_tiles`` q tiles); "": neither (``ops/gqa_prefill.WHOLE_DEAL`` says what measured)
+    #: strictly lower; "serpentine" -- the twin's serpentine deal (``sorted_deal``) in place of a plan without merges
+    #: where its busiest CTA is within a sixteenth (batches of at most ``deal_max_q_tiles`` q tiles); "": neither (``ops/gqa_prefill.WHOLE_DEAL`` says what measured)
     whole_deal: str = ""
     #: device plans (and their twin): whole-tile cuts give way to the serpentine deal whenever its busiest CTA is within
     #: ``1 / 2**SERPENTINE_SLACK_SHIFT`` of theirs (``plan_partition.deal_bound``), the rule host plans take with
@@ -165,12 +165,12 @@ class PlanConfig:
     #: cut and decide by ``deal_bound`` as before. The planning CTA then skips its cuts phase, the cuts' vote and
     #: the partial slots' scan (no merges) on the batches the deal takes anyway
     deal_first: bool = False
-    #: device plans (and their twin) of the sorted deal: each lap's positions (longest first) go to the CTAs in
-    #: ascending order of their loads so far, ties by CTA (``plan_partition.turned_deal``: the lap deal, its order
-    #: re-ranked after at most ``LAP_TURN_EPOCHS - 1`` laps, and only with at most ``LAP_TURN_CTAS`` CTAs), in place
-    #: of the serpentine's fixed turn, which puts a lap's clump of equal costs on the CTAs that drew the last one
-    #: (GQA prefill 8 x 992 h32/kv4: busiest CTA 1.082 of the mean against 1.024; per-CTA stamps on the H200: its
-    #: last CTA ends 149.3 against 140.4 us after the release, session 27)
+    #: device plans (and their twin) of the sorted deal: lap ``k``'s position ``k * m + r`` goes to CTA
+    #: ``(r + shift_k) mod m``, each lap moving the CTAs that drew its longest cost to the back of the order
+    #: (``plan_partition.turned_deal``), where its busiest CTA is strictly below the serpentine's and the deal has at
+    #: most ``LAP_TURN_MAX_LAPS`` laps. The serpentine's fixed turn puts a lap's clump of equal costs on the CTAs that
+    #: drew the last one (GQA prefill 8 x 992 h32/kv4: busiest CTA 1.082 of the mean against the lap deal's 1.024,
+    #: which the turn matches; per-CTA stamps on the H200: the last CTA ends 149.3 against 140.4 us, session 27)
     lap_turn: bool = False
 
     def __post_init__(self):

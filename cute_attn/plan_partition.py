@@ -43,8 +43,9 @@ Sorted deal
     cuts' busiest or than ``W + W / 2**WHOLE_TILE_SHIFT`` (a plan without merges runs faster than modelled). Whole-tile
     cuts are dealt too when their busiest CTA exceeds ``W + W / 2**DEAL_WHOLE_SHIFT`` and the deal's is lower (tiles
     of a few hundred keys against a width of a few thousand snap unevenly: GQA prefill 8 x 992 at h20/kv4, cuts
-    1.12 x the mean, the deal 1.03); :func:`deal_bound`. With ``PlanConfig.lap_turn`` (GQA prefill) a lap's positions
-    go to the CTAs in ascending order of their loads so far instead of the serpentine's turn (:func:`turned_deal`).
+    1.12 x the mean, the deal 1.03); :func:`deal_bound`. With ``PlanConfig.lap_turn`` each lap's CTA order is rotated
+    past the CTAs that drew the last lap's longest cost instead of the serpentine's turn, where that balances better
+    (:func:`turned_deal`).
 
 Deal first
     With ``PlanConfig.deal_first`` (GQA prefill's device plans by default) the sorted deal is made before any cut

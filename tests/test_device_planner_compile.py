@@ -319,10 +319,9 @@ def test_lap_lists_build_compiles_beside_the_default(arch):
 
 @pytest.mark.parametrize("arch", ARCHES)
 def test_lap_turn_builds_beside_the_serpentine_and_leaves_the_default_alone(arch):
-    """``lap_turn`` (``planner_lap_turn.py``, off by default until measured): the GQA prefill planner with the lap
+    """``lap_turn`` (``sorted_deal.turned_deal_loads``, off by default until measured): the GQA prefill planner with the lap
     shifts' scan and the vote compiles without local memory, a different build; it needs the sorted deal."""
-    from cute_attn.kernels.common.planner_lap_turn import turn_slots
-    from cute_attn.kernels.common.sorted_deal import deal_slots, sort_key_slots
+    from cute_attn.kernels.common.sorted_deal import deal_slots, sort_key_slots, turn_slots
 
     prefill = device_planner.default_configs(arch)[1]
     assert not prefill.lap_turn and prefill.sorted_deal

@@ -621,7 +621,7 @@ LAP_TURN_CASES = {  # (q_lens, kv_lens, heads, kv_heads, num_sms)
 
 @pytest.mark.parametrize("name", list(LAP_TURN_CASES))
 def test_lap_turn_lists_equal_the_twin_and_the_call_the_reference(name):
-    """``config.lap_turn_policy()`` (session 27, ``planner_lap_turn.py``): each lap's CTA order rotated past the CTAs
+    """``config.lap_turn_policy()`` (session 27, ``sorted_deal.turned_deal_loads``): each lap's CTA order rotated past the CTAs
     that drew its longest cost, where that deal's busiest CTA beats the serpentine's; the lists equal the twin's
     (``plan_partition.turned_deal``), and the default call matches the reference. The cases: turned deals kept first,
     the chunked lists, the 2048-key sort, laps of several runs, a batch the serpentine wins, and more laps than the

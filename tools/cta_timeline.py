@@ -228,7 +228,8 @@ def main(argv=None) -> int:
                 med = {k: statistics.median(c[k] for c in calls) for k in calls[0]}
                 item_med = [np.median(np.stack([t[c] for t in times]), axis=0) for c in range(num_ctas)]
                 all_times.extend(item_med), all_tiles.extend(tiles)
-                busy = np.array([k.sum() + 2.5 * k.size for k in tiles], dtype=float)
+                price = plan.config.item_overhead_keys / plan.config.kv_tile  # the planners' item, in kv tiles
+                busy = np.array([k.sum() + price * k.size for k in tiles], dtype=float)
                 label = f"prefill {batch} x {args.q} / {args.kv} h{args.heads}/kv{args.kv_heads}, {arm}"
                 med.update(modelled_busiest=float(busy.max() / busy.mean()), items=counts.tolist(),
                            kv_tiles=[k.tolist() for k in tiles], item_us=[t.round(3).tolist() for t in item_med],

@@ -147,7 +147,7 @@ class DevicePlannerConfig(KernelConfig):
     #: a dealt plan's rows in one pass by (lap, CTA) slots, no CTA search (``planner_lists.build_dealt_rows``);
     #: for_plan takes LAP_LISTS (None: deal_first)
     lap_lists: bool = False
-    lap_turn: bool = False  # PlanConfig.lap_turn: a lap's positions to the CTAs by load (planner_lap_turn.py)
+    lap_turn: bool = False  # PlanConfig.lap_turn: each lap's CTA order rotated (sorted_deal.turned_deal_loads)
     num_qo_heads: int = 20
     head_dim_v: int = 128
     #: a development build: the planning CTA writes clock64 stamps of its phase boundaries to the last

@@ -10,6 +10,15 @@ serpentine load over its laps. Past the sort's keys a small causal batch is rank
 ``rank_deal_max_q_tiles``; off by default). The line deal (``line_deal``, small-page decode) takes the keys in line
 order, unsorted. ``c`` is the :class:`DevicePlannerConfig` (a compile-time constant). The sort is 5.0 k cycles at
 the MLA seed's 500 q tiles on the H200 (session 14; a runtime-sized Int64 sort before it: 14.4 k).
+
+Lap turns (``c.lap_turn``; ``plan_partition.turned_deal`` is the twin): lap ``k``'s position ``k * m + r`` goes to CTA
+``(r + shift_k) mod m``: after each lap the CTAs that drew its longest cost go to the back of the order, where the
+serpentine reverses the whole order. A lap's leading run (its positions at its first cost) is one binary search of
+the sorted costs, a thread a lap; the shifts are their exclusive prefix sum (one block scan), one Int32 a lap past the
+sort's keys (:func:`turn_slots`). Each CTA sums its loads under both deals, and the turned one is taken only where
+its busiest CTA is strictly below the serpentine's (a uniform vote, kept beside the shifts for the lists phase). No lap
+waits on the one before: a lap-by-lap rank of the loads (the lap deal itself) measured 20-23 k cycles at GQA prefill
+4 and 16 x 992 on the H200 (session 27). Deals of more than ``LAP_TURN_MAX_LAPS`` laps keep the serpentine.
 """
 
 from __future__ import annotations
@@ -19,10 +28,9 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64
 
 from ...plan import DEAL_MAX_Q_TILES_CHOICES, RANK_DEAL_MAX_WORK, SERPENTINE_SLACK_SHIFT
-from ...plan_partition import (DEAL_WHOLE_SHIFT, SNAP_SHIFT, WHOLE_TILE_SHIFT, sort_index_bits,
+from ...plan_partition import (DEAL_WHOLE_SHIFT, LAP_TURN_MAX_LAPS, SNAP_SHIFT, WHOLE_TILE_SHIFT, sort_index_bits,
                                 sort_tile_cap)
-from .planner_collectives import NUM_THREADS, WARP, block_max
-from .planner_lap_turn import turn_slots, turned_deal_loads, turned_position
+from .planner_collectives import NUM_THREADS, WARP, block_exclusive_sum, block_max, block_max_pair
 from .rank_sort import rank_sort
 
 INDEX_BITS = 20  # sort_key (what the deal reads): the q tile index in the low bits (< 2**20), 2**32 - cost above
@@ -81,7 +89,7 @@ def whole_tile_bound(c: cutlass.Constexpr, width):
 def sort_key_slots(c) -> int:
     """The Int64 entries of the deal's ``sort_keys``: the sorted keys and the bitonic sort's second buffer, or a ranked
     deal's keys (``rank_deal_max_q_tiles``), whichever is more; the lap turns' tables past them
-    (:func:`planner_lap_turn.turn_slots`; ``PlanConfig.lap_turn``) are in :func:`deal_slots`."""
+    (:func:`turn_slots`; ``PlanConfig.lap_turn``) are in :func:`deal_slots`."""
     return max(2 * c.deal_max_q_tiles, c.rank_deal_max_q_tiles)
 
 
@@ -155,7 +163,7 @@ def cuts_bound(c: cutlass.Constexpr, tidx, split, snap_max, q_tiles, q_tile_star
 def deal_loads(c: cutlass.Constexpr, tidx, q_tiles, requests, sort_keys, warp_sums, num_q_tiles, num_ctas, batch):
     """(the deal's busiest CTA, the item count of this thread's CTA in it): the q tiles ordered (sorted, ranked or,
     for a line deal, as they stand) into ``sort_keys``, then each CTA's load over its laps: serpentine, or with
-    ``c.lap_turn`` turned where that wins (``planner_lap_turn.py``)."""
+    ``c.lap_turn`` turned where that wins (:func:`turned_deal_loads`)."""
     heads = c.num_kv_heads
     num_tiles = num_q_tiles * heads
     count = Int32(0)
@@ -174,7 +182,7 @@ def deal_loads(c: cutlass.Constexpr, tidx, q_tiles, requests, sort_keys, warp_su
         sort_bitonic(c, tidx, q_tiles, sort_keys, num_q_tiles)
     busiest = Int64(0)
     if cutlass.const_expr(c.lap_turn):
-        busiest, count = turned_deal_loads(sort_key_slots(c), heads, tidx, sort_keys, warp_sums, num_tiles, num_ctas)
+        busiest, count = turned_deal_loads(c, tidx, sort_keys, warp_sums, num_tiles, num_ctas)
     else:
         busiest, count = serpentine_loads(c, tidx, sort_keys, warp_sums, num_tiles, num_ctas)
     return busiest, count
@@ -193,10 +201,18 @@ def serpentine_loads(c: cutlass.Constexpr, tidx, sort_keys, warp_sums, num_tiles
             load = load + key_cost(sort_keys[position // heads])
             count = count + 1
             lap = lap + 1
-            position = lap * num_ctas + tidx
-            if lap % 2 != 0:
-                position = lap * num_ctas + num_ctas - 1 - tidx
+            position = serpentine_position(lap, tidx, num_ctas)
     return block_max(load, tidx, warp_sums), count
+
+
+@cute.jit
+def serpentine_position(lap, cta, num_ctas):
+    """The serpentine's position for CTA ``cta`` on lap ``lap``: ``lap * m + cta``, or ``lap * m + m - 1 - cta`` on
+    odd laps."""
+    position = lap * num_ctas + cta
+    if lap % 2 != 0:
+        position = lap * num_ctas + num_ctas - 1 - cta
+    return position
 
 
 @cute.jit
@@ -351,11 +367,98 @@ def _bitonic_sort_unrolled(keys: cute.Tensor, size: cutlass.Constexpr[int], half
 @cute.jit
 def dealt_tile(c: cutlass.Constexpr, sort_keys: cute.Tensor, lap, cta, num_ctas):
     """The tile (q tile * heads + head) a deal gives CTA ``cta`` on lap ``lap``: position ``lap * m + cta``, or
-    ``lap * m + m - 1 - cta`` on odd laps; with lap turns (where they won the vote), ``lap * m + (cta - shift) mod m``."""
-    position = lap * num_ctas + cta
-    if lap % 2 != 0:
-        position = lap * num_ctas + num_ctas - 1 - cta
+    ``lap * m + m - 1 - cta`` on odd laps (:func:`serpentine_position`); with lap turns, where they won the vote,
+    ``lap * m + (cta - shift) mod m``."""
+    position = serpentine_position(lap, cta, num_ctas)
     if cutlass.const_expr(c.lap_turn):
-        position = turned_position(sort_key_slots(c), sort_keys, lap, cta, num_ctas, position)
+        position = turned_position(c, sort_keys, lap, cta, num_ctas, position)
     heads = c.num_kv_heads
     return Int32(sort_keys[position // heads] & Int64((1 << INDEX_BITS) - 1)) * heads + position % heads
+
+
+# ------------------------------------------------------------------------------ lap turns (c.lap_turn)
+
+assert LAP_TURN_MAX_LAPS == NUM_THREADS  # one scan pass: a thread a lap
+_WORDS = LAP_TURN_MAX_LAPS + 2  # Int32: each lap's shift, then the vote (1: turned) and padding
+
+
+def turn_slots(c) -> int:
+    """Int64 entries the lap turns take past the sort's keys (0 unless ``c.lap_turn``)."""
+    return _WORDS // 2 if c.lap_turn else 0
+
+
+@cute.jit
+def turn_table(c: cutlass.Constexpr, sort_keys: cute.Tensor):
+    """The shifts (``[0, LAP_TURN_MAX_LAPS)``) and the vote (``[LAP_TURN_MAX_LAPS]``) past the sort's keys."""
+    return cute.make_tensor(cute.recast_ptr(sort_keys.iterator + sort_key_slots(c), dtype=Int32),
+                            cute.make_layout(_WORDS))
+
+
+@cute.jit
+def turned_deal_loads(c: cutlass.Constexpr, tidx, sort_keys: cute.Tensor, warp_sums: cute.Tensor, num_tiles,
+                      num_ctas):
+    """(the deal's busiest CTA, the item count of this thread's CTA in it) of the turned deal where it beats the
+    serpentine, else of the serpentine; the shifts and the vote into :func:`turn_table`. Every thread calls it
+    (barriers); ``num_tiles`` positions in at most LAP_TURN_MAX_LAPS laps of ``num_ctas``."""
+    table = turn_table(c, sort_keys)
+    heads = c.num_kv_heads
+    m = num_ctas
+    laps = (num_tiles + m - 1) // m
+    few = Int32(0)  # uniform: a deal of at most LAP_TURN_MAX_LAPS laps may turn; more keep the serpentine
+    if laps <= LAP_TURN_MAX_LAPS:
+        few = Int32(1)
+    leading = Int64(0)  # this thread's lap: its positions at its first cost, mod m
+    if tidx < laps:
+        first = tidx * m
+        lead = key_cost(sort_keys[first // heads])
+        lo = first + 1
+        hi = cutlass.min(first + m, num_tiles)
+        while lo < hi:  # the first position of a lower cost (costs fall along the positions)
+            mid = (lo + hi) // 2
+            if key_cost(sort_keys[mid // heads]) < lead:
+                hi = mid
+            else:
+                lo = mid + 1
+        leading = Int64((lo - first) % m)
+    before, _ = block_exclusive_sum(leading, tidx, warp_sums)
+    if tidx < laps:
+        table[tidx] = Int32(before % Int64(m))
+    cute.arch.sync_threads()
+    serpentine_load = Int64(0)
+    turned_load = Int64(0)
+    serpentine_count = Int32(0)
+    turned_count = Int32(0)
+    if tidx < m:
+        for lap in range(laps):
+            position = serpentine_position(lap, tidx, m)
+            if position < num_tiles:
+                serpentine_load = serpentine_load + key_cost(sort_keys[position // heads])
+                serpentine_count = serpentine_count + 1
+            if few != 0:
+                position = lap * m + (tidx - table[lap] + m) % m
+                if position < num_tiles:
+                    turned_load = turned_load + key_cost(sort_keys[position // heads])
+                    turned_count = turned_count + 1
+    serpentine_max, turned_max = block_max_pair(serpentine_load, turned_load, tidx, warp_sums)
+    busiest = serpentine_max
+    count = serpentine_count
+    turned = Int32(0)
+    if few != 0:
+        if turned_max < serpentine_max:
+            busiest = turned_max
+            count = turned_count
+            turned = Int32(1)
+    if tidx == 0:
+        table[LAP_TURN_MAX_LAPS] = turned
+    cute.arch.sync_threads()
+    return busiest, count
+
+
+@cute.jit
+def turned_position(c: cutlass.Constexpr, sort_keys: cute.Tensor, lap, cta, num_ctas, position):
+    """CTA ``cta``'s position on lap ``lap``: the turned deal's where :func:`turned_deal_loads` voted for it, else
+    ``position`` (the serpentine's)."""
+    table = turn_table(c, sort_keys)
+    if table[LAP_TURN_MAX_LAPS] != 0:
+        position = lap * num_ctas + (cta - table[lap] + num_ctas) % num_ctas
+    return position
