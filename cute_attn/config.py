@@ -351,10 +351,13 @@ DEAL_FIRST_KINDS = ("gqa_paged_prefill",)
 
 #: The kinds whose default configs' plans take ``PlanConfig.lap_turn``: the sorted deal rotates each lap's CTA order
 #: past the CTAs that drew the last lap's longest cost (``plan_partition.turned_deal``) instead of the serpentine's
-#: fixed turn, where that balances better. Off until the device build is measured. Session 27 (H200, per-CTA stamps, ``tools/cta_timeline.py``): at GQA prefill 8 x 992 the serpentine's
-#: busiest CTA (72 kv tiles against a mean of 65.9) ends 149.3 us after the release, the lap deal's 140.4; host plans
-#: of the lap deal (``tools/ab_policy.py lap_deal``, 200 runs): 8 x 992 149.1 -> 141.3 us, 4 x 992 77.3 -> 73.6
-LAP_TURN_KINDS: tuple = ()
+#: fixed turn, where that balances better, in deals of at most ``LAP_TURN_MAX_LAPS`` laps. Session 27 (per-CTA
+#: stamps): at GQA prefill 8 x 992 the serpentine's busiest CTA (72 kv tiles against a mean of 65.9) ends 149.3 us
+#: after the release, the lap deal's 140.4. Session 28 (H200, ``tools/ab_policy.py lap_turn``, 100 runs, two calls):
+#: the device-planned kernel 8 x 992 153.9 / 152.5 -> 145.9 / 143.8 us, 4 x 992 80.8 / 79.6 -> 76.9 / 76.4, h16/kv1
+#: 79.9 / 79.4 -> 76.0 / 76.0; the default call 8 x 992 169.3 / 166.8 -> 163.0 / 159.3, 4 x 992 -1.7 / -1.3, h16/kv1
+#: -0.7 / -2.4; 16 x 992 (31 laps) -9.7 / +1.6 and h20 8 x 992 +0.6: the planner's turned loads cost ~170 cycles a lap
+LAP_TURN_KINDS: tuple = ("gqa_paged_prefill",)
 
 
 @contextlib.contextmanager

@@ -197,8 +197,11 @@ def sorted_deal(config: PlanConfig, cost) -> tuple[np.ndarray, np.ndarray]:
     return order[position // heads], np.where(lap % 2 == 0, offset, m - 1 - offset)
 
 
-#: ``PlanConfig.lap_turn``: deals of more laps keep the serpentine (the device keeps one Int32 shift a lap)
-LAP_TURN_MAX_LAPS = 512
+#: ``PlanConfig.lap_turn``: deals of more laps keep the serpentine. The device planner pays ~170 cycles a lap for the
+#: turned loads (H200, session 28), while what the turn can save stays within about one item a CTA whatever the laps
+#: (GQA prefill 8 x 992, 15 laps: 8.7 us of the device-planned kernel; 16 x 992, 31 laps: 4.7 us against the
+#: planner's 4 us). 32 laps also keep the shifts' scan within one warp.
+LAP_TURN_MAX_LAPS = 32
 
 
 def turns_laps(config: PlanConfig) -> bool:

@@ -318,16 +318,16 @@ def test_lap_lists_build_compiles_beside_the_default(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHES)
-def test_lap_turn_builds_beside_the_serpentine_and_leaves_the_default_alone(arch):
-    """``lap_turn`` (``sorted_deal.turned_deal_loads``, off by default until measured): the GQA prefill planner with the lap
-    shifts' scan and the vote compiles without local memory, a different build; it needs the sorted deal."""
+def test_lap_turn_builds_beside_the_serpentine(arch):
+    """``lap_turn`` (``sorted_deal.turned_deal_loads``, ``config.LAP_TURN_KINDS``: the GQA prefill default): the
+    planner with the lap shifts' warp scan and the vote compiles without local memory, a different build from the
+    serpentine's; it needs the sorted deal."""
     from cute_attn.kernels.common.sorted_deal import deal_slots, sort_key_slots, turn_slots
 
-    prefill = device_planner.default_configs(arch)[1]
-    assert not prefill.lap_turn and prefill.sorted_deal
-    turned = dataclasses.replace(prefill, lap_turn=True)
-    assert turned.can_implement() is None
+    turned = device_planner.default_configs(arch)[1]
+    assert turned.lap_turn and turned.sorted_deal and turned.can_implement() is None
+    serpentine = dataclasses.replace(turned, lap_turn=False)
     ptx = compile_to_ptx(turned)
-    assert ptx != compile_to_ptx(prefill) and ".local" not in ptx
-    assert deal_slots(turned) == sort_key_slots(turned) + turn_slots(turned) and turn_slots(prefill) == 0
+    assert ptx != compile_to_ptx(serpentine) and ".local" not in ptx
+    assert deal_slots(turned) == sort_key_slots(turned) + turn_slots(turned) and turn_slots(serpentine) == 0
     assert "sorted_deal" in dataclasses.replace(_decode_planner(arch), lap_turn=True).can_implement()

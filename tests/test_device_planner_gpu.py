@@ -612,8 +612,10 @@ LAP_TURN_CASES = {  # (q_lens, kv_lens, heads, kv_heads, num_sms)
     "gqa h32 8 x 992": ([992] * 8, [992] * 8, 32, 4, None),
     "gqa h16/kv1 8 x 992": ([992] * 8, [992] * 8, 16, 1, None),
     "gqa 16 x 992 (the chunks)": ([992] * 16, [992] * 16, 32, 4, None),
-    "gqa 32 x 992 (2048 keys, 61 laps)": ([992] * 32, [992] * 32, 32, 4, None),
-    "gqa ragged (runs in a lap)": ([35, 294, 224, 288, 28, 217], [269, 726, 963, 509, 608, 345], 32, 4, None),
+    "gqa h16/kv1 16 x 992 (2048 keys, 16 laps)": ([992] * 16, [992] * 16, 16, 1, None),
+    "gqa 32 x 992 (61 laps: the serpentine)": ([992] * 32, [992] * 32, 32, 4, None),
+    # 120 CTAs: on the H200's 132 this batch's cuts win and nothing is dealt
+    "gqa ragged (runs in a lap, 120 CTAs)": ([35, 294, 224, 288, 28, 217], [269, 726, 963, 509, 608, 345], 32, 4, 120),
     "gqa h5/kv1 8 x 992 (the serpentine wins the vote)": ([992] * 8, [992] * 8, 5, 1, None),
     "gqa 8 x 992 on 3 CTAs (661 laps: the serpentine)": ([992] * 8, [992] * 8, 32, 4, 3),
 }
@@ -624,8 +626,8 @@ def test_lap_turn_lists_equal_the_twin_and_the_call_the_reference(name):
     """``config.lap_turn_policy()`` (session 27, ``sorted_deal.turned_deal_loads``): each lap's CTA order rotated past the CTAs
     that drew its longest cost, where that deal's busiest CTA beats the serpentine's; the lists equal the twin's
     (``plan_partition.turned_deal``), and the default call matches the reference. The cases: turned deals kept first,
-    the chunked lists, the 2048-key sort, laps of several runs, a batch the serpentine wins, and more laps than the
-    shifts' table (the serpentine)."""
+    the chunked lists, the 2048-key sort, laps of several runs, a batch the serpentine wins, and more laps than
+    ``LAP_TURN_MAX_LAPS`` (the serpentine)."""
     from cute_attn.config import lap_turn_policy
     from cute_attn.plan_partition import turns_laps
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cute_attn import testing
-from cute_attn.config import default_paged_config
+from cute_attn.config import default_paged_config, lap_turn_policy
 from cute_attn.ops.gqa_prefill import whole_deal_policy
 from cute_attn.plan import ItemField as F
 from cute_attn.plan import plan_work
@@ -20,7 +20,9 @@ from test_plan import batches, plan_configs
 
 
 def _prefill(num_qo_heads=32, num_kv_heads=4, mode="lap"):
-    with whole_deal_policy(mode):
+    """The default config with ``whole_deal`` ``mode``; its sorted deal the serpentine (lap turns:
+    test_plan_lap_turn.py)."""
+    with whole_deal_policy(mode), lap_turn_policy(False):
         config = default_paged_config("gqa_paged_prefill", arch="sm_90a", num_qo_heads=num_qo_heads,
                                       num_kv_heads=num_kv_heads, head_dim_qk=128, head_dim_v=128, page_size=64,
                                       causal=True)

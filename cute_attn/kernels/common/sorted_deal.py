@@ -14,7 +14,7 @@ the MLA seed's 500 q tiles on the H200 (session 14; a runtime-sized Int64 sort b
 Lap turns (``c.lap_turn``; ``plan_partition.turned_deal`` is the twin): lap ``k``'s position ``k * m + r`` goes to CTA
 ``(r + shift_k) mod m``: after each lap the CTAs that drew its longest cost go to the back of the order, where the
 serpentine reverses the whole order. A lap's leading run (its positions at its first cost) is one binary search of
-the sorted costs, a thread a lap; the shifts are their exclusive prefix sum (one block scan), one Int32 a lap past the
+the sorted costs, a lane a lap; the shifts are their exclusive prefix sum (one warp scan), one Int32 a lap past the
 sort's keys (:func:`turn_slots`). Each CTA sums its loads under both deals, and the turned one is taken only where
 its busiest CTA is strictly below the serpentine's (a uniform vote, kept beside the shifts for the lists phase). No lap
 waits on the one before: a lap-by-lap rank of the loads (the lap deal itself) measured 20-23 k cycles at GQA prefill
@@ -30,7 +30,7 @@ from cutlass import Int32, Int64
 from ...plan import DEAL_MAX_Q_TILES_CHOICES, RANK_DEAL_MAX_WORK, SERPENTINE_SLACK_SHIFT
 from ...plan_partition import (DEAL_WHOLE_SHIFT, LAP_TURN_MAX_LAPS, SNAP_SHIFT, WHOLE_TILE_SHIFT, sort_index_bits,
                                 sort_tile_cap)
-from .planner_collectives import NUM_THREADS, WARP, block_exclusive_sum, block_max, block_max_pair
+from .planner_collectives import NUM_THREADS, WARP, block_max, block_max_pair
 from .rank_sort import rank_sort
 
 INDEX_BITS = 20  # sort_key (what the deal reads): the q tile index in the low bits (< 2**20), 2**32 - cost above
@@ -378,7 +378,7 @@ def dealt_tile(c: cutlass.Constexpr, sort_keys: cute.Tensor, lap, cta, num_ctas)
 
 # ------------------------------------------------------------------------------ lap turns (c.lap_turn)
 
-assert LAP_TURN_MAX_LAPS == NUM_THREADS  # one scan pass: a thread a lap
+assert LAP_TURN_MAX_LAPS <= WARP  # the shifts' scan: one warp, a lane a lap
 _WORDS = LAP_TURN_MAX_LAPS + 2  # Int32: each lap's shift, then the vote (1: turned) and padding
 
 
@@ -399,55 +399,76 @@ def turned_deal_loads(c: cutlass.Constexpr, tidx, sort_keys: cute.Tensor, warp_s
                       num_ctas):
     """(the deal's busiest CTA, the item count of this thread's CTA in it) of the turned deal where it beats the
     serpentine, else of the serpentine; the shifts and the vote into :func:`turn_table`. Every thread calls it
-    (barriers); ``num_tiles`` positions in at most LAP_TURN_MAX_LAPS laps of ``num_ctas``."""
+    (barriers). Deals of more than LAP_TURN_MAX_LAPS laps take the serpentine without pricing the turn."""
     table = turn_table(c, sort_keys)
+    laps = (num_tiles + num_ctas - 1) // num_ctas
+    busiest = Int64(0)
+    count = Int32(0)
+    if laps > LAP_TURN_MAX_LAPS:  # uniform
+        busiest, count = serpentine_loads(c, tidx, sort_keys, warp_sums, num_tiles, num_ctas)
+        if tidx == 0:
+            table[LAP_TURN_MAX_LAPS] = Int32(0)
+        cute.arch.sync_threads()
+    else:
+        busiest, count = _priced_turn(c, tidx, sort_keys, warp_sums, num_tiles, num_ctas, laps, table)
+    return busiest, count
+
+
+@cute.jit
+def _priced_turn(c: cutlass.Constexpr, tidx, sort_keys: cute.Tensor, warp_sums: cute.Tensor, num_tiles, num_ctas,
+                 laps, table: cute.Tensor):
+    """:func:`turned_deal_loads` of at most LAP_TURN_MAX_LAPS laps: warp 0 finds each lap's leading run (a binary
+    search a lane) and scans the shifts; then each CTA's loads under both deals, and the vote."""
     heads = c.num_kv_heads
     m = num_ctas
-    laps = (num_tiles + m - 1) // m
-    few = Int32(0)  # uniform: a deal of at most LAP_TURN_MAX_LAPS laps may turn; more keep the serpentine
-    if laps <= LAP_TURN_MAX_LAPS:
-        few = Int32(1)
-    leading = Int64(0)  # this thread's lap: its positions at its first cost, mod m
-    if tidx < laps:
-        first = tidx * m
-        lead = key_cost(sort_keys[first // heads])
-        lo = first + 1
-        hi = cutlass.min(first + m, num_tiles)
-        while lo < hi:  # the first position of a lower cost (costs fall along the positions)
-            mid = (lo + hi) // 2
-            if key_cost(sort_keys[mid // heads]) < lead:
-                hi = mid
-            else:
-                lo = mid + 1
-        leading = Int64((lo - first) % m)
-    before, _ = block_exclusive_sum(leading, tidx, warp_sums)
-    if tidx < laps:
-        table[tidx] = Int32(before % Int64(m))
+    if tidx < WARP:
+        leading = Int32(0)  # this lane's lap: its positions at its first cost, mod m
+        if tidx < laps:
+            first = tidx * m
+            lead = key_cost(sort_keys[first // heads])
+            lo = first + 1
+            hi = cutlass.min(first + m, num_tiles)
+            while lo < hi:  # the first position of a lower cost (costs fall along the positions)
+                mid = (lo + hi) // 2
+                if key_cost(sort_keys[mid // heads]) < lead:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            leading = lo - first
+            if leading == m:
+                leading = Int32(0)
+        inclusive = leading
+        for i in cutlass.range_constexpr(5):
+            neighbour = cute.arch.shuffle_sync_up(inclusive, 1 << i)
+            if tidx >= (1 << i):
+                inclusive = inclusive + neighbour
+        if tidx < laps:  # at most LAP_TURN_MAX_LAPS * m: an Int32 remainder
+            table[tidx] = (inclusive - leading) % m
     cute.arch.sync_threads()
     serpentine_load = Int64(0)
     turned_load = Int64(0)
     serpentine_count = Int32(0)
     turned_count = Int32(0)
     if tidx < m:
-        for lap in range(laps):
+        # unrolled so that the laps' shared-memory loads overlap (the rolled loop with a division: ~280 cycles a lap
+        # at GQA prefill 4 and 16 x 992 on the H200, session 28; unrolled with a select: ~170)
+        for lap in cutlass.range(laps, unroll=4):
             position = serpentine_position(lap, tidx, m)
             if position < num_tiles:
                 serpentine_load = serpentine_load + key_cost(sort_keys[position // heads])
                 serpentine_count = serpentine_count + 1
-            if few != 0:
-                position = lap * m + (tidx - table[lap] + m) % m
-                if position < num_tiles:
-                    turned_load = turned_load + key_cost(sort_keys[position // heads])
-                    turned_count = turned_count + 1
+            position = lap * m + rotated_cta(tidx, table[lap], m)
+            if position < num_tiles:
+                turned_load = turned_load + key_cost(sort_keys[position // heads])
+                turned_count = turned_count + 1
     serpentine_max, turned_max = block_max_pair(serpentine_load, turned_load, tidx, warp_sums)
     busiest = serpentine_max
     count = serpentine_count
     turned = Int32(0)
-    if few != 0:
-        if turned_max < serpentine_max:
-            busiest = turned_max
-            count = turned_count
-            turned = Int32(1)
+    if turned_max < serpentine_max:
+        busiest = turned_max
+        count = turned_count
+        turned = Int32(1)
     if tidx == 0:
         table[LAP_TURN_MAX_LAPS] = turned
     cute.arch.sync_threads()
@@ -460,5 +481,14 @@ def turned_position(c: cutlass.Constexpr, sort_keys: cute.Tensor, lap, cta, num_
     ``position`` (the serpentine's)."""
     table = turn_table(c, sort_keys)
     if table[LAP_TURN_MAX_LAPS] != 0:
-        position = lap * num_ctas + (cta - table[lap] + num_ctas) % num_ctas
+        position = lap * num_ctas + rotated_cta(cta, table[lap], num_ctas)
     return position
+
+
+@cute.jit
+def rotated_cta(cta, shift, num_ctas):
+    """``(cta - shift) mod num_ctas`` for ``cta``, ``shift`` in ``[0, num_ctas)``: a select, not a division."""
+    rotated = cta - shift
+    if rotated < 0:
+        rotated = rotated + num_ctas
+    return rotated
