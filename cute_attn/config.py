@@ -353,10 +353,10 @@ DEAL_FIRST_KINDS = ("gqa_paged_prefill",)
 #: past the CTAs that drew the last lap's longest cost (``plan_partition.turned_deal``) instead of the serpentine's
 #: fixed turn, where that balances better, in deals of at most ``LAP_TURN_MAX_LAPS`` laps. Session 27 (per-CTA
 #: stamps): at GQA prefill 8 x 992 the serpentine's busiest CTA (72 kv tiles against a mean of 65.9) ends 149.3 us
-#: after the release, the lap deal's 140.4. Session 28 (H200, ``tools/ab_policy.py lap_turn``, 100 runs, two calls):
-#: the device-planned kernel 8 x 992 153.9 / 152.5 -> 145.9 / 143.8 us, 4 x 992 80.8 / 79.6 -> 76.9 / 76.4, h16/kv1
-#: 79.9 / 79.4 -> 76.0 / 76.0; the default call 8 x 992 169.3 / 166.8 -> 163.0 / 159.3, 4 x 992 -1.7 / -1.3, h16/kv1
-#: -0.7 / -2.4; 16 x 992 (31 laps) -9.7 / +1.6 and h20 8 x 992 +0.6: the planner's turned loads cost ~170 cycles a lap
+#: after the release, the lap deal's 140.4. Session 28 (H200, ``tools/ab_policy.py lap_turn``, 100 runs, the landed
+#: build): the default call 8 x 992 169.7 -> 160.0 us, 4 x 992 91.8 -> 89.2, 16 x 992 303.1 -> 300.0; device-planned
+#: 152.8 -> 144.6, 79.5 -> 76.1, 284.9 -> 278.2 (an earlier build: h16/kv1 79.4 -> 76.0, h20 101.2 -> 99.6). The
+#: planner pays 3.3 k cycles for it at 4 x 992, 6.4 k at 16 x 992 (``docs/perf/h200-lap-turn.json``)
 LAP_TURN_KINDS: tuple = ("gqa_paged_prefill",)
 
 

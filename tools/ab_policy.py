@@ -51,7 +51,7 @@ POLICY is one of
                   prefill 8 x 992 h32/kv4 and h20/kv4, 16 x 992, 4 x 512 / 4096, the MLA seed and 1 / 1028; only the
                   device-planned and default calls move
     lap_turn      each lap's CTA order rotated past the CTAs of its longest cost instead of the serpentine's turn
-                  (``config.LAP_TURN_KINDS``, session 27): GQA prefill 4 / 8 / 16 x 992 h32/kv4, 8 x 992 h16/kv1,
+                  (``config.LAP_TURN_KINDS``, on since session 28): GQA prefill 4 / 8 / 16 x 992 h32/kv4, 8 x 992 h16/kv1,
                   h20/kv4, h32/kv16; all three calls move (host plans take the twin's deal)
     q_tile_pass   the device planner's q-tile pass: one tile a thread, or chosen per launch (two past one pass;
                   ``kernels/common/device_planner.Q_TILES_PER_PASS`` 1 / 0); only the device-planned and default calls
