@@ -18,15 +18,22 @@ assert NUM_WARPS & (NUM_WARPS - 1) == 0 and NUM_WARPS <= WARP  # block_max_pair:
 
 
 @cute.jit
+def warp_inclusive_sum(value, lane):
+    """Inclusive prefix of ``value`` over a warp's lanes (every lane of the warp calls it)."""
+    inclusive = value
+    for i in cutlass.range_constexpr(WARP.bit_length() - 1):
+        neighbour = cute.arch.shuffle_sync_up(inclusive, 1 << i)
+        if lane >= (1 << i):
+            inclusive = inclusive + neighbour
+    return inclusive
+
+
+@cute.jit
 def block_exclusive_sum(value, tidx, warp_sums: cute.Tensor):
     """(exclusive prefix of ``value`` over the CTA's threads, the CTA's total); ``warp_sums`` [NUM_WARPS]."""
     lane = tidx % WARP
     warp = tidx // WARP
-    inclusive = value
-    for i in cutlass.range_constexpr(5):
-        neighbour = cute.arch.shuffle_sync_up(inclusive, 1 << i)
-        if lane >= (1 << i):
-            inclusive = inclusive + neighbour
+    inclusive = warp_inclusive_sum(value, lane)
     if lane == WARP - 1:
         warp_sums[warp] = inclusive
     cute.arch.sync_threads()

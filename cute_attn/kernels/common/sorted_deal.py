@@ -30,7 +30,7 @@ from cutlass import Int32, Int64
 from ...plan import DEAL_MAX_Q_TILES_CHOICES, RANK_DEAL_MAX_WORK, SERPENTINE_SLACK_SHIFT
 from ...plan_partition import (DEAL_WHOLE_SHIFT, LAP_TURN_MAX_LAPS, SNAP_SHIFT, WHOLE_TILE_SHIFT, sort_index_bits,
                                 sort_tile_cap)
-from .planner_collectives import NUM_THREADS, WARP, block_max, block_max_pair
+from .planner_collectives import NUM_THREADS, WARP, block_max, block_max_pair, warp_inclusive_sum
 from .rank_sort import rank_sort
 
 INDEX_BITS = 20  # sort_key (what the deal reads): the q tile index in the low bits (< 2**20), 2**32 - cost above
@@ -437,11 +437,7 @@ def _priced_turn(c: cutlass.Constexpr, tidx, sort_keys: cute.Tensor, warp_sums: 
             leading = lo - first
             if leading == m:
                 leading = Int32(0)
-        inclusive = leading
-        for i in cutlass.range_constexpr(5):
-            neighbour = cute.arch.shuffle_sync_up(inclusive, 1 << i)
-            if tidx >= (1 << i):
-                inclusive = inclusive + neighbour
+        inclusive = warp_inclusive_sum(leading, tidx)
         if tidx < laps:  # at most LAP_TURN_MAX_LAPS * m: an Int32 remainder
             table[tidx] = (inclusive - leading) % m
     cute.arch.sync_threads()
