@@ -495,7 +495,7 @@ LAP_LISTS_CASES = {  # (q_lens, kv_lens, heads, kv_heads, mla)
 @pytest.mark.parametrize("name", list(LAP_LISTS_CASES))
 def test_lap_lists_equal_the_twin_and_the_call_the_reference(name):
     """``device_planner.lap_lists_policy()`` (session 25; GQA prefill's default since session 26, where it follows
-    ``deal_first``): a dealt plan's rows built in one pass by (lap, CTA) slots, no CTA search; past both stage buffers
+    ``deal_first``): a dealt plan's rows built in one pass by (CTA, lap) slots, no CTA search; past both stage buffers
     the chunks as before. Its lists equal the twin's, and the default call matches the reference."""
     from cute_attn.kernels.common.device_planner import lap_lists_policy
 

@@ -72,7 +72,7 @@ def _cases():
     yield gqa("prefill 8 x 992", prefill, case, case.qo_indptr)
     case = testing.make_gqa_prefill_case([992] * 8, [992] * 8, page_size=1, device="cuda", seed=5)
     yield gqa("prefill 8 x 992 page 1", prefill, case, case.qo_indptr)
-    for n in (4, 16, 32):  # the lists phase grows with the items (3968 / 7936 here)
+    for n in (1, 2, 4, 16, 32):  # the lists phase grows with the items (3968 / 7936 at 16 / 32)
         case = testing.make_gqa_prefill_case([992] * n, [992] * n, device="cuda", seed=n)
         yield gqa(f"prefill {n} x 992", prefill, case, case.qo_indptr)
     import bench_workloads as bw

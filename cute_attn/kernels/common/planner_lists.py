@@ -12,19 +12,20 @@ from cutlass import Int32, Int64
 
 from ...plan import NOT_CAUSAL_OFFSET, ItemField
 from .planner_collectives import NUM_THREADS, last_at_most
-from .sorted_deal import dealt_tile
+from .sorted_deal import deal_turned, dealt_tile
 
 
 @cute.jit
 def build_item(c: cutlass.Constexpr, stage, row, i, cta, q_tiles, requests, cut_tile, cut_key, cta_items,
-               merge_first_cut, merge_slot, cut_merge, sort_keys, deal, num_ctas):
-    """Item ``i`` (CTA ``cta``'s) into ``stage`` row ``row``: its tile from the cuts or the deal, its key range,
-    merge and partial slot, and its request's page start."""
+               merge_first_cut, merge_slot, cut_merge, sort_keys, deal, turned, num_ctas):
+    """Item ``i`` (CTA ``cta``'s) into ``stage`` row ``row``: its tile from the cuts or the deal (``turned``: the lap
+    turn's vote, :func:`sorted_deal.deal_turned`), its key range, merge and partial slot, and its request's page
+    start."""
     heads = c.num_kv_heads
     t = cut_tile[cta] + (i - cta_items[cta])
     if cutlass.const_expr(sort_keys is not None):
         if deal != 0:  # the CTA's items are its laps of the deal
-            t = dealt_tile(c, sort_keys, i - cta_items[cta], cta, num_ctas)
+            t = dealt_tile(c, sort_keys, i - cta_items[cta], cta, num_ctas, turned)
     j = t // heads
     b = q_tiles[j, 0]
     kv_end = q_tiles[j, 3]
@@ -64,17 +65,21 @@ def build_item(c: cutlass.Constexpr, stage, row, i, cta, q_tiles, requests, cut_
 def build_dealt_rows(c: cutlass.Constexpr, stage, tidx, q_tiles, requests, cut_tile, cut_key, cta_items,
                      merge_first_cut, merge_slot, cut_merge, sort_keys, num_ctas, num_items):
     """A dealt plan's item rows into ``stage`` rows ``0 .. num_items - 1`` (``DevicePlannerConfig.lap_lists``): one
-    (lap, CTA) slot a thread a step, lap-major, so item ``cta_items[cta] + lap`` needs no search for its CTA (the
-    chunked build's binary search of ``cta_items`` a row). A deal's items are its tiles, so ``num_items`` positions
-    make ``ceil(num_items / num_ctas)`` laps; a CTA has ``cta_items[cta + 1] - cta_items[cta]`` of them."""
+    (CTA, lap) slot a thread a step, so item ``cta_items[cta] + lap`` needs no search for its CTA (the chunked
+    build's binary search of ``cta_items`` a row). A deal's items are its tiles, so ``num_items`` positions make
+    ``ceil(num_items / num_ctas)`` laps; a CTA has ``cta_items[cta + 1] - cta_items[cta]`` of them. The slots run
+    CTA-major, so a warp's threads build consecutive rows (10 words apart: 2-way bank conflicts on the stage
+    stores); lap-major slots put them a CTA's items apart, every row of a warp in the same two banks where CTAs hold
+    8 items (16-way, the phase's 3.8 k cycles at GQA prefill 4 x 992 in session 28)."""
     laps = (num_items + num_ctas - 1) // num_ctas
+    turned = deal_turned(c, sort_keys)
     for slot in range(tidx, laps * num_ctas, NUM_THREADS):
-        lap = slot // num_ctas
-        cta = slot - lap * num_ctas
+        cta = slot // laps
+        lap = slot - cta * laps
         first = cta_items[cta]
         if lap < cta_items[cta + 1] - first:
             build_item(c, stage, first + lap, first + lap, cta, q_tiles, requests, cut_tile, cut_key, cta_items,
-                       merge_first_cut, merge_slot, cut_merge, sort_keys, Int32(1), num_ctas)
+                       merge_first_cut, merge_slot, cut_merge, sort_keys, Int32(1), turned, num_ctas)
 
 
 @cute.jit
@@ -122,12 +127,13 @@ def write_dealt_rows(c: cutlass.Constexpr, stamp: cutlass.Constexpr, tidx, items
                      cta_items, merge_first_cut, merge_slot, cut_merge, stage, sort_keys, num_items, num_ctas, bulk,
                      trace):
     """``lap_lists``: a dealt plan's rows in one pass over both stage buffers (``build_dealt_rows``: no CTA
-    search), then one bulk copy."""
-    fields = len(ItemField)
+    search), then one bulk copy. (Measured against it on the H200 in session 29 and reverted: each warp storing its
+    own rows, and a copy a build step of 512 slots; both made the build slower by more than they took off the
+    copy's tail.)"""
     build_dealt_rows(c, stage, tidx, q_tiles, requests, cut_tile, cut_key, cta_items, merge_first_cut,
                      merge_slot, cut_merge, sort_keys, num_ctas, num_items)
     stamp(trace, 9, tidx)
-    store_built_rows(stamp, tidx, items, stage, Int32(0), 0, num_items * fields, bulk, trace, False)
+    store_built_rows(stamp, tidx, items, stage, Int32(0), 0, num_items * len(ItemField), bulk, trace, False)
 
 
 @cute.jit
@@ -141,6 +147,9 @@ def write_row_chunks(c: cutlass.Constexpr, stamp: cutlass.Constexpr, tidx, items
     rows_per_pass = NUM_THREADS * per_thread
     buffer = Int32(0)
     ctas = cute.make_rmem_tensor((per_thread,), Int32)
+    turned = Int32(0)
+    if deal != 0:
+        turned = deal_turned(c, sort_keys)
     for chunk in range(0, num_items, rows_per_pass):
         if cutlass.const_expr(per_thread == 1):
             ctas[0] = last_at_most(cta_items, num_ctas, chunk + tidx)
@@ -151,7 +160,7 @@ def write_row_chunks(c: cutlass.Constexpr, stamp: cutlass.Constexpr, tidx, items
             if i < num_items:
                 build_item(c, stage, buffer * rows_per_pass + k * NUM_THREADS + tidx, i, ctas[k], q_tiles,
                            requests, cut_tile, cut_key, cta_items, merge_first_cut, merge_slot, cut_merge,
-                           sort_keys, deal, num_ctas)
+                           sort_keys, deal, turned, num_ctas)
         stamp(trace, 9, tidx)  # trace builds: the last pass's build, barrier and store
         words = cutlass.min(Int32(rows_per_pass), num_items - chunk) * fields
         first = buffer * (rows_per_pass * fields)  # the buffer's first word in the stage

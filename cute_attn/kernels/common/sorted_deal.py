@@ -365,13 +365,14 @@ def _bitonic_sort_unrolled(keys: cute.Tensor, size: cutlass.Constexpr[int], half
 
 
 @cute.jit
-def dealt_tile(c: cutlass.Constexpr, sort_keys: cute.Tensor, lap, cta, num_ctas):
+def dealt_tile(c: cutlass.Constexpr, sort_keys: cute.Tensor, lap, cta, num_ctas, turned):
     """The tile (q tile * heads + head) a deal gives CTA ``cta`` on lap ``lap``: position ``lap * m + cta``, or
-    ``lap * m + m - 1 - cta`` on odd laps (:func:`serpentine_position`); with lap turns, where they won the vote,
-    ``lap * m + (cta - shift) mod m``."""
+    ``lap * m + m - 1 - cta`` on odd laps (:func:`serpentine_position`); with lap turns, where they won the vote
+    (``turned``, :func:`deal_turned`), ``lap * m + (cta - shift) mod m``."""
     position = serpentine_position(lap, cta, num_ctas)
     if cutlass.const_expr(c.lap_turn):
-        position = turned_position(c, sort_keys, lap, cta, num_ctas, position)
+        if turned != 0:
+            position = lap * num_ctas + rotated_cta(cta, turn_table(c, sort_keys)[lap], num_ctas)
     heads = c.num_kv_heads
     return Int32(sort_keys[position // heads] & Int64((1 << INDEX_BITS) - 1)) * heads + position % heads
 
@@ -446,17 +447,19 @@ def _priced_turn(c: cutlass.Constexpr, tidx, sort_keys: cute.Tensor, warp_sums: 
     serpentine_count = Int32(0)
     turned_count = Int32(0)
     if tidx < m:
-        # unrolled so that the laps' shared-memory loads overlap (the rolled loop with a division: ~280 cycles a lap
-        # at GQA prefill 4 and 16 x 992 on the H200, session 28; unrolled with a select: ~170)
+        # unrolled, and branch-free (a clamped position's key times 0 or 1), so that the laps' shared-memory loads
+        # issue back to back: a guard a load put each in its own branch region, one latency after another (SASS,
+        # session 28; the rolled loop with a division: ~280 cycles a lap on the H200, unrolled with guards ~170)
+        last = num_tiles - 1
         for lap in cutlass.range(laps, unroll=4):
             position = serpentine_position(lap, tidx, m)
-            if position < num_tiles:
-                serpentine_load = serpentine_load + key_cost(sort_keys[position // heads])
-                serpentine_count = serpentine_count + 1
+            dealt = Int32(position < num_tiles)
+            serpentine_load = serpentine_load + key_cost(sort_keys[cutlass.min(position, last) // heads]) * Int64(dealt)
+            serpentine_count = serpentine_count + dealt
             position = lap * m + rotated_cta(tidx, table[lap], m)
-            if position < num_tiles:
-                turned_load = turned_load + key_cost(sort_keys[position // heads])
-                turned_count = turned_count + 1
+            dealt = Int32(position < num_tiles)
+            turned_load = turned_load + key_cost(sort_keys[cutlass.min(position, last) // heads]) * Int64(dealt)
+            turned_count = turned_count + dealt
     serpentine_max, turned_max = block_max_pair(serpentine_load, turned_load, tidx, warp_sums)
     busiest = serpentine_max
     count = serpentine_count
@@ -472,13 +475,13 @@ def _priced_turn(c: cutlass.Constexpr, tidx, sort_keys: cute.Tensor, warp_sums: 
 
 
 @cute.jit
-def turned_position(c: cutlass.Constexpr, sort_keys: cute.Tensor, lap, cta, num_ctas, position):
-    """CTA ``cta``'s position on lap ``lap``: the turned deal's where :func:`turned_deal_loads` voted for it, else
-    ``position`` (the serpentine's)."""
-    table = turn_table(c, sort_keys)
-    if table[LAP_TURN_MAX_LAPS] != 0:
-        position = lap * num_ctas + rotated_cta(cta, table[lap], num_ctas)
-    return position
+def deal_turned(c: cutlass.Constexpr, sort_keys):
+    """1 where :func:`turned_deal_loads` voted for the turned deal, else 0 (always 0 without ``c.lap_turn`` or a
+    deal). The lists phase reads it once a pass, not once an item (+1.6 k cycles at 32 x 992, session 28)."""
+    turned = Int32(0)
+    if cutlass.const_expr(c.lap_turn and sort_keys is not None):
+        turned = turn_table(c, sort_keys)[LAP_TURN_MAX_LAPS]
+    return turned
 
 
 @cute.jit
