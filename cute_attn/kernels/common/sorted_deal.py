@@ -372,7 +372,7 @@ def dealt_tile(c: cutlass.Constexpr, sort_keys: cute.Tensor, lap, cta, num_ctas,
     position = serpentine_position(lap, cta, num_ctas)
     if cutlass.const_expr(c.lap_turn):
         if turned != 0:
-            position = lap * num_ctas + rotated_cta(cta, turn_table(c, sort_keys)[lap], num_ctas)
+            position = turned_position(lap, cta, turn_table(c, sort_keys)[lap], num_ctas)
     heads = c.num_kv_heads
     return Int32(sort_keys[position // heads] & Int64((1 << INDEX_BITS) - 1)) * heads + position % heads
 
@@ -450,15 +450,12 @@ def _priced_turn(c: cutlass.Constexpr, tidx, sort_keys: cute.Tensor, warp_sums: 
         # unrolled, and branch-free (a clamped position's key times 0 or 1), so that the laps' shared-memory loads
         # issue back to back: a guard a load put each in its own branch region, one latency after another (SASS,
         # session 28; the rolled loop with a division: ~280 cycles a lap on the H200, unrolled with guards ~170)
-        last = num_tiles - 1
         for lap in cutlass.range(laps, unroll=4):
-            position = serpentine_position(lap, tidx, m)
-            dealt = Int32(position < num_tiles)
-            serpentine_load = serpentine_load + key_cost(sort_keys[cutlass.min(position, last) // heads]) * Int64(dealt)
+            cost, dealt = _position_cost(c, sort_keys, serpentine_position(lap, tidx, m), num_tiles)
+            serpentine_load = serpentine_load + cost
             serpentine_count = serpentine_count + dealt
-            position = lap * m + rotated_cta(tidx, table[lap], m)
-            dealt = Int32(position < num_tiles)
-            turned_load = turned_load + key_cost(sort_keys[cutlass.min(position, last) // heads]) * Int64(dealt)
+            cost, dealt = _position_cost(c, sort_keys, turned_position(lap, tidx, table[lap], m), num_tiles)
+            turned_load = turned_load + cost
             turned_count = turned_count + dealt
     serpentine_max, turned_max = block_max_pair(serpentine_load, turned_load, tidx, warp_sums)
     busiest = serpentine_max
@@ -475,6 +472,15 @@ def _priced_turn(c: cutlass.Constexpr, tidx, sort_keys: cute.Tensor, warp_sums: 
 
 
 @cute.jit
+def _position_cost(c: cutlass.Constexpr, sort_keys: cute.Tensor, position, num_tiles):
+    """(the cost of deal position ``position``, 1), or (0, 0) past the last of ``num_tiles``: the key is loaded at the
+    clamped position either way, so a loop of these has no branch around its loads."""
+    dealt = Int32(position < num_tiles)
+    key = sort_keys[cutlass.min(position, num_tiles - 1) // c.num_kv_heads]
+    return key_cost(key) * Int64(dealt), dealt
+
+
+@cute.jit
 def deal_turned(c: cutlass.Constexpr, sort_keys):
     """1 where :func:`turned_deal_loads` voted for the turned deal, else 0 (always 0 without ``c.lap_turn`` or a
     deal). The lists phase reads it once a pass, not once an item (+1.6 k cycles at 32 x 992, session 28)."""
@@ -485,9 +491,10 @@ def deal_turned(c: cutlass.Constexpr, sort_keys):
 
 
 @cute.jit
-def rotated_cta(cta, shift, num_ctas):
-    """``(cta - shift) mod num_ctas`` for ``cta``, ``shift`` in ``[0, num_ctas)``: a select, not a division."""
+def turned_position(lap, cta, shift, num_ctas):
+    """The turned deal's position for CTA ``cta`` on lap ``lap`` of shift ``shift``: ``lap * m + (cta - shift) mod m``
+    for ``cta``, ``shift`` in ``[0, m)``, the modulo a select, not a division (:func:`serpentine_position`'s twin)."""
     rotated = cta - shift
     if rotated < 0:
         rotated = rotated + num_ctas
-    return rotated
+    return lap * num_ctas + rotated
