@@ -501,7 +501,7 @@ def plan_for(spec, args: tuple, *, arch: str | None, num_sms: int | None, on_dev
 
         problem, config = _checked_config(spec, args, None, None, arch)
         route = DevicePlanRoute.resolve(spec, config, problem, _num_ctas(config, problem.device, num_sms))
-        plan = allocate_planned(config, route.capacity, route.num_ctas, route.batch, problem.device)
+        plan = allocate_planned(config, route.capacity, route.num_ctas, route.batch, problem.device, route.writers)
         no_rows = torch.empty(0, config.num_qo_heads, config.head_dim_v, dtype=torch.bfloat16, device=problem.device)
         route.plan(plan, args, no_rows, torch.empty(0, config.num_qo_heads, device=problem.device))
         return plan

@@ -18,7 +18,8 @@ import torch
 from .buffers import allocate_outside_graph_pools
 from .compile import compile_kernel
 from .device_errors import error_word
-from .kernels.common.device_planner import MAX_CTAS, Q_TILE_FIELDS, REQUEST_FIELDS, DevicePlannerConfig, scan_ctas
+from .kernels.common.device_planner import (MAX_CTAS, Q_TILE_FIELDS, REQUEST_FIELDS, DevicePlannerConfig, launch_writers,
+                                            scan_ctas)
 from .kernels.common.combine import CombineConfig
 from .kernels.common.launch_chain import LaunchChainConfig
 from .plan import PlanCapacity
@@ -37,9 +38,10 @@ class PlannerScratch:
     request_faults: torch.Tensor  # [max(batch, 1)] int32, zero between launches
     arrivals: torch.Tensor  # [1] int32, zero between launches
     ones: torch.Tensor  # [max(batch, 1)] int32: kv_last_page_len of kinds without one (page size 1: MLA)
+    writers: int = 1  # the planning CTAs a launch has (device_planner.launch_writers: from the shapes alone)
 
     @staticmethod
-    def allocate(capacity: PlanCapacity, batch: int, device) -> "PlannerScratch":
+    def allocate(capacity: PlanCapacity, batch: int, device, writers: int = 1) -> "PlannerScratch":
         rows = max(batch, 1)
         return PlannerScratch(
             q_tiles=torch.empty(capacity.max_items, Q_TILE_FIELDS, dtype=torch.int32, device=device),
@@ -48,6 +50,7 @@ class PlannerScratch:
             request_faults=torch.zeros(rows, dtype=torch.int32, device=device),
             arrivals=torch.zeros(1, dtype=torch.int32, device=device),
             ones=torch.ones(rows, dtype=torch.int32, device=device),
+            writers=writers,
         )
 
 
@@ -58,13 +61,14 @@ def planner_config(spec, config, num_ctas: int) -> DevicePlannerConfig:
                                         has_qo_indptr="qo_indptr" in spec.arg_names, head_dim_v=config.head_dim_v)
 
 
-def allocate_planned(config, capacity: PlanCapacity, num_ctas: int, batch: int, device):
-    """A :class:`~cute_attn.api.DevicePlan` with the planner's scratch: its lists are written on the device."""
+def allocate_planned(config, capacity: PlanCapacity, num_ctas: int, batch: int, device, writers: int = 1):
+    """A :class:`~cute_attn.api.DevicePlan` with the planner's scratch: its lists are written on the device (by
+    ``writers`` planning CTAs)."""
     from .api import DevicePlan
 
     def make():
         plan = DevicePlan.allocate(config, capacity, num_ctas, device)
-        plan.planner = PlannerScratch.allocate(capacity, batch, device)
+        plan.planner = PlannerScratch.allocate(capacity, batch, device, writers)
         return plan
 
     return allocate_outside_graph_pools(device, make)  # kept for the route's later calls: not in a graph's pool
@@ -84,6 +88,7 @@ class DevicePlanRoute:
     num_pages: int
     total_q: int
     slots: dict  # stream handle -> DevicePlan
+    writers: int = 1  # the planner's row writers (device_planner.launch_writers of this shape)
 
     @staticmethod
     def resolve(spec, config, problem, num_ctas: int) -> "DevicePlanRoute":
@@ -94,7 +99,8 @@ class DevicePlanRoute:
         capacity = PlanCapacity.for_limits(pconfig.plan_config(num_ctas), max_batch=problem.batch_size,
                                            max_total_q=problem.total_q)
         return DevicePlanRoute(positions, pconfig, {}, capacity, num_ctas, problem.batch_size,
-                               problem.num_pages, problem.total_q, {})
+                               problem.num_pages, problem.total_q, {},
+                               launch_writers(pconfig, problem.batch_size, problem.total_q))
 
     def chain(self, config, with_combine: bool):
         """The planner, ``config``'s attention kernel and (``with_combine``) its combine as one host function
@@ -109,7 +115,8 @@ class DevicePlanRoute:
     def slot(self, config, stream: int, device):
         plan = self.slots.get(stream)
         if plan is None:
-            plan = self.slots[stream] = allocate_planned(config, self.capacity, self.num_ctas, self.batch, device)
+            plan = self.slots[stream] = allocate_planned(config, self.capacity, self.num_ctas, self.batch, device,
+                                                         self.writers)
         return plan
 
     def plan(self, device_plan, args: tuple, output, lse) -> None:
@@ -143,4 +150,4 @@ def planner_arguments(device_plan, qo_indptr, kv_indptr, kv_indices, kv_last_pag
     return (qo_indptr if qo_indptr is not None else kv_indptr, kv_indptr, kv_indices, kv_last_page_len, output, lse,
             device_plan.work_indptr, device_plan.items, device_plan.merge_indptr, device_plan.merges, s.q_tiles,
             s.q_tile_start, s.requests, s.request_faults, error_word(device), s.arrivals, num_pages, total_q,
-            device_plan.partial_out.shape[0], scan_ctas(kv_indices.shape[0]))
+            device_plan.partial_out.shape[0], scan_ctas(kv_indices.shape[0], s.writers), s.writers)

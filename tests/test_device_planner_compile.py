@@ -331,3 +331,46 @@ def test_lap_turn_builds_beside_the_serpentine(arch):
     assert ptx != compile_to_ptx(serpentine) and ".local" not in ptx
     assert deal_slots(turned) == sort_key_slots(turned) + turn_slots(turned) and turn_slots(serpentine) == 0
     assert "sorted_deal" in dataclasses.replace(_decode_planner(arch), lap_turn=True).can_implement()
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_row_writers_build_arrives_once_more_and_one_writer_builds_do_not(arch):
+    """A planner built with several row writers (``DevicePlannerConfig.row_writers``, off by default): besides the
+    scan CTA's and the one planning CTA's arrivals, an early writer's (before its lists, in each instantiation of the
+    planning path) and a late writer's after its rows (their bulk copies ordered before it); the default builds keep
+    one writer and the arrivals of one planning CTA."""
+    decode, prefill, mla = device_planner.default_configs(arch)
+    assert decode.row_writers == prefill.row_writers == mla.row_writers == 1
+    ptx = compile_to_ptx(dataclasses.replace(prefill, row_writers=device_planner.MAX_ROW_WRITERS))
+    assert len(re.findall(r"atom\.global\.acq_rel\.add", ptx)) == 5
+    assert len(re.findall(r"fence\.proxy\.async\.global", ptx)) == 2
+    assert len(re.findall(r"ld\.relaxed\.gpu\.global", ptx)) == 2
+    assert len(re.findall(r"atom\.global\.acq_rel\.add", compile_to_ptx(mla))) == 2
+
+
+def test_row_shares_cover_every_row_once_with_aligned_starts():
+    from cute_attn.kernels.common.planner_lists import row_share_host
+
+    for num_items in (0, 1, 2, 3, 7, 248, 991, 992, 1984, 7936):
+        for writers in range(1, device_planner.MAX_ROW_WRITERS + 1):
+            shares = [row_share_host(num_items, w, writers) for w in range(writers)]
+            covered = [r for first, end in shares for r in range(first, end)]
+            assert covered == list(range(num_items)), (num_items, writers)
+            assert all(first % 2 == 0 for first, end in shares if end > first)  # 80-byte rows: 16-byte aligned
+
+
+def test_launch_writers_follow_the_tile_bound_and_stay_one_past_shared_memory():
+    _, prefill, _ = device_planner.default_configs("sm_90a")  # h32/kv4, 128-row tiles: 62 q tiles a 992-token request
+    assert device_planner.launch_writers(prefill, 32, 32 * 992) == 1  # the default build: one writer
+    prefill = dataclasses.replace(prefill, row_writers=device_planner.MAX_ROW_WRITERS)
+    per = device_planner.ROWS_PER_WRITER
+    assert device_planner.launch_writers(prefill, 1, 992) == 1
+    for batch in (4, 8, 16):
+        assert device_planner.launch_writers(prefill, batch, batch * 992) == -(-(batch + batch * 62) * 4 // per)
+    assert device_planner.launch_writers(prefill, 32, 32 * 992) == device_planner.MAX_ROW_WRITERS
+    # past the planning CTA's shared memory (more than SMEM_Q_TILES q tiles, or SMEM_REQUESTS requests): one
+    assert device_planner.launch_writers(prefill, 1, 128 * device_planner.SMEM_Q_TILES) == 1
+    assert device_planner.launch_writers(prefill, device_planner.SMEM_REQUESTS + 1, 2000) == 1
+    decode = device_planner.default_configs("sm_90a")[0]
+    assert device_planner.launch_writers(decode, 64, 64) == 1
+    assert device_planner.scan_ctas(10**9, 8) == device_planner.MAX_SCAN_CTAS + 1 - 8

@@ -657,3 +657,63 @@ def test_lap_turn_lists_equal_the_twin_on_drawn_batches(batch):
 
     with lap_turn_policy():
         _assert_drawn_batch_lists_equal_the_twin(batch, False, "lap turn")
+
+
+ROW_WRITER_CASES = {  # (q_lens or None for decode, kv_lens, heads, kv_heads, mla, rows a writer)
+    "gqa h32 8 x 992, 8 writers": ([992] * 8, [992] * 8, 32, 4, False, 256),
+    "gqa h32 4 x 992, 3 writers (odd shares)": ([992] * 4, [992] * 4, 32, 4, False, 400),
+    "gqa h32 32 x 992, 3 writers (chunked shares)": ([992] * 32, [992] * 32, 32, 4, False, 3000),
+    "gqa ragged cut plan, 5 writers": ([35, 294, 224, 288, 28, 217], [269, 726, 963, 509, 608, 345], 32, 4, False,
+                                       60),
+    "gqa more writers than rows": ([3, 1], [40, 9], 32, 4, False, 1),
+    "mla seed-like": ([179, 23, 43, 55, 43, 177, 191, 130], [186, 41, 109, 141, 167, 272, 243, 161], 16, 1, True, 16),
+    "decode 64 x 2048 page 1 (line deal)": (None, [2048] * 64, 20, 4, False, 48),
+}
+
+
+def _row_writer_builds(rows):
+    """Every planner built with MAX_ROW_WRITERS writers, a launch taking one writer a ``rows`` rows of its tile
+    bound."""
+    from cute_attn.kernels.common.device_planner import MAX_ROW_WRITERS, row_writers_policy
+
+    return row_writers_policy(MAX_ROW_WRITERS, rows)
+
+
+@pytest.mark.parametrize("name", list(ROW_WRITER_CASES))
+def test_row_writers_lists_equal_the_twin_and_the_call_the_reference(name):
+    """Several planning CTAs (``DevicePlannerConfig.row_writers``, built in session 30, off by default) make
+    the same plan and each writes its share of the rows: dealt plans in one pass, chunked shares, cut plans, shares
+    with no rows, MLA and decode builds under the policy. The lists equal the twin's, and the default call matches
+    the reference."""
+    q_lens, kv_lens, heads, kv_heads, mla, rows = ROW_WRITER_CASES[name]
+    with _row_writer_builds(rows):
+        if q_lens is None:
+            case = testing.make_gqa_decode_case(kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads, page_size=1,
+                                                device="cuda", seed=41)
+            plan = cute_attn.plan_gqa_paged_decode(*case.inputs(), on_device=True)
+            qo, q_lens = list(range(len(kv_lens) + 1)), [1] * len(kv_lens)
+        else:
+            case, plan = _deal_first_case(q_lens, kv_lens, heads, kv_heads, mla)
+            qo = case.qo_indptr.tolist()
+        assert plan.planner.writers > 1, f"{name}: the launch has one writer"
+        _assert_twin(plan, qo, case.kv_indptr.tolist(), q_lens, kv_lens, f"row writers {name}")
+        _assert_default_call_matches_reference(case, f"row writers {name}")
+
+
+@SETTINGS
+@given(batch=testing.ragged_batches(max_batch=12, max_q=700, max_kv=9000), mla=st.booleans(),
+       rows=st.sampled_from([1, 8, 64, 256]))
+def test_row_writers_lists_equal_the_twin_on_drawn_batches(batch, mla, rows):
+    with _row_writer_builds(rows):
+        _assert_drawn_batch_lists_equal_the_twin(batch, mla, f"row writers a {rows} rows")
+
+
+@pytest.mark.parametrize("late", [False, True, "scan_last"],
+                         ids=["marks_before_the_lists", "last_to_arrive_empties", "a_scan_cta_empties"])
+@pytest.mark.parametrize("name", list(PAGE_FAULTED))
+def test_page_faults_with_row_writers(name, late):
+    """The page-fault test with several row writers a launch (one a 8 rows of the tile bound): each writer takes the
+    marks without clearing them, or writes its rows unaware and the last CTA to arrive empties the faulted items of
+    those late writers' shares; it clears the marks (``planner_scan.py``)."""
+    with _row_writer_builds(8):
+        test_page_faults_empty_their_requests_split_or_not(name, late)

@@ -53,6 +53,10 @@ POLICY is one of
     lap_turn      each lap's CTA order rotated past the CTAs of its longest cost instead of the serpentine's turn
                   (``config.LAP_TURN_KINDS``, on since session 28): GQA prefill 4 / 8 / 16 x 992 h32/kv4, 8 x 992 h16/kv1,
                   h20/kv4, h32/kv16; all three calls move (host plans take the twin's deal)
+    row_writers   the item rows written by several planning CTAs, each making the same plan (``device_planner.ROW_WRITERS``
+                  1 / MAX_ROW_WRITERS; built in session 30 and kept off): GQA prefill 2..32 x 992, h20/kv4, 4 x 512
+                  / 4096; only the device-planned and default calls move. ``CUTE_ATTN_ROWS_PER_WRITER`` overrides the
+                  launch rule's rows a writer (``device_planner.ROWS_PER_WRITER``)
     q_tile_pass   the device planner's q-tile pass: one tile a thread, or chosen per launch (two past one pass;
                   ``kernels/common/device_planner.Q_TILES_PER_PASS`` 1 / 0); only the device-planned and default calls
                   move
@@ -69,6 +73,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -461,6 +466,34 @@ def _lap_lists_cases(pages):
             yield row0, make, kind, lap_lists_policy
 
 
+ROW_WRITER_CASES = {  # GQA prefill: the seed's batches, where the lists phase grows with the rows
+    "n2_q992_h32kv4": ([992] * 2, [992] * 2, 32, 4),
+    "n4_q992_h32kv4": ([992] * 4, [992] * 4, 32, 4),
+    "n8_q992_h32kv4": ([992] * 8, [992] * 8, 32, 4),
+    "n16_q992_h32kv4": ([992] * 16, [992] * 16, 32, 4),
+    "n32_q992_h32kv4": ([992] * 32, [992] * 32, 32, 4),
+    "n8_q992_h20kv4": ([992] * 8, [992] * 8, 20, 4),
+    "n4_q512_kv4096_h32kv4": ([512] * 4, [4096] * 4, 32, 4),
+}
+
+
+def _row_writers_cases(pages):
+    """The item rows written by several planning CTAs (``device_planner.row_writers_policy``: 1 against
+    MAX_ROW_WRITERS; built in session 30, kept off)."""
+    import contextlib
+
+    from cute_attn.kernels.common.device_planner import MAX_ROW_WRITERS, ROWS_PER_WRITER, row_writers_policy
+
+    rows = int(os.environ.get("CUTE_ATTN_ROWS_PER_WRITER", "0")) or ROWS_PER_WRITER  # the launch rule's rows a writer
+
+    @contextlib.contextmanager
+    def builds(on):
+        with row_writers_policy(MAX_ROW_WRITERS if on else 1, rows):
+            yield
+
+    return _prefill_cases(ROW_WRITER_CASES, pages, lambda page_size: builds)
+
+
 def _early_dependents_cases(pages):
     from cute_attn.config import early_dependents_policy
 
@@ -476,14 +509,14 @@ POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, 
             "serpentine_deal": _serpentine_deal_cases, "device_whole_deal": _device_whole_deal_cases,
             "bf16_partials": _bf16_partials_cases, "deal_2048": _deal_2048_cases, "gather_warps": _gather_warps_cases,
             "rank_deal": _rank_deal_cases, "deal_first": _deal_first_cases, "deal_one_site": _deal_one_site_cases,
-            "lap_lists": _lap_lists_cases, "lap_turn": _lap_turn_cases}
+            "lap_lists": _lap_lists_cases, "lap_turn": _lap_turn_cases, "row_writers": _row_writers_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
                  "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64], "even_pieces": [64, 1],
                  "page_boxes": [64, 128], "max_slack": [1], "eager_combine": [64, 1],
                  "lap_deal": [64], "serpentine_deal": [64],
                  "device_whole_deal": [64], "bf16_partials": [64, 1], "deal_2048": [64, 1], "gather_warps": [1, 2],
                  "rank_deal": [1], "deal_first": [64], "deal_one_site": [64], "lap_lists": [64],
-                 "lap_turn": [64]}
+                 "lap_turn": [64], "row_writers": [64]}
 
 
 def checked_span(run, out, lse, reference, label: str, timer, digits: int = 1):

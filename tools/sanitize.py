@@ -41,6 +41,8 @@ Cases (small, ragged, each a registered config's shape):
     hostile-decode the device planner's bounds checks (ids past the pool and negative; those requests 0 / -inf, a split
                    one included); -late: the last CTA to arrive empties their items (``late_scan_policy``), -scan-last: a
                    scan CTA is that last one (built in session 24; clean in session 25)
+    hostile-prefill-writers  the same on GQA prefill with three row writers a launch (``row_writers_policy``, session
+                   30): each writer takes the marks; -late / -scan-last: the last CTA to arrive empties every writer's items
     gather         the TMA page gather kernel (a test-side kernel)
 """
 
@@ -482,6 +484,33 @@ def _cases(arch: str) -> dict:
 
     cases["lap-turn-prefill"] = ("device_planner", lap_turn(False))
     cases["lap-turn-ragged"] = ("device_planner", lap_turn(True))
+    def hostile_prefill_writers(late):  # three row writers (one a 40 rows) and page ids outside the pool in requests 2
+        # (split) and 0: each writer takes the marks or (late) the last CTA to arrive empties the items of all three
+        def run():
+            from cute_attn.device_errors import DeviceIndexError
+            from cute_attn.kernels.common.device_planner import late_scan_policy, row_writers_policy
+
+            with row_writers_policy(8, 40), \
+                    late_scan_policy(scan_last=late == "scan_last") if late else contextlib.nullcontext():
+                case = testing.make_gqa_prefill_case([5, 0, 300, 1], [300, 3, 4000, 1], device="cuda", seed=87)
+                ref_out, ref_lse = case.reference()
+                qo, kvp = case.qo_indptr.tolist(), case.kv_indptr.tolist()
+                for b in (0, 2):
+                    ref_out[qo[b]:qo[b + 1]], ref_lse[qo[b]:qo[b + 1]] = 0, float("-inf")
+                case.kv_indices[kvp[2] + 3] = case.k_cache.shape[0] + 2
+                case.kv_indices[kvp[0]] = -1
+                out, lse, _ = _run_api(cute_attn.gqa_paged_prefill, case, arch)
+                try:
+                    cute_attn.raise_on_device_error()
+                    raise AssertionError("the device planner recorded no fault")
+                except DeviceIndexError:
+                    pass
+            return out, lse, lambda: (ref_out, ref_lse)
+        return run
+
+    cases["hostile-prefill-writers"] = ("device_planner", hostile_prefill_writers(False))
+    cases["hostile-prefill-writers-late"] = ("device_planner", hostile_prefill_writers(True))
+    cases["hostile-prefill-writers-scan-last"] = ("device_planner", hostile_prefill_writers("scan_last"))
     cases["hostile-decode"] = ("device_planner", hostile_decode(False))
     cases["hostile-decode-late"] = ("device_planner", hostile_decode(True))
     cases["hostile-decode-scan-last"] = ("device_planner", hostile_decode("scan_last"))

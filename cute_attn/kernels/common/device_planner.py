@@ -4,12 +4,12 @@ The algorithm is :mod:`cute_attn.plan_partition`'s (its numpy twin and oracle: c
 every step is a prefix sum or a binary search); this kernel also checks the index values, so a new batch
 costs launches only and stays safe with ``check_indices=False``.
 
-Roles / phases (:func:`scan_ctas` + 1 CTAs x 512 threads, arch-neutral SIMT code: the same source for sm_90a
-and sm_100a)
+Roles / phases (``writers`` + :func:`scan_ctas` CTAs x 512 threads, arch-neutral SIMT code: the same source for
+sm_90a and sm_100a)
     every CTA   ``griddepcontrol.launch_dependents`` first: the attention kernel is launched with programmatic
                 dependent launch, so its CTAs start their prologue while this grid runs and wait
                 (``griddepcontrol.wait``) only before their first global read.
-    CTAs 1..    *page scan* (``planner_scan.py``), beside the planning: a grid-stride pass over ``kv_indices``
+    CTAs w..    *page scan* (``planner_scan.py``), beside the planning: a grid-stride pass over ``kv_indices``
                 (prefetched to L2, 8 ids in flight per thread), checking ``[0 : min(kv_indptr[batch], len)]``; a
                 page id outside ``[0, num_pages)`` marks its request (binary search of ``kv_indptr``) in
                 ``request_faults`` and the device error word. Each scan CTA then counts itself in ``arrivals``
@@ -19,6 +19,11 @@ and sm_100a)
                 batch fits (``SMEM_REQUESTS`` requests, ``SMEM_Q_TILES`` q tiles; one code path, instantiated
                 twice), so its phases hand each other data at shared-memory latency; larger batches use the
                 global scratch of the same names.
+    CTAs 0..w-1 *row writers* (w = 1 unless a ``row_writers`` build, off by default, launches more:
+                :func:`launch_writers`): each makes the same plan and writes its share of the item rows
+                (``planner_lists.row_share``); CTA 0 alone writes the rest (``work_indptr``, merges, empty plans).
+                Each is counted in ``arrivals`` (``planner_scan.py``). H200, session 30: CTA 0's planner 16 x 992
+                -8.3 k cycles, 32 x 992 -21 k, and no default call faster (docs/perf-notes.md).
     CTA 0       *rules*: ``qo_indptr``/``kv_indptr`` start at 0, never decrease, end at ``total_q`` / at most
                 ``len(kv_indices)``; ``kv_last_page_len`` in ``1..page_size`` (``0..page_size`` without pages).
                 A broken indptr faults the whole batch: no items, and this CTA writes output 0 / lse ``-inf``
@@ -70,11 +75,11 @@ from ...config import KernelConfig
 from ...plan import DEAL_MAX_Q_TILES_CHOICES, RANK_DEAL_MAX_Q_TILES_CHOICES, ItemField, MergeField, PlanConfig
 from ...plan_partition import min_width
 from .planner_collectives import NUM_THREADS, NUM_WARPS, block_any, block_any_pair, block_exclusive_sum, div_nonneg
-from .planner_lists import write_dealt_rows, write_row_chunks
+from .planner_lists import write_lists
 from .planner_q_tiles import q_tile_pairs, q_tile_singles
 from .planner_scan import FAULT_PAGE_ID, MAX_SCAN_CTAS, scan_ctas  # noqa: F401 (the planner's public names)
-from .planner_scan import (ARRIVAL_COUNT_MASK, L2_LINE_INT32, arrivals_seen, planner_arrives, scan_and_arrive,
-                           take_scan_faults)
+from .planner_scan import (L2_LINE_INT32, SEVERAL_WRITERS, arrivals_seen, planning_cta_ends, scan_and_arrive,
+                           scan_verdict)
 from .planner_scan import record_fault as _record
 from .planner_cuts import cut_line
 from .planner_deal_first import deal_first, deal_first_one_site
@@ -106,6 +111,13 @@ DEAL_ONE_SITE = False
 #: prefill 8 x 992 default call 170.0 -> 169.5 us at h32/kv4, 114.3 -> 113.8 at h20/kv4; the MLA seed 45.9 -> 46.8
 #: (MLA's default call moves ~1 us with any change of its planner's build: session 25), so it follows deal_first
 LAP_LISTS: bool | None = None
+#: the most row writers a build launches (``DevicePlannerConfig.row_writers``; ``planner_scan.ArrivalWord`` has a
+#: late bit for each) and the rows a writer is given at least (:func:`launch_writers`)
+MAX_ROW_WRITERS = 8
+ROWS_PER_WRITER = 1024
+#: every planner's ``row_writers`` (:func:`row_writers_policy` sets it with ROWS_PER_WRITER). 1: off (H200, session 30,
+#: ``ab_policy.py row_writers``: GQA prefill default call 8 / 16 / 32 x 992 157.8 -> 161.7, 298.7 -> 297.5, 577.5 -> 590.2)
+ROW_WRITERS = 1
 TRACE_STAMPS = 19  # trace_phases: clock64 stamps at the tail of q_tile_start (tools/planner_trace.py)
 Q_TILE_FIELDS = 4  # request, row start, row count, key end
 # first q tile, keys, query tokens, fault bits, first page, first token: the lists phase reads a request's page and
@@ -148,6 +160,9 @@ class DevicePlannerConfig(KernelConfig):
     #: for_plan takes LAP_LISTS (None: deal_first)
     lap_lists: bool = False
     lap_turn: bool = False  # PlanConfig.lap_turn: each lap's CTA order rotated (sorted_deal.turned_deal_loads)
+    #: the most planning CTAs a launch of this build may have, each writing a share of the item rows (1: one CTA
+    #: plans and writes them all, the arrival protocol of one planning CTA); for_plan takes ROW_WRITERS
+    row_writers: int = 1
     num_qo_heads: int = 20
     head_dim_v: int = 128
     #: a development build: the planning CTA writes clock64 stamps of its phase boundaries to the last
@@ -179,7 +194,8 @@ class DevicePlannerConfig(KernelConfig):
             late_scan=LATE_SCAN, scan_delay_ns=SCAN_DELAY_NS,
             deal_max_q_tiles=plan_config.deal_max_q_tiles, rank_deal_max_q_tiles=plan_config.rank_deal_max_q_tiles,
             deal_first=plan_config.deal_first, deal_one_site=DEAL_ONE_SITE, lap_turn=plan_config.lap_turn,
-            lap_lists=plan_config.deal_first if LAP_LISTS is None else LAP_LISTS)
+            lap_lists=plan_config.deal_first if LAP_LISTS is None else LAP_LISTS,
+            row_writers=ROW_WRITERS)
 
     def plan_config(self, num_ctas: int) -> PlanConfig:
         return PlanConfig(num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads, causal=self.causal,
@@ -214,6 +230,8 @@ class DevicePlannerConfig(KernelConfig):
             return f"rank_deal_max_q_tiles={self.rank_deal_max_q_tiles} must be 0 or 4096"
         if self.q_tiles_per_pass not in (0, 1, 2):
             return f"q_tiles_per_pass={self.q_tiles_per_pass} must be 1, 2 or 0 (chosen per launch)"
+        if not 1 <= self.row_writers <= MAX_ROW_WRITERS:
+            return f"row_writers={self.row_writers} must be 1..{MAX_ROW_WRITERS}"
         if self.items_per_thread not in (0, 1, 2):
             return f"items_per_thread={self.items_per_thread} must be 1 or 2 (0: the default, {ITEMS_PER_THREAD})"
         return None
@@ -241,11 +259,14 @@ class DevicePlanner:
                  items: cute.Tensor, merge_indptr: cute.Tensor, merges: cute.Tensor, q_tiles: cute.Tensor,
                  q_tile_start: cute.Tensor, requests: cute.Tensor, request_faults: cute.Tensor,
                  error_word: cute.Tensor, arrivals: cute.Tensor, num_pages: Int32, total_q: Int32,
-                 max_partials: Int32, num_scan_ctas: Int32, stream: cuda.CUstream):
+                 max_partials: Int32, num_scan_ctas: Int32, num_writers: Int32, stream: cuda.CUstream):
+        writers = Int32(1)  # one-writer builds take num_writers as 1 whatever the caller passed
+        if cutlass.const_expr(self.c.row_writers > 1):
+            writers = cutlass.max(cutlass.min(num_writers, Int32(self.c.row_writers)), Int32(1))
         self.kernel(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output, lse, work_indptr, items,
                     merge_indptr, merges, q_tiles, q_tile_start, requests, request_faults, error_word, arrivals,
-                    num_pages, total_q, max_partials, num_scan_ctas).launch(
-            grid=(num_scan_ctas + 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream)  # CTA 0 plans, the rest scan
+                    num_pages, total_q, max_partials, num_scan_ctas, writers).launch(
+            grid=(num_scan_ctas + writers, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream)  # writers, then scans
 
     @cute.kernel
     def kernel(self, qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor,
@@ -253,7 +274,7 @@ class DevicePlanner:
                items: cute.Tensor, merge_indptr: cute.Tensor, merges: cute.Tensor, q_tiles: cute.Tensor,
                q_tile_start: cute.Tensor, requests: cute.Tensor, request_faults: cute.Tensor,
                error_word: cute.Tensor, arrivals: cute.Tensor, num_pages: Int32, total_q: Int32,
-               max_partials: Int32, num_scan_ctas: Int32):
+               max_partials: Int32, num_scan_ctas: Int32, num_writers: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         started = Int64(0)
@@ -290,9 +311,30 @@ class DevicePlanner:
 
         batch = kv_indptr.shape[0] - 1
         num_indices = kv_indices.shape[0]
-        if cta != 0:
+        tile_bound = Int64(batch) * ((self.c.group_size + self.c.rows_per_tile - 1) // self.c.rows_per_tile)
+        if cutlass.const_expr(self.c.has_qo_indptr):
+            tile_bound = Int64(batch) + (Int64(total_q) * self.c.group_size + self.c.rows_per_tile - 1) \
+                // self.c.rows_per_tile
+        in_shared = Int32(0)  # the batch fits the planning CTA's shared memory (SMEM_REQUESTS, SMEM_Q_TILES)
+        if batch <= SMEM_REQUESTS:
+            if tile_bound <= Int64(SMEM_Q_TILES):
+                in_shared = Int32(1)
+        several = self.c.row_writers > 1  # the build's arrival word (planner_scan.ArrivalWord)
+        word = SEVERAL_WRITERS if several else None
+        writer = 0  # this CTA's share of the rows (a row writer); one-writer builds: CTA 0
+        launch_count = 1  # the launch's row writers
+        share_writers = 1  # the writers the rows are shared among: one where the plan is in the global scratch
+        scans = cta != 0
+        if cutlass.const_expr(several):
+            writer = cta
+            launch_count = num_writers
+            scans = cta >= num_writers
+            if in_shared != 0:
+                share_writers = num_writers
+        if scans:  # scan CTA cta - launch_count; the last to arrive finds every other CTA that arrives counted
             scan_and_arrive(kv_indptr, kv_indices, request_faults, error_word, items, work_indptr, arrivals, flags,
-                            num_pages, batch, cta - 1, num_scan_ctas, tidx, self.c.scan_delay_ns)
+                            num_pages, batch, cta - launch_count, num_scan_ctas, num_scan_ctas + (launch_count - 1),
+                            tidx, self.c.scan_delay_ns, word, share_writers)
         else:
             # the planner's own inputs to L2 before its first dependent load (the bench flushes L2 before every
             # call, as a new step would): one DRAM round trip for all of them instead of one per phase
@@ -305,24 +347,25 @@ class DevicePlanner:
                                        cache_level="L2")
             self.stamp(q_tile_start, 0, tidx, started)
             self.stamp(q_tile_start, 1, tidx)
-            tile_bound = Int64(batch) * ((self.c.group_size + self.c.rows_per_tile - 1) // self.c.rows_per_tile)
-            if cutlass.const_expr(self.c.has_qo_indptr):
-                tile_bound = Int64(batch) + (Int64(total_q) * self.c.group_size + self.c.rows_per_tile - 1) \
-                    // self.c.rows_per_tile
             late = Int32(1)  # 1: the lists were written before every scan CTA had arrived (planner_scan.py)
-            if batch <= SMEM_REQUESTS and tile_bound <= Int64(SMEM_Q_TILES):
-                late = self.plan(tidx, qo_indptr, kv_indptr, kv_last_page_len, output, lse, work_indptr, items,
-                                 merge_indptr, merges, q_tiles_s, q_tile_start_s, requests_s, request_faults,
-                                 error_word, arrivals, warp_sums, flags, cut_tile, cut_key, cta_items, merge_first_cut,
-                                 merge_last_cut, merge_slot, cut_merge, stage, sort_keys, batch, num_indices, total_q,
-                                 max_partials, num_scan_ctas, q_tile_start)
+            before = Int32(0)  # an early row writer's count before it (planner_scan.writer_arrives_early)
+            if in_shared != 0:
+                late, before = self.plan(tidx, qo_indptr, kv_indptr, kv_last_page_len, output, lse, work_indptr,
+                                         items, merge_indptr, merges, q_tiles_s, q_tile_start_s, requests_s,
+                                         request_faults, error_word, arrivals, warp_sums, flags, cut_tile, cut_key,
+                                         cta_items, merge_first_cut, merge_last_cut, merge_slot, cut_merge, stage,
+                                         sort_keys, batch, num_indices, total_q, max_partials, num_scan_ctas, writer,
+                                         share_writers, launch_count, q_tile_start)
             else:
-                late = self.plan(tidx, qo_indptr, kv_indptr, kv_last_page_len, output, lse, work_indptr, items,
-                                 merge_indptr, merges, q_tiles, q_tile_start, requests, request_faults, error_word,
-                                 arrivals, warp_sums, flags, cut_tile, cut_key, cta_items, merge_first_cut,
-                                 merge_last_cut, merge_slot, cut_merge, stage, sort_keys, batch, num_indices, total_q,
-                                 max_partials, num_scan_ctas, q_tile_start)
-            planner_arrives(items, work_indptr, request_faults, arrivals, flags, batch, num_scan_ctas, late, tidx)
+                if writer == 0:  # the global scratch has room for one planning CTA: it writes every row
+                    late, before = self.plan(tidx, qo_indptr, kv_indptr, kv_last_page_len, output, lse, work_indptr,
+                                             items, merge_indptr, merges, q_tiles, q_tile_start, requests,
+                                             request_faults, error_word, arrivals, warp_sums, flags, cut_tile, cut_key,
+                                             cta_items, merge_first_cut, merge_last_cut, merge_slot, cut_merge, stage,
+                                             sort_keys, batch, num_indices, total_q, max_partials, num_scan_ctas,
+                                             writer, 1, launch_count, q_tile_start)
+            planning_cta_ends(items, work_indptr, request_faults, arrivals, flags, batch, num_scan_ctas, launch_count,
+                              late, before, writer, share_writers, tidx, word)
             self.stamp(q_tile_start, TRACE_STAMPS - 3, tidx)
             self.stamp(q_tile_start, TRACE_STAMPS - 2, tidx, started_ns)
             self.stamp(q_tile_start, TRACE_STAMPS - 1, tidx, "globaltimer")
@@ -332,7 +375,8 @@ class DevicePlanner:
         """trace_phases builds only: thread 0 of the planning CTA records ``value`` (default: clock64 now;
         "globaltimer": the global ns timer now) in stamp ``slot``; other builds emit nothing."""
         if cutlass.const_expr(self.c.trace_phases):
-            if tidx == 0:
+            cta, _, _ = cute.arch.block_idx()
+            if tidx == 0 and cta == 0:
                 now = value
                 if cutlass.const_expr(value is None):
                     now = cute.arch.clock64()
@@ -344,10 +388,13 @@ class DevicePlanner:
     def plan(self, tidx, qo_indptr, kv_indptr, kv_last_page_len, output, lse, work_indptr, items, merge_indptr,
              merges, q_tiles, q_tile_start, requests, request_faults, error_word, arrivals, warp_sums, flags, cut_tile,
              cut_key, cta_items, merge_first_cut, merge_last_cut, merge_slot, cut_merge, stage, sort_keys, batch,
-             num_indices, total_q, max_partials, scanners, trace):
-        """The planning CTA's work; ``requests``/``q_tiles``/``q_tile_start`` are shared memory when the batch fits
-        (see SMEM_REQUESTS), else the global scratch; ``trace`` is the global q_tile_start (trace_phases). Returns
-        ``late``: 1 unless the scan's marks were taken before the lists (``planner_scan.py``)."""
+             num_indices, total_q, max_partials, scanners, writer, share_writers, writers, trace):
+        """A planning CTA's work; ``requests``/``q_tiles``/``q_tile_start`` are shared memory when the batch fits
+        (see SMEM_REQUESTS), else the global scratch; ``trace`` is the global q_tile_start (trace_phases). ``writer``
+        of ``share_writers``: the share of the item rows this CTA writes (``planner_lists.row_share``); writer 0 also writes the
+        rest of the plan; ``writers``: the launch's row writers (more than ``share_writers`` where the batch is in the
+        global scratch and writer 0 alone plans). Returns ``late`` (1 unless the scan's marks were taken before the lists, ``planner_scan.py``) and
+        an early row writer's count before its arrival (on ``planner_scan.EARLY_LANE``; 0 otherwise)."""
         c = self.c
         heads = c.num_kv_heads
         num_ctas = work_indptr.shape[0] - 1
@@ -436,23 +483,25 @@ class DevicePlanner:
         self.stamp(trace, 3, tidx)
         capacity_bad = Int32(0)
         late = Int32(1)
+        before = Int32(0)
         if batch_fault == 0:
             if Int64(num_q_tiles) * heads > Int64(items.shape[0]) or num_q_tiles > q_tiles.shape[0]:
                 capacity_bad = Int32(1)
         if batch_fault == 0 and capacity_bad == 0:
-            late = self.plan_tiles(tidx, qo_indptr, kv_indptr, kv_last_page_len, work_indptr, items, merge_indptr,
+            late, before = self.plan_tiles(tidx, qo_indptr, kv_indptr, kv_last_page_len, work_indptr, items, merge_indptr,
                                    merges, q_tiles, q_tile_start, requests, request_faults, error_word, arrivals,
                                    warp_sums, flags, cut_tile, cut_key, cta_items, merge_first_cut, merge_last_cut,
                                    merge_slot, cut_merge, stage, sort_keys, batch, num_q_tiles, num_ctas, max_partials,
-                                   uniform, scanners, trace)
+                                   uniform, scanners, writer, share_writers, writers, trace)
             cute.arch.sync_threads()
             capacity_bad = flags[NUM_WARPS + 1]
         else:
             if capacity_bad != 0 and tidx == 0:
                 _record(error_word, FAULT_CAPACITY, 0)
         if batch_fault != 0 or capacity_bad != 0:
-            self.empty_plan(tidx, output, lse, work_indptr, merge_indptr, num_ctas, total_q)
-        return late
+            if writer == 0:
+                self.empty_plan(tidx, output, lse, work_indptr, merge_indptr, num_ctas, total_q)
+        return late, before
 
     @cute.jit
     def empty_plan(self, tidx, output, lse, work_indptr, merge_indptr, num_ctas, total_q):
@@ -472,9 +521,9 @@ class DevicePlanner:
     def plan_tiles(self, tidx, qo_indptr, kv_indptr, kv_last_page_len, work_indptr, items, merge_indptr, merges,
                    q_tiles, q_tile_start, requests, request_faults, error_word, arrivals, warp_sums, flags, cut_tile,
                    cut_key, cta_items, merge_first_cut, merge_last_cut, merge_slot, cut_merge, stage, sort_keys, batch,
-                   num_q_tiles, num_ctas, max_partials, uniform, scanners, trace):
+                   num_q_tiles, num_ctas, max_partials, uniform, scanners, writer, share_writers, writers, trace):
         """``uniform``: 1 when every request is one q tile of the same keys, none faulted (even_pieces builds).
-        Returns ``late`` (see :meth:`plan`)."""
+        Returns ``late`` and ``before`` (see :meth:`plan`)."""
         c = self.c
         heads = c.num_kv_heads
         cute.arch.sync_threads()  # every request's first q tile (requests[:, 0]) is written
@@ -592,7 +641,8 @@ class DevicePlanner:
             merge_slot[tidx] = Int32(slot_before)
         if edge <= num_ctas:
             cta_items[edge] = Int32(item_before)
-            work_indptr[edge] = Int32(item_before)
+            if writer == 0:
+                work_indptr[edge] = Int32(item_before)
         too_big = Int32(0)
         if num_items > Int64(items.shape[0]) or num_merges > Int64(merges.shape[0]):
             too_big = Int32(1)
@@ -602,24 +652,14 @@ class DevicePlanner:
             flags[NUM_WARPS + 1] = too_big
             if too_big != 0:
                 _record(error_word, FAULT_CAPACITY, 0)
-            if cutlass.const_expr(c.late_scan):
-                seen = Int32(0)
-            if (seen & ARRIVAL_COUNT_MASK) == scanners and (seen >> 16) != 0:
-                cute.arch.fence_acq_rel_gpu()  # every scan CTA's marks, visible to the CTA after the barrier
-            flags[0] = seen
-        cute.arch.sync_threads()
-        seen = flags[0]
-        late = Int32(1)
-        if (seen & ARRIVAL_COUNT_MASK) == scanners:
-            late = Int32(0)
-            if (seen >> 16) != 0:
-                take_scan_faults(requests, request_faults, batch, tidx)
+        late, before = scan_verdict(seen, flags, requests, request_faults, arrivals, batch, scanners, writers, tidx,
+                                    c.late_scan, SEVERAL_WRITERS if c.row_writers > 1 else None)
         self.stamp(trace, 6, tidx)
         if too_big == 0:
-            self.write_lists(tidx, items, merge_indptr, merges, q_tiles, requests, cut_tile,
-                             cut_key, cta_items, merge_first_cut, merge_slot, cut_merge, stage, sort_keys, deal,
-                             Int32(num_items), Int32(num_merges), Int32(num_partials), num_ctas, trace)
-        return late
+            write_lists(c, self.stamp, tidx, items, merge_indptr, merges, q_tiles, requests, cut_tile, cut_key,
+                        cta_items, merge_first_cut, merge_slot, cut_merge, stage, sort_keys, deal, Int32(num_items),
+                        Int32(num_merges), Int32(num_partials), num_ctas, writer, share_writers, trace)
+        return late, before
 
     @cute.jit
     def cut_then_deal(self, tidx, q_tiles, q_tile_start, requests, warp_sums, flags, cut_tile, cut_key, stage,
@@ -643,51 +683,19 @@ class DevicePlanner:
                 deal_count = cut_count
         return deal, deal_count
 
-    @cute.jit
-    def write_lists(self, tidx, items, merge_indptr, merges, q_tiles, requests, cut_tile,
-                    cut_key, cta_items, merge_first_cut, merge_slot, cut_merge, stage, sort_keys, deal, num_items,
-                    num_merges, num_partials, num_ctas, trace):
-        c = self.c
-        heads = c.num_kv_heads
-        for g in range(tidx, merge_indptr.shape[0], NUM_THREADS):
-            if g < num_merges:
-                merge_indptr[g] = merge_slot[g]
-                t = cut_tile[merge_first_cut[g]]
-                j = t // heads
-                b = q_tiles[j, 0]
-                merges[g, MergeField.REQUEST] = b
-                merges[g, MergeField.KV_HEAD] = t % heads
-                merges[g, MergeField.Q_ROW_START] = q_tiles[j, 1]
-                merges[g, MergeField.Q_ROW_COUNT] = q_tiles[j, 2]
-                merges[g, MergeField.TOKEN_START] = requests[b, 5]
-            else:
-                merge_indptr[g] = num_partials
-        self.stamp(trace, 14, tidx)
-        # Each thread builds ITEMS_PER_THREAD rows in shared memory (their CTA searches run side by side, the chain
-        # that dominated a row's build); thread 0 then stores the pass's rows as one bulk copy (cp.async.bulk, the TMA
-        # engine) while the CTA builds the next pass in the other stage buffer. (Before: the CTA's 16-byte stores, a
-        # 512-row chunk a pass; a row per thread straight to global was 10 scattered 4-byte stores a row.)
-        per_thread = self.c.rows_per_thread
-        rows_per_pass = NUM_THREADS * per_thread
-        # bulk stores need 16-byte aligned rows: our buffers always are (a pass starts at a multiple of
-        # rows_per_pass * fields words); a caller's view may not be, and then every thread stores words itself
-        bulk = Int32(0)
-        if (items.iterator.toint() & 15) == 0:
-            bulk = Int32(1)
-        whole = Int32(0)  # lap_lists: a dealt plan that fits both stage buffers, built in one pass (uniform)
-        if cutlass.const_expr(c.lap_lists and sort_keys is not None):
-            if deal != 0 and num_items <= 2 * rows_per_pass:
-                whole = Int32(1)
-        if whole != 0:
-            write_dealt_rows(c, self.stamp, tidx, items, q_tiles, requests, cut_tile, cut_key, cta_items,
-                             merge_first_cut, merge_slot, cut_merge, stage, sort_keys, num_items, num_ctas, bulk, trace)
-        else:
-            write_row_chunks(c, self.stamp, tidx, items, q_tiles, requests, cut_tile, cut_key, cta_items,
-                             merge_first_cut, merge_slot, cut_merge, stage, sort_keys, deal, num_items, num_ctas, bulk,
-                             trace)
-        if bulk != 0 and tidx == 0:
-            cute.arch.cp_async_bulk_wait_group(0)  # every row in global before the grid ends (the kernel that reads
-            # them waits for this grid's completion)
+
+def launch_writers(config: DevicePlannerConfig, batch: int, total_q: int) -> int:
+    """Row writers for a launch, from shapes alone: one a ROWS_PER_WRITER rows of the tile bound, at most
+    ``config.row_writers``; one past the shared-memory batch (the global scratch holds one planning CTA's plan)."""
+    rows_per_tile = config.rows_per_tile
+    if config.has_qo_indptr:
+        tiles = batch + -(-total_q * config.group_size // rows_per_tile)
+    else:
+        tiles = batch * -(-config.group_size // rows_per_tile)
+    if config.row_writers <= 1 or batch > SMEM_REQUESTS or tiles > SMEM_Q_TILES:
+        return 1
+    return max(1, min(config.row_writers, -(-tiles * config.num_kv_heads // ROWS_PER_WRITER)))
+
 
 def fake_args(config: DevicePlannerConfig) -> tuple:
     i32, i64 = cutlass.Int32, cutlass.Int64
@@ -712,6 +720,7 @@ def fake_args(config: DevicePlannerConfig) -> tuple:
         fake(i32, (sym(symbol="request_faults"),)),
         fake(i32, (4,)),
         fake(i32, (1,)),
+        Int32(1),
         Int32(1),
         Int32(1),
         Int32(1),
@@ -764,6 +773,16 @@ def lap_lists_policy(enabled: bool = True):
     from ...ops import policy
 
     with policy(globals(), LAP_LISTS=bool(enabled)):
+        yield
+
+
+@contextlib.contextmanager
+def row_writers_policy(writers: int, rows_per_writer: int = ROWS_PER_WRITER):
+    """Inside the block every device planner is built with ``row_writers=writers`` and a launch takes one writer a
+    ``rows_per_writer`` rows (GPU tests, A/Bs, the sanitizer)."""
+    from ...ops import policy
+
+    with policy(globals(), ROW_WRITERS=int(writers), ROWS_PER_WRITER=int(rows_per_writer)):
         yield
 
 

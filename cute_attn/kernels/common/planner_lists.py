@@ -10,9 +10,25 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
-from ...plan import NOT_CAUSAL_OFFSET, ItemField
+from ...plan import NOT_CAUSAL_OFFSET, ItemField, MergeField
 from .planner_collectives import NUM_THREADS, last_at_most
 from .sorted_deal import deal_turned, dealt_tile
+
+
+@cute.jit
+def row_share(num_items, writer, writers):
+    """Writer ``writer``'s rows of ``writers``: ``(first, end)``, an even count each (so each share's first row is
+    16-byte aligned for its bulk copy) but the last; writers past the rows get none."""
+    per = ((num_items + writers - 1) // writers + 1) // 2 * 2
+    first = cutlass.min(writer * per, num_items)
+    return first, cutlass.min(first + per, num_items)
+
+
+def row_share_host(num_items: int, writer: int, writers: int) -> tuple[int, int]:
+    """:func:`row_share` in Python (tests)."""
+    per = (-(-num_items // writers) + 1) // 2 * 2
+    first = min(writer * per, num_items)
+    return first, min(first + per, num_items)
 
 
 @cute.jit
@@ -63,23 +79,39 @@ def build_item(c: cutlass.Constexpr, stage, row, i, cta, q_tiles, requests, cut_
 
 @cute.jit
 def build_dealt_rows(c: cutlass.Constexpr, stage, tidx, q_tiles, requests, cut_tile, cut_key, cta_items,
-                     merge_first_cut, merge_slot, cut_merge, sort_keys, num_ctas, num_items):
-    """A dealt plan's item rows into ``stage`` rows ``0 .. num_items - 1`` (``DevicePlannerConfig.lap_lists``): one
-    (CTA, lap) slot a thread a step, so item ``cta_items[cta] + lap`` needs no search for its CTA (the chunked
-    build's binary search of ``cta_items`` a row). A deal's items are its tiles, so ``num_items`` positions make
+                     merge_first_cut, merge_slot, cut_merge, sort_keys, num_ctas, num_items, first_row, end_row):
+    """A dealt plan's item rows ``first_row .. end_row - 1`` (a row writer's share) into ``stage`` rows ``0 ..
+    end_row - first_row - 1`` (``DevicePlannerConfig.lap_lists``): one (CTA, lap) slot a thread a step, over the CTAs
+    that hold those rows, so item ``cta_items[cta] + lap`` needs no search for its CTA (the chunked build's binary
+    search of ``cta_items`` a row; here two searches, for the share's first and last CTA). A deal's items are its tiles, so ``num_items`` positions make
     ``ceil(num_items / num_ctas)`` laps; a CTA has ``cta_items[cta + 1] - cta_items[cta]`` of them. The slots run
     CTA-major, so a warp's threads build consecutive rows (10 words apart: 2-way bank conflicts on the stage
     stores); lap-major slots put them a CTA's items apart, every row of a warp in the same two banks where CTAs hold
     8 items (16-way, the phase's 3.8 k cycles at GQA prefill 4 x 992 in session 28)."""
     laps = (num_items + num_ctas - 1) // num_ctas
     turned = deal_turned(c, sort_keys)
-    for slot in range(tidx, laps * num_ctas, NUM_THREADS):
+    first_cta = Int32(0)
+    end_cta = num_ctas
+    if cutlass.const_expr(c.row_writers > 1):  # the CTAs that hold this writer's share
+        if first_row > 0:
+            first_cta = last_at_most(cta_items, num_ctas, first_row)
+        if end_row < num_items:
+            end_cta = last_at_most(cta_items, num_ctas, end_row - 1) + 1
+        if end_row <= first_row:
+            end_cta = first_cta
+    for slot in range(first_cta * laps + tidx, end_cta * laps, NUM_THREADS):
         cta = slot // laps
         lap = slot - cta * laps
         first = cta_items[cta]
-        if lap < cta_items[cta + 1] - first:
-            build_item(c, stage, first + lap, first + lap, cta, q_tiles, requests, cut_tile, cut_key, cta_items,
-                       merge_first_cut, merge_slot, cut_merge, sort_keys, Int32(1), turned, num_ctas)
+        row = first + lap
+        if cutlass.const_expr(c.row_writers > 1):
+            if lap < cta_items[cta + 1] - first and row >= first_row and row < end_row:
+                build_item(c, stage, row - first_row, row, cta, q_tiles, requests, cut_tile, cut_key, cta_items,
+                           merge_first_cut, merge_slot, cut_merge, sort_keys, Int32(1), turned, num_ctas)
+        else:
+            if lap < cta_items[cta + 1] - first:
+                build_item(c, stage, row, row, cta, q_tiles, requests, cut_tile, cut_key, cta_items,
+                           merge_first_cut, merge_slot, cut_merge, sort_keys, Int32(1), turned, num_ctas)
 
 
 @cute.jit
@@ -125,23 +157,24 @@ def store_words(items: cute.Tensor, stage: cute.Tensor, first_word, first_stage_
 @cute.jit
 def write_dealt_rows(c: cutlass.Constexpr, stamp: cutlass.Constexpr, tidx, items, q_tiles, requests, cut_tile, cut_key,
                      cta_items, merge_first_cut, merge_slot, cut_merge, stage, sort_keys, num_items, num_ctas, bulk,
-                     trace):
-    """``lap_lists``: a dealt plan's rows in one pass over both stage buffers (``build_dealt_rows``: no CTA
-    search), then one bulk copy. (Measured against it on the H200 in session 29 and reverted: each warp storing its
+                     first_row, end_row, trace):
+    """``lap_lists``: a dealt plan's rows ``first_row .. end_row - 1`` in one pass over both stage buffers
+    (``build_dealt_rows``: no CTA search), then one bulk copy. (Measured against it on the H200 in session 29 and reverted: each warp storing its
     own rows, and a copy a build step of 512 slots; both made the build slower by more than they took off the
     copy's tail.)"""
     build_dealt_rows(c, stage, tidx, q_tiles, requests, cut_tile, cut_key, cta_items, merge_first_cut,
-                     merge_slot, cut_merge, sort_keys, num_ctas, num_items)
+                     merge_slot, cut_merge, sort_keys, num_ctas, num_items, first_row, end_row)
     stamp(trace, 9, tidx)
-    store_built_rows(stamp, tidx, items, stage, Int32(0), 0, num_items * len(ItemField), bulk, trace, False)
+    store_built_rows(stamp, tidx, items, stage, first_row, 0, (end_row - first_row) * len(ItemField), bulk, trace,
+                     False)
 
 
 @cute.jit
 def write_row_chunks(c: cutlass.Constexpr, stamp: cutlass.Constexpr, tidx, items, q_tiles, requests, cut_tile, cut_key,
                      cta_items, merge_first_cut, merge_slot, cut_merge, stage, sort_keys, deal, num_items, num_ctas,
-                     bulk, trace):
-    """The rows a pass of ``rows_per_thread`` a thread at a time (their CTAs searched side by side), each pass
-    one bulk copy from one stage buffer while the next is built in the other."""
+                     bulk, first_row, end_row, trace):
+    """Rows ``first_row .. end_row - 1`` a pass of ``rows_per_thread`` a thread at a time (their CTAs searched side
+    by side), each pass one bulk copy from one stage buffer while the next is built in the other."""
     fields = len(ItemField)
     per_thread = c.rows_per_thread
     rows_per_pass = NUM_THREADS * per_thread
@@ -150,23 +183,80 @@ def write_row_chunks(c: cutlass.Constexpr, stamp: cutlass.Constexpr, tidx, items
     turned = Int32(0)
     if deal != 0:
         turned = deal_turned(c, sort_keys)
-    for chunk in range(0, num_items, rows_per_pass):
+    for chunk in range(first_row, end_row, rows_per_pass):
         if cutlass.const_expr(per_thread == 1):
             ctas[0] = last_at_most(cta_items, num_ctas, chunk + tidx)
         else:
             ctas_of_items(cta_items, num_ctas, chunk + tidx, ctas)
         for k in cutlass.range_constexpr(per_thread):
             i = chunk + k * NUM_THREADS + tidx
-            if i < num_items:
+            if i < end_row:
                 build_item(c, stage, buffer * rows_per_pass + k * NUM_THREADS + tidx, i, ctas[k], q_tiles,
                            requests, cut_tile, cut_key, cta_items, merge_first_cut, merge_slot, cut_merge,
                            sort_keys, deal, turned, num_ctas)
         stamp(trace, 9, tidx)  # trace builds: the last pass's build, barrier and store
-        words = cutlass.min(Int32(rows_per_pass), num_items - chunk) * fields
+        words = cutlass.min(Int32(rows_per_pass), end_row - chunk) * fields
         first = buffer * (rows_per_pass * fields)  # the buffer's first word in the stage
         store_built_rows(stamp, tidx, items, stage, chunk, first, words, bulk, trace, True)
         buffer = 1 - buffer
         cute.arch.sync_threads()
+
+
+@cute.jit
+def write_lists(c: cutlass.Constexpr, stamp: cutlass.Constexpr, tidx, items, merge_indptr, merges, q_tiles, requests,
+                cut_tile, cut_key, cta_items, merge_first_cut, merge_slot, cut_merge, stage, sort_keys, deal, num_items,
+                num_merges, num_partials, num_ctas, writer, writers, trace):
+    """The lists phase (:class:`device_planner.DevicePlanner`): the merges (writer 0's), then this writer's share of
+    the item rows (:func:`row_share`; all of them with one writer) and their way to global memory."""
+    heads = c.num_kv_heads
+    merge_end = merge_indptr.shape[0]  # the merges are writer 0's
+    if cutlass.const_expr(c.row_writers > 1):
+        if writer != 0:
+            merge_end = Int32(0)
+    for g in range(tidx, merge_end, NUM_THREADS):
+        if g < num_merges:
+            merge_indptr[g] = merge_slot[g]
+            t = cut_tile[merge_first_cut[g]]
+            j = t // heads
+            b = q_tiles[j, 0]
+            merges[g, MergeField.REQUEST] = b
+            merges[g, MergeField.KV_HEAD] = t % heads
+            merges[g, MergeField.Q_ROW_START] = q_tiles[j, 1]
+            merges[g, MergeField.Q_ROW_COUNT] = q_tiles[j, 2]
+            merges[g, MergeField.TOKEN_START] = requests[b, 5]
+        else:
+            merge_indptr[g] = num_partials
+    stamp(trace, 14, tidx)
+    # Each thread builds ITEMS_PER_THREAD rows in shared memory (their CTA searches run side by side, the chain
+    # that dominated a row's build); thread 0 then stores the pass's rows as one bulk copy (cp.async.bulk, the TMA
+    # engine) while the CTA builds the next pass in the other stage buffer. (Before: the CTA's 16-byte stores, a
+    # 512-row chunk a pass; a row per thread straight to global was 10 scattered 4-byte stores a row.)
+    per_thread = c.rows_per_thread
+    rows_per_pass = NUM_THREADS * per_thread
+    # bulk stores need 16-byte aligned rows: our buffers always are (a pass starts at a multiple of
+    # rows_per_pass * fields words); a caller's view may not be, and then every thread stores words itself
+    bulk = Int32(0)
+    if (items.iterator.toint() & 15) == 0:
+        bulk = Int32(1)
+    first_row = Int32(0)  # this writer's rows: first_row .. end_row - 1
+    end_row = num_items
+    if cutlass.const_expr(c.row_writers > 1):
+        first_row, end_row = row_share(num_items, writer, writers)
+    whole = Int32(0)  # lap_lists: a dealt plan's share that fits both stage buffers, built in one pass (uniform)
+    if cutlass.const_expr(c.lap_lists and sort_keys is not None):
+        if deal != 0 and end_row - first_row <= 2 * rows_per_pass:
+            whole = Int32(1)
+    if whole != 0:
+        write_dealt_rows(c, stamp, tidx, items, q_tiles, requests, cut_tile, cut_key, cta_items,
+                         merge_first_cut, merge_slot, cut_merge, stage, sort_keys, num_items, num_ctas, bulk,
+                         first_row, end_row, trace)
+    else:
+        write_row_chunks(c, stamp, tidx, items, q_tiles, requests, cut_tile, cut_key, cta_items,
+                         merge_first_cut, merge_slot, cut_merge, stage, sort_keys, deal, num_items, num_ctas, bulk,
+                         first_row, end_row, trace)
+    if bulk != 0 and tidx == 0:
+        cute.arch.cp_async_bulk_wait_group(0)  # every row in global before the grid ends (the kernel that reads
+        # them waits for this grid's completion)
 
 
 @cute.jit

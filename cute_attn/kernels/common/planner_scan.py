@@ -14,6 +14,18 @@ plan in one of two ways, both without any CTA waiting on another:
   unaware and counts itself in ``arrivals`` too; whichever CTA arrives last (count ``scanners`` before its own) empties
   the faulted requests' items in place (:func:`empty_faulted_items`) and clears the marks and ``arrivals``.
 
+Row writers (``DevicePlannerConfig.row_writers`` builds launched with more than one; off by default since session 30): CTAs
+``0 .. writers - 1`` all make the same plan, and each writes its own share of the item rows (``planner_lists.row_share``).
+Several CTAs then read ``arrivals`` before their lists, so none may clear it or the marks early, and the word is packed
+for it (:class:`ArrivalWord` ``SEVERAL_WRITERS``): CTAs counted in 8 bits, faulted scan CTAs, the writers counted, and a
+late bit a writer. A writer sees every scan CTA arrived when the count less the writers already counted reaches
+``scanners``; then it takes the marks without clearing them and counts itself at once (:func:`writer_arrives_early`,
+by a lane whose atomic runs beside the lists), and at its end only learns whether it was last. Otherwise it writes its
+rows unaware and counts itself after them with its late bit. Whichever CTA arrives last (``scanners + writers - 1``
+counted before it: a scan CTA or a writer) empties the faulted requests' items in the late writers' shares (an early
+writer's rows took the marks, and its copies may still be landing), then clears the marks and ``arrivals``
+(:func:`clean_up`). A launch with one writer keeps the protocol above.
+
 A page-faulted request is therefore costed on the line with its keys (the rules' faults still take them away before
 the cuts); only its items lose them. The attention kernels write 0 / lse ``-inf`` for an item with no keys, split or
 not (the merges fold all-``-inf`` partials to the same), and read none of its pages.
@@ -21,24 +33,61 @@ not (the merges fold all-``-inf`` partials to the same), and read none of its pa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
 from ...plan import ItemField
 from .planner_collectives import NUM_THREADS, block_any, last_at_most
+from .planner_lists import row_share
 
 SCAN_IDS_PER_THREAD = 8  # page scan: CTAs = ceil(len(kv_indices) / (NUM_THREADS * this)), capped
 MAX_SCAN_CTAS = 131  # with the planning CTA, one CTA an SM of the H200's 132 (the grid is resident at once)
 L2_LINE_INT32 = 32  # the index arrays are prefetched to L2 a 128-byte line at a time
-ARRIVAL_COUNT_MASK = 0xFFFF  # arrivals: CTAs counted in the low bits ...
+ARRIVAL_COUNT_MASK = 0xFFFF  # arrivals (one-writer builds): CTAs counted in the low bits ...
 FAULTED_SCANNER = 1 << 16  # ... and scan CTAs that marked a fault above them
+#: the lane that counts an early row writer (lane 0 of the last warp: the rows' builders are the first threads)
+EARLY_LANE = NUM_THREADS - 32
+
+
+@dataclass(frozen=True)
+class ArrivalWord:
+    """How a build packs ``arrivals``: CTAs counted in ``count_bits``, then scan CTAs that marked a fault (8 bits);
+    with several row writers (``count_bits`` 8: at most 132 CTAs) the writers counted (4 bits) and a late bit each
+    (8 bits: device_planner.MAX_ROW_WRITERS)."""
+
+    count_bits: int
+
+    @property
+    def count_mask(self) -> int:
+        return (1 << self.count_bits) - 1
+
+    @property
+    def faulted_unit(self) -> int:
+        return 1 << self.count_bits
+
+    @property
+    def several(self) -> bool:
+        return self.count_bits == 8
+
+    writer_shift: ClassVar[int] = 16
+    writer_unit: ClassVar[int] = 1 << 16
+    late_shift: ClassVar[int] = 20
+    late_unit: ClassVar[int] = 1 << 20
+
+
+ONE_WRITER = ArrivalWord(16)
+SEVERAL_WRITERS = ArrivalWord(8)
 FAULT_PAGE_ID = 8  # device_planner's fault bit for a page id outside the pool
 
 
-def scan_ctas(num_indices: int) -> int:
-    """Scan CTAs for ``num_indices`` kv_indices entries (the grid is these plus the planning CTA)."""
-    return max(1, min(MAX_SCAN_CTAS, -(-num_indices // (NUM_THREADS * SCAN_IDS_PER_THREAD))))
+def scan_ctas(num_indices: int, writers: int = 1) -> int:
+    """Scan CTAs for ``num_indices`` kv_indices entries (the grid is these plus the ``writers`` planning CTAs, at
+    most one CTA an SM of the H200 in all)."""
+    return max(1, min(MAX_SCAN_CTAS + 1 - writers, -(-num_indices // (NUM_THREADS * SCAN_IDS_PER_THREAD))))
 
 
 @cute.jit
@@ -98,23 +147,31 @@ def arrive(arrivals: cute.Tensor, flags: cute.Tensor, tidx, value) -> Int32:
 
 @cute.jit
 def scan_and_arrive(kv_indptr, kv_indices, request_faults, error_word, items, work_indptr, arrivals, flags,
-                    num_pages, batch, scanner, scanners, tidx, delay_ns: cutlass.Constexpr = 0):
-    """A scan CTA's whole work: its share of the scan, its arrival, and, when it arrives after the planning CTA
-    took the late way and every other scan CTA, the faulted requests' items emptied. ``delay_ns``: a test build's
-    wait before the arrival (``DevicePlannerConfig.scan_delay_ns``)."""
+                    num_pages, batch, scanner, scanners, last_before, tidx, delay_ns: cutlass.Constexpr = 0,
+                    word: cutlass.Constexpr = None, share_writers=1):
+    """A scan CTA's whole work: its share of the scan, its arrival, and, when it arrives last (``last_before``
+    counted before it: every other scan CTA and the planning CTAs that arrive), the faulted requests' items emptied.
+    ``delay_ns``: a test build's wait before the arrival (``DevicePlannerConfig.scan_delay_ns``); ``word``: the
+    build's :class:`ArrivalWord` (None: ONE_WRITER); ``share_writers``: the writers the rows are shared among."""
+    if cutlass.const_expr(word is None):
+        word = ONE_WRITER
     found = page_scan(kv_indptr, kv_indices, request_faults, error_word, num_pages, batch, scanner, scanners, tidx)
     faulted = block_any(found != 0, tidx, flags)
     if cutlass.const_expr(delay_ns > 0):
         start = cute.arch.globaltimer()
         while cute.arch.globaltimer() - start < delay_ns:
             pass
-    arrive_and_empty_if_last(items, work_indptr, request_faults, arrivals, flags, batch, scanners, faulted, tidx)
+    arrive_and_empty_if_last(items, work_indptr, request_faults, arrivals, flags, batch, last_before, faulted, tidx,
+                             Int32(1) + faulted * word.faulted_unit, word, share_writers)
 
 
 @cute.jit
-def planner_arrives(items, work_indptr, request_faults, arrivals, flags, batch, scanners, late, tidx):
-    """The planning CTA's end: on the fast way it clears ``arrivals`` (every scan CTA has counted itself); on the
-    late way it counts itself and, if last, empties the faulted requests' items."""
+def planner_arrives(items, work_indptr, request_faults, arrivals, flags, batch, scanners, late, tidx,
+                    word: cutlass.Constexpr = None):
+    """The one planning CTA's end: on the fast way it clears ``arrivals`` (every scan CTA has counted itself); on
+    the late way it counts itself and, if last, empties the faulted requests' items."""
+    if cutlass.const_expr(word is None):
+        word = ONE_WRITER
     if late == 0:
         if tidx == 0:
             arrivals[0] = Int32(0)
@@ -122,17 +179,103 @@ def planner_arrives(items, work_indptr, request_faults, arrivals, flags, batch, 
         if tidx == 0:
             # the lists' bulk copies (async proxy) have completed: order them before the release below
             cute.arch.fence_proxy("async.global")
-        arrive_and_empty_if_last(items, work_indptr, request_faults, arrivals, flags, batch, scanners, Int32(0), tidx)
+        value = Int32(1)
+        if cutlass.const_expr(word.several):
+            value = Int32(1 + word.writer_unit + word.late_unit)  # writer 0, late
+        arrive_and_empty_if_last(items, work_indptr, request_faults, arrivals, flags, batch, scanners, Int32(0), tidx,
+                                 value, word, Int32(1))
 
 
 @cute.jit
-def arrive_and_empty_if_last(items, work_indptr, request_faults, arrivals, flags, batch, scanners, faulted, tidx):
-    """Count this CTA in ``arrivals`` (with FAULTED_SCANNER when ``faulted``: a scan CTA that marked a fault); the
-    CTA that finds ``scanners`` counted before it is the last on the late way and empties the faulted items."""
-    before = arrive(arrivals, flags, tidx, Int32(1) + faulted * FAULTED_SCANNER)
-    if (before & ARRIVAL_COUNT_MASK) == scanners:
+def planning_cta_ends(items, work_indptr, request_faults, arrivals, flags, batch, scanners, writers, late, before,
+                      writer, share_writers, tidx, word: cutlass.Constexpr = None):
+    """A planning CTA's arrival after its lists: :func:`writer_ends` in a launch of several writers, else
+    :func:`planner_arrives`."""
+    if cutlass.const_expr(word is not None and word.several):
+        if writers > 1:
+            writer_ends(items, work_indptr, request_faults, arrivals, flags, batch, scanners + writers - 1, 1 - late,
+                        before, writer, share_writers, tidx, word)
+        else:
+            planner_arrives(items, work_indptr, request_faults, arrivals, flags, batch, scanners, late, tidx, word)
+    else:
+        planner_arrives(items, work_indptr, request_faults, arrivals, flags, batch, scanners, late, tidx)
+
+
+@cute.jit
+def writer_arrives_early(arrivals, tidx, word: cutlass.Constexpr) -> Int32:
+    """A row writer that took the marks (or found none) counts itself before its lists, as soon as every thread is
+    done with ``arrivals`` and the marks (the caller's barrier): by one lane past the rows' builders
+    (:data:`EARLY_LANE`), whose atomic then runs beside the lists. Returns the count before it, on that lane."""
+    before = Int32(0)
+    if tidx == EARLY_LANE:
+        cute.arch.fence_acq_rel_gpu()  # the CTA's global writes (writer 0: work_indptr), released with the count
+        before = cute.arch.atomic_add(arrivals.iterator.llvm_ptr, Int32(1 + word.writer_unit), sem="acq_rel",
+                                      scope="gpu")
+    return before
+
+
+@cute.jit
+def writer_ends(items, work_indptr, request_faults, arrivals, flags, batch, last_before, early, before, writer,
+                share_writers, tidx, word: cutlass.Constexpr):
+    """A row writer's end (launches with several), its rows in global memory (the bulk copies completed): one that
+    arrived early (``early``, ``before`` on :data:`EARLY_LANE`) only learns whether it was last; a late one counts
+    itself now with its late bit. The last to arrive cleans up (:func:`clean_up`)."""
+    if early != 0:
+        cute.arch.sync_threads()
+        if tidx == EARLY_LANE:
+            flags[0] = before
+        cute.arch.sync_threads()
+        before = flags[0]
+        if (before & word.count_mask) == last_before:
+            cute.arch.fence_acq_rel_gpu()
+            clean_up(items, work_indptr, request_faults, arrivals, batch, before + 1 + word.writer_unit,
+                     share_writers, tidx, word)
+    else:
+        if tidx == 0:
+            cute.arch.fence_proxy("async.global")  # the bulk copies' writes, ordered before the release below
+        arrive_and_empty_if_last(items, work_indptr, request_faults, arrivals, flags, batch, last_before, Int32(0),
+                                 tidx, Int32(1 + word.writer_unit) + (Int32(word.late_unit) << writer), word,
+                                 share_writers)
+
+
+@cute.jit
+def arrive_and_empty_if_last(items, work_indptr, request_faults, arrivals, flags, batch, last_before, faulted, tidx,
+                             value, word: cutlass.Constexpr, share_writers):
+    """Count this CTA in ``arrivals`` (``value``: 1, plus ``word.faulted_unit`` from a scan CTA that marked a fault,
+    plus a row writer's units); the CTA that finds ``last_before`` counted before it is the last to arrive and cleans
+    up."""
+    before = arrive(arrivals, flags, tidx, value)
+    if (before & word.count_mask) == last_before:
         cute.arch.fence_acq_rel_gpu()
-        empty_faulted_items(items, work_indptr, request_faults, arrivals, batch, faulted + (before >> 16), tidx)
+        if cutlass.const_expr(word.several):
+            clean_up(items, work_indptr, request_faults, arrivals, batch, before + value, share_writers, tidx, word)
+        else:
+            empty_faulted_items(items, work_indptr, request_faults, arrivals, batch, faulted + (before >> 16), tidx)
+
+
+@cute.jit
+def clean_up(items, work_indptr, request_faults, arrivals, batch, after, share_writers, tidx, word: cutlass.Constexpr):
+    """The last CTA to arrive, builds with several writers (``after``: the word with every arrival): where a scan
+    CTA marked a fault, the rows of each writer that wrote its lists unaware (its late bit) lose the faulted
+    requests' keys, and the marks are cleared; then ``arrivals``. Only late writers' rows are read: an early writer's
+    bulk copies may still be landing, and its rows took the marks."""
+    faulted = (after >> word.count_bits) & 0xFF
+    late = (after >> word.late_shift) & 0xFF
+    if faulted != 0:
+        if late != 0:
+            num_items = work_indptr[work_indptr.shape[0] - 1]
+            for k in range(share_writers):
+                if ((late >> k) & 1) != 0:
+                    first, end = row_share(num_items, k, share_writers)
+                    for i in range(first + tidx, end, NUM_THREADS):
+                        if request_faults[items[i, ItemField.REQUEST]] != 0:
+                            items[i, ItemField.KV_END] = items[i, ItemField.KV_START]
+            cute.arch.sync_threads()  # every item has read its request's mark before the marks are cleared
+        for b in range(tidx, batch, NUM_THREADS):
+            if request_faults[b] != 0:
+                request_faults[b] = Int32(0)
+    if tidx == 0:
+        arrivals[0] = Int32(0)
 
 
 @cute.jit
@@ -159,13 +302,50 @@ def arrivals_seen(arrivals: cute.Tensor) -> Int32:
 
 
 @cute.jit
-def take_scan_faults(requests, request_faults, batch, tidx):
+def scan_verdict(seen, flags, requests, request_faults, arrivals, batch, scanners, writers, tidx,
+                 late_scan: cutlass.Constexpr, word: cutlass.Constexpr = None):
+    """A planning CTA's look at the scan before its lists (thread 0 read ``seen``, :func:`arrivals_seen`): where every
+    scan CTA has arrived it takes their marks, and (launches with several writers) counts itself at once. Returns
+    ``late`` (1: its lists go out unaware of the scan) and an early writer's count before it (on EARLY_LANE).
+    ``late_scan``: a test build's late way; ``word``: the build's :class:`ArrivalWord` (None: ONE_WRITER)."""
+    several = word is not None and word.several
+    if tidx == 0:
+        if cutlass.const_expr(late_scan):
+            seen = Int32(0)
+        if cutlass.const_expr(several):
+            # the scan CTAs counted are the count less the writers counted; kept with the faulted count as a
+            # one-writer word holds them
+            seen = (((seen >> 8) & 0xFF) << 16) | ((seen & 0xFF) - ((seen >> 16) & 0xF))
+        if (seen & ARRIVAL_COUNT_MASK) == scanners and (seen >> 16) != 0:
+            cute.arch.fence_acq_rel_gpu()  # every scan CTA's marks, visible to the CTA after the barrier
+        flags[0] = seen
+    cute.arch.sync_threads()
+    seen = flags[0]
+    late = Int32(1)
+    before = Int32(0)
+    if (seen & ARRIVAL_COUNT_MASK) == scanners:
+        late = Int32(0)
+        if (seen >> 16) != 0:
+            if cutlass.const_expr(several):  # with several writers the last to arrive clears the marks
+                take_scan_faults(requests, request_faults, batch, tidx, writers == 1)
+            else:
+                take_scan_faults(requests, request_faults, batch, tidx)
+        if cutlass.const_expr(several):
+            if writers > 1:  # the marks are read: count this writer now, its atomic beside the lists
+                before = writer_arrives_early(arrivals, tidx, word)
+    return late, before
+
+
+@cute.jit
+def take_scan_faults(requests, request_faults, batch, tidx, clear=True):
     """The fast way with a flagged scan: each request's scan mark joins its rule faults (``requests[:, 3]``), so its
-    items are built with no keys, and the mark is cleared. The caller has fenced after seeing the arrivals."""
+    items are built with no keys, and (``clear``: one row writer) the mark is cleared; with several writers the last
+    CTA to arrive clears them. The caller has fenced after seeing the arrivals."""
     for b in range(tidx, batch, NUM_THREADS):
         mark = request_faults[b]
         if mark != 0:
             requests[b, 3] = requests[b, 3] | mark
-            request_faults[b] = Int32(0)
+            if clear:
+                request_faults[b] = Int32(0)
     cute.arch.fence_acq_rel_cta()
     cute.arch.sync_threads()
