@@ -104,6 +104,10 @@ def main(argv=None) -> int:
     p.add_argument("--lap-turn", type=int, nargs="+", default=[-1],
                    help="GQA prefill planners built under config.lap_turn_policy 0 / 1, one trace each (-1: the "
                         "default config's)")
+    p.add_argument("--row-writers", type=int, default=0,
+                   help="planners built with this many row writers (device_planner.row_writers_policy; 0: the "
+                        "default build); each writer's end is printed after CTA 0's phases")
+    p.add_argument("--rows-per-writer", type=int, default=0, help="with --row-writers: the launch rule's rows a writer")
     p.add_argument("--l2", choices=("flushed", "code-warm", "warm"), default="flushed",
                    help="L2 before each timed launch (see the module docstring)")
     args = p.parse_args(argv)
@@ -124,7 +128,14 @@ def main(argv=None) -> int:
                         name += f" [deal first {first}]"
                     if turn >= 0:
                         name += f" [lap turn {turn}]"
-                    with lap_turn_policy(bool(turn)) if turn >= 0 else contextlib.nullcontext():
+                    with contextlib.ExitStack() as stack:
+                        if turn >= 0:
+                            stack.enter_context(lap_turn_policy(bool(turn)))
+                        if args.row_writers:
+                            from cute_attn.kernels.common.device_planner import ROWS_PER_WRITER, row_writers_policy
+
+                            stack.enter_context(row_writers_policy(args.row_writers,
+                                                                   args.rows_per_writer or ROWS_PER_WRITER))
                         row = _trace(name, planner_fn, case, qo, num_pages, total_q, per_thread, args.reps, flush,
                                      args.q_tiles_per_pass, args.l2 == "code-warm", first)
                     report.append(row)
@@ -139,7 +150,7 @@ def _trace(label, planner_fn, case, qo, num_pages, total_q, per_thread, reps, fl
 
     from cute_attn.compile import compile_kernel
     from cute_attn.device_planning import launch_planner
-    from cute_attn.kernels.common.device_planner import TRACE_STAMPS, DevicePlannerConfig
+    from cute_attn.kernels.common.device_planner import TRACE_STAMPS, TRACE_WRITER_ENDS, DevicePlannerConfig
 
     plan = planner_fn(*case.inputs(), on_device=True)
     num_ctas = plan.work_indptr.shape[0] - 1
@@ -176,10 +187,16 @@ def _trace(label, planner_fn, case, qo, num_pages, total_q, per_thread, reps, fl
     span_ns = statistics.median(s[TRACE_STAMPS - 1] - s[TRACE_STAMPS - 2] for s in stamps)
     row = dict(case=label, event_us=round(statistics.median(event_us), 2), in_kernel_ns=span_ns,
                total_cycles=total_cycles, phases={n: c for n, c in zip(PHASES, phase_cycles)})
+    writers = plan.planner.writers if config.row_writers > 1 else 1
+    if writers > 1:  # each writer's end (globaltimer), ns after CTA 0's start
+        row["writer_ends_ns"] = [statistics.median(s[TRACE_WRITER_ENDS + k] - s[TRACE_STAMPS - 2] for s in stamps)
+                                 for k in range(writers)]
     print(f"{label}: event {row['event_us']} us, in-kernel {span_ns / 1e3:.2f} us, {total_cycles} cycles",
           flush=True)
     for name, c in row["phases"].items():
         print(f"    {c:8.0f} cycles  {name}")
+    if writers > 1:
+        print("    writer ends, us after CTA 0's start: " + " ".join(f"{t / 1e3:.2f}" for t in row["writer_ends_ns"]))
     return row
 
 

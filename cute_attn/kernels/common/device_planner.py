@@ -22,8 +22,7 @@ sm_90a and sm_100a)
     CTAs 0..w-1 *row writers* (w = 1 unless a ``row_writers`` build, off by default, launches more:
                 :func:`launch_writers`): each makes the same plan and writes its share of the item rows
                 (``planner_lists.row_share``); CTA 0 alone writes the rest (``work_indptr``, merges, empty plans).
-                Each is counted in ``arrivals`` (``planner_scan.py``). H200, session 30: CTA 0's planner 16 x 992
-                -8.3 k cycles, 32 x 992 -21 k, and no default call faster (docs/perf-notes.md).
+                Each is counted in ``arrivals`` (``planner_scan.py``). H200, session 30: no default call faster.
     CTA 0       *rules*: ``qo_indptr``/``kv_indptr`` start at 0, never decrease, end at ``total_q`` / at most
                 ``len(kv_indices)``; ``kv_last_page_len`` in ``1..page_size`` (``0..page_size`` without pages).
                 A broken indptr faults the whole batch: no items, and this CTA writes output 0 / lse ``-inf``
@@ -118,7 +117,8 @@ ROWS_PER_WRITER = 1024
 #: every planner's ``row_writers`` (:func:`row_writers_policy` sets it with ROWS_PER_WRITER). 1: off (H200, session 30,
 #: ``ab_policy.py row_writers``: GQA prefill default call 8 / 16 / 32 x 992 157.8 -> 161.7, 298.7 -> 297.5, 577.5 -> 590.2)
 ROW_WRITERS = 1
-TRACE_STAMPS = 19  # trace_phases: clock64 stamps at the tail of q_tile_start (tools/planner_trace.py)
+TRACE_STAMPS = 27  # trace_phases: stamps at the tail of q_tile_start (tools/planner_trace.py): phases 0-15, ...
+TRACE_WRITER_ENDS = 16  # ... each row writer's end (globaltimer; builds with several), then the CTA's end and span
 Q_TILE_FIELDS = 4  # request, row start, row count, key end
 # first q tile, keys, query tokens, fault bits, first page, first token: the lists phase reads a request's page and
 # token starts here, not from global per item (no faster on the H200: docs/perf-notes.md session 7)
@@ -160,13 +160,11 @@ class DevicePlannerConfig(KernelConfig):
     #: for_plan takes LAP_LISTS (None: deal_first)
     lap_lists: bool = False
     lap_turn: bool = False  # PlanConfig.lap_turn: each lap's CTA order rotated (sorted_deal.turned_deal_loads)
-    #: the most planning CTAs a launch of this build may have, each writing a share of the item rows (1: one CTA
-    #: plans and writes them all, the arrival protocol of one planning CTA); for_plan takes ROW_WRITERS
+    #: the most planning CTAs (row writers) a launch of this build may have; for_plan takes ROW_WRITERS
     row_writers: int = 1
     num_qo_heads: int = 20
     head_dim_v: int = 128
-    #: a development build: the planning CTA writes clock64 stamps of its phase boundaries to the last
-    #: TRACE_STAMPS entries of ``q_tile_start`` (the global scratch, unused by the shared-memory path)
+    #: a development build: CTA 0 stamps its phases in the last TRACE_STAMPS entries of ``q_tile_start``
     trace_phases: bool = False
     #: item rows a thread builds per pass of the lists phase (1 or 2; see ITEMS_PER_THREAD)
     items_per_thread: int = 0  # 0: ITEMS_PER_THREAD
@@ -366,23 +364,26 @@ class DevicePlanner:
                                              writer, 1, launch_count, q_tile_start)
             planning_cta_ends(items, work_indptr, request_faults, arrivals, flags, batch, num_scan_ctas, launch_count,
                               late, before, writer, share_writers, tidx, word)
+            if cutlass.const_expr(several):
+                self.stamp(q_tile_start, TRACE_WRITER_ENDS, tidx, "globaltimer", True)
             self.stamp(q_tile_start, TRACE_STAMPS - 3, tidx)
             self.stamp(q_tile_start, TRACE_STAMPS - 2, tidx, started_ns)
             self.stamp(q_tile_start, TRACE_STAMPS - 1, tidx, "globaltimer")
 
     @cute.jit
-    def stamp(self, trace: cute.Tensor, slot: cutlass.Constexpr, tidx, value=None):
-        """trace_phases builds only: thread 0 of the planning CTA records ``value`` (default: clock64 now;
-        "globaltimer": the global ns timer now) in stamp ``slot``; other builds emit nothing."""
+    def stamp(self, trace: cute.Tensor, slot: cutlass.Constexpr, tidx, value=None, each_cta: cutlass.Constexpr = False):
+        """trace_phases builds only: thread 0 of CTA 0 (``each_cta``: of each CTA, at ``slot`` + its index) records
+        ``value`` (default: clock64 now; "globaltimer": the global ns timer now) in stamp ``slot``."""
         if cutlass.const_expr(self.c.trace_phases):
             cta, _, _ = cute.arch.block_idx()
-            if tidx == 0 and cta == 0:
+            first = cta if each_cta else 0
+            if tidx == 0 and cta == first:
                 now = value
                 if cutlass.const_expr(value is None):
                     now = cute.arch.clock64()
                 elif cutlass.const_expr(isinstance(value, str)):
                     now = cute.arch.globaltimer()
-                trace[trace.shape[0] - TRACE_STAMPS + slot] = Int64(now)
+                trace[trace.shape[0] - TRACE_STAMPS + slot + first] = Int64(now)
 
     @cute.jit
     def plan(self, tidx, qo_indptr, kv_indptr, kv_last_page_len, output, lse, work_indptr, items, merge_indptr,
@@ -778,8 +779,7 @@ def lap_lists_policy(enabled: bool = True):
 
 @contextlib.contextmanager
 def row_writers_policy(writers: int, rows_per_writer: int = ROWS_PER_WRITER):
-    """Inside the block every device planner is built with ``row_writers=writers`` and a launch takes one writer a
-    ``rows_per_writer`` rows (GPU tests, A/Bs, the sanitizer)."""
+    """Inside the block every planner has ``row_writers=writers``, a launch one writer a ``rows_per_writer`` rows."""
     from ...ops import policy
 
     with policy(globals(), ROW_WRITERS=int(writers), ROWS_PER_WRITER=int(rows_per_writer)):
