@@ -18,8 +18,8 @@ import torch
 from .buffers import allocate_outside_graph_pools
 from .compile import compile_kernel
 from .device_errors import error_word
-from .kernels.common.device_planner import (MAX_CTAS, Q_TILE_FIELDS, REQUEST_FIELDS, DevicePlannerConfig, launch_writers,
-                                            scan_ctas)
+from .kernels.common.device_planner import (MAX_CTAS, Q_TILE_FIELDS, REQUEST_FIELDS, DevicePlannerConfig,
+                                            launch_writers, scan_ctas)
 from .kernels.common.combine import CombineConfig
 from .kernels.common.launch_chain import LaunchChainConfig
 from .plan import PlanCapacity

@@ -53,10 +53,11 @@ POLICY is one of
     lap_turn      each lap's CTA order rotated past the CTAs of its longest cost instead of the serpentine's turn
                   (``config.LAP_TURN_KINDS``, on since session 28): GQA prefill 4 / 8 / 16 x 992 h32/kv4, 8 x 992 h16/kv1,
                   h20/kv4, h32/kv16; all three calls move (host plans take the twin's deal)
-    row_writers   the item rows written by several planning CTAs, each making the same plan (``device_planner.ROW_WRITERS``
-                  1 / MAX_ROW_WRITERS; built in session 30 and kept off): GQA prefill 2..32 x 992, h20/kv4, 4 x 512
-                  / 4096; only the device-planned and default calls move. ``CUTE_ATTN_ROWS_PER_WRITER`` overrides the
-                  launch rule's rows a writer (``device_planner.ROWS_PER_WRITER``)
+    row_writers   the item rows written by several planning CTAs, each making the same plan
+                  (``device_planner.ROW_WRITERS`` 1 / MAX_ROW_WRITERS; built in session 30 and kept off): GQA prefill
+                  2..32 x 992, h20/kv4, 4 x 512 / 4096; only the device-planned and default calls move.
+                  ``CUTE_ATTN_ROWS_PER_WRITER`` overrides the launch rule's rows a writer
+                  (``device_planner.ROWS_PER_WRITER``)
     q_tile_pass   the device planner's q-tile pass: one tile a thread, or chosen per launch (two past one pass;
                   ``kernels/common/device_planner.Q_TILES_PER_PASS`` 1 / 0); only the device-planned and default calls
                   move

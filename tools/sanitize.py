@@ -41,8 +41,9 @@ Cases (small, ragged, each a registered config's shape):
     hostile-decode the device planner's bounds checks (ids past the pool and negative; those requests 0 / -inf, a split
                    one included); -late: the last CTA to arrive empties their items (``late_scan_policy``), -scan-last: a
                    scan CTA is that last one (built in session 24; clean in session 25)
-    hostile-prefill-writers  the same on GQA prefill with three row writers a launch (``row_writers_policy``, session
-                   30): each writer takes the marks; -late / -scan-last: the last CTA to arrive empties every writer's items
+    hostile-prefill-writers  the same on GQA prefill with three row writers a launch (``row_writers_policy``,
+                   session 30): each writer takes the marks; -late / -scan-last: the last CTA to arrive empties the
+                   late writers' items
     gather         the TMA page gather kernel (a test-side kernel)
 """
 

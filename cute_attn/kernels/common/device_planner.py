@@ -114,8 +114,8 @@ LAP_LISTS: bool | None = None
 #: late bit for each) and the rows a writer is given at least (:func:`launch_writers`)
 MAX_ROW_WRITERS = 8
 ROWS_PER_WRITER = 1024
-#: every planner's ``row_writers`` (:func:`row_writers_policy` sets it with ROWS_PER_WRITER). 1: off (H200, session 30,
-#: ``ab_policy.py row_writers``: GQA prefill default call 8 / 16 / 32 x 992 157.8 -> 161.7, 298.7 -> 297.5, 577.5 -> 590.2)
+#: every planner's ``row_writers`` (:func:`row_writers_policy` sets it with ROWS_PER_WRITER). 1: off (H200, session
+#: 30, ``ab_policy.py row_writers``: GQA prefill default call 8 / 16 / 32 x 992 157.8 -> 161.7, 298.7 -> 297.5, ...)
 ROW_WRITERS = 1
 TRACE_STAMPS = 27  # trace_phases: stamps at the tail of q_tile_start (tools/planner_trace.py): phases 0-15, ...
 TRACE_WRITER_ENDS = 16  # ... each row writer's end (globaltimer; builds with several), then the CTA's end and span
@@ -392,10 +392,9 @@ class DevicePlanner:
              num_indices, total_q, max_partials, scanners, writer, share_writers, writers, trace):
         """A planning CTA's work; ``requests``/``q_tiles``/``q_tile_start`` are shared memory when the batch fits
         (see SMEM_REQUESTS), else the global scratch; ``trace`` is the global q_tile_start (trace_phases). ``writer``
-        of ``share_writers``: the share of the item rows this CTA writes (``planner_lists.row_share``); writer 0 also writes the
-        rest of the plan; ``writers``: the launch's row writers (more than ``share_writers`` where the batch is in the
-        global scratch and writer 0 alone plans). Returns ``late`` (1 unless the scan's marks were taken before the lists, ``planner_scan.py``) and
-        an early row writer's count before its arrival (on ``planner_scan.EARLY_LANE``; 0 otherwise)."""
+        of ``share_writers``: this CTA's rows (``planner_lists.row_share``; writer 0 writes the rest of the plan);
+        ``writers``: the launch's (more where the global scratch leaves writer 0 alone). Returns ``late`` (1 unless
+        the scan's marks were taken before the lists) and an early writer's count before it (``EARLY_LANE``)."""
         c = self.c
         heads = c.num_kv_heads
         num_ctas = work_indptr.shape[0] - 1
@@ -489,11 +488,12 @@ class DevicePlanner:
             if Int64(num_q_tiles) * heads > Int64(items.shape[0]) or num_q_tiles > q_tiles.shape[0]:
                 capacity_bad = Int32(1)
         if batch_fault == 0 and capacity_bad == 0:
-            late, before = self.plan_tiles(tidx, qo_indptr, kv_indptr, kv_last_page_len, work_indptr, items, merge_indptr,
-                                   merges, q_tiles, q_tile_start, requests, request_faults, error_word, arrivals,
-                                   warp_sums, flags, cut_tile, cut_key, cta_items, merge_first_cut, merge_last_cut,
-                                   merge_slot, cut_merge, stage, sort_keys, batch, num_q_tiles, num_ctas, max_partials,
-                                   uniform, scanners, writer, share_writers, writers, trace)
+            late, before = self.plan_tiles(tidx, qo_indptr, kv_indptr, kv_last_page_len, work_indptr, items,
+                                           merge_indptr, merges, q_tiles, q_tile_start, requests, request_faults,
+                                           error_word, arrivals, warp_sums, flags, cut_tile, cut_key, cta_items,
+                                           merge_first_cut, merge_last_cut, merge_slot, cut_merge, stage, sort_keys,
+                                           batch, num_q_tiles, num_ctas, max_partials, uniform, scanners, writer,
+                                           share_writers, writers, trace)
             cute.arch.sync_threads()
             capacity_bad = flags[NUM_WARPS + 1]
         else:

@@ -80,14 +80,14 @@ def build_item(c: cutlass.Constexpr, stage, row, i, cta, q_tiles, requests, cut_
 @cute.jit
 def build_dealt_rows(c: cutlass.Constexpr, stage, tidx, q_tiles, requests, cut_tile, cut_key, cta_items,
                      merge_first_cut, merge_slot, cut_merge, sort_keys, num_ctas, num_items, first_row, end_row):
-    """A dealt plan's item rows ``first_row .. end_row - 1`` (a row writer's share) into ``stage`` rows ``0 ..
-    end_row - first_row - 1`` (``DevicePlannerConfig.lap_lists``): one (CTA, lap) slot a thread a step, over the CTAs
-    that hold those rows, so item ``cta_items[cta] + lap`` needs no search for its CTA (the chunked build's binary
-    search of ``cta_items`` a row; here two searches, for the share's first and last CTA). A deal's items are its tiles, so ``num_items`` positions make
-    ``ceil(num_items / num_ctas)`` laps; a CTA has ``cta_items[cta + 1] - cta_items[cta]`` of them. The slots run
-    CTA-major, so a warp's threads build consecutive rows (10 words apart: 2-way bank conflicts on the stage
-    stores); lap-major slots put them a CTA's items apart, every row of a warp in the same two banks where CTAs hold
-    8 items (16-way, the phase's 3.8 k cycles at GQA prefill 4 x 992 in session 28)."""
+    """A dealt plan's item rows ``first_row .. end_row - 1`` (a row writer's share) into ``stage`` rows ``0 .. end_row -
+    first_row - 1`` (``DevicePlannerConfig.lap_lists``): one (CTA, lap) slot a thread a step, over the CTAs that hold
+    those rows, so item ``cta_items[cta] + lap`` needs no search for its CTA (the chunked build's binary search of
+    ``cta_items`` a row; here two searches, for the share's first and last CTA). A deal's items are its tiles, so
+    ``num_items`` positions make ``ceil(num_items / num_ctas)`` laps; a CTA has ``cta_items[cta + 1] - cta_items[cta]``
+    of them. The slots run CTA-major, so a warp's threads build consecutive rows (10 words apart: 2-way bank conflicts
+    on the stage stores); lap-major slots put them a CTA's items apart, every row of a warp in the same two banks where
+    CTAs hold 8 items (16-way, the phase's 3.8 k cycles at GQA prefill 4 x 992 in session 28)."""
     laps = (num_items + num_ctas - 1) // num_ctas
     turned = deal_turned(c, sort_keys)
     first_cta = Int32(0)
@@ -159,9 +159,9 @@ def write_dealt_rows(c: cutlass.Constexpr, stamp: cutlass.Constexpr, tidx, items
                      cta_items, merge_first_cut, merge_slot, cut_merge, stage, sort_keys, num_items, num_ctas, bulk,
                      first_row, end_row, trace):
     """``lap_lists``: a dealt plan's rows ``first_row .. end_row - 1`` in one pass over both stage buffers
-    (``build_dealt_rows``: no CTA search), then one bulk copy. (Measured against it on the H200 in session 29 and reverted: each warp storing its
-    own rows, and a copy a build step of 512 slots; both made the build slower by more than they took off the
-    copy's tail.)"""
+    (``build_dealt_rows``: no CTA search), then one bulk copy. (Measured against it on the H200 in session 29 and
+    reverted: each warp storing its own rows, and a copy a build step of 512 slots; both made the build slower by
+    more than they took off the copy's tail.)"""
     build_dealt_rows(c, stage, tidx, q_tiles, requests, cut_tile, cut_key, cta_items, merge_first_cut,
                      merge_slot, cut_merge, sort_keys, num_ctas, num_items, first_row, end_row)
     stamp(trace, 9, tidx)

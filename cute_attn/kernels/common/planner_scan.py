@@ -14,17 +14,17 @@ plan in one of two ways, both without any CTA waiting on another:
   unaware and counts itself in ``arrivals`` too; whichever CTA arrives last (count ``scanners`` before its own) empties
   the faulted requests' items in place (:func:`empty_faulted_items`) and clears the marks and ``arrivals``.
 
-Row writers (``DevicePlannerConfig.row_writers`` builds launched with more than one; off by default since session 30): CTAs
-``0 .. writers - 1`` all make the same plan, and each writes its own share of the item rows (``planner_lists.row_share``).
-Several CTAs then read ``arrivals`` before their lists, so none may clear it or the marks early, and the word is packed
-for it (:class:`ArrivalWord` ``SEVERAL_WRITERS``): CTAs counted in 8 bits, faulted scan CTAs, the writers counted, and a
-late bit a writer. A writer sees every scan CTA arrived when the count less the writers already counted reaches
-``scanners``; then it takes the marks without clearing them and counts itself at once (:func:`writer_arrives_early`,
-by a lane whose atomic runs beside the lists), and at its end only learns whether it was last. Otherwise it writes its
-rows unaware and counts itself after them with its late bit. Whichever CTA arrives last (``scanners + writers - 1``
-counted before it: a scan CTA or a writer) empties the faulted requests' items in the late writers' shares (an early
-writer's rows took the marks, and its copies may still be landing), then clears the marks and ``arrivals``
-(:func:`clean_up`). A launch with one writer keeps the protocol above.
+Row writers (``DevicePlannerConfig.row_writers`` builds launched with more than one; built in session 30, off by
+default): CTAs ``0 .. writers - 1`` all make the same plan, and each writes its own share of the item rows
+(``planner_lists.row_share``). Several CTAs then read ``arrivals`` before their lists, so none may clear it or the marks
+early, and the word is packed for it (:class:`ArrivalWord` ``SEVERAL_WRITERS``): CTAs counted in 8 bits, faulted scan
+CTAs, the writers counted, and a late bit a writer. A writer sees every scan CTA arrived when the count less the writers
+already counted reaches ``scanners``; then it takes the marks without clearing them and counts itself at once
+(:func:`writer_arrives_early`, by a lane whose atomic runs beside the lists), and at its end only learns whether it was
+last. Otherwise it writes its rows unaware and counts itself after them with its late bit. Whichever CTA arrives last
+(``scanners + writers - 1`` counted before it: a scan CTA or a writer) empties the faulted requests' items in the late
+writers' shares (an early writer's rows took the marks, and its copies may still be landing), then clears the marks and
+``arrivals`` (:func:`clean_up`). A launch with one writer keeps the protocol above.
 
 A page-faulted request is therefore costed on the line with its keys (the rules' faults still take them away before
 the cuts); only its items lose them. The attention kernels write 0 / lse ``-inf`` for an item with no keys, split or
