@@ -22,7 +22,7 @@ sm_90a and sm_100a)
     CTAs 0..w-1 *row writers* (w = 1 unless a ``row_writers`` build, off by default, launches more:
                 :func:`launch_writers`): each makes the same plan and writes its share of the item rows
                 (``planner_lists.row_share``); CTA 0 alone writes the rest (``work_indptr``, merges, empty plans).
-                Each is counted in ``arrivals`` (``planner_scan.py``). H200, session 30: no default call faster.
+                Each is counted in ``arrivals`` (``planner_scan.py``). H200, session 30: off (default call <= 2 us).
     CTA 0       *rules*: ``qo_indptr``/``kv_indptr`` start at 0, never decrease, end at ``total_q`` / at most
                 ``len(kv_indices)``; ``kv_last_page_len`` in ``1..page_size`` (``0..page_size`` without pages).
                 A broken indptr faults the whole batch: no items, and this CTA writes output 0 / lse ``-inf``
