@@ -1,7 +1,7 @@
 """Per-CTA and per-item times of the sm_90a GQA prefill attention kernel (a ``cta_stamps`` build), on a GPU.
 
     python tools/cta_timeline.py [--batch 8 1] [--q 992] [--kv 992] [--heads 32 --kv-heads 4] [--iters 30]
-        [--arms default device serpentine lap lpt lpt-tile] [--json OUT]
+        [--arms default device serpentine lap lpt lpt-tile] [--row-writers 8 [--rows-per-writer 1024]] [--json OUT]
 
 Each CTA of the kernel built with ``probe="cta_stamps"`` (``ops/gqa_prefill.probe_policy``) writes the time it
 entered, the time its ``griddepcontrol.wait`` returned, its consumers' end (``globaltimer``, ns), its item count, its
@@ -176,7 +176,13 @@ def main(argv=None) -> int:
     p.add_argument("--arms", nargs="+", default=["default", "device"],
                    choices=["default", "device", "serpentine", "lap", "lpt", "lpt-tile"])
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--row-writers", type=int, default=0,
+                   help="device planners built with this many row writers (device_planner.row_writers_policy, with "
+                        "--rows-per-writer: the launch rule's rows a writer); 0: the default build")
+    p.add_argument("--rows-per-writer", type=int, default=0)
     args = p.parse_args(argv)
+    import contextlib
+
     import torch
 
     if not torch.cuda.is_available():
@@ -187,7 +193,12 @@ def main(argv=None) -> int:
 
     flush = timing.make_l2_flusher()
     report, all_times, all_tiles = {}, [], []
-    with probe_policy("cta_stamps"):
+    writers = contextlib.nullcontext()
+    if args.row_writers:
+        from cute_attn.kernels.common.device_planner import ROWS_PER_WRITER, row_writers_policy
+
+        writers = row_writers_policy(args.row_writers, args.rows_per_writer or ROWS_PER_WRITER)
+    with probe_policy("cta_stamps"), writers:
         for batch in args.batch:
             case = testing.make_gqa_prefill_case([args.q] * batch, [args.kv] * batch, num_qo_heads=args.heads,
                                                  num_kv_heads=args.kv_heads, head_dim=128, page_size=64,
