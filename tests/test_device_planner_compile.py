@@ -374,3 +374,34 @@ def test_launch_writers_follow_the_tile_bound_and_stay_one_past_shared_memory():
     decode = device_planner.default_configs("sm_90a")[0]
     assert device_planner.launch_writers(decode, 64, 64) == 1
     assert device_planner.scan_ctas(10**9, 8) == device_planner.MAX_SCAN_CTAS + 1 - 8
+
+
+def test_count_order_is_the_stable_longest_first_order():
+    """The counting order's scheme (``count_sort.count_order_host``, the device code's chunks, bins and bin-major
+    scan) puts every q tile where the twin's stable sort does: most kv tiles first, ties in index order."""
+    import numpy as np
+
+    from cute_attn.kernels.common.count_sort import COUNT_BINS, count_order_host
+
+    rng = np.random.default_rng(7)
+    for most in (1024, 2048):
+        for n in (1, 31, 32, 33, 511, 512, 513, 1000, most):
+            if n > most:
+                continue
+            for high in (2, 9, COUNT_BINS):
+                tiles = rng.integers(0, high, size=n)
+                slots = count_order_host(tiles, most)
+                expected = np.empty(n, dtype=np.int64)
+                expected[np.argsort(-tiles, kind="stable")] = np.arange(n)
+                assert np.array_equal(slots, expected), (most, n, high)
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_count_sort_build_ranks_by_match_and_keeps_the_bitonic_fallback(arch):
+    """``count_sort`` builds (off by default) rank a warp's equal keys with ``match.any`` and keep the bitonic sort
+    for keys past COUNT_BINS kv tiles (its shuffles stay); the default builds have no ``match``."""
+    _, prefill, mla = device_planner.default_configs(arch)
+    assert not prefill.count_sort and not mla.count_sort
+    ptx = compile_to_ptx(dataclasses.replace(prefill, count_sort=True))
+    assert "match.any.sync" in ptx and "shfl.sync.bfly" in ptx and "popc" in ptx
+    assert "match.any" not in compile_to_ptx(prefill)

@@ -717,3 +717,35 @@ def test_page_faults_with_row_writers(name, late):
     those late writers' shares; it clears the marks (``planner_scan.py``)."""
     with _row_writer_builds(8):
         test_page_faults_empty_their_requests_split_or_not(name, late)
+
+
+COUNT_SORT_CASES = {  # (q_lens, kv_lens, heads, kv_heads, mla): sorted deals ranked by counting, or past its bins
+    "gqa h32 8 x 992 (1984 keys, 8 values)": ([992] * 8, [992] * 8, 32, 4, False),
+    "gqa h32 1 x 700": ([700], [700], 32, 4, False),
+    "gqa ragged": ([35, 294, 224, 288, 28, 217], [269, 726, 963, 509, 608, 345], 32, 4, False),
+    "gqa past the bins (71 kv tiles: the bitonic sort)": ([992, 40], [9000, 300], 32, 4, False),
+    "mla seed-like": ([179, 23, 43, 55, 43, 177, 191, 130], [186, 41, 109, 141, 167, 272, 243, 161], 16, 1, True),
+}
+
+
+@pytest.mark.parametrize("name", list(COUNT_SORT_CASES))
+def test_count_sort_lists_equal_the_twin_and_the_call_the_reference(name):
+    """``device_planner.count_sort_policy()`` (built in session 30, off): the sorted deal's order by counting
+    (``count_sort.py``) where every tile holds fewer than COUNT_BINS kv tiles, the bitonic sort past them. The lists
+    equal the twin's, and the default call matches the reference."""
+    from cute_attn.kernels.common.device_planner import count_sort_policy
+
+    q_lens, kv_lens, heads, kv_heads, mla = COUNT_SORT_CASES[name]
+    with count_sort_policy():
+        case, plan = _deal_first_case(q_lens, kv_lens, heads, kv_heads, mla)
+        _assert_twin(plan, case.qo_indptr.tolist(), case.kv_indptr.tolist(), q_lens, kv_lens, f"count sort {name}")
+        _assert_default_call_matches_reference(case, f"count sort {name}")
+
+
+@SETTINGS
+@given(batch=testing.ragged_batches(max_batch=12, max_q=700, max_kv=9000), mla=st.booleans())
+def test_count_sort_lists_equal_the_twin_on_drawn_batches(batch, mla):
+    from cute_attn.kernels.common.device_planner import count_sort_policy
+
+    with count_sort_policy():
+        _assert_drawn_batch_lists_equal_the_twin(batch, mla, "count sort")

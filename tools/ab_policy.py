@@ -58,6 +58,9 @@ POLICY is one of
                   2..32 x 992, h20/kv4, 4 x 512 / 4096; only the device-planned and default calls move.
                   ``CUTE_ATTN_ROWS_PER_WRITER`` overrides the launch rule's rows a writer
                   (``device_planner.ROWS_PER_WRITER``)
+    count_sort    the sorted deal's order by counting where every q tile holds fewer than 64 kv tiles
+                  (``device_planner.COUNT_SORT``; built in session 30, not run): the row writers' GQA prefill batches,
+                  the MLA seed and 1 / 1028; only the device-planned and default calls move
     q_tile_pass   the device planner's q-tile pass: one tile a thread, or chosen per launch (two past one pass;
                   ``kernels/common/device_planner.Q_TILES_PER_PASS`` 1 / 0); only the device-planned and default calls
                   move
@@ -495,6 +498,17 @@ def _row_writers_cases(pages):
     return _prefill_cases(ROW_WRITER_CASES, pages, lambda page_size: builds)
 
 
+def _count_sort_cases(pages):
+    """The sorted deal's order by counting where its keys take few values (``device_planner.count_sort_policy``,
+    built in session 30): the GQA prefill batches of the row writers' A/B, then the MLA seed and 1 / 1028."""
+    from cute_attn.kernels.common.device_planner import count_sort_policy
+
+    yield from _prefill_cases(ROW_WRITER_CASES, pages, lambda page_size: count_sort_policy)
+    for row0, make, kind, _ in _deal_first_cases(pages):
+        if row0["batch"].startswith("mla_"):
+            yield row0, make, kind, count_sort_policy
+
+
 def _early_dependents_cases(pages):
     from cute_attn.config import early_dependents_policy
 
@@ -510,14 +524,15 @@ POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, 
             "serpentine_deal": _serpentine_deal_cases, "device_whole_deal": _device_whole_deal_cases,
             "bf16_partials": _bf16_partials_cases, "deal_2048": _deal_2048_cases, "gather_warps": _gather_warps_cases,
             "rank_deal": _rank_deal_cases, "deal_first": _deal_first_cases, "deal_one_site": _deal_one_site_cases,
-            "lap_lists": _lap_lists_cases, "lap_turn": _lap_turn_cases, "row_writers": _row_writers_cases}
+            "lap_lists": _lap_lists_cases, "lap_turn": _lap_turn_cases, "row_writers": _row_writers_cases,
+            "count_sort": _count_sort_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
                  "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64], "even_pieces": [64, 1],
                  "page_boxes": [64, 128], "max_slack": [1], "eager_combine": [64, 1],
                  "lap_deal": [64], "serpentine_deal": [64],
                  "device_whole_deal": [64], "bf16_partials": [64, 1], "deal_2048": [64, 1], "gather_warps": [1, 2],
                  "rank_deal": [1], "deal_first": [64], "deal_one_site": [64], "lap_lists": [64],
-                 "lap_turn": [64], "row_writers": [64]}
+                 "lap_turn": [64], "row_writers": [64], "count_sort": [64]}
 
 
 def checked_span(run, out, lse, reference, label: str, timer, digits: int = 1):

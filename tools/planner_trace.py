@@ -108,6 +108,8 @@ def main(argv=None) -> int:
                    help="planners built with this many row writers (device_planner.row_writers_policy; 0: the "
                         "default build); each writer's end is printed after CTA 0's phases")
     p.add_argument("--rows-per-writer", type=int, default=0, help="with --row-writers: the launch rule's rows a writer")
+    p.add_argument("--count-sort", action="store_true",
+                   help="planners built with the deal's order by counting (device_planner.count_sort_policy)")
     p.add_argument("--l2", choices=("flushed", "code-warm", "warm"), default="flushed",
                    help="L2 before each timed launch (see the module docstring)")
     args = p.parse_args(argv)
@@ -131,6 +133,10 @@ def main(argv=None) -> int:
                     with contextlib.ExitStack() as stack:
                         if turn >= 0:
                             stack.enter_context(lap_turn_policy(bool(turn)))
+                        if args.count_sort:
+                            from cute_attn.kernels.common.device_planner import count_sort_policy
+
+                            stack.enter_context(count_sort_policy())
                         if args.row_writers:
                             from cute_attn.kernels.common.device_planner import ROWS_PER_WRITER, row_writers_policy
 

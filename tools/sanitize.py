@@ -44,6 +44,7 @@ Cases (small, ragged, each a registered config's shape):
     hostile-prefill-writers  the same on GQA prefill with three row writers a launch (``row_writers_policy``,
                    session 30): each writer takes the marks; -late / -scan-last: the last CTA to arrive empties the
                    late writers' items
+    count-sort-prefill  the sorted deal's order by counting (``count_sort_policy``, session 30; built, not run)
     gather         the TMA page gather kernel (a test-side kernel)
 """
 
@@ -509,6 +510,14 @@ def _cases(arch: str) -> dict:
             return out, lse, lambda: (ref_out, ref_lse)
         return run
 
+    def count_sort_prefill():  # the sorted deal's order by counting (count_sort_policy, session 30): 1984 keys
+        from cute_attn.kernels.common.device_planner import count_sort_policy
+
+        with count_sort_policy():
+            case = testing.make_gqa_prefill_case([992] * 8, [992] * 8, device="cuda", seed=88)
+            return _run_api(cute_attn.gqa_paged_prefill, case, arch)
+
+    cases["count-sort-prefill"] = ("device_planner", count_sort_prefill)
     cases["hostile-prefill-writers"] = ("device_planner", hostile_prefill_writers(False))
     cases["hostile-prefill-writers-late"] = ("device_planner", hostile_prefill_writers(True))
     cases["hostile-prefill-writers-scan-last"] = ("device_planner", hostile_prefill_writers("scan_last"))

@@ -60,7 +60,6 @@ Device error word (int32 ``[4]``, cleared by :func:`cute_attn.device_errors.rais
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -117,6 +116,8 @@ ROWS_PER_WRITER = 1024
 #: every planner's ``row_writers`` (:func:`row_writers_policy` sets it with ROWS_PER_WRITER). 1: off (H200, session
 #: 30, ``ab_policy.py row_writers``: GQA prefill default call 8 / 16 / 32 x 992 157.8 -> 161.7, 298.7 -> 297.5, ...)
 ROW_WRITERS = 1
+#: every sorting planner's ``count_sort`` (``count_sort.py``; ``count_sort_policy`` sets it): built in session 30, not run
+COUNT_SORT = False
 TRACE_STAMPS = 27  # trace_phases: stamps at the tail of q_tile_start (tools/planner_trace.py): phases 0-15, ...
 TRACE_WRITER_ENDS = 16  # ... each row writer's end (globaltimer; builds with several), then the CTA's end and span
 Q_TILE_FIELDS = 4  # request, row start, row count, key end
@@ -162,6 +163,8 @@ class DevicePlannerConfig(KernelConfig):
     lap_turn: bool = False  # PlanConfig.lap_turn: each lap's CTA order rotated (sorted_deal.turned_deal_loads)
     #: the most planning CTAs (row writers) a launch of this build may have; for_plan takes ROW_WRITERS
     row_writers: int = 1
+    #: few-valued deal keys ranked by counting (``count_sort.py``) instead of the bitonic sort; for_plan takes COUNT_SORT
+    count_sort: bool = False
     num_qo_heads: int = 20
     head_dim_v: int = 128
     #: a development build: CTA 0 stamps its phases in the last TRACE_STAMPS entries of ``q_tile_start``
@@ -193,7 +196,7 @@ class DevicePlannerConfig(KernelConfig):
             deal_max_q_tiles=plan_config.deal_max_q_tiles, rank_deal_max_q_tiles=plan_config.rank_deal_max_q_tiles,
             deal_first=plan_config.deal_first, deal_one_site=DEAL_ONE_SITE, lap_turn=plan_config.lap_turn,
             lap_lists=plan_config.deal_first if LAP_LISTS is None else LAP_LISTS,
-            row_writers=ROW_WRITERS)
+            row_writers=ROW_WRITERS, count_sort=COUNT_SORT)
 
     def plan_config(self, num_ctas: int) -> PlanConfig:
         return PlanConfig(num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads, causal=self.causal,
@@ -750,51 +753,8 @@ def default_configs(arch: str) -> list[DevicePlannerConfig]:
     return out
 
 
-@contextlib.contextmanager
-def q_tile_pass_policy(per_pass: int):
-    """Inside the block every device planner is built with ``q_tiles_per_pass=per_pass`` (GPU tests, A/Bs)."""
-    from ...ops import policy  # the spec policies' save / clear caches / restore
-
-    with policy(globals(), Q_TILES_PER_PASS=int(per_pass)):
-        yield
-
-
-@contextlib.contextmanager
-def deal_one_site_policy(enabled: bool = True):
-    """Inside the block every deal-first planner is built with the deal's code at one call site (GPU tests, A/Bs)."""
-    from ...ops import policy
-
-    with policy(globals(), DEAL_ONE_SITE=bool(enabled)):
-        yield
-
-
-@contextlib.contextmanager
-def lap_lists_policy(enabled: bool = True):
-    """Inside the block every planner builds a dealt plan's rows by (lap, CTA) slots in one pass (GPU tests, A/Bs)."""
-    from ...ops import policy
-
-    with policy(globals(), LAP_LISTS=bool(enabled)):
-        yield
-
-
-@contextlib.contextmanager
-def row_writers_policy(writers: int, rows_per_writer: int = ROWS_PER_WRITER):
-    """Inside the block every planner has ``row_writers=writers``, a launch one writer a ``rows_per_writer`` rows."""
-    from ...ops import policy
-
-    with policy(globals(), ROW_WRITERS=int(writers), ROWS_PER_WRITER=int(rows_per_writer)):
-        yield
-
-
-@contextlib.contextmanager
-def late_scan_policy(scan_last: bool = False):
-    """Inside the block every device planner takes the late way (``planner_scan.py``: the last CTA to arrive empties
-    the faulted requests' items), as when the page scan outlasts the plan (GPU tests, the sanitizer); ``scan_last``:
-    the scan CTAs also wait 50 us before they arrive, so the one that empties the items is a scan CTA."""
-    from ...ops import policy
-
-    with policy(globals(), LATE_SCAN=True, SCAN_DELAY_NS=50_000 if scan_last else 0):
-        yield
-
-
 register_kernel(DevicePlannerConfig, build, configs=default_configs)
+
+# the build policies (A/Bs, GPU tests) set this module's globals above: callers import them from here
+from .planner_policies import (count_sort_policy, deal_one_site_policy, lap_lists_policy, late_scan_policy,  # noqa: E402,F401
+                               q_tile_pass_policy, row_writers_policy)

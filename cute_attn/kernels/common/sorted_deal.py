@@ -31,6 +31,7 @@ from ...plan import DEAL_MAX_Q_TILES_CHOICES, RANK_DEAL_MAX_WORK, SERPENTINE_SLA
 from ...plan_partition import (DEAL_WHOLE_SHIFT, LAP_TURN_MAX_LAPS, SNAP_SHIFT, WHOLE_TILE_SHIFT, sort_index_bits,
                                 sort_tile_cap)
 from .planner_collectives import NUM_THREADS, WARP, block_max, block_max_pair, warp_inclusive_sum
+from .count_sort import COUNT_BINS, count_order, key_tiles
 from .rank_sort import rank_sort
 
 INDEX_BITS = 20  # sort_key (what the deal reads): the q tile index in the low bits (< 2**20), 2**32 - cost above
@@ -177,9 +178,9 @@ def deal_loads(c: cutlass.Constexpr, tidx, q_tiles, requests, sort_keys, warp_su
         if num_q_tiles > c.deal_max_q_tiles:  # past the sort's keys: ranked (rank_sort.py)
             sort_by_ranks(c, tidx, q_tiles, requests, sort_keys, num_q_tiles, batch)
         else:
-            sort_bitonic(c, tidx, q_tiles, sort_keys, num_q_tiles)
+            sort_bitonic(c, tidx, q_tiles, sort_keys, num_q_tiles, warp_sums)
     else:
-        sort_bitonic(c, tidx, q_tiles, sort_keys, num_q_tiles)
+        sort_bitonic(c, tidx, q_tiles, sort_keys, num_q_tiles, warp_sums)
     busiest = Int64(0)
     if cutlass.const_expr(c.lap_turn):
         busiest, count = turned_deal_loads(c, tidx, sort_keys, warp_sums, num_tiles, num_ctas)
@@ -216,8 +217,36 @@ def serpentine_position(lap, cta, num_ctas):
 
 
 @cute.jit
-def sort_bitonic(c: cutlass.Constexpr, tidx, q_tiles, sort_keys, num_q_tiles):
-    """The q tiles longest first by :func:`fast_sort` of their Int32 keys into ``sort_keys[0 : num_q_tiles]``."""
+def sort_bitonic(c: cutlass.Constexpr, tidx, q_tiles, sort_keys, num_q_tiles, warp_sums):
+    """The q tiles longest first by :func:`fast_sort` of their Int32 keys into ``sort_keys[0 : num_q_tiles]``; in
+    ``count_sort`` builds, by counting where every tile holds fewer than ``COUNT_BINS`` kv tiles (``count_sort.py``;
+    uniform over the CTA: one block max first)."""
+    if cutlass.const_expr(c.count_sort):
+        tiles = cute.make_rmem_tensor((keys_per_thread(c),), Int32)
+        most_tiles = Int64(0)
+        for r in cutlass.range_constexpr(keys_per_thread(c)):
+            i = tidx + r * NUM_THREADS
+            tiles[r] = Int32(0)
+            if i < num_q_tiles:
+                tiles[r] = key_tiles(c, q_tiles[i, 3])
+                most_tiles = cutlass.max(most_tiles, Int64(tiles[r]))
+        if block_max(most_tiles, tidx, warp_sums) < Int64(COUNT_BINS):
+            slots = cute.make_rmem_tensor((keys_per_thread(c),), Int32)
+            count_order(c, tiles, slots, num_q_tiles, tidx, sort_keys, warp_sums)
+            for r in cutlass.range_constexpr(keys_per_thread(c)):
+                i = tidx + r * NUM_THREADS
+                if i < num_q_tiles:
+                    sort_keys[slots[r]] = sort_key(tile_cost(c, q_tiles[i, 3]), i)
+            cute.arch.sync_threads()
+        else:
+            sort_bitonic_keys(c, tidx, q_tiles, sort_keys, num_q_tiles)
+    else:
+        sort_bitonic_keys(c, tidx, q_tiles, sort_keys, num_q_tiles)
+
+
+@cute.jit
+def sort_bitonic_keys(c: cutlass.Constexpr, tidx, q_tiles, sort_keys, num_q_tiles):
+    """The bitonic way of :func:`sort_bitonic`."""
     keys32 = cute.make_rmem_tensor((keys_per_thread(c),), Int32)
     for r in cutlass.range_constexpr(keys_per_thread(c)):
         keys32[r] = Int32(FAST_PADDING_KEY)
