@@ -76,8 +76,8 @@ from .planner_collectives import NUM_THREADS, NUM_WARPS, block_any, block_any_pa
 from .planner_lists import write_lists
 from .planner_q_tiles import q_tile_pairs, q_tile_singles
 from .planner_scan import FAULT_PAGE_ID, MAX_SCAN_CTAS, scan_ctas  # noqa: F401 (the planner's public names)
-from .planner_scan import (L2_LINE_INT32, SEVERAL_WRITERS, arrivals_seen, planning_cta_ends, scan_and_arrive,
-                           scan_verdict)
+from .planner_scan import (L2_LINE_INT32, ONE_WRITER, SEVERAL_WRITERS, arrivals_seen, planning_cta_ends,
+                           scan_and_arrive, scan_verdict)
 from .planner_scan import record_fault as _record
 from .planner_cuts import cut_line
 from .planner_deal_first import deal_first, deal_first_one_site
@@ -321,7 +321,7 @@ class DevicePlanner:
             if tile_bound <= Int64(SMEM_Q_TILES):
                 in_shared = Int32(1)
         several = self.c.row_writers > 1  # the build's arrival word (planner_scan.ArrivalWord)
-        word = SEVERAL_WRITERS if several else None
+        word = SEVERAL_WRITERS if several else ONE_WRITER
         writer = 0  # this CTA's share of the rows (a row writer); one-writer builds: CTA 0
         launch_count = 1  # the launch's row writers
         share_writers = 1  # the writers the rows are shared among: one where the plan is in the global scratch
@@ -657,7 +657,7 @@ class DevicePlanner:
             if too_big != 0:
                 _record(error_word, FAULT_CAPACITY, 0)
         late, before = scan_verdict(seen, flags, requests, request_faults, arrivals, batch, scanners, writers, tidx,
-                                    c.late_scan, SEVERAL_WRITERS if c.row_writers > 1 else None)
+                                    c.late_scan, SEVERAL_WRITERS if c.row_writers > 1 else ONE_WRITER)
         self.stamp(trace, 6, tidx)
         if too_big == 0:
             write_lists(c, self.stamp, tidx, items, merge_indptr, merges, q_tiles, requests, cut_tile, cut_key,

@@ -148,13 +148,11 @@ def arrive(arrivals: cute.Tensor, flags: cute.Tensor, tidx, value) -> Int32:
 @cute.jit
 def scan_and_arrive(kv_indptr, kv_indices, request_faults, error_word, items, work_indptr, arrivals, flags,
                     num_pages, batch, scanner, scanners, last_before, tidx, delay_ns: cutlass.Constexpr = 0,
-                    word: cutlass.Constexpr = None, share_writers=1):
+                    word: cutlass.Constexpr = ONE_WRITER, share_writers=1):
     """A scan CTA's whole work: its share of the scan, its arrival, and, when it arrives last (``last_before``
     counted before it: every other scan CTA and the planning CTAs that arrive), the faulted requests' items emptied.
     ``delay_ns``: a test build's wait before the arrival (``DevicePlannerConfig.scan_delay_ns``); ``word``: the
-    build's :class:`ArrivalWord` (None: ONE_WRITER); ``share_writers``: the writers the rows are shared among."""
-    if cutlass.const_expr(word is None):
-        word = ONE_WRITER
+    build's :class:`ArrivalWord`; ``share_writers``: the writers the rows are shared among."""
     found = page_scan(kv_indptr, kv_indices, request_faults, error_word, num_pages, batch, scanner, scanners, tidx)
     faulted = block_any(found != 0, tidx, flags)
     if cutlass.const_expr(delay_ns > 0):
@@ -167,11 +165,9 @@ def scan_and_arrive(kv_indptr, kv_indices, request_faults, error_word, items, wo
 
 @cute.jit
 def planner_arrives(items, work_indptr, request_faults, arrivals, flags, batch, scanners, late, tidx,
-                    word: cutlass.Constexpr = None):
+                    word: cutlass.Constexpr = ONE_WRITER):
     """The one planning CTA's end: on the fast way it clears ``arrivals`` (every scan CTA has counted itself); on
     the late way it counts itself and, if last, empties the faulted requests' items."""
-    if cutlass.const_expr(word is None):
-        word = ONE_WRITER
     if late == 0:
         if tidx == 0:
             arrivals[0] = Int32(0)
@@ -188,10 +184,10 @@ def planner_arrives(items, work_indptr, request_faults, arrivals, flags, batch, 
 
 @cute.jit
 def planning_cta_ends(items, work_indptr, request_faults, arrivals, flags, batch, scanners, writers, late, before,
-                      writer, share_writers, tidx, word: cutlass.Constexpr = None):
+                      writer, share_writers, tidx, word: cutlass.Constexpr = ONE_WRITER):
     """A planning CTA's arrival after its lists: :func:`writer_ends` in a launch of several writers, else
     :func:`planner_arrives`."""
-    if cutlass.const_expr(word is not None and word.several):
+    if cutlass.const_expr(word.several):
         if writers > 1:
             writer_ends(items, work_indptr, request_faults, arrivals, flags, batch, scanners + writers - 1, 1 - late,
                         before, writer, share_writers, tidx, word)
@@ -267,15 +263,9 @@ def clean_up(items, work_indptr, request_faults, arrivals, batch, after, share_w
             for k in range(share_writers):
                 if ((late >> k) & 1) != 0:
                     first, end = row_share(num_items, k, share_writers)
-                    for i in range(first + tidx, end, NUM_THREADS):
-                        if request_faults[items[i, ItemField.REQUEST]] != 0:
-                            items[i, ItemField.KV_END] = items[i, ItemField.KV_START]
+                    empty_marked_rows(items, request_faults, first, end, tidx)
             cute.arch.sync_threads()  # every item has read its request's mark before the marks are cleared
-        for b in range(tidx, batch, NUM_THREADS):
-            if request_faults[b] != 0:
-                request_faults[b] = Int32(0)
-    if tidx == 0:
-        arrivals[0] = Int32(0)
+    clear_marks(request_faults, arrivals, batch, faulted, tidx)
 
 
 @cute.jit
@@ -283,11 +273,23 @@ def empty_faulted_items(items, work_indptr, request_faults, arrivals, batch, fau
     """The last CTA to arrive on the late way: every item of a marked request gets no keys (``KV_END = KV_START``),
     then the marks and ``arrivals`` are cleared for the next launch (and every CUDA-graph replay)."""
     if faulted != 0:
-        num_items = work_indptr[work_indptr.shape[0] - 1]
-        for i in range(tidx, num_items, NUM_THREADS):
-            if request_faults[items[i, ItemField.REQUEST]] != 0:
-                items[i, ItemField.KV_END] = items[i, ItemField.KV_START]
+        empty_marked_rows(items, request_faults, Int32(0), work_indptr[work_indptr.shape[0] - 1], tidx)
         cute.arch.sync_threads()  # every item has read its request's mark before the marks are cleared
+    clear_marks(request_faults, arrivals, batch, faulted, tidx)
+
+
+@cute.jit
+def empty_marked_rows(items, request_faults, first, end, tidx):
+    """Item rows ``first .. end - 1`` of a request the scan marked get no keys (``KV_END = KV_START``)."""
+    for i in range(first + tidx, end, NUM_THREADS):
+        if request_faults[items[i, ItemField.REQUEST]] != 0:
+            items[i, ItemField.KV_END] = items[i, ItemField.KV_START]
+
+
+@cute.jit
+def clear_marks(request_faults, arrivals, batch, faulted, tidx):
+    """The last CTA's end: the scan's marks (where ``faulted``) and ``arrivals`` cleared for the next launch."""
+    if faulted != 0:
         for b in range(tidx, batch, NUM_THREADS):
             if request_faults[b] != 0:
                 request_faults[b] = Int32(0)
@@ -303,12 +305,12 @@ def arrivals_seen(arrivals: cute.Tensor) -> Int32:
 
 @cute.jit
 def scan_verdict(seen, flags, requests, request_faults, arrivals, batch, scanners, writers, tidx,
-                 late_scan: cutlass.Constexpr, word: cutlass.Constexpr = None):
+                 late_scan: cutlass.Constexpr, word: cutlass.Constexpr = ONE_WRITER):
     """A planning CTA's look at the scan before its lists (thread 0 read ``seen``, :func:`arrivals_seen`): where every
     scan CTA has arrived it takes their marks, and (launches with several writers) counts itself at once. Returns
     ``late`` (1: its lists go out unaware of the scan) and an early writer's count before it (on EARLY_LANE).
-    ``late_scan``: a test build's late way; ``word``: the build's :class:`ArrivalWord` (None: ONE_WRITER)."""
-    several = word is not None and word.several
+    ``late_scan``: a test build's late way; ``word``: the build's :class:`ArrivalWord`."""
+    several = word.several
     if tidx == 0:
         if cutlass.const_expr(late_scan):
             seen = Int32(0)
