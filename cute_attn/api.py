@@ -118,7 +118,15 @@ class DevicePlan:
         )
 
     def refresh(self, plan: WorkPlan) -> None:
-        """Copy ``plan`` into these buffers in place (its capacity and CTA count must match them)."""
+        """Copy ``plan`` into these buffers in place (its capacity and CTA count must match them; a plan of a
+        cluster-merge config must keep the cluster shape, ``plan_clusters.py``)."""
+        if self.config.cluster_merge:
+            from .plan_clusters import cluster_merge_size
+
+            if cluster_merge_size(plan) != self.config.cluster_merge:
+                raise ValueError(f"plan: this DevicePlan's kernel folds merges in clusters of "
+                                 f"{self.config.cluster_merge} CTAs, and the new plan's merges do not each fill one "
+                                 "(plan_clusters.cluster_merge_size): make a new plan with plan_*")
         if plan.items.shape != tuple(self.items.shape) or plan.merges.shape != tuple(self.merges.shape) \
                 or plan.work_indptr.shape != tuple(self.work_indptr.shape) \
                 or max(plan.capacity.max_partials, 1) != self.partial_out.shape[0]:
@@ -344,10 +352,32 @@ def _config_for(spec, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_
     return config
 
 
-def _plan(config, host: validate.HostIndices, device, num_sms) -> DevicePlan:
+def _plan(spec, config, host: validate.HostIndices, device, num_sms) -> DevicePlan:
     q_lens = np.diff(host.qo_indptr)
     plan = plan_work(config.plan_config(_num_ctas(config, device, num_sms)), q_lens, host.kv_lens)
+    if spec.plan_tiles is not None and (knobs := spec.plan_tiles(config, plan, device)):
+        config = _with_plan_knobs(config, tuple(sorted(knobs.items())))
     return DevicePlan.upload(config, plan, device)
+
+
+#: config knobs a host plan may set (``OpSpec.plan_tiles``), and their values in the shapes' config
+PLAN_KNOBS = {"cluster_merge": 0}
+
+
+@functools.lru_cache(maxsize=64)
+def _with_plan_knobs(config: PagedAttentionConfig, knobs: tuple) -> PagedAttentionConfig:
+    planned = dataclasses.replace(config, **dict(knobs))
+    reason = planned.can_implement()
+    if reason is not None:
+        raise ValueError(f"{config.kind}: unsupported configuration for this plan: {reason}")
+    return planned
+
+
+def _shapes_config(config: PagedAttentionConfig) -> PagedAttentionConfig:
+    """``config`` without what a host plan set in it (:data:`PLAN_KNOBS`): the config the inputs' shapes give."""
+    if all(getattr(config, name) == value for name, value in PLAN_KNOBS.items()):
+        return config
+    return dataclasses.replace(config, **PLAN_KNOBS)
 
 
 _DEVICE_ROUTES: dict = {}  # device-planned call shapes: key -> _Hit (no index tensor identity in the key)
@@ -449,12 +479,12 @@ def _run_full(spec, args, index, output, lse, plan, check_indices, natural_lse, 
         if device_plan is None:  # planning reads the index values anyway, so they are always checked here
             _, host = spec.check(*args, output, lse, check_indices=True)
             _raise_device_errors(problem.device)
-            device_plan = _plan(config, host, problem.device, num_sms)
+            device_plan = _plan(spec, config, host, problem.device, num_sms)
             if cacheable:
                 _PLANS.put(plan_key, index, device_plan)
         # a hit: the same, unmodified index tensors as when this plan was made and checked
     else:
-        if plan.config != config:
+        if _shapes_config(plan.config) != config:
             raise ValueError(f"plan was made for {plan.config.cache_key()}, these inputs need {config.cache_key()}")
         if plan.items.device != problem.device:
             raise ValueError(f"plan lives on {plan.items.device}, the inputs on {problem.device}: make the plan "
@@ -508,7 +538,7 @@ def plan_for(spec, args: tuple, *, arch: str | None, num_sms: int | None, on_dev
     problem, host = spec.check(*args, check_indices=True)
     _raise_device_errors(problem.device)
     config = _make_config(spec, problem, arch)
-    return _plan(config, host, problem.device, num_sms)
+    return _plan(spec, config, host, problem.device, num_sms)
 
 
 def _raise_device_errors(device) -> None:

@@ -183,6 +183,11 @@ class PagedAttentionConfig(KernelConfig):
     #: bf16 instead of fp32 (the partial LSEs stay fp32), halving the partials' stores and the combine's reads
     #: (FlashInfer's split-KV keeps its partials in the output dtype too). ``BF16_PARTIALS`` is the policy
     bf16_partials: bool = False
+    #: the sm_90a MLA decode kernel (one token a tile): CTAs launched in clusters of this many (2, 4 or 8; 0: none),
+    #: and a split request folded by its cluster in shared memory (``kernels/common/cluster_merge.py``) instead of
+    #: through global partials and the combine launch. Only a host plan of the cluster shape runs it
+    #: (``plan_clusters.cluster_merge_size``; the plan picks it, ``ops/mla_decode.cluster_tiles``)
+    cluster_merge: int = 0
 
     @property
     def group_size(self) -> int:
@@ -279,6 +284,10 @@ class PagedAttentionConfig(KernelConfig):
                                                                                   self.fused_merge,
                                                                                   self.eager_combine)):
             return f"bf16_partials: {bf16_partials_reason}"
+        if self.cluster_merge and (self.cluster_merge not in (2, 4, 8) or (self.kind, self.arch) != (
+                "mla_paged_prefill", "sm_90a") or self.fused_merge or self.eager_combine or self.bf16_partials):
+            return (f"cluster_merge={self.cluster_merge}: 0, or 2, 4 or 8 CTAs a cluster for the sm_90a MLA decode "
+                    f"kernel, without fused_merge, eager_combine or bf16_partials (kind {self.kind}, arch {self.arch})")
         if self.page_boxes and ((self.kind, self.arch) != ("mla_paged_prefill", "sm_90a")
                                 or self.page_size < self.kv_tile):
             return (f"page_boxes: a knob of the sm_90a MLA kernels' TMA K stages at pages of >= kv_tile keys "

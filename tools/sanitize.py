@@ -392,6 +392,18 @@ def _cases(arch: str) -> dict:
         seed = {"mla_decode": 108, "mla_prefill": 109, "gqa_prefill": 110}[kind] + page_size
         return split_merges(policy, kind, page_size, seed)
 
+    def cluster_merge(page_size: int, kv_lens: list):  # host plans whose merges each fill a cluster of CTAs
+        def run():
+            from cute_attn.ops.mla_decode import cluster_merge_policy
+
+            with cluster_merge_policy(True):
+                case = testing.make_mla_decode_case(kv_lens, page_size=page_size, device="cuda", seed=111 + page_size)
+                return _run_api(cute_attn.mla_paged_decode, case, arch, check_indices=True)
+        return run
+
+    if arch == "sm_90a":  # 8 pieces a request (clusters of 8), 2 pieces (clusters of 2)
+        cases["cluster-merge-mla-decode-8"] = ("mla_decode", cluster_merge(64, [2048] * 8))
+        cases["cluster-merge-mla-decode-2"] = ("mla_decode", cluster_merge(1, [1000] * 64))
     if arch == "sm_90a":
         cases["bf16-partials-mla-decode-p64"] = ("combine", bf16_partials("mla_decode", 64))
         cases["bf16-partials-mla-decode-p1"] = ("combine", bf16_partials("mla_decode", 1))

@@ -73,6 +73,10 @@ class OpSpec:
     #: (``validate.PagedProblem``: batch, total_q, num_kv_slots; never an index value, so no host sync and the same
     #: choice inside a CUDA graph); an empty dict or None keeps the config
     workload_tiles: Callable | None = None
+    #: (config, plan, device) -> {knob: value}: what a host plan's shape changes in its config (``plan_clusters``: a plan
+    #: whose merges each fill a thread-block cluster); the DevicePlan then carries that config. Host plans only:
+    #: device plans (the default call) keep the shapes' config. None or an empty dict keeps the config
+    plan_tiles: Callable | None = None
     #: arch -> module that registers this kind's kernel for it, relative to the package (``.kernels.sm90.x``), so a
     #: copy of cute_attn shipped inside another package (FlashInfer-Bench's builder) loads its own kernels
     kernel_modules: dict[str, str] = field(default_factory=dict)

@@ -55,6 +55,54 @@ SM90_SPLIT_SCORES = True
 #: 16 x 4096 34.6 -> 36.2, 1 x 4096 17.4 -> 19.8 (correct: GPU tests 34 passed, memcheck/racecheck clean). A merge of
 #: n slots is n x 32 KiB read by the one CTA that arrives last, where the combine spreads them over the grid
 SM90_FUSED_MERGE: bool | None = None
+#: sm_90a one-token configs: a host plan whose merges each fill a thread-block cluster of 2, 4 or 8 CTAs (the even
+#: pieces of a uniform batch: 16 x 4096 cut 8 ways, 64 x 8192 2 ways; ``plan_clusters.py``) runs the kernel launched in
+#: clusters, which folds each split request in distributed shared memory (``kernels/common/cluster_merge.py``): no
+#: partials in global memory and no combine launch, the ~4 us the combine took after the attention grid (session 18,
+#: ``tools/kernel_breakdown.py``: 16 x 4096 3.8 of 34.5 us, 64 x 8192 4.4 of 154.3; fa3 34.2 / 154.2). Device plans
+#: (the default call) keep the combine: their shape is not known on the host. Measured, session 31 (H200, one process,
+#: ``tools/ab_policy.py cluster_merge``, planned, off -> on, us): 64 x 8192 157.3 -> 153.3 (page 64), 160.6 -> 156.0
+#: (page 1); 12 x 2048 20.3 -> 19.8 / 20.4 -> 19.6; 2 x 2048 15.4 -> 14.9 / 15.4 -> 14.8; batches without the shape
+#: unchanged. 16 x 4096 (16 clusters of 8) ran 34.6 -> 51.1 before the capacity check: the H200 holds 15 clusters of
+#: 8 at once (66 of 2, 30 of 4), so it keeps the combine
+SM90_CLUSTER_MERGE = True
+
+
+def cluster_tiles(config, plan, device) -> dict:
+    """``{"cluster_merge": k}`` where ``SM90_CLUSTER_MERGE`` is on, ``config`` is the sm_90a one-token kernel's,
+    ``plan`` has the cluster shape (``plan_clusters.cluster_merge_size``) and its clusters fit on ``device`` at once
+    (:func:`cluster_capacity`); else no change."""
+    from ..plan_clusters import cluster_merge_size, clusters_used
+
+    if not SM90_CLUSTER_MERGE or config.arch != "sm_90a" or config.tile_q_rows not in _SWAPPED_HEADS \
+            or config.fused_merge or config.eager_combine or config.bf16_partials:
+        return {}
+    k = cluster_merge_size(plan)
+    if not k or clusters_used(plan, k) > cluster_capacity(dataclasses.replace(config, cluster_merge=k), device):
+        return {}
+    return {"cluster_merge": k}
+
+
+def cluster_capacity(config, device) -> int:
+    """Clusters of ``config.cluster_merge`` CTAs of its kernel that ``device`` runs at once (0 off a CUDA device).
+    H200 (session 31): sixteen clusters of 8 did not fit (16 x 4096 ran 34.6 -> 51.1 us)."""
+    if device.type != "cuda":
+        return 0
+    from ..cluster_capacity import max_active_clusters
+    from ..kernels.sm90.mla_prefill import NUM_THREADS, smem_bytes
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return max_active_clusters(index, config.cluster_merge, NUM_THREADS, smem_bytes(config))
+
+
+@contextlib.contextmanager
+def cluster_merge_policy(enabled: bool):
+    """Inside the block the decode entry's sm_90a one-token host plans of the cluster shape run the cluster fold
+    (``enabled``) or the combine launch, whatever ``SM90_CLUSTER_MERGE`` says (A/Bs, the GPU tier, sanitizer cases)."""
+    from . import policy
+
+    with policy(globals(), SM90_CLUSTER_MERGE=bool(enabled)):
+        yield bool(enabled)
 
 
 def one_token_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size) -> dict:
@@ -88,7 +136,7 @@ def decode_fused_merge_policy(enabled: bool | None):
 
 
 #: the MLA prefill kind with one-token tiles: the spec of the decode entry's one-query-per-request calls
-ONE_TOKEN_SPEC = dataclasses.replace(mla_prefill.SPEC, default_tiles=one_token_tiles)
+ONE_TOKEN_SPEC = dataclasses.replace(mla_prefill.SPEC, default_tiles=one_token_tiles, plan_tiles=cluster_tiles)
 
 _ONE_PER_REQUEST: dict[tuple[int, torch.device], torch.Tensor] = {}
 _CHECKED_QO: dict[tuple, weakref.ref] = {}  # qo_indptr states whose q_len rule passed

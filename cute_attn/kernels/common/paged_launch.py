@@ -119,7 +119,7 @@ def launch_paged(device_plan, check_config, inputs: tuple, sm_scale, output, lse
             float(sm_scale) * LOG2_E, lse_out_scale)
     # the combine goes out in the same host call as the attention kernel (launch_chain.py): from its own call it
     # reached the GPU ~10 us after a short attention kernel had ended
-    combine = () if fused_merge or not device_plan.may_merge else combine_arguments(
+    combine = () if fused_merge or config.cluster_merge or not device_plan.may_merge else combine_arguments(
         device_plan, output, lse, lse_out_scale, partial_out, partial_lse, merge_counters)
     if planned is not None:
         route, planner_args = planned

@@ -41,9 +41,10 @@ from cutlass.cute.nvgpu import warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from ...plan import ItemField as F
+from ..common.cluster_merge import allocate_fold_buffers, cluster_sync, fold_buffer_bytes, fold_cluster_columns
 from ..common.mla import CKV_DIM, QK_DIM
 from ..common.softmax import acc_mn_view
-from .mla_prefill import MMA_THREADS, MlaPagedPrefillSm90
+from .mla_prefill import MMA_THREADS, PRODUCER_THREADS, MlaPagedPrefillSm90
 from .wgmma import wgmma_gemm
 
 #: the head counts this kernel builds (wgmma N: a multiple of 8)
@@ -67,12 +68,13 @@ def swapped_reason(config) -> str | None:
     return None
 
 
-def exchange_bytes(num_heads: int, share_scores: bool = False) -> int:
+def exchange_bytes(num_heads: int, share_scores: bool = False, cluster_merge: int = 0) -> int:
     """``s_pt`` (2 warpgroups x heads x 64 keys bf16), ``s_red`` (2 x (max, sum) x 4 warps x heads fp32), 1 KiB of
-    alignment (``s_pt`` is a 128B-swizzled operand), and with ``share_scores`` ``s_split`` (2 tile parities x 2
-    warpgroups x 64 keys x heads fp32)."""
+    alignment (``s_pt`` is a 128B-swizzled operand), with ``share_scores`` ``s_split`` (2 tile parities x 2
+    warpgroups x 64 keys x heads fp32), and with ``cluster_merge`` the kept piece (heads x 512 fp32 + its LSEs)."""
     split = 2 * 2 * KV_TILE * num_heads * 4 if share_scores else 0
-    return 2 * num_heads * KV_TILE * 2 + 2 * 2 * 4 * num_heads * 4 + 1024 + split
+    fold = fold_buffer_bytes(num_heads, CKV_DIM) if cluster_merge else 0
+    return 2 * num_heads * KV_TILE * 2 + 2 * 2 * 4 * num_heads * 4 + 1024 + split + fold
 
 
 class MlaPagedDecodeSwappedSm90(MlaPagedPrefillSm90):
@@ -85,7 +87,8 @@ class MlaPagedDecodeSwappedSm90(MlaPagedPrefillSm90):
 
     def __repr__(self) -> str:
         return (f"MlaPagedDecodeSwappedSm90_H{self.num_heads}_N{self.tile_n}_S{self.num_stages}"
-                + ("_SplitK" if self.split_scores else ""))
+                + ("_SplitK" if self.split_scores else "")
+                + (f"_Cluster{self.cluster_merge}" if self.cluster_merge else ""))
 
     def tiled_mmas(self) -> tuple:
         """The swapped products: S^T = K Q^T (M = keys from the stage, N = heads from the Q tile) and O^T = V^T P^T
@@ -100,10 +103,10 @@ class MlaPagedDecodeSwappedSm90(MlaPagedPrefillSm90):
         return tiled_mma_qk, tiled_mma_pv
 
     def allocate_exchange(self, smem):
-        """``(s_pt, s_red, s_split)``: each warpgroup's P^T operand (heads x 64 keys, 128B-swizzled K-major), its
-        (max | sum, warp, head) column reduction buffer, and (``share_scores``, else None) the partial S^T
-        exchange (thread, value, warpgroup, tile parity): a thread's values at one thread stride, no bank
-        conflicts."""
+        """``(s_pt, s_red, s_split, fold)``: each warpgroup's P^T operand (heads x 64 keys, 128B-swizzled K-major),
+        its (max | sum, warp, head) column reduction buffer, (``share_scores``, else None) the partial S^T exchange
+        (thread, value, warpgroup, tile parity): a thread's values at one thread stride, no bank conflicts, and
+        (``cluster_merge``, else None) the kept piece ``(O, LSE)`` its cluster folds (``common/cluster_merge.py``)."""
         atom = warpgroup.make_smem_layout_atom(
             sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, self.tile_n), self.dtype)
         pt_layout = cute.tile_to_shape(atom, (self.tile_m, self.tile_n, MMA_THREADS // 128), (0, 1, 2))
@@ -113,12 +116,15 @@ class MlaPagedDecodeSwappedSm90(MlaPagedPrefillSm90):
         if cutlass.const_expr(self.split_scores):
             values = KV_TILE * self.tile_m // 128
             s_split = smem.allocate_tensor(Float32, cute.make_layout((128, values, MMA_THREADS // 128, 2)), 16)
-        return s_pt, s_red, s_split
+        fold = None
+        if cutlass.const_expr(self.cluster_merge > 0):
+            fold = allocate_fold_buffers(smem, self.tile_m, CKV_DIM)
+        return s_pt, s_red, s_split, fold
 
     @cute.jit
     def consume_items(self, ctid, s_q, s_k, s_red, qo_indptr, items, item_begin, item_end, output, lse, partial_out,
                       partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k):
-        s_pt, s_cols, s_split = s_red
+        s_pt, s_cols, s_split, fold = s_red
         N, K = self.tile_m, self.tile_n
         wg = cute.arch.make_warp_uniform(ctid // 128)
         wtid = ctid % 128
@@ -213,7 +219,10 @@ class MlaPagedDecodeSwappedSm90(MlaPagedPrefillSm90):
                     if slot < 0:
                         output[token, (r0 + head) % self.group, column] = acc_o[i].to(output.element_type)
                     else:
-                        partial_out[slot, head, column] = acc_o[i].to(partial_out.element_type)
+                        if cutlass.const_expr(self.cluster_merge > 0):  # kept for the cluster's fold
+                            fold[0][head, column] = acc_o[i]
+                        else:
+                            partial_out[slot, head, column] = acc_o[i].to(partial_out.element_type)
             # lse per column, by warpgroup 0's lanes holding row 0 of the tile (lane // 4 == 0, warp 0)
             if wg == 0:
                 if warp == 0:
@@ -227,7 +236,27 @@ class MlaPagedDecodeSwappedSm90(MlaPagedPrefillSm90):
                                 if slot < 0:
                                     lse[token, (r0 + head) % self.group] = col_lse * lse_out_scale
                                 else:
-                                    partial_lse[slot, head] = col_lse
+                                    if cutlass.const_expr(self.cluster_merge > 0):
+                                        fold[1][head] = col_lse
+                                    else:
+                                        partial_lse[slot, head] = col_lse
+
+    @cute.jit
+    def fold_split_request(self, tidx, s_red, qo_indptr, items, item_begin, item_end, output, lse, lse_out_scale):
+        """``cluster_merge``: after every role of the CTA, the cluster folds its split request from the pieces its
+        CTAs kept (``common/cluster_merge.py``: barrier, this rank's columns, barrier). Every thread of the CTA calls
+        it. One token a tile: a piece's packed row ``head`` is head ``head`` (``Q_ROW_START`` 0)."""
+        piece_o, piece_lse = s_red[3]
+        cta, _, _ = cute.arch.block_idx()
+        cluster_sync()  # every peer's piece written (release) and visible here (acquire)
+        if tidx >= PRODUCER_THREADS:
+            if item_end > item_begin:
+                if items[item_begin, int(F.PARTIAL_SLOT)] >= 0:
+                    token = qo_indptr[items[item_begin, int(F.REQUEST)]]
+                    fold_cluster_columns(piece_o, piece_lse, cta % self.cluster_merge, token,
+                                         items[item_begin, int(F.Q_ROW_COUNT)], output, lse, lse_out_scale,
+                                         tidx - PRODUCER_THREADS, self.cluster_merge, MMA_THREADS)
+        cluster_sync()  # no CTA leaves (its shared memory) while a peer still reads it
 
     @cute.jit
     def split_k_scores(self, tiled_mma_qk, acc_s, t_sk_stage, t_sq, s_split, parity, wg, wtid):

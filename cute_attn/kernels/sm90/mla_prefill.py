@@ -123,7 +123,7 @@ def _exchange_bytes(config: PagedAttentionConfig) -> int:
     if swapped(config):
         from .mla_decode import exchange_bytes
 
-        return exchange_bytes(config.tile_q_rows, config.share_scores)
+        return exchange_bytes(config.tile_q_rows, config.share_scores, config.cluster_merge)
     if config.score_warpgroup:
         from .mla_prefill_score_wg import EXCHANGE_BYTES
 
@@ -191,6 +191,9 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         if not config.score_warpgroup or uses_kv_boxes(config):
             return (f"probe={config.probe!r}: measurement builds of the score_warpgroup split with row gathers only "
                     "(a K stage by TMA boxes completes by bytes: it cannot be committed empty)")
+    if config.cluster_merge and not swapped(config):
+        return ("cluster_merge: the swapped MLA decode kernel's fold (one token a tile, tile_q_rows = the head count); "
+                f"got tile_q_rows={config.tile_q_rows}")
     if config.smem_epilogue and not config.score_warpgroup:
         return ("smem_epilogue: of the sm_90a MLA kernels only the score_warpgroup split builds it (O staged in the "
                 "item's last K stage)")
@@ -218,6 +221,7 @@ class MlaPagedPrefillSm90(MlaEntries):
         # config.EARLY_DEPENDENTS says why; an eager combine must be dispatched while this grid runs
         self.releases_dependents = config.early_dependents or config.eager_combine
         self.eager_combine = config.eager_combine
+        self.cluster_merge = config.cluster_merge
         reason = check_config(config)
         if reason is not None:
             raise ValueError(reason)
@@ -276,8 +280,16 @@ class MlaPagedPrefillSm90(MlaEntries):
                     output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, s_q_layout, s_k_layout,
                     tiled_mma_qk, tiled_mma_pv, *self.kv_box_atoms(ckv_cache, kpe_cache, s_k_layout),
                     merge_indptr, merge_counters, **self.page_box_atoms(ckv_cache, kpe_cache, s_k_layout),
-                    ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream, use_pdl=True,
-                             min_blocks_per_mp=1)
+                    ).launch(**self.grid(work_indptr.shape[0] - 1), block=(NUM_THREADS, 1, 1), stream=stream,
+                             use_pdl=True, min_blocks_per_mp=1)
+
+    def grid(self, num_ctas) -> dict:
+        """The launch's grid: one CTA a plan slot; with ``cluster_merge`` whole clusters of that many CTAs (the plan
+        keeps its items below ``(num_ctas // k) * k``: ``plan_clusters.py``)."""
+        if self.cluster_merge:
+            k = self.cluster_merge
+            return dict(grid=(num_ctas // k * k, 1, 1), cluster=(k, 1, 1))
+        return dict(grid=(num_ctas, 1, 1))
 
     # The variants' hook (with allocate_exchange and consume_items below): how the consumers' MMAs tile the work.
     def tiled_mmas(self) -> tuple:
@@ -384,6 +396,8 @@ class MlaPagedPrefillSm90(MlaEntries):
                                       partial_out, partial_lse, output, lse, lse_out_scale, tidx - PRODUCER_THREADS,
                                       barrier_id=_FOLD_BARRIER, num_threads=MMA_THREADS, qo_indptr=qo_indptr,
                                       wide=True)
+        if cutlass.const_expr(self.cluster_merge > 0):  # every thread: the cluster folds its split request
+            self.fold_split_request(tidx, s_red, qo_indptr, items, item_begin, item_end, output, lse, lse_out_scale)
 
     # The two hooks the share_scores kernel (mla_prefill_shared_s.py) overrides; the rest of the kernel is shared.
     def allocate_exchange(self, smem):

@@ -1,0 +1,67 @@
+"""Which host plans a cluster merge can fold: each merge's slots on the CTAs of one thread-block cluster.
+
+A kernel built with ``PagedAttentionConfig.cluster_merge = k`` launches clusters of ``k`` CTAs and folds a split
+request in shared memory (``kernels/common/cluster_merge.py``): the CTA of rank ``r`` in a cluster holds piece ``r``
+of one merge, and after one cluster barrier each CTA folds ``1/k`` of the output columns from every peer's
+partial, so no partials go to global memory and no combine launch follows. That needs a plan of a given shape,
+checked here on the host (numpy only), where the plan is made:
+
+* every CTA holds at most one item (the partial waits in shared memory until the cluster folds it);
+* every merge has exactly ``k`` slots, slot ``i`` on the CTA of rank ``i`` of one cluster (CTA ``c`` of the grid
+  is rank ``c % k`` of cluster ``c // k``), so a cluster holds one whole merge or no split item at all;
+* every CTA with an item lies below ``(num_ctas // k) * k``: the launch rounds the grid down to whole clusters.
+
+The host planners' even pieces of a uniform one-token batch have this shape (MLA decode 16 x 4096: 16 merges of
+8 slots on 128 CTAs; 64 x 8192: 64 merges of 2), so the check picks the plans it is meant for without a planner of
+its own. Device plans are never folded this way: their shape is unknown to the host when the kernel is chosen.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .plan import ItemField, WorkPlan
+
+#: cluster sizes a merge may fold in (powers of two up to the portable cluster limit of 8 CTAs)
+CLUSTER_SIZES = (2, 4, 8)
+
+
+def cluster_merge_size(plan: WorkPlan) -> int:
+    """The cluster size ``k`` whose clusters each hold one merge of ``plan`` (module docstring), or 0 when the plan
+    has no merges or another shape."""
+    if plan.num_merges == 0:
+        return 0
+    slots = np.diff(plan.merge_indptr[: plan.num_merges + 1])
+    k = int(slots[0])
+    if k not in CLUSTER_SIZES or (slots != k).any():
+        return 0
+    per_cta = np.diff(plan.work_indptr)
+    if per_cta.max(initial=0) > 1:
+        return 0
+    ctas = np.nonzero(per_cta)[0]
+    if ctas.size and ctas[-1] >= (plan.config.num_ctas // k) * k:
+        return 0
+    items = plan.items[plan.work_indptr[ctas]]
+    split = items[:, ItemField.PARTIAL_SLOT] >= 0
+    merge = items[split, ItemField.MERGE]
+    rank = items[split, ItemField.PARTIAL_SLOT] - plan.merge_indptr[merge]
+    split_ctas = ctas[split]
+    # rank r of the merge on rank r of a cluster; the merge's k ranks then fill that cluster, so no other item fits
+    if (split_ctas % k != rank).any():
+        return 0
+    first = split_ctas - rank  # the cluster's first CTA, one per merge
+    if (np.bincount(merge, minlength=plan.num_merges) != k).any():
+        return 0
+    for m in np.unique(merge):
+        if np.unique(first[merge == m]).size != 1:
+            return 0
+    return k
+
+
+def clusters_used(plan: WorkPlan, k: int) -> int:
+    """Clusters of ``k`` CTAs up to the last one holding an item: what must run at once for one wave."""
+    ctas = np.nonzero(np.diff(plan.work_indptr))[0]
+    return int(ctas[-1]) // k + 1 if ctas.size else 0
+
+
+__all__ = ["cluster_merge_size", "clusters_used", "CLUSTER_SIZES"]
