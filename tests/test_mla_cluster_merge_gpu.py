@@ -135,3 +135,47 @@ def near_uniform_batches(draw):
 def test_cluster_merge_drawn_batches(kv_lens, page_size, num_heads):
     """Whatever the plan (cluster-shaped or not), the policy's call equals the reference."""
     _run(kv_lens, page_size, num_heads, "plan", seed=sum(kv_lens) % 1000)
+
+
+def test_cluster_merge_in_a_cuda_graph():
+    """An engine's step: a cluster-merge plan (8 x 2048, clusters of 8) captured once with its launch, then new
+    caches' contents and new queries each replay, and a refreshed plan of the same shape (new page ids): every replay
+    equals the reference (the cluster launch is captured like any other)."""
+    import numpy as np
+
+    import cute_attn
+    from cute_attn.plan import plan_work
+
+    case = testing.make_mla_prefill_case([1] * 8, [2048] * 8, num_heads=16, page_size=64, device="cuda", seed=17,
+                                         with_last_page_len=True)
+    args = _decode_args(case)
+    from cute_attn.ops.mla_decode import cluster_merge_policy
+
+    with cluster_merge_policy(True):
+        plan = cute_attn.plan_mla_paged_decode(*args)
+    assert plan.config.cluster_merge == _fitting(8, 8, plan)
+    out, lse = case.new_outputs()
+
+    def step():
+        cute_attn.mla_paged_decode(*args, out, lse, plan=plan)
+
+    step()  # compile and allocate outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    rng = np.random.default_rng(3)
+    for replay in range(3):
+        case.q_nope.normal_()
+        case.q_pe.normal_()
+        if replay == 2:  # the used (full) pages dealt to other requests: the plan's rows keep their shape
+            order = torch.tensor(rng.permutation(case.kv_indices.numel()), device="cuda")
+            case.kv_indices.copy_(case.kv_indices[order])
+            plan.refresh(plan_work(plan.plan.config, np.ones(8, int), np.full(8, 2048), capacity=plan.plan.capacity))
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_out, ref_lse = reference.mla_paged_decode_ref(*args)
+        testing.assert_close_benchmark(out, ref_out, f"replay {replay} output")
+        testing.assert_close_benchmark(lse, ref_lse, f"replay {replay} lse")
