@@ -61,7 +61,8 @@ def test_ragged_plans_and_moved_items_are_refused():
 def test_config_rules_name_the_knob():
     base = _decode_config()
     assert dataclasses.replace(base, cluster_merge=8).can_implement() is None
-    for bad in (dataclasses.replace(base, cluster_merge=3), dataclasses.replace(base, cluster_merge=8, fused_merge=True),
+    for bad in (dataclasses.replace(base, cluster_merge=3),
+                dataclasses.replace(base, cluster_merge=8, fused_merge=True),
                 dataclasses.replace(_decode_config(arch="sm_100a"), cluster_merge=2)):
         assert "cluster_merge" in bad.can_implement()
     prefill = api._config_for(mla_decode.mla_prefill.SPEC, 16, 1, 576, 512, 64, "sm_90a")

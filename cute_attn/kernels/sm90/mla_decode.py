@@ -22,6 +22,10 @@ transposed so that the 16 (8) heads are the wgmma N dimension:
   2.2 MFLOP a tile in all instead of 8.9, under the ~2.8 µs a 72 KiB tile takes at 3.5 TB/s per SM share.
 * Epilogue from the coordinate tensor of the O^T partition: element (d, n) → ``output[token, head n, d]`` or
   ``partial_out[slot, n, d]`` (16 KiB / 32 KiB an item), lse per column (warpgroup 0).
+* ``cluster_merge`` (k CTAs a cluster, host plans of the cluster shape only: ``plan_clusters.py``): a split item's
+  O^T and LSEs stay in this CTA's shared memory (``fold``), and after every role every thread of the CTA runs
+  :meth:`fold_split_request`: a cluster barrier, the consumers fold 512 / k columns of every head from the k peers'
+  pieces (``common/cluster_merge.py``, ``ld.shared::cluster``), a second cluster barrier. No combine launch follows.
 
 Runs on the H200 (GPU tier, memcheck + racecheck clean, session 9). ``tile_q_rows`` = heads selects it
 (``mla_prefill._kernel_for``); the MLA decode entry asks for it on one-token batches (``ops/mla_decode.py``).
