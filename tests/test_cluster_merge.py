@@ -111,3 +111,15 @@ def test_sm90_build_folds_through_distributed_shared_memory(k):
     assert len(re.findall(r"ld\.shared::cluster\.f32", built)) == k * steps
     assert "mapa.shared::cluster.u32" in built and "mapa" not in plain
     assert "wgmma.mma_async" in built
+
+
+def test_capacity_is_zero_without_a_gpu():
+    """Off a CUDA device (CI) no cluster fits, so host plans there keep the combine whatever their shape."""
+    import torch
+
+    from cute_attn.cluster_capacity import max_active_clusters
+
+    config = dataclasses.replace(_decode_config(), cluster_merge=2)
+    assert mla_decode.cluster_capacity(config, torch.device("cpu")) == 0
+    if not torch.cuda.is_available():
+        assert max_active_clusters(0, 2, 384, 200_000) == 0
