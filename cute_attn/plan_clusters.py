@@ -49,13 +49,12 @@ def cluster_merge_size(plan: WorkPlan) -> int:
     # rank r of the merge on rank r of a cluster; the merge's k ranks then fill that cluster, so no other item fits
     if (split_ctas % k != rank).any():
         return 0
-    first = split_ctas - rank  # the cluster's first CTA, one per merge
     if (np.bincount(merge, minlength=plan.num_merges) != k).any():
         return 0
-    for m in np.unique(merge):
-        if np.unique(first[merge == m]).size != 1:
-            return 0
-    return k
+    cluster = split_ctas // k
+    cluster_of = np.empty(plan.num_merges, dtype=cluster.dtype)
+    cluster_of[merge] = cluster  # one of each merge's clusters: all of them must equal it
+    return k if (cluster == cluster_of[merge]).all() else 0
 
 
 def clusters_used(plan: WorkPlan, k: int) -> int:

@@ -513,8 +513,8 @@ def _count_sort_cases(pages):
             yield row0, make, kind, count_sort_policy
 
 
-CLUSTER_MERGE_CASES = {**{label: kv for label, (_, _, kv) in PAGE_BOXES_CASES.items() if label.startswith("mla_")
-                          and label != "mla_prefill_n28_q1954"}, "mla_decode_n2_kv2048": [2048] * 2,
+CLUSTER_MERGE_CASES = {**{label: kv for label, (_, _, kv) in PAGE_BOXES_CASES.items()
+                          if label.startswith("mla_decode")}, "mla_decode_n2_kv2048": [2048] * 2,
                       "mla_decode_n12_kv2048": [2048] * 12, "mla_decode_n16_kv2048": [2048] * 16}
 
 

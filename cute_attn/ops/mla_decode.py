@@ -74,11 +74,11 @@ def cluster_tiles(config, plan, device) -> dict:
     (:func:`cluster_capacity`); else no change."""
     from ..plan_clusters import cluster_merge_size, clusters_used
 
-    if not SM90_CLUSTER_MERGE or config.arch != "sm_90a" or config.tile_q_rows not in _SWAPPED_HEADS \
-            or config.fused_merge or config.eager_combine or config.bf16_partials:
+    k = cluster_merge_size(plan) if SM90_CLUSTER_MERGE else 0
+    if not k:
         return {}
-    k = cluster_merge_size(plan)
-    if not k or clusters_used(plan, k) > cluster_capacity(dataclasses.replace(config, cluster_merge=k), device):
+    clustered = dataclasses.replace(config, cluster_merge=k)  # the knob's own rules say which configs build it
+    if clustered.can_implement() is not None or clusters_used(plan, k) > cluster_capacity(clustered, device):
         return {}
     return {"cluster_merge": k}
 

@@ -40,13 +40,10 @@ def allocate_fold_buffers(smem, heads: int, columns: int) -> tuple:
     return piece_o, piece_lse
 
 
-@dsl_user_op
-def peer_address(smem_ptr, rank, *, loc=None, ip=None) -> Int32:
-    """``mapa.shared::cluster``: the address of the same shared-memory byte in CTA ``rank`` of this cluster."""
-    return Int32(llvm.inline_asm(
-        T.i32(), [smem_ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), Int32(rank).ir_value(loc=loc, ip=ip)],
-        "mapa.shared::cluster.u32 $0, $1, $2;", "=r,r,r", has_side_effects=False, is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT))
+def peer_address(smem_ptr, rank) -> Int32:
+    """The 32-bit ``shared::cluster`` address of the same shared-memory byte in CTA ``rank`` of this cluster
+    (``cute.arch.map_dsmem_ptr``: ``mapa``), for the peer loads below."""
+    return cute.arch.map_dsmem_ptr(smem_ptr, rank).toint()
 
 
 @dsl_user_op
