@@ -119,8 +119,9 @@ class DevicePlan:
 
     def refresh(self, plan: WorkPlan) -> None:
         """Copy ``plan`` into these buffers in place (its capacity and CTA count must match them; a plan of a
-        cluster-merge config must keep the cluster shape, ``plan_clusters.py``)."""
-        if self.config.cluster_merge:
+        cluster-merge config must keep the cluster shape, ``plan_clusters.py``, unless its kernel checks the shape
+        itself: ``cluster_merge_flags``)."""
+        if self.config.cluster_merge and not self.config.cluster_merge_flags:
             from .plan_clusters import cluster_merge_size
 
             if cluster_merge_size(plan) != self.config.cluster_merge:
@@ -360,8 +361,16 @@ def _plan(spec, config, host: validate.HostIndices, device, num_sms) -> DevicePl
     return DevicePlan.upload(config, plan, device)
 
 
-#: config knobs a host plan may set (``OpSpec.plan_tiles``), and their values in the shapes' config
-PLAN_KNOBS = {"cluster_merge": 0}
+#: config knobs a plan may set (``OpSpec.plan_tiles``, ``OpSpec.device_plan_tiles``), and their values in the shapes'
+#: config
+PLAN_KNOBS = {"cluster_merge": 0, "cluster_merge_flags": False}
+
+
+def _device_plan_config(spec, config: PagedAttentionConfig, device, num_ctas: int) -> PagedAttentionConfig:
+    """``config`` with what a device plan changes in it (``OpSpec.device_plan_tiles``), else ``config``."""
+    if spec.device_plan_tiles is None or not (knobs := spec.device_plan_tiles(config, device, num_ctas)):
+        return config
+    return _with_plan_knobs(config, tuple(sorted(knobs.items())))
 
 
 @functools.lru_cache(maxsize=64)
@@ -427,7 +436,9 @@ def _device_route(spec, args, output, lse, natural_lse, arch, num_sms) -> _Hit:
     if launcher is None:
         raise NotImplementedError(f"no {config.arch} kernel for {config.kind} is implemented yet in this version of "
                                   "cute_attn")
-    route = DevicePlanRoute.resolve(spec, config, problem, _num_ctas(config, problem.device, num_sms))
+    num_ctas = _num_ctas(config, problem.device, num_sms)
+    config = _device_plan_config(spec, config, problem.device, num_ctas)
+    route = DevicePlanRoute.resolve(spec, config, problem, num_ctas)
     alloc = (problem.total_q, problem.num_qo_heads, problem.head_dim_v, problem.device)
     return _Hit(config, None, launcher, alloc, route)
 
@@ -530,7 +541,9 @@ def plan_for(spec, args: tuple, *, arch: str | None, num_sms: int | None, on_dev
         from .device_planning import DevicePlanRoute, allocate_planned
 
         problem, config = _checked_config(spec, args, None, None, arch)
-        route = DevicePlanRoute.resolve(spec, config, problem, _num_ctas(config, problem.device, num_sms))
+        num_ctas = _num_ctas(config, problem.device, num_sms)
+        config = _device_plan_config(spec, config, problem.device, num_ctas)
+        route = DevicePlanRoute.resolve(spec, config, problem, num_ctas)
         plan = allocate_planned(config, route.capacity, route.num_ctas, route.batch, problem.device, route.writers)
         no_rows = torch.empty(0, config.num_qo_heads, config.head_dim_v, dtype=torch.bfloat16, device=problem.device)
         route.plan(plan, args, no_rows, torch.empty(0, config.num_qo_heads, device=problem.device))

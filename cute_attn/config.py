@@ -188,6 +188,12 @@ class PagedAttentionConfig(KernelConfig):
     #: through global partials and the combine launch. Only a host plan of the cluster shape runs it
     #: (``plan_clusters.cluster_merge_size``; the plan picks it, ``ops/mla_decode.cluster_tiles``)
     cluster_merge: int = 0
+    #: with ``cluster_merge``: the kernel checks at run time whether each cluster holds one whole merge (rank ``r`` its
+    #: slot ``r``, one item a CTA: the ``plan_clusters`` shape, read from the plan in global memory), folds those in
+    #: shared memory and flags them in the plan's ``merge_counters``; every other split item stores its global partial
+    #: and the combine launch follows, skipping the flagged merges. For device plans, whose shape the host never sees
+    #: (``ops/mla_decode.device_cluster_tiles``)
+    cluster_merge_flags: bool = False
 
     @property
     def group_size(self) -> int:
@@ -288,6 +294,9 @@ class PagedAttentionConfig(KernelConfig):
                 "mla_paged_prefill", "sm_90a") or self.fused_merge or self.eager_combine or self.bf16_partials):
             return (f"cluster_merge={self.cluster_merge}: 0, or 2, 4 or 8 CTAs a cluster for the sm_90a MLA decode "
                     f"kernel, without fused_merge, eager_combine or bf16_partials (kind {self.kind}, arch {self.arch})")
+        if self.cluster_merge_flags and not self.cluster_merge:
+            return ("cluster_merge_flags: the run-time check of the cluster merge's shape needs cluster_merge (the "
+                    "cluster size), got cluster_merge=0")
         if self.page_boxes and ((self.kind, self.arch) != ("mla_paged_prefill", "sm_90a")
                                 or self.page_size < self.kv_tile):
             return (f"page_boxes: a knob of the sm_90a MLA kernels' TMA K stages at pages of >= kv_tile keys "

@@ -13,7 +13,8 @@ checked here on the host (numpy only), where the plan is made:
 
 The host planners' even pieces of a uniform one-token batch have this shape (MLA decode 16 x 4096: 16 merges of
 8 slots on 128 CTAs; 64 x 8192: 64 merges of 2), so the check picks the plans it is meant for without a planner of
-its own. Device plans are never folded this way: their shape is unknown to the host when the kernel is chosen.
+its own. Device plans, whose shape the host never sees, take a kernel that checks the shape at run time instead
+(``cluster_merge_flags``): :func:`merges_held_by_clusters` is that check's host mirror.
 """
 
 from __future__ import annotations
@@ -57,10 +58,33 @@ def cluster_merge_size(plan: WorkPlan) -> int:
     return k if (cluster == cluster_of[merge]).all() else 0
 
 
+def merges_held_by_clusters(plan: WorkPlan, k: int) -> np.ndarray:
+    """Per merge of ``plan``, whether a launch in clusters of ``k`` CTAs finds it held whole by one cluster: the
+    run-time check of a ``cluster_merge_flags`` kernel (``kernels/sm90/mla_decode.with_cluster_check``), which folds
+    those and flags them for the combine to skip. A cluster holds merge ``m`` when each of its ``k`` CTAs holds one
+    item, rank 0's is slot ``merge_indptr[m]`` of ``m`` with exactly ``k`` slots, and rank ``r``'s is slot ``r``."""
+    num_merges = plan.num_merges
+    held = np.zeros(num_merges, dtype=bool)
+    clusters = plan.config.num_ctas // k
+    if num_merges == 0 or clusters == 0:
+        return held
+    begin = plan.work_indptr[: clusters * k].reshape(clusters, k)
+    one_item = (np.diff(plan.work_indptr[: clusters * k + 1]) == 1).reshape(clusters, k)
+    rows = plan.items[np.where(one_item, begin, 0)]  # (cluster, rank, field): only read where one_item
+    slot, merge = rows[..., ItemField.PARTIAL_SLOT], rows[..., ItemField.MERGE]
+    slot0, merge0 = slot[:, 0], merge[:, :1]
+    safe = np.where(slot0 >= 0, merge0[:, 0], 0)
+    holds = one_item.all(axis=1) & (slot0 >= 0) & (plan.merge_indptr[safe] == slot0) \
+        & (plan.merge_indptr[safe + 1] - slot0 == k) & (merge == merge0).all(axis=1) \
+        & (slot == slot0[:, None] + np.arange(k)).all(axis=1)
+    held[merge0[holds, 0]] = True
+    return held
+
+
 def clusters_used(plan: WorkPlan, k: int) -> int:
     """Clusters of ``k`` CTAs up to the last one holding an item: what must run at once for one wave."""
     ctas = np.nonzero(np.diff(plan.work_indptr))[0]
     return int(ctas[-1]) // k + 1 if ctas.size else 0
 
 
-__all__ = ["cluster_merge_size", "clusters_used", "CLUSTER_SIZES"]
+__all__ = ["cluster_merge_size", "clusters_used", "merges_held_by_clusters", "CLUSTER_SIZES"]

@@ -123,3 +123,89 @@ def test_capacity_is_zero_without_a_gpu():
     assert mla_decode.cluster_capacity(config, torch.device("cpu")) == 0
     if not torch.cuda.is_available():
         assert max_active_clusters(0, 2, 384, 200_000) == 0
+
+
+# ------------------------------------------------------------------------ device plans: clusters checked at run time
+def test_held_merges_mirror_the_kernels_check():
+    """``merges_held_by_clusters`` (the host mirror of the ``cluster_merge_flags`` kernel's check): every merge of a
+    plan of pairs is held by its cluster of 2, none of a plan of 8-slot merges, and an item moved to the wrong CTA
+    breaks its own pair only."""
+    from cute_attn.plan_clusters import merges_held_by_clusters
+
+    pairs = _plan(64, 8192)
+    assert cluster_merge_size(pairs) == 2 and merges_held_by_clusters(pairs, 2).all()
+    eights = _plan(16, 4096)
+    assert cluster_merge_size(eights) == 8 and not merges_held_by_clusters(eights, 2).any()
+    assert merges_held_by_clusters(eights, 8).all()
+    moved = dataclasses.replace(pairs, items=pairs.items.copy())
+    a, b = moved.work_indptr[0], moved.work_indptr[1]
+    moved.items[[a, b]] = moved.items[[b, a]]
+    held = merges_held_by_clusters(moved, 2)
+    assert not held[moved.items[a, ItemField.MERGE]] and held.sum() == moved.num_merges - 1
+    assert merges_held_by_clusters(_plan(128, 4096), 2).size == 0  # no merges
+
+
+def test_device_plans_take_checked_clusters_where_they_fit(monkeypatch):
+    """``OpSpec.device_plan_tiles`` of the one-token spec: clusters of 2 checked at run time on a device that holds
+    the whole grid in pairs; never off a GPU, on an odd grid, on sm_100a, or with the policy off."""
+    import torch
+
+    config = _decode_config()
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(mla_decode, "SM90_DEVICE_CLUSTER_MERGE", True)  # the policy's setting (off by default)
+    assert mla_decode.device_cluster_tiles(config, cpu, 132) == {}  # no cluster fits off a CUDA device
+    monkeypatch.setattr(mla_decode, "cluster_capacity", lambda config, device: 66)
+    assert mla_decode.device_cluster_tiles(config, cpu, 132) == {"cluster_merge": 2, "cluster_merge_flags": True}
+    assert mla_decode.device_cluster_tiles(config, cpu, 131) == {}
+    assert mla_decode.device_cluster_tiles(config, cpu, 134) == {}  # 67 pairs: a second wave
+    assert mla_decode.device_cluster_tiles(_decode_config(arch="sm_100a"), cpu, 132) == {}
+    with mla_decode.device_cluster_merge_policy(False):
+        assert mla_decode.device_cluster_tiles(config, cpu, 132) == {}
+    flagged = api._device_plan_config(mla_decode.ONE_TOKEN_SPEC, config, cpu, 132)
+    assert (flagged.cluster_merge, flagged.cluster_merge_flags) == (2, True)
+    assert api._shapes_config(flagged) == config  # what plan= compares with the inputs' config
+    # host plans keep their own choice: the shapes' config, or the unchecked clusters of a plan of that shape
+    from cute_attn import validate
+
+    host = validate.HostIndices(qo_indptr=np.arange(65), kv_indptr=np.arange(65) * 128, kv_lens=np.full(64, 8192))
+    with mla_decode.cluster_merge_policy(True):
+        planned = api._plan(mla_decode.ONE_TOKEN_SPEC, config, host, cpu, 132)
+    assert (planned.config.cluster_merge, planned.config.cluster_merge_flags) == (2, False)
+
+
+def test_checked_cluster_rules_name_the_knob():
+    from cute_attn.kernels.common.combine import CombineConfig
+
+    base = _decode_config()
+    assert "cluster_merge_flags" in dataclasses.replace(base, cluster_merge_flags=True).can_implement()
+    assert dataclasses.replace(base, cluster_merge=2, cluster_merge_flags=True).can_implement() is None
+    combine = CombineConfig.for_paged(dataclasses.replace(base, cluster_merge=2, cluster_merge_flags=True))
+    assert combine.skip_flagged and combine.can_implement() is None
+    assert "skip_flagged" in dataclasses.replace(combine, eager=True).can_implement()
+
+
+@pytest.mark.usefixtures("isolated_compile_cache")
+def test_sm90_checked_build_folds_pairs_and_keeps_global_partials():
+    """The device plans' build: the pair fold (two cluster barriers, ``ld.shared::cluster`` at ``mapa`` addresses)
+    and, for the clusters that do not hold a whole merge, the fp32 partial stores; its combine reads the flags."""
+    from cute_attn.compile import compile_to_ptx
+    from cute_attn.kernels.common.combine import CombineConfig
+
+    with mla_decode.device_cluster_merge_policy(True):
+        checked = mla_decode.device_cluster_config(_decode_config())
+    assert (checked.cluster_merge, checked.cluster_merge_flags) == (2, True)
+    assert mla_decode.device_cluster_config(_decode_config()) == _decode_config()  # the default: off
+    ptx = compile_to_ptx(checked)
+    # each role takes the fold's two barriers at its own end (the producers after their last load)
+    assert len(re.findall(r"barrier\.cluster\.arrive;", ptx)) == 4
+    assert len(re.findall(r"barrier\.cluster\.wait;", ptx)) == 4
+    assert len(re.findall(r"ld\.shared::cluster\.v4\.f32", ptx)) == 2 * -(-16 * 512 // 2 // 4 // 256)
+    assert "mapa.shared::cluster.u32" in ptx
+    def fp32_stores(text):  # partial_out / partial_lse elements (and lse, flags)
+        return len(re.findall(r"st\.global\.b32", text))
+
+    # the partial stores the unchecked cluster build dropped are back, next to the flag stores
+    assert fp32_stores(ptx) > fp32_stores(compile_to_ptx(_decode_config())) \
+        > fp32_stores(compile_to_ptx(dataclasses.replace(_decode_config(), cluster_merge=2)))
+    plain, skipping = (compile_to_ptx(CombineConfig.for_paged(c)) for c in (_decode_config(), checked))
+    assert len(re.findall(r"ld\.global", skipping)) > len(re.findall(r"ld\.global", plain))

@@ -65,6 +65,10 @@ POLICY is one of
                   distributed shared memory, no combine launch (``ops/mla_decode.SM90_CLUSTER_MERGE``, session 31) off /
                   on: MLA decode's bench batches (16 x 4096 and 64 x 8192 take it; 1 x 4096 and 128 x 4096 do not) and
                   2 x 2048; only planned calls move
+    device_cluster_merge  sm_90a MLA decode device plans launched in clusters of 2 that check their shape at run time,
+                  fold the merges a pair holds whole and flag them for the combine (``ops/mla_decode.
+                  SM90_DEVICE_CLUSTER_MERGE``, session 32) off / on: the cluster_merge cases and the ragged batch of
+                  64; only the device-planned and default calls move
     q_tile_pass   the device planner's q-tile pass: one tile a thread, or chosen per launch (two past one pass;
                   ``kernels/common/device_planner.Q_TILES_PER_PASS`` 1 / 0); only the device-planned and default calls
                   move
@@ -531,6 +535,28 @@ def _cluster_merge_cases(pages):
             yield dict(batch=label, page_size=page_size, heads=0, kv_heads=0), make, "mla_decode", cluster_merge_policy
 
 
+DEVICE_CLUSTER_MERGE_CASES = {**{label: kv for label, kv in CLUSTER_MERGE_CASES.items()},
+                              "mla_decode_n64_ragged": "ragged"}
+
+
+def _device_cluster_merge_cases(pages):
+    """MLA decode's bench batches (and the cluster cases): device plans launched in clusters of 2 that fold the merges
+    a pair holds whole (``ops/mla_decode.device_cluster_merge_policy``), or without clusters."""
+    import numpy as np
+
+    from cute_attn import testing
+    from cute_attn.ops.mla_decode import device_cluster_merge_policy
+
+    for label, kv_lens in DEVICE_CLUSTER_MERGE_CASES.items():
+        if kv_lens == "ragged":  # the bench's ragged batch of 64, 1..32768
+            kv_lens = np.random.default_rng(64).integers(1, 32769, 64).tolist()
+        for page_size in pages:
+            def make(kv_lens=kv_lens, page_size=page_size):
+                return testing.make_mla_decode_case(kv_lens, page_size=page_size, device="cuda", seed=9)
+            yield (dict(batch=label, page_size=page_size, heads=0, kv_heads=0), make, "mla_decode",
+                   device_cluster_merge_policy)
+
+
 def _early_dependents_cases(pages):
     from cute_attn.config import early_dependents_policy
 
@@ -547,14 +573,16 @@ POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, 
             "bf16_partials": _bf16_partials_cases, "deal_2048": _deal_2048_cases, "gather_warps": _gather_warps_cases,
             "rank_deal": _rank_deal_cases, "deal_first": _deal_first_cases, "deal_one_site": _deal_one_site_cases,
             "lap_lists": _lap_lists_cases, "lap_turn": _lap_turn_cases, "row_writers": _row_writers_cases,
-            "count_sort": _count_sort_cases, "cluster_merge": _cluster_merge_cases}
+            "count_sort": _count_sort_cases, "cluster_merge": _cluster_merge_cases,
+            "device_cluster_merge": _device_cluster_merge_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
                  "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64], "even_pieces": [64, 1],
                  "page_boxes": [64, 128], "max_slack": [1], "eager_combine": [64, 1],
                  "lap_deal": [64], "serpentine_deal": [64],
                  "device_whole_deal": [64], "bf16_partials": [64, 1], "deal_2048": [64, 1], "gather_warps": [1, 2],
                  "rank_deal": [1], "deal_first": [64], "deal_one_site": [64], "lap_lists": [64],
-                 "lap_turn": [64], "row_writers": [64], "count_sort": [64], "cluster_merge": [64, 1]}
+                 "lap_turn": [64], "row_writers": [64], "count_sort": [64], "cluster_merge": [64, 1],
+                 "device_cluster_merge": [64, 1]}
 
 
 def checked_span(run, out, lse, reference, label: str, timer, digits: int = 1):

@@ -1,11 +1,16 @@
 """Per-kernel GPU time of cute_attn calls (attention kernel vs combine), and a one-call mode for ncu.
 
     python tools/kernel_breakdown.py [--json OUT.json] [--only LABEL ...] [--mla-split score_wg]
+    python tools/kernel_breakdown.py --device-clusters [--json OUT.json]
     ncu --clock-control none ... python tools/kernel_breakdown.py --once LABEL [--mla-split shared_s]
 
 Each workload is checked against the fp32 reference first, then profiled under CUPTI (cold L2, 50 calls):
 the median duration of every kernel the call launches, by name, next to the call's span. The gap between
 the span and the kernels' sum is launch-to-launch latency (the combine waits for the attention kernel).
+``--device-clusters``: MLA decode 64 x 8192 (pages 64 and 1) in the arms of the device plans' run-time-checked
+clusters (``ops/mla_decode.SM90_DEVICE_CLUSTER_MERGE``): the host plan with its unchecked clusters (no combine), the
+same plan under the checked build (the combine follows, skipping), the device plan with and without the checked
+build, and the default call with and without it.
 """
 
 from __future__ import annotations
@@ -94,6 +99,36 @@ def build(label: str):
 _PREFILL_WHOLE_DEAL: str | None = None  # --prefill-whole-deal
 
 
+def device_cluster_arms():
+    """``(label, case, out, lse, run)`` of each ``--device-clusters`` arm (module docstring)."""
+    import cute_attn
+    from cute_attn import testing
+    from cute_attn.api import DevicePlan
+    from cute_attn.ops import mla_decode
+
+    for page_size in (64, 1):
+        case = testing.make_mla_decode_case([8192] * 64, page_size=page_size, device="cuda", seed=1)
+        args = case.inputs()
+        out, lse = case.new_outputs()
+        with mla_decode.cluster_merge_policy(True):
+            host = cute_attn.plan_mla_paged_decode(*args)
+        with mla_decode.device_cluster_merge_policy(True):  # the checked build of the host's plan
+            checked = DevicePlan.upload(mla_decode.device_cluster_config(host.config), host.plan, out.device)
+        arms = {"host_clusters": host, "host_plan_checked_build": checked}
+        for on in (True, False):
+            with mla_decode.device_cluster_merge_policy(on):
+                arms[f"device_plan_checked_{on}"] = cute_attn.plan_mla_paged_decode(*args, on_device=True)
+        for name, plan in arms.items():
+            yield (f"p{page_size}_{name}", case, out, lse,
+                   lambda plan=plan: cute_attn.mla_paged_decode(*args, out, lse, plan=plan))
+        for on in (True, False):  # the default call plans on the device every call: the policy stays on for it
+            policy = mla_decode.device_cluster_merge_policy(on)
+            policy.__enter__()
+            yield f"p{page_size}_default_checked_{on}", case, out, lse, lambda: cute_attn.mla_paged_decode(
+                *args, out, lse)
+            policy.__exit__(None, None, None)
+
+
 def per_kernel(run, flush, iters: int = 50) -> dict:
     """Median µs per kernel name over `iters` profiled calls (flush and range markers left out)."""
     prof = bench_timing.profile_calls(run, flush, iters, warmup=10)
@@ -108,6 +143,7 @@ def per_kernel(run, flush, iters: int = 50) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
+    ap.add_argument("--device-clusters", action="store_true", help="the arms of the module docstring")
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--once", help="run one workload 3 times (for ncu) and exit")
     ap.add_argument("--peer", choices=["fa4"], help="with --once: run the peer on the same case instead")
@@ -157,8 +193,8 @@ def _run(args) -> int:
         return 0
     flush = bench_timing.make_l2_flusher()
     rows = []
-    for label in args.only or list(WORKLOADS):
-        case, out, lse, run = build(label)
+    for label, case, out, lse, run in (device_cluster_arms() if args.device_clusters else
+                                       ((label, *build(label)) for label in args.only or list(WORKLOADS))):
         run()
         torch.cuda.synchronize()
         ref_out, ref_lse = case.reference()

@@ -404,6 +404,20 @@ def _cases(arch: str) -> dict:
     if arch == "sm_90a":  # 8 pieces a request (clusters of 8), 2 pieces (clusters of 2)
         cases["cluster-merge-mla-decode-8"] = ("mla_decode", cluster_merge(64, [2048] * 8))
         cases["cluster-merge-mla-decode-2"] = ("mla_decode", cluster_merge(1, [1000] * 64))
+
+    def device_cluster_merge(page_size: int, kv_lens: list):  # device plans in clusters of 2, checked at run time
+        def run():
+            from cute_attn.ops.mla_decode import device_cluster_merge_policy
+
+            with device_cluster_merge_policy(True):
+                case = testing.make_mla_decode_case(kv_lens, page_size=page_size, device="cuda", seed=113 + page_size)
+                return _run_api(cute_attn.mla_paged_decode, case, arch)
+        return run
+
+    if arch == "sm_90a":  # every merge folded in pairs; pairs beside combined merges
+        cases["device-cluster-merge-mla-decode"] = ("mla_decode", device_cluster_merge(64, [1000] * 64))
+        cases["device-cluster-merge-mla-decode-mixed"] = ("mla_decode", device_cluster_merge(
+            1, [1000] * 50 + [9000, 3, 70, 20000] * 3))
     if arch == "sm_90a":
         cases["bf16-partials-mla-decode-p64"] = ("combine", bf16_partials("mla_decode", 64))
         cases["bf16-partials-mla-decode-p1"] = ("combine", bf16_partials("mla_decode", 1))

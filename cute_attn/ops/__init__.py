@@ -77,6 +77,10 @@ class OpSpec:
     #: whose merges each fill a thread-block cluster); the DevicePlan then carries that config. Host plans only:
     #: device plans (the default call) keep the shapes' config. None or an empty dict keeps the config
     plan_tiles: Callable | None = None
+    #: (config, device, num_ctas) -> {knob: value}: what a device plan (the default call, ``plan_*(on_device=True)``)
+    #: changes in its config, knowing only the device and the grid (``ops/mla_decode.device_cluster_tiles``: clusters
+    #: of 2 that check the plan's shape at run time). None or an empty dict keeps the config
+    device_plan_tiles: Callable | None = None
     #: arch -> module that registers this kind's kernel for it, relative to the package (``.kernels.sm90.x``), so a
     #: copy of cute_attn shipped inside another package (FlashInfer-Bench's builder) loads its own kernels
     kernel_modules: dict[str, str] = field(default_factory=dict)

@@ -83,6 +83,49 @@ def cluster_tiles(config, plan, device) -> dict:
     return {"cluster_merge": k}
 
 
+#: sm_90a one-token configs of device plans (the default call, ``plan_*(on_device=True)``): the kernel launched in
+#: clusters of 2 whatever the plan, each cluster checking at run time whether it holds one whole merge
+#: (``cluster_merge_flags``): those fold in shared memory and are flagged for the combine launch, which a device plan
+#: always makes and which skips them. The device planner's even pieces of a uniform batch cut 64 x 8192 in 2 pieces
+#: on neighbouring CTAs, the shape; 16 x 4096's 8 pieces a request do not fold in pairs and keep the combine.
+#: Measured, session 32 (H200, one process, ``tools/ab_policy.py device_cluster_merge``, 100 runs, off -> on, us):
+#: 64 x 8192 device-planned 154.8 -> 154.1 (page 64), 158.2 -> 156.6 (page 1), default call 163.1 -> 162.9 /
+#: 165.9 -> 164.6; small batches' default call +0.3..+0.9 (1 x 4096, 2 x 2048, 16 x 2048). Why so little
+#: (``tools/kernel_breakdown.py --device-clusters``): the fold adds 2.1-2.8 us to the attention kernel (152.2 -> 155.0)
+#: and the combine a device plan must launch still takes 2.3 us after it with nothing to fold (5.5 with the merges).
+#: Host plans gain 4 us because they drop that launch. Off
+SM90_DEVICE_CLUSTER_MERGE = False
+DEVICE_CLUSTER_SIZE = 2  # 66 clusters of 2 fit on the H200's 132 SMs: every device plan's grid in one wave
+
+
+def device_cluster_config(config):
+    """``config`` with the device plans' run-time-checked clusters (:data:`SM90_DEVICE_CLUSTER_MERGE`) where its
+    kernel builds them, else ``config`` (what :func:`device_cluster_tiles` picks, without the device's checks)."""
+    clustered = dataclasses.replace(config, cluster_merge=DEVICE_CLUSTER_SIZE, cluster_merge_flags=True)
+    return clustered if SM90_DEVICE_CLUSTER_MERGE and clustered.can_implement() is None else config
+
+
+def device_cluster_tiles(config, device, num_ctas: int) -> dict:
+    """``OpSpec.device_plan_tiles``: ``{"cluster_merge": 2, "cluster_merge_flags": True}`` where
+    :func:`device_cluster_config` takes ``config``, the grid is whole clusters and they all fit on ``device`` at once;
+    else no change."""
+    clustered = device_cluster_config(config)
+    if clustered is config or num_ctas % DEVICE_CLUSTER_SIZE \
+            or num_ctas // DEVICE_CLUSTER_SIZE > cluster_capacity(clustered, device):
+        return {}
+    return {"cluster_merge": DEVICE_CLUSTER_SIZE, "cluster_merge_flags": True}
+
+
+@contextlib.contextmanager
+def device_cluster_merge_policy(enabled: bool):
+    """Inside the block device plans of the sm_90a one-token configs take the run-time-checked clusters
+    (``enabled``) or not, whatever ``SM90_DEVICE_CLUSTER_MERGE`` says (A/Bs, the GPU tier, sanitizer cases)."""
+    from . import policy
+
+    with policy(globals(), SM90_DEVICE_CLUSTER_MERGE=bool(enabled)):
+        yield bool(enabled)
+
+
 def cluster_capacity(config, device) -> int:
     """Clusters of ``config.cluster_merge`` CTAs of its kernel that ``device`` runs at once (0 off a CUDA device).
     H200 (session 31): sixteen clusters of 8 did not fit (16 x 4096 ran 34.6 -> 51.1 us)."""
@@ -136,7 +179,8 @@ def decode_fused_merge_policy(enabled: bool | None):
 
 
 #: the MLA prefill kind with one-token tiles: the spec of the decode entry's one-query-per-request calls
-ONE_TOKEN_SPEC = dataclasses.replace(mla_prefill.SPEC, default_tiles=one_token_tiles, plan_tiles=cluster_tiles)
+ONE_TOKEN_SPEC = dataclasses.replace(mla_prefill.SPEC, default_tiles=one_token_tiles, plan_tiles=cluster_tiles,
+                                     device_plan_tiles=device_cluster_tiles)
 
 _ONE_PER_REQUEST: dict[tuple[int, torch.device], torch.Tensor] = {}
 _CHECKED_QO: dict[tuple, weakref.ref] = {}  # qo_indptr states whose q_len rule passed

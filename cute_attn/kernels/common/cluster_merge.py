@@ -26,16 +26,22 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 VEC = 4  # fp32 columns a thread folds together (one 16-byte ld.shared::cluster a peer)
+#: fp32 words after each head's row of the kept O: the consumers' stores from the O^T accumulator put 8 columns x 4
+#: heads on a warp's lanes, and rows 512 words apart land all 4 heads of a column on one bank (4-way conflicts); 516
+#: apart they spread over all 32 banks (and a row still starts 16-byte aligned)
+ROW_PAD = 4
 
 
 def fold_buffer_bytes(heads: int, columns: int) -> int:
-    """Shared memory of the kept piece: O (heads x columns fp32) and the LSE per head, 16-byte aligned."""
-    return heads * columns * 4 + max(16, heads * 4)
+    """Shared memory of the kept piece: O (heads x columns fp32, rows :data:`ROW_PAD` apart) and the LSE per head,
+    16-byte aligned."""
+    return heads * (columns + ROW_PAD) * 4 + max(16, heads * 4)
 
 
 def allocate_fold_buffers(smem, heads: int, columns: int) -> tuple:
-    """``(piece_o, piece_lse)``: the kept piece's O ``(heads, columns)`` row-major fp32 and its LSE ``(heads,)``."""
-    piece_o = smem.allocate_tensor(Float32, cute.make_layout((heads, columns), stride=(columns, 1)), 16)
+    """``(piece_o, piece_lse)``: the kept piece's O ``(heads, columns)`` fp32, rows ``columns + ROW_PAD`` words apart,
+    and its LSE ``(heads,)``."""
+    piece_o = smem.allocate_tensor(Float32, cute.make_layout((heads, columns), stride=(columns + ROW_PAD, 1)), 16)
     piece_lse = smem.allocate_tensor(Float32, cute.make_layout((max(4, heads),)), 16)
     return piece_o, piece_lse
 
@@ -79,19 +85,26 @@ def fold_cluster_columns(piece_o: cute.Tensor, piece_lse: cute.Tensor, rank, tok
     ``output[token, head, columns]``; rank 0 writes ``lse[token, head] * lse_out_scale`` (module docstring, step 2).
     Heads ``>= row_count`` are read and not stored. ``tidx`` in ``0 .. num_threads - 1``."""
     heads, columns = cute.size(piece_o, mode=[0]), cute.size(piece_o, mode=[1])
+    row = columns + ROW_PAD
     width = columns // cluster_size
     vecs_a_head = width // VEC
     total = heads * vecs_a_head
     neg_inf = -Float32.inf
     peers_o = [peer_address(piece_o.iterator, p) for p in range(cluster_size)]  # byte addresses of (0, 0)
     peers_lse = [peer_address(piece_lse.iterator, p) for p in range(cluster_size)]
+    # every peer load of every step goes out before any is used: one distributed-shared-memory round trip instead of
+    # one a step and peer (a thread past ``total`` rereads the last vector and stores nothing)
+    loaded = []
     for step in cutlass.range_constexpr((total + num_threads - 1) // num_threads):
         v = tidx + step * num_threads
+        last = cutlass.min(v, total - 1)
+        head = last // vecs_a_head
+        column = rank * width + (last % vecs_a_head) * VEC
+        offset = (head * row + column) * 4
+        loaded.append((v, head, column, [load_peer_f32(peers_lse[p] + head * 4) for p in range(cluster_size)],
+                       [load_peer_v4(peers_o[p] + offset) for p in range(cluster_size)]))
+    for v, head, column, piece, parts in loaded:
         if v < total:
-            head = v // vecs_a_head
-            column = rank * width + (v % vecs_a_head) * VEC
-            piece = [load_peer_f32(peers_lse[p] + head * 4) for p in range(cluster_size)]
-            offset = (head * columns + column) * 4
             top = piece[0]
             for p in cutlass.range_constexpr(1, cluster_size):
                 top = cute.arch.fmax(top, piece[p])
@@ -102,9 +115,8 @@ def fold_cluster_columns(piece_o: cute.Tensor, piece_lse: cute.Tensor, rank, tok
             for p in cutlass.range_constexpr(cluster_size):
                 weight = cute.math.exp2(piece[p] - safe, fastmath=True)
                 total_weight = total_weight + weight
-                part = load_peer_v4(peers_o[p] + offset)
                 for i in cutlass.range_constexpr(VEC):
-                    acc[i] = acc[i] + weight * part[i]
+                    acc[i] = acc[i] + weight * parts[p][i]
             inv = Float32(0.0)
             if total_weight > 0.0:
                 inv = 1.0 / total_weight

@@ -26,6 +26,11 @@ that grid's. No deadlock: the launch is dispatched only once every attention CTA
 after its own start), so every slot's writer is resident. A poll gives up after ``MAX_POLLS`` (a plan whose slots
 never all arrive is a planner bug; the fold then reads whatever is there rather than hang the stream).
 
+``skip_flagged`` (``PagedAttentionConfig.cluster_merge_flags``, entry ``call_eager``): after its wait the combine
+reads ``merge_counters[m]``, the attention kernel's flag for merge ``m`` (written for every merge, every launch: 1
+where a thread-block cluster folded it in shared memory, 0 where its slots went to global partials), and skips the
+flagged merges.
+
 Packed row ``r`` of (request ``b``, KV head ``h``) is token ``TOKEN_START + r // group`` and query head
 ``h * group + r % group`` (``docs/kernel-contract.md``).
 
@@ -87,13 +92,16 @@ class CombineConfig(KernelConfig):
     early_rows: bool = False  # see COMBINE_EARLY_ROWS
     eager: bool = False  # PagedAttentionConfig.eager_combine: each merge folded once its slots are in (module doc)
     bf16_partials: bool = False  # PagedAttentionConfig.bf16_partials: the partial rows are bf16 (LSEs stay fp32)
+    #: PagedAttentionConfig.cluster_merge_flags: ``merge_counters`` after ``merges`` holds the attention kernel's flag
+    #: per merge, nonzero where its cluster folded the merge already: those merges are skipped
+    skip_flagged: bool = False
 
     @staticmethod
     def for_paged(config: PagedAttentionConfig) -> "CombineConfig":
         return CombineConfig(arch=config.arch, tile_q_rows=config.tile_q_rows, head_dim_v=config.head_dim_v,
                              num_qo_heads=config.num_qo_heads, group_size=config.group_size,
                              max_ctas=COMBINE_MAX_CTAS, early_rows=COMBINE_EARLY_ROWS, eager=config.eager_combine,
-                             bf16_partials=config.bf16_partials)
+                             bf16_partials=config.bf16_partials, skip_flagged=config.cluster_merge_flags)
 
     def can_implement(self) -> str | None:
         if (reason := super().can_implement()) is not None:
@@ -104,6 +112,8 @@ class CombineConfig(KernelConfig):
             return f"num_qo_heads={self.num_qo_heads} must be a multiple of group_size={self.group_size}"
         if self.max_ctas < 0:
             return f"max_ctas={self.max_ctas} must be >= 0 (0: one CTA per merge slot)"
+        if self.skip_flagged and self.eager:
+            return "skip_flagged and eager both read merge_counters, as flags and as arrival counts: one at most"
         return None
 
 
@@ -143,7 +153,8 @@ class LseCombine:
         c = self.config
         return (f"LseCombine_R{c.tile_q_rows}_D{c.head_dim_v}_H{c.num_qo_heads}_G{c.group_size}"
                 f"{f'_C{self.merge_ctas}' if self.merge_ctas else ''}{'_EarlyRows' if c.early_rows else ''}"
-                f"{'_Eager' if c.eager else ''}{'_Bf16Partials' if c.bf16_partials else ''}")
+                f"{'_Eager' if c.eager else ''}{'_Bf16Partials' if c.bf16_partials else ''}"
+                f"{'_SkipFlagged' if c.skip_flagged else ''}")
 
     @cute.jit
     def __call__(
@@ -164,7 +175,7 @@ class LseCombine:
                    merges: cute.Tensor, merge_counters: cute.Tensor, output: cute.Tensor, lse: cute.Tensor,
                    lse_out_scale: cutlass.Float32, stream: cuda.CUstream):
         """``eager``: ``merge_counters`` (int32 ``[max(max_merges, 1)]``, the plan's, zero between launches) after
-        ``merges``."""
+        ``merges``; ``skip_flagged``: the same tensor, the attention kernel's cluster-fold flags."""
         self.launch(partial_out, partial_lse, merge_indptr, merges, merge_counters, output, lse, lse_out_scale,
                     stream)
 
@@ -185,7 +196,7 @@ class LseCombine:
                merge_counters: cute.Tensor = None):
         tidx, _, _ = cute.arch.thread_idx()
         m, row_block, dim_block = cute.arch.block_idx()
-        eager = merge_counters is not None
+        eager = merge_counters is not None and not self.config.skip_flagged
         if cutlass.const_expr(not eager):
             # launched with programmatic dependent launch behind the attention kernel (its launch overlaps that
             # kernel's tail): nothing global is read before this wait, which returns once that grid has finished
@@ -196,8 +207,8 @@ class LseCombine:
                     self.eager_fold(m, row_block, dim_block, tidx, partial_out, partial_lse, merge_indptr, merges,
                                     merge_counters, output, lse, lse_out_scale)
             else:
-                self.fold(m, row_block, dim_block, tidx, partial_out, partial_lse, merge_indptr, merges, output, lse,
-                          lse_out_scale)
+                self.fold_unflagged(m, row_block, dim_block, tidx, partial_out, partial_lse, merge_indptr, merges,
+                                    merge_counters, output, lse, lse_out_scale)
         else:
             # the plan's merges are a prefix of the capacity: walk them a grid apart until the first without slots
             step, _, _ = cute.arch.grid_dim()
@@ -207,13 +218,25 @@ class LseCombine:
                     self.eager_fold(m, row_block, dim_block, tidx, partial_out, partial_lse, merge_indptr, merges,
                                     merge_counters, output, lse, lse_out_scale)
                 else:
-                    self.fold(m, row_block, dim_block, tidx, partial_out, partial_lse, merge_indptr, merges, output,
-                              lse, lse_out_scale)
+                    self.fold_unflagged(m, row_block, dim_block, tidx, partial_out, partial_lse, merge_indptr, merges,
+                                        merge_counters, output, lse, lse_out_scale)
                 m = m + step
                 live = has_slots(merge_indptr, merges.shape[0], m, coherent=eager)
         if cutlass.const_expr(eager):
             # this grid ends after the attention grid: whatever follows in the stream sees both finished
             cute.arch.griddepcontrol_wait()
+
+    @cute.jit
+    def fold_unflagged(self, m, row_block, dim_block, tidx, partial_out, partial_lse, merge_indptr, merges,
+                       merge_counters, output, lse, lse_out_scale: cutlass.Float32):
+        """:meth:`fold`, except (``skip_flagged``) a merge the attention kernel's cluster folded already."""
+        if cutlass.const_expr(self.config.skip_flagged):
+            if merge_counters[m] == 0:
+                self.fold(m, row_block, dim_block, tidx, partial_out, partial_lse, merge_indptr, merges, output, lse,
+                          lse_out_scale)
+        else:
+            self.fold(m, row_block, dim_block, tidx, partial_out, partial_lse, merge_indptr, merges, output, lse,
+                      lse_out_scale)
 
     @cute.jit
     def eager_fold(self, m, row_block, dim_block, tidx, partial_out, partial_lse, merge_indptr, merges,
@@ -372,22 +395,24 @@ def build(config: CombineConfig) -> tuple[Any, tuple[Any, ...]]:
         fake(cutlass.Float32, (slots, rows), stride_order=(1, 0), assumed_align=16),
         fake(cutlass.Int32, (merge_ptr_len,)),
         fake(cutlass.Int32, (num_merges, len(MergeField)), stride_order=(1, 0)),
-        *((fake(cutlass.Int32, (cute.sym_int(symbol="merge_counters"),)),) if config.eager else ()),
+        *((fake(cutlass.Int32, (cute.sym_int(symbol="merge_counters"),)),) if config.eager or config.skip_flagged
+          else ()),
         fake(cutlass.BFloat16, (total_q, hq, dv), stride_order=(2, 1, 0), assumed_align=16),
         fake(cutlass.Float32, (total_q, hq), stride_order=(1, 0)),
         cutlass.Float32(1.0),
         cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
     )
     combine = LseCombine(config)
-    return (combine.call_eager if config.eager else combine), args
+    return (combine.call_eager if config.eager or config.skip_flagged else combine), args
 
 
 def default_configs(arch: str) -> list[CombineConfig]:
     """The combine steps of the three definitions' default tile geometry (and of head_dim 256 GQA prefill), with the
     grid and row loads the API builds (``COMBINE_MAX_CTAS``, ``COMBINE_EARLY_ROWS``)."""
-    def config(tile_q_rows, head_dim_v, num_qo_heads, group_size):
+    def config(tile_q_rows, head_dim_v, num_qo_heads, group_size, skip_flagged=False):
         return CombineConfig(arch=arch, tile_q_rows=tile_q_rows, head_dim_v=head_dim_v, num_qo_heads=num_qo_heads,
-                             group_size=group_size, max_ctas=COMBINE_MAX_CTAS, early_rows=COMBINE_EARLY_ROWS)
+                             group_size=group_size, max_ctas=COMBINE_MAX_CTAS, early_rows=COMBINE_EARLY_ROWS,
+                             skip_flagged=skip_flagged)
 
     return [
         config(128, 128, 32, 8),
@@ -397,6 +422,9 @@ def default_configs(arch: str) -> list[CombineConfig]:
         config(16, 512, 16, 16),
         config(8, 512, 8, 8),
         config(128, 256, 16, 8),  # prefill d256
+        # sm_90a: behind the MLA decode device plans' clusters of 2 (cluster_merge_flags), skipping what they folded
+        *([config(16, 512, 16, 16, skip_flagged=True), config(8, 512, 8, 8, skip_flagged=True)]
+          if arch == "sm_90a" else []),
     ]
 
 
@@ -418,7 +446,8 @@ def launch_combine(device_plan, output, lse, lse_out_scale: float, partial_out=N
 def combine_arguments(device_plan, output, lse, lse_out_scale: float, partial_out, partial_lse,
                       merge_counters=None) -> tuple:
     """The combine kernel's arguments in its order (stream excluded): alone or as a launch chain's last stage
-    (``merge_counters``, this stream's, only for an ``eager_combine`` config's combine)."""
-    counters = (merge_counters,) if device_plan.config.eager_combine else ()
+    (``merge_counters``, this stream's, only for an ``eager_combine`` or ``cluster_merge_flags`` config's combine)."""
+    config = device_plan.config
+    counters = (merge_counters,) if config.eager_combine or config.cluster_merge_flags else ()
     return (partial_out, partial_lse, device_plan.merge_indptr, device_plan.merges, *counters, output, lse,
             float(lse_out_scale))

@@ -67,7 +67,7 @@ PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 
 def fake_args(config: PagedAttentionConfig) -> tuple:
     """Fake tensors (symbolic token, page, index and plan extents) in the kernels' entry argument order
-    (``fused_merge``: ``merge_indptr, merge_counters`` after ``items``)."""
+    (``fused_merge``, ``eager_combine``, ``cluster_merge_flags``: ``merge_indptr, merge_counters`` after ``items``)."""
     bf16, i32, f32 = cutlass.BFloat16, cutlass.Int32, cutlass.Float32
     h = config.num_qo_heads
     fake = cute.runtime.make_fake_compact_tensor
@@ -85,7 +85,7 @@ def fake_args(config: PagedAttentionConfig) -> tuple:
         fake(i32, (cute.sym_int(symbol="ctas_plus_1"),)),
         fake(i32, (cute.sym_int(symbol="max_items"), len(F)), stride_order=(1, 0)),
         *((fake(i32, (cute.sym_int(symbol="max_merges_plus_1"),)), fake(i32, (cute.sym_int(symbol="merge_counters"),)))
-          if config.fused_merge or config.eager_combine else ()),
+          if config.fused_merge or config.eager_combine or config.cluster_merge_flags else ()),
         fake(bf16, (rows, h, CKV_DIM), stride_order=(2, 1, 0), assumed_align=16),
         fake(f32, (rows, h), stride_order=(1, 0)),
         fake(bf16 if config.bf16_partials else f32, (slots, config.tile_q_rows, CKV_DIM),
@@ -132,8 +132,10 @@ def mla_entry(kernel_cls, check_config) -> tuple:
 
     def build(config: PagedAttentionConfig) -> tuple:
         kernel, fake = checked_build(kernel_cls, check_config, config, fake_args(config))
-        # call_fused: the merge table after items, for the kernel's fold (fused_merge) or its arrivals (eager_combine)
-        return (kernel.call_fused if config.fused_merge or config.eager_combine else kernel), fake
+        # call_fused: the merge table after items, for the kernel's fold (fused_merge), its arrivals (eager_combine)
+        # or its cluster-fold flags (cluster_merge_flags)
+        with_merges = config.fused_merge or config.eager_combine or config.cluster_merge_flags
+        return (kernel.call_fused if with_merges else kernel), fake
 
     def launch(device_plan, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, *rest,
                natural_lse: bool = False, planned=None) -> None:

@@ -113,13 +113,16 @@ def launch_paged(device_plan, check_config, inputs: tuple, sm_scale, output, lse
         resolved = _resolve(check_config, config)
     lse_out_scale = _LN2 if natural_lse else 1.0
     partial_out, partial_lse, merge_counters = device_plan.scratch()  # this stream's (DevicePlan: streams)
-    # the kernel counts its split items in their merges: it folds them itself (fused_merge) or an eager combine does
-    merge_args = (device_plan.merge_indptr, merge_counters) if fused_merge or config.eager_combine else ()
+    # the kernel counts its split items in their merges: it folds them itself (fused_merge), an eager combine does,
+    # or (cluster_merge_flags) it flags the merges its clusters folded for the combine to skip
+    merge_args = (device_plan.merge_indptr, merge_counters) \
+        if fused_merge or config.eager_combine or config.cluster_merge_flags else ()
     args = (*inputs, device_plan.work_indptr, device_plan.items, *merge_args, output, lse, partial_out, partial_lse,
             float(sm_scale) * LOG2_E, lse_out_scale)
     # the combine goes out in the same host call as the attention kernel (launch_chain.py): from its own call it
     # reached the GPU ~10 us after a short attention kernel had ended
-    combine = () if fused_merge or config.cluster_merge or not device_plan.may_merge else combine_arguments(
+    folds_all = config.cluster_merge and not config.cluster_merge_flags  # a host plan of the cluster shape
+    combine = () if fused_merge or folds_all or not device_plan.may_merge else combine_arguments(
         device_plan, output, lse, lse_out_scale, partial_out, partial_lse, merge_counters)
     if planned is not None:
         route, planner_args = planned

@@ -26,6 +26,10 @@ transposed so that the 16 (8) heads are the wgmma N dimension:
   O^T and LSEs stay in this CTA's shared memory (``fold``), and after every role every thread of the CTA runs
   :meth:`fold_split_request`: a cluster barrier, the consumers fold 512 / k columns of every head from the k peers'
   pieces (``common/cluster_merge.py``, ``ld.shared::cluster``), a second cluster barrier. No combine launch follows.
+  ``cluster_merge_flags`` (device plans, clusters of 2): each CTA first checks from the plan whether its cluster
+  holds one whole merge in that shape (:meth:`with_cluster_check`, the same answer in every CTA of the cluster); only
+  those keep their pieces and fold, other split items store global partials, every merge's flag goes to
+  ``merge_counters`` and the combine launch that follows skips the flagged merges.
 
 Runs on the H200 (GPU tier, memcheck + racecheck clean, session 9). ``tile_q_rows`` = heads selects it
 (``mla_prefill._kernel_for``); the MLA decode entry asks for it on one-token batches (``ops/mla_decode.py``).
@@ -39,7 +43,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32
+from cutlass import Float32, Int32
 from cutlass import pipeline as cpipe
 from cutlass.cute.nvgpu import warpgroup
 from cutlass.tensor_utils import LayoutEnum
@@ -75,7 +79,8 @@ def swapped_reason(config) -> str | None:
 def exchange_bytes(num_heads: int, share_scores: bool = False, cluster_merge: int = 0) -> int:
     """``s_pt`` (2 warpgroups x heads x 64 keys bf16), ``s_red`` (2 x (max, sum) x 4 warps x heads fp32), 1 KiB of
     alignment (``s_pt`` is a 128B-swizzled operand), with ``share_scores`` ``s_split`` (2 tile parities x 2
-    warpgroups x 64 keys x heads fp32), and with ``cluster_merge`` the kept piece (heads x 512 fp32 + its LSEs)."""
+    warpgroups x 64 keys x heads fp32), and with ``cluster_merge`` the kept piece (heads x 516 fp32, rows padded,
+    and its LSEs)."""
     split = 2 * 2 * KV_TILE * num_heads * 4 if share_scores else 0
     fold = fold_buffer_bytes(num_heads, CKV_DIM) if cluster_merge else 0
     return 2 * num_heads * KV_TILE * 2 + 2 * 2 * 4 * num_heads * 4 + 1024 + split + fold
@@ -92,7 +97,8 @@ class MlaPagedDecodeSwappedSm90(MlaPagedPrefillSm90):
     def __repr__(self) -> str:
         return (f"MlaPagedDecodeSwappedSm90_H{self.num_heads}_N{self.tile_n}_S{self.num_stages}"
                 + ("_SplitK" if self.split_scores else "")
-                + (f"_Cluster{self.cluster_merge}" if self.cluster_merge else ""))
+                + (f"_Cluster{self.cluster_merge}" if self.cluster_merge else "")
+                + ("_Checked" if self.cluster_flags else ""))
 
     def tiled_mmas(self) -> tuple:
         """The swapped products: S^T = K Q^T (M = keys from the stage, N = heads from the Q tile) and O^T = V^T P^T
@@ -224,7 +230,13 @@ class MlaPagedDecodeSwappedSm90(MlaPagedPrefillSm90):
                         output[token, (r0 + head) % self.group, column] = acc_o[i].to(output.element_type)
                     else:
                         if cutlass.const_expr(self.cluster_merge > 0):  # kept for the cluster's fold
-                            fold[0][head, column] = acc_o[i]
+                            if cutlass.const_expr(self.cluster_flags):  # where the cluster holds the whole merge
+                                if fold[2] != 0:
+                                    fold[0][head, column] = acc_o[i]
+                                else:
+                                    partial_out[slot, head, column] = acc_o[i].to(partial_out.element_type)
+                            else:
+                                fold[0][head, column] = acc_o[i]
                         else:
                             partial_out[slot, head, column] = acc_o[i].to(partial_out.element_type)
             # lse per column, by warpgroup 0's lanes holding row 0 of the tile (lane // 4 == 0, warp 0)
@@ -241,16 +253,94 @@ class MlaPagedDecodeSwappedSm90(MlaPagedPrefillSm90):
                                     lse[token, (r0 + head) % self.group] = col_lse * lse_out_scale
                                 else:
                                     if cutlass.const_expr(self.cluster_merge > 0):
-                                        fold[1][head] = col_lse
+                                        if cutlass.const_expr(self.cluster_flags):
+                                            if fold[2] != 0:
+                                                fold[1][head] = col_lse
+                                            else:
+                                                partial_lse[slot, head] = col_lse
+                                        else:
+                                            fold[1][head] = col_lse
                                     else:
                                         partial_lse[slot, head] = col_lse
+
+    @cute.jit
+    def with_cluster_check(self, s_red, cta, work_indptr, items, merge_indptr) -> tuple:
+        """``cluster_merge_flags``: ``s_red`` with the fold buffers' third entry, :meth:`cluster_holds_merge` (the
+        consumers' epilogue keeps a split piece in shared memory where it is 1). Read before the first K stage lands,
+        so its loads hide under that wait."""
+        s_pt, s_cols, s_split, fold = s_red
+        return s_pt, s_cols, s_split, (fold[0], fold[1], self.cluster_holds_merge(cta, work_indptr, items,
+                                                                                  merge_indptr))
+
+    @cute.jit
+    def cluster_holds_merge(self, cta, work_indptr, items, merge_indptr) -> Int32:
+        """1 where this CTA's cluster holds one whole merge in the ``plan_clusters`` shape (each of its ``k`` CTAs one
+        item, rank ``r`` the merge's slot ``r`` of exactly ``k``), else 0 (``plan_clusters.merges_held_by_clusters``
+        mirrors it). Every CTA of a cluster reads the same ``k`` rows of the plan, so the value is the cluster's: its
+        barriers are taken by all of its CTAs or by none."""
+        k = self.cluster_merge
+        first = cta - cta % k
+        holds = Int32(1)
+        slot0 = Int32(-1)
+        merge = Int32(-1)
+        begin0 = work_indptr[first]
+        if work_indptr[first + 1] - begin0 == 1:
+            slot0 = items[begin0, int(F.PARTIAL_SLOT)]
+            merge = items[begin0, int(F.MERGE)]
+        if slot0 < 0:
+            holds = Int32(0)
+        else:
+            if merge_indptr[merge] != slot0:
+                holds = Int32(0)
+            if merge_indptr[merge + 1] - slot0 != k:
+                holds = Int32(0)
+        for p in cutlass.range_constexpr(1, k):
+            begin = work_indptr[first + p]
+            if work_indptr[first + p + 1] - begin != 1:
+                holds = Int32(0)
+            else:
+                if items[begin, int(F.MERGE)] != merge:
+                    holds = Int32(0)
+                if items[begin, int(F.PARTIAL_SLOT)] != slot0 + p:
+                    holds = Int32(0)
+        return holds
+
+    @cute.jit
+    def fold_checked(self, tidx, s_red, holds, qo_indptr, work_indptr, items, item_begin, item_end, output, lse,
+                     lse_out_scale, merge_indptr, merge_counters):
+        """``cluster_merge_flags``: each role at its own end. The consumers pass the check they made before their
+        first tile (``holds``); the producers (``holds`` None) make it now, after their last load, while the consumers
+        still work on the last tiles, and write every merge's flag for the combine (:meth:`flag_merges`). A cluster
+        that holds one whole merge folds it (:meth:`fold_split_request`: its barriers, every thread of every CTA)."""
+        if cutlass.const_expr(holds is None):
+            cta, _, _ = cute.arch.block_idx()
+            producer_holds = self.cluster_holds_merge(cta, work_indptr, items, merge_indptr)
+            self.flag_merges(tidx, items, item_begin, item_end, merge_indptr, merge_counters, producer_holds)
+            if producer_holds != 0:  # the fold's two barriers; the producers fold nothing
+                cluster_sync()
+                cluster_sync()
+        else:
+            if holds != 0:
+                self.fold_split_request(tidx, s_red, qo_indptr, items, item_begin, item_end, output, lse, lse_out_scale)
+
+    @cute.jit
+    def flag_merges(self, ptid, items, item_begin, item_end, merge_indptr, merge_counters, holds):
+        """``merge_counters[m] = holds`` for each merge ``m`` whose first slot one of this CTA's items holds (the
+        producer threads, ``ptid`` their index): every merge of the plan gets its flag every launch (1: folded by its
+        cluster, the combine skips it)."""
+        for it in cutlass.range(item_begin + ptid, item_end, PRODUCER_THREADS, unroll=1):
+            slot = items[it, int(F.PARTIAL_SLOT)]
+            if slot >= 0:
+                merge = items[it, int(F.MERGE)]
+                if merge_indptr[merge] == slot:
+                    merge_counters[merge] = holds
 
     @cute.jit
     def fold_split_request(self, tidx, s_red, qo_indptr, items, item_begin, item_end, output, lse, lse_out_scale):
         """``cluster_merge``: after every role of the CTA, the cluster folds its split request from the pieces its
         CTAs kept (``common/cluster_merge.py``: barrier, this rank's columns, barrier). Every thread of the CTA calls
         it. One token a tile: a piece's packed row ``head`` is head ``head`` (``Q_ROW_START`` 0)."""
-        piece_o, piece_lse = s_red[3]
+        piece_o, piece_lse = s_red[3][0], s_red[3][1]
         cta, _, _ = cute.arch.block_idx()
         cluster_sync()  # every peer's piece written (release) and visible here (acquire)
         if tidx >= PRODUCER_THREADS:

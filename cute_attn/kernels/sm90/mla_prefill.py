@@ -222,6 +222,7 @@ class MlaPagedPrefillSm90(MlaEntries):
         self.releases_dependents = config.early_dependents or config.eager_combine
         self.eager_combine = config.eager_combine
         self.cluster_merge = config.cluster_merge
+        self.cluster_flags = config.cluster_merge_flags
         reason = check_config(config)
         if reason is not None:
             raise ValueError(reason)
@@ -335,7 +336,7 @@ class MlaPagedPrefillSm90(MlaEntries):
         mbar_q = smem.allocate_array(Int64, 2, byte_alignment=8)
         mbar_k = smem.allocate_array(Int64, 2 * self.num_stages, byte_alignment=8)
         arrival = None  # fused_merge: thread 0's merge arrival, broadcast to the consumers
-        if cutlass.const_expr(merge_indptr is not None and not self.eager_combine):
+        if cutlass.const_expr(merge_indptr is not None and not self.eager_combine and not self.cluster_flags):
             arrival = smem.allocate_tensor(Int32, cute.make_layout((1,)), 16)
 
         producers = cpipe.CooperativeGroup(cpipe.Agent.Thread, PRODUCER_THREADS)
@@ -383,20 +384,29 @@ class MlaPagedPrefillSm90(MlaEntries):
                                 q_for_keyless_items=True, async_kv=True, kv_boxes=kv_boxes,
                                 skip_kv_copies=self.probe == "compute_only",
                                 row_segments=self.row_segments)
+            if cutlass.const_expr(self.cluster_flags):  # after its last load: the check, the flags, the barriers
+                self.fold_checked(tidx, s_red, None, qo_indptr, work_indptr, items, item_begin, item_end, output, lse,
+                                  lse_out_scale, merge_indptr, merge_counters)
         else:
             cute.arch.setmaxregister_increase(MMA_REGS)
-            self.consume_items(tidx - PRODUCER_THREADS, s_q, s_k, s_red, qo_indptr, items, item_begin, item_end,
+            consumer_red = s_red
+            if cutlass.const_expr(self.cluster_flags):  # does this CTA's cluster hold one whole merge? (mla_decode.py)
+                consumer_red = self.with_cluster_check(s_red, cta, work_indptr, items, merge_indptr)
+            self.consume_items(tidx - PRODUCER_THREADS, s_q, s_k, consumer_red, qo_indptr, items, item_begin, item_end,
                                output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk,
                                tiled_mma_pv, pipe_q, pipe_k)
             if cutlass.const_expr(self.eager_combine):  # both consumer warpgroups wrote the partials
                 announce_partials(items, item_begin, item_end, merge_counters, tidx - PRODUCER_THREADS,
                                   barrier_id=_FOLD_BARRIER, num_threads=MMA_THREADS)
-            elif cutlass.const_expr(merge_indptr is not None):  # both consumer warpgroups wrote the partials
+            elif cutlass.const_expr(merge_indptr is not None and not self.cluster_flags):  # both wrote the partials
                 fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_counters, arrival, self.group,
                                       partial_out, partial_lse, output, lse, lse_out_scale, tidx - PRODUCER_THREADS,
                                       barrier_id=_FOLD_BARRIER, num_threads=MMA_THREADS, qo_indptr=qo_indptr,
                                       wide=True)
-        if cutlass.const_expr(self.cluster_merge > 0):  # every thread: the cluster folds its split request
+            if cutlass.const_expr(self.cluster_flags):  # the check the consumers made before their first tile
+                self.fold_checked(tidx, consumer_red, consumer_red[3][2], qo_indptr, work_indptr, items, item_begin,
+                                  item_end, output, lse, lse_out_scale, merge_indptr, merge_counters)
+        if cutlass.const_expr(self.cluster_merge > 0 and not self.cluster_flags):  # every thread: the cluster folds
             self.fold_split_request(tidx, s_red, qo_indptr, items, item_begin, item_end, output, lse, lse_out_scale)
 
     # The two hooks the share_scores kernel (mla_prefill_shared_s.py) overrides; the rest of the kernel is shared.
@@ -503,12 +513,13 @@ build, launch = mla_entry(_kernel_for, check_config)
 def configs(arch: str) -> list[PagedAttentionConfig]:
     """The definitions' configs (``mla_paged_prefill_causal_h16_ckv512_kpe64_ps1`` and ``_ps64``), then the same two
     with each other consumer split (the variants the default is A/B'd against), then the MLA decode definitions'
-    one-token configs (h16 at pages 1 and 64, h8 at page 1: what ``cute_attn.mla_paged_decode`` launches), so
+    one-token configs (h16 at pages 1 and 64, h8 at page 1: what ``cute_attn.mla_paged_decode`` launches) and their
+    device plans' builds (clusters of 2 checked at run time: ``ops/mla_decode.device_cluster_config``), so
     compile_all builds them all."""
     if arch != ARCH:
         return []
     from ...config import default_paged_config
-    from ...ops.mla_decode import ONE_TOKEN_SPEC
+    from ...ops.mla_decode import ONE_TOKEN_SPEC, device_cluster_config
     from ...ops.mla_prefill import CONSUMER_KNOBS, SM90_CONSUMER_SPLITS
 
     definitions = [definition_config(arch, ps) for ps in DEFINITION_PAGE_SIZES]
@@ -517,7 +528,8 @@ def configs(arch: str) -> list[PagedAttentionConfig]:
     decode = [default_paged_config(KIND, arch=arch, num_qo_heads=heads, num_kv_heads=1, head_dim_qk=QK_DIM,
                                    head_dim_v=CKV_DIM, page_size=ps, causal=True, spec=ONE_TOKEN_SPEC)
               for heads, ps in ((16, 1), (16, 64), (8, 1))]
-    return definitions + [c for c in variants + decode if c not in definitions]
+    device_planned = [c for c in map(device_cluster_config, decode) if c not in decode]
+    return definitions + [c for c in variants + decode + device_planned if c not in definitions]
 
 
 register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs,
