@@ -38,21 +38,14 @@ def _fresh_plans():
     yield
 
 
-def _decode_args(case):
-    last = () if case.kv_last_page_len is None else (case.kv_last_page_len,)
-    return (case.q_nope, case.q_pe, case.ckv_cache, case.kpe_cache, case.kv_indptr, case.kv_indices, *last,
-            case.sm_scale)
-
-
 def _run(kv_lens, page_size, num_heads, route, seed, expect_cluster=None, calls=1):
     """One batch under the policy on ``route`` ("plan" or "host"), ``calls`` times, each compared; returns the
     cluster size its plan ran with."""
     import cute_attn
     from cute_attn.ops.mla_decode import cluster_merge_policy
 
-    case = testing.make_mla_prefill_case([1] * len(kv_lens), kv_lens, num_heads=num_heads, page_size=page_size,
-                                         device="cuda", seed=seed, with_last_page_len=page_size > 1)
-    args = _decode_args(case)
+    case = testing.make_mla_decode_case(kv_lens, num_heads=num_heads, page_size=page_size, device="cuda", seed=seed)
+    args = case.inputs()
     with cluster_merge_policy(True):
         plan = cute_attn.plan_mla_paged_decode(*args)
         if expect_cluster is not None:
@@ -107,10 +100,9 @@ def test_cluster_merge_plan_refresh_keeps_the_shape():
     from cute_attn.ops.mla_decode import cluster_merge_policy
     from cute_attn.plan import plan_work
 
-    case = testing.make_mla_prefill_case([1] * 8, [2048] * 8, num_heads=16, page_size=64, device="cuda", seed=5,
-                                         with_last_page_len=True)
+    case = testing.make_mla_decode_case([2048] * 8, num_heads=16, page_size=64, device="cuda", seed=5)
     with cluster_merge_policy(True):
-        plan = cute_attn.plan_mla_paged_decode(*_decode_args(case))
+        plan = cute_attn.plan_mla_paged_decode(*case.inputs())
     assert plan.config.cluster_merge == 8
     plan_config = plan.plan.config
     same = plan_work(plan_config, np.ones(8, int), np.full(8, 2048), capacity=plan.plan.capacity)
@@ -146,9 +138,8 @@ def test_cluster_merge_in_a_cuda_graph():
     import cute_attn
     from cute_attn.plan import plan_work
 
-    case = testing.make_mla_prefill_case([1] * 8, [2048] * 8, num_heads=16, page_size=64, device="cuda", seed=17,
-                                         with_last_page_len=True)
-    args = _decode_args(case)
+    case = testing.make_mla_decode_case([2048] * 8, num_heads=16, page_size=64, device="cuda", seed=17)
+    args = case.inputs()
     from cute_attn.ops.mla_decode import cluster_merge_policy
 
     with cluster_merge_policy(True):

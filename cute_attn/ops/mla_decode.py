@@ -101,8 +101,10 @@ DEVICE_CLUSTER_SIZE = 2  # 66 clusters of 2 fit on the H200's 132 SMs: every dev
 def device_cluster_config(config):
     """``config`` with the device plans' run-time-checked clusters (:data:`SM90_DEVICE_CLUSTER_MERGE`) where its
     kernel builds them, else ``config`` (what :func:`device_cluster_tiles` picks, without the device's checks)."""
+    if not SM90_DEVICE_CLUSTER_MERGE:  # plan_*(on_device=True) asks every call: no config built while off
+        return config
     clustered = dataclasses.replace(config, cluster_merge=DEVICE_CLUSTER_SIZE, cluster_merge_flags=True)
-    return clustered if SM90_DEVICE_CLUSTER_MERGE and clustered.can_implement() is None else config
+    return clustered if clustered.can_implement() is None else config
 
 
 def device_cluster_tiles(config, device, num_ctas: int) -> dict:
