@@ -15,7 +15,8 @@ the CTA that frees first: what an atomic counter does when every unit costs what
   ...), requests then heads inside a rank: exactly longest first for equal requests, needing a prefix per rank.
 
 It prints each bench prefill row's modelled busiest CTA against the host plan's (``plan_work``, the planned call) and
-the device twin's (``plan_partition``, the default call's plan), in key-equivalents and as a ratio. CPU only.
+the device twin's (``plan_partition``, the default call's plan), in key-equivalents and as a ratio: GQA prefill
+(h32/kv4, page 64) and the MLA prefill bench's recorded workloads (h16, page 1). CPU only.
 """
 
 from __future__ import annotations
@@ -42,6 +43,15 @@ ROWS = {
     "ragged_12": ([33, 700, 1, 990, 400, 128, 64, 512, 900, 5, 260, 7], [33, 900, 3000, 990, 800, 4096, 64, 600, 900,
                                                                           5, 2000, 7]),
 }
+
+
+def mla_rows() -> dict:
+    """The MLA prefill bench's workloads (``bench_workloads``): label -> (q_lens, kv_lens)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_workloads
+
+    return {f"mla_{w.label}": (list(w.q_lens), list(w.kv_lens)) for w in bench_workloads.all_workloads()
+            if w.kernel == bench_workloads.MLA}
 
 
 def unit_costs(config, q_lens, kv_lens, order: str) -> np.ndarray:
@@ -81,10 +91,11 @@ def main(argv=None) -> int:
     from cute_attn.plan_partition import partition
 
     rows = []
-    print(f"{'row':16s} {'units':>6s} {'mean':>8s} {'host':>8s} {'twin':>8s} {'req-major':>10s} {'rank-major':>10s}")
-    for label, (q_lens, kv_lens) in ROWS.items():
-        workload = tuning.Workload.for_kind("gqa_paged_prefill", kv_lens, q_lens)
-        config = tuning.api_config("gqa_paged_prefill", workload, "sm_90a").plan_config(args.sms)
+    print(f"{'row':24s} {'units':>6s} {'mean':>8s} {'host':>8s} {'twin':>8s} {'req-major':>10s} {'rank-major':>10s}")
+    for label, (q_lens, kv_lens) in {**ROWS, **mla_rows()}.items():
+        kind = "mla_paged_prefill" if label.startswith("mla_") else "gqa_paged_prefill"
+        workload = tuning.Workload.for_kind(kind, kv_lens, q_lens)
+        config = tuning.api_config(kind, workload, "sm_90a").plan_config(args.sms)
         host = plan_work(config, q_lens, kv_lens)
         capacity = PlanCapacity.for_limits(config, max_batch=len(q_lens), max_total_q=int(sum(q_lens)))
         twin, _ = partition(config, np.asarray(q_lens), np.asarray(kv_lens), capacity=capacity)
@@ -94,7 +105,7 @@ def main(argv=None) -> int:
             row[order] = greedy_makespan(costs, args.sms)
             row["units"], row["mean"] = int(costs.size), float(costs.sum() / args.sms)
         rows.append(row)
-        print(f"{label:16s} {row['units']:6d} {row['mean']:8.0f} {row['host']:8d} {row['twin']:8d} "
+        print(f"{label:24s} {row['units']:6d} {row['mean']:8.0f} {row['host']:8d} {row['twin']:8d} "
               f"{row['request_major']:10d} {row['rank_major']:10d}   "
               f"(x host: {row['request_major'] / row['host']:.3f} / {row['rank_major'] / row['host']:.3f})")
     if args.json:
