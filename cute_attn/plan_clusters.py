@@ -29,33 +29,20 @@ CLUSTER_SIZES = (2, 4, 8)
 
 def cluster_merge_size(plan: WorkPlan) -> int:
     """The cluster size ``k`` whose clusters each hold one merge of ``plan`` (module docstring), or 0 when the plan
-    has no merges or another shape."""
+    has no merges or another shape: every merge held by a cluster (:func:`merges_held_by_clusters`, the checked
+    kernel's own test) and nothing else beside them, i.e. no CTA with two items, no split item outside those
+    clusters and no item past the launch's whole clusters."""
     if plan.num_merges == 0:
         return 0
-    slots = np.diff(plan.merge_indptr[: plan.num_merges + 1])
-    k = int(slots[0])
-    if k not in CLUSTER_SIZES or (slots != k).any():
+    k = int(plan.merge_indptr[1] - plan.merge_indptr[0])
+    if k not in CLUSTER_SIZES:
         return 0
     per_cta = np.diff(plan.work_indptr)
-    if per_cta.max(initial=0) > 1:
-        return 0
     ctas = np.nonzero(per_cta)[0]
-    if ctas.size and ctas[-1] >= (plan.config.num_ctas // k) * k:
+    if per_cta.max(initial=0) > 1 or (ctas.size and ctas[-1] >= (plan.config.num_ctas // k) * k):
         return 0
-    items = plan.items[plan.work_indptr[ctas]]
-    split = items[:, ItemField.PARTIAL_SLOT] >= 0
-    merge = items[split, ItemField.MERGE]
-    rank = items[split, ItemField.PARTIAL_SLOT] - plan.merge_indptr[merge]
-    split_ctas = ctas[split]
-    # rank r of the merge on rank r of a cluster; the merge's k ranks then fill that cluster, so no other item fits
-    if (split_ctas % k != rank).any():
-        return 0
-    if (np.bincount(merge, minlength=plan.num_merges) != k).any():
-        return 0
-    cluster = split_ctas // k
-    cluster_of = np.empty(plan.num_merges, dtype=cluster.dtype)
-    cluster_of[merge] = cluster  # one of each merge's clusters: all of them must equal it
-    return k if (cluster == cluster_of[merge]).all() else 0
+    split = np.count_nonzero(plan.items[plan.work_indptr[ctas], ItemField.PARTIAL_SLOT] >= 0)
+    return k if split == k * plan.num_merges and merges_held_by_clusters(plan, k).all() else 0
 
 
 def merges_held_by_clusters(plan: WorkPlan, k: int) -> np.ndarray:

@@ -16,6 +16,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from . import reference
@@ -31,6 +32,7 @@ __all__ = [
     "make_mla_prefill_case",
     "make_mla_decode_case",
     "interleave_kv",
+    "refill_page_table",
     "ragged_batches",
     "decode_batches",
     "multi_token_batches",
@@ -363,6 +365,21 @@ def with_edge_page_table(case, *, share: tuple[int, int] = (1, 2)):
             indices[is_old] = last_page
             indices[is_last] = old
     return dataclasses.replace(case, kv_indices=indices, k_cache=k_cache, v_cache=v_cache)
+
+
+def refill_page_table(kv_lens, page_size: int, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
+                      kv_last_page_len: torch.Tensor, rng, *, empty_last: int = 0) -> None:
+    """A new batch of ``kv_lens`` written in place into index tensors sized for capacity (a CUDA graph replays the
+    same tensors): each request's pages drawn without repeats from the pool of ``kv_indices.numel()`` pages
+    (``rng.permutation``, a numpy Generator), the unused tail of ``kv_indices`` 0, ``kv_last_page_len`` each
+    request's last page fill (``empty_last`` for a request without pages: 0 or 1 both pass the rules)."""
+    pages = [-(-n // page_size) for n in kv_lens]
+    ids = rng.permutation(kv_indices.numel())[: sum(pages)]
+    kv_indptr.copy_(torch.tensor(np.concatenate([[0], np.cumsum(pages)]), dtype=torch.int32))
+    kv_indices.zero_()
+    kv_indices[: len(ids)] = torch.tensor(ids, dtype=torch.int32)
+    kv_last_page_len.copy_(torch.tensor([(n - 1) % page_size + 1 if n else empty_last for n in kv_lens],
+                                        dtype=torch.int32))
 
 
 def interleave_kv(case):

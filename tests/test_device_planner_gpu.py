@@ -535,12 +535,7 @@ def test_captured_decode_step_replays_across_changing_batches():
 
     def load(live):
         lens = [int(x) for x in rng.integers(1, 9000, live)] + [0] * (max_batch - live)
-        pages = [-(-n // page_size) for n in lens]
-        ids = rng.permutation(k_cache.shape[0])[: sum(pages)]
-        kv_indptr.copy_(torch.tensor(np.concatenate([[0], np.cumsum(pages)]), dtype=torch.int32))
-        kv_indices.zero_()
-        kv_indices[: len(ids)] = torch.tensor(ids, dtype=torch.int32)
-        last.copy_(torch.tensor([(n - 1) % page_size + 1 if n else 0 for n in lens], dtype=torch.int32))
+        testing.refill_page_table(lens, page_size, kv_indptr, kv_indices, last, rng)
         q.normal_()
         return lens
 

@@ -144,12 +144,7 @@ def test_a_captured_decode_step_replays_pairs_and_merges():
     rng = np.random.default_rng(7)
 
     def load(lens):
-        pages = [-(-n // page_size) for n in lens]
-        ids = rng.permutation(ckv.shape[0])[: sum(pages)]
-        kv_indptr.copy_(torch.tensor(np.concatenate([[0], np.cumsum(pages)]), dtype=torch.int32))
-        kv_indices.zero_()
-        kv_indices[: len(ids)] = torch.tensor(ids, dtype=torch.int32)
-        last.copy_(torch.tensor([(n - 1) % page_size + 1 if n else 1 for n in lens], dtype=torch.int32))
+        testing.refill_page_table(lens, page_size, kv_indptr, kv_indices, last, rng, empty_last=1)
         q_nope.normal_()
         q_pe.normal_()
 

@@ -522,39 +522,39 @@ CLUSTER_MERGE_CASES = {**{label: kv for label, (_, _, kv) in PAGE_BOXES_CASES.it
                       "mla_decode_n12_kv2048": [2048] * 12, "mla_decode_n16_kv2048": [2048] * 16}
 
 
-def _cluster_merge_cases(pages):
-    """MLA decode's bench batches and 2 x 2048 (8 pieces of 256 keys a request): host plans of the cluster shape run
-    the cluster fold (``ops/mla_decode.cluster_merge_policy``) or the combine launch."""
-    from cute_attn import testing
-    from cute_attn.ops.mla_decode import cluster_merge_policy
+def _mla_decode_policy_cases(cases: dict, pages, policy):
+    """MLA decode A/B cases: ``cases`` label -> kv lengths (or "ragged": the bench's ragged batch of 64, 1..32768) at
+    each page size, under ``policy(on)``."""
+    import numpy as np
 
-    for label, kv_lens in CLUSTER_MERGE_CASES.items():
+    from cute_attn import testing
+
+    for label, kv_lens in cases.items():
+        if kv_lens == "ragged":
+            kv_lens = np.random.default_rng(64).integers(1, 32769, 64).tolist()
         for page_size in pages:
             def make(kv_lens=kv_lens, page_size=page_size):
                 return testing.make_mla_decode_case(kv_lens, page_size=page_size, device="cuda", seed=9)
-            yield dict(batch=label, page_size=page_size, heads=0, kv_heads=0), make, "mla_decode", cluster_merge_policy
+            yield dict(batch=label, page_size=page_size, heads=0, kv_heads=0), make, "mla_decode", policy
 
 
-DEVICE_CLUSTER_MERGE_CASES = {**{label: kv for label, kv in CLUSTER_MERGE_CASES.items()},
-                              "mla_decode_n64_ragged": "ragged"}
+def _cluster_merge_cases(pages):
+    """MLA decode's bench batches and 2 x 2048 (8 pieces of 256 keys a request): host plans of the cluster shape run
+    the cluster fold (``ops/mla_decode.cluster_merge_policy``) or the combine launch."""
+    from cute_attn.ops.mla_decode import cluster_merge_policy
+
+    return _mla_decode_policy_cases(CLUSTER_MERGE_CASES, pages, cluster_merge_policy)
+
+
+DEVICE_CLUSTER_MERGE_CASES = {**CLUSTER_MERGE_CASES, "mla_decode_n64_ragged": "ragged"}
 
 
 def _device_cluster_merge_cases(pages):
     """MLA decode's bench batches (and the cluster cases): device plans launched in clusters of 2 that fold the merges
     a pair holds whole (``ops/mla_decode.device_cluster_merge_policy``), or without clusters."""
-    import numpy as np
-
-    from cute_attn import testing
     from cute_attn.ops.mla_decode import device_cluster_merge_policy
 
-    for label, kv_lens in DEVICE_CLUSTER_MERGE_CASES.items():
-        if kv_lens == "ragged":  # the bench's ragged batch of 64, 1..32768
-            kv_lens = np.random.default_rng(64).integers(1, 32769, 64).tolist()
-        for page_size in pages:
-            def make(kv_lens=kv_lens, page_size=page_size):
-                return testing.make_mla_decode_case(kv_lens, page_size=page_size, device="cuda", seed=9)
-            yield (dict(batch=label, page_size=page_size, heads=0, kv_heads=0), make, "mla_decode",
-                   device_cluster_merge_policy)
+    return _mla_decode_policy_cases(DEVICE_CLUSTER_MERGE_CASES, pages, device_cluster_merge_policy)
 
 
 def _early_dependents_cases(pages):

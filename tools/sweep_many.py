@@ -53,10 +53,15 @@ def parse_spec(spec: str) -> tuple[str, dict, tuple, dict]:
     return kind.strip(), layout, (int(count), int(q_len), int(kv_len)), space
 
 
-def run_spec(spec: str) -> dict:
+def spec_workload(spec: str) -> tuple:
+    """``(kind, workload, space)`` of one SPEC."""
     kind, layout, (n, q_len, kv_len), space = parse_spec(spec)
     q_lens = None if kind == "gqa_paged_decode" else [q_len] * n
-    workload = tuning.Workload.for_kind(kind, [kv_len] * n, q_lens, **layout)
+    return kind, tuning.Workload.for_kind(kind, [kv_len] * n, q_lens, **layout), space
+
+
+def run_spec(spec: str) -> dict:
+    kind, workload, space = spec_workload(spec)
     result = tuning.sweep(kind, workload, space, progress=lambda row: print(f"  {row.summary()}", flush=True))
     print(result.table(), flush=True)
     return {"spec": spec, "workload": workload.label, "arch": result.arch, "rows": result.to_dicts()}
@@ -68,9 +73,7 @@ def spec_configs(spec: str) -> list:
 
     from cute_attn.arch import resolve_arch
 
-    kind, layout, (n, q_len, kv_len), space = parse_spec(spec)
-    q_lens = None if kind == "gqa_paged_decode" else [q_len] * n
-    workload = tuning.Workload.for_kind(kind, [kv_len] * n, q_lens, **layout)
+    kind, workload, space = spec_workload(spec)
     base = tuning.api_config(kind, workload, resolve_arch(None))
     return [(f"{spec.split(';')[1]} {knobs}", dataclasses.replace(base, **knobs)) for knobs in tuning._variants(space)]
 
