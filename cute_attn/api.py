@@ -437,9 +437,14 @@ def _device_route(spec, args, output, lse, natural_lse, arch, num_sms) -> _Hit:
         raise NotImplementedError(f"no {config.arch} kernel for {config.kind} is implemented yet in this version of "
                                   "cute_attn")
     num_ctas = _num_ctas(config, problem.device, num_sms)
+    alloc = (problem.total_q, problem.num_qo_heads, problem.head_dim_v, problem.device)
+    if spec.self_schedule is not None and spec.self_schedule(config, problem, num_ctas):
+        from .unit_schedule_route import UnitScheduleRoute
+
+        config = _with_plan_knobs(config, (("dynamic_schedule", True),))
+        return _Hit(config, None, launcher, alloc, UnitScheduleRoute.resolve(spec, config, problem, num_ctas))
     config = _device_plan_config(spec, config, problem.device, num_ctas)
     route = DevicePlanRoute.resolve(spec, config, problem, num_ctas)
-    alloc = (problem.total_q, problem.num_qo_heads, problem.head_dim_v, problem.device)
     return _Hit(config, None, launcher, alloc, route)
 
 
@@ -523,6 +528,9 @@ def _launch(hit: _Hit, plan, args, output, lse, natural_lse):
     route = hit.route
     if route is not None:  # planner + attention (+ combine) in one host call (kernels/common/launch_chain.py)
         device = hit.alloc[3]
+        if route.schedules_itself:  # index checks + a self-scheduling kernel (unit_schedule_route.py)
+            route.launch(args, output, lse, natural_lse, _current_stream(device), device)
+            return output, lse
         plan = route.slot(hit.config, _current_stream(device), device)
         hit.launcher(plan, *args, output, lse, natural_lse=natural_lse, planned=route.planned(plan, args, output, lse))
         return output, lse

@@ -90,6 +90,8 @@ class DevicePlanRoute:
     slots: dict  # stream handle -> DevicePlan
     writers: int = 1  # the planner's row writers (device_planner.launch_writers of this shape)
 
+    schedules_itself = False  # api._launch: plan into a slot, then the kind's launcher (unit_schedule_route: True)
+
     @staticmethod
     def resolve(spec, config, problem, num_ctas: int) -> "DevicePlanRoute":
         names = spec.arg_names

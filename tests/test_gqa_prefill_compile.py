@@ -57,12 +57,28 @@ def test_compiles_with_wgmma_and_tma(index):
     # cp.async instead (test_page_1_tiles_gather_rows_by_cp_async)
     pages = 0 if config.page_size in gqa_prefill.ROW_GATHER_PAGE_SIZES else config.kv_tile // config.page_size
     halves = config.head_dim_qk // 64
-    assert ptx.count("cp.async.bulk.tensor") == halves + 2 * halves * pages
+    # a self-scheduling row-gather build issues Q from two sites (its first hand-off and the loop's)
+    q_sites = 2 if config.dynamic_schedule and not pages else 1
+    assert ptx.count("cp.async.bulk.tensor") == q_sites * halves + 2 * halves * pages
     assert gqa_prefill.smem_bytes(config) <= SMEM_LIMIT
     # V rows that may hold pool garbage are zeroed 16 bytes a store (kernels/common/kv_tail.py), never element by
     # element (that loop was 30% of the kernel's instructions); pages of one key have no tail, so no zeroing at all
     assert not re.search(r"st\.shared\.(?:b|u)16", ptx)
-    assert ptx.count("st.shared.v4.b32") == (0 if config.page_size == 1 else 1)
+    if not config.dynamic_schedule:  # (self-scheduling builds also store unit slots 16 bytes at a time)
+        assert ptx.count("st.shared.v4.b32") == (0 if config.page_size == 1 else 1)
+
+
+def test_self_scheduling_builds_take_units_from_a_counter():
+    """The default call's planner-free builds (page 64 by TMA boxes, page 1 by row gathers): one atomic add a unit on
+    the counter, the CTA's count out with acquire-release, no plan read (no work_indptr / items arguments)."""
+    dynamic = [c for c in gqa_prefill.configs("sm_90a") if c.dynamic_schedule]
+    assert sorted(c.page_size for c in dynamic) == [1, 64]
+    for config in dynamic:
+        ptx = compile_to_ptx(config)
+        assert "_Dyn" in ptx
+        assert "atom.global.add.u32" in ptx, "no unit counter"
+        assert "atom.global.acq_rel.add.u32" in ptx, "no acquire-release count out"
+        assert "cp.async.bulk.tensor" in ptx and "wgmma.mma_async" in ptx
 
 
 @pytest.mark.parametrize(
@@ -235,7 +251,9 @@ def test_row_gather_knob_chooses_rows_or_page_boxes(page_size, row_gather):
     ptx = compile_to_ptx(config)
     halves = config.head_dim_qk // 64
     pages = 0 if row_gather else config.kv_tile // page_size
-    assert ptx.count("cp.async.bulk.tensor") == halves + 2 * halves * pages
+    # a self-scheduling row-gather build issues Q from two sites (its first hand-off and the loop's)
+    q_sites = 2 if config.dynamic_schedule and not pages else 1
+    assert ptx.count("cp.async.bulk.tensor") == q_sites * halves + 2 * halves * pages
     copies = re.findall(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[g\], 16, %r\d+;", ptx)
     assert len(copies) == (2 * (config.kv_tile // 4) * (config.head_dim_qk // 8) // 32 if row_gather else 0)
 

@@ -31,6 +31,9 @@ POLICY is one of
     device_whole_deal  GQA prefill device plans' whole-tile cuts given way to the serpentine deal within 1/16
                   (``ops/gqa_prefill.DEVICE_WHOLE_DEAL``) off / on: the serpentine_deal rows; device-planned and default
                   calls move
+    dynamic_schedule  the GQA prefill default call planner-free (``ops/gqa_prefill.DYNAMIC_SCHEDULE``: in-kernel index
+                  checks, then units from a counter; no planner, no combine) off / on: the bench's prefill rows
+                  and two FIB layouts; only the default call moves
     deal_2048     GQA prefill plans deal batches of up to 2048 q tiles (``ops/gqa_prefill.DEAL_MAX_Q_TILES``, the device
                   sort four keys a thread) off / on: 32 x 992 (1984 q tiles) and a ragged batch of 1840; all three calls
                   move (host plans take the twin's deal)
@@ -184,6 +187,27 @@ SERPENTINE_DEAL_CASES = {  # GQA prefill rows whose host plan the serpentine cha
     "n8_q992_h32kv8": ([992] * 8, [992] * 8, 32, 8),
     "n8_q128_kv2048_h32kv4": ([128] * 8, [2048] * 8, 32, 4),
 }
+
+
+DYNAMIC_SCHEDULE_CASES = {  # the bench's GQA prefill rows (h32/kv4) and FIB layouts of other groups
+    "n1_q992": ([992], [992], 32, 4),
+    "n8_q992": ([992] * 8, [992] * 8, 32, 4),
+    "n32_q992": ([992] * 32, [992] * 32, 32, 4),
+    "n4_q512_kv4096": ([512] * 4, [4096] * 4, 32, 4),
+    "n8_q128_kv2048": ([128] * 8, [2048] * 8, 32, 4),
+    "ragged_12": ([33, 700, 1, 990, 400, 128, 64, 512, 900, 5, 260, 7],
+                  [33, 900, 3000, 990, 800, 4096, 64, 600, 900, 5, 2000, 7], 32, 4),
+    "n8_q992_h5kv1": ([992] * 8, [992] * 8, 5, 1),
+    "n8_q992_h32kv16": ([992] * 8, [992] * 8, 32, 16),
+}
+
+
+def _dynamic_schedule_cases(pages):
+    """The default call planner-free (``ops/gqa_prefill.DYNAMIC_SCHEDULE``: in-kernel index checks, units from a
+    counter) off / on; only the default call moves."""
+    from cute_attn.ops import gqa_prefill
+
+    return _prefill_cases(DYNAMIC_SCHEDULE_CASES, pages, lambda page_size: gqa_prefill.dynamic_schedule_policy)
 
 
 def _device_whole_deal_cases(pages):
@@ -574,7 +598,7 @@ POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, 
             "rank_deal": _rank_deal_cases, "deal_first": _deal_first_cases, "deal_one_site": _deal_one_site_cases,
             "lap_lists": _lap_lists_cases, "lap_turn": _lap_turn_cases, "row_writers": _row_writers_cases,
             "count_sort": _count_sort_cases, "cluster_merge": _cluster_merge_cases,
-            "device_cluster_merge": _device_cluster_merge_cases}
+            "device_cluster_merge": _device_cluster_merge_cases, "dynamic_schedule": _dynamic_schedule_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
                  "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64], "even_pieces": [64, 1],
                  "page_boxes": [64, 128], "max_slack": [1], "eager_combine": [64, 1],
@@ -582,7 +606,7 @@ DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], 
                  "device_whole_deal": [64], "bf16_partials": [64, 1], "deal_2048": [64, 1], "gather_warps": [1, 2],
                  "rank_deal": [1], "deal_first": [64], "deal_one_site": [64], "lap_lists": [64],
                  "lap_turn": [64], "row_writers": [64], "count_sort": [64], "cluster_merge": [64, 1],
-                 "device_cluster_merge": [64, 1]}
+                 "device_cluster_merge": [64, 1], "dynamic_schedule": [64, 1]}
 
 
 def checked_span(run, out, lse, reference, label: str, timer, digits: int = 1):

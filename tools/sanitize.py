@@ -444,6 +444,29 @@ def _cases(arch: str) -> dict:
         cases["prefill-fused-p1"] = ("gqa_paged_prefill", prefill_fused(1, False))
         cases["prefill-fused-p64"] = ("gqa_paged_prefill", prefill_fused(64, False))
         cases["prefill-fused-hostplan"] = ("gqa_paged_prefill", prefill_fused(64, True))
+    def dynamic_schedule(page_size, fault=False):  # the planner-free default call (ops/gqa_prefill.DYNAMIC_SCHEDULE)
+        def run():
+            from cute_attn.ops import gqa_prefill, policy
+
+            with gqa_prefill.dynamic_schedule_policy(True), policy(vars(gqa_prefill), DYNAMIC_MIN_UNITS_PER_CTA=0):
+                case = testing.make_gqa_prefill_case([1, 40, 0, 200, 300], [700, 40, 5, 1500, 300],
+                                                     page_size=page_size, device="cuda", seed=90 + page_size)
+                if fault:  # a page id past the pool: the request's units get no keys, nothing outside is read
+                    case.kv_indices[int(case.kv_indptr[4]) - 1] = case.k_cache.shape[0] + 3
+                result = _run_api(cute_attn.gqa_paged_prefill, case, arch)
+                if fault:  # reported and cleared (the rows' values are the GPU tier's business)
+                    try:
+                        cute_attn.raise_on_device_error()
+                    except ValueError:
+                        return result[0], None, lambda: (result[0], None)
+                    raise AssertionError("the page past the pool was not reported")
+                return result
+        return run
+
+    if arch == "sm_90a":
+        cases["dynamic-schedule-p64"] = ("gqa_paged_prefill", dynamic_schedule(64))
+        cases["dynamic-schedule-p1"] = ("gqa_paged_prefill", dynamic_schedule(1))
+        cases["dynamic-schedule-fault"] = ("gqa_paged_prefill", dynamic_schedule(16, fault=True))
     cases["deal-prefill"] = ("gqa_paged_prefill", deal_prefill)
     cases["line-deal-decode"] = ("gqa_paged_decode", line_deal_decode)
     cases["deal-whole-tiles"] = ("gqa_paged_prefill", deal_whole_tiles)

@@ -81,6 +81,11 @@ class OpSpec:
     #: changes in its config, knowing only the device and the grid (``ops/mla_decode.device_cluster_tiles``: clusters
     #: of 2 that check the plan's shape at run time). None or an empty dict keeps the config
     device_plan_tiles: Callable | None = None
+    #: (config, problem, num_ctas) -> bool: whether the default call (no plan) runs this config's self-scheduling build
+    #: (``PagedAttentionConfig.dynamic_schedule``: index checks, then CTAs taking units from a counter; no planner, no
+    #: combine; :mod:`cute_attn.unit_schedule_route`) instead of planning on the device. Shapes only, as
+    #: ``workload_tiles``. None: never
+    self_schedule: Callable | None = None
     #: arch -> module that registers this kind's kernel for it, relative to the package (``.kernels.sm90.x``), so a
     #: copy of cute_attn shipped inside another package (FlashInfer-Bench's builder) loads its own kernels
     kernel_modules: dict[str, str] = field(default_factory=dict)

@@ -6,6 +6,7 @@ The FlashInfer-Bench definition ``gqa_paged_prefill_causal_h32_kv4_d128_ps64`` (
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import torch
 
@@ -125,6 +126,39 @@ def deal_max_q_tiles_policy(most: int):
         yield int(most)
 
 
+#: the default call (no plan) of causal sm_90a GQA prefill runs the self-scheduling build
+#: (``PagedAttentionConfig.dynamic_schedule``: index checks, then CTAs taking whole (request, q tile, KV head) units
+#: from a counter; no planner, no combine) when the batch's shapes promise at least DYNAMIC_MIN_UNITS_PER_CTA units a
+#: CTA (``ceil(total_q * group / rows) * kv_heads``, a lower bound of its units); else the device planner, whose splits
+#: fill the grid. ``tools/dynamic_schedule_model.py`` models the balance (session 32). H200, session 33
+#: (``tools/bench.py --kernel prefill``, one process beside FA4, cold L2, 100 runs), the cold call (new index
+#: tensors) minus the plan-once call, with the first build (a separate index-check launch) / the in-kernel checks:
+#: 1 x 992 +12.5 / +5.4 us, 4 x 992 +7.1 / +2.1, 8 x 992 +3.6 / -0.2, 16 x 992 -2.5 / -8.1, 32 x 992 -10.3 / -12.5,
+#: 4 x 512 / 4096 +5.1 / -1.4, 8 x 128 / 2048 +4.1 / +0.0 (the device planner's default call: +10..+22). Off until
+#: its GPU tier passes whole on the final build (one test of ``tests/test_dynamic_schedule_gpu.py`` failed there and
+#: compute-sanitizer's racecheck flagged the consumers' slot reads; both addressed after the device time ran out)
+DYNAMIC_SCHEDULE = False
+DYNAMIC_MIN_UNITS_PER_CTA = 1
+
+
+def self_schedule(config, problem, num_ctas: int) -> bool:
+    """``OpSpec.self_schedule``: the self-scheduling build for this default call (module policy above)."""
+    if not DYNAMIC_SCHEDULE or config.arch != "sm_90a" or not config.causal:
+        return False
+    min_units = -(-problem.total_q * config.group_size // config.packed_rows_per_tile) * config.num_kv_heads
+    if min_units < DYNAMIC_MIN_UNITS_PER_CTA * num_ctas:
+        return False
+    return dataclasses.replace(config, dynamic_schedule=True).can_implement() is None
+
+
+@contextlib.contextmanager
+def dynamic_schedule_policy(enabled: bool):
+    """Inside the block the default call takes (or never takes) the self-scheduling build whatever
+    ``DYNAMIC_SCHEDULE`` says (A/Bs, GPU tests)."""
+    with policy(globals(), DYNAMIC_SCHEDULE=bool(enabled)):
+        yield bool(enabled)
+
+
 #: sm_90a configs' ``PagedAttentionConfig.probe`` (measurement builds; "" in every default): "cta_stamps" records each
 #: CTA's entry, release and end times in scratch (``tools/cta_timeline.py`` sets it through :func:`probe_policy`)
 PROBE = ""
@@ -189,7 +223,7 @@ SPEC = OpSpec(
     name="gqa_paged_prefill", arg_names=ARG_NAMES,
     index_names=("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"), causal=True, check=check,
     signature=signature, reference=reference.gqa_paged_prefill_ref, make_case=testing.make_gqa_prefill_case,
-    strategy=strategy, default_tiles=default_tiles, shape_reason=gqa_shape_reason,
+    strategy=strategy, default_tiles=default_tiles, shape_reason=gqa_shape_reason, self_schedule=self_schedule,
     kernel_modules={"sm_90a": ".kernels.sm90.gqa_prefill", "sm_100a": ".kernels.sm100.gqa_prefill"},
 )
 

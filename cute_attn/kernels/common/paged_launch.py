@@ -72,6 +72,22 @@ def paged_fake_args(config: PagedAttentionConfig, *, prefill_indptrs: bool, with
     )
 
 
+def dynamic_schedule_fake_args(config: PagedAttentionConfig) -> tuple:
+    """Fake arguments of a self-scheduling prefill build's ``call_dynamic`` entry: ``q, k_cache, v_cache, qo_indptr,
+    kv_indptr, kv_indices, kv_last_page_len, request_faults, unit_state, error_word, output, lse, scale_log2,
+    lse_out_scale, num_pages, num_ctas, stream`` (no plan: ``kernels/common/unit_schedule.py``)."""
+    from .unit_schedule import UNIT_STATE_WORDS
+
+    base = paged_fake_args(config, prefill_indptrs=True)
+    q, k, v, qo_indptr, kv_indptr, kv_indices = base[:6]
+    output, lse, scale_log2, lse_out_scale, stream = base[8], base[9], base[12], base[13], base[14]
+    fake = cute.runtime.make_fake_compact_tensor
+    i32 = cutlass.Int32
+    return (q, k, v, qo_indptr, kv_indptr, kv_indices, fake(i32, (cute.sym_int(symbol="batch"),)),
+            fake(i32, (cute.sym_int(symbol="request_faults"),)), fake(i32, (UNIT_STATE_WORDS,)), fake(i32, (4,)),
+            output, lse, scale_log2, lse_out_scale, i32(1), i32(1), stream)
+
+
 _LN2 = math.log(2.0)
 
 # id(config) -> (config, check_config, compile_kernel, fn): the kernel's rules and the compile-cache lookup
@@ -159,6 +175,9 @@ def gqa_prefill_entry(kernel_cls, check_config) -> tuple:
     ``config.fused_merge`` the kernel's ``call_fused`` entry, which folds its merges itself)."""
 
     def build(config: PagedAttentionConfig) -> tuple:
+        if config.dynamic_schedule:
+            kernel, fake = checked_build(kernel_cls, check_config, config, dynamic_schedule_fake_args(config))
+            return kernel.call_dynamic, fake
         fake = paged_fake_args(config, prefill_indptrs=True, with_fused_merge=config.fused_merge)
         kernel, fake = checked_build(kernel_cls, check_config, config, fake)
         return (kernel.call_fused if config.fused_merge else kernel), fake

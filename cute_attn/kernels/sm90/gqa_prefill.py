@@ -1,8 +1,12 @@
-"""sm_90a causal GQA paged prefill, driven by the planner's work list (docs/kernel-contract.md).
+"""sm_90a causal GQA paged prefill, driven by the planner's work list (docs/kernel-contract.md) or by itself.
 
 Grid: one persistent CTA per plan CTA slot (``work_indptr.shape[0] - 1``); CTA ``c`` runs items
 ``work_indptr[c] .. work_indptr[c+1]-1`` in order. An item is (request, KV head, up to
-``tile_q_rows`` packed query rows, a key range ``[KV_START, KV_END)``).
+``tile_q_rows`` packed query rows, a key range ``[KV_START, KV_END)``). ``dynamic_schedule`` builds (entry
+``call_dynamic``, the default call's route for batches with enough units): no plan; every CTA checks the batch's
+index rules at its start, then its producer warp takes whole units (an unsplit item: request, q tile, KV head) from
+an atomic counter and hands each to the consumers in its Q stage's slot; the consumers' end counts the CTA out, and
+the last CTA clears the counter (``common/unit_schedule.py``; the producer side is ``gqa_prefill_producer.py``).
 
 Warp roles (384 threads = 3 warpgroups):
 
@@ -67,6 +71,7 @@ of a 64-key tile 32, bf16 P 16 (under the 240 of ``setmaxnreg``; ptxas: no spill
 
 from __future__ import annotations
 
+import dataclasses
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -87,16 +92,16 @@ from ..common.limits import page_box_reason, row_gather_reason, smem_reason, tar
 from ..common.kv_tail import garbage_rows, zero_rows
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.named_barrier import warpgroup_barrier_arrive, warpgroup_barrier_sync
-from ..common.packed_q import q_box_rows, q_box_stage_layout
-from ..common.page_ids import (LANE_IDS_BELOW, id_loads, lane_page_id, load_lane_page_ids, load_tile_page_ids,
-                               rotate_lane_page_ids)
+from ..common.packed_q import q_box_stage_layout
 from ..common.registers import register_split_reason
-from ..common.row_gather import ROW_CHUNK, gather_one_row_pages
-from ..common.tma_issue import ONE_ELECTION, issue_page_boxes, tma_descriptor_address
+from ..common.planner_scan import record_fault
+from ..common.unit_schedule import (SLOT_FIELDS, SlotField, batch_rules, empty_rows, finish_schedule, read_slot,
+                                    scan_page_ids)
 from ..common.softmax import (acc_mn_view, acc_to_mma_a_view, make_softmax_state, rescale_rows,
                               softmax_finalize, softmax_reset, softmax_update, store_p_bf16)
 from ..common.launch_chain import wait_for_previous_grid
-from .prefill_epilogue import store_item_rows, store_output_via_smem
+from .gqa_prefill_producer import GqaPrefillProducer, UnitSource
+from .prefill_epilogue import store_item_rows, store_output_rows, store_output_via_smem
 from .wgmma import wgmma_gemm
 
 KIND = "gqa_paged_prefill"
@@ -117,6 +122,8 @@ _ZERO_V_BARRIER = 1  # named barrier id used by the two consumer warpgroups
 _SCHED_BARRIER = 2  # ids 2, 3: consumer warpgroup w waits on 2 + w before issuing its GEMMs
 _FOLD_BARRIER = 6  # fused_merge: both consumer warpgroups (ids 4, 5: prefill_epilogue's per-warpgroup barriers)
 _FOLD_ARRIVAL_BYTES = 16  # fused_merge: the merge counter's old value, broadcast to the consumers
+_ROW_SLOT_WORDS = 4  # dynamic_schedule row gathers: (request, KV head, key end) a hand-off, two hand-offs
+_FINISH_BARRIER = 8  # dynamic_schedule: both consumer warpgroups done before the CTA counts itself out
 
 
 #: ``PagedAttentionConfig.probe`` builds of this kernel: "cta_stamps" -- each CTA writes globaltimer_lo stamps (entry,
@@ -138,7 +145,8 @@ def smem_bytes(config: PagedAttentionConfig, num_stages: int = NUM_STAGES) -> in
     tile = 2 * config.head_dim_qk
     qs = q_stages(config.head_dim_qk)
     return (qs * config.tile_q_rows * tile + 2 * num_stages * config.kv_tile * tile
-            + 8 * (2 * qs + 4 * num_stages) + 3 * 1024 + (_FOLD_ARRIVAL_BYTES if config.fused_merge else 0))
+            + 8 * (2 * qs + 4 * num_stages) + 3 * 1024 + (_FOLD_ARRIVAL_BYTES if config.fused_merge else 0)
+            + (4 * (qs * SLOT_FIELDS + 2 * _ROW_SLOT_WORDS + 2 * 384 // 32) + 48 if config.dynamic_schedule else 0))
 
 
 def check_config(config: PagedAttentionConfig) -> str | None:
@@ -172,10 +180,13 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         return reason
     if config.probe and config.probe not in PROBES:
         return f"probe={config.probe!r} must be one of {PROBES} for this kernel"
+    if config.dynamic_schedule and (config.fused_merge or config.probe):
+        return ("dynamic_schedule: the self-scheduling build splits nothing (no fused_merge) and stamps no plan's "
+                f"items (no probe); got fused_merge={config.fused_merge}, probe={config.probe!r}")
     return None
 
 
-class GqaPagedPrefillSm90:
+class GqaPagedPrefillSm90(GqaPrefillProducer):
     """The kernel object: compile-time constants live on ``self``."""
 
     def __init__(self, config: PagedAttentionConfig):
@@ -205,13 +216,15 @@ class GqaPagedPrefillSm90:
         self.smem_epilogue = config.smem_epilogue
         self.fused_merge = config.fused_merge
         self.cta_stamps = config.probe == "cta_stamps"
+        self.dynamic = config.dynamic_schedule
 
     def __repr__(self) -> str:  # shows in the kernel symbol
         return (f"GqaPagedPrefillSm90_H{self.num_qo_heads}_KV{self.num_kv_heads}_D{self.head_dim}"
                 f"_P{self.page_size}_M{self.tile_m}_N{self.tile_n}"
                 f"{'_OVL' if self.intra_wg_overlap else ''}{'_SEPI' if self.smem_epilogue else ''}"
                 f"{'_RowSeg' if self.row_segments else ''}{'_KAhead' if self.k_ahead else ''}"
-                f"{'_Fold' if self.fused_merge else ''}{'_CtaStamps' if self.cta_stamps else ''}")
+                f"{'_Fold' if self.fused_merge else ''}{'_CtaStamps' if self.cta_stamps else ''}"
+                f"{'_Dyn' if self.dynamic else ''}")
 
     # ------------------------------------------------------------------------------- host side
     @cute.jit
@@ -234,10 +247,24 @@ class GqaPagedPrefillSm90:
                            merge_counters, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream)
 
     @cute.jit
+    def call_dynamic(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, qo_indptr: cute.Tensor,
+                     kv_indptr: cute.Tensor, kv_indices: cute.Tensor, kv_last_page_len: cute.Tensor,
+                     request_faults: cute.Tensor, unit_state: cute.Tensor, error_word: cute.Tensor,
+                     output: cute.Tensor, lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32,
+                     num_pages: Int32, num_ctas: Int32, stream: cuda.CUstream):
+        """``dynamic_schedule``: no plan, one launch. ``num_ctas`` CTAs check the batch's rules, then take units from
+        ``unit_state``, checking each request's rules and page ids (of a pool of ``num_pages``) as they go
+        (``common/unit_schedule.py``)."""
+        self.launch_kernel(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, None, None, None, None, output, lse,
+                           None, None, scale_log2, lse_out_scale, stream,
+                           units=(kv_last_page_len, request_faults, unit_state, num_ctas, error_word, num_pages))
+
+    @cute.jit
     def launch_kernel(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, qo_indptr: cute.Tensor,
                       kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor, items: cute.Tensor,
                       merge_indptr, merge_counters, output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor,
-                      partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
+                      partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream,
+                      units=None):
         G, D, H = self.group, self.head_dim, self.num_qo_heads
         # packed Q: ((group, total_q), d, kv_heads); row (g, t) is token t, head kv_head * group + g
         m_q = cute.make_tensor(q.iterator, cute.make_layout(
@@ -274,8 +301,9 @@ class GqaPagedPrefillSm90:
             qo_indptr, kv_indptr, kv_indices, work_indptr, items, output, lse, partial_out, partial_lse,
             scale_log2, lse_out_scale, s_q_layout, s_kv_layout, s_page_layout, tiled_mma_qk, tiled_mma_pv,
             merge_indptr, merge_counters,
-        ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(self.num_threads, 1, 1), stream=stream, use_pdl=True,
-                 min_blocks_per_mp=1)
+            *((units[0], units[1], units[2], units[4], units[5]) if cutlass.const_expr(units is not None) else ()),
+        ).launch(grid=(units[3] if cutlass.const_expr(units is not None) else work_indptr.shape[0] - 1, 1, 1),
+                 block=(self.num_threads, 1, 1), stream=stream, use_pdl=True, min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------------------- device side
     @cute.kernel
@@ -285,7 +313,9 @@ class GqaPagedPrefillSm90:
                lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor, scale_log2: Float32,
                lse_out_scale: Float32, s_q_layout: cute.ComposedLayout, s_kv_layout: cute.ComposedLayout,
                s_page_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
-               merge_indptr: cute.Tensor = None, merge_counters: cute.Tensor = None):
+               merge_indptr: cute.Tensor = None, merge_counters: cute.Tensor = None,
+               kv_last_page_len: cute.Tensor = None, request_faults: cute.Tensor = None,
+               unit_state: cute.Tensor = None, error_word: cute.Tensor = None, num_pages=None):
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         entered = Int32(0)
@@ -307,6 +337,13 @@ class GqaPagedPrefillSm90:
         arrival = None  # fused_merge: thread 0's merge arrival, broadcast to the consumers
         if cutlass.const_expr(merge_indptr is not None):
             arrival = smem.allocate_tensor(Int32, cute.make_layout((1,)), _FOLD_ARRIVAL_BYTES)
+        source = None  # dynamic_schedule: the unit counter and the hand-off slots (gqa_prefill_producer.UnitSource)
+        if cutlass.const_expr(self.dynamic):
+            slots = smem.allocate_tensor(Int32, cute.make_layout((self.q_stages, SLOT_FIELDS), stride=(SLOT_FIELDS, 1)),
+                                         16)
+            row_slots = smem.allocate_tensor(Int32, cute.make_layout((2, _ROW_SLOT_WORDS), stride=(_ROW_SLOT_WORDS, 1)),
+                                             16)
+            rule_words = smem.allocate_tensor(Int32, cute.make_layout((2 * self.num_threads // 32,)), 16)
 
         producer = cpipe.CooperativeGroup(cpipe.Agent.Thread, 1)
         consumers = cpipe.CooperativeGroup(cpipe.Agent.Thread, self.num_mma_threads // 32)
@@ -338,8 +375,29 @@ class GqaPagedPrefillSm90:
         # Launched with programmatic dependent launch (it may start while the device planner runs): nothing
         # global is read before this wait, which returns once the previous grid has finished and flushed.
         wait_for_previous_grid(self.releases_dependents)
-        item_begin = work_indptr[cta]
-        item_end = work_indptr[cta + 1]
+        item_begin = Int32(0)
+        item_end = Int32(0)
+        if cutlass.const_expr(not self.dynamic):
+            item_begin = work_indptr[cta]
+            item_end = work_indptr[cta + 1]
+        else:  # every thread: the batch's rules and units (a broken batch: this CTA's share of the rows, no unit)
+            faults, total = batch_rules(qo_indptr, kv_indptr, kv_indices.shape[0], output.shape[0], tidx,
+                                        self.num_threads, rule_words, self.group, self.q_rows, self.num_kv_heads,
+                                        kv_last_page_len, error_word, cta == 0, self.page_size, self.tile_n)
+            if faults != 0:
+                total = Int32(0)
+                grid, _, _ = cute.arch.grid_dim()
+                empty_rows(output, lse, tidx, self.num_threads, self.head_dim, cta * self.num_threads,
+                           output.shape[0], grid)
+                if cta == 0 and tidx == 0:
+                    record_fault(error_word, faults, 0)
+            else:
+                scan_page_ids(kv_indptr, kv_indices, num_pages, tidx, self.num_threads, unit_state, request_faults,
+                              error_word)
+                # any thread's marks happen before this CTA's count (finish_schedule), whose release the last CTA reads
+                cute.arch.sync_threads()
+            source = UnitSource(unit_state, slots, row_slots, request_faults, kv_last_page_len, error_word, num_pages,
+                                kv_indptr.shape[0] - 1, total)
         if cutlass.const_expr(self.cta_stamps):
             if tidx == 0:
                 self.stamp(partial_lse, cta, 0, entered)
@@ -350,18 +408,23 @@ class GqaPagedPrefillSm90:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if cutlass.const_expr(self.row_gather):
                 self.produce_rows(warp_idx, tma_atom_q, tma_q, k_rows, v_rows, s_q, s_k, s_v, qo_indptr, kv_indptr,
-                                  kv_indices, items, item_begin, item_end, pipe_q, pipe_k, pipe_v)
+                                  kv_indices, items, item_begin, item_end, pipe_q, pipe_k, pipe_v, source)
             elif warp_idx == 0:
                 self.produce(tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v, s_q, s_k, s_v,
-                             qo_indptr, kv_indptr, kv_indices, items, item_begin, item_end, pipe_q, pipe_k, pipe_v)
+                             qo_indptr, kv_indptr, kv_indices, items, item_begin, item_end, pipe_q, pipe_k, pipe_v,
+                             source)
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
             split_items = self.consume(tidx - 128, s_q, s_k, s_v, qo_indptr, items, item_begin, item_end, output,
                                        lse, partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk,
-                                       tiled_mma_pv, pipe_q, pipe_k, pipe_v)
+                                       tiled_mma_pv, pipe_q, pipe_k, pipe_v, source)
             if cutlass.const_expr(self.cta_stamps):
                 if tidx == 128:
                     self.stamp(partial_lse, cta, 2, cute.arch.globaltimer_lo())
+            if cutlass.const_expr(self.dynamic):
+                if source.total > 0:  # a broken batch took no unit: nothing to count or clear
+                    finish_schedule(unit_state, request_faults, qo_indptr, output, lse, tidx - 128,
+                                    self.num_mma_threads, self.head_dim, _FINISH_BARRIER, rule_words)
             if cutlass.const_expr(merge_indptr is not None):  # both consumer warpgroups wrote the partials
                 # only a CTA that wrote partials walks its items again: a prefill CTA runs ~15-30 items, and the
                 # walk's item loads at the tail of every CTA made plans without merges 2-9 us slower (session 16)
@@ -379,188 +442,11 @@ class GqaPagedPrefillSm90:
         words[words.shape[0] - 1 - cta, slot] = Int32(value)
 
     @cute.jit
-    def produce(self, tma_atom_q: cute.CopyAtom, tma_q: cute.Tensor, tma_atom_k: cute.CopyAtom, tma_k: cute.Tensor,
-                tma_atom_v: cute.CopyAtom, tma_v: cute.Tensor, s_q: cute.Tensor, s_k: cute.Tensor,
-                s_v: cute.Tensor, qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor,
-                items: cute.Tensor, item_begin: Int32, item_end: Int32, pipe_q, pipe_k, pipe_v):
-        G, P, npg = self.group, self.page_size, self.pages_per_tile
-        # smem pages: (page box, page in tile, 1, stage)
-        t_ks, t_kg = cpasync.tma_partition(
-            tma_atom_k, 0, cute.make_layout(1),
-            cute.group_modes(cute.flat_divide(s_k, (P, self.head_dim)), 0, 2), cute.group_modes(tma_k, 0, 2))
-        t_vs, t_vg = cpasync.tma_partition(
-            tma_atom_v, 0, cute.make_layout(1),
-            cute.group_modes(cute.flat_divide(s_v, (P, self.head_dim)), 0, 2), cute.group_modes(tma_v, 0, 2))
-        q_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.q_stages)
-        kv_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages)
-        page_ids = cute.make_rmem_tensor(npg, Int32)
-        lane_pages = cute.make_rmem_tensor(id_loads(npg), Int32)
-        lane = cute.arch.lane_idx()
-        desc_k = tma_descriptor_address(tma_atom_k)
-        desc_v = tma_descriptor_address(tma_atom_v)
-        for it in cutlass.range(item_begin, item_end, unroll=1):
-            b = items[it, int(F.REQUEST)]
-            h = items[it, int(F.KV_HEAD)]
-            r0 = items[it, int(F.Q_ROW_START)]
-            kv_start = items[it, int(F.KV_START)]
-            kv_end = items[it, int(F.KV_END)]
-            self.issue_q(tma_atom_q, tma_q, s_q, qo_indptr[b] + r0 // G, h, pipe_q, q_state)
-            q_state.advance()
-
-            page_base = kv_indptr[b]
-            num_tiles = cute.ceil_div(kv_end - kv_start, self.tile_n) if kv_end > kv_start else 0
-            for t in cutlass.range(num_tiles, unroll=1):
-                kv_base = kv_start + t * self.tile_n
-                if cutlass.const_expr(P >= LANE_IDS_BELOW):
-                    load_tile_page_ids(kv_indices, page_ids, page_base, kv_base, kv_end, P)
-                    pipe_k.producer_acquire(kv_state)
-                    for i in cutlass.range_constexpr(npg):
-                        cute.copy(tma_atom_k, t_kg[None, h, page_ids[i]], t_ks[None, i, 0, kv_state.index],
-                                  tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
-                    pipe_v.producer_acquire(kv_state)
-                    for i in cutlass.range_constexpr(npg):
-                        cute.copy(tma_atom_v, t_vg[None, h, page_ids[i]], t_vs[None, i, 0, kv_state.index],
-                                  tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
-                else:
-                    # pages 1, 2, 4: 32..128 boxes per tile; ids one per lane (coalesced), shuffled out per box
-                    load_lane_page_ids(kv_indices, lane_pages, page_base + kv_base // P,
-                                       (kv_end - kv_base + P - 1) // P, lane)
-                    if cutlass.const_expr(ONE_ELECTION):
-                        # one elected lane per tile, not per box (common/tma_issue.py); boxes where the partition
-                        # puts them: page i at row i * P, 64-column blocks tile_n * 128 bytes apart, stages
-                        # tile_n * D * 2 bytes apart
-                        for i in cutlass.range_constexpr(npg):
-                            page_ids[i] = lane_page_id(lane_pages, i)
-                        stage_offset = kv_state.index * (self.tile_n * self.head_dim * 2)
-                        pipe_k.producer_acquire(kv_state)
-                        issue_page_boxes(desc_k, s_k.iterator.toint() + stage_offset, page_ids, h,
-                                         pipe_k.producer_get_barrier(kv_state).toint(), npg, P, self.head_dim // 64,
-                                         self.tile_n * 128, self.num_kv_heads)
-                        pipe_v.producer_acquire(kv_state)
-                        issue_page_boxes(desc_v, s_v.iterator.toint() + stage_offset, page_ids, h,
-                                         pipe_v.producer_get_barrier(kv_state).toint(), npg, P, self.head_dim // 64,
-                                         self.tile_n * 128, self.num_kv_heads)
-                    else:
-                        pipe_k.producer_acquire(kv_state)
-                        for i in cutlass.range_constexpr(npg):
-                            cute.copy(tma_atom_k, t_kg[None, h, lane_page_id(lane_pages, i)],
-                                      t_ks[None, i, 0, kv_state.index],
-                                      tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
-                        pipe_v.producer_acquire(kv_state)
-                        for i in cutlass.range_constexpr(npg):
-                            cute.copy(tma_atom_v, t_vg[None, h, lane_page_id(lane_pages, i)],
-                                      t_vs[None, i, 0, kv_state.index],
-                                      tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
-                kv_state.advance()
-
-    @cute.jit
-    def issue_q(self, tma_atom_q: cute.CopyAtom, tma_q: cute.Tensor, s_q: cute.Tensor, token0: Int32, h: Int32,
-                pipe_q, q_state):
-        """The item's Q box: tile_m packed rows from token ``token0`` of KV head ``h``."""
-        g_q = cute.local_tile(cute.domain_offset(((0, token0), 0), tma_q[None, None, h]),
-                              (self.q_rows, self.head_dim), (0, 0))
-        t_qs, t_qg = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1),
-                                           cute.group_modes(q_box_rows(s_q, self.q_rows, self.tile_m, self.head_dim, self.q_stages), 0, 2),
-                                           cute.group_modes(g_q, 0, 2))
-        pipe_q.producer_acquire(q_state)
-        cute.copy(tma_atom_q, t_qg, t_qs[None, q_state.index], tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
-
-    @cute.jit
-    def produce_rows(self, warp: Int32, tma_atom_q: cute.CopyAtom, tma_q: cute.Tensor, k_rows: cute.Tensor,
-                     v_rows: cute.Tensor, s_q: cute.Tensor, s_k: cute.Tensor, s_v: cute.Tensor,
-                     qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor, items: cute.Tensor,
-                     item_begin: Int32, item_end: Int32, pipe_q, pipe_k, pipe_v):
-        """The row-gathering producer (pages in ``ROW_GATHER_PAGE_SIZES``), all four warps of WG0: warp ``w``
-        copies rows ``w * kv_tile / 4 ..`` (a quarter) of every K and V tile (16-byte cp.async, ``gather_one_row_pages``),
-        with its 32 rows' page ids loaded one tile ahead; warp 0 also issues Q. One warp gathering whole tiles
-        at 24 registers moved ~9 GB/s a SM (8 x 992 page 1: 442 us against page 64's 195)."""
-        G, P = self.group, self.page_size
-        rows = self.tile_n // 4  # a warp's slice of the tile (<= 32: its ids fit one register)
-        q_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.q_stages)
-        kv_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages)
-        lane_pages = cute.make_rmem_tensor(1, Int32)
-        next_pages = cute.make_rmem_tensor(1, Int32)
-        v_state, prev_pages = None, None  # k_ahead only: V's own state, the previous tile's ids (for its V)
-        if cutlass.const_expr(self.k_ahead):
-            v_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages)
-            prev_pages = cute.make_rmem_tensor(1, Int32)
-        lane = cute.arch.lane_idx()
-        slice_rows = warp * rows
-        s_k_chunks = cute.flat_divide(s_k, (1, ROW_CHUNK))  # (1, vec, row, chunk, stage)
-        s_v_chunks = cute.flat_divide(s_v, (1, ROW_CHUNK))
-        for it in cutlass.range(item_begin, item_end, unroll=1):
-            b = items[it, int(F.REQUEST)]
-            h = items[it, int(F.KV_HEAD)]
-            kv_start = items[it, int(F.KV_START)]
-            kv_end = items[it, int(F.KV_END)]
-            if warp == 0:
-                self.issue_q(tma_atom_q, tma_q, s_q, qo_indptr[b] + items[it, int(F.Q_ROW_START)] // G, h, pipe_q,
-                             q_state)
-            q_state.advance()
-            page_base = kv_indptr[b]
-            num_tiles = cute.ceil_div(kv_end - kv_start, self.tile_n) if kv_end > kv_start else 0
-            first = kv_start + slice_rows  # this warp's first key of tile 0
-            load_lane_page_ids(kv_indices, next_pages, page_base + first // P, (kv_end - first + P - 1) // P, lane)
-            if cutlass.const_expr(self.k_ahead):
-                v_state = self.gather_k_ahead(k_rows, v_rows, s_k_chunks, s_v_chunks, lane_pages, next_pages,
-                                              prev_pages, kv_indices, h, lane, rows, slice_rows, first, page_base,
-                                              kv_end, num_tiles, pipe_k, pipe_v, kv_state, v_state)
-                kv_state = v_state.clone()  # both pipelines advanced once a tile
-            else:
-                for t in cutlass.range(num_tiles, unroll=1):
-                    nxt = first + (t + 1) * self.tile_n  # tile t + 1's ids load under tile t's copies
-                    rotate_lane_page_ids(kv_indices, lane_pages, next_pages, page_base + nxt // P,
-                                         (kv_end - nxt + P - 1) // P, lane)
-                    pipe_k.producer_acquire(kv_state)
-                    gather_one_row_pages(k_rows, s_k_chunks[None, None, None, None, kv_state.index], lane_pages, h,
-                                         lane, rows, self.head_dim, page_rows=P, tile_row0=slice_rows,
-                                         segments=self.row_segments)
-                    pipe_k.producer_commit(kv_state)
-                    pipe_v.producer_acquire(kv_state)
-                    gather_one_row_pages(v_rows, s_v_chunks[None, None, None, None, kv_state.index], lane_pages, h,
-                                         lane, rows, self.head_dim, page_rows=P, tile_row0=slice_rows,
-                                         segments=self.row_segments)
-                    pipe_v.producer_commit(kv_state)
-                    kv_state.advance()
-
-    @cute.jit
-    def gather_k_ahead(self, k_rows, v_rows, s_k_chunks, s_v_chunks, lane_pages, next_pages, prev_pages, kv_indices,
-                       h: Int32, lane: Int32, rows: cutlass.Constexpr[int], slice_rows: Int32, first: Int32,
-                       page_base: Int32, kv_end: Int32, num_tiles: Int32, pipe_k, pipe_v, k_state, v_state):
-        """One item's tiles in the order K_0, K_1, V_0, K_2, V_1, ..., V_last (``k_ahead``); K and V keep their own
-        pipeline states, each advanced once a tile (so they agree again after the item). Returns the V state."""
-        P = self.page_size
-        for t in cutlass.range(num_tiles, unroll=1):
-            nxt = first + (t + 1) * self.tile_n
-            prev_pages[0] = lane_pages[0]  # tile t - 1's ids, for its V
-            rotate_lane_page_ids(kv_indices, lane_pages, next_pages, page_base + nxt // P,
-                                 (kv_end - nxt + P - 1) // P, lane)
-            pipe_k.producer_acquire(k_state)
-            gather_one_row_pages(k_rows, s_k_chunks[None, None, None, None, k_state.index], lane_pages, h, lane,
-                                 rows, self.head_dim, page_rows=P, tile_row0=slice_rows, segments=self.row_segments)
-            pipe_k.producer_commit(k_state)
-            k_state.advance()
-            if t > 0:
-                pipe_v.producer_acquire(v_state)
-                gather_one_row_pages(v_rows, s_v_chunks[None, None, None, None, v_state.index], prev_pages, h, lane,
-                                     rows, self.head_dim, page_rows=P, tile_row0=slice_rows,
-                                     segments=self.row_segments)
-                pipe_v.producer_commit(v_state)
-                v_state.advance()
-        if num_tiles > 0:
-            pipe_v.producer_acquire(v_state)
-            gather_one_row_pages(v_rows, s_v_chunks[None, None, None, None, v_state.index], lane_pages, h, lane,
-                                 rows, self.head_dim, page_rows=P, tile_row0=slice_rows, segments=self.row_segments)
-            pipe_v.producer_commit(v_state)
-            v_state.advance()
-        return v_state
-
-    @cute.jit
     def consume(self, ctid: Int32, s_q: cute.Tensor, s_k: cute.Tensor, s_v: cute.Tensor, qo_indptr: cute.Tensor,
                 items: cute.Tensor, item_begin: Int32, item_end: Int32, output: cute.Tensor, lse: cute.Tensor,
                 partial_out: cute.Tensor, partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32,
-                tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, pipe_q, pipe_k, pipe_v):
-        G, D = self.group, self.head_dim
+                tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, pipe_q, pipe_k, pipe_v, source=None):
+        D = self.head_dim
         wg = cute.arch.make_warp_uniform(ctid // 128)
         thr_qk = tiled_mma_qk.get_slice(ctid)
         thr_pv = tiled_mma_pv.get_slice(ctid)
@@ -584,77 +470,112 @@ class GqaPagedPrefillSm90:
             cute.arch.barrier_arrive(barrier_id=_SCHED_BARRIER, number_of_threads=self.num_mma_threads)
         kv_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, self.num_stages)
         split_items = Int32(0)  # items whose partials this CTA wrote (the fused merge's fold runs only if any)
-        for it in cutlass.range(item_begin, item_end, unroll=1):
-            r0 = items[it, int(F.Q_ROW_START)]
-            kv_start = items[it, int(F.KV_START)]
-            kv_end = items[it, int(F.KV_END)]
-            causal_offset = items[it, int(F.CAUSAL_OFFSET)]
-            first_token = r0 // G
-            kv_len = kv_end  # the request's keys (causal: kv_len - q_len is CAUSAL_OFFSET); pages of 1 have no tail
-            if cutlass.const_expr(self.page_size > 1):
-                req = items[it, int(F.REQUEST)]
-                kv_len = causal_offset + qo_indptr[req + 1] - qo_indptr[req]
-            softmax_reset(row_max, row_sum)
-            acc_o.fill(0.0)
+        tensors = (s_q, s_v, t_sq, t_sk, t_ovt, t_op, acc_s, acc_o, c_s, c_o, row_max, row_sum)
+        if cutlass.const_expr(source is None):
+            for it in cutlass.range(item_begin, item_end, unroll=1):
+                causal_offset = items[it, int(F.CAUSAL_OFFSET)]
+                kv_len = items[it, int(F.KV_END)]  # causal: kv_len - q_len is CAUSAL_OFFSET; pages of 1 have no tail
+                if cutlass.const_expr(self.page_size > 1):
+                    req = items[it, int(F.REQUEST)]
+                    kv_len = causal_offset + qo_indptr[req + 1] - qo_indptr[req]
+                # read only after the main loop: fewer registers live across it
+                late = lambda: (items[it, int(F.REQUEST)], items[it, int(F.KV_HEAD)],  # noqa: E731
+                                items[it, int(F.Q_ROW_COUNT)], items[it, int(F.PARTIAL_SLOT)])
+                q_state, kv_state, split = self.consume_item(
+                    ctid, wg, tensors, qo_indptr, items[it, int(F.Q_ROW_START)], items[it, int(F.KV_START)],
+                    items[it, int(F.KV_END)], causal_offset, kv_len, late, output, lse, partial_out, partial_lse,
+                    scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, q_state, kv_state)
+                split_items = split_items + split
+                if cutlass.const_expr(self.cta_stamps):
+                    # words CTA_STAMPS.. of the row: each item's end (warpgroup 0's stores issued), while the row lasts
+                    if ctid == 0 and CTA_STAMPS + it - item_begin < partial_lse.shape[1]:
+                        cta, _, _ = cute.arch.block_idx()
+                        self.stamp(partial_lse, cta, CTA_STAMPS + it - item_begin, cute.arch.globaltimer_lo())
+        else:
+            # each unit's fields arrive in its Q stage's slot (gqa_prefill_producer); all are read before the Q stage
+            # is released, since the producer rewrites the slot with the stage
+            slots = source.slots
             pipe_q.consumer_wait(q_state)
-            t_sq_cur = t_sq[None, None, None, q_state.index]
-            num_tiles = cute.ceil_div(kv_end - kv_start, self.tile_n) if kv_end > kv_start else 0
-            if cutlass.const_expr(self.intra_wg_overlap):
-                kv_state = self.mainloop_overlap(
-                    ctid, wg, num_tiles, kv_start, kv_end, kv_len, r0, first_token, causal_offset, s_v, t_sq_cur,
-                    t_sk, t_ovt, t_op, acc_s, acc_o, c_s, row_max, row_sum, scale_log2, tiled_mma_qk, tiled_mma_pv,
-                    pipe_k, pipe_v, kv_state)
-            else:
-                self.sched_wait(wg)
-                for t in cutlass.range(num_tiles, unroll=1):
-                    kv_base = kv_start + t * self.tile_n
-                    stage = kv_state.index
-                    self.wait_rows(pipe_k, kv_state)
-                    wgmma_gemm(tiled_mma_qk, acc_s, t_sq_cur, t_sk[None, None, None, stage], True, wait=False)
-                    self.sched_arrive(wg)
-                    warpgroup.wait_group(0)
-                    pipe_k.consumer_release(kv_state)
-                    self.mask(acc_s, c_s, r0, kv_base, kv_end, first_token, causal_offset)
-                    row_scale = softmax_update(acc_s, row_max, row_sum, scale_log2)
-                    rescale_rows(acc_o, row_scale)
-                    t_op.store(acc_to_mma_a_view(acc_s).load().to(self.dtype))
-                    self.wait_rows(pipe_v, kv_state)
-                    if kv_base + self.tile_n > kv_end:
-                        self.zero_v_garbage(s_v, stage, kv_base, kv_end, kv_len, ctid)
-                    self.sched_wait(wg)
-                    wgmma_gemm(tiled_mma_pv, acc_o, t_op, t_ovt[None, None, None, stage], False)
-                    pipe_v.consumer_release(kv_state)
-                    kv_state.advance()
-            if cutlass.const_expr(not self.smem_epilogue):
-                pipe_q.consumer_release(q_state)
-            if cutlass.const_expr(not self.intra_wg_overlap):
-                self.sched_arrive(wg)
+            valid = read_slot(slots, q_state.index, int(SlotField.VALID))
+            while valid != 0:
+                stage = q_state.index
+                field = lambda f: read_slot(slots, stage, int(f))  # noqa: E731
+                fields = (field(SlotField.REQUEST), field(SlotField.KV_HEAD), field(SlotField.Q_ROW_COUNT), -1)
+                q_state, kv_state, split = self.consume_item(
+                    ctid, wg, tensors, qo_indptr, field(SlotField.Q_ROW_START), Int32(0), field(SlotField.KV_END),
+                    field(SlotField.CAUSAL_OFFSET), field(SlotField.KV_LEN), lambda: fields, output, lse, partial_out,
+                    partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, q_state,
+                    kv_state)
+                pipe_q.consumer_wait(q_state)
+                valid = read_slot(slots, q_state.index, int(SlotField.VALID))
+        return split_items
 
-            # read only now: fewer registers live across the main loop
-            b = items[it, int(F.REQUEST)]
-            h = items[it, int(F.KV_HEAD)]
-            row_count = items[it, int(F.Q_ROW_COUNT)]
-            slot = items[it, int(F.PARTIAL_SLOT)]
-            o_scale, row_lse = softmax_finalize(row_max, row_sum, scale_log2)
-            rescale_rows(acc_o, o_scale)
-            if cutlass.const_expr(self.smem_epilogue):
-                if slot < 0:
-                    store_output_via_smem(acc_o, s_q[None, None, q_state.index], tiled_mma_pv, ctid, wg,
-                                          qo_indptr[b] + first_token, h, row_count, output, G, D)
-                cute.arch.fence_view_async_shared()  # generic-proxy accesses before the next TMA load
-                pipe_q.consumer_release(q_state)
-            q_state.advance()
-            q_start = qo_indptr[b]
+    @cute.jit
+    def consume_item(self, ctid, wg, tensors, qo_indptr, r0, kv_start, kv_end, causal_offset, kv_len, late_fields,
+                     output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv,
+                     pipe_q, pipe_k, pipe_v, q_state, kv_state):
+        """One item (or unit): its key tiles, then its epilogue. ``late_fields()`` gives ``(request, kv_head,
+        q_row_count, partial_slot)``. Returns the Q and K/V pipeline states and 1 if it stored partials."""
+        G, D = self.group, self.head_dim
+        s_q, s_v, t_sq, t_sk, t_ovt, t_op, acc_s, acc_o, c_s, c_o, row_max, row_sum = tensors
+        first_token = r0 // G
+        softmax_reset(row_max, row_sum)
+        acc_o.fill(0.0)
+        pipe_q.consumer_wait(q_state)
+        t_sq_cur = t_sq[None, None, None, q_state.index]
+        num_tiles = cute.ceil_div(kv_end - kv_start, self.tile_n) if kv_end > kv_start else 0
+        if cutlass.const_expr(self.intra_wg_overlap):
+            kv_state = self.mainloop_overlap(
+                ctid, wg, num_tiles, kv_start, kv_end, kv_len, r0, first_token, causal_offset, s_v, t_sq_cur,
+                t_sk, t_ovt, t_op, acc_s, acc_o, c_s, row_max, row_sum, scale_log2, tiled_mma_qk, tiled_mma_pv,
+                pipe_k, pipe_v, kv_state)
+        else:
+            self.sched_wait(wg)
+            for t in cutlass.range(num_tiles, unroll=1):
+                kv_base = kv_start + t * self.tile_n
+                stage = kv_state.index
+                self.wait_rows(pipe_k, kv_state)
+                wgmma_gemm(tiled_mma_qk, acc_s, t_sq_cur, t_sk[None, None, None, stage], True, wait=False)
+                self.sched_arrive(wg)
+                warpgroup.wait_group(0)
+                pipe_k.consumer_release(kv_state)
+                self.mask(acc_s, c_s, r0, kv_base, kv_end, first_token, causal_offset)
+                row_scale = softmax_update(acc_s, row_max, row_sum, scale_log2)
+                rescale_rows(acc_o, row_scale)
+                t_op.store(acc_to_mma_a_view(acc_s).load().to(self.dtype))
+                self.wait_rows(pipe_v, kv_state)
+                if kv_base + self.tile_n > kv_end:
+                    self.zero_v_garbage(s_v, stage, kv_base, kv_end, kv_len, ctid)
+                self.sched_wait(wg)
+                wgmma_gemm(tiled_mma_pv, acc_o, t_op, t_ovt[None, None, None, stage], False)
+                pipe_v.consumer_release(kv_state)
+                kv_state.advance()
+        b, h, row_count, slot = late_fields()
+        if cutlass.const_expr(not self.smem_epilogue):
+            pipe_q.consumer_release(q_state)
+        if cutlass.const_expr(not self.intra_wg_overlap):
+            self.sched_arrive(wg)
+
+        o_scale, row_lse = softmax_finalize(row_max, row_sum, scale_log2)
+        rescale_rows(acc_o, o_scale)
+        if cutlass.const_expr(self.smem_epilogue):
+            if slot < 0:
+                store_output_via_smem(acc_o, s_q[None, None, q_state.index], tiled_mma_pv, ctid, wg,
+                                      qo_indptr[b] + first_token, h, row_count, output, G, D)
+            cute.arch.fence_view_async_shared()  # generic-proxy accesses before the next TMA load
+            pipe_q.consumer_release(q_state)
+        q_state.advance()
+        q_start = qo_indptr[b]
+        split = Int32(0)
+        if cutlass.const_expr(partial_out is None):  # self-scheduling: every unit is final
+            store_output_rows(acc_o, c_o, row_lse, q_start, h, r0, row_count, output, lse, lse_out_scale, G,
+                              write_output=not self.smem_epilogue)
+        else:
             store_item_rows(acc_o, c_o, row_lse, slot, qo_indptr, b, h, r0, row_count, output, lse, lse_out_scale,
                             partial_out, partial_lse, G, write_output=not self.smem_epilogue, q_start=q_start)
             if slot >= 0:
-                split_items = split_items + 1
-            if cutlass.const_expr(self.cta_stamps):
-                # words CTA_STAMPS.. of the row: each item's end (warpgroup 0's stores issued), while the row lasts
-                if ctid == 0 and CTA_STAMPS + it - item_begin < partial_lse.shape[1]:
-                    cta, _, _ = cute.arch.block_idx()
-                    self.stamp(partial_lse, cta, CTA_STAMPS + it - item_begin, cute.arch.globaltimer_lo())
-        return split_items
+                split = Int32(1)
+        return q_state, kv_state, split
 
     @cute.jit
     def mainloop_overlap(self, ctid: Int32, wg: Int32, num_tiles: Int32, kv_start: Int32, kv_end: Int32,
@@ -744,7 +665,8 @@ build, launch = gqa_prefill_entry(GqaPagedPrefillSm90, check_config)
 def configs(arch: str) -> list[PagedAttentionConfig]:
     """The definition's config plus family members that exercise other page and group sizes (group 5: the Q box
     fills 125 of the tile's 128 rows; page 1: 128 one-row boxes per K or V tile, ids one per lane) and head_dim
-    256 (Qwen3-Next's h16/kv2 at page 64, Gemma's group 2 at page 16, page 1: 64 one-row boxes per 64-key tile)."""
+    256 (Qwen3-Next's h16/kv2 at page 64, Gemma's group 2 at page 16, page 1: 64 one-row boxes per 64-key tile),
+    then the self-scheduling builds of pages 64 and 1."""
     if arch != ARCH:
         return []
 
@@ -752,8 +674,10 @@ def configs(arch: str) -> list[PagedAttentionConfig]:
         return default_paged_config(KIND, arch=arch, num_qo_heads=heads, num_kv_heads=kv_heads, head_dim_qk=head_dim,
                                     head_dim_v=head_dim, page_size=page_size, causal=True)
 
-    return [cfg(32, 4, 64), cfg(32, 4, 16), cfg(32, 8, 64), cfg(20, 4, 64), cfg(32, 4, 1),
-            cfg(16, 2, 64, 256), cfg(16, 8, 16, 256), cfg(16, 2, 1, 256)]
+    planned = [cfg(32, 4, 64), cfg(32, 4, 16), cfg(32, 8, 64), cfg(20, 4, 64), cfg(32, 4, 1),
+               cfg(16, 2, 64, 256), cfg(16, 8, 16, 256), cfg(16, 2, 1, 256)]
+    # the default call's self-scheduling builds of the definition's layout: TMA page boxes and row gathers
+    return planned + [dataclasses.replace(c, dynamic_schedule=True) for c in (planned[0], planned[4])]
 
 
 register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs,

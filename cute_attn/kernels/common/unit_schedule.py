@@ -1,0 +1,372 @@
+"""Planner-free scheduling of a causal prefill: CTAs take whole (request, q tile, KV head) units from a counter.
+
+A device plan costs a prefill call its planner (10-22 µs in-kernel at 1-32 x 992, H200) and the combine launch that
+must follow a plan the host never sees (~2.3 µs with nothing to fold). A kernel that schedules itself pays neither,
+as FA3's varlen tile scheduler does: its producer warp takes the next unit index from an atomic counter in global
+memory, decodes it from ``qo_indptr`` alone and hands it to the rest of the CTA with the Q tile. No unit is split, so
+nothing merges and no combine follows. ``tools/dynamic_schedule_model.py`` models the balance (session 32: as
+balanced as the host plan on every GQA bench prefill row).
+
+Unit order (request-major, FA3's): requests in batch order; inside a request its q tiles from the last (the most
+keys under the causal mask) to the first, each tile's KV heads innermost. Unit ``u`` of request ``b`` (``local = u -
+first_unit(b)``) is q tile ``tiles(b) - 1 - local // kv_heads`` of KV head ``local % kv_heads``. The producer warp finds
+``b`` by a warp-wide prefix over 32 requests at a time, resumed where its previous unit was found (a CTA's units only
+grow), so a CTA walks the batch once in all.
+
+Checks, all in the kernel (no plan and no check launch: a 1.7 µs check launch before the kernel cost the call ~6 µs of
+GPU span on the H200, the host issuing the second launch ~6 µs after the first):
+
+* *batch rules*, every CTA at its start over the whole batch (:func:`batch_rules`, all threads, before the warp roles
+  split; the indptrs are a few KB in L2): ``qo_indptr`` / ``kv_indptr`` start at 0, never decrease, end at
+  ``total_q`` / at most ``len(kv_indices)``. A broken batch takes no unit: each CTA writes its grid-stride share of
+  the rows as output 0 / lse ``-inf`` (:func:`empty_rows`), CTA 0 records the fault.
+* *request rules* (:func:`request_rule_faults`): ``kv_last_page_len`` in ``1..page_size`` (0 for no pages), the keys
+  within int32; CTA 0's batch pass reports them, and the producer applies them when it decodes a unit
+  (:func:`unit_fields`): a broken request's units get no keys (0 / ``-inf``).
+* *page ids*: each CTA scans its grid-stride share of ``kv_indices`` at its start (:func:`scan_page_ids`), and the
+  producer checks the ids it loads for its key tiles again: an id outside ``[0, num_pages)`` is never read (TMA boxes
+  are bounds-checked by the tensor map; row gathers turn it into -1, a zero-filled row), and marks its request in
+  ``request_faults`` and ``unit_state[FAULTS_SEEN]`` (:func:`mark_page_fault`). Other units of that
+  request may already be written, so the last CTA to finish its work (:func:`finish_schedule`) writes every marked
+  request's rows 0 / ``-inf`` after all the others, then clears the marks.
+Every fault also goes to the device error word (:mod:`cute_attn.device_errors`), as the planner's do.
+
+State (``unit_state``, int32 ``[UNIT_STATE_WORDS]``, zero between launches): ``[UNIT_COUNTER]`` the next unit,
+``[UNITS_DONE]`` CTAs that finished, ``[FAULTS_SEEN]`` 1 once a unit found a page id outside the pool. The last CTA to
+finish zeroes them (and the marks it acted on), so the next launch (or a CUDA-graph replay) starts clean with no host
+work.
+
+Hand-off (``SLOT_FIELDS`` int32 a Q stage, in shared memory): the producer warp waits for the Q stage to be free,
+one elected lane writes the unit's fields into the stage's slot and arrives on the stage's full mbarrier (release:
+its own writes), which publishes them with the Q tile's bytes. Each consumer warp's lane 0, the lane that later
+releases the stage for its warp, reads the fields and shuffles them to the others (:func:`read_slot`): with every
+lane writing or reading the slot, compute-sanitizer's racecheck saw the lanes that do not arrive race the other side.
+The other gathering warps of a row-gather build get the unit from warp 0 through their own slots and a named
+barrier. A slot with ``VALID`` 0 and no bytes ends the CTA's work.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Int64
+
+from .planner_collectives import WARP, last_at_most, warp_inclusive_sum
+from .planner_scan import record_fault
+
+UNIT_COUNTER, UNITS_DONE, FAULTS_SEEN = 0, 1, 2
+UNIT_STATE_WORDS = 4
+FAULT_QO_INDPTR, FAULT_KV_INDPTR, FAULT_LAST_PAGE_LEN, FAULT_PAGE_ID = 1, 2, 4, 8  # device_errors.Fault's bits
+INT32_MAX = 2**31 - 1
+
+
+class SlotField(IntEnum):
+    """One unit's fields in its Q stage's slot."""
+
+    REQUEST = 0
+    KV_HEAD = 1
+    Q_ROW_START = 2
+    Q_ROW_COUNT = 3
+    KV_END = 4  # 0 for a request the index checks faulted: no keys, output 0 / lse -inf
+    CAUSAL_OFFSET = 5
+    KV_LEN = 6
+    VALID = 7
+
+
+SLOT_FIELDS = len(SlotField)
+
+
+@cute.jit
+def take_unit(unit_state: cute.Tensor, lane) -> Int32:
+    """The warp's next unit index (one relaxed atomic by lane 0, broadcast)."""
+    u = Int32(0)
+    if lane == 0:
+        u = cute.arch.atomic_add((unit_state.iterator + UNIT_COUNTER).llvm_ptr, Int32(1), sem="relaxed", scope="gpu")
+    return cute.arch.shuffle_sync(u, 0)
+
+
+@cute.jit
+def request_units(qo_indptr: cute.Tensor, b, batch, group: cutlass.Constexpr, rows: cutlass.Constexpr,
+                  kv_heads: cutlass.Constexpr) -> Int32:
+    """Units of request ``b`` (0 past the batch): its q tiles of ``rows`` packed rows, times the KV heads."""
+    units = Int32(0)
+    if b < batch:
+        q_len = qo_indptr[b + 1] - qo_indptr[b]
+        units = (q_len * group + rows - 1) // rows * kv_heads
+    return units
+
+
+@cute.jit
+def locate_unit(u, qo_indptr: cute.Tensor, batch, base, before, lane, group: cutlass.Constexpr,
+                rows: cutlass.Constexpr, kv_heads: cutlass.Constexpr):
+    """``(request, local, base, before)``: the request holding unit ``u`` (below the batch's units) and ``u``'s index in
+    it, found by a warp-wide prefix from request ``base``, whose first unit is ``before``; the returned ``base`` /
+    ``before`` resume the next search at the found request (every lane of the warp calls it)."""
+    searching = Int32(1)
+    request = Int32(0)
+    local = Int32(0)
+    while searching != 0:
+        mine = request_units(qo_indptr, base + lane, batch, group, rows, kv_heads)
+        inclusive = warp_inclusive_sum(mine, lane)
+        window = cute.arch.shuffle_sync(inclusive, WARP - 1)
+        if u < before + window:
+            past = cute.arch.vote_ballot_sync(before + inclusive > u)
+            first = Int32(cute.arch.popc((past & (0 - past)) - 1))  # the lowest lane past u
+            start = before + cute.arch.shuffle_sync(inclusive - mine, first)
+            request = base + first
+            local = u - start
+            base = request
+            before = start
+            searching = Int32(0)
+        else:
+            base = base + WARP
+            before = before + window
+            if base >= batch:  # u past the batch: a broken count; end the CTA's work rather than loop
+                request = batch
+                searching = Int32(0)
+    return request, local, base, before
+
+
+@cute.jit
+def unit_fields(request, local, qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_last_page_len: cute.Tensor,
+                group: cutlass.Constexpr, rows: cutlass.Constexpr,
+                kv_heads: cutlass.Constexpr, page_size: cutlass.Constexpr, kv_tile: cutlass.Constexpr):
+    """``(kv_head, q_row_start, q_row_count, kv_end, causal_offset, kv_len)`` of unit ``local`` of ``request``, as the
+    host plan's unsplit item of that q tile and head (``plan._tiles``); a request breaking its own rules (module
+    docstring) gets no keys (every lane of the producer warp calls it)."""
+    q_len = qo_indptr[request + 1] - qo_indptr[request]
+    packed = q_len * group
+    tiles = (packed + rows - 1) // rows
+    rank = local // kv_heads
+    kv_head = local - rank * kv_heads
+    row_start = (tiles - 1 - rank) * rows
+    row_count = cutlass.min(packed - row_start, Int32(rows))
+    pages = kv_indptr[request + 1] - kv_indptr[request]
+    faults = request_rule_faults(None, kv_last_page_len, request, pages, page_size, kv_tile)
+    kv_len = Int32(0)
+    if pages > 0 and faults == 0:
+        kv_len = (pages - 1) * page_size + kv_last_page_len[request]
+    offset = kv_len - q_len
+    kv_end = cutlass.min(cutlass.max((row_start + row_count - 1) // group + 1 + offset, Int32(0)), kv_len)
+    if faults != 0:  # every unit of the request sees it: no keys, rows 0 / lse -inf (batch_rules reported it)
+        kv_end = Int32(0)
+    return kv_head, row_start, row_count, kv_end, offset, kv_len
+
+
+@cute.jit
+def request_rule_faults(error_word, kv_last_page_len: cute.Tensor, request, pages, page_size: cutlass.Constexpr,
+                        kv_tile: cutlass.Constexpr) -> Int32:
+    """A request's own rules: ``kv_last_page_len`` in ``1..page_size`` (0 without pages), its keys within int32.
+    Returns the fault bits; recorded in ``error_word`` when one is given."""
+    last = kv_last_page_len[request]
+    lowest = Int32(1) if pages > 0 else Int32(0)
+    faults = Int32(0)
+    if last < lowest or last > page_size:
+        faults = faults | FAULT_LAST_PAGE_LEN
+    if Int64(pages) * page_size > Int64(INT32_MAX - 2 * kv_tile):
+        faults = faults | FAULT_KV_INDPTR
+    if cutlass.const_expr(error_word is not None):
+        if faults != 0:
+            record_fault(error_word, faults, request)
+    return faults
+
+
+@cute.jit
+def write_slot(slots: cute.Tensor, stage, request, kv_head, row_start, row_count, kv_end, offset, kv_len, valid):
+    """The unit's fields into the stage's slot (by the lane that then arrives: :func:`publish_unit`)."""
+    slots[stage, int(SlotField.REQUEST)] = request
+    slots[stage, int(SlotField.KV_HEAD)] = kv_head
+    slots[stage, int(SlotField.Q_ROW_START)] = row_start
+    slots[stage, int(SlotField.Q_ROW_COUNT)] = row_count
+    slots[stage, int(SlotField.KV_END)] = kv_end
+    slots[stage, int(SlotField.CAUSAL_OFFSET)] = offset
+    slots[stage, int(SlotField.KV_LEN)] = kv_len
+    slots[stage, int(SlotField.VALID)] = valid
+
+
+@cute.jit
+def publish_unit(pipe_q, q_state, q_bytes: cutlass.Constexpr, slots: cute.Tensor, request, kv_head, row_start,
+                 row_count, kv_end, offset, kv_len):
+    """Once the Q stage is free, one elected lane writes the unit into its slot and arrives on the stage's full barrier
+    expecting the Q box's bytes (its arrive releases its own slot writes to the consumers' acquiring wait)."""
+    pipe_q.sync_object_empty.wait(q_state.index, q_state.phase)
+    with cute.arch.elect_one():
+        write_slot(slots, q_state.index, request, kv_head, row_start, row_count, kv_end, offset, kv_len, Int32(1))
+        cute.arch.mbarrier_arrive_and_expect_tx(pipe_q.producer_get_barrier(q_state), q_bytes)
+
+
+@cute.jit
+def read_slot(slots: cute.Tensor, stage, field: cutlass.Constexpr) -> Int32:
+    """A consumer warp's read of one slot field: lane 0 (the lane that releases the Q stage for its warp) loads it
+    and shuffles it to the others, so no lane's read is left unordered against the producer's next write."""
+    value = Int32(0)
+    if cute.arch.lane_idx() == 0:
+        value = slots[stage, field]
+    return cute.arch.shuffle_sync(value, 0)
+
+
+@cute.jit
+def end_of_work(pipe_q, q_state, slots: cute.Tensor):
+    """The CTA's last hand-off: once the Q stage is free, a slot with ``VALID`` 0 and an arrive with no bytes."""
+    pipe_q.sync_object_empty.wait(q_state.index, q_state.phase)
+    zero = Int32(0)
+    with cute.arch.elect_one():
+        write_slot(slots, q_state.index, zero, zero, zero, zero, zero, zero, zero, zero)
+        cute.arch.mbarrier_arrive(pipe_q.producer_get_barrier(q_state))
+
+
+@cute.jit
+def batch_rules(qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, num_indices, total_q, tidx,
+                num_threads: cutlass.Constexpr, words: cute.Tensor, group: cutlass.Constexpr,
+                rows: cutlass.Constexpr, kv_heads: cutlass.Constexpr, kv_last_page_len: cute.Tensor,
+                error_word: cute.Tensor, report_requests, page_size: cutlass.Constexpr, kv_tile: cutlass.Constexpr):
+    """(fault bits, units) of the batch, on every thread of the CTA (all call it; ``words``: ``2 * num_threads // 32``
+    shared int32, scratch): one pass of ``num_threads`` requests at a time, then a block reduction. Where
+    ``report_requests`` (one CTA), each request's own rules go to the error word as well."""
+    batch = kv_indptr.shape[0] - 1
+    bad = Int32(0)
+    units = Int32(0)
+    if batch == 0:
+        if tidx == 0:
+            if kv_indptr[0] != 0:
+                bad = bad | FAULT_KV_INDPTR
+            if qo_indptr[0] != 0 or total_q != 0:
+                bad = bad | FAULT_QO_INDPTR
+    for b in range(tidx, batch, num_threads):
+        page_start = kv_indptr[b]
+        page_end = kv_indptr[b + 1]
+        token_start = qo_indptr[b]
+        token_end = qo_indptr[b + 1]
+        q_len = token_end - token_start
+        if page_end < page_start:
+            bad = bad | FAULT_KV_INDPTR
+        if q_len < 0:
+            bad = bad | FAULT_QO_INDPTR
+        if b == 0:
+            if token_start != 0:
+                bad = bad | FAULT_QO_INDPTR
+            if page_start != 0:
+                bad = bad | FAULT_KV_INDPTR
+        if b == batch - 1:
+            if token_end != total_q:
+                bad = bad | FAULT_QO_INDPTR
+            if page_end > num_indices:
+                bad = bad | FAULT_KV_INDPTR
+        if q_len > 0:
+            units = units + (q_len * group + rows - 1) // rows * kv_heads
+        if report_requests:  # reported here too: a request without queries has no unit whose decode would see it
+            request_rule_faults(error_word, kv_last_page_len, b, page_end - page_start, page_size, kv_tile)
+    for i in cutlass.range_constexpr(5):  # warp reduction: OR of the bits, sum of the units
+        bad = bad | cute.arch.shuffle_sync_bfly(bad, 1 << i)
+        units = units + cute.arch.shuffle_sync_bfly(units, 1 << i)
+    warp = tidx // WARP
+    num_warps = num_threads // WARP
+    if tidx % WARP == 0:
+        words[warp] = units
+        words[num_warps + warp] = bad
+    cute.arch.sync_threads()
+    total = Int32(0)
+    faults = Int32(0)
+    for w in cutlass.range_constexpr(num_warps):
+        total = total + words[w]
+        faults = faults | words[num_warps + w]
+    return faults, total
+
+
+@cute.jit
+def scan_page_ids(kv_indptr: cute.Tensor, kv_indices: cute.Tensor, num_pages, tidx, num_threads: cutlass.Constexpr,
+                  unit_state: cute.Tensor, request_faults: cute.Tensor, error_word: cute.Tensor):
+    """This CTA's grid-stride share of ``kv_indices[0 : kv_indptr[batch]]`` (a valid batch's): an id outside
+    ``[0, num_pages)`` marks its request, read by any unit or not (a request without queries reads none of its
+    pages, yet its bad id is reported, as the planner's scan does)."""
+    cta, _, _ = cute.arch.block_idx()
+    grid, _, _ = cute.arch.grid_dim()
+    batch = kv_indptr.shape[0] - 1
+    end = cutlass.min(kv_indptr[batch], kv_indices.shape[0])
+    for p in range(cta * num_threads + tidx, end, grid * num_threads):
+        page = kv_indices[p]
+        if page < 0 or page >= num_pages:
+            mark_page_fault(unit_state, request_faults, error_word, last_at_most(kv_indptr, batch, p), page, p)
+
+
+@cute.jit
+def empty_rows(output: cute.Tensor, lse: cute.Tensor, tidx, num_threads: cutlass.Constexpr,
+               head_dim: cutlass.Constexpr, first_row, row_end, step):
+    """Rows ``first_row, first_row + step, ... < row_end`` of (token, head) pairs: output 0, lse -inf."""
+    heads = output.shape[1]
+    for r in range(first_row + tidx, row_end * heads, step * num_threads):
+        lse[r // heads, r % heads] = -cutlass.Float32.inf
+        for d in cutlass.range(head_dim, unroll=8):
+            output[r // heads, r % heads, d] = output.element_type(0.0)
+
+
+@cute.jit
+def mark_page_fault(unit_state: cute.Tensor, request_faults: cute.Tensor, error_word: cute.Tensor, request, page,
+                    position):
+    """A page id outside the pool in one of ``request``'s units: mark the request for :func:`finish_schedule`."""
+    cute.arch.atomic_or((request_faults.iterator + request).llvm_ptr, Int32(FAULT_PAGE_ID))
+    unit_state[FAULTS_SEEN] = Int32(1)
+    record_fault(error_word, FAULT_PAGE_ID, request)
+    error_word[2] = page
+    error_word[3] = position
+    cute.arch.fence_acq_rel_gpu()  # before this CTA's count (finish_schedule), which the last CTA reads after
+
+
+@cute.jit
+def check_tile_ids(page_ids: cute.Tensor, page_base, kv_base, kv_end, page_size: cutlass.Constexpr, num_pages,
+                   source, request, lane):
+    """Pages of 8+ keys (every lane holds the tile's ids, -1 past ``kv_end``): an id of the request's outside
+    ``[0, num_pages)`` marks it (lane 0) and becomes -1 (a zero-filled box: TMA never reads outside its tensor)."""
+    for i in cutlass.range_constexpr(cute.size(page_ids)):
+        if kv_base + i * page_size < kv_end:
+            pid = page_ids[i]
+            if pid < 0 or pid >= num_pages:
+                if lane == 0:
+                    mark_page_fault(source.unit_state, source.request_faults, source.error_word, request, pid,
+                                    page_base + kv_base // page_size + i)
+                page_ids[i] = Int32(-1)
+
+
+@cute.jit
+def check_lane_ids(lane_pages: cute.Tensor, first_index, n_pages, num_pages, source, request, lane):
+    """Ids loaded one per lane (``page_ids.load_lane_page_ids``): one outside ``[0, num_pages)`` marks its request
+    and becomes -1 (a zero-filled row or box: nothing outside the pool is read)."""
+    for c in cutlass.range_constexpr(cute.size(lane_pages)):
+        p = c * WARP + lane
+        if p < n_pages:
+            pid = lane_pages[c]
+            if pid < 0 or pid >= num_pages:
+                mark_page_fault(source.unit_state, source.request_faults, source.error_word, request, pid,
+                                first_index + p)
+                lane_pages[c] = Int32(-1)
+
+
+@cute.jit
+def finish_schedule(unit_state: cute.Tensor, request_faults: cute.Tensor, qo_indptr: cute.Tensor, output: cute.Tensor,
+                    lse: cute.Tensor, ctid, num_threads: cutlass.Constexpr, head_dim: cutlass.Constexpr,
+                    barrier_id: cutlass.Constexpr, word: cute.Tensor):
+    """The consumers' end (all ``num_threads`` of them, every row they own stored): count the CTA out (one acq_rel
+    atomic after a named barrier, so the count publishes every consumer's stores); the last CTA writes the marked
+    requests' rows 0 / lse -inf and zeroes the state and the marks for the next launch."""
+    cute.arch.barrier(barrier_id=barrier_id, number_of_threads=num_threads)
+    grid, _, _ = cute.arch.grid_dim()
+    if ctid == 0:
+        word[0] = cute.arch.atomic_add((unit_state.iterator + UNITS_DONE).llvm_ptr, Int32(1), sem="acq_rel",
+                                       scope="gpu")
+    cute.arch.barrier(barrier_id=barrier_id, number_of_threads=num_threads)
+    if word[0] == Int32(grid) - 1:
+        if unit_state[FAULTS_SEEN] != 0:
+            batch = qo_indptr.shape[0] - 1
+            for b in range(batch):
+                if request_faults[b] != 0:
+                    empty_rows(output, lse, ctid, num_threads, head_dim, qo_indptr[b] * output.shape[1],
+                               qo_indptr[b + 1], 1)
+            cute.arch.barrier(barrier_id=barrier_id, number_of_threads=num_threads)  # every thread read the marks
+            for b in range(ctid, batch, num_threads):
+                request_faults[b] = Int32(0)
+        if ctid == 0:
+            unit_state[UNIT_COUNTER] = Int32(0)
+            unit_state[UNITS_DONE] = Int32(0)
+            unit_state[FAULTS_SEEN] = Int32(0)

@@ -1,0 +1,75 @@
+"""Host side of a planner-free call: one launch of a self-scheduling attention kernel, no plan, no host sync.
+
+The default call (no plan, ``check_indices=False``) of a kind whose spec says so (``OpSpec.self_schedule``) takes
+this route instead of the device planner's (:mod:`cute_attn.device_planning`): the attention kernel built with
+``dynamic_schedule``, whose CTAs check the batch's index rules themselves and take units from a counter
+(``kernels/common/unit_schedule.py``). No planner, no check launch, no plan buffers, no combine, no device-to-host
+copy. The only state is the counter and the per-request marks, zero between launches (the kernel's last CTA clears
+them), one set per CUDA stream: capturable in a CUDA graph once made, and a replay schedules whatever the index
+tensors then hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .buffers import allocate_outside_graph_pools
+from .compile import compile_kernel
+from .device_errors import error_word
+from .kernels.common.paged_launch import LOG2_E
+from .kernels.common.unit_schedule import UNIT_STATE_WORDS
+
+__all__ = ["UnitScheduleRoute", "UnitScratch"]
+
+_LN2 = 0.6931471805599453
+
+
+@dataclass
+class UnitScratch:
+    """One stream's counter and request marks (zero between launches)."""
+
+    unit_state: torch.Tensor  # [UNIT_STATE_WORDS] int32
+    request_faults: torch.Tensor  # [max(batch, 1)] int32
+
+    @staticmethod
+    def allocate(batch: int, device) -> "UnitScratch":
+        def make():
+            return UnitScratch(torch.zeros(UNIT_STATE_WORDS, dtype=torch.int32, device=device),
+                               torch.zeros(max(batch, 1), dtype=torch.int32, device=device))
+
+        return allocate_outside_graph_pools(device, make)
+
+
+@dataclass
+class UnitScheduleRoute:
+    """A self-scheduling call shape, resolved once: where the index tensors sit, the chain, one scratch per stream."""
+
+    positions: tuple  # argument positions of qo_indptr, kv_indptr, kv_indices, kv_last_page_len
+    config: object  # the attention kernel's PagedAttentionConfig (dynamic_schedule=True)
+    num_ctas: int
+    batch: int
+    num_pages: int
+    scratch: dict  # stream handle -> UnitScratch
+    kernel: object = None  # the compiled build (its entry issues the checks, then the attention kernel)
+
+    schedules_itself = True  # api._launch: no plan slot, no launcher
+
+    @staticmethod
+    def resolve(spec, config, problem, num_ctas: int) -> "UnitScheduleRoute":
+        names = spec.arg_names
+        positions = tuple(names.index(n) for n in ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"))
+        return UnitScheduleRoute(positions, config, num_ctas, problem.batch_size, problem.num_pages, {})
+
+    def launch(self, args: tuple, output, lse, natural_lse: bool, stream: int, device) -> None:
+        if self.kernel is None:
+            self.kernel = compile_kernel(self.config)
+        scratch = self.scratch.get(stream)
+        if scratch is None:
+            scratch = self.scratch[stream] = UnitScratch.allocate(self.batch, device)
+        qo, kvp, kvi, last = (args[p] for p in self.positions)
+        q, k_cache, v_cache = args[:3]
+        self.kernel(q, k_cache, v_cache, qo, kvp, kvi, last, scratch.request_faults, scratch.unit_state,
+                    error_word(device), output, lse, float(args[-1]) * LOG2_E, _LN2 if natural_lse else 1.0,
+                    self.num_pages, self.num_ctas)

@@ -1,0 +1,65 @@
+"""The planner-free GQA prefill's host side on the CPU: when the default call takes it, which configs build it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cute_attn import validate
+from cute_attn.config import default_paged_config
+from cute_attn.ops import gqa_prefill, policy
+
+
+def _config(arch="sm_90a", heads=32, kv_heads=4, page_size=64, kind="gqa_paged_prefill", causal=True):
+    return default_paged_config(kind, arch=arch, num_qo_heads=heads, num_kv_heads=kv_heads, head_dim_qk=128,
+                                head_dim_v=128, page_size=page_size, causal=causal)
+
+
+def _problem(q_lens, kv_lens, heads=32, kv_heads=4, page_size=64):
+    return validate.PagedProblem.for_lengths(q_lens, kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads,
+                                             head_dim_qk=128, head_dim_v=128, page_size=page_size)
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_the_policy_decides_by_shapes_alone(enabled):
+    """On: a batch promising a unit a CTA (``ceil(total_q * group / rows) * kv_heads >= num_ctas``) takes it, a smaller
+    one the device planner; off: never. Only causal sm_90a GQA prefill builds it."""
+    with gqa_prefill.dynamic_schedule_policy(enabled):
+        big = _problem([992] * 8, [992] * 8)  # 62 q tiles a request x 4 KV heads x 8 = 1984 units
+        small = _problem([16] * 8, [4096] * 8)  # 8 q tiles x 4 = 32 units on 132 CTAs: the planner splits
+        assert gqa_prefill.self_schedule(_config(), big, 132) is enabled
+        assert gqa_prefill.self_schedule(_config(), small, 132) is False
+        assert gqa_prefill.self_schedule(_config(arch="sm_100a"), big, 132) is False
+        with policy(vars(gqa_prefill), DYNAMIC_MIN_UNITS_PER_CTA=0):
+            assert gqa_prefill.self_schedule(_config(), small, 132) is enabled
+
+
+def test_the_floor_counts_whole_tokens_a_tile():
+    """Group 5 packs 25 tokens (125 rows) a tile: 8 x 992 has 8 x 40 q tiles, one KV head; the shapes alone promise
+    ceil(7936 * 5 / 125) = 318 of them (the floor is a lower bound of the batch's units)."""
+    with gqa_prefill.dynamic_schedule_policy(True):
+        problem = _problem([992] * 8, [992] * 8, heads=5, kv_heads=1)
+        config = _config(heads=5, kv_heads=1)
+        assert gqa_prefill.self_schedule(config, problem, 318) is True
+        assert gqa_prefill.self_schedule(config, problem, 319) is False
+
+
+@pytest.mark.parametrize("kind, arch, causal, words", [
+    ("gqa_paged_prefill", "sm_100a", True, "sm_90a GQA prefill"),
+    ("gqa_paged_decode", "sm_90a", False, "sm_90a GQA prefill"),
+])
+def test_other_kernels_refuse_it_with_a_reason(kind, arch, causal, words):
+    config = dataclasses.replace(_config(arch=arch, kind=kind, causal=causal, heads=20), dynamic_schedule=True)
+    reason = config.can_implement()
+    assert reason is not None and "dynamic_schedule" in reason and words in reason
+
+
+def test_the_sm90_kernel_refuses_it_beside_splits_or_probes():
+    from cute_attn.kernels.sm90 import gqa_prefill as kernel
+
+    base = dataclasses.replace(_config(), dynamic_schedule=True)
+    assert kernel.check_config(base) is None
+    for knob in (dict(fused_merge=True), dict(probe="cta_stamps")):
+        reason = kernel.check_config(dataclasses.replace(base, **knob))
+        assert reason is not None and "dynamic_schedule" in reason

@@ -1,0 +1,170 @@
+"""The planner-free GQA prefill (``dynamic_schedule``: in-kernel index checks, CTAs taking units from a counter) on a
+GPU: drawn batches against the float32 reference, hostile page tables contained, the counter and marks left clean, and a
+captured call replayed across batches."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+
+import cute_attn  # noqa: E402
+from cute_attn import testing  # noqa: E402
+from cute_attn.ops import gqa_prefill  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+@contextlib.contextmanager
+def every_batch_self_schedules():
+    """The default call takes the self-scheduling build whatever the batch's units (the policy's floor at 0)."""
+    with gqa_prefill.dynamic_schedule_policy(True), \
+            cute_attn.ops.policy(vars(gqa_prefill), DYNAMIC_MIN_UNITS_PER_CTA=0):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    torch.cuda.init()
+    cute_attn.clear_plan_cache()
+    cute_attn.raise_on_device_error()
+    with every_batch_self_schedules():
+        yield
+    torch.cuda.synchronize()
+
+
+def _route_scratch():
+    """Every self-scheduling route's scratch now alive (api's route cache)."""
+    from cute_attn import api
+
+    return [s for hit in api._DEVICE_ROUTES.values() if getattr(hit.route, "schedules_itself", False)
+            for s in hit.route.scratch.values()]
+
+
+def _assert_matches_reference(case, what, num_sms=None):
+    out, lse = case.new_outputs()
+    cute_attn.gqa_paged_prefill(*case.inputs(), out, lse, num_sms=num_sms)
+    torch.cuda.synchronize()
+    ref_out, ref_lse = case.reference()
+    testing.assert_close_benchmark(out, ref_out, f"{what} output")
+    testing.assert_close_benchmark(lse, ref_lse, f"{what} lse")
+    cute_attn.raise_on_device_error()
+    scratch = _route_scratch()
+    assert scratch, f"{what}: the call did not take the self-scheduling route"
+    for s in scratch:  # the last CTA left the counter, the count out, the fault flag and the marks zero
+        assert not s.unit_state.any() and not s.request_faults.any(), f"{what}: scratch {s}"
+
+
+@SETTINGS
+@given(batch=testing.ragged_batches(max_batch=10, max_q=600, max_kv=3000),
+       layout=st.sampled_from([(32, 4, 128), (20, 4, 128), (5, 1, 128), (16, 16, 64), (16, 2, 256), (24, 8, 128)]),
+       page_size=st.sampled_from([1, 2, 16, 64]), seed=st.integers(0, 2**16))
+def test_drawn_batches_match_the_reference(batch, layout, page_size, seed):
+    heads, kv_heads, head_dim = layout
+    if head_dim == 256 and page_size > 64:
+        page_size = 64
+    q_lens, kv_lens = batch
+    case = testing.make_gqa_prefill_case(q_lens, kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads,
+                                         head_dim=head_dim, page_size=page_size, device="cuda", seed=seed)
+    _assert_matches_reference(case, f"{layout} page {page_size} {q_lens}/{kv_lens}")
+
+
+@pytest.mark.parametrize("num_sms", [None, 1, 7])
+def test_bench_shapes_and_small_grids(num_sms):
+    """The bench's 8 x 992 and a ragged batch, on the whole GPU and on grids of 1 and 7 CTAs (each CTA then takes
+    many units; the same counter, reset by the last CTA, serves each launch)."""
+    for q_lens, kv_lens in (([992] * 8, [992] * 8), ([33, 700, 1, 990, 0, 128], [33, 900, 3000, 990, 64, 4096])):
+        for seed in range(2):
+            case = testing.make_gqa_prefill_case(q_lens, kv_lens, device="cuda", seed=seed)
+            _assert_matches_reference(case, f"{len(q_lens)} requests seed {seed} grid {num_sms}", num_sms)
+
+
+def test_page_faults_empty_their_requests_and_clear():
+    """A page id outside the pool: the request's rows 0 / lse -inf (every unit of it, whichever CTA took it), the
+    others the reference's, the error word names kv_indices; the next clean call is right (marks cleared)."""
+    from cute_attn.device_errors import DeviceIndexError
+
+    case = testing.make_gqa_prefill_case([300, 5, 260, 40], [300, 900, 2000, 40], device="cuda", seed=5)
+    ref_out, ref_lse = case.reference()
+    kvp = case.kv_indptr.tolist()
+    saved = case.kv_indices.clone()
+    for k, b in enumerate((2, 0)):
+        rows = slice(int(case.qo_indptr[b]), int(case.qo_indptr[b + 1]))
+        ref_out[rows], ref_lse[rows] = 0, float("-inf")
+        case.kv_indices[kvp[b + 1] - 1] = -3 if k else case.k_cache.shape[0] + 7
+    out, lse = case.new_outputs()
+    cute_attn.gqa_paged_prefill(*case.inputs(), out, lse)
+    torch.cuda.synchronize()
+    testing.assert_close_benchmark(out, ref_out, "faulted output")
+    testing.assert_close_benchmark(lse, ref_lse, "faulted lse")
+    with pytest.raises(DeviceIndexError, match="kv_indices"):
+        cute_attn.raise_on_device_error()
+    case.kv_indices.copy_(saved)
+    _assert_matches_reference(case, "clean again")
+
+
+def test_hostile_index_tensors_are_contained_and_reported():
+    """Every corruption the hostile module draws (page ids, indptrs, last page lengths): no error at the call, every
+    row written (the pool's NaN never reaches one), the error names the argument; then a good batch is right."""
+    from cute_attn import hostile
+
+    case = testing.make_gqa_prefill_case([5, 0, 40, 300], [300, 3, 40, 700], device="cuda", seed=22)
+    kinds = [k for k in hostile.applicable_kinds(case) if k in hostile.INPUT_ERROR_KINDS]
+
+    @settings(max_examples=16, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(drawn=hostile.corruptions(case, kinds))
+    def check(drawn):
+        bad_case, corruption = drawn
+        out, lse = bad_case.new_outputs()
+        cute_attn.gqa_paged_prefill(*bad_case.inputs(), out, lse)
+        torch.cuda.synchronize()
+        assert not torch.isnan(out).any() and not torch.isnan(lse).any(), f"{corruption.description}: rows unwritten"
+        with pytest.raises(ValueError) as err:
+            cute_attn.raise_on_device_error()
+        named = hostile.first_named_argument(str(err.value))
+        assert named == corruption.names, f"{corruption.description}: names {named!r}: {err.value}"
+
+    check()
+    _assert_matches_reference(case, "after hostile calls")
+
+
+def test_captured_call_replays_across_batches():
+    """One call captured in a CUDA graph at fixed shapes (batch, total_q, pool), replayed after the index tensors were
+    refilled in place with other lengths and page tables: each replay equals the reference of what they then hold."""
+    rng = np.random.default_rng(7)
+    batch, total_q, page_size = 6, 1200, 16
+    case = testing.make_gqa_prefill_case([200] * batch, [1500] * batch, page_size=page_size, device="cuda", seed=3,
+                                         extra_pages=400)
+    case.k_cache.normal_()  # every page may be drawn below: no NaN poison here
+    case.v_cache.normal_()
+    out, lse = case.new_outputs()
+    inputs = case.inputs()
+    cute_attn.gqa_paged_prefill(*inputs, out, lse)  # the route's buffers, outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cute_attn.gqa_paged_prefill(*inputs, out, lse)
+    for step in range(4):
+        cuts = np.sort(rng.choice(np.arange(1, total_q), size=batch - 1, replace=False))
+        q_lens = np.diff(np.concatenate([[0], cuts, [total_q]])).tolist()
+        kv_lens = [q + int(rng.integers(0, 1200)) for q in q_lens]
+        case.qo_indptr.copy_(torch.tensor(np.concatenate([[0], np.cumsum(q_lens)]), dtype=torch.int32))
+        testing.refill_page_table(kv_lens, page_size, case.kv_indptr, case.kv_indices, case.kv_last_page_len, rng)
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_out, ref_lse = case.reference()  # of the index tensors as they now hold
+        testing.assert_close_benchmark(out, ref_out, f"replay {step} output")
+        testing.assert_close_benchmark(lse, ref_lse, f"replay {step} lse")
+    cute_attn.raise_on_device_error()
+
