@@ -394,8 +394,9 @@ class GqaPagedPrefillSm90(GqaPrefillProducer):
             else:
                 scan_page_ids(kv_indptr, kv_indices, num_pages, tidx, self.num_threads, unit_state, request_faults,
                               error_word)
-                # any thread's marks happen before this CTA's count (finish_schedule), whose release the last CTA reads
-                cute.arch.sync_threads()
+            # any thread's marks happen before this CTA's count (finish_schedule), whose release the last CTA reads,
+            # and every read of rule_words before the count reuses it
+            cute.arch.sync_threads()
             source = UnitSource(unit_state, slots, row_slots, request_faults, kv_last_page_len, error_word, num_pages,
                                 kv_indptr.shape[0] - 1, total)
         if cutlass.const_expr(self.cta_stamps):
@@ -421,10 +422,10 @@ class GqaPagedPrefillSm90(GqaPrefillProducer):
             if cutlass.const_expr(self.cta_stamps):
                 if tidx == 128:
                     self.stamp(partial_lse, cta, 2, cute.arch.globaltimer_lo())
-            if cutlass.const_expr(self.dynamic):
-                if source.total > 0:  # a broken batch took no unit: nothing to count or clear
-                    finish_schedule(unit_state, request_faults, qo_indptr, output, lse, tidx - 128,
-                                    self.num_mma_threads, self.head_dim, _FINISH_BARRIER, rule_words)
+            if cutlass.const_expr(self.dynamic):  # every CTA, even of a batch without units: each took one from the
+                # counter (past the end), so the last one must zero it for the next launch
+                finish_schedule(unit_state, request_faults, qo_indptr, output, lse, tidx - 128, self.num_mma_threads,
+                                self.head_dim, _FINISH_BARRIER, rule_words)
             if cutlass.const_expr(merge_indptr is not None):  # both consumer warpgroups wrote the partials
                 # only a CTA that wrote partials walks its items again: a prefill CTA runs ~15-30 items, and the
                 # walk's item loads at the tail of every CTA made plans without merges 2-9 us slower (session 16)
