@@ -10,7 +10,7 @@ from the indptrs alone, with no split and so no merge. This models that schedule
 the CTA that frees first: what an atomic counter does when every unit costs what the model says), for two orders:
 
 * ``request_major``: requests in order, each request's q tiles last (longest) first, heads innermost (FA3's varlen
-  order: a unit's request is found by a prefix over the requests' tile counts);
+  order, and the order of the self-scheduling build of session 33: ``cute_attn.plan_units.unit_items``);
 * ``rank_major``: q tiles by their rank from each request's end (every request's last tile, then every second-last,
   ...), requests then heads inside a rank: exactly longest first for equal requests, needing a prefix per rank.
 
@@ -56,8 +56,11 @@ def mla_rows() -> dict:
 
 def unit_costs(config, q_lens, kv_lens, order: str) -> np.ndarray:
     """Costs of the whole (request, q tile, head) units in ``order`` (module docstring)."""
-    from cute_attn.plan import _cost, _tiles
+    from cute_attn.plan import ItemField, _cost, _tiles
+    from cute_attn.plan_units import unit_items
 
+    if order == "request_major":  # the self-scheduling kernel's own order (plan_units, its numpy twin)
+        return _cost(unit_items(config, q_lens, kv_lens)[:, ItemField.KV_END].astype(np.int64), config)
     tiles = _tiles(config, np.asarray(q_lens), np.asarray(kv_lens))
     cost = _cost(tiles.kv_end.astype(np.int64), config)  # one per q tile, request-major, tiles ascending
     request = tiles.q_tiles[:, 0]

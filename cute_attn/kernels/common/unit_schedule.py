@@ -11,7 +11,8 @@ Unit order (request-major, FA3's): requests in batch order; inside a request its
 keys under the causal mask) to the first, each tile's KV heads innermost. Unit ``u`` of request ``b`` (``local = u -
 first_unit(b)``) is q tile ``tiles(b) - 1 - local // kv_heads`` of KV head ``local % kv_heads``. The producer warp finds
 ``b`` by a warp-wide prefix over 32 requests at a time, resumed where its previous unit was found (a CTA's units only
-grow), so a CTA walks the batch once in all.
+grow), so a CTA walks the batch once in all. ``cute_attn/plan_units.py`` is the numpy twin of both (CPU-tested against
+the host plan's unsplit items).
 
 Checks, all in the kernel (no plan and no check launch: a 1.7 µs check launch before the kernel cost the call ~6 µs of
 GPU span on the H200, the host issuing the second launch ~6 µs after the first):
