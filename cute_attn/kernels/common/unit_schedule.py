@@ -19,8 +19,9 @@ GPU span on the H200, the host issuing the second launch ~6 µs after the first)
 
 * *batch rules*, every CTA at its start over the whole batch (:func:`batch_rules`, all threads, before the warp roles
   split; the indptrs are a few KB in L2): ``qo_indptr`` / ``kv_indptr`` start at 0, never decrease, end at
-  ``total_q`` / at most ``len(kv_indices)``. A broken batch takes no unit: each CTA writes its grid-stride share of
-  the rows as output 0 / lse ``-inf`` (:func:`empty_rows`), CTA 0 records the fault.
+  ``total_q`` / at most ``len(kv_indices)``. A broken batch has no units (each CTA's first index is past the end, and
+  it still counts itself out): each CTA writes its grid-stride share of the rows as output 0 / lse ``-inf``
+  (:func:`empty_rows`), CTA 0 records the fault.
 * *request rules* (:func:`request_rule_faults`): ``kv_last_page_len`` in ``1..page_size`` (0 for no pages), the keys
   within int32; CTA 0's batch pass reports them, and the producer applies them when it decodes a unit
   (:func:`unit_fields`): a broken request's units get no keys (0 / ``-inf``).
@@ -33,7 +34,7 @@ GPU span on the H200, the host issuing the second launch ~6 µs after the first)
 Every fault also goes to the device error word (:mod:`cute_attn.device_errors`), as the planner's do.
 
 State (``unit_state``, int32 ``[UNIT_STATE_WORDS]``, zero between launches): ``[UNIT_COUNTER]`` the next unit,
-``[UNITS_DONE]`` CTAs that finished, ``[FAULTS_SEEN]`` 1 once a unit found a page id outside the pool. The last CTA to
+``[UNITS_DONE]`` CTAs that finished, ``[FAULTS_SEEN]`` 1 once a page id outside the pool was found. The last CTA to
 finish zeroes them (and the marks it acted on), so the next launch (or a CUDA-graph replay) starts clean with no host
 work.
 
