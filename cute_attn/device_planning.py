@@ -74,6 +74,14 @@ def allocate_planned(config, capacity: PlanCapacity, num_ctas: int, batch: int, 
     return allocate_outside_graph_pools(device, make)  # kept for the route's later calls: not in a graph's pool
 
 
+def index_positions(spec) -> tuple:
+    """Argument positions of ``qo_indptr`` (or None), ``kv_indptr``, ``kv_indices``, ``kv_last_page_len`` (or None) in
+    ``spec``'s entry."""
+    names = spec.arg_names
+    return tuple(names.index(n) if n in names else None
+                 for n in ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"))
+
+
 @dataclass
 class DevicePlanRoute:
     """What a device-planned call shape needs, resolved once: where the index tensors sit among the arguments,
@@ -94,9 +102,7 @@ class DevicePlanRoute:
 
     @staticmethod
     def resolve(spec, config, problem, num_ctas: int) -> "DevicePlanRoute":
-        names = spec.arg_names
-        positions = tuple(names.index(n) if n in names else None
-                          for n in ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"))
+        positions = index_positions(spec)
         pconfig = planner_config(spec, config, num_ctas)
         capacity = PlanCapacity.for_limits(pconfig.plan_config(num_ctas), max_batch=problem.batch_size,
                                            max_total_q=problem.total_q)

@@ -18,12 +18,11 @@ import torch
 from .buffers import allocate_outside_graph_pools
 from .compile import compile_kernel
 from .device_errors import error_word
-from .kernels.common.paged_launch import LOG2_E
+from .device_planning import index_positions
+from .kernels.common.paged_launch import LN2, LOG2_E
 from .kernels.common.unit_schedule import UNIT_STATE_WORDS
 
 __all__ = ["UnitScheduleRoute", "UnitScratch"]
-
-_LN2 = 0.6931471805599453
 
 
 @dataclass
@@ -58,9 +57,7 @@ class UnitScheduleRoute:
 
     @staticmethod
     def resolve(spec, config, problem, num_ctas: int) -> "UnitScheduleRoute":
-        names = spec.arg_names
-        positions = tuple(names.index(n) for n in ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"))
-        return UnitScheduleRoute(positions, config, num_ctas, problem.batch_size, problem.num_pages, {})
+        return UnitScheduleRoute(index_positions(spec), config, num_ctas, problem.batch_size, problem.num_pages, {})
 
     def launch(self, args: tuple, output, lse, natural_lse: bool, stream: int, device) -> None:
         if self.kernel is None:
@@ -71,5 +68,5 @@ class UnitScheduleRoute:
         qo, kvp, kvi, last = (args[p] for p in self.positions)
         q, k_cache, v_cache = args[:3]
         self.kernel(q, k_cache, v_cache, qo, kvp, kvi, last, scratch.request_faults, scratch.unit_state,
-                    error_word(device), output, lse, float(args[-1]) * LOG2_E, _LN2 if natural_lse else 1.0,
+                    error_word(device), output, lse, float(args[-1]) * LOG2_E, LN2 if natural_lse else 1.0,
                     self.num_pages, self.num_ctas)

@@ -79,6 +79,8 @@ from .planner_scan import FAULT_PAGE_ID, MAX_SCAN_CTAS, scan_ctas  # noqa: F401 
 from .planner_scan import (L2_LINE_INT32, ONE_WRITER, SEVERAL_WRITERS, arrivals_seen, planning_cta_ends,
                            scan_and_arrive, scan_verdict)
 from .planner_scan import record_fault as _record
+from .index_rules import (FAULT_CAPACITY, FAULT_KV_INDPTR, FAULT_LAST_PAGE_LEN, FAULT_QO_INDPTR,  # noqa: F401 (public)
+                          empty_rows, request_rule_faults)
 from .planner_cuts import cut_line
 from .planner_deal_first import deal_first, deal_first_one_site
 from .sorted_deal import deal_slots, sorted_deal
@@ -124,8 +126,6 @@ Q_TILE_FIELDS = 4  # request, row start, row count, key end
 # first q tile, keys, query tokens, fault bits, first page, first token: the lists phase reads a request's page and
 # token starts here, not from global per item (no faster on the H200: docs/perf-notes.md session 7)
 REQUEST_FIELDS = 6
-# fault bits (cute_attn.device_errors.Fault mirrors them)
-FAULT_QO_INDPTR, FAULT_KV_INDPTR, FAULT_LAST_PAGE_LEN, FAULT_CAPACITY = 1, 2, 4, 16  # and planner_scan.FAULT_PAGE_ID
 INT32_MAX = 2**31 - 1
 
 
@@ -452,13 +452,7 @@ class DevicePlanner:
                 requests[b, 4] = page_start
                 requests[b, 5] = token_start
                 last = kv_last_page_len[b]
-                lowest = Int32(1) if pages > 0 else Int32(0)
-                if last < lowest or last > c.page_size:
-                    mine = mine | FAULT_LAST_PAGE_LEN
-                    _record(error_word, FAULT_LAST_PAGE_LEN, b)
-                if Int64(pages) * c.page_size > Int64(INT32_MAX - 2 * c.kv_tile):
-                    mine = mine | FAULT_KV_INDPTR
-                    _record(error_word, FAULT_KV_INDPTR, b)
+                mine = request_rule_faults(error_word, last, b, pages, c.page_size, c.kv_tile)
                 tiles = (q_len * c.group_size + c.rows_per_tile - 1) // c.rows_per_tile
                 if pages > 0:
                     kv_len = (pages - 1) * c.page_size + last
@@ -514,12 +508,8 @@ class DevicePlanner:
             work_indptr[i] = Int32(0)
         for i in range(tidx, merge_indptr.shape[0], NUM_THREADS):
             merge_indptr[i] = Int32(0)
-        heads_q = self.c.num_qo_heads
         rows = total_q if output.shape[0] == total_q else Int32(0)  # plan_*(on_device=True) has no output
-        for r in range(tidx, rows * heads_q, NUM_THREADS):
-            lse[r // heads_q, r % heads_q] = -cutlass.Float32.inf
-            for d in range(self.c.head_dim_v):
-                output[r // heads_q, r % heads_q, d] = cutlass.BFloat16(0.0)
+        empty_rows(output, lse, tidx, NUM_THREADS, self.c.head_dim_v, 0, rows, 1)
 
     @cute.jit
     def plan_tiles(self, tidx, qo_indptr, kv_indptr, kv_last_page_len, work_indptr, items, merge_indptr, merges,

@@ -88,7 +88,7 @@ def dynamic_schedule_fake_args(config: PagedAttentionConfig) -> tuple:
             output, lse, scale_log2, lse_out_scale, i32(1), i32(1), stream)
 
 
-_LN2 = math.log(2.0)
+LN2 = math.log(2.0)  # lse_out_scale of a natural-log LSE
 
 # id(config) -> (config, check_config, compile_kernel, fn): the kernel's rules and the compile-cache lookup
 # run once per config, not per launch (hashing a config costs as much as the rest of the launch). The
@@ -127,7 +127,7 @@ def launch_paged(device_plan, check_config, inputs: tuple, sm_scale, output, lse
     if resolved is None or resolved[0] is not config or resolved[1] is not check_config \
             or resolved[2] is not compile_kernel:
         resolved = _resolve(check_config, config)
-    lse_out_scale = _LN2 if natural_lse else 1.0
+    lse_out_scale = LN2 if natural_lse else 1.0
     partial_out, partial_lse, merge_counters = device_plan.scratch()  # this stream's (DevicePlan: streams)
     # the kernel counts its split items in their merges: it folds them itself (fused_merge), an eager combine does,
     # or (cluster_merge_flags) it flags the merges its clusters folded for the combine to skip

@@ -21,8 +21,8 @@ GPU span on the H200, the host issuing the second launch ~6 µs after the first)
   split; the indptrs are a few KB in L2): ``qo_indptr`` / ``kv_indptr`` start at 0, never decrease, end at
   ``total_q`` / at most ``len(kv_indices)``. A broken batch has no units (each CTA's first index is past the end, and
   it still counts itself out): each CTA writes its grid-stride share of the rows as output 0 / lse ``-inf``
-  (:func:`empty_rows`), CTA 0 records the fault.
-* *request rules* (:func:`request_rule_faults`): ``kv_last_page_len`` in ``1..page_size`` (0 for no pages), the keys
+  (``index_rules.empty_rows``), CTA 0 records the fault.
+* *request rules* (``index_rules.request_rule_faults``, the planner's own): ``kv_last_page_len`` in ``1..page_size`` (0 for no pages), the keys
   within int32; CTA 0's batch pass reports them, and the producer applies them when it decodes a unit
   (:func:`unit_fields`): a broken request's units get no keys (0 / ``-inf``).
 * *page ids*: each CTA scans its grid-stride share of ``kv_indices`` at its start (:func:`scan_page_ids`), and the
@@ -53,15 +53,14 @@ from enum import IntEnum
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Int64
+from cutlass import Int32
 
+from .index_rules import FAULT_KV_INDPTR, FAULT_PAGE_ID, FAULT_QO_INDPTR, empty_rows, request_rule_faults
 from .planner_collectives import WARP, last_at_most, warp_inclusive_sum
 from .planner_scan import record_fault
 
 UNIT_COUNTER, UNITS_DONE, FAULTS_SEEN = 0, 1, 2
 UNIT_STATE_WORDS = 4
-FAULT_QO_INDPTR, FAULT_KV_INDPTR, FAULT_LAST_PAGE_LEN, FAULT_PAGE_ID = 1, 2, 4, 8  # device_errors.Fault's bits
-INT32_MAX = 2**31 - 1
 
 
 class SlotField(IntEnum):
@@ -146,33 +145,16 @@ def unit_fields(request, local, qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, 
     row_start = (tiles - 1 - rank) * rows
     row_count = cutlass.min(packed - row_start, Int32(rows))
     pages = kv_indptr[request + 1] - kv_indptr[request]
-    faults = request_rule_faults(None, kv_last_page_len, request, pages, page_size, kv_tile)
+    last = kv_last_page_len[request]
+    faults = request_rule_faults(None, last, request, pages, page_size, kv_tile)
     kv_len = Int32(0)
     if pages > 0 and faults == 0:
-        kv_len = (pages - 1) * page_size + kv_last_page_len[request]
+        kv_len = (pages - 1) * page_size + last
     offset = kv_len - q_len
     kv_end = cutlass.min(cutlass.max((row_start + row_count - 1) // group + 1 + offset, Int32(0)), kv_len)
     if faults != 0:  # every unit of the request sees it: no keys, rows 0 / lse -inf (batch_rules reported it)
         kv_end = Int32(0)
     return kv_head, row_start, row_count, kv_end, offset, kv_len
-
-
-@cute.jit
-def request_rule_faults(error_word, kv_last_page_len: cute.Tensor, request, pages, page_size: cutlass.Constexpr,
-                        kv_tile: cutlass.Constexpr) -> Int32:
-    """A request's own rules: ``kv_last_page_len`` in ``1..page_size`` (0 without pages), its keys within int32.
-    Returns the fault bits; recorded in ``error_word`` when one is given."""
-    last = kv_last_page_len[request]
-    lowest = Int32(1) if pages > 0 else Int32(0)
-    faults = Int32(0)
-    if last < lowest or last > page_size:
-        faults = faults | FAULT_LAST_PAGE_LEN
-    if Int64(pages) * page_size > Int64(INT32_MAX - 2 * kv_tile):
-        faults = faults | FAULT_KV_INDPTR
-    if cutlass.const_expr(error_word is not None):
-        if faults != 0:
-            record_fault(error_word, faults, request)
-    return faults
 
 
 @cute.jit
@@ -259,7 +241,7 @@ def batch_rules(qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, num_indices, tot
         if q_len > 0:
             units = units + (q_len * group + rows - 1) // rows * kv_heads
         if report_requests:  # reported here too: a request without queries has no unit whose decode would see it
-            request_rule_faults(error_word, kv_last_page_len, b, page_end - page_start, page_size, kv_tile)
+            request_rule_faults(error_word, kv_last_page_len[b], b, page_end - page_start, page_size, kv_tile)
     for i in cutlass.range_constexpr(5):  # warp reduction: OR of the bits, sum of the units
         bad = bad | cute.arch.shuffle_sync_bfly(bad, 1 << i)
         units = units + cute.arch.shuffle_sync_bfly(units, 1 << i)
@@ -291,17 +273,6 @@ def scan_page_ids(kv_indptr: cute.Tensor, kv_indices: cute.Tensor, num_pages, ti
         page = kv_indices[p]
         if page < 0 or page >= num_pages:
             mark_page_fault(unit_state, request_faults, error_word, last_at_most(kv_indptr, batch, p), page, p)
-
-
-@cute.jit
-def empty_rows(output: cute.Tensor, lse: cute.Tensor, tidx, num_threads: cutlass.Constexpr,
-               head_dim: cutlass.Constexpr, first_row, row_end, step):
-    """Rows ``first_row, first_row + step, ... < row_end`` of (token, head) pairs: output 0, lse -inf."""
-    heads = output.shape[1]
-    for r in range(first_row + tidx, row_end * heads, step * num_threads):
-        lse[r // heads, r % heads] = -cutlass.Float32.inf
-        for d in cutlass.range(head_dim, unroll=8):
-            output[r // heads, r % heads, d] = output.element_type(0.0)
 
 
 @cute.jit

@@ -95,8 +95,8 @@ from ..common.named_barrier import warpgroup_barrier_arrive, warpgroup_barrier_s
 from ..common.packed_q import q_box_stage_layout
 from ..common.registers import register_split_reason
 from ..common.planner_scan import record_fault
-from ..common.unit_schedule import (SLOT_FIELDS, SlotField, batch_rules, empty_rows, finish_schedule, read_slot,
-                                    scan_page_ids)
+from ..common.index_rules import empty_rows
+from ..common.unit_schedule import SLOT_FIELDS, SlotField, batch_rules, finish_schedule, read_slot, scan_page_ids
 from ..common.softmax import (acc_mn_view, acc_to_mma_a_view, make_softmax_state, rescale_rows,
                               softmax_finalize, softmax_reset, softmax_update, store_p_bf16)
 from ..common.launch_chain import wait_for_previous_grid
@@ -140,13 +140,19 @@ def q_stages(head_dim: int) -> int:
     return 1 if head_dim == 256 else 2
 
 
+def _num_threads(config: PagedAttentionConfig) -> int:
+    """The producer warpgroup and one consumer warpgroup per 64 rows of the tile."""
+    return 128 + 2 * config.tile_q_rows
+
+
 def smem_bytes(config: PagedAttentionConfig, num_stages: int = NUM_STAGES) -> int:
     """Shared memory of one CTA: Q tile, K and V stages, mbarriers (plus alignment slack)."""
     tile = 2 * config.head_dim_qk
     qs = q_stages(config.head_dim_qk)
     return (qs * config.tile_q_rows * tile + 2 * num_stages * config.kv_tile * tile
             + 8 * (2 * qs + 4 * num_stages) + 3 * 1024 + (_FOLD_ARRIVAL_BYTES if config.fused_merge else 0)
-            + (4 * (qs * SLOT_FIELDS + 2 * _ROW_SLOT_WORDS + 2 * 384 // 32) + 48 if config.dynamic_schedule else 0))
+            + (4 * (qs * SLOT_FIELDS + 2 * _ROW_SLOT_WORDS + 2 * _num_threads(config) // 32) + 48
+               if config.dynamic_schedule else 0))
 
 
 def check_config(config: PagedAttentionConfig) -> str | None:

@@ -26,8 +26,8 @@ from ..common.page_ids import (LANE_IDS_BELOW, id_loads, lane_page_id, load_lane
                                rotate_lane_page_ids)
 from ..common.row_gather import ROW_CHUNK, gather_one_row_pages
 from ..common.tma_issue import ONE_ELECTION, issue_page_boxes, tma_descriptor_address
-from ..common.unit_schedule import (SLOT_FIELDS, SlotField, check_lane_ids, check_tile_ids, end_of_work, locate_unit,
-                                    publish_unit, take_unit, unit_fields)
+from ..common.unit_schedule import (check_lane_ids, check_tile_ids, end_of_work, locate_unit, publish_unit, take_unit,
+                                    unit_fields)
 
 _ROW_SLOT_BARRIER = 7  # dynamic_schedule row gathers: warp 0 hands each unit to warps 1-3 (the four producer warps)
 
@@ -48,23 +48,15 @@ class GqaPrefillProducer:
     """Producer roles; the kernel class sets the compile-time constants they read (``group``, ``page_size``, ...)."""
 
     @cute.jit
-    def find_unit(self, u, total, qo_indptr, source: UnitSource, base, before, lane):
-        """``(request, local, base, before)`` of unit ``u``; ``request == batch`` once ``u`` is past the batch."""
+    def find_unit(self, u, qo_indptr, source: UnitSource, base, before, lane):
+        """``(request, local, base, before)`` of unit ``u``; ``request == batch`` once ``u`` is past the batch's units
+        (all of them for a broken batch, whose count is 0)."""
         request = source.batch
         local = Int32(0)
-        if u < total:
+        if u < source.total:
             request, local, base, before = locate_unit(u, qo_indptr, source.batch, base, before, lane, self.group,
                                                        self.q_rows, self.num_kv_heads)
         return request, local, base, before
-
-    @cute.jit
-    def take_first_unit(self, qo_indptr, source: UnitSource, lane):
-        """``(total, request, local, base, before)``: the batch's unit count and this CTA's first unit (none for a
-        broken batch, whose count is 0)."""
-        total = source.total
-        u = take_unit(source.unit_state, lane)
-        request, local, base, before = self.find_unit(u, total, qo_indptr, source, Int32(0), Int32(0), lane)
-        return total, request, local, base, before
 
     @cute.jit
     def fields_of(self, request, local, qo_indptr, kv_indptr, source: UnitSource):
@@ -103,7 +95,8 @@ class GqaPrefillProducer:
                 kv_state = self.load_item_tiles(boxes, kv_indptr, kv_indices, b, h, kv_start, kv_end, lane, pipe_k,
                                                 pipe_v, kv_state, None)
         else:
-            total, request, local, base, before = self.take_first_unit(qo_indptr, source, lane)
+            request, local, base, before = self.find_unit(take_unit(source.unit_state, lane), qo_indptr, source,
+                                                          Int32(0), Int32(0), lane)
             while request < source.batch:
                 h, r0, rows, kv_end, offset, kv_len = self.fields_of(request, local, qo_indptr, kv_indptr, source)
                 self.issue_q(tma_atom_q, tma_q, s_q, qo_indptr[request] + r0 // G, h, pipe_q, q_state,
@@ -112,7 +105,7 @@ class GqaPrefillProducer:
                 u = take_unit(source.unit_state, lane)  # in flight under this unit's loads
                 kv_state = self.load_item_tiles(boxes, kv_indptr, kv_indices, request, h, Int32(0), kv_end, lane,
                                                 pipe_k, pipe_v, kv_state, source)
-                request, local, base, before = self.find_unit(u, total, qo_indptr, source, base, before, lane)
+                request, local, base, before = self.find_unit(u, qo_indptr, source, base, before, lane)
             end_of_work(pipe_q, q_state, source.slots)
 
     @cute.jit
@@ -220,13 +213,13 @@ class GqaPrefillProducer:
                                                   items[it, int(F.KV_START)], items[it, int(F.KV_END)], lane, pipe_k,
                                                   pipe_v, kv_state, None)
         else:
-            total = Int32(0)
             request = Int32(0)
             local = Int32(0)
             base = Int32(0)
             before = Int32(0)
             if warp == 0:
-                total, request, local, base, before = self.take_first_unit(qo_indptr, source, lane)
+                request, local, base, before = self.find_unit(take_unit(source.unit_state, lane), qo_indptr, source,
+                                                              Int32(0), Int32(0), lane)
             turn = Int32(0)  # the row slot of this hand-off (two, alternating: a slot is rewritten two turns later)
             request, h, kv_end = self.hand_off(warp, request, local, qo_indptr, kv_indptr, source, turn, tma_atom_q,
                                                tma_q, s_q, pipe_q, q_state)
@@ -238,7 +231,7 @@ class GqaPrefillProducer:
                 kv_state = self.gather_item_tiles(warp, k_rows, v_rows, s_k, s_v, kv_indptr, kv_indices, request, h,
                                                   Int32(0), kv_end, lane, pipe_k, pipe_v, kv_state, source)
                 if warp == 0:
-                    request, local, base, before = self.find_unit(u, total, qo_indptr, source, base, before, lane)
+                    request, local, base, before = self.find_unit(u, qo_indptr, source, base, before, lane)
                 turn = 1 - turn
                 request, h, kv_end = self.hand_off(warp, request, local, qo_indptr, kv_indptr, source, turn,
                                                    tma_atom_q, tma_q, s_q, pipe_q, q_state)
@@ -286,67 +279,61 @@ class GqaPrefillProducer:
         if cutlass.const_expr(self.k_ahead):
             prev_pages = cute.make_rmem_tensor(1, Int32)
             v_state = self.gather_k_ahead(k_rows, v_rows, s_k_chunks, s_v_chunks, lane_pages, next_pages, prev_pages,
-                                          kv_indices, h, lane, rows, slice_rows, first, page_base, kv_end, num_tiles,
+                                          kv_indices, h, lane, slice_rows, first, page_base, kv_end, num_tiles,
                                           pipe_k, pipe_v, kv_state, kv_state.clone(), source, b)
             kv_state = v_state.clone()  # both pipelines advanced once a tile
         else:
             for t in cutlass.range(num_tiles, unroll=1):
-                nxt = first + (t + 1) * self.tile_n  # tile t + 1's ids load under tile t's copies
-                rotate_lane_page_ids(kv_indices, lane_pages, next_pages, page_base + nxt // P,
-                                     (kv_end - nxt + P - 1) // P, lane)
-                if cutlass.const_expr(source is not None):  # this tile's ids (loaded a tile ago), before any is read
-                    cur = nxt - self.tile_n
-                    check_lane_ids(lane_pages, page_base + cur // P, (kv_end - cur + P - 1) // P, source.num_pages,
-                                   source, b, lane)
-                pipe_k.producer_acquire(kv_state)
-                gather_one_row_pages(k_rows, s_k_chunks[None, None, None, None, kv_state.index], lane_pages, h, lane,
-                                     rows, self.head_dim, page_rows=P, tile_row0=slice_rows,
-                                     segments=self.row_segments)
-                pipe_k.producer_commit(kv_state)
-                pipe_v.producer_acquire(kv_state)
-                gather_one_row_pages(v_rows, s_v_chunks[None, None, None, None, kv_state.index], lane_pages, h, lane,
-                                     rows, self.head_dim, page_rows=P, tile_row0=slice_rows,
-                                     segments=self.row_segments)
-                pipe_v.producer_commit(kv_state)
+                self.rotate_tile_ids(kv_indices, lane_pages, next_pages, page_base, first + t * self.tile_n, kv_end,
+                                     lane, source, b)
+                self.gather_stage(pipe_k, kv_state, k_rows, s_k_chunks, lane_pages, h, lane, slice_rows)
+                self.gather_stage(pipe_v, kv_state, v_rows, s_v_chunks, lane_pages, h, lane, slice_rows)
                 kv_state.advance()
         return kv_state
 
     @cute.jit
+    def rotate_tile_ids(self, kv_indices, lane_pages, next_pages, page_base, tile_first, kv_end, lane,
+                        source: UnitSource, request):
+        """This warp's ids of the tile whose first key is ``tile_first`` into ``lane_pages`` (loaded a tile ago) and
+        the next tile's loading into ``next_pages`` under this tile's copies; self-scheduling builds check this tile's
+        ids against the pool before any is read (``unit_schedule.check_lane_ids``)."""
+        P = self.page_size
+        nxt = tile_first + self.tile_n
+        rotate_lane_page_ids(kv_indices, lane_pages, next_pages, page_base + nxt // P, (kv_end - nxt + P - 1) // P,
+                             lane)
+        if cutlass.const_expr(source is not None):
+            check_lane_ids(lane_pages, page_base + tile_first // P, (kv_end - tile_first + P - 1) // P,
+                           source.num_pages, source, request, lane)
+
+    @cute.jit
+    def gather_stage(self, pipe, state, rows_src, s_chunks, lane_pages, h, lane, slice_rows):
+        """This warp's quarter of one K or V stage: acquire it, cp.async its rows, commit."""
+        pipe.producer_acquire(state)
+        gather_one_row_pages(rows_src, s_chunks[None, None, None, None, state.index], lane_pages, h, lane,
+                             self.tile_n // 4, self.head_dim, page_rows=self.page_size, tile_row0=slice_rows,
+                             segments=self.row_segments)
+        pipe.producer_commit(state)
+
+    @cute.jit
     def gather_k_ahead(self, k_rows, v_rows, s_k_chunks, s_v_chunks, lane_pages, next_pages, prev_pages, kv_indices,
-                       h: Int32, lane: Int32, rows: cutlass.Constexpr[int], slice_rows: Int32, first: Int32,
+                       h: Int32, lane: Int32, slice_rows: Int32, first: Int32,
                        page_base: Int32, kv_end: Int32, num_tiles: Int32, pipe_k, pipe_v, k_state, v_state,
                        source: UnitSource = None, request=None):
         """One item's tiles in the order K_0, K_1, V_0, K_2, V_1, ..., V_last (``k_ahead``); K and V keep their own
         pipeline states, each advanced once a tile (so they agree again after the item). Returns the V state."""
-        P = self.page_size
         for t in cutlass.range(num_tiles, unroll=1):
-            nxt = first + (t + 1) * self.tile_n
             prev_pages[0] = lane_pages[0]  # tile t - 1's ids, for its V
-            rotate_lane_page_ids(kv_indices, lane_pages, next_pages, page_base + nxt // P,
-                                 (kv_end - nxt + P - 1) // P, lane)
-            if cutlass.const_expr(source is not None):  # this tile's ids (loaded a tile ago), before any is read
-                cur = nxt - self.tile_n
-                check_lane_ids(lane_pages, page_base + cur // P, (kv_end - cur + P - 1) // P, source.num_pages,
-                               source, request, lane)
-            pipe_k.producer_acquire(k_state)
-            gather_one_row_pages(k_rows, s_k_chunks[None, None, None, None, k_state.index], lane_pages, h, lane,
-                                 rows, self.head_dim, page_rows=P, tile_row0=slice_rows, segments=self.row_segments)
-            pipe_k.producer_commit(k_state)
+            self.rotate_tile_ids(kv_indices, lane_pages, next_pages, page_base, first + t * self.tile_n, kv_end, lane,
+                                 source, request)
+            self.gather_stage(pipe_k, k_state, k_rows, s_k_chunks, lane_pages, h, lane, slice_rows)
             k_state.advance()
             if t > 0:
-                pipe_v.producer_acquire(v_state)
-                gather_one_row_pages(v_rows, s_v_chunks[None, None, None, None, v_state.index], prev_pages, h, lane,
-                                     rows, self.head_dim, page_rows=P, tile_row0=slice_rows,
-                                     segments=self.row_segments)
-                pipe_v.producer_commit(v_state)
+                self.gather_stage(pipe_v, v_state, v_rows, s_v_chunks, prev_pages, h, lane, slice_rows)
                 v_state.advance()
         if num_tiles > 0:
-            pipe_v.producer_acquire(v_state)
-            gather_one_row_pages(v_rows, s_v_chunks[None, None, None, None, v_state.index], lane_pages, h, lane,
-                                 rows, self.head_dim, page_rows=P, tile_row0=slice_rows, segments=self.row_segments)
-            pipe_v.producer_commit(v_state)
+            self.gather_stage(pipe_v, v_state, v_rows, s_v_chunks, lane_pages, h, lane, slice_rows)
             v_state.advance()
         return v_state
 
 
-__all__ = ["GqaPrefillProducer", "UnitSource", "SLOT_FIELDS", "SlotField"]
+__all__ = ["GqaPrefillProducer", "UnitSource"]
