@@ -194,10 +194,10 @@ class PagedAttentionConfig(KernelConfig):
     #: and the combine launch follows, skipping the flagged merges. For device plans, whose shape the host never sees
     #: (``ops/mla_decode.device_cluster_tiles``)
     cluster_merge_flags: bool = False
-    #: the sm_90a GQA prefill kernel with no plan: each CTA checks the batch's index rules, then takes whole (request,
-    #: q tile, KV head) units from an atomic counter, checking each unit's request and page ids as it goes
+    #: the sm_90a GQA and MLA prefill kernels with no plan: each CTA checks the batch's index rules, then takes whole
+    #: (request, q tile, KV head) units from an atomic counter, checking each unit's request and page ids as it goes
     #: (``kernels/common/unit_schedule.py``); nothing split, no combine, one launch. The default call's route for
-    #: batches with enough units (``ops/gqa_prefill.DYNAMIC_SCHEDULE`` says when)
+    #: batches with enough units (``ops/gqa_prefill.DYNAMIC_SCHEDULE`` / ``ops/mla_prefill.DYNAMIC_SCHEDULE`` say when)
     dynamic_schedule: bool = False
 
     @property
@@ -302,9 +302,10 @@ class PagedAttentionConfig(KernelConfig):
         if self.cluster_merge_flags and not self.cluster_merge:
             return ("cluster_merge_flags: the run-time check of the cluster merge's shape needs cluster_merge (the "
                     "cluster size), got cluster_merge=0")
-        if self.dynamic_schedule and ((self.kind, self.arch) != ("gqa_paged_prefill", "sm_90a") or not self.causal):
-            return (f"dynamic_schedule: built for the causal sm_90a GQA prefill kernel only (kind {self.kind}, arch "
-                    f"{self.arch}, causal {self.causal})")
+        if self.dynamic_schedule and (self.kind not in ("gqa_paged_prefill", "mla_paged_prefill")
+                                      or self.arch != "sm_90a" or not self.causal):
+            return ("dynamic_schedule: built for the causal sm_90a GQA and MLA prefill kernels only "
+                    f"(kind {self.kind}, arch {self.arch}, causal {self.causal})")
         if self.page_boxes and ((self.kind, self.arch) != ("mla_paged_prefill", "sm_90a")
                                 or self.page_size < self.kv_tile):
             return (f"page_boxes: a knob of the sm_90a MLA kernels' TMA K stages at pages of >= kv_tile keys "

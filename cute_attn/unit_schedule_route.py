@@ -31,12 +31,14 @@ class UnitScratch:
 
     unit_state: torch.Tensor  # [UNIT_STATE_WORDS] int32
     request_faults: torch.Tensor  # [max(batch, 1)] int32
+    ones: torch.Tensor  # [max(batch, 1)] int32 of 1: kv_last_page_len of a page-size-1 call without one (MLA ps1)
 
     @staticmethod
     def allocate(batch: int, device) -> "UnitScratch":
         def make():
             return UnitScratch(torch.zeros(UNIT_STATE_WORDS, dtype=torch.int32, device=device),
-                               torch.zeros(max(batch, 1), dtype=torch.int32, device=device))
+                               torch.zeros(max(batch, 1), dtype=torch.int32, device=device),
+                               torch.ones(max(batch, 1), dtype=torch.int32, device=device))
 
         return allocate_outside_graph_pools(device, make)
 
@@ -65,8 +67,9 @@ class UnitScheduleRoute:
         scratch = self.scratch.get(stream)
         if scratch is None:
             scratch = self.scratch[stream] = UnitScratch.allocate(self.batch, device)
-        qo, kvp, kvi, last = (args[p] for p in self.positions)
-        q, k_cache, v_cache = args[:3]
-        self.kernel(q, k_cache, v_cache, qo, kvp, kvi, last, scratch.request_faults, scratch.unit_state,
-                    error_word(device), output, lse, float(args[-1]) * LOG2_E, LN2 if natural_lse else 1.0,
-                    self.num_pages, self.num_ctas)
+        qo, kvp, kvi, last = (None if p is None else args[p] for p in self.positions)
+        if last is None:
+            last = scratch.ones
+        data = args[:self.positions[0]]  # the query and cache tensors before qo_indptr (q, k, v; MLA's four)
+        self.kernel(*data, qo, kvp, kvi, last, scratch.request_faults, scratch.unit_state, error_word(device), output,
+                    lse, float(args[-1]) * LOG2_E, LN2 if natural_lse else 1.0, self.num_pages, self.num_ctas)

@@ -46,8 +46,8 @@ def test_the_floor_counts_whole_tokens_a_tile():
 
 
 @pytest.mark.parametrize("kind, arch, causal, words", [
-    ("gqa_paged_prefill", "sm_100a", True, "sm_90a GQA prefill"),
-    ("gqa_paged_decode", "sm_90a", False, "sm_90a GQA prefill"),
+    ("gqa_paged_prefill", "sm_100a", True, "sm_90a GQA and MLA prefill"),
+    ("gqa_paged_decode", "sm_90a", False, "sm_90a GQA and MLA prefill"),
 ])
 def test_other_kernels_refuse_it_with_a_reason(kind, arch, causal, words):
     config = dataclasses.replace(_config(arch=arch, kind=kind, causal=causal, heads=20), dynamic_schedule=True)

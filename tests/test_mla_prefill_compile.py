@@ -49,13 +49,17 @@ def test_registered_config_is_the_definition():
     configs = mla_prefill.configs("sm_90a")
     definitions = [_definition(), _definition(page_size=64)]  # the ps1 and ps64 definitions
     # then the same two with each other consumer split: compile_all builds the variants the default is A/B'd against;
-    # then the MLA decode definitions' one-token configs (h16 at pages 1 and 64, h8 at page 1)
+    # then the MLA decode definitions' one-token configs (h16 at pages 1 and 64, h8 at page 1), then the default
+    # call's self-scheduling builds (test_self_scheduling_builds_take_units_from_a_counter)
+    dynamic = [c for c in configs if c.dynamic_schedule]
+    configs = [c for c in configs if not c.dynamic_schedule]
+    assert len(dynamic) == 3
     prefill, decode = configs[:-3], configs[-3:]
     assert prefill[:2] == definitions and len(prefill) == 2 * len(SM90_CONSUMER_SPLITS)
     splits = {tuple(getattr(c, k) for k in CONSUMER_KNOBS) for c in prefill}
     assert splits == {tuple({**CONSUMER_KNOBS, **knobs}.values()) for knobs in SM90_CONSUMER_SPLITS.values()}
     assert [(c.num_qo_heads, c.page_size, c.tile_q_rows) for c in decode] == [(16, 1, 16), (16, 64, 16), (8, 1, 8)]
-    assert all(mla_prefill.check_config(c) is None for c in configs)
+    assert all(mla_prefill.check_config(c) is None for c in configs + dynamic)
     assert mla_prefill.configs("sm_100a") == []
     config = configs[0]
     assert (config.tile_q_rows, config.group_size) == (64, 16)  # 4 tokens x 16 heads per tile

@@ -14,12 +14,14 @@ from cute_attn.plan import ItemField as F
 from cute_attn.plan import _tiles
 from cute_attn.plan_units import locate_as_the_kernel_does, request_units, unit_items
 
-LAYOUTS = [(32, 4), (20, 4), (5, 1), (16, 16), (24, 8), (6, 1)]
+# GQA layouts (128-row tiles), then MLA's 16 heads on one latent KV head (64-row tiles: 4 tokens a unit)
+LAYOUTS = [(32, 4), (20, 4), (5, 1), (16, 16), (24, 8), (6, 1), (16, 1, "mla_paged_prefill")]
 
 
-def _plan_config(heads, kv_heads):
-    config = default_paged_config("gqa_paged_prefill", arch="sm_90a", num_qo_heads=heads, num_kv_heads=kv_heads,
-                                  head_dim_qk=128, head_dim_v=128, page_size=64, causal=True)
+def _plan_config(heads, kv_heads, kind="gqa_paged_prefill"):
+    dims = (576, 512) if kind == "mla_paged_prefill" else (128, 128)
+    config = default_paged_config(kind, arch="sm_90a", num_qo_heads=heads, num_kv_heads=kv_heads,
+                                  head_dim_qk=dims[0], head_dim_v=dims[1], page_size=64, causal=True)
     return config.plan_config(132)
 
 

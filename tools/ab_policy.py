@@ -34,6 +34,8 @@ POLICY is one of
     dynamic_schedule  the GQA prefill default call planner-free (``ops/gqa_prefill.DYNAMIC_SCHEDULE``: in-kernel index
                   checks, then units from a counter; no planner, no combine) off / on: the bench's prefill rows
                   and two FIB layouts; only the default call moves
+    mla_dynamic_schedule  the same for MLA prefill (``ops/mla_prefill.DYNAMIC_SCHEDULE``, session 34) off / on: the
+                  bench's seven recorded MLA prefill batches at pages 1 and 64; only the default call moves
     deal_2048     GQA prefill plans deal batches of up to 2048 q tiles (``ops/gqa_prefill.DEAL_MAX_Q_TILES``, the device
                   sort four keys a thread) off / on: 32 x 992 (1984 q tiles) and a ragged batch of 1840; all three calls
                   move (host plans take the twin's deal)
@@ -208,6 +210,24 @@ def _dynamic_schedule_cases(pages):
     from cute_attn.ops import gqa_prefill
 
     return _prefill_cases(DYNAMIC_SCHEDULE_CASES, pages, lambda page_size: gqa_prefill.dynamic_schedule_policy)
+
+
+def _mla_dynamic_schedule_cases(pages):
+    """The MLA prefill default call planner-free (``ops/mla_prefill.DYNAMIC_SCHEDULE``) off / on: the bench's seven
+    recorded MLA prefill batches at each page size (the floor of four units a CTA keeps the small ones planned)."""
+    from cute_attn import testing
+    from cute_attn.ops import mla_prefill
+
+    import bench_workloads as bw
+
+    for w in bw.all_workloads():
+        if w.kernel != bw.MLA:
+            continue
+        for page_size in pages:
+            def make(q_lens=list(w.q_lens), kv_lens=list(w.kv_lens), page_size=page_size):
+                return testing.make_mla_prefill_case(q_lens, kv_lens, page_size=page_size, device="cuda", seed=9)
+            yield (dict(batch="mla_" + w.label, page_size=page_size, heads=0, kv_heads=0), make, "mla_prefill",
+                   mla_prefill.dynamic_schedule_policy)
 
 
 def _device_whole_deal_cases(pages):
@@ -598,7 +618,8 @@ POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, 
             "rank_deal": _rank_deal_cases, "deal_first": _deal_first_cases, "deal_one_site": _deal_one_site_cases,
             "lap_lists": _lap_lists_cases, "lap_turn": _lap_turn_cases, "row_writers": _row_writers_cases,
             "count_sort": _count_sort_cases, "cluster_merge": _cluster_merge_cases,
-            "device_cluster_merge": _device_cluster_merge_cases, "dynamic_schedule": _dynamic_schedule_cases}
+            "device_cluster_merge": _device_cluster_merge_cases, "dynamic_schedule": _dynamic_schedule_cases,
+            "mla_dynamic_schedule": _mla_dynamic_schedule_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
                  "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64], "even_pieces": [64, 1],
                  "page_boxes": [64, 128], "max_slack": [1], "eager_combine": [64, 1],
@@ -606,7 +627,7 @@ DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], 
                  "device_whole_deal": [64], "bf16_partials": [64, 1], "deal_2048": [64, 1], "gather_warps": [1, 2],
                  "rank_deal": [1], "deal_first": [64], "deal_one_site": [64], "lap_lists": [64],
                  "lap_turn": [64], "row_writers": [64], "count_sort": [64], "cluster_merge": [64, 1],
-                 "device_cluster_merge": [64, 1], "dynamic_schedule": [64, 1]}
+                 "device_cluster_merge": [64, 1], "dynamic_schedule": [64, 1], "mla_dynamic_schedule": [1, 64]}
 
 
 def checked_span(run, out, lse, reference, label: str, timer, digits: int = 1):

@@ -45,6 +45,8 @@ Cases (small, ragged, each a registered config's shape):
                    session 30): each writer takes the marks; -late / -scan-last: the last CTA to arrive empties the
                    late writers' items
     count-sort-prefill  the sorted deal's order by counting (``count_sort_policy``, session 30; built, not run)
+    dynamic-schedule-* / mla-dynamic-schedule-*  the planner-free GQA / MLA prefill (``dynamic_schedule_policy``,
+                   sessions 33 / 34): pages 64 and 1, and -fault: a page id past the pool (its request 0 / -inf)
     gather         the TMA page gather kernel (a test-side kernel)
 """
 
@@ -444,16 +446,19 @@ def _cases(arch: str) -> dict:
         cases["prefill-fused-p1"] = ("gqa_paged_prefill", prefill_fused(1, False))
         cases["prefill-fused-p64"] = ("gqa_paged_prefill", prefill_fused(64, False))
         cases["prefill-fused-hostplan"] = ("gqa_paged_prefill", prefill_fused(64, True))
-    def dynamic_schedule(page_size, fault=False):  # the planner-free default call (ops/gqa_prefill.DYNAMIC_SCHEDULE)
+    def dynamic_schedule(page_size, fault=False, mla=False):  # the planner-free default call (ops/*.DYNAMIC_SCHEDULE)
         def run():
-            from cute_attn.ops import gqa_prefill, policy
+            from cute_attn.ops import gqa_prefill, mla_prefill, policy
 
-            with gqa_prefill.dynamic_schedule_policy(True), policy(vars(gqa_prefill), DYNAMIC_MIN_UNITS_PER_CTA=0):
-                case = testing.make_gqa_prefill_case([1, 40, 0, 200, 300], [700, 40, 5, 1500, 300],
-                                                     page_size=page_size, device="cuda", seed=90 + page_size)
+            ops = mla_prefill if mla else gqa_prefill
+            with ops.dynamic_schedule_policy(True), policy(vars(ops), DYNAMIC_MIN_UNITS_PER_CTA=0):
+                make = testing.make_mla_prefill_case if mla else testing.make_gqa_prefill_case
+                case = make([1, 40, 0, 200, 300], [700, 40, 5, 1500, 300], page_size=page_size, device="cuda",
+                            seed=90 + page_size)
                 if fault:  # a page id past the pool: the request's units get no keys, nothing outside is read
-                    case.kv_indices[int(case.kv_indptr[4]) - 1] = case.k_cache.shape[0] + 3
-                result = _run_api(cute_attn.gqa_paged_prefill, case, arch)
+                    pool = (case.ckv_cache if mla else case.k_cache).shape[0]
+                    case.kv_indices[int(case.kv_indptr[4]) - 1] = pool + 3
+                result = _run_api(cute_attn.mla_paged_prefill if mla else cute_attn.gqa_paged_prefill, case, arch)
                 if fault:  # reported and cleared (the rows' values are the GPU tier's business)
                     try:
                         cute_attn.raise_on_device_error()
@@ -467,6 +472,9 @@ def _cases(arch: str) -> dict:
         cases["dynamic-schedule-p64"] = ("gqa_paged_prefill", dynamic_schedule(64))
         cases["dynamic-schedule-p1"] = ("gqa_paged_prefill", dynamic_schedule(1))
         cases["dynamic-schedule-fault"] = ("gqa_paged_prefill", dynamic_schedule(16, fault=True))
+        cases["mla-dynamic-schedule-p64"] = ("mla_paged_prefill", dynamic_schedule(64, mla=True))
+        cases["mla-dynamic-schedule-p1"] = ("mla_paged_prefill", dynamic_schedule(1, mla=True))
+        cases["mla-dynamic-schedule-fault"] = ("mla_paged_prefill", dynamic_schedule(16, fault=True, mla=True))
     cases["deal-prefill"] = ("gqa_paged_prefill", deal_prefill)
     cases["line-deal-decode"] = ("gqa_paged_decode", line_deal_decode)
     cases["deal-whole-tiles"] = ("gqa_paged_prefill", deal_whole_tiles)

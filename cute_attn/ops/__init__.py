@@ -20,6 +20,7 @@ per request (it builds the ``qo_indptr`` and calls ``api.run`` with the MLA pref
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -89,6 +90,18 @@ class OpSpec:
     #: arch -> module that registers this kind's kernel for it, relative to the package (``.kernels.sm90.x``), so a
     #: copy of cute_attn shipped inside another package (FlashInfer-Bench's builder) loads its own kernels
     kernel_modules: dict[str, str] = field(default_factory=dict)
+
+
+def shapes_promise_units(config, problem, num_ctas: int, min_units_per_cta: int) -> bool:
+    """``OpSpec.self_schedule``'s shared rule: a causal sm_90a config whose self-scheduling build exists, and a batch
+    whose shapes promise at least ``min_units_per_cta`` units a CTA (``ceil(total_q * group / rows) * kv_heads``, a
+    lower bound of its units: fewer units leave CTAs idle, where the device planner's splits fill the grid)."""
+    if config.arch != "sm_90a" or not config.causal:
+        return False
+    min_units = -(-problem.total_q * config.group_size // config.packed_rows_per_tile) * config.num_kv_heads
+    if min_units < min_units_per_cta * num_ctas:
+        return False
+    return dataclasses.replace(config, dynamic_schedule=True).can_implement() is None
 
 
 _SPECS: dict[str, OpSpec] = {}

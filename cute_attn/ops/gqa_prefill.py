@@ -6,7 +6,6 @@ The FlashInfer-Bench definition ``gqa_paged_prefill_causal_h32_kv4_d128_ps64`` (
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 
 import torch
 
@@ -14,7 +13,7 @@ from .. import reference, testing, validate
 from ..api import DevicePlan, plan_for, run
 from ..config import gqa_shape_reason
 from ..plan import DEAL_MAX_Q_TILES_CHOICES
-from . import OpSpec, policy
+from . import OpSpec, policy, shapes_promise_units
 
 ARG_NAMES = ("q", "k_cache", "v_cache", "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "sm_scale",
              "output", "lse")
@@ -143,12 +142,7 @@ DYNAMIC_MIN_UNITS_PER_CTA = 1
 
 def self_schedule(config, problem, num_ctas: int) -> bool:
     """``OpSpec.self_schedule``: the self-scheduling build for this default call (module policy above)."""
-    if not DYNAMIC_SCHEDULE or config.arch != "sm_90a" or not config.causal:
-        return False
-    min_units = -(-problem.total_q * config.group_size // config.packed_rows_per_tile) * config.num_kv_heads
-    if min_units < DYNAMIC_MIN_UNITS_PER_CTA * num_ctas:
-        return False
-    return dataclasses.replace(config, dynamic_schedule=True).can_implement() is None
+    return DYNAMIC_SCHEDULE and shapes_promise_units(config, problem, num_ctas, DYNAMIC_MIN_UNITS_PER_CTA)
 
 
 @contextlib.contextmanager

@@ -181,8 +181,9 @@ def decode_fused_merge_policy(enabled: bool | None):
 
 
 #: the MLA prefill kind with one-token tiles: the spec of the decode entry's one-query-per-request calls
+#: (one token a tile is the swapped decode kernel, which the self-scheduling build is not: ``self_schedule`` None)
 ONE_TOKEN_SPEC = dataclasses.replace(mla_prefill.SPEC, default_tiles=one_token_tiles, plan_tiles=cluster_tiles,
-                                     device_plan_tiles=device_cluster_tiles)
+                                     device_plan_tiles=device_cluster_tiles, self_schedule=None)
 
 _ONE_PER_REQUEST: dict[tuple[int, torch.device], torch.Tensor] = {}
 _CHECKED_QO: dict[tuple, weakref.ref] = {}  # qo_indptr states whose q_len rule passed

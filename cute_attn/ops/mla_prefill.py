@@ -16,7 +16,7 @@ import torch
 
 from .. import reference, testing, validate
 from ..api import DevicePlan, plan_for, run
-from . import OpSpec, policy
+from . import OpSpec, policy, shapes_promise_units
 
 ARG_NAMES = ("q_nope", "q_pe", "ckv_cache", "kpe_cache", "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len",
              "sm_scale", "output", "lse")
@@ -172,6 +172,34 @@ PAGE_BOXES = False
 EAGER_COMBINE = False
 
 
+#: the default call (no plan) of causal sm_90a MLA prefill runs the self-scheduling build
+#: (``PagedAttentionConfig.dynamic_schedule``: every CTA checks the batch's index rules and scans its page ids, then the
+#: load role takes whole (request, q tile) units from a counter and hands each to the consumers in a ring;
+#: ``common/mla.load_units``) when the shapes promise at least DYNAMIC_MIN_UNITS_PER_CTA units a CTA; else the device
+#: planner. Why: the device plan's balance sets this kind's cold rows (H200, session 24: cold - planned +52 us at 56 /
+#: 8987 / 14390, +177 at 1 / 16384), where a counter over longest-first units is as balanced as the host plan in the
+#: model (``tools/dynamic_schedule_model.py``, session 32: 56 / 8987 7424 vs the host plan's 7424 cost units, 16K
+#: 259456 vs 259456, 20 / 3842 2880 vs 2880; the seed's 500 short units 1.07x worse, 22 / 22 / 17759's 22 units 6x).
+#: Four units a CTA (528 on the H200's 132) keeps the seed (489) and 1 / 1028 (257) on the planner's splits. Built
+#: (sm_90a, compile-checked); off until its GPU tier (``tests/test_mla_dynamic_schedule_gpu.py``) and the sanitizer
+#: cases pass on a GPU and the bench confirms the cold rows
+DYNAMIC_SCHEDULE = False
+DYNAMIC_MIN_UNITS_PER_CTA = 4
+
+
+def self_schedule(config, problem, num_ctas: int) -> bool:
+    """``OpSpec.self_schedule``: the self-scheduling build for this default call (module policy above)."""
+    return DYNAMIC_SCHEDULE and shapes_promise_units(config, problem, num_ctas, DYNAMIC_MIN_UNITS_PER_CTA)
+
+
+@contextlib.contextmanager
+def dynamic_schedule_policy(enabled: bool):
+    """Inside the block the default call takes (or never takes) the self-scheduling build whatever
+    ``DYNAMIC_SCHEDULE`` says (A/Bs, GPU tests, sanitizer cases)."""
+    with policy(globals(), DYNAMIC_SCHEDULE=bool(enabled)):
+        yield bool(enabled)
+
+
 def keys_per_item(problem) -> float:
     """A causal batch's mean keys a q tile sees, from shapes alone: (key slots - total_q / 2) / batch (each request's
     rows see its prefix plus, on average, half its own queries). An over-allocated ``kv_indices`` (a graph captured at
@@ -271,7 +299,7 @@ SPEC = OpSpec(
     name="mla_paged_prefill", arg_names=ARG_NAMES, index_names=("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"),
     causal=True, check=check, signature=signature, reference=reference.mla_paged_prefill_ref,
     make_case=testing.make_mla_prefill_case, strategy=strategy, default_tiles=default_tiles, shape_reason=shape_reason,
-    workload_tiles=workload_tiles,
+    workload_tiles=workload_tiles, self_schedule=self_schedule,
     kernel_modules={"sm_90a": ".kernels.sm90.mla_prefill", "sm_100a": ".kernels.sm100.mla_prefill"},
 )
 

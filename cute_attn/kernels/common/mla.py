@@ -26,6 +26,9 @@ the index checks (``check_indices=False`` with a ``plan=``): the key then reads 
 (logit 0, V 0), so only the request holding the bad id gets an unspecified (finite) result. One compare
 pair per key per tile, on the id-table threads only.
 
+Self-scheduling builds (``dynamic_schedule``, sm_90a) run :func:`load_units` instead: the same loads, unit by unit
+from a counter (``unit_schedule.py``), no plan.
+
 Row gathers work for every page size. On sm_90a pages of >= 8 keys take TMA tile boxes instead
 (:func:`box_latent_tile`: 8-row boxes, whole 128B-swizzle atoms, 1-row boxes for an item's partial last group),
 issued from one thread: 72 instructions a 64-key stage instead of 4608 16-byte cp.async.
@@ -97,6 +100,21 @@ def fake_args(config: PagedAttentionConfig) -> tuple:
     )
 
 
+def dynamic_fake_args(config: PagedAttentionConfig) -> tuple:
+    """Fake arguments of a self-scheduling build's ``call_dynamic`` entry (sm_90a ``dynamic_schedule``): ``q_nope,
+    q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, request_faults, unit_state,
+    error_word, output, lse, scale_log2, lse_out_scale, num_pages, num_ctas, stream`` (no plan)."""
+    from .unit_schedule import UNIT_STATE_WORDS
+
+    base = fake_args(config)
+    i32 = cutlass.Int32
+    fake = cute.runtime.make_fake_compact_tensor
+    output, lse, scale_log2, lse_out_scale, stream = base[9], base[10], base[13], base[14], base[15]
+    return (*base[:7], fake(i32, (cute.sym_int(symbol="batch"),)), fake(i32, (cute.sym_int(symbol="request_faults"),)),
+            fake(i32, (UNIT_STATE_WORDS,)), fake(i32, (4,)), output, lse, scale_log2, lse_out_scale, i32(1), i32(1),
+            stream)
+
+
 def fold_arrival_bytes(config: PagedAttentionConfig) -> int:
     """Shared memory of the ``fused_merge`` fold's arrival word (16-byte aligned), 0 without it."""
     return 16 if config.fused_merge else 0
@@ -131,6 +149,9 @@ def mla_entry(kernel_cls, check_config) -> tuple:
     or with ``config.fused_merge`` the kernel's ``call_fused`` entry, which folds its merges itself)."""
 
     def build(config: PagedAttentionConfig) -> tuple:
+        if config.dynamic_schedule:  # no plan: the kernel schedules itself (load_units)
+            kernel, fake = checked_build(kernel_cls, check_config, config, dynamic_fake_args(config))
+            return kernel.call_dynamic, fake
         kernel, fake = checked_build(kernel_cls, check_config, config, fake_args(config))
         # call_fused: the merge table after items, for the kernel's fold (fused_merge), its arrivals (eager_combine)
         # or its cluster-fold flags (cluster_merge_flags)
@@ -181,7 +202,33 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
     ``row_segments`` (sm_90a, with ``async_kv``): the cp.async rows of the K stages and of Q are dealt by 128-byte
     segments (:func:`gather_row_segments`: 4 row ids and addresses a thread a tile, not 36).
     """
-    tile_n = cute.size(s_k, mode=[0])
+    gather = _gather_setup(s_q, s_k, ckv_cache, kpe_cache, kv_boxes, kv_gather4)
+    copy_atom, zeros, s_q_chunks = gather[0], gather[1], gather[2]
+    tiles_done = Int32(0)
+    for it in cutlass.range(item_begin, item_end, unroll=1):
+        b = items[it, int(F.REQUEST)]
+        r0 = items[it, int(F.Q_ROW_START)]
+        row_count = items[it, int(F.Q_ROW_COUNT)]
+        kv_start = items[it, int(F.KV_START)]
+        kv_end = items[it, int(F.KV_END)]
+        # where every item needs Q, it is issued before the key count: the GPU-validated sm_90a kernel's
+        # order (computing the count first changes that kernel's PTX). Issuing an item's first K tile before its Q
+        # (Q completing on its barrier by itself) was measured slower on the H200: docs/perf-notes.md, sessions 12-13
+        if cutlass.const_expr(q_for_keyless_items):
+            _load_q_tile(copy_atom, zeros, q_nope, q_pe, qo_indptr, b, r0, row_count, s_q_chunks, tid, group,
+                         num_threads, pipe_q, q_state, row_segments=row_segments)
+            q_state.advance()
+        q_state, kv_state, tiles_done = _load_item_keys(
+            gather, tid, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, b, r0, row_count,
+            kv_start, kv_end, s_k, s_ids, pipe_q, pipe_kv, q_state, kv_state, tiles_done, group, num_threads,
+            ids_barrier, q_for_keyless_items, async_kv, skip_kv_copies, row_segments)
+
+
+@cute.jit
+def _gather_setup(s_q: cute.Tensor, s_k: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor, kv_boxes,
+                  kv_gather4):
+    """What every item's loads share: ``(copy_atom, zeros, s_q_chunks, s_k_chunks, page_shift, ckv_stride,
+    kpe_stride, num_pages, tma_tile, tma_maps)``."""
     copy_atom = make_row_copy_atom(s_q.element_type)
     zeros = cute.make_rmem_tensor((ROW_CHUNK,), s_q.element_type)
     zeros.fill(0.0)
@@ -198,63 +245,133 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
         tma_tile, tma_maps = box_latent_tile, kv_boxes
     elif cutlass.const_expr(kv_gather4 is not None):
         tma_tile, tma_maps = gather4_latent_tile, kv_gather4
-    tiles_done = Int32(0)
-    for it in cutlass.range(item_begin, item_end, unroll=1):
-        b = items[it, int(F.REQUEST)]
-        r0 = items[it, int(F.Q_ROW_START)]
-        row_count = items[it, int(F.Q_ROW_COUNT)]
-        kv_start = items[it, int(F.KV_START)]
-        kv_end = items[it, int(F.KV_END)]
-        # where every item needs Q, it is issued before the key count: the GPU-validated sm_90a kernel's
-        # order (computing the count first changes that kernel's PTX). Issuing an item's first K tile before its Q
-        # (Q completing on its barrier by itself) was measured slower on the H200: docs/perf-notes.md, sessions 12-13
-        if cutlass.const_expr(q_for_keyless_items):
+    return (copy_atom, zeros, s_q_chunks, s_k_chunks, page_shift, ckv_stride, kpe_stride, num_pages, tma_tile,
+            tma_maps)
+
+
+@cute.jit
+def _load_item_keys(gather, tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor,
+                    kpe_cache: cute.Tensor, qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor,
+                    b: Int32, r0: Int32, row_count: Int32, kv_start: Int32, kv_end: Int32, s_k: cute.Tensor,
+                    s_ids: cute.Tensor, pipe_q, pipe_kv, q_state, kv_state, tiles_done: Int32,
+                    group: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int],
+                    ids_barrier: cutlass.Constexpr[int], q_for_keyless_items: cutlass.Constexpr[bool],
+                    async_kv: cutlass.Constexpr[bool], skip_kv_copies: cutlass.Constexpr[bool],
+                    row_segments: cutlass.Constexpr[bool]):
+    """One item's K stages (and its Q where only items with keys load one): :func:`load_q_and_kv_tiles`' body after
+    the Q tile. Returns ``(q_state, kv_state, tiles_done)``."""
+    copy_atom, zeros, s_q_chunks, s_k_chunks, page_shift, ckv_stride, kpe_stride, num_pages, tma_tile, tma_maps = \
+        gather
+    tile_n = cute.size(s_k, mode=[0])
+    page_base = kv_indptr[b]
+    num_tiles = cute.ceil_div(kv_end - kv_start, tile_n) if kv_end > kv_start else 0
+    if cutlass.const_expr(not q_for_keyless_items):
+        if num_tiles > 0:  # Q's consumer skips items without keys
             _load_q_tile(copy_atom, zeros, q_nope, q_pe, qo_indptr, b, r0, row_count, s_q_chunks, tid, group,
                          num_threads, pipe_q, q_state, row_segments=row_segments)
             q_state.advance()
-        page_base = kv_indptr[b]
-        num_tiles = cute.ceil_div(kv_end - kv_start, tile_n) if kv_end > kv_start else 0
-        if cutlass.const_expr(not q_for_keyless_items):
-            if num_tiles > 0:  # Q's consumer skips items without keys
-                _load_q_tile(copy_atom, zeros, q_nope, q_pe, qo_indptr, b, r0, row_count, s_q_chunks, tid, group,
-                             num_threads, pipe_q, q_state, row_segments=row_segments)
-                q_state.advance()
-        # each thread's key of the next tile: its page id is loaded a tile ahead, so the load's latency runs under
-        # this tile's copies instead of in front of them (every tile paid it, and the named barrier made every
-        # load thread wait for the slowest)
-        ids_end = kv_end if tid < tile_n else kv_start  # the id threads: one key a tile each
-        next_page = _key_page(kv_indices, page_base, kv_start + tid, ids_end, page_shift)
-        for t in cutlass.range(num_tiles, unroll=1):
-            kv_base = kv_start + t * tile_n
-            page = next_page
-            next_page = _key_page(kv_indices, page_base, kv_base + tile_n + tid, ids_end, page_shift)
-            ids = s_ids[None, tiles_done % 2]
-            if tid < tile_n:
-                ids[tid] = _page_row(page, kv_base + tid, num_pages, page_shift)
-            cute.arch.barrier(barrier_id=ids_barrier, number_of_threads=num_threads)
-            tiles_done += 1
-            if cutlass.const_expr(tma_tile is not None):
-                if tid < 32:  # the TMA pipeline's producer: one elected thread of warp 0
-                    pipe_kv.producer_acquire(kv_state)
-                    tma_tile(tma_maps[0], tma_maps[1], s_k.iterator.toint() + kv_state.index * (tile_n * QK_DIM * 2),
-                             ids, pipe_kv.producer_get_barrier(kv_state).toint(), tile_n)
-            elif cutlass.const_expr(async_kv):
+    # each thread's key of the next tile: its page id is loaded a tile ahead, so the load's latency runs under
+    # this tile's copies instead of in front of them (every tile paid it, and the named barrier made every
+    # load thread wait for the slowest)
+    ids_end = kv_end if tid < tile_n else kv_start  # the id threads: one key a tile each
+    next_page = _key_page(kv_indices, page_base, kv_start + tid, ids_end, page_shift)
+    for t in cutlass.range(num_tiles, unroll=1):
+        kv_base = kv_start + t * tile_n
+        page = next_page
+        next_page = _key_page(kv_indices, page_base, kv_base + tile_n + tid, ids_end, page_shift)
+        ids = s_ids[None, tiles_done % 2]
+        if tid < tile_n:
+            ids[tid] = _page_row(page, kv_base + tid, num_pages, page_shift)
+        cute.arch.barrier(barrier_id=ids_barrier, number_of_threads=num_threads)
+        tiles_done += 1
+        if cutlass.const_expr(tma_tile is not None):
+            if tid < 32:  # the TMA pipeline's producer: one elected thread of warp 0
                 pipe_kv.producer_acquire(kv_state)
-                if cutlass.const_expr(not skip_kv_copies):
-                    s_stage = s_k_chunks[None, None, None, None, kv_state.index]
-                    by_segments = row_segments and segments_fit(s_stage, KPE_DIM, num_threads)
-                    gather = gather_row_segments if cutlass.const_expr(by_segments) else gather_rows_zero_fill
-                    gather(ckv_cache, ckv_stride, s_stage, 0, CKV_DIM, tid, num_threads, ids)
-                    gather(kpe_cache, kpe_stride, s_stage, CKV_DIM // ROW_CHUNK, KPE_DIM, tid, num_threads, ids)
-                pipe_kv.producer_commit(kv_state)
-            else:
-                pipe_kv.producer_acquire(kv_state)
+                tma_tile(tma_maps[0], tma_maps[1], s_k.iterator.toint() + kv_state.index * (tile_n * QK_DIM * 2),
+                         ids, pipe_kv.producer_get_barrier(kv_state).toint(), tile_n)
+        elif cutlass.const_expr(async_kv):
+            pipe_kv.producer_acquire(kv_state)
+            if cutlass.const_expr(not skip_kv_copies):
                 s_stage = s_k_chunks[None, None, None, None, kv_state.index]
-                gather_rows(copy_atom, zeros, ckv_cache, ckv_stride, s_stage, 0, CKV_DIM, tid, num_threads, ids=ids)
-                gather_rows(copy_atom, zeros, kpe_cache, kpe_stride, s_stage, CKV_DIM // ROW_CHUNK, KPE_DIM, tid,
-                            num_threads, ids=ids)
-                commit_rows(pipe_kv, kv_state)
-            kv_state.advance()
+                by_segments = row_segments and segments_fit(s_stage, KPE_DIM, num_threads)
+                gather_fn = gather_row_segments if cutlass.const_expr(by_segments) else gather_rows_zero_fill
+                gather_fn(ckv_cache, ckv_stride, s_stage, 0, CKV_DIM, tid, num_threads, ids)
+                gather_fn(kpe_cache, kpe_stride, s_stage, CKV_DIM // ROW_CHUNK, KPE_DIM, tid, num_threads, ids)
+            pipe_kv.producer_commit(kv_state)
+        else:
+            pipe_kv.producer_acquire(kv_state)
+            s_stage = s_k_chunks[None, None, None, None, kv_state.index]
+            gather_rows(copy_atom, zeros, ckv_cache, ckv_stride, s_stage, 0, CKV_DIM, tid, num_threads, ids=ids)
+            gather_rows(copy_atom, zeros, kpe_cache, kpe_stride, s_stage, CKV_DIM // ROW_CHUNK, KPE_DIM, tid,
+                        num_threads, ids=ids)
+            commit_rows(pipe_kv, kv_state)
+        kv_state.advance()
+    return q_state, kv_state, tiles_done
+
+
+@cute.jit
+def load_units(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
+               qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor, s_q: cute.Tensor,
+               s_k: cute.Tensor, s_ids: cute.Tensor, pipe_q, pipe_kv, q_state, kv_state, source,
+               group: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int],
+               ids_barrier: cutlass.Constexpr[int], page_size: cutlass.Constexpr[int], kv_boxes=None,
+               row_segments: cutlass.Constexpr[bool] = False):
+    """The load role of a self-scheduling build (``dynamic_schedule``, sm_90a; ``common/unit_schedule.py``): no plan.
+
+    Warp 0 takes each unit (one unsplit item: request, q tile; one KV head) from the counter, decodes it and writes
+    it into ring entry ``n % UNIT_RING`` of ``source.slots`` (``unit_schedule.publish_ring_unit``); every load thread
+    reads it behind the named barrier ``ids_barrier`` and loads the unit's Q and K stages as an item's
+    (:func:`_load_item_keys`); the consumers read the same entry after their Q wait (thread 0 wrote it before its Q
+    arrive). The next unit's index is fetched under this unit's loads. An entry with ``VALID`` 0 ends the work: the
+    load threads then arrive on the Q stage with no copies, for the consumers' last wait. Page ids need no check here:
+    :func:`_page_row` turns an id outside the pool into -1 (never read), and the CTAs' scan at the kernel's start
+    (``unit_schedule.scan_page_ids``) marked every request holding one."""
+    from .unit_schedule import UNIT_RING, SlotField, find_unit, publish_ring_unit, take_unit
+
+    gather = _gather_setup(s_q, s_k, ckv_cache, kpe_cache, kv_boxes, None)
+    copy_atom, zeros, s_q_chunks = gather[0], gather[1], gather[2]
+    tile_m = cute.size(s_q, mode=[0])
+    tile_n = cute.size(s_k, mode=[0])
+    ring = source.slots
+    lane = tid % 32
+    request = Int32(0)
+    local = Int32(0)
+    base = Int32(0)
+    before = Int32(0)
+    if tid < 32:
+        request, local, base, before = find_unit(take_unit(source.unit_state, lane), qo_indptr, source, base, before,
+                                                 lane, group, tile_m, 1)
+        publish_ring_unit(ring, 0, request, local, qo_indptr, kv_indptr, source, lane, group, tile_m, 1, page_size,
+                          tile_n)
+    cute.arch.barrier(barrier_id=ids_barrier, number_of_threads=num_threads)
+    n = Int32(0)
+    tiles_done = Int32(0)
+    valid = ring[0, int(SlotField.VALID)]
+    while valid != 0:
+        entry = n % UNIT_RING
+        request = ring[entry, int(SlotField.REQUEST)]
+        r0 = ring[entry, int(SlotField.Q_ROW_START)]
+        row_count = ring[entry, int(SlotField.Q_ROW_COUNT)]
+        kv_end = ring[entry, int(SlotField.KV_END)]
+        _load_q_tile(copy_atom, zeros, q_nope, q_pe, qo_indptr, request, r0, row_count, s_q_chunks, tid, group,
+                     num_threads, pipe_q, q_state, row_segments=row_segments)
+        q_state.advance()
+        u = Int32(0)
+        if tid < 32:
+            u = take_unit(source.unit_state, lane)  # in flight under this unit's loads
+        q_state, kv_state, tiles_done = _load_item_keys(
+            gather, tid, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, request, r0,
+            row_count, Int32(0), kv_end, s_k, s_ids, pipe_q, pipe_kv, q_state, kv_state, tiles_done, group,
+            num_threads, ids_barrier, True, True, False, row_segments)
+        n = n + 1
+        if tid < 32:
+            request, local, base, before = find_unit(u, qo_indptr, source, base, before, lane, group, tile_m, 1)
+            publish_ring_unit(ring, n % UNIT_RING, request, local, qo_indptr, kv_indptr, source, lane, group, tile_m,
+                              1, page_size, tile_n)
+        cute.arch.barrier(barrier_id=ids_barrier, number_of_threads=num_threads)
+        valid = ring[n % UNIT_RING, int(SlotField.VALID)]
+    pipe_q.producer_acquire(q_state)  # the end: an arrive with no copies, whose entry says VALID 0
+    commit_rows(pipe_q, q_state)
 
 
 def row_view(cache: cute.Tensor, dim: int) -> cute.Tensor:

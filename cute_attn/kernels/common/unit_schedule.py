@@ -1,4 +1,5 @@
-"""Planner-free scheduling of a causal prefill: CTAs take whole (request, q tile, KV head) units from a counter.
+"""Planner-free scheduling of a causal prefill (GQA and MLA, sm_90a): CTAs take whole (request, q tile, KV head) units
+from a counter.
 
 A device plan costs a prefill call its planner (10-22 µs in-kernel at 1-32 x 992, H200) and the combine launch that
 must follow a plan the host never sees (~2.3 µs with nothing to fold). A kernel that schedules itself pays neither,
@@ -45,6 +46,12 @@ releases the stage for its warp, reads the fields and shuffles them to the other
 lane writing or reading the slot, compute-sanitizer's racecheck saw the lanes that do not arrive race the other side.
 The other gathering warps of a row-gather build get the unit from warp 0 through their own slots and a named
 barrier. A slot with ``VALID`` 0 and no bytes ends the CTA's work.
+
+The MLA prefill's load role (``common/mla.load_units``: 128 threads gather Q and K rows, one Q stage) hands units over
+in a ring instead (:func:`publish_ring_unit`, ``UNIT_RING`` entries): warp 0 writes unit ``n`` into entry
+``n % UNIT_RING`` before the load threads' named barrier, all of them read it there, and the consumers read it after
+their Q wait (thread 0 arrives on the Q stage after its write; every consumer thread arrives on the stage's empty
+barrier, so each read is ordered before the rewrite that waits on it).
 """
 
 from __future__ import annotations
@@ -77,6 +84,18 @@ class SlotField(IntEnum):
 
 
 SLOT_FIELDS = len(SlotField)
+
+
+class UnitSource:
+    """What a self-scheduling build's roles read their units from: the counter and the marks in global memory, the
+    hand-off slots in shared memory (``row_slots``: the GQA row gathers' second set, else None), the batch's size and
+    units (:func:`batch_rules`, every thread), the pool size the page ids are checked against."""
+
+    def __init__(self, unit_state, slots, row_slots, request_faults, kv_last_page_len, error_word, num_pages, batch,
+                 total):
+        self.unit_state, self.slots, self.row_slots = unit_state, slots, row_slots
+        self.request_faults, self.kv_last_page_len, self.error_word = request_faults, kv_last_page_len, error_word
+        self.num_pages, self.batch, self.total = num_pages, batch, total
 
 
 @cute.jit
@@ -131,6 +150,19 @@ def locate_unit(u, qo_indptr: cute.Tensor, batch, base, before, lane, group: cut
 
 
 @cute.jit
+def find_unit(u, qo_indptr: cute.Tensor, source: UnitSource, base, before, lane, group: cutlass.Constexpr,
+              rows: cutlass.Constexpr, kv_heads: cutlass.Constexpr):
+    """``(request, local, base, before)`` of unit ``u`` (:func:`locate_unit`); ``request == batch`` once ``u`` is past
+    the batch's units (all of them for a broken batch, whose count is 0)."""
+    request = source.batch
+    local = Int32(0)
+    if u < source.total:
+        request, local, base, before = locate_unit(u, qo_indptr, source.batch, base, before, lane, group, rows,
+                                                   kv_heads)
+    return request, local, base, before
+
+
+@cute.jit
 def unit_fields(request, local, qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_last_page_len: cute.Tensor,
                 group: cutlass.Constexpr, rows: cutlass.Constexpr,
                 kv_heads: cutlass.Constexpr, page_size: cutlass.Constexpr, kv_tile: cutlass.Constexpr):
@@ -179,6 +211,29 @@ def publish_unit(pipe_q, q_state, q_bytes: cutlass.Constexpr, slots: cute.Tensor
     with cute.arch.elect_one():
         write_slot(slots, q_state.index, request, kv_head, row_start, row_count, kv_end, offset, kv_len, Int32(1))
         cute.arch.mbarrier_arrive_and_expect_tx(pipe_q.producer_get_barrier(q_state), q_bytes)
+
+
+#: entries of a unit ring (:func:`publish_ring_unit`): the MLA load role writes unit ``n`` into entry ``n % UNIT_RING``
+#: before it waits for the Q stage, so an entry is rewritten while its consumers may still read the unit of three
+#: hand-offs before (its late fields, after the Q stage's release); three entries suffice, four keep the index a mask
+UNIT_RING = 4
+
+
+@cute.jit
+def publish_ring_unit(ring: cute.Tensor, entry, request, local, qo_indptr: cute.Tensor, kv_indptr: cute.Tensor,
+                      source: UnitSource, lane, group: cutlass.Constexpr, rows: cutlass.Constexpr,
+                      kv_heads: cutlass.Constexpr, page_size: cutlass.Constexpr, kv_tile: cutlass.Constexpr):
+    """Unit ``local`` of ``request`` (``request == batch``: none left, ``VALID`` 0) into ring entry ``entry``: every
+    lane of the calling warp decodes it, lane 0 writes it. The readers meet it behind a barrier (the load threads'
+    named barrier, the consumers' Q wait: lane 0 of warp 0 arrives on the Q stage after it wrote)."""
+    zero = Int32(0)
+    kv_head, row_start, row_count, kv_end, offset, kv_len, valid = zero, zero, zero, zero, zero, zero, zero
+    if request < source.batch:
+        kv_head, row_start, row_count, kv_end, offset, kv_len = unit_fields(
+            request, local, qo_indptr, kv_indptr, source.kv_last_page_len, group, rows, kv_heads, page_size, kv_tile)
+        valid = Int32(1)
+    if lane == 0:
+        write_slot(ring, entry, request, kv_head, row_start, row_count, kv_end, offset, kv_len, valid)
 
 
 @cute.jit

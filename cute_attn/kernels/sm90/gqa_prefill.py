@@ -96,11 +96,12 @@ from ..common.packed_q import q_box_stage_layout
 from ..common.registers import register_split_reason
 from ..common.planner_scan import record_fault
 from ..common.index_rules import empty_rows
-from ..common.unit_schedule import SLOT_FIELDS, SlotField, batch_rules, finish_schedule, read_slot, scan_page_ids
+from ..common.unit_schedule import (SLOT_FIELDS, SlotField, UnitSource, batch_rules, finish_schedule, read_slot,
+                                    scan_page_ids)
 from ..common.softmax import (acc_mn_view, acc_to_mma_a_view, make_softmax_state, rescale_rows,
                               softmax_finalize, softmax_reset, softmax_update, store_p_bf16)
 from ..common.launch_chain import wait_for_previous_grid
-from .gqa_prefill_producer import GqaPrefillProducer, UnitSource
+from .gqa_prefill_producer import GqaPrefillProducer
 from .prefill_epilogue import store_item_rows, store_output_rows, store_output_via_smem
 from .wgmma import wgmma_gemm
 
@@ -343,7 +344,7 @@ class GqaPagedPrefillSm90(GqaPrefillProducer):
         arrival = None  # fused_merge: thread 0's merge arrival, broadcast to the consumers
         if cutlass.const_expr(merge_indptr is not None):
             arrival = smem.allocate_tensor(Int32, cute.make_layout((1,)), _FOLD_ARRIVAL_BYTES)
-        source = None  # dynamic_schedule: the unit counter and the hand-off slots (gqa_prefill_producer.UnitSource)
+        source = None  # dynamic_schedule: the unit counter and the hand-off slots (unit_schedule.UnitSource)
         if cutlass.const_expr(self.dynamic):
             slots = smem.allocate_tensor(Int32, cute.make_layout((self.q_stages, SLOT_FIELDS), stride=(SLOT_FIELDS, 1)),
                                          16)

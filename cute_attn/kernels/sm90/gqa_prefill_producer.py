@@ -26,22 +26,10 @@ from ..common.page_ids import (LANE_IDS_BELOW, id_loads, lane_page_id, load_lane
                                rotate_lane_page_ids)
 from ..common.row_gather import ROW_CHUNK, gather_one_row_pages
 from ..common.tma_issue import ONE_ELECTION, issue_page_boxes, tma_descriptor_address
-from ..common.unit_schedule import (check_lane_ids, check_tile_ids, end_of_work, locate_unit, publish_unit, take_unit,
-                                    unit_fields)
+from ..common.unit_schedule import (UnitSource, check_lane_ids, check_tile_ids, end_of_work, find_unit,
+                                    publish_unit, take_unit, unit_fields)
 
 _ROW_SLOT_BARRIER = 7  # dynamic_schedule row gathers: warp 0 hands each unit to warps 1-3 (the four producer warps)
-
-
-class UnitSource:
-    """What a self-scheduling build's roles read their units from (``common/unit_schedule.py``): the counter and the
-    marks in global memory, the hand-off slots in shared memory, the batch's size and units (``batch_rules``, every
-    thread), the pool size the page ids are checked against."""
-
-    def __init__(self, unit_state, slots, row_slots, request_faults, kv_last_page_len, error_word, num_pages, batch,
-                 total):
-        self.unit_state, self.slots, self.row_slots = unit_state, slots, row_slots
-        self.request_faults, self.kv_last_page_len, self.error_word = request_faults, kv_last_page_len, error_word
-        self.num_pages, self.batch, self.total = num_pages, batch, total
 
 
 class GqaPrefillProducer:
@@ -49,14 +37,8 @@ class GqaPrefillProducer:
 
     @cute.jit
     def find_unit(self, u, qo_indptr, source: UnitSource, base, before, lane):
-        """``(request, local, base, before)`` of unit ``u``; ``request == batch`` once ``u`` is past the batch's units
-        (all of them for a broken batch, whose count is 0)."""
-        request = source.batch
-        local = Int32(0)
-        if u < source.total:
-            request, local, base, before = locate_unit(u, qo_indptr, source.batch, base, before, lane, self.group,
-                                                       self.q_rows, self.num_kv_heads)
-        return request, local, base, before
+        """``(request, local, base, before)`` of unit ``u`` (``unit_schedule.find_unit``)."""
+        return find_unit(u, qo_indptr, source, base, before, lane, self.group, self.q_rows, self.num_kv_heads)
 
     @cute.jit
     def fields_of(self, request, local, qo_indptr, kv_indptr, source: UnitSource):
@@ -336,4 +318,4 @@ class GqaPrefillProducer:
         return v_state
 
 
-__all__ = ["GqaPrefillProducer", "UnitSource"]
+__all__ = ["GqaPrefillProducer"]

@@ -6,6 +6,10 @@ Definition: 16 query heads share one latent KV row per key; ``s = sm_scale * (q_
 ``p`` of request ``b`` is element row ``(qo_indptr[b] * 16 + p)`` of ``q_nope`` viewed as ``[*, 512]``).
 
 Grid: one persistent CTA per plan CTA slot; CTA ``c`` runs items ``work_indptr[c] .. work_indptr[c+1]-1``.
+``dynamic_schedule`` builds (entry ``call_dynamic``; the score_warpgroup splits only): no plan; every CTA checks the
+batch's index rules and scans its share of the page ids (``check_batch``), the load role takes whole (request,
+q tile) units from an atomic counter and hands each to the consumers in a ring of unit entries
+(``common/mla.load_units``), and the consumers' end counts the CTA out (``common/unit_schedule.py``).
 
 Warp roles (384 threads = 3 warpgroups):
 
@@ -83,8 +87,12 @@ from ...plan import ItemField as F
 from .. import register_paged_kernel
 from ..common.decode_merge import announce_partials, fold_completed_merges
 from ..common.limits import SMEM_LIMIT_BYTES, mla_definition_reason, smem_reason, target_reason
+from ..common.index_rules import empty_rows
 from ..common.mla import (BOX_ROWS, CKV_DIM, DEFINITION_PAGE_SIZES, KIND, KPE_DIM, QK_DIM, definition_config,
-                          MlaEntries, fold_arrival_bytes, load_q_and_kv_tiles, mla_entry, row_view)
+                          MlaEntries, fold_arrival_bytes, load_q_and_kv_tiles, load_units, mla_entry, row_view)
+from ..common.planner_scan import record_fault
+from ..common.unit_schedule import (SLOT_FIELDS, UNIT_RING, UnitSource, batch_rules, finish_schedule,
+                                    scan_page_ids)
 from ..common.tma_issue import make_row_box_atom, tma_descriptor_address
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.registers import register_split_reason
@@ -103,6 +111,7 @@ PRODUCER_REGS = 40
 MMA_REGS = 232
 _IDS_BARRIER = 1  # named barrier of the producer warpgroup (row-id table)
 _FOLD_BARRIER = 6  # fused_merge: both consumer warpgroups (ids 2..5 are the consumer splits' own)
+_FINISH_BARRIER = 7  # dynamic_schedule: both consumer warpgroups done before the CTA counts itself out
 #: ``PagedAttentionConfig.probe`` values this kernel builds (measurement builds; wrong outputs by design)
 PROBES = ("loads_only", "compute_only")
 
@@ -135,10 +144,18 @@ def _exchange_bytes(config: PagedAttentionConfig) -> int:
     return EXCHANGE_BYTES
 
 
+def _unit_bytes(config: PagedAttentionConfig) -> int:
+    """``dynamic_schedule``: the unit ring (``UNIT_RING`` x ``SLOT_FIELDS`` int32) and the batch rules' block
+    reduction words (two a warp), each 16-byte aligned; 0 otherwise."""
+    if not config.dynamic_schedule:
+        return 0
+    return 4 * UNIT_RING * SLOT_FIELDS + 16 + 4 * 2 * NUM_THREADS // 32 + 16
+
+
 def num_stages(config: PagedAttentionConfig) -> int:
     """K stages that fit next to the Q tile, the row-id table, the mbarriers and the slack (<= MAX_STAGES)."""
     fixed = (_tile_bytes(config.tile_q_rows) + 2 * config.kv_tile * 4 + 8 * 2 * (1 + MAX_STAGES) + 1024
-             + _exchange_bytes(config) + fold_arrival_bytes(config))
+             + _exchange_bytes(config) + fold_arrival_bytes(config) + _unit_bytes(config))
     return max(0, min(MAX_STAGES, (SMEM_LIMIT_BYTES - fixed) // _tile_bytes(config.kv_tile)))
 
 
@@ -153,7 +170,8 @@ def smem_bytes(config: PagedAttentionConfig) -> int:
     ``share_scores`` exchange buffer)."""
     stages = num_stages(config)
     return (_tile_bytes(config.tile_q_rows) + stages * _tile_bytes(config.kv_tile) + 2 * config.kv_tile * 4
-            + 8 * 2 * (1 + stages) + 1024 + _exchange_bytes(config) + fold_arrival_bytes(config))
+            + 8 * 2 * (1 + stages) + 1024 + _exchange_bytes(config) + fold_arrival_bytes(config)
+            + _unit_bytes(config))
 
 
 def check_config(config: PagedAttentionConfig) -> str | None:
@@ -200,6 +218,13 @@ def check_config(config: PagedAttentionConfig) -> str | None:
     if config.intra_wg_overlap and not config.score_warpgroup:
         return ("intra_wg_overlap: of the sm_90a MLA kernels only the score_warpgroup split builds it (its score "
                 "warpgroup's PV GEMM in flight under the next tile's S GEMM)")
+    if config.dynamic_schedule and (not config.score_warpgroup or swapped(config) or config.probe
+                                    or config.fused_merge or config.eager_combine or config.cluster_merge):
+        return ("dynamic_schedule: the self-scheduling MLA prefill is built on the score_warpgroup split and splits "
+                "nothing (no fused_merge, eager_combine or cluster_merge, no probe, 64-row tiles); got "
+                f"score_warpgroup={config.score_warpgroup}, tile_q_rows={config.tile_q_rows}, "
+                f"fused_merge={config.fused_merge}, eager_combine={config.eager_combine}, "
+                f"cluster_merge={config.cluster_merge}, probe={config.probe!r}")
     if config.score_warpgroup:
         from .mla_prefill_score_wg import score_wg_reason
 
@@ -235,11 +260,13 @@ class MlaPagedPrefillSm90(MlaEntries):
         self.page_boxes = config.page_boxes and self.kv_boxes  # row gathers (row_gather=True) ignore it
         self.probe = config.probe
         self.row_segments = config.row_segments is not False  # the MLA policy: segments
+        self.dynamic = config.dynamic_schedule
+        self.page_size = config.page_size
         self.dtype = cutlass.BFloat16
 
     def __repr__(self) -> str:  # shows in the kernel symbol
         return (f"MlaPagedPrefillSm90_H{self.num_heads}_M{self.tile_m}_N{self.tile_n}_S{self.num_stages}"
-                + ("" if self.row_segments else "_ChunkColumns"))
+                + ("" if self.row_segments else "_ChunkColumns") + ("_Dyn" if self.dynamic else ""))
 
     # ------------------------------------------------------------------------------- host side
     def smem_layouts(self):
@@ -270,18 +297,39 @@ class MlaPagedPrefillSm90(MlaEntries):
                     box_kpe_page=make_row_box_atom(g2s, kpe_rows, s_k_layout, self.tile_n)[0])
 
     @cute.jit
+    def call_dynamic(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
+                     qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor,
+                     kv_last_page_len: cute.Tensor, request_faults: cute.Tensor, unit_state: cute.Tensor,
+                     error_word: cute.Tensor, output: cute.Tensor, lse: cute.Tensor, scale_log2: Float32,
+                     lse_out_scale: Float32, num_pages: Int32, num_ctas: Int32, stream: cuda.CUstream):
+        """``dynamic_schedule``: no plan, one launch (``common/unit_schedule.py``, ``common/mla.load_units``):
+        ``num_ctas`` CTAs check the batch's rules and scan its page ids (of a pool of ``num_pages``), then take units
+        from ``unit_state``. ``kv_last_page_len``: ones at page size 1 when the caller has none."""
+        self.launch_kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, None, None, None,
+                           None, output, lse, None, None, scale_log2, lse_out_scale, stream,
+                           units=(kv_last_page_len, request_faults, unit_state, num_ctas, error_word, num_pages))
+
+    @cute.jit
     def launch_kernel(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
                       qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor,
                       work_indptr: cute.Tensor, items: cute.Tensor, merge_indptr, merge_counters,
                       output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor,
-                      scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
+                      scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream, units=None):
         s_q_layout, s_k_layout = self.smem_layouts()
         tiled_mma_qk, tiled_mma_pv = self.tiled_mmas()
+        dynamic = {}
+        num_ctas = None
+        if cutlass.const_expr(units is not None):
+            kv_last_page_len, request_faults, unit_state, num_ctas, error_word, num_pages = units
+            dynamic = dict(kv_last_page_len=kv_last_page_len, request_faults=request_faults, unit_state=unit_state,
+                           error_word=error_word, num_pages=num_pages)
+        else:
+            num_ctas = work_indptr.shape[0] - 1
         self.kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
                     output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, s_q_layout, s_k_layout,
                     tiled_mma_qk, tiled_mma_pv, *self.kv_box_atoms(ckv_cache, kpe_cache, s_k_layout),
-                    merge_indptr, merge_counters, **self.page_box_atoms(ckv_cache, kpe_cache, s_k_layout),
-                    ).launch(**self.grid(work_indptr.shape[0] - 1), block=(NUM_THREADS, 1, 1), stream=stream,
+                    merge_indptr, merge_counters, **self.page_box_atoms(ckv_cache, kpe_cache, s_k_layout), **dynamic,
+                    ).launch(**self.grid(num_ctas), block=(NUM_THREADS, 1, 1), stream=stream,
                              use_pdl=True, min_blocks_per_mp=1)
 
     def grid(self, num_ctas) -> dict:
@@ -323,7 +371,9 @@ class MlaPagedPrefillSm90(MlaEntries):
                tiled_mma_pv: cute.TiledMma, box_ckv8: cute.CopyAtom, box_ckv1: cute.CopyAtom,
                box_kpe8: cute.CopyAtom, box_kpe1: cute.CopyAtom, merge_indptr: cute.Tensor = None,
                merge_counters: cute.Tensor = None, box_ckv_page: cute.CopyAtom = None,
-               box_kpe_page: cute.CopyAtom = None):
+               box_kpe_page: cute.CopyAtom = None, kv_last_page_len: cute.Tensor = None,
+               request_faults: cute.Tensor = None, unit_state: cute.Tensor = None, error_word: cute.Tensor = None,
+               num_pages=None):
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -338,6 +388,9 @@ class MlaPagedPrefillSm90(MlaEntries):
         arrival = None  # fused_merge: thread 0's merge arrival, broadcast to the consumers
         if cutlass.const_expr(merge_indptr is not None and not self.eager_combine and not self.cluster_flags):
             arrival = smem.allocate_tensor(Int32, cute.make_layout((1,)), 16)
+        if cutlass.const_expr(self.dynamic):  # the unit ring (common/mla.load_units), the rules' reduction words
+            ring = smem.allocate_tensor(Int32, cute.make_layout((UNIT_RING, SLOT_FIELDS), stride=(SLOT_FIELDS, 1)), 16)
+            rule_words = smem.allocate_tensor(Int32, cute.make_layout((2 * NUM_THREADS // 32,)), 16)
 
         producers = cpipe.CooperativeGroup(cpipe.Agent.Thread, PRODUCER_THREADS)
         consumers = cpipe.CooperativeGroup(cpipe.Agent.Thread, MMA_THREADS)
@@ -359,8 +412,15 @@ class MlaPagedPrefillSm90(MlaEntries):
         # Launched with programmatic dependent launch (it may start while the device planner runs): nothing
         # global is read before this wait, which returns once the previous grid has finished and flushed.
         wait_for_previous_grid(self.releases_dependents)
-        item_begin = work_indptr[cta]
-        item_end = work_indptr[cta + 1]
+        item_begin = Int32(0)
+        item_end = Int32(0)
+        source = None  # dynamic_schedule: the unit counter and the ring (unit_schedule.UnitSource)
+        if cutlass.const_expr(not self.dynamic):
+            item_begin = work_indptr[cta]
+            item_end = work_indptr[cta + 1]
+        else:
+            source = self.check_batch(tidx, cta, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output, lse,
+                                      ring, rule_words, request_faults, unit_state, error_word, num_pages)
         if warp_idx < PRODUCER_THREADS // 32:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             kv_boxes = None
@@ -376,14 +436,21 @@ class MlaPagedPrefillSm90(MlaEntries):
                         cpasync.prefetch_descriptor(box_kpe_page)
                     kv_boxes = ((kv_boxes[0][0], kv_boxes[0][1], tma_descriptor_address(box_ckv_page)),
                                 (kv_boxes[1][0], kv_boxes[1][1], tma_descriptor_address(box_kpe_page)))
-            load_q_and_kv_tiles(tidx, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, items,
-                                item_begin, item_end, s_q, s_k, s_ids, pipe_q, pipe_k,
-                                cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, 1),
-                                cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages),
-                                group=self.group, num_threads=PRODUCER_THREADS, ids_barrier=_IDS_BARRIER,
-                                q_for_keyless_items=True, async_kv=True, kv_boxes=kv_boxes,
-                                skip_kv_copies=self.probe == "compute_only",
-                                row_segments=self.row_segments)
+            if cutlass.const_expr(self.dynamic):
+                load_units(tidx, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, s_q, s_k,
+                           s_ids, pipe_q, pipe_k, cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, 1),
+                           cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages), source,
+                           group=self.group, num_threads=PRODUCER_THREADS, ids_barrier=_IDS_BARRIER,
+                           page_size=self.page_size, kv_boxes=kv_boxes, row_segments=self.row_segments)
+            else:
+                load_q_and_kv_tiles(tidx, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices,
+                                    items, item_begin, item_end, s_q, s_k, s_ids, pipe_q, pipe_k,
+                                    cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, 1),
+                                    cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages),
+                                    group=self.group, num_threads=PRODUCER_THREADS, ids_barrier=_IDS_BARRIER,
+                                    q_for_keyless_items=True, async_kv=True, kv_boxes=kv_boxes,
+                                    skip_kv_copies=self.probe == "compute_only",
+                                    row_segments=self.row_segments)
             if cutlass.const_expr(self.cluster_flags):  # after its last load: the check, the flags, the barriers
                 self.fold_checked(tidx, s_red, None, qo_indptr, work_indptr, items, item_begin, item_end, output, lse,
                                   lse_out_scale, merge_indptr, merge_counters)
@@ -392,9 +459,18 @@ class MlaPagedPrefillSm90(MlaEntries):
             consumer_red = s_red
             if cutlass.const_expr(self.cluster_flags):  # does this CTA's cluster hold one whole merge? (mla_decode.py)
                 consumer_red = self.with_cluster_check(s_red, cta, work_indptr, items, merge_indptr)
-            self.consume_items(tidx - PRODUCER_THREADS, s_q, s_k, consumer_red, qo_indptr, items, item_begin, item_end,
-                               output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk,
-                               tiled_mma_pv, pipe_q, pipe_k)
+            if cutlass.const_expr(self.dynamic):
+                self.consume_items(tidx - PRODUCER_THREADS, s_q, s_k, consumer_red, qo_indptr, items, item_begin,
+                                   item_end, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
+                                   tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, source)
+                # every CTA, even of a batch without units: each took one index from the counter, so the last one
+                # to count itself out must zero it for the next launch
+                finish_schedule(unit_state, request_faults, qo_indptr, output, lse, tidx - PRODUCER_THREADS,
+                                MMA_THREADS, CKV_DIM, _FINISH_BARRIER, rule_words)
+            else:
+                self.consume_items(tidx - PRODUCER_THREADS, s_q, s_k, consumer_red, qo_indptr, items, item_begin,
+                                   item_end, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
+                                   tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k)
             if cutlass.const_expr(self.eager_combine):  # both consumer warpgroups wrote the partials
                 announce_partials(items, item_begin, item_end, merge_counters, tidx - PRODUCER_THREADS,
                                   barrier_id=_FOLD_BARRIER, num_threads=MMA_THREADS)
@@ -408,6 +484,29 @@ class MlaPagedPrefillSm90(MlaEntries):
                                   item_end, output, lse, lse_out_scale, merge_indptr, merge_counters)
         if cutlass.const_expr(self.cluster_merge > 0 and not self.cluster_flags):  # every thread: the cluster folds
             self.fold_split_request(tidx, s_red, qo_indptr, items, item_begin, item_end, output, lse, lse_out_scale)
+
+    @cute.jit
+    def check_batch(self, tidx, cta, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output, lse, ring,
+                    rule_words, request_faults, unit_state, error_word, num_pages):
+        """``dynamic_schedule``, every thread before the roles split: the batch's index rules and units
+        (``unit_schedule.batch_rules``); a broken batch gets no unit and this CTA writes its grid-stride share of the
+        rows 0 / lse -inf (CTA 0 records the fault), a valid one has its page ids scanned, a share a CTA."""
+        faults, total = batch_rules(qo_indptr, kv_indptr, kv_indices.shape[0], output.shape[0], tidx, NUM_THREADS,
+                                    rule_words, self.group, self.tile_m, 1, kv_last_page_len, error_word, cta == 0,
+                                    self.page_size, self.tile_n)
+        if faults != 0:
+            total = Int32(0)
+            grid, _, _ = cute.arch.grid_dim()
+            empty_rows(output, lse, tidx, NUM_THREADS, CKV_DIM, cta * NUM_THREADS, output.shape[0], grid)
+            if cta == 0 and tidx == 0:
+                record_fault(error_word, faults, 0)
+        else:
+            scan_page_ids(kv_indptr, kv_indices, num_pages, tidx, NUM_THREADS, unit_state, request_faults, error_word)
+        # any thread's marks happen before this CTA's count (finish_schedule), whose release the last CTA reads, and
+        # every read of rule_words before the count reuses it
+        cute.arch.sync_threads()
+        return UnitSource(unit_state, ring, None, request_faults, kv_last_page_len, error_word, num_pages,
+                          kv_indptr.shape[0] - 1, total)
 
     # The two hooks the share_scores kernel (mla_prefill_shared_s.py) overrides; the rest of the kernel is shared.
     def allocate_exchange(self, smem):
@@ -520,7 +619,7 @@ def configs(arch: str) -> list[PagedAttentionConfig]:
         return []
     from ...config import default_paged_config
     from ...ops.mla_decode import ONE_TOKEN_SPEC, device_cluster_config
-    from ...ops.mla_prefill import CONSUMER_KNOBS, SM90_CONSUMER_SPLITS
+    from ...ops.mla_prefill import CONSUMER_KNOBS, SM90_CONSUMER_SPLITS, SM90_LONG_ITEM_CONSUMERS
 
     definitions = [definition_config(arch, ps) for ps in DEFINITION_PAGE_SIZES]
     variants = [dataclasses.replace(c, **{**CONSUMER_KNOBS, **knobs})
@@ -529,7 +628,11 @@ def configs(arch: str) -> list[PagedAttentionConfig]:
                                    head_dim_v=CKV_DIM, page_size=ps, causal=True, spec=ONE_TOKEN_SPEC)
               for heads, ps in ((16, 1), (16, 64), (8, 1))]
     device_planned = [c for c in map(device_cluster_config, decode) if c not in decode]
-    return definitions + [c for c in variants + decode + device_planned if c not in definitions]
+    # the default call's self-scheduling builds: both definitions with the default split, page 1 with the long-item one
+    long_split = {**CONSUMER_KNOBS, **SM90_CONSUMER_SPLITS[SM90_LONG_ITEM_CONSUMERS]}
+    dynamic = [dataclasses.replace(c, dynamic_schedule=True) for c in definitions] + [
+        dataclasses.replace(definitions[0], dynamic_schedule=True, **long_split)]
+    return definitions + [c for c in variants + decode + device_planned + dynamic if c not in definitions]
 
 
 register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs,

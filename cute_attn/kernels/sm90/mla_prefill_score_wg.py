@@ -73,6 +73,7 @@ from cutlass.cute.nvgpu import warpgroup
 from ...plan import ItemField as F
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.mla import CKV_DIM, KPE_DIM, QK_DIM
+from ..common.unit_schedule import UNIT_RING, SlotField
 from ..common.softmax import (acc_mn_view, make_softmax_state, rescale_rows, softmax_finalize, softmax_reset,
                               softmax_update)
 from .mla_prefill import MAX_STAGES, MMA_THREADS, MlaPagedPrefillSm90
@@ -134,7 +135,7 @@ class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
                       qo_indptr: cute.Tensor, items: cute.Tensor, item_begin: Int32, item_end: Int32,
                       output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor,
                       scale_log2: Float32, lse_out_scale: Float32, tiled_mma_qk: cute.TiledMma,
-                      tiled_mma_pv: cute.TiledMma, pipe_q, pipe_k):
+                      tiled_mma_pv: cute.TiledMma, pipe_q, pipe_k, source=None):
         wg = cute.arch.make_warp_uniform(ctid // 128)
         thr_pv = tiled_mma_pv.get_slice(ctid)
         wg_pv = tiled_mma_pv.get_slice(wg * 128)
@@ -152,10 +153,11 @@ class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
         if wg == 0:
             self.score_role(ctid, s_q, s_k, s_xchg, s_p, s_o, t_sp, t_ovt, acc_o, c_o, qo_indptr, items, item_begin,
                             item_end, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
-                            tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k)
+                            tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, source)
         else:
             self.output_role(ctid, s_xchg, s_o, t_sp, t_ovt, acc_o, c_o, qo_indptr, items, item_begin, item_end,
-                             output, lse, partial_out, partial_lse, lse_out_scale, tiled_mma_pv, pipe_q, pipe_k)
+                             output, lse, partial_out, partial_lse, lse_out_scale, tiled_mma_pv, pipe_q, pipe_k,
+                             source)
 
     @cute.jit
     def release_tile(self, pipe_k, k_state, t: Int32, num_tiles: Int32):
@@ -179,8 +181,11 @@ class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
         G = self.group
         # one KV head: packed row p is head p % G of token p // G
         if cutlass.const_expr(not self.smem_epilogue):
-            store_item_rows(acc_o, c_o, row_lse, slot, qo_indptr, b, 0, r0, row_count, output, lse, lse_out_scale,
-                            partial_out, partial_lse, G)
+            if cutlass.const_expr(partial_out is None):  # self-scheduling builds: every unit is final
+                store_output_rows(acc_o, c_o, row_lse, qo_indptr[b], 0, r0, row_count, output, lse, lse_out_scale, G)
+            else:
+                store_item_rows(acc_o, c_o, row_lse, slot, qo_indptr, b, 0, r0, row_count, output, lse,
+                                lse_out_scale, partial_out, partial_lse, G)
         else:
             q_start = qo_indptr[b]
             staged = Int32(0)
@@ -193,14 +198,24 @@ class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
                     staged = Int32(1)
                 cute.arch.fence_view_async_shared()  # generic accesses to the stage before its next (TMA) load
                 pipe_k.consumer_release(last)
-            if slot < 0:
-                if staged != 0:  # O went through the stage: the lse is left
-                    store_output_rows(acc_o, c_o, row_lse, q_start, 0, r0, row_count, output, lse, lse_out_scale, G,
-                                      write_output=False)
-                else:
-                    store_output_rows(acc_o, c_o, row_lse, q_start, 0, r0, row_count, output, lse, lse_out_scale, G)
+            if cutlass.const_expr(partial_out is None):  # self-scheduling builds: every unit is final
+                self.store_final_rows(acc_o, c_o, row_lse, staged, q_start, r0, row_count, output, lse,
+                                      lse_out_scale)
             else:
-                store_partial_rows(acc_o, c_o, row_lse, row_count, slot, partial_out, partial_lse)
+                if slot < 0:
+                    self.store_final_rows(acc_o, c_o, row_lse, staged, q_start, r0, row_count, output, lse,
+                                          lse_out_scale)
+                else:
+                    store_partial_rows(acc_o, c_o, row_lse, row_count, slot, partial_out, partial_lse)
+
+    @cute.jit
+    def store_final_rows(self, acc_o, c_o, row_lse, staged, q_start, r0, row_count, output, lse, lse_out_scale):
+        """A final item's lse (WG1) and, unless its O went through the stage (``staged``), its O rows."""
+        if staged != 0:  # O went through the stage: the lse is left
+            store_output_rows(acc_o, c_o, row_lse, q_start, 0, r0, row_count, output, lse, lse_out_scale, self.group,
+                              write_output=False)
+        else:
+            store_output_rows(acc_o, c_o, row_lse, q_start, 0, r0, row_count, output, lse, lse_out_scale, self.group)
 
     @cute.jit
     def score_role(self, ctid: Int32, s_q: cute.Tensor, s_k: cute.Tensor, s_xchg: cute.Tensor, s_p: cute.Tensor,
@@ -208,9 +223,9 @@ class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
                    qo_indptr: cute.Tensor, items: cute.Tensor, item_begin: Int32, item_end: Int32,
                    output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor,
                    scale_log2: Float32, lse_out_scale: Float32, tiled_mma_qk: cute.TiledMma,
-                   tiled_mma_pv: cute.TiledMma, pipe_q, pipe_k):
-        """WG1: S, the softmax, P and the factors for WG2, and O columns 0..255."""
-        G = self.group
+                   tiled_mma_pv: cute.TiledMma, pipe_q, pipe_k, source=None):
+        """WG1: S, the softmax, P and the factors for WG2, and O columns 0..255, item by item (:meth:`score_item`)
+        from the plan or (``source``) unit by unit from the load role's ring."""
         thr_qk = tiled_mma_qk.get_slice(ctid)
         wg_qk = tiled_mma_qk.get_slice(0)
         t_sq = wg_qk.make_fragment_A(wg_qk.partition_A(s_q))
@@ -230,133 +245,197 @@ class MlaPagedPrefillScoreWgSm90(MlaPagedPrefillSm90):
         q_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, 1)
         k_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, self.num_stages)
         k_done = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, self.num_stages)  # pv_in_flight: lags
-        for it in cutlass.range(item_begin, item_end, unroll=1):
-            r0 = items[it, int(F.Q_ROW_START)]
-            kv_start = items[it, int(F.KV_START)]
-            kv_end = items[it, int(F.KV_END)]
-            causal_offset = items[it, int(F.CAUSAL_OFFSET)]
-            first_token = r0 // G
-            softmax_reset(row_max, row_sum)
-            acc_o.fill(0.0)
-            num_tiles = cute.ceil_div(kv_end - kv_start, self.tile_n) if kv_end > kv_start else 0
+        tensors = (s_q, s_k, s_xchg, s_p, s_o, t_sp, t_ovt, acc_o, c_o, thr_qk, t_sq, t_sk, acc_s, c_s, c_s_mn, p_atom,
+                   p_copy, t_pd, p_bf, row_max, row_sum, num_rows, deferred_scale)
+        if cutlass.const_expr(source is None):
+            for it in cutlass.range(item_begin, item_end, unroll=1):
+                # read only after the main loop: fewer registers live across it
+                late = lambda: (items[it, int(F.REQUEST)], items[it, int(F.Q_ROW_COUNT)],  # noqa: E731
+                                items[it, int(F.PARTIAL_SLOT)])
+                q_state, k_state, k_done = self.score_item(
+                    ctid, it, tensors, items[it, int(F.Q_ROW_START)], items[it, int(F.KV_START)],
+                    items[it, int(F.KV_END)], items[it, int(F.CAUSAL_OFFSET)], late, qo_indptr, output, lse,
+                    partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
+                    q_state, k_state, k_done)
+        else:
+            ring = source.slots
+            n = Int32(0)
             pipe_q.consumer_wait(q_state)
-            deferred_stage = Int32(0)
-            for t in cutlass.range(num_tiles, unroll=1):
-                if cutlass.const_expr(self.probe == "loads_only"):  # the load role's own period: wait, release
-                    pipe_k.consumer_wait(k_state)
-                    if t == num_tiles - 1:
-                        pipe_q.consumer_release(q_state)
-                    pipe_k.consumer_release(k_state)
-                    k_state.advance()
-                else:
-                    kv_base = kv_start + t * self.tile_n
-                    stage = k_state.index
-                    if cutlass.const_expr(self.pv_in_flight):
-                        if t > 0:  # the previous tile's PV GEMM first: this tile's S GEMM queues right behind it
-                            rescale_rows(acc_o, deferred_scale)
-                            wgmma_gemm(tiled_mma_pv, acc_o, t_sp[None, None, None, deferred_stage],
-                                       t_ovt[None, None, None, deferred_stage], False, wait=False)
-                    pipe_k.consumer_wait(k_state)
-                    cute.arch.fence_view_async_shared()  # the producers' cp.async rows, seen by this warp's wgmmas
-                    wgmma_gemm(tiled_mma_qk, acc_s, t_sq, t_sk[None, None, None, stage], True,
-                               wait=not self.pv_in_flight)
-                    if cutlass.const_expr(self.pv_in_flight):  # both GEMMs done before the back edge (ptxas C7514)
-                        warpgroup.wait_group(1)  # the previous tile's PV GEMM: its stage is free
-                        if t > 0:
-                            pipe_k.consumer_release(k_done)
-                            k_done.advance()
-                        warpgroup.wait_group(0)
-                    if t == num_tiles - 1:  # the item's last read of Q: the next item's Q may load now
-                        pipe_q.consumer_release(q_state)
-                    if tile_needs_mask(kv_base, self.tile_n, kv_end, first_token, causal_offset):
-                        apply_causal_seqend_mask(acc_s, c_s, r0, G, kv_base, kv_end, causal_offset)
-                    row_scale = softmax_update(acc_s, row_max, row_sum, scale_log2)
-                    if ctid % 4 == 0:  # one thread of each row's quad hands the row's factor to WG2
-                        for r in cutlass.range_constexpr(num_rows):
-                            s_xchg[c_s_mn[r, 0][0], stage] = row_scale[r]
-                    p_bf.store(acc_s.load().to(self.dtype))
-                    cute.copy(p_atom, p_copy.retile(p_bf), t_pd[None, None, None, stage])
-                    cute.arch.fence_view_async_shared()  # generic P stores -> the PV wgmmas (async proxy)
-                    cute.arch.barrier(barrier_id=P_BARRIER, number_of_threads=MMA_THREADS)
-                    if cutlass.const_expr(self.pv_in_flight):
-                        for r in cutlass.range_constexpr(num_rows):
-                            deferred_scale[r] = row_scale[r]
-                        deferred_stage = stage
-                    else:
-                        rescale_rows(acc_o, row_scale)
-                        wgmma_gemm(tiled_mma_pv, acc_o, t_sp[None, None, None, stage], t_ovt[None, None, None, stage],
-                                   False)
-                        self.release_tile(pipe_k, k_state, t, num_tiles)
-                    k_state.advance()
-            if cutlass.const_expr(self.pv_in_flight):
-                if num_tiles > 0:  # the item's last PV GEMM
-                    rescale_rows(acc_o, deferred_scale)
-                    wgmma_gemm(tiled_mma_pv, acc_o, t_sp[None, None, None, deferred_stage],
-                               t_ovt[None, None, None, deferred_stage], False)
-                    pipe_k.consumer_release(k_done)
-                    k_done.advance()
-            if num_tiles == 0:
-                pipe_q.consumer_release(q_state)
-            q_state.advance()
-
-            # read only now: fewer registers live across the main loop
-            b = items[it, int(F.REQUEST)]
-            row_count = items[it, int(F.Q_ROW_COUNT)]
-            slot = items[it, int(F.PARTIAL_SLOT)]
-            o_scale, row_lse = softmax_finalize(row_max, row_sum, scale_log2)
-            final_slot = self.num_stages + it % 2
-            if ctid % 4 == 0:
-                for r in cutlass.range_constexpr(num_rows):
-                    s_xchg[c_s_mn[r, 0][0], final_slot] = o_scale[r]
-            cute.arch.barrier(barrier_id=FINAL_BARRIER, number_of_threads=MMA_THREADS)
-            rescale_rows(acc_o, o_scale)
-            self.finish_item(ctid, 0, acc_o, c_o, row_lse, s_o, tiled_mma_pv, pipe_k, k_state, num_tiles,
-                             qo_indptr, b, r0, row_count, slot, output, lse, partial_out, partial_lse, lse_out_scale)
+            valid = ring[0, int(SlotField.VALID)]
+            while valid != 0:
+                entry = n % UNIT_RING
+                # partial slot -1 as a Python int: a unit is never split, so only the final store is traced
+                late = lambda: (ring[entry, int(SlotField.REQUEST)], ring[entry, int(SlotField.Q_ROW_COUNT)],  # noqa
+                                -1)
+                q_state, k_state, k_done = self.score_item(
+                    ctid, n, tensors, ring[entry, int(SlotField.Q_ROW_START)], Int32(0),
+                    ring[entry, int(SlotField.KV_END)], ring[entry, int(SlotField.CAUSAL_OFFSET)], late, qo_indptr,
+                    output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv,
+                    pipe_q, pipe_k, q_state, k_state, k_done)
+                n = n + 1
+                pipe_q.consumer_wait(q_state)
+                valid = ring[n % UNIT_RING, int(SlotField.VALID)]
 
     @cute.jit
-    def output_role(self, ctid: Int32, s_xchg: cute.Tensor, s_o: cute.Tensor, t_sp: cute.Tensor, t_ovt: cute.Tensor, acc_o: cute.Tensor,
-                    c_o: cute.Tensor, qo_indptr: cute.Tensor, items: cute.Tensor, item_begin: Int32,
-                    item_end: Int32, output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor,
-                    partial_lse: cute.Tensor, lse_out_scale: Float32, tiled_mma_pv: cute.TiledMma, pipe_q, pipe_k):
-        """WG2: O columns 256..511 from WG1's P and factors."""
+    def score_item(self, ctid: Int32, it: Int32, tensors, r0: Int32, kv_start: Int32, kv_end: Int32,
+                   causal_offset: Int32, late_fields, qo_indptr: cute.Tensor, output: cute.Tensor, lse: cute.Tensor,
+                   partial_out: cute.Tensor, partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32,
+                   tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, pipe_q, pipe_k, q_state, k_state,
+                   k_done):
+        """WG1's share of one item (or unit): its key tiles, then its epilogue (``it``'s parity picks the final factor
+        slot). ``late_fields()``: ``(request, q_row_count, partial_slot)``. Returns the Q and K states (and
+        ``pv_in_flight``'s lagging one)."""
         G = self.group
+        (s_q, s_k, s_xchg, s_p, s_o, t_sp, t_ovt, acc_o, c_o, thr_qk, t_sq, t_sk, acc_s, c_s, c_s_mn, p_atom, p_copy,
+         t_pd, p_bf, row_max, row_sum, num_rows, deferred_scale) = tensors
+        first_token = r0 // G
+        softmax_reset(row_max, row_sum)
+        acc_o.fill(0.0)
+        num_tiles = cute.ceil_div(kv_end - kv_start, self.tile_n) if kv_end > kv_start else 0
+        pipe_q.consumer_wait(q_state)
+        deferred_stage = Int32(0)
+        for t in cutlass.range(num_tiles, unroll=1):
+            if cutlass.const_expr(self.probe == "loads_only"):  # the load role's own period: wait, release
+                pipe_k.consumer_wait(k_state)
+                if t == num_tiles - 1:
+                    pipe_q.consumer_release(q_state)
+                pipe_k.consumer_release(k_state)
+                k_state.advance()
+            else:
+                kv_base = kv_start + t * self.tile_n
+                stage = k_state.index
+                if cutlass.const_expr(self.pv_in_flight):
+                    if t > 0:  # the previous tile's PV GEMM first: this tile's S GEMM queues right behind it
+                        rescale_rows(acc_o, deferred_scale)
+                        wgmma_gemm(tiled_mma_pv, acc_o, t_sp[None, None, None, deferred_stage],
+                                   t_ovt[None, None, None, deferred_stage], False, wait=False)
+                pipe_k.consumer_wait(k_state)
+                cute.arch.fence_view_async_shared()  # the producers' cp.async rows, seen by this warp's wgmmas
+                wgmma_gemm(tiled_mma_qk, acc_s, t_sq, t_sk[None, None, None, stage], True,
+                           wait=not self.pv_in_flight)
+                if cutlass.const_expr(self.pv_in_flight):  # both GEMMs done before the back edge (ptxas C7514)
+                    warpgroup.wait_group(1)  # the previous tile's PV GEMM: its stage is free
+                    if t > 0:
+                        pipe_k.consumer_release(k_done)
+                        k_done.advance()
+                    warpgroup.wait_group(0)
+                if t == num_tiles - 1:  # the item's last read of Q: the next item's Q may load now
+                    pipe_q.consumer_release(q_state)
+                if tile_needs_mask(kv_base, self.tile_n, kv_end, first_token, causal_offset):
+                    apply_causal_seqend_mask(acc_s, c_s, r0, G, kv_base, kv_end, causal_offset)
+                row_scale = softmax_update(acc_s, row_max, row_sum, scale_log2)
+                if ctid % 4 == 0:  # one thread of each row's quad hands the row's factor to WG2
+                    for r in cutlass.range_constexpr(num_rows):
+                        s_xchg[c_s_mn[r, 0][0], stage] = row_scale[r]
+                p_bf.store(acc_s.load().to(self.dtype))
+                cute.copy(p_atom, p_copy.retile(p_bf), t_pd[None, None, None, stage])
+                cute.arch.fence_view_async_shared()  # generic P stores -> the PV wgmmas (async proxy)
+                cute.arch.barrier(barrier_id=P_BARRIER, number_of_threads=MMA_THREADS)
+                if cutlass.const_expr(self.pv_in_flight):
+                    for r in cutlass.range_constexpr(num_rows):
+                        deferred_scale[r] = row_scale[r]
+                    deferred_stage = stage
+                else:
+                    rescale_rows(acc_o, row_scale)
+                    wgmma_gemm(tiled_mma_pv, acc_o, t_sp[None, None, None, stage], t_ovt[None, None, None, stage],
+                               False)
+                    self.release_tile(pipe_k, k_state, t, num_tiles)
+                k_state.advance()
+        if cutlass.const_expr(self.pv_in_flight):
+            if num_tiles > 0:  # the item's last PV GEMM
+                rescale_rows(acc_o, deferred_scale)
+                wgmma_gemm(tiled_mma_pv, acc_o, t_sp[None, None, None, deferred_stage],
+                           t_ovt[None, None, None, deferred_stage], False)
+                pipe_k.consumer_release(k_done)
+                k_done.advance()
+        if num_tiles == 0:
+            pipe_q.consumer_release(q_state)
+        q_state.advance()
+
+        b, row_count, slot = late_fields()
+        o_scale, row_lse = softmax_finalize(row_max, row_sum, scale_log2)
+        final_slot = self.num_stages + it % 2
+        if ctid % 4 == 0:
+            for r in cutlass.range_constexpr(num_rows):
+                s_xchg[c_s_mn[r, 0][0], final_slot] = o_scale[r]
+        cute.arch.barrier(barrier_id=FINAL_BARRIER, number_of_threads=MMA_THREADS)
+        rescale_rows(acc_o, o_scale)
+        self.finish_item(ctid, 0, acc_o, c_o, row_lse, s_o, tiled_mma_pv, pipe_k, k_state, num_tiles,
+                         qo_indptr, b, r0, row_count, slot, output, lse, partial_out, partial_lse, lse_out_scale)
+        return q_state, k_state, k_done
+
+    @cute.jit
+    def output_role(self, ctid: Int32, s_xchg: cute.Tensor, s_o: cute.Tensor, t_sp: cute.Tensor, t_ovt: cute.Tensor,
+                    acc_o: cute.Tensor, c_o: cute.Tensor, qo_indptr: cute.Tensor, items: cute.Tensor,
+                    item_begin: Int32, item_end: Int32, output: cute.Tensor, lse: cute.Tensor,
+                    partial_out: cute.Tensor, partial_lse: cute.Tensor, lse_out_scale: Float32,
+                    tiled_mma_pv: cute.TiledMma, pipe_q, pipe_k, source=None):
+        """WG2: O columns 256..511 from WG1's P and factors, item by item (:meth:`output_item`) from the plan or
+        (``source``) unit by unit from the load role's ring (each entry read after the unit's Q wait)."""
         c_o_mn = acc_mn_view(c_o)
         num_rows = cute.size(acc_mn_view(acc_o), mode=[0])
         factors = cute.make_rmem_tensor(num_rows, Float32)
         q_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, 1)
         k_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, self.num_stages)
-        for it in cutlass.range(item_begin, item_end, unroll=1):
-            kv_start = items[it, int(F.KV_START)]
-            kv_end = items[it, int(F.KV_END)]
-            acc_o.fill(0.0)
-            num_tiles = cute.ceil_div(kv_end - kv_start, self.tile_n) if kv_end > kv_start else 0
-            # WG2 never reads Q; its arrival is the Q stage's second half of the 256 the pipeline counts
+        tensors = (s_xchg, s_o, t_sp, t_ovt, acc_o, c_o, c_o_mn, num_rows, factors)
+        if cutlass.const_expr(source is None):
+            for it in cutlass.range(item_begin, item_end, unroll=1):
+                late = lambda: (items[it, int(F.REQUEST)], items[it, int(F.Q_ROW_START)],  # noqa: E731
+                                items[it, int(F.Q_ROW_COUNT)], items[it, int(F.PARTIAL_SLOT)])
+                q_state, k_state = self.output_item(
+                    ctid, it, tensors, items[it, int(F.KV_START)], items[it, int(F.KV_END)], late, qo_indptr, output,
+                    lse, partial_out, partial_lse, lse_out_scale, tiled_mma_pv, pipe_q, pipe_k, q_state, k_state)
+        else:
+            ring = source.slots
+            n = Int32(0)
             pipe_q.consumer_wait(q_state)
-            pipe_q.consumer_release(q_state)
-            q_state.advance()
-            for t in cutlass.range(num_tiles, unroll=1):
-                stage = k_state.index
-                pipe_k.consumer_wait(k_state)
-                if cutlass.const_expr(self.probe != "loads_only"):  # (the probe: the stage is released untouched)
-                    cute.arch.fence_view_async_shared()  # the producers' cp.async rows, seen by this warp's wgmmas
-                    cute.arch.barrier(barrier_id=P_BARRIER, number_of_threads=MMA_THREADS)
-                    for r in cutlass.range_constexpr(num_rows):
-                        factors[r] = s_xchg[c_o_mn[r, 0][0], stage]
-                    rescale_rows(acc_o, factors)
-                    wgmma_gemm(tiled_mma_pv, acc_o, t_sp[None, None, None, stage], t_ovt[None, None, None, stage],
-                               False)
-                self.release_tile(pipe_k, k_state, t, num_tiles)
-                k_state.advance()
+            valid = ring[0, int(SlotField.VALID)]
+            while valid != 0:
+                entry = n % UNIT_RING
+                late = lambda: (ring[entry, int(SlotField.REQUEST)], ring[entry, int(SlotField.Q_ROW_START)],  # noqa
+                                ring[entry, int(SlotField.Q_ROW_COUNT)], -1)  # never split: final stores only
+                q_state, k_state = self.output_item(
+                    ctid, n, tensors, Int32(0), ring[entry, int(SlotField.KV_END)], late, qo_indptr, output, lse,
+                    partial_out, partial_lse, lse_out_scale, tiled_mma_pv, pipe_q, pipe_k, q_state, k_state)
+                n = n + 1
+                pipe_q.consumer_wait(q_state)
+                valid = ring[n % UNIT_RING, int(SlotField.VALID)]
 
-            b = items[it, int(F.REQUEST)]
-            r0 = items[it, int(F.Q_ROW_START)]
-            row_count = items[it, int(F.Q_ROW_COUNT)]
-            slot = items[it, int(F.PARTIAL_SLOT)]
-            final_slot = self.num_stages + it % 2
-            cute.arch.barrier(barrier_id=FINAL_BARRIER, number_of_threads=MMA_THREADS)
-            for r in cutlass.range_constexpr(num_rows):
-                factors[r] = s_xchg[c_o_mn[r, 0][0], final_slot]
-            rescale_rows(acc_o, factors)
-            # lse is WG1's to store (it owns column 0): these rows' lse never leaves the registers
-            self.finish_item(ctid, 1, acc_o, c_o, factors, s_o, tiled_mma_pv, pipe_k, k_state, num_tiles,
-                             qo_indptr, b, r0, row_count, slot, output, lse, partial_out, partial_lse, lse_out_scale)
+    @cute.jit
+    def output_item(self, ctid: Int32, it: Int32, tensors, kv_start: Int32, kv_end: Int32, late_fields,
+                    qo_indptr: cute.Tensor, output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor,
+                    partial_lse: cute.Tensor, lse_out_scale: Float32, tiled_mma_pv: cute.TiledMma, pipe_q, pipe_k,
+                    q_state, k_state):
+        """WG2's share of one item (or unit). ``late_fields()``: ``(request, q_row_start, q_row_count,
+        partial_slot)``. Returns the Q and K states."""
+        s_xchg, s_o, t_sp, t_ovt, acc_o, c_o, c_o_mn, num_rows, factors = tensors
+        acc_o.fill(0.0)
+        num_tiles = cute.ceil_div(kv_end - kv_start, self.tile_n) if kv_end > kv_start else 0
+        # WG2 never reads Q; its arrival is the Q stage's second half of the 256 the pipeline counts
+        pipe_q.consumer_wait(q_state)
+        pipe_q.consumer_release(q_state)
+        q_state.advance()
+        for t in cutlass.range(num_tiles, unroll=1):
+            stage = k_state.index
+            pipe_k.consumer_wait(k_state)
+            if cutlass.const_expr(self.probe != "loads_only"):  # (the probe: the stage is released untouched)
+                cute.arch.fence_view_async_shared()  # the producers' cp.async rows, seen by this warp's wgmmas
+                cute.arch.barrier(barrier_id=P_BARRIER, number_of_threads=MMA_THREADS)
+                for r in cutlass.range_constexpr(num_rows):
+                    factors[r] = s_xchg[c_o_mn[r, 0][0], stage]
+                rescale_rows(acc_o, factors)
+                wgmma_gemm(tiled_mma_pv, acc_o, t_sp[None, None, None, stage], t_ovt[None, None, None, stage],
+                           False)
+            self.release_tile(pipe_k, k_state, t, num_tiles)
+            k_state.advance()
+
+        b, r0, row_count, slot = late_fields()
+        final_slot = self.num_stages + it % 2
+        cute.arch.barrier(barrier_id=FINAL_BARRIER, number_of_threads=MMA_THREADS)
+        for r in cutlass.range_constexpr(num_rows):
+            factors[r] = s_xchg[c_o_mn[r, 0][0], final_slot]
+        rescale_rows(acc_o, factors)
+        # lse is WG1's to store (it owns column 0): these rows' lse never leaves the registers
+        self.finish_item(ctid, 1, acc_o, c_o, factors, s_o, tiled_mma_pv, pipe_k, k_state, num_tiles,
+                         qo_indptr, b, r0, row_count, slot, output, lse, partial_out, partial_lse, lse_out_scale)
+        return q_state, k_state

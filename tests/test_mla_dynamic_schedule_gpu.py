@@ -1,0 +1,177 @@
+"""The planner-free MLA prefill (``dynamic_schedule`` on the sm_90a score-warpgroup kernel: in-kernel index checks,
+the load role taking units from a counter and handing them to the consumers in a ring) on a GPU: drawn batches
+against the float32 reference, both consumer splits it builds, hostile page tables contained, the counter and marks
+left clean, and a captured call replayed across batches."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+
+import cute_attn  # noqa: E402
+from cute_attn import testing  # noqa: E402
+from cute_attn.ops import mla_prefill  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+SETTINGS = settings(max_examples=16, deadline=None, suppress_health_check=list(HealthCheck))
+SPARE_ROWS = 97  # pool rows no request owns (NaN)
+
+
+@contextlib.contextmanager
+def every_batch_self_schedules(split: str):
+    """The default call takes the self-scheduling build whatever the batch's units (the policy's floor at 0), with
+    the consumer split ``split`` for every batch."""
+    with mla_prefill.dynamic_schedule_policy(True), mla_prefill.consumer_split(split), \
+            cute_attn.ops.policy(vars(mla_prefill), DYNAMIC_MIN_UNITS_PER_CTA=0):
+        yield
+
+
+@pytest.fixture(autouse=True, params=["score_wg_sepi", "score_wg"])
+def split(request):
+    torch.cuda.init()
+    cute_attn.clear_plan_cache()
+    cute_attn.raise_on_device_error()
+    with every_batch_self_schedules(request.param):
+        yield request.param
+    torch.cuda.synchronize()
+
+
+def _route_scratch():
+    """Every self-scheduling route's scratch now alive (api's route cache)."""
+    from cute_attn import api
+
+    return [s for hit in api._DEVICE_ROUTES.values() if getattr(hit.route, "schedules_itself", False)
+            for s in hit.route.scratch.values()]
+
+
+def _case(q_lens, kv_lens, page_size=1, seed=0, **kw):
+    if page_size == 1:
+        kw.setdefault("num_pages", sum(kv_lens) + SPARE_ROWS)
+    return testing.make_mla_prefill_case(q_lens, kv_lens, page_size=page_size, device="cuda", seed=seed, **kw)
+
+
+def _assert_matches_reference(case, what, num_sms=None):
+    out, lse = case.new_outputs()
+    cute_attn.mla_paged_prefill(*case.inputs(), out, lse, num_sms=num_sms)
+    torch.cuda.synchronize()
+    ref_out, ref_lse = case.reference()
+    testing.assert_close_benchmark(out, ref_out, f"{what} output")
+    testing.assert_close_benchmark(lse, ref_lse, f"{what} lse")
+    cute_attn.raise_on_device_error()
+    scratch = _route_scratch()
+    assert scratch, f"{what}: the call did not take the self-scheduling route"
+    for s in scratch:  # the last CTA left the counter, the count out, the fault flag and the marks zero
+        assert not s.unit_state.any() and not s.request_faults.any(), f"{what}: scratch {s}"
+
+
+@SETTINGS
+@given(batch=testing.ragged_batches(max_batch=8, max_q=300, max_kv=1200), page_size=st.sampled_from([1, 16, 64]),
+       seed=st.integers(0, 2**16))
+def test_drawn_batches_match_the_reference(batch, page_size, seed):
+    q_lens, kv_lens = batch
+    _assert_matches_reference(_case(q_lens, kv_lens, page_size, seed), f"page {page_size} {q_lens}/{kv_lens}")
+
+
+@pytest.mark.parametrize("num_sms", [None, 1, 7])
+def test_bench_like_shapes_and_small_grids(num_sms):
+    """A batch of long requests and a ragged one with an empty request, on the whole GPU and on grids of 1 and 7 CTAs
+    (each CTA then takes many units through the ring; the counter, reset by the last CTA, serves each launch)."""
+    for q_lens, kv_lens in (([300] * 3, [700] * 3), ([33, 200, 1, 0, 64], [33, 900, 1500, 64, 64])):
+        for page_size in (1, 64):
+            case = _case(q_lens, kv_lens, page_size, seed=page_size)
+            _assert_matches_reference(case, f"{len(q_lens)} requests page {page_size} grid {num_sms}", num_sms)
+
+
+def test_ps1_order_without_last_page_len_and_with_it():
+    """Page size 1 in FlashInfer-Bench's ps1 order (no ``kv_last_page_len``: the route passes ones) and with one."""
+    _assert_matches_reference(_case([40, 90], [300, 90]), "ps1 order")
+    _assert_matches_reference(_case([40, 90], [300, 90], with_last_page_len=True), "with kv_last_page_len")
+
+
+def test_page_faults_empty_their_requests_and_clear():
+    """A page id outside the pool: the request's rows 0 / lse -inf (every unit of it, whichever CTA took it), the
+    others the reference's, the error word names kv_indices; the next clean call is right (marks cleared)."""
+    from cute_attn.device_errors import DeviceIndexError
+
+    case = _case([100, 5, 80, 40], [300, 900, 200, 40], page_size=16, seed=5)
+    ref_out, ref_lse = case.reference()
+    kvp = case.kv_indptr.tolist()
+    saved = case.kv_indices.clone()
+    for k, b in enumerate((2, 0)):
+        rows = slice(int(case.qo_indptr[b]), int(case.qo_indptr[b + 1]))
+        ref_out[rows], ref_lse[rows] = 0, float("-inf")
+        case.kv_indices[kvp[b + 1] - 1] = -3 if k else case.ckv_cache.shape[0] + 7
+    out, lse = case.new_outputs()
+    cute_attn.mla_paged_prefill(*case.inputs(), out, lse)
+    torch.cuda.synchronize()
+    testing.assert_close_benchmark(out, ref_out, "faulted output")
+    testing.assert_close_benchmark(lse, ref_lse, "faulted lse")
+    with pytest.raises(DeviceIndexError, match="kv_indices"):
+        cute_attn.raise_on_device_error()
+    case.kv_indices.copy_(saved)
+    _assert_matches_reference(case, "clean again")
+
+
+def test_hostile_index_tensors_are_contained_and_reported():
+    """Every corruption the hostile module draws (page ids, indptrs, last page lengths): no error at the call, every
+    row written (the pool's NaN never reaches one), the error names the argument; then a good batch is right."""
+    from cute_attn import hostile
+
+    case = _case([5, 0, 40, 100], [300, 3, 40, 700], page_size=16, seed=22)
+    kinds = [k for k in hostile.applicable_kinds(case) if k in hostile.INPUT_ERROR_KINDS]
+
+    @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(drawn=hostile.corruptions(case, kinds))
+    def check(drawn):
+        bad_case, corruption = drawn
+        out, lse = bad_case.new_outputs()
+        cute_attn.mla_paged_prefill(*bad_case.inputs(), out, lse)
+        torch.cuda.synchronize()
+        assert not torch.isnan(out).any() and not torch.isnan(lse).any(), f"{corruption.description}: rows unwritten"
+        with pytest.raises(ValueError) as err:
+            cute_attn.raise_on_device_error()
+        named = hostile.first_named_argument(str(err.value))
+        assert named == corruption.names, f"{corruption.description}: names {named!r}: {err.value}"
+
+    check()
+    _assert_matches_reference(case, "after hostile calls")
+
+
+def test_captured_call_replays_across_batches():
+    """One call captured in a CUDA graph at fixed shapes (batch, total_q, pool), replayed after the index tensors were
+    refilled in place with other lengths and page tables: each replay equals the reference of what they then hold."""
+    rng = np.random.default_rng(7)
+    batch, total_q, page_size = 5, 600, 16
+    case = _case([120] * batch, [700] * batch, page_size=page_size, seed=3, num_pages=400)
+    case.ckv_cache.normal_()  # every page may be drawn below: no NaN poison here
+    case.kpe_cache.normal_()
+    out, lse = case.new_outputs()
+    inputs = case.inputs()
+    cute_attn.mla_paged_prefill(*inputs, out, lse)  # the route's buffers, outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cute_attn.mla_paged_prefill(*inputs, out, lse)
+    for step in range(3):
+        cuts = np.sort(rng.choice(np.arange(1, total_q), size=batch - 1, replace=False))
+        q_lens = np.diff(np.concatenate([[0], cuts, [total_q]])).tolist()
+        kv_lens = [q + int(rng.integers(0, 400)) for q in q_lens]  # pages within len(kv_indices) (220)
+        case.qo_indptr.copy_(torch.tensor(np.concatenate([[0], np.cumsum(q_lens)]), dtype=torch.int32))
+        testing.refill_page_table(kv_lens, page_size, case.kv_indptr, case.kv_indices, case.kv_last_page_len, rng)
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_out, ref_lse = case.reference()  # of the index tensors as they now hold
+        testing.assert_close_benchmark(out, ref_out, f"replay {step} output")
+        testing.assert_close_benchmark(lse, ref_lse, f"replay {step} lse")
+    cute_attn.raise_on_device_error()
