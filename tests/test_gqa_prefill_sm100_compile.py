@@ -27,11 +27,11 @@ TMEM_LIMIT = 512
 pytestmark = pytest.mark.usefixtures("isolated_compile_cache")
 
 
-def _config(**overrides):
+def _config(dynamic_schedule=False, **overrides):
     base = dict(arch="sm_100a", num_qo_heads=32, num_kv_heads=4, head_dim_qk=128, head_dim_v=128, page_size=64,
                 causal=True)
     base.update(overrides)
-    return default_paged_config("gqa_paged_prefill", **base)
+    return dataclasses.replace(default_paged_config("gqa_paged_prefill", **base), dynamic_schedule=dynamic_schedule)
 
 
 def _d256(**overrides):
@@ -43,7 +43,8 @@ def _d256(**overrides):
 def test_registered_configs_are_the_definition_group_five_and_page_one():
     configs = gqa_prefill.configs("sm_100a")
     assert configs == [_config(), _config(num_qo_heads=20, num_kv_heads=4), _config(page_size=1),
-                       _d256(), _d256(num_kv_heads=8, page_size=16), _d256(page_size=1)]
+                       _d256(), _d256(num_kv_heads=8, page_size=16), _d256(page_size=1),
+                       _config(dynamic_schedule=True), _config(page_size=1, dynamic_schedule=True)]
     assert gqa_prefill.configs("sm_90a") == []
     assert find_launcher(_config()) is gqa_prefill.launch
 
@@ -76,7 +77,8 @@ def _check_ptx(config, ptx: str):
     # the MMA warp zeroes V rows that may hold pool garbage 16 bytes a store (kernels/common/kv_tail.py); page 1
     # has no page tails, so no zeroing
     assert not re.search(r"st\.shared\.(?:b|u)16", ptx)
-    assert ("st.shared.v4" in ptx) == (config.page_size > 1)
+    if not config.dynamic_schedule:  # (self-scheduling builds also write their unit ring 16 bytes at a time)
+        assert ("st.shared.v4" in ptx) == (config.page_size > 1)
 
 
 @pytest.mark.parametrize("config", gqa_prefill.configs("sm_100a"), ids=str)
@@ -204,3 +206,21 @@ def test_a_group_of_five_loads_whole_tokens_in_125_q_rows():
     assert config.packed_rows_per_tile == 125 and gqa_prefill.check_config(config) is None
     ptx = compile_to_ptx(config)
     assert "32000" in ptx and "cp.async.bulk.tensor" in ptx
+
+
+@pytest.mark.parametrize("page_size", [64, 1])
+def test_self_scheduling_twin_sends_units_to_every_role(page_size):
+    """The sm_90a self-scheduling build's twin: one relaxed atomic add a unit on the counter, the correction warps'
+    count out with acquire-release, the unit pipeline's mbarriers (a ring of 4 entries: 2 x 4 inits beyond the planned
+    build's), the planned build's MMAs and loads exactly, and no partial (split) store."""
+    config = _config(page_size=page_size, dynamic_schedule=True)
+    ptx = compile_to_ptx(config)
+    planned = compile_to_ptx(dataclasses.replace(config, dynamic_schedule=False))
+    assert "_Dyn" in ptx and "GqaPagedPrefillSm100" in ptx
+    assert "atom.global.add.u32" in ptx, "no unit counter"
+    assert "atom.global.acq_rel.add.u32" in ptx, "no acquire-release count out"
+    assert ptx.count("mbarrier.init") == planned.count("mbarrier.init") + 2 * 4
+    for instr in ("tcgen05.mma", "cp.async.bulk.tensor"):
+        assert ptx.count(instr) == planned.count(instr), instr
+    # split items' fp32 partial rows leave as st.global.v2.b64 in the planned build; a unit is never split
+    assert "st.global.v2.b64" in planned and "st.global.v2.b64" not in ptx

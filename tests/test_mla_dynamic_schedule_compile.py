@@ -71,7 +71,7 @@ def test_sm100_refuses_it_with_a_reason():
                                                       num_kv_heads=1, head_dim_qk=QK_DIM, head_dim_v=CKV_DIM,
                                                       page_size=1, causal=True), dynamic_schedule=True)
     reason = config.can_implement()
-    assert reason is not None and "sm_90a GQA and MLA prefill" in reason
+    assert reason is not None and "the sm_90a MLA prefill kernel" in reason
 
 
 def _dynamic_configs():

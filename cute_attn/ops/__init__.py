@@ -92,11 +92,12 @@ class OpSpec:
     kernel_modules: dict[str, str] = field(default_factory=dict)
 
 
-def shapes_promise_units(config, problem, num_ctas: int, min_units_per_cta: int) -> bool:
-    """``OpSpec.self_schedule``'s shared rule: a causal sm_90a config whose self-scheduling build exists, and a batch
-    whose shapes promise at least ``min_units_per_cta`` units a CTA (``ceil(total_q * group / rows) * kv_heads``, a
-    lower bound of its units: fewer units leave CTAs idle, where the device planner's splits fill the grid)."""
-    if config.arch != "sm_90a" or not config.causal:
+def shapes_promise_units(config, problem, num_ctas: int, min_units_per_cta: int, archs=("sm_90a",)) -> bool:
+    """``OpSpec.self_schedule``'s shared rule: a causal config of an arch in ``archs`` whose self-scheduling build
+    exists, and a batch whose shapes promise at least ``min_units_per_cta`` units a CTA (``ceil(total_q * group /
+    rows) * kv_heads``, a lower bound of its units: fewer units leave CTAs idle, where the device planner's splits
+    fill the grid)."""
+    if config.arch not in archs or not config.causal:
         return False
     min_units = -(-problem.total_q * config.group_size // config.packed_rows_per_tile) * config.num_kv_heads
     if min_units < min_units_per_cta * num_ctas:

@@ -234,6 +234,45 @@ def publish_ring_unit(ring: cute.Tensor, entry, request, local, qo_indptr: cute.
         valid = Int32(1)
     if lane == 0:
         write_slot(ring, entry, request, kv_head, row_start, row_count, kv_end, offset, kv_len, valid)
+    return kv_head, row_start, row_count, kv_end, offset, kv_len
+
+
+@cute.jit
+def send_ring_unit(pipe_u, u_state, ring: cute.Tensor, request, local, qo_indptr: cute.Tensor, kv_indptr: cute.Tensor,
+                   source: UnitSource, lane, group: cutlass.Constexpr, rows: cutlass.Constexpr,
+                   kv_heads: cutlass.Constexpr, page_size: cutlass.Constexpr, kv_tile: cutlass.Constexpr):
+    """A unit pipeline's producer warp (sm_100a: the load warp; ``pipe_u`` a ``PipelineAsync`` over the ring's
+    entries, one producer arrival, every consuming thread's arrival): once entry ``u_state.index`` is free, the unit
+    goes into it (:func:`publish_ring_unit`) and lane 0 arrives on its full barrier (release: its own writes).
+    Returns ``(u_state, (kv_head, q_row_start, q_row_count, kv_end, causal_offset, kv_len))``."""
+    pipe_u.producer_acquire(u_state)
+    fields = publish_ring_unit(ring, u_state.index, request, local, qo_indptr, kv_indptr, source, lane, group, rows,
+                               kv_heads, page_size, kv_tile)
+    if lane == 0:
+        pipe_u.producer_commit(u_state)
+    u_state.advance()
+    return u_state, fields
+
+
+@cute.jit
+def take_ring_unit(pipe_u, u_state, ring: cute.Tensor):
+    """A unit pipeline's consuming thread: wait for the next entry, read its fields, release it (each reader
+    arrives itself, after its reads). Returns ``(u_state, valid, request, kv_head, q_row_start, q_row_count, kv_end,
+    causal_offset, kv_len)``, flat: a loop must rebind each as a plain local (the tracer threads those, not the
+    members of a tuple made inside the loop)."""
+    pipe_u.consumer_wait(u_state)
+    i = u_state.index
+    valid = ring[i, int(SlotField.VALID)]
+    request = ring[i, int(SlotField.REQUEST)]
+    kv_head = ring[i, int(SlotField.KV_HEAD)]
+    row_start = ring[i, int(SlotField.Q_ROW_START)]
+    row_count = ring[i, int(SlotField.Q_ROW_COUNT)]
+    kv_end = ring[i, int(SlotField.KV_END)]
+    offset = ring[i, int(SlotField.CAUSAL_OFFSET)]
+    kv_len = ring[i, int(SlotField.KV_LEN)]
+    pipe_u.consumer_release(u_state)
+    u_state.advance()
+    return u_state, valid, request, kv_head, row_start, row_count, kv_end, offset, kv_len
 
 
 @cute.jit

@@ -5,9 +5,16 @@ outputs; the MMAs are ``tcgen05.mma`` issued by one warp with S, P and O in tens
 Compiled and inspected only (no Blackwell GPU in this project): it has never run.
 
 Grid: one persistent CTA per plan CTA slot (``work_indptr.shape[0] - 1``); CTA ``c`` runs items
-``work_indptr[c] .. work_indptr[c+1]-1`` in order. Role bodies: ``prefill_roles.py``; shared with the MLA
-twin: mbarrier storage and the s/p/o/c pipelines (``prefill_setup.py``), TMEM ownership and tcgen05
-hand-off fences (``tmem.py``), softmax-role steps (``softmax_rows.py``).
+``work_indptr[c] .. work_indptr[c+1]-1`` in order. ``dynamic_schedule`` builds (entry ``call_dynamic``, the sm_90a
+builds' twin): no plan; every CTA checks the batch's index rules and scans its share of the page ids at its start
+(``check_batch``), the load warp takes whole units from an atomic counter and sends each to the MMA, softmax and
+correction warps through a unit pipeline over a ring of shared-memory entries (``prefill_roles.py``), and the
+correction warps count the CTA out (``common/unit_schedule.py``). The default call on sm_100a stays on the device
+planner (``ops/gqa_prefill.DYNAMIC_SCHEDULE_ARCHS``) until this kernel has run on a Blackwell GPU.
+
+Role bodies: ``prefill_roles.py``; shared with the MLA twin: mbarrier storage and the s/p/o/c pipelines
+(``prefill_setup.py``), TMEM ownership and tcgen05 hand-off fences (``tmem.py``), softmax-role steps
+(``softmax_rows.py``).
 
 Warp roles (384 threads, 12 warps):
 
@@ -65,12 +72,13 @@ completed with ``tcgen05.wait::ld`` / ``wait::st`` before their registers are us
 
 from __future__ import annotations
 
+import dataclasses
 
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.blackwell_helpers as sm100_utils
-from cutlass import Float32
+from cutlass import Float32, Int32, Int64
 from cutlass import pipeline as cpipe
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 from cutlass.memory import SmemAllocator
@@ -82,6 +90,10 @@ from ..common.limits import TMEM_COLUMNS, page_box_reason, row_gather_choice_rea
 from ..common.packed_q import q_box_stage_layout
 from ..common.tma_issue import GATHER4_PAGE_SIZES, make_gather4_atom, pages_as_rows
 from ..common.launch_chain import wait_for_previous_grid
+from ..common.index_rules import empty_rows
+from ..common.planner_scan import record_fault
+from ..common.unit_schedule import (SLOT_FIELDS, UNIT_RING, UnitSource, batch_rules, finish_schedule,
+                                    scan_page_ids)
 from .prefill_roles import PrefillRoles
 from .prefill_setup import PrefillBarriers
 
@@ -103,6 +115,9 @@ _REGS_SOFTMAX, _REGS_CORRECTION, _REGS_OTHER = 240, 112, 64
 _REGS_OTHER_D256 = 112
 _BAR_TMEM_ALLOC = 1
 _BAR_TMEM_FREE = 2
+_BAR_FINISH = 3  # dynamic_schedule: the correction warps' stores done before the CTA counts itself out
+#: dynamic_schedule: the roles reading each unit from the ring (MMA warp, softmax and correction warps)
+_UNIT_READERS = 32 + 128 + 128
 
 
 #: the key tile per head_dim: at 256 a 64-key tile keeps one Q stage + 4 K/V stages in 192 KB of shared memory
@@ -126,7 +141,15 @@ def smem_bytes(config: PagedAttentionConfig) -> int:
     q_stages, kv_stages = stages(config.head_dim_qk)
     barriers = PrefillBarriers.smem_bytes(q_stages, kv_stages, S_STAGES, P_STAGES, C_STAGES)
     return (q_stages * config.tile_q_rows * tile + kv_stages * config.kv_tile * tile + barriers
-            + 4 * config.tile_q_rows * 2 * C_STAGES + 3 * 1024)
+            + 4 * config.tile_q_rows * 2 * C_STAGES + 3 * 1024 + _unit_bytes(config))
+
+
+def _unit_bytes(config: PagedAttentionConfig) -> int:
+    """``dynamic_schedule``: the unit ring, its full / empty mbarriers and the batch rules' reduction words (each
+    16-byte aligned); 0 otherwise."""
+    if not config.dynamic_schedule:
+        return 0
+    return 4 * UNIT_RING * SLOT_FIELDS + 16 + 8 * 2 * UNIT_RING + 16 + 4 * 2 * NUM_THREADS // 32 + 16
 
 
 def check_config(config: PagedAttentionConfig) -> str | None:
@@ -182,10 +205,11 @@ class GqaPagedPrefillSm100(PrefillRoles):
         self.p_col = self.tile_n // 2  # P(j) in the upper half of its S stage
         self.o_col = S_STAGES * self.tile_n
         self.epi_cols = 32  # O columns per tcgen05.ld in the correction role
+        self.dynamic = config.dynamic_schedule
 
     def __repr__(self) -> str:  # shows in the kernel symbol
         return (f"GqaPagedPrefillSm100_H{self.num_qo_heads}_KV{self.num_kv_heads}_D{self.head_dim}"
-                f"_P{self.page_size}_M{self.tile_m}_N{self.tile_n}")
+                f"_P{self.page_size}_M{self.tile_m}_N{self.tile_n}" + ("_Dyn" if self.dynamic else ""))
 
     # ------------------------------------------------------------------------------- host side
     @cute.jit
@@ -193,6 +217,25 @@ class GqaPagedPrefillSm100(PrefillRoles):
                  kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr: cute.Tensor, items: cute.Tensor,
                  output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor,
                  scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
+        self.launch_kernel(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items, output, lse,
+                           partial_out, partial_lse, scale_log2, lse_out_scale, stream)
+
+    @cute.jit
+    def call_dynamic(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, qo_indptr: cute.Tensor,
+                     kv_indptr: cute.Tensor, kv_indices: cute.Tensor, kv_last_page_len: cute.Tensor,
+                     request_faults: cute.Tensor, unit_state: cute.Tensor, error_word: cute.Tensor,
+                     output: cute.Tensor, lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32,
+                     num_pages: Int32, num_ctas: Int32, stream: cuda.CUstream):
+        """``dynamic_schedule``: no plan, one launch; the sm_90a build's contract (``common/unit_schedule.py``)."""
+        self.launch_kernel(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, None, None, output, lse, None,
+                           None, scale_log2, lse_out_scale, stream,
+                           units=(kv_last_page_len, request_faults, unit_state, num_ctas, error_word, num_pages))
+
+    @cute.jit
+    def launch_kernel(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, qo_indptr: cute.Tensor,
+                      kv_indptr: cute.Tensor, kv_indices: cute.Tensor, work_indptr, items, output: cute.Tensor,
+                      lse: cute.Tensor, partial_out, partial_lse, scale_log2: Float32, lse_out_scale: Float32,
+                      stream: cuda.CUstream, units=None):
         G, D, H, M, N = self.group, self.head_dim, self.num_qo_heads, self.tile_m, self.tile_n
         # packed Q: ((group, total_q), d, kv_heads); row (g, t) is token t, head kv_head * group + g
         m_q = cute.make_tensor(q.iterator, cute.make_layout(
@@ -232,11 +275,19 @@ class GqaPagedPrefillSm100(PrefillRoles):
             tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(g2s, m_k, s_page_layout, (self.page_size, D))
             tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(g2s, m_v, s_page_layout, (self.page_size, D))
 
+        dynamic = {}
+        num_ctas = None
+        if cutlass.const_expr(units is not None):
+            kv_last_page_len, request_faults, unit_state, num_ctas, error_word, num_pages = units
+            dynamic = dict(kv_last_page_len=kv_last_page_len, request_faults=request_faults, unit_state=unit_state,
+                           error_word=error_word, num_pages=num_pages)
+        else:
+            num_ctas = work_indptr.shape[0] - 1
         self.kernel(
             tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v, qo_indptr, kv_indptr, kv_indices,
             work_indptr, items, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
-            tiled_mma_qk, tiled_mma_pv, s_q_layout, s_k_layout, s_v_layout, p_layout, s_q_rows, s_kv_rows,
-        ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream, use_pdl=True,
+            tiled_mma_qk, tiled_mma_pv, s_q_layout, s_k_layout, s_v_layout, p_layout, s_q_rows, s_kv_rows, **dynamic,
+        ).launch(grid=(num_ctas, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream, use_pdl=True,
                  min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------------------- device side
@@ -247,7 +298,9 @@ class GqaPagedPrefillSm100(PrefillRoles):
                lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor, scale_log2: Float32,
                lse_out_scale: Float32, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                s_q_layout: cute.ComposedLayout, s_k_layout: cute.ComposedLayout, s_v_layout: cute.ComposedLayout,
-               p_layout: cute.ComposedLayout, s_q_rows: cute.ComposedLayout, s_kv_rows: cute.ComposedLayout):
+               p_layout: cute.ComposedLayout, s_q_rows: cute.ComposedLayout, s_kv_rows: cute.ComposedLayout,
+               kv_last_page_len: cute.Tensor = None, request_faults: cute.Tensor = None,
+               unit_state: cute.Tensor = None, error_word: cute.Tensor = None, num_pages=None):
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -261,6 +314,15 @@ class GqaPagedPrefillSm100(PrefillRoles):
         kv_buf = smem.allocate_tensor(self.dtype, s_kv_rows.outer, 1024, s_kv_rows.inner)
         s_vec = smem.allocate_tensor(Float32, cute.make_layout((self.tile_m, 2, C_STAGES)), 16)
         barriers = PrefillBarriers(smem, self.q_stages, self.kv_stages, S_STAGES, P_STAGES, C_STAGES)
+        pipe_u = None  # dynamic_schedule: the unit pipeline, load warp -> the other roles (prefill_roles.py)
+        if cutlass.const_expr(self.dynamic):
+            ring = smem.allocate_tensor(Int32, cute.make_layout((UNIT_RING, SLOT_FIELDS), stride=(SLOT_FIELDS, 1)), 16)
+            rule_words = smem.allocate_tensor(Int32, cute.make_layout((2 * NUM_THREADS // 32,)), 16)
+            mbar_u = smem.allocate_array(Int64, 2 * UNIT_RING, byte_alignment=8)
+            pipe_u = cpipe.PipelineAsync.create(
+                barrier_storage=mbar_u, num_stages=UNIT_RING,
+                producer_group=cpipe.CooperativeGroup(cpipe.Agent.Thread, 1),
+                consumer_group=cpipe.CooperativeGroup(cpipe.Agent.Thread, _UNIT_READERS), defer_sync=True)
         # MMA views of the same buffers
         s_q = cute.make_tensor(cute.recast_ptr(q_buf.iterator, s_q_layout.inner, dtype=self.dtype), s_q_layout.outer)
         kv_ptr = cute.recast_ptr(kv_buf.iterator, s_k_layout.inner, dtype=self.dtype)
@@ -282,14 +344,23 @@ class GqaPagedPrefillSm100(PrefillRoles):
         # Launched with programmatic dependent launch (it may start while the device planner runs): nothing
         # global is read before this wait, which returns once the previous grid has finished and flushed.
         wait_for_previous_grid(self.releases_dependents)
-        item_begin = work_indptr[cta]
-        item_end = work_indptr[cta + 1]
+        item_begin = Int32(0)
+        item_end = Int32(0)
+        source = None  # dynamic_schedule: the counter, the marks and the ring (unit_schedule.UnitSource)
+        units = {}  # dynamic_schedule: the unit source and pipeline (each role makes its own pipeline state)
+        if cutlass.const_expr(not self.dynamic):
+            item_begin = work_indptr[cta]
+            item_end = work_indptr[cta + 1]
+        else:
+            source = self.check_batch(tidx, cta, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output, lse,
+                                      ring, rule_words, request_faults, unit_state, error_word, num_pages)
+            units = dict(source=source, pipe_u=pipe_u)
         if warp_idx < _WARP_CORRECTION:
             cute.arch.setmaxregister_increase(_REGS_SOFTMAX)
             self.softmax_role(tiled_mma_qk, tiled_mma_pv, tmem, s_vec, items, item_begin, item_end, scale_log2,
                               pipe_s, pipe_p, pipe_c, cpipe.make_pipeline_state(consumer, S_STAGES),
                               cpipe.make_pipeline_state(producer, S_STAGES),
-                              cpipe.make_pipeline_state(producer, C_STAGES), tidx)
+                              cpipe.make_pipeline_state(producer, C_STAGES), tidx, **units)
             tmem.release()
         elif warp_idx < _WARP_MMA:
             cute.arch.setmaxregister_decrease(_REGS_CORRECTION)
@@ -297,7 +368,10 @@ class GqaPagedPrefillSm100(PrefillRoles):
             self.correction_role(tiled_mma_qk, tiled_mma_pv, tmem, s_vec, items, item_begin, item_end, qo_indptr,
                                  output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, pipe_o, pipe_c,
                                  cpipe.make_pipeline_state(consumer, 1),
-                                 cpipe.make_pipeline_state(consumer, C_STAGES), tidx - 128)
+                                 cpipe.make_pipeline_state(consumer, C_STAGES), tidx - 128, **units)
+            if cutlass.const_expr(self.dynamic):  # every CTA, even of a batch without units (it took one index)
+                finish_schedule(unit_state, request_faults, qo_indptr, output, lse, tidx - 128, 128, self.head_dim,
+                                _BAR_FINISH, rule_words)
             tmem.free()  # once the softmax and MMA warps are done with TMEM
         else:
             cute.arch.setmaxregister_decrease(self.regs_other)
@@ -308,13 +382,36 @@ class GqaPagedPrefillSm100(PrefillRoles):
                               cpipe.make_pipeline_state(consumer, self.kv_stages),
                               cpipe.make_pipeline_state(producer, S_STAGES),
                               cpipe.make_pipeline_state(consumer, S_STAGES),
-                              cpipe.make_pipeline_state(producer, 1))
+                              cpipe.make_pipeline_state(producer, 1), **units)
                 tmem.release()
             elif warp_idx == _WARP_LOAD:
                 self.load_role(tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v, q_buf, kv_buf,
                                qo_indptr, kv_indptr, kv_indices, items, item_begin, item_end, pipe_q, pipe_kv,
                                cpipe.make_pipeline_state(producer, self.q_stages),
-                               cpipe.make_pipeline_state(producer, self.kv_stages))
+                               cpipe.make_pipeline_state(producer, self.kv_stages), **units)
+
+    @cute.jit
+    def check_batch(self, tidx, cta, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output, lse, ring,
+                    rule_words, request_faults, unit_state, error_word, num_pages):
+        """``dynamic_schedule``, every thread before the roles split: the batch's index rules and units; a broken
+        batch gets no unit and this CTA writes its grid-stride share of the rows 0 / lse -inf (CTA 0 records the
+        fault), a valid one has its page ids scanned, a share a CTA (the sm_90a build's ``check``)."""
+        faults, total = batch_rules(qo_indptr, kv_indptr, kv_indices.shape[0], output.shape[0], tidx, NUM_THREADS,
+                                    rule_words, self.group, self.q_rows, self.num_kv_heads, kv_last_page_len,
+                                    error_word, cta == 0, self.page_size, self.tile_n)
+        if faults != 0:
+            total = Int32(0)
+            grid, _, _ = cute.arch.grid_dim()
+            empty_rows(output, lse, tidx, NUM_THREADS, self.head_dim, cta * NUM_THREADS, output.shape[0], grid)
+            if cta == 0 and tidx == 0:
+                record_fault(error_word, faults, 0)
+        else:
+            scan_page_ids(kv_indptr, kv_indices, num_pages, tidx, NUM_THREADS, unit_state, request_faults, error_word)
+        # any thread's marks happen before this CTA's count (finish_schedule), whose release the last CTA reads, and
+        # every read of rule_words before the count reuses it
+        cute.arch.sync_threads()
+        return UnitSource(unit_state, ring, None, request_faults, kv_last_page_len, error_word, num_pages,
+                          kv_indptr.shape[0] - 1, total)
 
     @cute.jit
     def tmem_tensors(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, tmem_ptr: cute.Pointer):
@@ -338,13 +435,15 @@ build, launch = gqa_prefill_entry(GqaPagedPrefillSm100, check_config)
 def configs(arch: str) -> list[PagedAttentionConfig]:
     """The definition's config (gqa_paged_prefill_causal_h32_kv4_d128_ps64), group 5 (h20/kv4: the Q box fills
     125 of the tile's 128 rows) and page 1 (h32/kv4: 128 one-row boxes per K or V tile); head_dim 256 (64-key
-    tiles): Qwen3-Next's h16/kv2 at page 64, Gemma's group 2 at page 16, and page 1."""
+    tiles): Qwen3-Next's h16/kv2 at page 64, Gemma's group 2 at page 16, and page 1; then the self-scheduling
+    builds of the definition's layout at pages 64 and 1 (``dynamic_schedule``: the sm_90a builds' twins)."""
     if arch != ARCH:
         return []
-    return [default_paged_config(KIND, arch=arch, num_qo_heads=hq, num_kv_heads=hkv, head_dim_qk=d,
-                                 head_dim_v=d, page_size=page, causal=True)
-            for hq, hkv, page, d in ((32, 4, 64, 128), (20, 4, 64, 128), (32, 4, 1, 128),
-                                     (16, 2, 64, 256), (16, 8, 16, 256), (16, 2, 1, 256))]
+    planned = [default_paged_config(KIND, arch=arch, num_qo_heads=hq, num_kv_heads=hkv, head_dim_qk=d,
+                                    head_dim_v=d, page_size=page, causal=True)
+               for hq, hkv, page, d in ((32, 4, 64, 128), (20, 4, 64, 128), (32, 4, 1, 128),
+                                        (16, 2, 64, 256), (16, 8, 16, 256), (16, 2, 1, 256))]
+    return planned + [dataclasses.replace(c, dynamic_schedule=True) for c in (planned[0], planned[2])]
 
 
 register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs,

@@ -45,10 +45,14 @@ def begin_softmax_item(items: cute.Tensor, it: Int32, row: Int32, group: cutlass
     ``first_token`` the tile's first query token (which tiles need the mask), ``token`` this row's query token
     (``group`` packed rows per token), ``row_max = -inf`` and ``row_sum = 0``.
     """
-    r0 = items[it, int(F.Q_ROW_START)]
-    kv_start = items[it, int(F.KV_START)]
-    kv_end = items[it, int(F.KV_END)]
-    causal_offset = items[it, int(F.CAUSAL_OFFSET)]
+    return begin_softmax_unit(items[it, int(F.Q_ROW_START)], items[it, int(F.KV_START)], items[it, int(F.KV_END)],
+                              items[it, int(F.CAUSAL_OFFSET)], row, group, tile_n)
+
+
+@cute.jit
+def begin_softmax_unit(r0: Int32, kv_start: Int32, kv_end: Int32, causal_offset: Int32, row: Int32,
+                       group: cutlass.Constexpr[int], tile_n: cutlass.Constexpr[int]):
+    """:func:`begin_softmax_item` of an item's fields (a self-scheduling build's unit: ``unit_schedule``)."""
     n = num_key_tiles(kv_start, kv_end, tile_n)
     return kv_start, kv_end, causal_offset, n, r0 // group, (r0 + row) // group, NEG_INF, Float32(0.0)
 
