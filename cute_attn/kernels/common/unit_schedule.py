@@ -354,6 +354,35 @@ def batch_rules(qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, num_indices, tot
 
 
 @cute.jit
+def check_batch(tidx, cta, num_threads: cutlass.Constexpr, qo_indptr: cute.Tensor, kv_indptr: cute.Tensor,
+                kv_indices: cute.Tensor, kv_last_page_len: cute.Tensor, output: cute.Tensor, lse: cute.Tensor,
+                slots: cute.Tensor, rule_words: cute.Tensor, request_faults: cute.Tensor, unit_state: cute.Tensor,
+                error_word: cute.Tensor, num_pages, group: cutlass.Constexpr, rows: cutlass.Constexpr,
+                kv_heads: cutlass.Constexpr, head_dim: cutlass.Constexpr, page_size: cutlass.Constexpr,
+                kv_tile: cutlass.Constexpr, row_slots=None):
+    """A self-scheduling kernel's start, every thread of the CTA before the roles split: the batch's rules and units
+    (:func:`batch_rules`; CTA 0 reports each request's own); a broken batch gets no unit and this CTA writes its
+    grid-stride share of the rows 0 / lse -inf (CTA 0 records the fault), a valid one has its page ids scanned, a
+    share a CTA (:func:`scan_page_ids`). Returns the roles' :class:`UnitSource`."""
+    faults, total = batch_rules(qo_indptr, kv_indptr, kv_indices.shape[0], output.shape[0], tidx, num_threads,
+                                rule_words, group, rows, kv_heads, kv_last_page_len, error_word, cta == 0, page_size,
+                                kv_tile)
+    if faults != 0:
+        total = Int32(0)
+        grid, _, _ = cute.arch.grid_dim()
+        empty_rows(output, lse, tidx, num_threads, head_dim, cta * num_threads, output.shape[0], grid)
+        if cta == 0 and tidx == 0:
+            record_fault(error_word, faults, 0)
+    else:
+        scan_page_ids(kv_indptr, kv_indices, num_pages, tidx, num_threads, unit_state, request_faults, error_word)
+    # any thread's marks happen before this CTA's count (finish_schedule), whose release the last CTA reads, and
+    # every read of rule_words before the count reuses it
+    cute.arch.sync_threads()
+    return UnitSource(unit_state, slots, row_slots, request_faults, kv_last_page_len, error_word, num_pages,
+                      kv_indptr.shape[0] - 1, total)
+
+
+@cute.jit
 def scan_page_ids(kv_indptr: cute.Tensor, kv_indices: cute.Tensor, num_pages, tidx, num_threads: cutlass.Constexpr,
                   unit_state: cute.Tensor, request_faults: cute.Tensor, error_word: cute.Tensor):
     """This CTA's grid-stride share of ``kv_indices[0 : kv_indptr[batch]]`` (a valid batch's): an id outside

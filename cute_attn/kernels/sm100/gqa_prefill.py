@@ -7,9 +7,9 @@ Compiled and inspected only (no Blackwell GPU in this project): it has never run
 Grid: one persistent CTA per plan CTA slot (``work_indptr.shape[0] - 1``); CTA ``c`` runs items
 ``work_indptr[c] .. work_indptr[c+1]-1`` in order. ``dynamic_schedule`` builds (entry ``call_dynamic``, the sm_90a
 builds' twin): no plan; every CTA checks the batch's index rules and scans its share of the page ids at its start
-(``check_batch``), the load warp takes whole units from an atomic counter and sends each to the MMA, softmax and
-correction warps through a unit pipeline over a ring of shared-memory entries (``prefill_roles.py``), and the
-correction warps count the CTA out (``common/unit_schedule.py``). The default call on sm_100a stays on the device
+(``unit_schedule.check_batch``), the load warp takes whole units from an atomic counter and sends each to the MMA,
+softmax and correction warps through a unit pipeline over a ring of shared-memory entries (``prefill_roles.py``),
+and the correction warps count the CTA out (``common/unit_schedule.py``). The default call on sm_100a stays on the device
 planner (``ops/gqa_prefill.DYNAMIC_SCHEDULE_ARCHS``) until this kernel has run on a Blackwell GPU.
 
 Role bodies: ``prefill_roles.py``; shared with the MLA twin: mbarrier storage and the s/p/o/c pipelines
@@ -90,10 +90,7 @@ from ..common.limits import TMEM_COLUMNS, page_box_reason, row_gather_choice_rea
 from ..common.packed_q import q_box_stage_layout
 from ..common.tma_issue import GATHER4_PAGE_SIZES, make_gather4_atom, pages_as_rows
 from ..common.launch_chain import wait_for_previous_grid
-from ..common.index_rules import empty_rows
-from ..common.planner_scan import record_fault
-from ..common.unit_schedule import (SLOT_FIELDS, UNIT_RING, UnitSource, batch_rules, finish_schedule,
-                                    scan_page_ids)
+from ..common.unit_schedule import SLOT_FIELDS, UNIT_RING, check_batch, finish_schedule
 from .prefill_roles import PrefillRoles
 from .prefill_setup import PrefillBarriers
 
@@ -352,8 +349,9 @@ class GqaPagedPrefillSm100(PrefillRoles):
             item_begin = work_indptr[cta]
             item_end = work_indptr[cta + 1]
         else:
-            source = self.check_batch(tidx, cta, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output, lse,
-                                      ring, rule_words, request_faults, unit_state, error_word, num_pages)
+            source = check_batch(tidx, cta, NUM_THREADS, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output,
+                                 lse, ring, rule_words, request_faults, unit_state, error_word, num_pages, self.group,
+                                 self.q_rows, self.num_kv_heads, self.head_dim, self.page_size, self.tile_n)
             units = dict(source=source, pipe_u=pipe_u)
         if warp_idx < _WARP_CORRECTION:
             cute.arch.setmaxregister_increase(_REGS_SOFTMAX)
@@ -389,29 +387,6 @@ class GqaPagedPrefillSm100(PrefillRoles):
                                qo_indptr, kv_indptr, kv_indices, items, item_begin, item_end, pipe_q, pipe_kv,
                                cpipe.make_pipeline_state(producer, self.q_stages),
                                cpipe.make_pipeline_state(producer, self.kv_stages), **units)
-
-    @cute.jit
-    def check_batch(self, tidx, cta, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output, lse, ring,
-                    rule_words, request_faults, unit_state, error_word, num_pages):
-        """``dynamic_schedule``, every thread before the roles split: the batch's index rules and units; a broken
-        batch gets no unit and this CTA writes its grid-stride share of the rows 0 / lse -inf (CTA 0 records the
-        fault), a valid one has its page ids scanned, a share a CTA (the sm_90a build's ``check``)."""
-        faults, total = batch_rules(qo_indptr, kv_indptr, kv_indices.shape[0], output.shape[0], tidx, NUM_THREADS,
-                                    rule_words, self.group, self.q_rows, self.num_kv_heads, kv_last_page_len,
-                                    error_word, cta == 0, self.page_size, self.tile_n)
-        if faults != 0:
-            total = Int32(0)
-            grid, _, _ = cute.arch.grid_dim()
-            empty_rows(output, lse, tidx, NUM_THREADS, self.head_dim, cta * NUM_THREADS, output.shape[0], grid)
-            if cta == 0 and tidx == 0:
-                record_fault(error_word, faults, 0)
-        else:
-            scan_page_ids(kv_indptr, kv_indices, num_pages, tidx, NUM_THREADS, unit_state, request_faults, error_word)
-        # any thread's marks happen before this CTA's count (finish_schedule), whose release the last CTA reads, and
-        # every read of rule_words before the count reuses it
-        cute.arch.sync_threads()
-        return UnitSource(unit_state, ring, None, request_faults, kv_last_page_len, error_word, num_pages,
-                          kv_indptr.shape[0] - 1, total)
 
     @cute.jit
     def tmem_tensors(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, tmem_ptr: cute.Pointer):

@@ -94,10 +94,7 @@ from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.named_barrier import warpgroup_barrier_arrive, warpgroup_barrier_sync
 from ..common.packed_q import q_box_stage_layout
 from ..common.registers import register_split_reason
-from ..common.planner_scan import record_fault
-from ..common.index_rules import empty_rows
-from ..common.unit_schedule import (SLOT_FIELDS, SlotField, UnitSource, batch_rules, finish_schedule, read_slot,
-                                    scan_page_ids)
+from ..common.unit_schedule import SLOT_FIELDS, SlotField, check_batch, finish_schedule, read_slot
 from ..common.softmax import (acc_mn_view, acc_to_mma_a_view, make_softmax_state, rescale_rows,
                               softmax_finalize, softmax_reset, softmax_update, store_p_bf16)
 from ..common.launch_chain import wait_for_previous_grid
@@ -388,24 +385,10 @@ class GqaPagedPrefillSm90(GqaPrefillProducer):
             item_begin = work_indptr[cta]
             item_end = work_indptr[cta + 1]
         else:  # every thread: the batch's rules and units (a broken batch: this CTA's share of the rows, no unit)
-            faults, total = batch_rules(qo_indptr, kv_indptr, kv_indices.shape[0], output.shape[0], tidx,
-                                        self.num_threads, rule_words, self.group, self.q_rows, self.num_kv_heads,
-                                        kv_last_page_len, error_word, cta == 0, self.page_size, self.tile_n)
-            if faults != 0:
-                total = Int32(0)
-                grid, _, _ = cute.arch.grid_dim()
-                empty_rows(output, lse, tidx, self.num_threads, self.head_dim, cta * self.num_threads,
-                           output.shape[0], grid)
-                if cta == 0 and tidx == 0:
-                    record_fault(error_word, faults, 0)
-            else:
-                scan_page_ids(kv_indptr, kv_indices, num_pages, tidx, self.num_threads, unit_state, request_faults,
-                              error_word)
-            # any thread's marks happen before this CTA's count (finish_schedule), whose release the last CTA reads,
-            # and every read of rule_words before the count reuses it
-            cute.arch.sync_threads()
-            source = UnitSource(unit_state, slots, row_slots, request_faults, kv_last_page_len, error_word, num_pages,
-                                kv_indptr.shape[0] - 1, total)
+            source = check_batch(tidx, cta, self.num_threads, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                                 output, lse, slots, rule_words, request_faults, unit_state, error_word, num_pages,
+                                 self.group, self.q_rows, self.num_kv_heads, self.head_dim, self.page_size,
+                                 self.tile_n, row_slots=row_slots)
         if cutlass.const_expr(self.cta_stamps):
             if tidx == 0:
                 self.stamp(partial_lse, cta, 0, entered)

@@ -7,8 +7,8 @@ Definition: 16 query heads share one latent KV row per key; ``s = sm_scale * (q_
 
 Grid: one persistent CTA per plan CTA slot; CTA ``c`` runs items ``work_indptr[c] .. work_indptr[c+1]-1``.
 ``dynamic_schedule`` builds (entry ``call_dynamic``; the score_warpgroup splits only): no plan; every CTA checks the
-batch's index rules and scans its share of the page ids (``check_batch``), the load role takes whole (request,
-q tile) units from an atomic counter and hands each to the consumers in a ring of unit entries
+batch's index rules and scans its share of the page ids (``unit_schedule.check_batch``), the load role takes whole
+(request, q tile) units from an atomic counter and hands each to the consumers in a ring of unit entries
 (``common/mla.load_units``), and the consumers' end counts the CTA out (``common/unit_schedule.py``).
 
 Warp roles (384 threads = 3 warpgroups):
@@ -87,12 +87,9 @@ from ...plan import ItemField as F
 from .. import register_paged_kernel
 from ..common.decode_merge import announce_partials, fold_completed_merges
 from ..common.limits import SMEM_LIMIT_BYTES, mla_definition_reason, smem_reason, target_reason
-from ..common.index_rules import empty_rows
 from ..common.mla import (BOX_ROWS, CKV_DIM, DEFINITION_PAGE_SIZES, KIND, KPE_DIM, QK_DIM, definition_config,
                           MlaEntries, fold_arrival_bytes, load_q_and_kv_tiles, load_units, mla_entry, row_view)
-from ..common.planner_scan import record_fault
-from ..common.unit_schedule import (SLOT_FIELDS, UNIT_RING, UnitSource, batch_rules, finish_schedule,
-                                    scan_page_ids)
+from ..common.unit_schedule import SLOT_FIELDS, UNIT_RING, check_batch, finish_schedule
 from ..common.tma_issue import make_row_box_atom, tma_descriptor_address
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.registers import register_split_reason
@@ -419,8 +416,9 @@ class MlaPagedPrefillSm90(MlaEntries):
             item_begin = work_indptr[cta]
             item_end = work_indptr[cta + 1]
         else:
-            source = self.check_batch(tidx, cta, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output, lse,
-                                      ring, rule_words, request_faults, unit_state, error_word, num_pages)
+            source = check_batch(tidx, cta, NUM_THREADS, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output,
+                                 lse, ring, rule_words, request_faults, unit_state, error_word, num_pages, self.group,
+                                 self.tile_m, 1, CKV_DIM, self.page_size, self.tile_n)
         if warp_idx < PRODUCER_THREADS // 32:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             kv_boxes = None
@@ -484,29 +482,6 @@ class MlaPagedPrefillSm90(MlaEntries):
                                   item_end, output, lse, lse_out_scale, merge_indptr, merge_counters)
         if cutlass.const_expr(self.cluster_merge > 0 and not self.cluster_flags):  # every thread: the cluster folds
             self.fold_split_request(tidx, s_red, qo_indptr, items, item_begin, item_end, output, lse, lse_out_scale)
-
-    @cute.jit
-    def check_batch(self, tidx, cta, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output, lse, ring,
-                    rule_words, request_faults, unit_state, error_word, num_pages):
-        """``dynamic_schedule``, every thread before the roles split: the batch's index rules and units
-        (``unit_schedule.batch_rules``); a broken batch gets no unit and this CTA writes its grid-stride share of the
-        rows 0 / lse -inf (CTA 0 records the fault), a valid one has its page ids scanned, a share a CTA."""
-        faults, total = batch_rules(qo_indptr, kv_indptr, kv_indices.shape[0], output.shape[0], tidx, NUM_THREADS,
-                                    rule_words, self.group, self.tile_m, 1, kv_last_page_len, error_word, cta == 0,
-                                    self.page_size, self.tile_n)
-        if faults != 0:
-            total = Int32(0)
-            grid, _, _ = cute.arch.grid_dim()
-            empty_rows(output, lse, tidx, NUM_THREADS, CKV_DIM, cta * NUM_THREADS, output.shape[0], grid)
-            if cta == 0 and tidx == 0:
-                record_fault(error_word, faults, 0)
-        else:
-            scan_page_ids(kv_indptr, kv_indices, num_pages, tidx, NUM_THREADS, unit_state, request_faults, error_word)
-        # any thread's marks happen before this CTA's count (finish_schedule), whose release the last CTA reads, and
-        # every read of rule_words before the count reuses it
-        cute.arch.sync_threads()
-        return UnitSource(unit_state, ring, None, request_faults, kv_last_page_len, error_word, num_pages,
-                          kv_indptr.shape[0] - 1, total)
 
     # The two hooks the share_scores kernel (mla_prefill_shared_s.py) overrides; the rest of the kernel is shared.
     def allocate_exchange(self, smem):
