@@ -84,8 +84,8 @@ def _key_value(value: object, name: str) -> str:
 # ---------------------------------------------------------------------------------------------
 _GQA_HEAD_DIMS = (64, 128, 256)
 #: (kind, arch) of the kernels that build ``PagedAttentionConfig.dynamic_schedule`` (the planner-free prefill)
-DYNAMIC_SCHEDULE_KERNELS = (("gqa_paged_prefill", "sm_90a"), ("gqa_paged_prefill", "sm_100a"),
-                            ("mla_paged_prefill", "sm_90a"))
+DYNAMIC_SCHEDULE_KERNELS = tuple((kind, arch) for kind in ("gqa_paged_prefill", "mla_paged_prefill")
+                                 for arch in ("sm_90a", "sm_100a"))
 
 
 def __getattr__(name: str):
@@ -306,8 +306,8 @@ class PagedAttentionConfig(KernelConfig):
             return ("cluster_merge_flags: the run-time check of the cluster merge's shape needs cluster_merge (the "
                     "cluster size), got cluster_merge=0")
         if self.dynamic_schedule and ((self.kind, self.arch) not in DYNAMIC_SCHEDULE_KERNELS or not self.causal):
-            return ("dynamic_schedule: built for the causal GQA prefill kernels (sm_90a, sm_100a) and the sm_90a MLA "
-                    f"prefill kernel only (kind {self.kind}, arch {self.arch}, causal {self.causal})")
+            return ("dynamic_schedule: built for the causal GQA and MLA prefill kernels (sm_90a, sm_100a) only "
+                    f"(kind {self.kind}, arch {self.arch}, causal {self.causal})")
         if self.page_boxes and ((self.kind, self.arch) != ("mla_paged_prefill", "sm_90a")
                                 or self.page_size < self.kv_tile):
             return (f"page_boxes: a knob of the sm_90a MLA kernels' TMA K stages at pages of >= kv_tile keys "

@@ -50,7 +50,7 @@ def test_the_floor_counts_whole_tokens_a_tile():
 def test_other_kernels_refuse_it_with_a_reason(kind, arch, causal):
     config = dataclasses.replace(_config(arch=arch, kind=kind, causal=causal, heads=20), dynamic_schedule=True)
     reason = config.can_implement()
-    assert reason is not None and "dynamic_schedule" in reason and "GQA prefill kernels (sm_90a, sm_100a)" in reason
+    assert reason is not None and "dynamic_schedule" in reason and "GQA and MLA prefill kernels (sm_90a, sm_100a)" in reason
 
 
 def test_sm100_builds_it_but_its_default_call_stays_on_the_planner():

@@ -66,12 +66,16 @@ def test_the_kernel_refuses_it_off_the_score_warpgroup_split(knobs, words):
     assert reason is not None and "dynamic_schedule" in reason and words in reason
 
 
-def test_sm100_refuses_it_with_a_reason():
-    config = dataclasses.replace(default_paged_config("mla_paged_prefill", arch="sm_100a", num_qo_heads=16,
-                                                      num_kv_heads=1, head_dim_qk=QK_DIM, head_dim_v=CKV_DIM,
-                                                      page_size=1, causal=True), dynamic_schedule=True)
-    reason = config.can_implement()
-    assert reason is not None and "the sm_90a MLA prefill kernel" in reason
+def test_sm100_builds_the_twin_but_its_default_call_stays_on_the_planner():
+    """The sm_100a twin exists (compiled, never run: no Blackwell GPU here); the default call there keeps the device
+    planner unless the arch is in ``DYNAMIC_SCHEDULE_ARCHS``."""
+    config = default_paged_config("mla_paged_prefill", arch="sm_100a", num_qo_heads=16, num_kv_heads=1,
+                                  head_dim_qk=QK_DIM, head_dim_v=CKV_DIM, page_size=1, causal=True)
+    assert dataclasses.replace(config, dynamic_schedule=True).can_implement() is None
+    with mla_prefill_ops.dynamic_schedule_policy(True):
+        assert mla_prefill_ops.self_schedule(config, _problem([16384], [16387]), 148) is False
+        with policy(vars(mla_prefill_ops), DYNAMIC_SCHEDULE_ARCHS=("sm_90a", "sm_100a")):
+            assert mla_prefill_ops.self_schedule(config, _problem([16384], [16387]), 148) is True
 
 
 def _dynamic_configs():

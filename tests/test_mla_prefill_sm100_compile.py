@@ -40,7 +40,9 @@ def _idesc(value: int) -> dict:
 
 def test_registered_configs_are_the_definition():
     configs = mla_prefill.configs("sm_100a")
-    assert configs == [_config(), _config(page_size=64)]  # the ps1 and ps64 definitions
+    # the ps1 and ps64 definitions, then their self-scheduling builds
+    assert configs == [_config(), _config(page_size=64), _config(dynamic_schedule=True),
+                       _config(page_size=64, dynamic_schedule=True)]
     assert all((c.tile_q_rows, c.kv_tile) == (64, 64) for c in configs)
     assert mla_prefill.configs("sm_90a") == []
     assert find_launcher(_config()) is mla_prefill.launch
@@ -135,3 +137,28 @@ def test_shares_the_load_role_without_importing_the_sm90_kernel():
     modules = {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert not any("sm90" in module for module in modules), modules
     assert "common.mla" in modules
+
+
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_self_scheduling_twin_sends_units_to_every_role(page_size):
+    """The sm_90a self-scheduling MLA build's twin: one relaxed atomic add a unit on the counter (two sites: the first
+    unit and the one fetched under each unit's loads), the correction warps' count out with acquire-release, the unit
+    pipeline's mbarriers (4 entries: 2 x 4 inits beyond the planned build's), the planned build's MMAs and gather4
+    boxes exactly, and no partial rows: the planned build stores split items' fp32 partials one word at a time (256
+    st.global.b32 sites), the self-scheduling one only lse, the error word and the state's reset."""
+    config = _config(page_size=page_size, dynamic_schedule=True)
+    assert mla_prefill.check_config(config) is None and mla_prefill.smem_bytes(config) <= SMEM_LIMIT
+    ptx = compile_to_ptx(config)
+    planned = compile_to_ptx(_config(page_size=page_size))
+    assert "_Dyn" in ptx and "MlaPagedPrefillSm100" in ptx
+    assert ptx.count("atom.global.add.u32") == 2, "no unit counter"
+    assert "atom.global.acq_rel.add.u32" in ptx, "no acquire-release count out"
+    assert ptx.count("mbarrier.init") == planned.count("mbarrier.init") + 2 * 4
+    for instr in ("tcgen05.mma", "tile::gather4"):
+        assert ptx.count(instr) == planned.count(instr) > 0, instr
+    assert planned.count("st.global.b32") >= 256 > 64 > ptx.count("st.global.b32")
+
+
+def test_self_scheduling_twin_refuses_fused_merge():
+    reason = mla_prefill.check_config(_config(dynamic_schedule=True, fused_merge=True))
+    assert reason is not None and "dynamic_schedule" in reason and "fused_merge" in reason

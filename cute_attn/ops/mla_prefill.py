@@ -185,11 +185,15 @@ EAGER_COMBINE = False
 #: cases pass on a GPU and the bench confirms the cold rows
 DYNAMIC_SCHEDULE = False
 DYNAMIC_MIN_UNITS_PER_CTA = 4
+#: the archs whose default call may take it: sm_100a has the twin build (``kernels/sm100/mla_prefill.py``), compiled
+#: and PTX-checked only; its default call stays on the device planner until it has run on a Blackwell GPU
+DYNAMIC_SCHEDULE_ARCHS = ("sm_90a",)
 
 
 def self_schedule(config, problem, num_ctas: int) -> bool:
     """``OpSpec.self_schedule``: the self-scheduling build for this default call (module policy above)."""
-    return DYNAMIC_SCHEDULE and shapes_promise_units(config, problem, num_ctas, DYNAMIC_MIN_UNITS_PER_CTA)
+    return DYNAMIC_SCHEDULE and shapes_promise_units(config, problem, num_ctas, DYNAMIC_MIN_UNITS_PER_CTA,
+                                                     DYNAMIC_SCHEDULE_ARCHS)
 
 
 @contextlib.contextmanager

@@ -121,9 +121,11 @@ def fold_arrival_bytes(config: PagedAttentionConfig) -> int:
 
 
 class MlaEntries:
-    """The host entries of every MLA kernel class, in :func:`fake_args` order: ``__call__`` (the combine follows) and
-    ``call_fused`` (``fused_merge``: ``merge_indptr, merge_counters`` after ``items``; the kernel folds its merges).
-    A class implements ``launch_kernel`` with the merge table as two arguments after ``items`` (None: no fold)."""
+    """The host entries of every MLA kernel class, in :func:`fake_args` order: ``__call__`` (the combine follows),
+    ``call_fused`` (``fused_merge``: ``merge_indptr, merge_counters`` after ``items``; the kernel folds its merges) and
+    ``call_dynamic`` (``dynamic_schedule``: :func:`dynamic_fake_args`, no plan). A class implements ``launch_kernel``
+    with the merge table as two arguments after ``items`` (None: no fold) and ``units`` (the self-scheduling
+    build's arguments, None otherwise)."""
 
     @cute.jit
     def __call__(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
@@ -142,6 +144,19 @@ class MlaEntries:
         self.launch_kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
                            merge_indptr, merge_counters, output, lse, partial_out, partial_lse, scale_log2,
                            lse_out_scale, stream)
+
+    @cute.jit
+    def call_dynamic(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
+                     qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor,
+                     kv_last_page_len: cute.Tensor, request_faults: cute.Tensor, unit_state: cute.Tensor,
+                     error_word: cute.Tensor, output: cute.Tensor, lse: cute.Tensor, scale_log2: Float32,
+                     lse_out_scale: Float32, num_pages: Int32, num_ctas: Int32, stream: cuda.CUstream):
+        """``dynamic_schedule``: no plan, one launch (``common/unit_schedule.py``, :func:`load_units`):
+        ``num_ctas`` CTAs check the batch's rules and scan its page ids (of a pool of ``num_pages``), then take units
+        from ``unit_state``. ``kv_last_page_len``: ones at page size 1 when the caller has none."""
+        self.launch_kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, None, None, None,
+                           None, output, lse, None, None, scale_log2, lse_out_scale, stream,
+                           units=(kv_last_page_len, request_faults, unit_state, num_ctas, error_word, num_pages))
 
 
 def mla_entry(kernel_cls, check_config) -> tuple:
@@ -315,25 +330,37 @@ def load_units(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cu
                s_k: cute.Tensor, s_ids: cute.Tensor, pipe_q, pipe_kv, q_state, kv_state, source,
                group: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int],
                ids_barrier: cutlass.Constexpr[int], page_size: cutlass.Constexpr[int], kv_boxes=None,
-               row_segments: cutlass.Constexpr[bool] = False):
-    """The load role of a self-scheduling build (``dynamic_schedule``, sm_90a; ``common/unit_schedule.py``): no plan.
+               row_segments: cutlass.Constexpr[bool] = False, q_for_keyless_items: cutlass.Constexpr[bool] = True,
+               kv_gather4=None, pipe_u=None):
+    """The load role of a self-scheduling build (``dynamic_schedule``; ``common/unit_schedule.py``): no plan.
 
     Warp 0 takes each unit (one unsplit item: request, q tile; one KV head) from the counter, decodes it and writes
     it into ring entry ``n % UNIT_RING`` of ``source.slots`` (``unit_schedule.publish_ring_unit``); every load thread
     reads it behind the named barrier ``ids_barrier`` and loads the unit's Q and K stages as an item's
-    (:func:`_load_item_keys`); the consumers read the same entry after their Q wait (thread 0 wrote it before its Q
-    arrive). The next unit's index is fetched under this unit's loads. An entry with ``VALID`` 0 ends the work: the
-    load threads then arrive on the Q stage with no copies, for the consumers' last wait. Page ids need no check here:
-    :func:`_page_row` turns an id outside the pool into -1 (never read), and the CTAs' scan at the kernel's start
-    (``unit_schedule.scan_page_ids``) marked every request holding one."""
-    from .unit_schedule import UNIT_RING, SlotField, find_unit, publish_ring_unit, take_unit
+    (:func:`_load_item_keys`). The next unit's index is fetched under this unit's loads. An entry with ``VALID`` 0
+    ends the work. The other roles learn each unit one of two ways:
 
-    gather = _gather_setup(s_q, s_k, ckv_cache, kpe_cache, kv_boxes, None)
+    * sm_90a (``pipe_u`` None): the consumers read the entry after their Q wait (thread 0 wrote it before its Q
+      arrive); at the end the load threads arrive on the Q stage with no copies, for the consumers' last wait;
+    * sm_100a (``pipe_u``: a unit pipeline whose entries are the ring's, one producer arrival): warp 0 waits for the
+      entry to be free and lane 0 arrives on its full barrier after writing it; the MMA, softmax and correction
+      warps read it from there (``unit_schedule.take_ring_unit``), and Q loads only for units with keys.
+
+    Page ids need no check here: :func:`_page_row` turns an id outside the pool into -1 (never read), and the CTAs'
+    scan at the kernel's start (``unit_schedule.scan_page_ids``) marked every request holding one."""
+    from cutlass import pipeline as cpipe
+
+    from .unit_schedule import UNIT_RING, SlotField, find_unit, take_unit
+
+    gather = _gather_setup(s_q, s_k, ckv_cache, kpe_cache, kv_boxes, kv_gather4)
     copy_atom, zeros, s_q_chunks = gather[0], gather[1], gather[2]
     tile_m = cute.size(s_q, mode=[0])
     tile_n = cute.size(s_k, mode=[0])
     ring = source.slots
     lane = tid % 32
+    u_state = None
+    if cutlass.const_expr(pipe_u is not None):  # every load thread tracks it; warp 0 waits and lane 0 arrives
+        u_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, UNIT_RING)
     request = Int32(0)
     local = Int32(0)
     base = Int32(0)
@@ -341,8 +368,10 @@ def load_units(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cu
     if tid < 32:
         request, local, base, before = find_unit(take_unit(source.unit_state, lane), qo_indptr, source, base, before,
                                                  lane, group, tile_m, 1)
-        publish_ring_unit(ring, 0, request, local, qo_indptr, kv_indptr, source, lane, group, tile_m, 1, page_size,
-                          tile_n)
+        _publish_unit(ring, 0, request, local, qo_indptr, kv_indptr, source, lane, group, tile_m, page_size, tile_n,
+                      pipe_u, u_state)
+    if cutlass.const_expr(pipe_u is not None):
+        u_state.advance()
     cute.arch.barrier(barrier_id=ids_barrier, number_of_threads=num_threads)
     n = Int32(0)
     tiles_done = Int32(0)
@@ -353,25 +382,47 @@ def load_units(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cu
         r0 = ring[entry, int(SlotField.Q_ROW_START)]
         row_count = ring[entry, int(SlotField.Q_ROW_COUNT)]
         kv_end = ring[entry, int(SlotField.KV_END)]
-        _load_q_tile(copy_atom, zeros, q_nope, q_pe, qo_indptr, request, r0, row_count, s_q_chunks, tid, group,
-                     num_threads, pipe_q, q_state, row_segments=row_segments)
-        q_state.advance()
+        if cutlass.const_expr(q_for_keyless_items):
+            _load_q_tile(copy_atom, zeros, q_nope, q_pe, qo_indptr, request, r0, row_count, s_q_chunks, tid, group,
+                         num_threads, pipe_q, q_state, row_segments=row_segments)
+            q_state.advance()
         u = Int32(0)
         if tid < 32:
             u = take_unit(source.unit_state, lane)  # in flight under this unit's loads
         q_state, kv_state, tiles_done = _load_item_keys(
             gather, tid, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, request, r0,
             row_count, Int32(0), kv_end, s_k, s_ids, pipe_q, pipe_kv, q_state, kv_state, tiles_done, group,
-            num_threads, ids_barrier, True, True, False, row_segments)
+            num_threads, ids_barrier, q_for_keyless_items, True, False, row_segments)
         n = n + 1
         if tid < 32:
             request, local, base, before = find_unit(u, qo_indptr, source, base, before, lane, group, tile_m, 1)
-            publish_ring_unit(ring, n % UNIT_RING, request, local, qo_indptr, kv_indptr, source, lane, group, tile_m,
-                              1, page_size, tile_n)
+            _publish_unit(ring, n % UNIT_RING, request, local, qo_indptr, kv_indptr, source, lane, group, tile_m,
+                          page_size, tile_n, pipe_u, u_state)
+        if cutlass.const_expr(pipe_u is not None):
+            u_state.advance()
         cute.arch.barrier(barrier_id=ids_barrier, number_of_threads=num_threads)
         valid = ring[n % UNIT_RING, int(SlotField.VALID)]
-    pipe_q.producer_acquire(q_state)  # the end: an arrive with no copies, whose entry says VALID 0
-    commit_rows(pipe_q, q_state)
+    if cutlass.const_expr(pipe_u is None):
+        pipe_q.producer_acquire(q_state)  # the end: an arrive with no copies, whose entry says VALID 0
+        commit_rows(pipe_q, q_state)
+
+
+@cute.jit
+def _publish_unit(ring: cute.Tensor, entry, request, local, qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, source,
+                  lane, group: cutlass.Constexpr[int], rows: cutlass.Constexpr[int], page_size: cutlass.Constexpr[int],
+                  kv_tile: cutlass.Constexpr[int], pipe_u, u_state):
+    """:func:`load_units`' hand-off of one unit by warp 0 (``entry`` = ``u_state.index`` where there is a unit
+    pipeline: the entry must first be free, and lane 0 arrives once it wrote it; the caller advances ``u_state``
+    outside warp 0's branch, so every load thread tracks it)."""
+    from .unit_schedule import publish_ring_unit
+
+    if cutlass.const_expr(pipe_u is not None):
+        pipe_u.producer_acquire(u_state)
+    publish_ring_unit(ring, entry, request, local, qo_indptr, kv_indptr, source, lane, group, rows, 1, page_size,
+                      kv_tile)
+    if cutlass.const_expr(pipe_u is not None):
+        if lane == 0:
+            pipe_u.producer_commit(u_state)
 
 
 def row_view(cache: cute.Tensor, dim: int) -> cute.Tensor:

@@ -7,6 +7,13 @@ inspected only (no Blackwell GPU in this project): it has never run.
 Definition: 16 query heads share one latent KV row per key; ``s = sm_scale * (q_nope . ckv + q_pe . kpe)``
 (576 wide), ``o = softmax(s) @ ckv`` (V = ckv, 512 wide). A 64-row tile is 4 query tokens x 16 heads.
 
+``dynamic_schedule`` builds (entry ``call_dynamic``, the sm_90a builds' twin): no plan; every CTA checks the batch's
+index rules and scans its share of the page ids (``unit_schedule.check_batch``; the reduction words borrow the vector
+ring), the load warpgroup takes whole (request, q tile) units from an atomic counter (``common/mla.load_units``) and
+sends each to the MMA warp and the softmax and correction warpgroups through a unit pipeline over a ring of
+shared-memory entries, and the correction warpgroup counts the CTA out (``common/unit_schedule.py``). The default call
+on sm_100a stays on the device planner (``ops/mla_prefill.DYNAMIC_SCHEDULE_ARCHS``) until this kernel has run.
+
 The TMEM problem. O is 64 rows x 512 fp32. A 128-row MMA would put O in 512 columns (all of TMEM) and
 leave nothing for S. So O is computed *transposed*: ``O^T = V^T P^T`` as four ``M = 128`` (V columns)
 x ``N = 64`` (query rows) x ``K = kv_tile`` MMAs, one per 128-column chunk of V: every TMEM lane is a V
@@ -74,12 +81,13 @@ softmax all threads; S/P in TMEM with O^T; a third K stage with kv_tile 32; Q by
 
 from __future__ import annotations
 
+import dataclasses
 
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.blackwell_helpers as sm100_utils
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, Int64
 from cutlass import pipeline as cpipe
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 from cutlass.memory import SmemAllocator
@@ -90,11 +98,13 @@ from .. import register_paged_kernel
 from ..common.decode_merge import fold_completed_merges
 from ..common.limits import TMEM_COLUMNS, mla_definition_reason, row_gather_choice_reason, smem_reason, target_reason
 from ..common.mla import (CKV_DIM, DEFINITION_PAGE_SIZES, KIND, KPE_DIM, QK_DIM, definition_config,
-                          MlaEntries, fold_arrival_bytes, load_q_and_kv_tiles, mla_entry, row_view)
+                          MlaEntries, fold_arrival_bytes, load_q_and_kv_tiles, load_units, mla_entry, row_view)
+from ..common.unit_schedule import (SLOT_FIELDS, UNIT_RING, check_batch, finish_schedule, take_ring_unit)
 from ..common.tma_issue import make_gather4_atom, tma_descriptor_address
 from ..common.launch_chain import wait_for_previous_grid
 from .prefill_setup import PrefillBarriers
-from .softmax_rows import NEG_INF, begin_softmax_item, load_s_row, num_key_tiles, online_softmax_row, send_row_values
+from .softmax_rows import (NEG_INF, begin_softmax_item, begin_softmax_unit, load_s_row, num_key_tiles,
+                           online_softmax_row, send_row_values)
 from .tmem import fence_after_sync, fence_before_sync
 
 ARCH = "sm_100a"
@@ -118,6 +128,9 @@ _BAR_IDS = 1  # the load warps' row-id table barrier
 _BAR_TMEM_ALLOC = 2
 _BAR_TMEM_FREE = 3
 _BAR_FOLD = 4  # fused_merge: the correction warpgroup's merge fold
+_BAR_FINISH = 5  # dynamic_schedule: the correction warpgroup's stores done before the CTA counts itself out
+#: dynamic_schedule: the roles reading each unit from the ring (MMA warp, softmax and correction warpgroups)
+_UNIT_READERS = 32 + 128 + 128
 _VEC = 8  # bf16 per 16-byte shared store of P
 
 
@@ -132,7 +145,16 @@ def smem_bytes(config: PagedAttentionConfig) -> int:
     m, n = config.tile_q_rows, config.kv_tile
     barriers = PrefillBarriers.smem_bytes(Q_STAGES, KV_STAGES, S_STAGES, P_STAGES, C_STAGES)
     return (m * QK_DIM * 2 + KV_STAGES * n * QK_DIM * 2 + m * n * 2 + 2 * n * 4 + m * 2 * C_STAGES * 4
-            + barriers + 1024 + fold_arrival_bytes(config))
+            + barriers + 1024 + fold_arrival_bytes(config) + _unit_bytes(config))
+
+
+def _unit_bytes(config: PagedAttentionConfig) -> int:
+    """``dynamic_schedule``: the unit ring (16-byte aligned) and its full / empty mbarriers; 0 otherwise. The batch
+    rules' reduction words and the count-out word borrow the vector ring, idle at the kernel's start and end (the
+    kernel is 148 bytes under the limit without them)."""
+    if not config.dynamic_schedule:
+        return 0
+    return 4 * UNIT_RING * SLOT_FIELDS + 16 + 8 * 2 * UNIT_RING + 8
 
 
 def check_config(config: PagedAttentionConfig) -> str | None:
@@ -155,6 +177,8 @@ def check_config(config: PagedAttentionConfig) -> str | None:
                 "packs whole tokens")
     if config.ctas_per_sm != 1:
         return f"ctas_per_sm={config.ctas_per_sm}: one CTA uses ~227 KiB of shared memory and all of TMEM"
+    if config.dynamic_schedule and config.fused_merge:
+        return "dynamic_schedule: the self-scheduling build splits nothing, so it has no merges to fold (fused_merge)"
     if (reason := smem_reason(smem_bytes(config))) is not None:
         return reason
     if tmem_columns(config) > TMEM_COLUMNS:
@@ -179,9 +203,12 @@ class MlaPagedPrefillSm100(MlaEntries):
         self.s_col = O_COL + CKV_DIM // PV_M * self.tile_m
         self.o_chunks = CKV_DIM // PV_M
         self.o_piece = 32  # O^T columns (query rows) per tcgen05.ld/st in the correction role
+        self.dynamic = config.dynamic_schedule
+        self.page_size = config.page_size
 
     def __repr__(self) -> str:  # shows in the kernel symbol
-        return f"MlaPagedPrefillSm100_H{self.num_heads}_M{self.tile_m}_N{self.tile_n}_S{KV_STAGES}"
+        return (f"MlaPagedPrefillSm100_H{self.num_heads}_M{self.tile_m}_N{self.tile_n}_S{KV_STAGES}"
+                + ("_Dyn" if self.dynamic else ""))
 
     # ------------------------------------------------------------------------------- host side
     @cute.jit
@@ -189,7 +216,7 @@ class MlaPagedPrefillSm100(MlaEntries):
                       qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor,
                       work_indptr: cute.Tensor, items: cute.Tensor, merge_indptr, merge_counters,
                       output: cute.Tensor, lse: cute.Tensor, partial_out: cute.Tensor, partial_lse: cute.Tensor,
-                      scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream):
+                      scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream, units=None):
         M, N = self.tile_m, self.tile_n
         one = tcgen05.CtaGroup.ONE
         tiled_mma_qk = sm100_utils.make_trivial_tiled_mma(
@@ -214,11 +241,19 @@ class MlaPagedPrefillSm100(MlaEntries):
         tma_atom_ckv, _ = make_gather4_atom(g2s, row_view(ckv_cache, CKV_DIM), s_kv_rows)
         tma_atom_kpe, _ = make_gather4_atom(g2s, row_view(kpe_cache, KPE_DIM), s_kv_rows)
 
+        dynamic = {}
+        num_ctas = None
+        if cutlass.const_expr(units is not None):
+            kv_last_page_len, request_faults, unit_state, num_ctas, error_word, num_pages = units
+            dynamic = dict(kv_last_page_len=kv_last_page_len, request_faults=request_faults, unit_state=unit_state,
+                           error_word=error_word, num_pages=num_pages)
+        else:
+            num_ctas = work_indptr.shape[0] - 1
         self.kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
                     output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv,
                     s_q_layout, s_k_layout, s_vt_layout, s_p_layout, s_q_rows, s_kv_rows, s_p_rows, tma_atom_ckv,
-                    tma_atom_kpe, merge_indptr, merge_counters,
-                    ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream, use_pdl=True,
+                    tma_atom_kpe, merge_indptr, merge_counters, **dynamic,
+                    ).launch(grid=(num_ctas, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream, use_pdl=True,
                              min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------------------- device side
@@ -230,7 +265,9 @@ class MlaPagedPrefillSm100(MlaEntries):
                tiled_mma_pv: cute.TiledMma, s_q_layout: cute.ComposedLayout, s_k_layout: cute.ComposedLayout,
                s_vt_layout: cute.ComposedLayout, s_p_layout: cute.ComposedLayout, s_q_rows: cute.ComposedLayout,
                s_kv_rows: cute.ComposedLayout, s_p_rows: cute.ComposedLayout, tma_atom_ckv: cute.CopyAtom,
-               tma_atom_kpe: cute.CopyAtom, merge_indptr: cute.Tensor = None, merge_counters: cute.Tensor = None):
+               tma_atom_kpe: cute.CopyAtom, merge_indptr: cute.Tensor = None, merge_counters: cute.Tensor = None,
+               kv_last_page_len: cute.Tensor = None, request_faults: cute.Tensor = None,
+               unit_state: cute.Tensor = None, error_word: cute.Tensor = None, num_pages=None):
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -245,6 +282,18 @@ class MlaPagedPrefillSm100(MlaEntries):
         arrival = None  # fused_merge: one merge arrival, broadcast to the correction warpgroup
         if cutlass.const_expr(merge_indptr is not None):
             arrival = smem.allocate_tensor(Int32, cute.make_layout((1,)), 16)
+        pipe_u = None  # dynamic_schedule: the unit pipeline, load warpgroup -> the other roles
+        if cutlass.const_expr(self.dynamic):
+            ring = smem.allocate_tensor(Int32, cute.make_layout((UNIT_RING, SLOT_FIELDS), stride=(SLOT_FIELDS, 1)), 16)
+            # the vector ring's first words: idle before the roles start (the rules) and after the softmax warps'
+            # last send has been read (finish_schedule's count)
+            rule_words = cute.make_tensor(cute.recast_ptr(s_vec.iterator, dtype=Int32),
+                                          cute.make_layout((2 * NUM_THREADS // 32,)))
+            mbar_u = smem.allocate_array(Int64, 2 * UNIT_RING, byte_alignment=8)
+            pipe_u = cpipe.PipelineAsync.create(
+                barrier_storage=mbar_u, num_stages=UNIT_RING,
+                producer_group=cpipe.CooperativeGroup(cpipe.Agent.Thread, 1),
+                consumer_group=cpipe.CooperativeGroup(cpipe.Agent.Thread, _UNIT_READERS), defer_sync=True)
 
         # q: cp.async by the whole load warpgroup (each thread arrives); kv: TMA gather4 from one thread, complete
         # by bytes; both consumed by the MMA thread
@@ -262,14 +311,24 @@ class MlaPagedPrefillSm100(MlaEntries):
         # Launched with programmatic dependent launch (it may start while the device planner runs): nothing
         # global is read before this wait, which returns once the previous grid has finished and flushed.
         wait_for_previous_grid(self.releases_dependents)
-        item_begin = work_indptr[cta]
-        item_end = work_indptr[cta + 1]
+        item_begin = Int32(0)
+        item_end = Int32(0)
+        source = None  # dynamic_schedule: the counter, the marks and the ring (unit_schedule.UnitSource)
+        units = {}  # dynamic_schedule: what the roles read their units from (each makes its own pipeline state)
+        if cutlass.const_expr(not self.dynamic):
+            item_begin = work_indptr[cta]
+            item_end = work_indptr[cta + 1]
+        else:
+            source = check_batch(tidx, cta, NUM_THREADS, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output,
+                                 lse, ring, rule_words, request_faults, unit_state, error_word, num_pages, self.group,
+                                 self.tile_m, 1, CKV_DIM, self.page_size, self.tile_n)
+            units = dict(source=source, pipe_u=pipe_u)
         if warp_idx < _WARP_CORRECTION:
             cute.arch.setmaxregister_increase(_REGS_SOFTMAX)
             self.softmax_role(tmem, p_buf, s_vec, items, item_begin, item_end, scale_log2, pipe_s, pipe_p, pipe_c,
                               cpipe.make_pipeline_state(consumer, S_STAGES),
                               cpipe.make_pipeline_state(producer, P_STAGES),
-                              cpipe.make_pipeline_state(producer, C_STAGES), tidx)
+                              cpipe.make_pipeline_state(producer, C_STAGES), tidx, **units)
             tmem.release()
         elif warp_idx < _WARP_LOAD:
             cute.arch.setmaxregister_increase(_REGS_CORRECTION)
@@ -277,7 +336,10 @@ class MlaPagedPrefillSm100(MlaEntries):
             self.correction_role(tmem, s_vec, items, item_begin, item_end, qo_indptr, output, lse, partial_out,
                                  partial_lse, scale_log2, lse_out_scale, pipe_o, pipe_c,
                                  cpipe.make_pipeline_state(consumer, 1), cpipe.make_pipeline_state(consumer, C_STAGES),
-                                 tidx - 32 * _WARP_CORRECTION)
+                                 tidx - 32 * _WARP_CORRECTION, **units)
+            if cutlass.const_expr(self.dynamic):  # every CTA, even of a batch without units (it took one index)
+                finish_schedule(unit_state, request_faults, qo_indptr, output, lse, tidx - 32 * _WARP_CORRECTION, 128,
+                                CKV_DIM, _BAR_FINISH, rule_words)
             tmem.free()  # once the softmax and MMA warps are done with TMEM
             if cutlass.const_expr(merge_indptr is not None):  # the correction warpgroup wrote every partial
                 fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_counters, arrival, self.group,
@@ -289,14 +351,20 @@ class MlaPagedPrefillSm100(MlaEntries):
             if warp_idx == _WARP_LOAD:
                 cpasync.prefetch_descriptor(tma_atom_ckv)
                 cpasync.prefetch_descriptor(tma_atom_kpe)
-            load_q_and_kv_tiles(tidx - 32 * _WARP_LOAD, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr,
-                                kv_indices, items, item_begin, item_end, q_buf, kv_buf, s_ids, pipe_q, pipe_kv,
-                                cpipe.make_pipeline_state(producer, Q_STAGES),
-                                cpipe.make_pipeline_state(producer, KV_STAGES),
-                                group=self.group, num_threads=LOAD_THREADS, ids_barrier=_BAR_IDS,
-                                q_for_keyless_items=False,
-                                kv_gather4=(tma_descriptor_address(tma_atom_ckv),
-                                            tma_descriptor_address(tma_atom_kpe)))
+            gather4 = (tma_descriptor_address(tma_atom_ckv), tma_descriptor_address(tma_atom_kpe))
+            if cutlass.const_expr(self.dynamic):
+                load_units(tidx - 32 * _WARP_LOAD, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr,
+                           kv_indices, q_buf, kv_buf, s_ids, pipe_q, pipe_kv,
+                           cpipe.make_pipeline_state(producer, Q_STAGES), cpipe.make_pipeline_state(producer, KV_STAGES),
+                           source, group=self.group, num_threads=LOAD_THREADS, ids_barrier=_BAR_IDS,
+                           page_size=self.page_size, q_for_keyless_items=False, kv_gather4=gather4, pipe_u=pipe_u)
+            else:
+                load_q_and_kv_tiles(tidx - 32 * _WARP_LOAD, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr,
+                                    kv_indices, items, item_begin, item_end, q_buf, kv_buf, s_ids, pipe_q, pipe_kv,
+                                    cpipe.make_pipeline_state(producer, Q_STAGES),
+                                    cpipe.make_pipeline_state(producer, KV_STAGES),
+                                    group=self.group, num_threads=LOAD_THREADS, ids_barrier=_BAR_IDS,
+                                    q_for_keyless_items=False, kv_gather4=gather4)
         else:
             cute.arch.setmaxregister_decrease(_REGS_OTHER)
         if warp_idx == _WARP_MMA:
@@ -316,7 +384,7 @@ class MlaPagedPrefillSm100(MlaEntries):
                           cpipe.make_pipeline_state(consumer, KV_STAGES),
                           cpipe.make_pipeline_state(consumer, KV_STAGES),
                           cpipe.make_pipeline_state(producer, S_STAGES), cpipe.make_pipeline_state(consumer, P_STAGES),
-                          cpipe.make_pipeline_state(producer, 1))
+                          cpipe.make_pipeline_state(producer, 1), **units)
             tmem.release()
 
     # ------------------------------------------------------------------------------- TMEM views
@@ -329,7 +397,7 @@ class MlaPagedPrefillSm100(MlaEntries):
     @cute.jit
     def mma_role(self, tiled_mma_qk, tiled_mma_pv, s_q, s_k, s_vt, s_p, tmem, items, item_begin: Int32,
                  item_end: Int32, pipe_q, pipe_kv, pipe_s, pipe_p, pipe_o, q_state, kv_state, kv_pv_state, s_state,
-                 p_state, o_state):
+                 p_state, o_state, source=None, pipe_u=None):
         M, N = self.tile_m, self.tile_n
         tmem_ptr = tmem.base()
         thr_qk = tiled_mma_qk.get_slice(0)
@@ -342,23 +410,45 @@ class MlaPagedPrefillSm100(MlaEntries):
         t_rk = thr_qk.make_fragment_B(s_k)
         t_rvt = thr_pv.make_fragment_A(s_vt)
         t_rp = thr_pv.make_fragment_B(s_p)
-        for it in cutlass.range(item_begin, item_end, unroll=1):
-            n = num_key_tiles(items[it, int(F.KV_START)], items[it, int(F.KV_END)], N)
-            if n > 0:
-                pipe_q.consumer_wait(q_state)
-                kv_state, s_state = self._mma_qk(tiled_mma_qk, t_rq, t_rk, t_s, pipe_kv, pipe_s, kv_state, s_state)
-                for j in cutlass.range(1, n, unroll=1):
-                    kv_state, s_state = self._mma_qk(tiled_mma_qk, t_rq, t_rk, t_s, pipe_kv, pipe_s, kv_state,
-                                                     s_state)
-                    if j == n - 1:  # the item's last read of Q: the next item's Q may load now
-                        pipe_q.consumer_release(q_state)
-                    kv_pv_state, p_state, o_state = self._mma_pv(tiled_mma_pv, t_rvt, t_rp, t_o, j > 1, pipe_kv,
-                                                                 pipe_p, pipe_o, kv_pv_state, p_state, o_state)
-                if n == 1:
+        mma = (tiled_mma_qk, tiled_mma_pv, t_rq, t_rk, t_rvt, t_rp, t_s, t_o)
+        pipes = (pipe_q, pipe_kv, pipe_s, pipe_p, pipe_o)
+        if cutlass.const_expr(source is None):
+            for it in cutlass.range(item_begin, item_end, unroll=1):
+                q_state, kv_state, kv_pv_state, s_state, p_state, o_state = self._mma_item(
+                    mma, pipes, (q_state, kv_state, kv_pv_state, s_state, p_state, o_state),
+                    num_key_tiles(items[it, int(F.KV_START)], items[it, int(F.KV_END)], N))
+        else:
+            u_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, UNIT_RING)  # this role's own
+            u_state, valid, b, h, r0, rows, kv_end, offset, kv_len = take_ring_unit(pipe_u, u_state, source.slots)
+            while valid != 0:
+                q_state, kv_state, kv_pv_state, s_state, p_state, o_state = self._mma_item(
+                    mma, pipes, (q_state, kv_state, kv_pv_state, s_state, p_state, o_state),
+                    num_key_tiles(Int32(0), kv_end, N))
+                u_state, valid, b, h, r0, rows, kv_end, offset, kv_len = take_ring_unit(pipe_u, u_state, source.slots)
+
+    @cute.jit
+    def _mma_item(self, mma, pipes, states, n: Int32):
+        """One item's ``n`` key tiles: S0, S1, PV0, S2, PV1, ..., PV(n-1); Q released after the last S. Returns the
+        pipeline states."""
+        tiled_mma_qk, tiled_mma_pv, t_rq, t_rk, t_rvt, t_rp, t_s, t_o = mma
+        pipe_q, pipe_kv, pipe_s, pipe_p, pipe_o = pipes
+        q_state, kv_state, kv_pv_state, s_state, p_state, o_state = states
+        if n > 0:
+            pipe_q.consumer_wait(q_state)
+            kv_state, s_state = self._mma_qk(tiled_mma_qk, t_rq, t_rk, t_s, pipe_kv, pipe_s, kv_state, s_state)
+            for j in cutlass.range(1, n, unroll=1):
+                kv_state, s_state = self._mma_qk(tiled_mma_qk, t_rq, t_rk, t_s, pipe_kv, pipe_s, kv_state,
+                                                 s_state)
+                if j == n - 1:  # the item's last read of Q: the next item's Q may load now
                     pipe_q.consumer_release(q_state)
-                kv_pv_state, p_state, o_state = self._mma_pv(tiled_mma_pv, t_rvt, t_rp, t_o, n > 1, pipe_kv, pipe_p,
-                                                             pipe_o, kv_pv_state, p_state, o_state)
-                q_state.advance()
+                kv_pv_state, p_state, o_state = self._mma_pv(tiled_mma_pv, t_rvt, t_rp, t_o, j > 1, pipe_kv,
+                                                             pipe_p, pipe_o, kv_pv_state, p_state, o_state)
+            if n == 1:
+                pipe_q.consumer_release(q_state)
+            kv_pv_state, p_state, o_state = self._mma_pv(tiled_mma_pv, t_rvt, t_rp, t_o, n > 1, pipe_kv, pipe_p,
+                                                         pipe_o, kv_pv_state, p_state, o_state)
+            q_state.advance()
+        return q_state, kv_state, kv_pv_state, s_state, p_state, o_state
 
     @cute.jit
     def _mma_qk(self, tiled_mma, t_rq, t_rk, t_s, pipe_kv, pipe_s, kv_state, s_state):
@@ -400,7 +490,7 @@ class MlaPagedPrefillSm100(MlaEntries):
     # ------------------------------------------------------------------------------- softmax
     @cute.jit
     def softmax_role(self, tmem, p_buf, s_vec, items, item_begin: Int32, item_end: Int32, scale_log2: Float32,
-                     pipe_s, pipe_p, pipe_c, s_state, p_state, c_state, tid: Int32):
+                     pipe_s, pipe_p, pipe_c, s_state, p_state, c_state, tid: Int32, source=None, pipe_u=None):
         G, N = self.group, self.tile_n
         tmem_ptr = tmem.base()
         t_s = self.lane_view(tmem_ptr, self.s_col, N)
@@ -419,38 +509,61 @@ class MlaPagedPrefillSm100(MlaEntries):
         valid = lane < 16
         row = (tid // 32) * 16 + lane % 16
 
-        for it in cutlass.range(item_begin, item_end, unroll=1):
-            kv_start, kv_end, causal_offset, n, first_token, token, row_max, row_sum = begin_softmax_item(
-                items, it, row, G, N)
-            for j in cutlass.range(n, unroll=1):
-                kv_base = kv_start + j * N
-                load_s_row(tiled_ld, t_ld_s, r_s, N, pipe_s, s_state)
-                fence_before_sync()
-                pipe_s.consumer_release(s_state)  # S_j is in registers: the stage may take S_{j+2}
-                s_state.advance()
-                row_max, row_sum, scale = online_softmax_row(r_s, t_ld_c, kv_base, kv_end, first_token, token,
-                                                             causal_offset, row_max, row_sum, scale_log2, N)
-                r_p.store(r_s.load().to(self.dtype))
-                pipe_p.producer_acquire(p_state)  # PV_{j-1} has read the previous P
-                if valid:
-                    for c in cutlass.range_constexpr(N // _VEC):
-                        cute.autovec_copy(r_p_chunks[None, c], s_p_chunks[0, None, row, c])
-                cute.arch.fence_proxy("async.shared", space="cta")  # generic stores -> tcgen05 (async proxy)
-                pipe_p.producer_commit(p_state)
-                p_state.advance()
-                if j > 0:  # O holds P(<j) V: the correction role rescales it before PV_j
-                    send_row_values(pipe_c, c_state, s_vec, row, (scale,), owns_row=valid)
-                    c_state.advance()
-            if n > 0:
-                send_row_values(pipe_c, c_state, s_vec, row, (row_sum, row_max), owns_row=valid)
+        tensors = (tiled_ld, t_ld_s, t_ld_c, r_s, r_p, r_p_chunks, s_p_chunks, s_vec, valid, row)
+        pipes = (pipe_s, pipe_p, pipe_c)
+        if cutlass.const_expr(source is None):
+            for it in cutlass.range(item_begin, item_end, unroll=1):
+                s_state, p_state, c_state = self._softmax_item(
+                    tensors, pipes, (s_state, p_state, c_state), begin_softmax_item(items, it, row, G, N), scale_log2)
+        else:
+            u_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, UNIT_RING)  # this role's own
+            u_state, live, b, h, r0, rows, kv_end, offset, kv_len = take_ring_unit(pipe_u, u_state, source.slots)
+            while live != 0:
+                s_state, p_state, c_state = self._softmax_item(
+                    tensors, pipes, (s_state, p_state, c_state),
+                    begin_softmax_unit(r0, Int32(0), kv_end, offset, row, G, N), scale_log2)
+                u_state, live, b, h, r0, rows, kv_end, offset, kv_len = take_ring_unit(pipe_u, u_state, source.slots)
+
+    @cute.jit
+    def _softmax_item(self, tensors, pipes, states, header, scale_log2: Float32):
+        """One item's S rows -> P tiles in smem, row scales and the final (row_sum, row_max) (``header``:
+        ``begin_softmax_item``'s). Returns the S, P and C states."""
+        N = self.tile_n
+        tiled_ld, t_ld_s, t_ld_c, r_s, r_p, r_p_chunks, s_p_chunks, s_vec, valid, row = tensors
+        pipe_s, pipe_p, pipe_c = pipes
+        s_state, p_state, c_state = states
+        kv_start, kv_end, causal_offset, n, first_token, token, row_max, row_sum = header
+        for j in cutlass.range(n, unroll=1):
+            kv_base = kv_start + j * N
+            load_s_row(tiled_ld, t_ld_s, r_s, N, pipe_s, s_state)
+            fence_before_sync()
+            pipe_s.consumer_release(s_state)  # S_j is in registers: the stage may take S_{j+2}
+            s_state.advance()
+            row_max, row_sum, scale = online_softmax_row(r_s, t_ld_c, kv_base, kv_end, first_token, token,
+                                                         causal_offset, row_max, row_sum, scale_log2, N)
+            r_p.store(r_s.load().to(self.dtype))
+            pipe_p.producer_acquire(p_state)  # PV_{j-1} has read the previous P
+            if valid:
+                for c in cutlass.range_constexpr(N // _VEC):
+                    cute.autovec_copy(r_p_chunks[None, c], s_p_chunks[0, None, row, c])
+            cute.arch.fence_proxy("async.shared", space="cta")  # generic stores -> tcgen05 (async proxy)
+            pipe_p.producer_commit(p_state)
+            p_state.advance()
+            if j > 0:  # O holds P(<j) V: the correction role rescales it before PV_j
+                send_row_values(pipe_c, c_state, s_vec, row, (scale,), owns_row=valid)
                 c_state.advance()
+        if n > 0:
+            send_row_values(pipe_c, c_state, s_vec, row, (row_sum, row_max), owns_row=valid)
+            c_state.advance()
+        return s_state, p_state, c_state
 
     # ------------------------------------------------------------------------------- correction
     @cute.jit
     def correction_role(self, tmem, s_vec, items, item_begin: Int32, item_end: Int32, qo_indptr, output, lse,
                         partial_out, partial_lse, scale_log2: Float32, lse_out_scale: Float32, pipe_o, pipe_c,
-                        o_state, c_state, tid: Int32):
-        G, N, M, C = self.group, self.tile_n, self.tile_m, self.o_piece
+                        o_state, c_state, tid: Int32, source=None, pipe_u=None):
+        """Per item (or unit, from the unit pipeline): O's rescales, then the epilogue (:meth:`_correction_item`)."""
+        N, M, C = self.tile_n, self.tile_m, self.o_piece
         tmem_ptr = tmem.base()
         # O^T in pieces of C query-row columns: 32x32b.xC loads/stores, thread = lane = V column % 128
         t_o = self.lane_view(tmem_ptr, O_COL, C)
@@ -464,74 +577,100 @@ class MlaPagedPrefillSm100(MlaEntries):
         r_o = cute.make_rmem_tensor(tiled_ld.get_slice(tid).partition_D(c_o).shape, Float32)
         r_scale = cute.make_rmem_tensor(M, Float32)  # one factor per query row (= O^T column)
 
-        for it in cutlass.range(item_begin, item_end, unroll=1):
-            b = items[it, int(F.REQUEST)]
-            r0 = items[it, int(F.Q_ROW_START)]
-            row_count = items[it, int(F.Q_ROW_COUNT)]
-            slot = items[it, int(F.PARTIAL_SLOT)]
-            n = num_key_tiles(items[it, int(F.KV_START)], items[it, int(F.KV_END)], N)
-            for j in cutlass.range(1, n, unroll=1):
-                pipe_c.consumer_wait(c_state)
-                off = Float32(0.0)
-                for r in cutlass.range_constexpr(M):
-                    r_scale[r] = s_vec[r, 0, c_state.index]
-                    off = cute.arch.fmax(off, cute.arch.fmax(r_scale[r] - 1.0, 1.0 - r_scale[r]))
-                pipe_c.consumer_release(c_state)
-                c_state.advance()
-                pipe_o.consumer_wait(o_state)  # PV_{j-1} has landed in O
-                fence_after_sync()
-                if off != Float32(0.0):  # the same smem values in every thread: warp-uniform
-                    for c in cutlass.range_constexpr(self.o_chunks * M // C):
-                        cute.copy(tiled_ld, cute.make_tensor(t_ld_o.iterator + c * C, t_ld_o.layout), r_o)
-                        cute.arch.fence_view_async_tmem_load()
-                        for i in cutlass.range_constexpr(C):
-                            r_o[i] = r_o[i] * r_scale[(c * C + i) % M]
-                        cute.copy(tiled_st, r_o, cute.make_tensor(t_st_o.iterator + c * C, t_st_o.layout))
-                    cute.arch.fence_view_async_tmem_store()
-                fence_before_sync()
-                pipe_o.consumer_release(o_state)
-                o_state.advance()
-            # epilogue: r_scale = 1 / row_sum (0 for a row that saw no key); own row's lse (threads < M)
-            r_scale.fill(0.0)
-            row_lse = NEG_INF
-            if n > 0:
-                pipe_c.consumer_wait(c_state)
-                for r in cutlass.range_constexpr(M):
-                    s = s_vec[r, 0, c_state.index]
-                    r_scale[r] = Float32(0.0) if s == Float32(0.0) else cute.arch.rcp_approx(s)
-                if tid < M:
-                    s = s_vec[tid, 0, c_state.index]
-                    if s != Float32(0.0):
-                        row_lse = s_vec[tid, 1, c_state.index] * scale_log2 + cute.math.log2(s, fastmath=True)
-                pipe_c.consumer_release(c_state)
-                c_state.advance()
-                pipe_o.consumer_wait(o_state)  # the last PV has landed
-                fence_after_sync()
-            q_start = qo_indptr[b]
-            for c in cutlass.range_constexpr(self.o_chunks * M // C):
-                if n > 0:  # tcgen05.ld is warp-collective: every lane loads, only real rows store
+        tensors = (tiled_ld, tiled_st, t_ld_o, t_st_o, r_o, r_scale, s_vec, tid)
+        outputs = (qo_indptr, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale)
+        if cutlass.const_expr(source is None):
+            for it in cutlass.range(item_begin, item_end, unroll=1):
+                o_state, c_state = self._correction_item(
+                    tensors, outputs, pipe_o, pipe_c, o_state, c_state, items[it, int(F.REQUEST)],
+                    items[it, int(F.Q_ROW_START)], items[it, int(F.Q_ROW_COUNT)], items[it, int(F.PARTIAL_SLOT)],
+                    num_key_tiles(items[it, int(F.KV_START)], items[it, int(F.KV_END)], N))
+        else:
+            u_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, UNIT_RING)  # this role's own
+            u_state, valid, b, h, r0, rows, kv_end, offset, kv_len = take_ring_unit(pipe_u, u_state, source.slots)
+            while valid != 0:
+                # partial slot -1 as a Python int: a unit is never split, so only the final stores are traced
+                o_state, c_state = self._correction_item(tensors, outputs, pipe_o, pipe_c, o_state, c_state, b, r0,
+                                                         rows, -1, num_key_tiles(Int32(0), kv_end, N))
+                u_state, valid, b, h, r0, rows, kv_end, offset, kv_len = take_ring_unit(pipe_u, u_state, source.slots)
+
+    @cute.jit
+    def _correction_item(self, tensors, outputs, pipe_o, pipe_c, o_state, c_state, b: Int32, r0: Int32,
+                         row_count: Int32, slot, n: Int32):
+        """One item's O^T rescales after each PV but the last, then its rows: bf16 ``output`` and lse, or a split
+        item's fp32 partials (0 / -inf for an item without keys). Returns the O and C states."""
+        G, M, C = self.group, self.tile_m, self.o_piece
+        tiled_ld, tiled_st, t_ld_o, t_st_o, r_o, r_scale, s_vec, tid = tensors
+        qo_indptr, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale = outputs
+        for j in cutlass.range(1, n, unroll=1):
+            pipe_c.consumer_wait(c_state)
+            off = Float32(0.0)
+            for r in cutlass.range_constexpr(M):
+                r_scale[r] = s_vec[r, 0, c_state.index]
+                off = cute.arch.fmax(off, cute.arch.fmax(r_scale[r] - 1.0, 1.0 - r_scale[r]))
+            pipe_c.consumer_release(c_state)
+            c_state.advance()
+            pipe_o.consumer_wait(o_state)  # PV_{j-1} has landed in O
+            fence_after_sync()
+            if off != Float32(0.0):  # the same smem values in every thread: warp-uniform
+                for c in cutlass.range_constexpr(self.o_chunks * M // C):
                     cute.copy(tiled_ld, cute.make_tensor(t_ld_o.iterator + c * C, t_ld_o.layout), r_o)
                     cute.arch.fence_view_async_tmem_load()
-                else:
-                    r_o.fill(0.0)
-                col = (c * C // M) * PV_M + tid  # V column
-                for i in cutlass.range_constexpr(C):
-                    r = (c * C + i) % M  # query row (compile time)
-                    if r < row_count:
-                        val = r_o[i] * r_scale[r]
+                    for i in cutlass.range_constexpr(C):
+                        r_o[i] = r_o[i] * r_scale[(c * C + i) % M]
+                    cute.copy(tiled_st, r_o, cute.make_tensor(t_st_o.iterator + c * C, t_st_o.layout))
+                cute.arch.fence_view_async_tmem_store()
+            fence_before_sync()
+            pipe_o.consumer_release(o_state)
+            o_state.advance()
+        # epilogue: r_scale = 1 / row_sum (0 for a row that saw no key); own row's lse (threads < M)
+        r_scale.fill(0.0)
+        row_lse = NEG_INF
+        if n > 0:
+            pipe_c.consumer_wait(c_state)
+            for r in cutlass.range_constexpr(M):
+                s = s_vec[r, 0, c_state.index]
+                r_scale[r] = Float32(0.0) if s == Float32(0.0) else cute.arch.rcp_approx(s)
+            if tid < M:
+                s = s_vec[tid, 0, c_state.index]
+                if s != Float32(0.0):
+                    row_lse = s_vec[tid, 1, c_state.index] * scale_log2 + cute.math.log2(s, fastmath=True)
+            pipe_c.consumer_release(c_state)
+            c_state.advance()
+            pipe_o.consumer_wait(o_state)  # the last PV has landed
+            fence_after_sync()
+        q_start = qo_indptr[b]
+        for c in cutlass.range_constexpr(self.o_chunks * M // C):
+            if n > 0:  # tcgen05.ld is warp-collective: every lane loads, only real rows store
+                cute.copy(tiled_ld, cute.make_tensor(t_ld_o.iterator + c * C, t_ld_o.layout), r_o)
+                cute.arch.fence_view_async_tmem_load()
+            else:
+                r_o.fill(0.0)
+            col = (c * C // M) * PV_M + tid  # V column
+            for i in cutlass.range_constexpr(C):
+                r = (c * C + i) % M  # query row (compile time)
+                if r < row_count:
+                    val = r_o[i] * r_scale[r]
+                    if cutlass.const_expr(partial_out is None):  # self-scheduling builds: every unit is final
+                        output[q_start + (r0 + r) // G, (r0 + r) % G, col] = val.to(self.dtype)
+                    else:
                         if slot < 0:
                             output[q_start + (r0 + r) // G, (r0 + r) % G, col] = val.to(self.dtype)
                         else:
                             partial_out[slot, r, col] = val
-            if n > 0:
-                fence_before_sync()
-                pipe_o.consumer_release(o_state)  # O may now be overwritten by the next item's PV
-                o_state.advance()
-            if tid < row_count:
+        if n > 0:
+            fence_before_sync()
+            pipe_o.consumer_release(o_state)  # O may now be overwritten by the next item's PV
+            o_state.advance()
+        if tid < row_count:
+            if cutlass.const_expr(partial_out is None):
+                lse[q_start + (r0 + tid) // G, (r0 + tid) % G] = row_lse * lse_out_scale
+            else:
                 if slot < 0:
                     lse[q_start + (r0 + tid) // G, (r0 + tid) % G] = row_lse * lse_out_scale
                 else:
                     partial_lse[slot, tid] = row_lse
+        return o_state, c_state
 
 
 # ----------------------------------------------------------------------------------- registration
@@ -539,8 +678,12 @@ build, launch = mla_entry(MlaPagedPrefillSm100, check_config)
 
 
 def configs(arch: str) -> list[PagedAttentionConfig]:
-    """The definitions' configs (``mla_paged_prefill_causal_h16_ckv512_kpe64_ps1`` and ``_ps64``)."""
-    return [definition_config(arch, ps) for ps in DEFINITION_PAGE_SIZES] if arch == ARCH else []
+    """The definitions' configs (``mla_paged_prefill_causal_h16_ckv512_kpe64_ps1`` and ``_ps64``), then their
+    self-scheduling builds (``dynamic_schedule``: the sm_90a builds' twins)."""
+    if arch != ARCH:
+        return []
+    definitions = [definition_config(arch, ps) for ps in DEFINITION_PAGE_SIZES]
+    return definitions + [dataclasses.replace(c, dynamic_schedule=True) for c in definitions]
 
 
 register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs,

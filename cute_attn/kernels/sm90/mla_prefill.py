@@ -294,19 +294,6 @@ class MlaPagedPrefillSm90(MlaEntries):
                     box_kpe_page=make_row_box_atom(g2s, kpe_rows, s_k_layout, self.tile_n)[0])
 
     @cute.jit
-    def call_dynamic(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
-                     qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor,
-                     kv_last_page_len: cute.Tensor, request_faults: cute.Tensor, unit_state: cute.Tensor,
-                     error_word: cute.Tensor, output: cute.Tensor, lse: cute.Tensor, scale_log2: Float32,
-                     lse_out_scale: Float32, num_pages: Int32, num_ctas: Int32, stream: cuda.CUstream):
-        """``dynamic_schedule``: no plan, one launch (``common/unit_schedule.py``, ``common/mla.load_units``):
-        ``num_ctas`` CTAs check the batch's rules and scan its page ids (of a pool of ``num_pages``), then take units
-        from ``unit_state``. ``kv_last_page_len``: ones at page size 1 when the caller has none."""
-        self.launch_kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, None, None, None,
-                           None, output, lse, None, None, scale_log2, lse_out_scale, stream,
-                           units=(kv_last_page_len, request_faults, unit_state, num_ctas, error_word, num_pages))
-
-    @cute.jit
     def launch_kernel(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
                       qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor,
                       work_indptr: cute.Tensor, items: cute.Tensor, merge_indptr, merge_counters,
