@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 import cute_attn  # noqa: E402
+import unit_scratch  # noqa: E402
 from cute_attn import testing  # noqa: E402
 from cute_attn.ops import gqa_prefill  # noqa: E402
 
@@ -42,26 +43,8 @@ def _clean():
     torch.cuda.synchronize()
 
 
-def _route_scratch():
-    """Every self-scheduling route's scratch now alive (api's route cache)."""
-    from cute_attn import api
-
-    return [s for hit in api._DEVICE_ROUTES.values() if getattr(hit.route, "schedules_itself", False)
-            for s in hit.route.scratch.values()]
-
-
 def _assert_matches_reference(case, what, num_sms=None):
-    out, lse = case.new_outputs()
-    cute_attn.gqa_paged_prefill(*case.inputs(), out, lse, num_sms=num_sms)
-    torch.cuda.synchronize()
-    ref_out, ref_lse = case.reference()
-    testing.assert_close_benchmark(out, ref_out, f"{what} output")
-    testing.assert_close_benchmark(lse, ref_lse, f"{what} lse")
-    cute_attn.raise_on_device_error()
-    scratch = _route_scratch()
-    assert scratch, f"{what}: the call did not take the self-scheduling route"
-    for s in scratch:  # the last CTA left the counter, the count out, the fault flag and the marks zero
-        assert not s.unit_state.any() and not s.request_faults.any(), f"{what}: scratch {s}"
+    unit_scratch.assert_matches_reference(cute_attn.gqa_paged_prefill, case, what, num_sms)
 
 
 @SETTINGS
