@@ -411,18 +411,17 @@ def load_units(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cu
 def _publish_unit(ring: cute.Tensor, entry, request, local, qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, source,
                   lane, group: cutlass.Constexpr[int], rows: cutlass.Constexpr[int], page_size: cutlass.Constexpr[int],
                   kv_tile: cutlass.Constexpr[int], pipe_u, u_state):
-    """:func:`load_units`' hand-off of one unit by warp 0 (``entry`` = ``u_state.index`` where there is a unit
-    pipeline: the entry must first be free, and lane 0 arrives once it wrote it; the caller advances ``u_state``
-    outside warp 0's branch, so every load thread tracks it)."""
-    from .unit_schedule import publish_ring_unit
+    """:func:`load_units`' hand-off of one unit by warp 0: into ring entry ``entry``, or (a unit pipeline) into entry
+    ``u_state.index`` once it is free, announced on its full barrier (the caller advances ``u_state`` outside warp 0's
+    branch, so every load thread tracks it)."""
+    from .unit_schedule import publish_ring_unit, send_ring_unit
 
-    if cutlass.const_expr(pipe_u is not None):
-        pipe_u.producer_acquire(u_state)
-    publish_ring_unit(ring, entry, request, local, qo_indptr, kv_indptr, source, lane, group, rows, 1, page_size,
-                      kv_tile)
-    if cutlass.const_expr(pipe_u is not None):
-        if lane == 0:
-            pipe_u.producer_commit(u_state)
+    if cutlass.const_expr(pipe_u is None):
+        publish_ring_unit(ring, entry, request, local, qo_indptr, kv_indptr, source, lane, group, rows, 1, page_size,
+                          kv_tile)
+    else:
+        send_ring_unit(pipe_u, u_state, ring, request, local, qo_indptr, kv_indptr, source, lane, group, rows, 1,
+                       page_size, kv_tile)
 
 
 def row_view(cache: cute.Tensor, dim: int) -> cute.Tensor:

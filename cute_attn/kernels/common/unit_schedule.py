@@ -1,5 +1,5 @@
-"""Planner-free scheduling of a causal prefill (GQA and MLA, sm_90a): CTAs take whole (request, q tile, KV head) units
-from a counter.
+"""Planner-free scheduling of a causal prefill (GQA and MLA; sm_90a, and sm_100a twins compiled only): CTAs take whole
+(request, q tile, KV head) units from a counter.
 
 A device plan costs a prefill call its planner (10-22 µs in-kernel at 1-32 x 992, H200) and the combine launch that
 must follow a plan the host never sees (~2.3 µs with nothing to fold). A kernel that schedules itself pays neither,
@@ -51,7 +51,12 @@ The MLA prefill's load role (``common/mla.load_units``: 128 threads gather Q and
 in a ring instead (:func:`publish_ring_unit`, ``UNIT_RING`` entries): warp 0 writes unit ``n`` into entry
 ``n % UNIT_RING`` before the load threads' named barrier, all of them read it there, and the consumers read it after
 their Q wait (thread 0 arrives on the Q stage after its write; every consumer thread arrives on the stage's empty
-barrier, so each read is ordered before the rewrite that waits on it).
+barrier, so each read is ordered before the rewrite that waits on it; ``tests/test_unit_ring_model.py`` runs the
+argument for the ring's size as a model).
+
+The sm_100a twins' roles drift apart by up to the Q and K stages, so there the ring is a pipeline of its own
+(:func:`send_ring_unit` / :func:`take_ring_unit`: an entry's full barrier takes the producer lane's arrival, its empty
+barrier every reading thread's, after each copied the fields into registers).
 """
 
 from __future__ import annotations
@@ -215,7 +220,8 @@ def publish_unit(pipe_q, q_state, q_bytes: cutlass.Constexpr, slots: cute.Tensor
 
 #: entries of a unit ring (:func:`publish_ring_unit`): the MLA load role writes unit ``n`` into entry ``n % UNIT_RING``
 #: before it waits for the Q stage, so an entry is rewritten while its consumers may still read the unit of three
-#: hand-offs before (its late fields, after the Q stage's release); three entries suffice, four keep the index a mask
+#: hand-offs before (its late fields, after the Q stage's release); three entries suffice (two do not:
+#: ``tests/test_unit_ring_model.py``), four keep the index a mask
 UNIT_RING = 4
 
 
@@ -241,17 +247,17 @@ def publish_ring_unit(ring: cute.Tensor, entry, request, local, qo_indptr: cute.
 def send_ring_unit(pipe_u, u_state, ring: cute.Tensor, request, local, qo_indptr: cute.Tensor, kv_indptr: cute.Tensor,
                    source: UnitSource, lane, group: cutlass.Constexpr, rows: cutlass.Constexpr,
                    kv_heads: cutlass.Constexpr, page_size: cutlass.Constexpr, kv_tile: cutlass.Constexpr):
-    """A unit pipeline's producer warp (sm_100a: the load warp; ``pipe_u`` a ``PipelineAsync`` over the ring's
-    entries, one producer arrival, every consuming thread's arrival): once entry ``u_state.index`` is free, the unit
-    goes into it (:func:`publish_ring_unit`) and lane 0 arrives on its full barrier (release: its own writes).
-    Returns ``(u_state, (kv_head, q_row_start, q_row_count, kv_end, causal_offset, kv_len))``."""
+    """A unit pipeline's producer warp (sm_100a; ``pipe_u`` a ``PipelineAsync`` over the ring's entries, one producer
+    arrival, every consuming thread's arrival): once entry ``u_state.index`` is free, the unit goes into it
+    (:func:`publish_ring_unit`) and lane 0 arrives on its full barrier (release: its own writes). The caller advances
+    ``u_state`` (outside any branch that only the producer warp takes: every thread of a load warpgroup tracks it).
+    Returns ``(kv_head, q_row_start, q_row_count, kv_end, causal_offset, kv_len)``."""
     pipe_u.producer_acquire(u_state)
     fields = publish_ring_unit(ring, u_state.index, request, local, qo_indptr, kv_indptr, source, lane, group, rows,
                                kv_heads, page_size, kv_tile)
     if lane == 0:
         pipe_u.producer_commit(u_state)
-    u_state.advance()
-    return u_state, fields
+    return fields
 
 
 @cute.jit

@@ -78,8 +78,9 @@ class PrefillRoles:
             request, local, base, before = find_unit(take_unit(source.unit_state, lane), qo_indptr, source,
                                                      Int32(0), Int32(0), lane, G, self.q_rows, self.num_kv_heads)
             while request < source.batch:
-                u_state, fields = send_ring_unit(pipe_u, u_state, source.slots, request, local, qo_indptr, kv_indptr,
-                                                 source, lane, G, self.q_rows, self.num_kv_heads, P, N)
+                fields = send_ring_unit(pipe_u, u_state, source.slots, request, local, qo_indptr, kv_indptr, source,
+                                        lane, G, self.q_rows, self.num_kv_heads, P, N)
+                u_state.advance()
                 h, r0, kv_end = fields[0], fields[1], fields[3]
                 u = take_unit(source.unit_state, lane)  # in flight under this unit's loads
                 q_state, kv_state = self._load_item(tma, qo_indptr, kv_indptr, kv_indices, page_ids, request, h, r0,
