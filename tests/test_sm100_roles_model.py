@@ -1,0 +1,140 @@
+"""The sm_100a self-scheduling GQA prefill's roles as an executable model (CPU): can the unit pipeline deadlock them?
+
+The kernel (``kernels/sm100/prefill_roles.py``) has never run: there is no Blackwell GPU here. Its planned roles hand
+work through six pipelines; the self-scheduling build adds a seventh, the unit ring, which the load warp fills and the
+MMA warp, the softmax and the correction warps each drain (a role waits for a unit, copies it, releases the entry).
+This model runs the four roles as coroutines over bounded queues with the kernel's stage counts and per-unit steps,
+under random interleavings, for units with 0..3 key tiles: every run must finish (no role waits forever). A ring of 0
+entries (the load warp could never send) must deadlock, so the model can see one.
+"""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+
+class Pipe:
+    """A pipeline of ``stages`` over one producer and ``consumers`` consuming roles (each releases every stage)."""
+
+    def __init__(self, stages: int, consumers: int = 1):
+        self.stages, self.produced = stages, 0
+        self.released = [0] * consumers
+
+    def can_acquire(self) -> bool:
+        return self.produced - min(self.released) < self.stages
+
+    def can_wait(self, consumer: int = 0) -> bool:
+        return self.produced > self.released[consumer]
+
+
+def acquire(p: Pipe):
+    yield lambda: p.can_acquire()
+    p.produced += 1  # (the fill and its commit)
+
+
+def consume(p: Pipe, who: int = 0):
+    yield lambda: p.can_wait(who)
+    p.released[who] += 1
+
+
+def load_role(k, units):
+    for n in units + [None]:  # None: the VALID 0 entry
+        yield from acquire(k["u"])
+        if n:
+            yield from acquire(k["q"])
+            yield from acquire(k["kv"])  # K0
+            for _ in range(1, n):
+                yield from acquire(k["kv"])  # Kj
+                yield from acquire(k["kv"])  # V(j-1)
+            yield from acquire(k["kv"])  # V(n-1)
+
+
+def mma_role(k, units):
+    for n in units:
+        yield from consume(k["u"], 0)
+        if not n:
+            continue
+        yield lambda: k["q"].can_wait()
+        yield from qk(k)
+        for j in range(1, n):
+            yield from qk(k)
+            yield from pv(k)
+        k["q"].released[0] += 1  # Q released after the item's last S
+        yield from pv(k)
+    yield from consume(k["u"], 0)  # the end
+
+
+def qk(k):
+    yield lambda: k["kv"].can_wait()
+    yield from acquire(k["s"])
+    k["kv"].released[0] += 1
+
+
+def pv(k):
+    yield lambda: k["kv"].can_wait()
+    yield lambda: k["o"].can_acquire()
+    yield from consume(k["p"])
+    k["kv"].released[0] += 1
+    k["o"].produced += 1
+
+
+def softmax_role(k, units):
+    for n in units:
+        yield from consume(k["u"], 1)
+        for j in range(n):
+            yield lambda: k["s"].can_wait()
+            yield from acquire(k["p"])
+            k["s"].released[0] += 1
+            if j > 0:
+                yield from acquire(k["c"])  # the row scale
+        if n:
+            yield from acquire(k["c"])  # (row_sum, row_max)
+    yield from consume(k["u"], 1)
+
+
+def correction_role(k, units):
+    for n in units:
+        yield from consume(k["u"], 2)
+        for _ in range(1, n):
+            yield from consume(k["c"])
+            yield from consume(k["o"])  # rescale O, then release it
+        if n:
+            yield from consume(k["c"])
+            yield from consume(k["o"])  # the epilogue reads O, then releases it
+    yield from consume(k["u"], 2)
+
+
+def run(units: list, seed: int, ring: int = 4, q_stages: int = 2) -> None:
+    k = dict(u=Pipe(ring, consumers=3), q=Pipe(q_stages), kv=Pipe(4), s=Pipe(2), p=Pipe(2), o=Pipe(1), c=Pipe(2))
+    rng = random.Random(seed)
+    actors = [load_role(k, units), mma_role(k, units), softmax_role(k, units), correction_role(k, units)]
+    waiting = [next(a) for a in actors]
+    live = set(range(len(actors)))
+    while live:
+        ready = [i for i in live if waiting[i]()]
+        assert ready, f"deadlock: roles {sorted(live)} wait"
+        i = rng.choice(ready)
+        try:
+            waiting[i] = next(actors[i])
+        except StopIteration:
+            live.discard(i)
+
+
+@settings(max_examples=300, deadline=None)
+@given(units=st.lists(st.integers(0, 3), min_size=0, max_size=10), seed=st.integers(0, 2**32),
+       q_stages=st.sampled_from([1, 2]))
+def test_the_roles_never_deadlock_on_the_unit_ring(units, seed, q_stages):
+    """Head dims 128 (two Q stages) and 256 (one), any mix of units with and without keys, an empty batch."""
+    run(units, seed, q_stages=q_stages)
+
+
+def test_a_ring_without_entries_deadlocks():
+    try:
+        run([1, 2], seed=0, ring=0)
+    except AssertionError as e:
+        assert "deadlock" in str(e)
+        return
+    raise AssertionError("the model ran with no ring entry: it cannot see a deadlock")
