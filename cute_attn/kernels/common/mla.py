@@ -344,7 +344,7 @@ def load_units(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cu
       arrive); at the end the load threads arrive on the Q stage with no copies, for the consumers' last wait;
     * sm_100a (``pipe_u``: a unit pipeline whose entries are the ring's, one producer arrival): warp 0 waits for the
       entry to be free and lane 0 arrives on its full barrier after writing it; the MMA, softmax and correction
-      warps read it from there (``unit_schedule.take_ring_unit``), and Q loads only for units with keys.
+      warps read it from there (``unit_schedule.wait_ring_unit``), and Q loads only for units with keys.
 
     Page ids need no check here: :func:`_page_row` turns an id outside the pool into -1 (never read), and the CTAs'
     scan at the kernel's start (``unit_schedule.scan_page_ids``) marked every request holding one."""

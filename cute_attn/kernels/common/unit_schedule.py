@@ -55,7 +55,7 @@ barrier, so each read is ordered before the rewrite that waits on it; ``tests/te
 argument for the ring's size as a model).
 
 The sm_100a twins' roles drift apart by up to the Q and K stages, so there the ring is a pipeline of its own
-(:func:`send_ring_unit` / :func:`take_ring_unit`: an entry's full barrier takes the producer lane's arrival, its empty
+(:func:`send_ring_unit` / :func:`wait_ring_unit`: an entry's full barrier takes the producer lane's arrival, its empty
 barrier every reading thread's, after each copied the fields into registers).
 """
 
@@ -261,24 +261,29 @@ def send_ring_unit(pipe_u, u_state, ring: cute.Tensor, request, local, qo_indptr
 
 
 @cute.jit
-def take_ring_unit(pipe_u, u_state, ring: cute.Tensor):
-    """A unit pipeline's consuming thread: wait for the next entry, read its fields, release it (each reader
-    arrives itself, after its reads). Returns ``(u_state, valid, request, kv_head, q_row_start, q_row_count, kv_end,
-    causal_offset, kv_len)``, flat: a loop must rebind each as a plain local (the tracer threads those, not the
-    members of a tuple made inside the loop)."""
+def wait_ring_unit(pipe_u, u_state, ring: cute.Tensor) -> Int32:
+    """A unit pipeline's consuming thread: wait for the next entry (held until :func:`release_ring_unit`) and return
+    its ``VALID`` (0: the end). A role's loop carries only this and the state; the fields it needs are read inside
+    the loop (:func:`ring_unit_fields`), so none is live across the loop's back edge (carrying all eight cost the
+    sm_100a MLA kernel 24 bytes of spills at its 128 registers a thread)."""
     pipe_u.consumer_wait(u_state)
+    return ring[u_state.index, int(SlotField.VALID)]
+
+
+@cute.jit
+def ring_unit_fields(ring: cute.Tensor, u_state):
+    """The held entry's ``(request, kv_head, q_row_start, q_row_count, kv_end, causal_offset, kv_len)``."""
     i = u_state.index
-    valid = ring[i, int(SlotField.VALID)]
-    request = ring[i, int(SlotField.REQUEST)]
-    kv_head = ring[i, int(SlotField.KV_HEAD)]
-    row_start = ring[i, int(SlotField.Q_ROW_START)]
-    row_count = ring[i, int(SlotField.Q_ROW_COUNT)]
-    kv_end = ring[i, int(SlotField.KV_END)]
-    offset = ring[i, int(SlotField.CAUSAL_OFFSET)]
-    kv_len = ring[i, int(SlotField.KV_LEN)]
+    return (ring[i, int(SlotField.REQUEST)], ring[i, int(SlotField.KV_HEAD)], ring[i, int(SlotField.Q_ROW_START)],
+            ring[i, int(SlotField.Q_ROW_COUNT)], ring[i, int(SlotField.KV_END)], ring[i, int(SlotField.CAUSAL_OFFSET)],
+            ring[i, int(SlotField.KV_LEN)])
+
+
+@cute.jit
+def release_ring_unit(pipe_u, u_state):
+    """Give the held entry back (every reading thread arrives itself, after its reads) and step to the next."""
     pipe_u.consumer_release(u_state)
     u_state.advance()
-    return u_state, valid, request, kv_head, row_start, row_count, kv_end, offset, kv_len
 
 
 @cute.jit
@@ -305,7 +310,8 @@ def end_of_work(pipe_q, q_state, slots: cute.Tensor):
 def batch_rules(qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, num_indices, total_q, tidx,
                 num_threads: cutlass.Constexpr, words: cute.Tensor, group: cutlass.Constexpr,
                 rows: cutlass.Constexpr, kv_heads: cutlass.Constexpr, kv_last_page_len: cute.Tensor,
-                error_word: cute.Tensor, report_requests, page_size: cutlass.Constexpr, kv_tile: cutlass.Constexpr):
+                error_word: cute.Tensor, report_requests, page_size: cutlass.Constexpr, kv_tile: cutlass.Constexpr,
+                barrier_id: cutlass.Constexpr = None):
     """(fault bits, units) of the batch, on every thread of the CTA (all call it; ``words``: ``2 * num_threads // 32``
     shared int32, scratch): one pass of ``num_threads`` requests at a time, then a block reduction. Where
     ``report_requests`` (one CTA), each request's own rules go to the error word as well."""
@@ -350,7 +356,7 @@ def batch_rules(qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, num_indices, tot
     if tidx % WARP == 0:
         words[warp] = units
         words[num_warps + warp] = bad
-    cute.arch.sync_threads()
+    _sync(num_threads, barrier_id)
     total = Int32(0)
     faults = Int32(0)
     for w in cutlass.range_constexpr(num_warps):
@@ -365,14 +371,15 @@ def check_batch(tidx, cta, num_threads: cutlass.Constexpr, qo_indptr: cute.Tenso
                 slots: cute.Tensor, rule_words: cute.Tensor, request_faults: cute.Tensor, unit_state: cute.Tensor,
                 error_word: cute.Tensor, num_pages, group: cutlass.Constexpr, rows: cutlass.Constexpr,
                 kv_heads: cutlass.Constexpr, head_dim: cutlass.Constexpr, page_size: cutlass.Constexpr,
-                kv_tile: cutlass.Constexpr, row_slots=None):
+                kv_tile: cutlass.Constexpr, row_slots=None, barrier_id: cutlass.Constexpr = None):
     """A self-scheduling kernel's start, every thread of the CTA before the roles split: the batch's rules and units
     (:func:`batch_rules`; CTA 0 reports each request's own); a broken batch gets no unit and this CTA writes its
     grid-stride share of the rows 0 / lse -inf (CTA 0 records the fault), a valid one has its page ids scanned, a
-    share a CTA (:func:`scan_page_ids`). Returns the roles' :class:`UnitSource`."""
+    share a CTA (:func:`scan_page_ids`). Returns the roles' :class:`UnitSource`. ``barrier_id``: the threads calling it
+    are one role's (``num_threads`` of them, a named barrier), not the CTA's."""
     faults, total = batch_rules(qo_indptr, kv_indptr, kv_indices.shape[0], output.shape[0], tidx, num_threads,
                                 rule_words, group, rows, kv_heads, kv_last_page_len, error_word, cta == 0, page_size,
-                                kv_tile)
+                                kv_tile, barrier_id)
     if faults != 0:
         total = Int32(0)
         grid, _, _ = cute.arch.grid_dim()
@@ -383,9 +390,18 @@ def check_batch(tidx, cta, num_threads: cutlass.Constexpr, qo_indptr: cute.Tenso
         scan_page_ids(kv_indptr, kv_indices, num_pages, tidx, num_threads, unit_state, request_faults, error_word)
     # any thread's marks happen before this CTA's count (finish_schedule), whose release the last CTA reads, and
     # every read of rule_words before the count reuses it
-    cute.arch.sync_threads()
+    _sync(num_threads, barrier_id)
     return UnitSource(unit_state, slots, row_slots, request_faults, kv_last_page_len, error_word, num_pages,
                       kv_indptr.shape[0] - 1, total)
+
+
+@cute.jit
+def _sync(num_threads: cutlass.Constexpr, barrier_id: cutlass.Constexpr):
+    """The CTA's barrier, or (``barrier_id``) the named one of the ``num_threads`` threads of one role."""
+    if cutlass.const_expr(barrier_id is None):
+        cute.arch.sync_threads()
+    else:
+        cute.arch.barrier(barrier_id=barrier_id, number_of_threads=num_threads)
 
 
 @cute.jit

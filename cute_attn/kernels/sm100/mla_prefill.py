@@ -99,7 +99,8 @@ from ..common.decode_merge import fold_completed_merges
 from ..common.limits import TMEM_COLUMNS, mla_definition_reason, row_gather_choice_reason, smem_reason, target_reason
 from ..common.mla import (CKV_DIM, DEFINITION_PAGE_SIZES, KIND, KPE_DIM, QK_DIM, definition_config,
                           MlaEntries, fold_arrival_bytes, load_q_and_kv_tiles, load_units, mla_entry, row_view)
-from ..common.unit_schedule import (SLOT_FIELDS, UNIT_RING, check_batch, finish_schedule, take_ring_unit)
+from ..common.unit_schedule import (SLOT_FIELDS, UNIT_RING, check_batch, finish_schedule, release_ring_unit,
+                                    ring_unit_fields, wait_ring_unit)
 from ..common.tma_issue import make_gather4_atom, tma_descriptor_address
 from ..common.launch_chain import wait_for_previous_grid
 from .prefill_setup import PrefillBarriers
@@ -283,10 +284,11 @@ class MlaPagedPrefillSm100(MlaEntries):
         if cutlass.const_expr(merge_indptr is not None):
             arrival = smem.allocate_tensor(Int32, cute.make_layout((1,)), 16)
         pipe_u = None  # dynamic_schedule: the unit pipeline, load warpgroup -> the other roles
+        ring = None
         if cutlass.const_expr(self.dynamic):
             ring = smem.allocate_tensor(Int32, cute.make_layout((UNIT_RING, SLOT_FIELDS), stride=(SLOT_FIELDS, 1)), 16)
-            # the vector ring's first words: idle before the roles start (the rules) and after the softmax warps'
-            # last send has been read (finish_schedule's count)
+            # the vector ring's first words: idle before the first unit is sent (the load warpgroup's rules) and after
+            # the softmax warps' last send has been read (finish_schedule's count)
             rule_words = cute.make_tensor(cute.recast_ptr(s_vec.iterator, dtype=Int32),
                                           cute.make_layout((2 * NUM_THREADS // 32,)))
             mbar_u = smem.allocate_array(Int64, 2 * UNIT_RING, byte_alignment=8)
@@ -313,16 +315,12 @@ class MlaPagedPrefillSm100(MlaEntries):
         wait_for_previous_grid(self.releases_dependents)
         item_begin = Int32(0)
         item_end = Int32(0)
-        source = None  # dynamic_schedule: the counter, the marks and the ring (unit_schedule.UnitSource)
-        units = {}  # dynamic_schedule: what the roles read their units from (each makes its own pipeline state)
+        units = {}  # dynamic_schedule: the ring the roles read their units from (each makes its own pipeline state)
         if cutlass.const_expr(not self.dynamic):
             item_begin = work_indptr[cta]
             item_end = work_indptr[cta + 1]
         else:
-            source = check_batch(tidx, cta, NUM_THREADS, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output,
-                                 lse, ring, rule_words, request_faults, unit_state, error_word, num_pages, self.group,
-                                 self.tile_m, 1, CKV_DIM, self.page_size, self.tile_n)
-            units = dict(source=source, pipe_u=pipe_u)
+            units = dict(ring=ring, pipe_u=pipe_u)
         if warp_idx < _WARP_CORRECTION:
             cute.arch.setmaxregister_increase(_REGS_SOFTMAX)
             self.softmax_role(tmem, p_buf, s_vec, items, item_begin, item_end, scale_log2, pipe_s, pipe_p, pipe_c,
@@ -353,11 +351,19 @@ class MlaPagedPrefillSm100(MlaEntries):
                 cpasync.prefetch_descriptor(tma_atom_kpe)
             gather4 = (tma_descriptor_address(tma_atom_ckv), tma_descriptor_address(tma_atom_kpe))
             if cutlass.const_expr(self.dynamic):
+                # the batch's rules and page-id scan by the load warpgroup alone, the one role that needs the batch's
+                # units: at the kernel's start, before the roles split, all 512 threads' 128 registers spilled ~160
+                # bytes over the rules' loop (ptxas); the other roles learn everything from the ring
+                source = check_batch(tidx - 32 * _WARP_LOAD, cta, LOAD_THREADS, qo_indptr, kv_indptr, kv_indices,
+                                     kv_last_page_len, output, lse, ring, rule_words, request_faults, unit_state,
+                                     error_word, num_pages, self.group, self.tile_m, 1, CKV_DIM, self.page_size,
+                                     self.tile_n, barrier_id=_BAR_IDS)
                 load_units(tidx - 32 * _WARP_LOAD, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr,
                            kv_indices, q_buf, kv_buf, s_ids, pipe_q, pipe_kv,
-                           cpipe.make_pipeline_state(producer, Q_STAGES), cpipe.make_pipeline_state(producer, KV_STAGES),
-                           source, group=self.group, num_threads=LOAD_THREADS, ids_barrier=_BAR_IDS,
-                           page_size=self.page_size, q_for_keyless_items=False, kv_gather4=gather4, pipe_u=pipe_u)
+                           cpipe.make_pipeline_state(producer, Q_STAGES),
+                           cpipe.make_pipeline_state(producer, KV_STAGES), source, group=self.group,
+                           num_threads=LOAD_THREADS, ids_barrier=_BAR_IDS, page_size=self.page_size,
+                           q_for_keyless_items=False, kv_gather4=gather4, pipe_u=pipe_u)
             else:
                 load_q_and_kv_tiles(tidx - 32 * _WARP_LOAD, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr,
                                     kv_indices, items, item_begin, item_end, q_buf, kv_buf, s_ids, pipe_q, pipe_kv,
@@ -397,7 +403,7 @@ class MlaPagedPrefillSm100(MlaEntries):
     @cute.jit
     def mma_role(self, tiled_mma_qk, tiled_mma_pv, s_q, s_k, s_vt, s_p, tmem, items, item_begin: Int32,
                  item_end: Int32, pipe_q, pipe_kv, pipe_s, pipe_p, pipe_o, q_state, kv_state, kv_pv_state, s_state,
-                 p_state, o_state, source=None, pipe_u=None):
+                 p_state, o_state, ring=None, pipe_u=None):
         M, N = self.tile_m, self.tile_n
         tmem_ptr = tmem.base()
         thr_qk = tiled_mma_qk.get_slice(0)
@@ -412,19 +418,21 @@ class MlaPagedPrefillSm100(MlaEntries):
         t_rp = thr_pv.make_fragment_B(s_p)
         mma = (tiled_mma_qk, tiled_mma_pv, t_rq, t_rk, t_rvt, t_rp, t_s, t_o)
         pipes = (pipe_q, pipe_kv, pipe_s, pipe_p, pipe_o)
-        if cutlass.const_expr(source is None):
+        if cutlass.const_expr(ring is None):
             for it in cutlass.range(item_begin, item_end, unroll=1):
                 q_state, kv_state, kv_pv_state, s_state, p_state, o_state = self._mma_item(
                     mma, pipes, (q_state, kv_state, kv_pv_state, s_state, p_state, o_state),
                     num_key_tiles(items[it, int(F.KV_START)], items[it, int(F.KV_END)], N))
         else:
             u_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, UNIT_RING)  # this role's own
-            u_state, valid, b, h, r0, rows, kv_end, offset, kv_len = take_ring_unit(pipe_u, u_state, source.slots)
+            valid = wait_ring_unit(pipe_u, u_state, ring)
             while valid != 0:
+                _, _, _, _, kv_end, _, _ = ring_unit_fields(ring, u_state)
+                release_ring_unit(pipe_u, u_state)
                 q_state, kv_state, kv_pv_state, s_state, p_state, o_state = self._mma_item(
                     mma, pipes, (q_state, kv_state, kv_pv_state, s_state, p_state, o_state),
                     num_key_tiles(Int32(0), kv_end, N))
-                u_state, valid, b, h, r0, rows, kv_end, offset, kv_len = take_ring_unit(pipe_u, u_state, source.slots)
+                valid = wait_ring_unit(pipe_u, u_state, ring)
 
     @cute.jit
     def _mma_item(self, mma, pipes, states, n: Int32):
@@ -490,7 +498,7 @@ class MlaPagedPrefillSm100(MlaEntries):
     # ------------------------------------------------------------------------------- softmax
     @cute.jit
     def softmax_role(self, tmem, p_buf, s_vec, items, item_begin: Int32, item_end: Int32, scale_log2: Float32,
-                     pipe_s, pipe_p, pipe_c, s_state, p_state, c_state, tid: Int32, source=None, pipe_u=None):
+                     pipe_s, pipe_p, pipe_c, s_state, p_state, c_state, tid: Int32, ring=None, pipe_u=None):
         G, N = self.group, self.tile_n
         tmem_ptr = tmem.base()
         t_s = self.lane_view(tmem_ptr, self.s_col, N)
@@ -511,18 +519,20 @@ class MlaPagedPrefillSm100(MlaEntries):
 
         tensors = (tiled_ld, t_ld_s, t_ld_c, r_s, r_p, r_p_chunks, s_p_chunks, s_vec, valid, row)
         pipes = (pipe_s, pipe_p, pipe_c)
-        if cutlass.const_expr(source is None):
+        if cutlass.const_expr(ring is None):
             for it in cutlass.range(item_begin, item_end, unroll=1):
                 s_state, p_state, c_state = self._softmax_item(
                     tensors, pipes, (s_state, p_state, c_state), begin_softmax_item(items, it, row, G, N), scale_log2)
         else:
             u_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, UNIT_RING)  # this role's own
-            u_state, live, b, h, r0, rows, kv_end, offset, kv_len = take_ring_unit(pipe_u, u_state, source.slots)
+            live = wait_ring_unit(pipe_u, u_state, ring)
             while live != 0:
+                _, _, r0, _, kv_end, offset, _ = ring_unit_fields(ring, u_state)
+                release_ring_unit(pipe_u, u_state)
                 s_state, p_state, c_state = self._softmax_item(
                     tensors, pipes, (s_state, p_state, c_state),
                     begin_softmax_unit(r0, Int32(0), kv_end, offset, row, G, N), scale_log2)
-                u_state, live, b, h, r0, rows, kv_end, offset, kv_len = take_ring_unit(pipe_u, u_state, source.slots)
+                live = wait_ring_unit(pipe_u, u_state, ring)
 
     @cute.jit
     def _softmax_item(self, tensors, pipes, states, header, scale_log2: Float32):
@@ -561,7 +571,7 @@ class MlaPagedPrefillSm100(MlaEntries):
     @cute.jit
     def correction_role(self, tmem, s_vec, items, item_begin: Int32, item_end: Int32, qo_indptr, output, lse,
                         partial_out, partial_lse, scale_log2: Float32, lse_out_scale: Float32, pipe_o, pipe_c,
-                        o_state, c_state, tid: Int32, source=None, pipe_u=None):
+                        o_state, c_state, tid: Int32, ring=None, pipe_u=None):
         """Per item (or unit, from the unit pipeline): O's rescales, then the epilogue (:meth:`_correction_item`)."""
         N, M, C = self.tile_n, self.tile_m, self.o_piece
         tmem_ptr = tmem.base()
@@ -579,7 +589,7 @@ class MlaPagedPrefillSm100(MlaEntries):
 
         tensors = (tiled_ld, tiled_st, t_ld_o, t_st_o, r_o, r_scale, s_vec, tid)
         outputs = (qo_indptr, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale)
-        if cutlass.const_expr(source is None):
+        if cutlass.const_expr(ring is None):
             for it in cutlass.range(item_begin, item_end, unroll=1):
                 o_state, c_state = self._correction_item(
                     tensors, outputs, pipe_o, pipe_c, o_state, c_state, items[it, int(F.REQUEST)],
@@ -587,12 +597,14 @@ class MlaPagedPrefillSm100(MlaEntries):
                     num_key_tiles(items[it, int(F.KV_START)], items[it, int(F.KV_END)], N))
         else:
             u_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, UNIT_RING)  # this role's own
-            u_state, valid, b, h, r0, rows, kv_end, offset, kv_len = take_ring_unit(pipe_u, u_state, source.slots)
+            valid = wait_ring_unit(pipe_u, u_state, ring)
             while valid != 0:
+                b, _, r0, rows, kv_end, _, _ = ring_unit_fields(ring, u_state)
+                release_ring_unit(pipe_u, u_state)
                 # partial slot -1 as a Python int: a unit is never split, so only the final stores are traced
                 o_state, c_state = self._correction_item(tensors, outputs, pipe_o, pipe_c, o_state, c_state, b, r0,
                                                          rows, -1, num_key_tiles(Int32(0), kv_end, N))
-                u_state, valid, b, h, r0, rows, kv_end, offset, kv_len = take_ring_unit(pipe_u, u_state, source.slots)
+                valid = wait_ring_unit(pipe_u, u_state, ring)
 
     @cute.jit
     def _correction_item(self, tensors, outputs, pipe_o, pipe_c, o_state, c_state, b: Int32, r0: Int32,
