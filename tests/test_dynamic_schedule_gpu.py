@@ -72,82 +72,22 @@ def test_bench_shapes_and_small_grids(num_sms):
 
 
 def test_page_faults_empty_their_requests_and_clear():
-    """A page id outside the pool: the request's rows 0 / lse -inf (every unit of it, whichever CTA took it), the
-    others the reference's, the error word names kv_indices; the next clean call is right (marks cleared)."""
-    from cute_attn.device_errors import DeviceIndexError
-
+    """A page id outside the pool: the request's rows 0 / lse -inf, the others the reference's, the error names
+    kv_indices; the next clean call is right (``unit_scratch.check_page_faults``)."""
     case = testing.make_gqa_prefill_case([300, 5, 260, 40], [300, 900, 2000, 40], device="cuda", seed=5)
-    ref_out, ref_lse = case.reference()
-    kvp = case.kv_indptr.tolist()
-    saved = case.kv_indices.clone()
-    for k, b in enumerate((2, 0)):
-        rows = slice(int(case.qo_indptr[b]), int(case.qo_indptr[b + 1]))
-        ref_out[rows], ref_lse[rows] = 0, float("-inf")
-        case.kv_indices[kvp[b + 1] - 1] = -3 if k else case.k_cache.shape[0] + 7
-    out, lse = case.new_outputs()
-    cute_attn.gqa_paged_prefill(*case.inputs(), out, lse)
-    torch.cuda.synchronize()
-    testing.assert_close_benchmark(out, ref_out, "faulted output")
-    testing.assert_close_benchmark(lse, ref_lse, "faulted lse")
-    with pytest.raises(DeviceIndexError, match="kv_indices"):
-        cute_attn.raise_on_device_error()
-    case.kv_indices.copy_(saved)
-    _assert_matches_reference(case, "clean again")
+    unit_scratch.check_page_faults(cute_attn.gqa_paged_prefill, case, case.k_cache.shape[0])
 
 
 def test_hostile_index_tensors_are_contained_and_reported():
-    """Every corruption the hostile module draws (page ids, indptrs, last page lengths): no error at the call, every
-    row written (the pool's NaN never reaches one), the error names the argument; then a good batch is right."""
-    from cute_attn import hostile
-
+    """Every corruption the hostile module draws is contained and reported (``unit_scratch.check_hostile_calls``)."""
     case = testing.make_gqa_prefill_case([5, 0, 40, 300], [300, 3, 40, 700], device="cuda", seed=22)
-    kinds = [k for k in hostile.applicable_kinds(case) if k in hostile.INPUT_ERROR_KINDS]
-
-    @settings(max_examples=16, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(drawn=hostile.corruptions(case, kinds))
-    def check(drawn):
-        bad_case, corruption = drawn
-        out, lse = bad_case.new_outputs()
-        cute_attn.gqa_paged_prefill(*bad_case.inputs(), out, lse)
-        torch.cuda.synchronize()
-        assert not torch.isnan(out).any() and not torch.isnan(lse).any(), f"{corruption.description}: rows unwritten"
-        with pytest.raises(ValueError) as err:
-            cute_attn.raise_on_device_error()
-        named = hostile.first_named_argument(str(err.value))
-        assert named == corruption.names, f"{corruption.description}: names {named!r}: {err.value}"
-
-    check()
-    _assert_matches_reference(case, "after hostile calls")
+    unit_scratch.check_hostile_calls(cute_attn.gqa_paged_prefill, case, max_examples=16)
 
 
 def test_captured_call_replays_across_batches():
-    """One call captured in a CUDA graph at fixed shapes (batch, total_q, pool), replayed after the index tensors were
-    refilled in place with other lengths and page tables: each replay equals the reference of what they then hold."""
-    rng = np.random.default_rng(7)
+    """A captured call, replayed across refilled batches, equals their references (``unit_scratch.check_replays``)."""
     batch, total_q, page_size = 6, 1200, 16
     case = testing.make_gqa_prefill_case([200] * batch, [1500] * batch, page_size=page_size, device="cuda", seed=3,
                                          extra_pages=400)
-    case.k_cache.normal_()  # every page may be drawn below: no NaN poison here
-    case.v_cache.normal_()
-    out, lse = case.new_outputs()
-    inputs = case.inputs()
-    cute_attn.gqa_paged_prefill(*inputs, out, lse)  # the route's buffers, outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        cute_attn.gqa_paged_prefill(*inputs, out, lse)
-    for step in range(4):
-        cuts = np.sort(rng.choice(np.arange(1, total_q), size=batch - 1, replace=False))
-        q_lens = np.diff(np.concatenate([[0], cuts, [total_q]])).tolist()
-        kv_lens = [q + int(rng.integers(0, 1200)) for q in q_lens]
-        case.qo_indptr.copy_(torch.tensor(np.concatenate([[0], np.cumsum(q_lens)]), dtype=torch.int32))
-        testing.refill_page_table(kv_lens, page_size, case.kv_indptr, case.kv_indices, case.kv_last_page_len, rng)
-        out.fill_(float("nan"))
-        lse.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        ref_out, ref_lse = case.reference()  # of the index tensors as they now hold
-        testing.assert_close_benchmark(out, ref_out, f"replay {step} output")
-        testing.assert_close_benchmark(lse, ref_lse, f"replay {step} lse")
-    cute_attn.raise_on_device_error()
-
+    unit_scratch.check_replays(cute_attn.gqa_paged_prefill, case, (case.k_cache, case.v_cache), total_q, page_size,
+                               steps=4, max_extra_keys=1200, rng=np.random.default_rng(7))

@@ -20,7 +20,6 @@ CPU only.
 from __future__ import annotations
 
 import argparse
-import heapq
 import json
 import sys
 from pathlib import Path
@@ -29,6 +28,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from dynamic_schedule_model import greedy_makespan  # noqa: E402  (the same list scheduling as the prefill model)
 
 
 def rows() -> dict:
@@ -71,15 +72,6 @@ def chunk_costs(config, kv_lens, chunk: int) -> tuple[np.ndarray, int]:
         for _ in range(config.num_kv_heads):
             costs.extend(keys)
     return _cost(np.asarray(costs, dtype=np.int64), config), merges * config.num_kv_heads
-
-
-def greedy_makespan(costs: np.ndarray, num_ctas: int) -> int:
-    """Busiest CTA when each unit, in order, goes to the CTA that frees first (ties: the lower CTA)."""
-    heap = [(0, cta) for cta in range(num_ctas)]
-    for c in costs:
-        load, cta = heapq.heappop(heap)
-        heapq.heappush(heap, (load + int(c), cta))
-    return max(load for load, _ in heap)
 
 
 def main(argv=None) -> int:

@@ -103,6 +103,27 @@ class UnitSource:
         self.num_pages, self.batch, self.total = num_pages, batch, total
 
 
+def dynamic_launch(units, work_indptr) -> tuple:
+    """``(kernel keyword arguments, grid CTAs)`` of a launch: a self-scheduling entry's ``units`` (``call_dynamic``:
+    ``(kv_last_page_len, request_faults, unit_state, num_ctas, error_word, num_pages)``) as the kernel's arguments of
+    those names and its grid; a planned launch (``units`` None): none, and one CTA a plan slot."""
+    if units is None:
+        return {}, work_indptr.shape[0] - 1
+    kv_last_page_len, request_faults, unit_state, num_ctas, error_word, num_pages = units
+    return dict(kv_last_page_len=kv_last_page_len, request_faults=request_faults, unit_state=unit_state,
+                error_word=error_word, num_pages=num_pages), num_ctas
+
+
+def ring_smem_bytes(rule_threads: int = 0, pipeline: bool = False) -> int:
+    """Shared memory a self-scheduling build adds for its unit ring (16-byte aligned), the ring's full / empty
+    mbarriers where it is a unit pipeline (sm_100a), and the batch rules' two words a warp of ``rule_threads``
+    threads (0: the kernel lends them from a buffer of its own)."""
+    ring = 4 * UNIT_RING * SLOT_FIELDS + 16
+    barriers = 8 * 2 * UNIT_RING + 16 if pipeline else 0
+    words = 4 * 2 * rule_threads // 32 + 16 if rule_threads else 0
+    return ring + barriers + words
+
+
 @cute.jit
 def take_unit(unit_state: cute.Tensor, lane) -> Int32:
     """The warp's next unit index (one relaxed atomic by lane 0, broadcast)."""
@@ -261,10 +282,20 @@ def send_ring_unit(pipe_u, u_state, ring: cute.Tensor, request, local, qo_indptr
 
 
 @cute.jit
+def first_ring_unit(pipe_u, ring: cute.Tensor):
+    """A consuming role's start: its own pipeline state (each role makes one inside its branch: one state object
+    shared by the role branches fails to trace) and the first entry's ``VALID`` (:func:`wait_ring_unit`)."""
+    from cutlass import pipeline as cpipe
+
+    u_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, UNIT_RING)
+    return u_state, wait_ring_unit(pipe_u, u_state, ring)
+
+
+@cute.jit
 def wait_ring_unit(pipe_u, u_state, ring: cute.Tensor) -> Int32:
     """A unit pipeline's consuming thread: wait for the next entry (held until :func:`release_ring_unit`) and return
     its ``VALID`` (0: the end). A role's loop carries only this and the state; the fields it needs are read inside
-    the loop (:func:`ring_unit_fields`), so none is live across the loop's back edge (carrying all eight cost the
+    the loop (:func:`take_held_unit`), so none is live across the loop's back edge (carrying all eight cost the
     sm_100a MLA kernel 24 bytes of spills at its 128 registers a thread)."""
     pipe_u.consumer_wait(u_state)
     return ring[u_state.index, int(SlotField.VALID)]
@@ -280,10 +311,13 @@ def ring_unit_fields(ring: cute.Tensor, u_state):
 
 
 @cute.jit
-def release_ring_unit(pipe_u, u_state):
-    """Give the held entry back (every reading thread arrives itself, after its reads) and step to the next."""
+def take_held_unit(pipe_u, u_state, ring: cute.Tensor):
+    """The held entry's fields (:func:`ring_unit_fields`), then the entry given back (every reading thread arrives
+    itself, after its reads) and the state stepped to the next."""
+    fields = ring_unit_fields(ring, u_state)
     pipe_u.consumer_release(u_state)
     u_state.advance()
+    return fields
 
 
 @cute.jit

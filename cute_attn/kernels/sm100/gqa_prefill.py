@@ -90,7 +90,8 @@ from ..common.limits import TMEM_COLUMNS, page_box_reason, row_gather_choice_rea
 from ..common.packed_q import q_box_stage_layout
 from ..common.tma_issue import GATHER4_PAGE_SIZES, make_gather4_atom, pages_as_rows
 from ..common.launch_chain import wait_for_previous_grid
-from ..common.unit_schedule import SLOT_FIELDS, UNIT_RING, check_batch, finish_schedule
+from ..common.unit_schedule import (SLOT_FIELDS, UNIT_RING, check_batch, dynamic_launch, finish_schedule,
+                                    ring_smem_bytes)
 from .prefill_roles import PrefillRoles
 from .prefill_setup import PrefillBarriers
 
@@ -142,11 +143,8 @@ def smem_bytes(config: PagedAttentionConfig) -> int:
 
 
 def _unit_bytes(config: PagedAttentionConfig) -> int:
-    """``dynamic_schedule``: the unit ring, its full / empty mbarriers and the batch rules' reduction words (each
-    16-byte aligned); 0 otherwise."""
-    if not config.dynamic_schedule:
-        return 0
-    return 4 * UNIT_RING * SLOT_FIELDS + 16 + 8 * 2 * UNIT_RING + 16 + 4 * 2 * NUM_THREADS // 32 + 16
+    """``dynamic_schedule``: the unit pipeline's ring and mbarriers, the batch rules' reduction words; 0 otherwise."""
+    return ring_smem_bytes(rule_threads=NUM_THREADS, pipeline=True) if config.dynamic_schedule else 0
 
 
 def check_config(config: PagedAttentionConfig) -> str | None:
@@ -272,14 +270,7 @@ class GqaPagedPrefillSm100(PrefillRoles):
             tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(g2s, m_k, s_page_layout, (self.page_size, D))
             tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(g2s, m_v, s_page_layout, (self.page_size, D))
 
-        dynamic = {}
-        num_ctas = None
-        if cutlass.const_expr(units is not None):
-            kv_last_page_len, request_faults, unit_state, num_ctas, error_word, num_pages = units
-            dynamic = dict(kv_last_page_len=kv_last_page_len, request_faults=request_faults, unit_state=unit_state,
-                           error_word=error_word, num_pages=num_pages)
-        else:
-            num_ctas = work_indptr.shape[0] - 1
+        dynamic, num_ctas = dynamic_launch(units, work_indptr)  # (common/unit_schedule.py)
         self.kernel(
             tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v, qo_indptr, kv_indptr, kv_indices,
             work_indptr, items, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,

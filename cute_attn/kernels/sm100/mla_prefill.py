@@ -99,8 +99,8 @@ from ..common.decode_merge import fold_completed_merges
 from ..common.limits import TMEM_COLUMNS, mla_definition_reason, row_gather_choice_reason, smem_reason, target_reason
 from ..common.mla import (CKV_DIM, DEFINITION_PAGE_SIZES, KIND, KPE_DIM, QK_DIM, definition_config,
                           MlaEntries, fold_arrival_bytes, load_q_and_kv_tiles, load_units, mla_entry, row_view)
-from ..common.unit_schedule import (SLOT_FIELDS, UNIT_RING, check_batch, finish_schedule, release_ring_unit,
-                                    ring_unit_fields, wait_ring_unit)
+from ..common.unit_schedule import (SLOT_FIELDS, UNIT_RING, check_batch, dynamic_launch, finish_schedule,
+                                    first_ring_unit, ring_smem_bytes, take_held_unit, wait_ring_unit)
 from ..common.tma_issue import make_gather4_atom, tma_descriptor_address
 from ..common.launch_chain import wait_for_previous_grid
 from .prefill_setup import PrefillBarriers
@@ -150,12 +150,10 @@ def smem_bytes(config: PagedAttentionConfig) -> int:
 
 
 def _unit_bytes(config: PagedAttentionConfig) -> int:
-    """``dynamic_schedule``: the unit ring (16-byte aligned) and its full / empty mbarriers; 0 otherwise. The batch
-    rules' reduction words and the count-out word borrow the vector ring, idle at the kernel's start and end (the
-    kernel is 148 bytes under the limit without them)."""
-    if not config.dynamic_schedule:
-        return 0
-    return 4 * UNIT_RING * SLOT_FIELDS + 16 + 8 * 2 * UNIT_RING + 8
+    """``dynamic_schedule``: the unit pipeline's ring and mbarriers; 0 otherwise. The batch rules' reduction words and
+    the count-out word borrow the vector ring, idle before the first unit is sent and after the last row values were
+    read (the kernel is 148 bytes under the limit without them)."""
+    return ring_smem_bytes(pipeline=True) if config.dynamic_schedule else 0
 
 
 def check_config(config: PagedAttentionConfig) -> str | None:
@@ -242,14 +240,7 @@ class MlaPagedPrefillSm100(MlaEntries):
         tma_atom_ckv, _ = make_gather4_atom(g2s, row_view(ckv_cache, CKV_DIM), s_kv_rows)
         tma_atom_kpe, _ = make_gather4_atom(g2s, row_view(kpe_cache, KPE_DIM), s_kv_rows)
 
-        dynamic = {}
-        num_ctas = None
-        if cutlass.const_expr(units is not None):
-            kv_last_page_len, request_faults, unit_state, num_ctas, error_word, num_pages = units
-            dynamic = dict(kv_last_page_len=kv_last_page_len, request_faults=request_faults, unit_state=unit_state,
-                           error_word=error_word, num_pages=num_pages)
-        else:
-            num_ctas = work_indptr.shape[0] - 1
+        dynamic, num_ctas = dynamic_launch(units, work_indptr)  # (common/unit_schedule.py)
         self.kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
                     output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv,
                     s_q_layout, s_k_layout, s_vt_layout, s_p_layout, s_q_rows, s_kv_rows, s_p_rows, tma_atom_ckv,
@@ -424,11 +415,9 @@ class MlaPagedPrefillSm100(MlaEntries):
                     mma, pipes, (q_state, kv_state, kv_pv_state, s_state, p_state, o_state),
                     num_key_tiles(items[it, int(F.KV_START)], items[it, int(F.KV_END)], N))
         else:
-            u_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, UNIT_RING)  # this role's own
-            valid = wait_ring_unit(pipe_u, u_state, ring)
+            u_state, valid = first_ring_unit(pipe_u, ring)
             while valid != 0:
-                _, _, _, _, kv_end, _, _ = ring_unit_fields(ring, u_state)
-                release_ring_unit(pipe_u, u_state)
+                _, _, _, _, kv_end, _, _ = take_held_unit(pipe_u, u_state, ring)
                 q_state, kv_state, kv_pv_state, s_state, p_state, o_state = self._mma_item(
                     mma, pipes, (q_state, kv_state, kv_pv_state, s_state, p_state, o_state),
                     num_key_tiles(Int32(0), kv_end, N))
@@ -524,11 +513,9 @@ class MlaPagedPrefillSm100(MlaEntries):
                 s_state, p_state, c_state = self._softmax_item(
                     tensors, pipes, (s_state, p_state, c_state), begin_softmax_item(items, it, row, G, N), scale_log2)
         else:
-            u_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, UNIT_RING)  # this role's own
-            live = wait_ring_unit(pipe_u, u_state, ring)
+            u_state, live = first_ring_unit(pipe_u, ring)
             while live != 0:
-                _, _, r0, _, kv_end, offset, _ = ring_unit_fields(ring, u_state)
-                release_ring_unit(pipe_u, u_state)
+                _, _, r0, _, kv_end, offset, _ = take_held_unit(pipe_u, u_state, ring)
                 s_state, p_state, c_state = self._softmax_item(
                     tensors, pipes, (s_state, p_state, c_state),
                     begin_softmax_unit(r0, Int32(0), kv_end, offset, row, G, N), scale_log2)
@@ -596,11 +583,9 @@ class MlaPagedPrefillSm100(MlaEntries):
                     items[it, int(F.Q_ROW_START)], items[it, int(F.Q_ROW_COUNT)], items[it, int(F.PARTIAL_SLOT)],
                     num_key_tiles(items[it, int(F.KV_START)], items[it, int(F.KV_END)], N))
         else:
-            u_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, UNIT_RING)  # this role's own
-            valid = wait_ring_unit(pipe_u, u_state, ring)
+            u_state, valid = first_ring_unit(pipe_u, ring)
             while valid != 0:
-                b, _, r0, rows, kv_end, _, _ = ring_unit_fields(ring, u_state)
-                release_ring_unit(pipe_u, u_state)
+                b, _, r0, rows, kv_end, _, _ = take_held_unit(pipe_u, u_state, ring)
                 # partial slot -1 as a Python int: a unit is never split, so only the final stores are traced
                 o_state, c_state = self._correction_item(tensors, outputs, pipe_o, pipe_c, o_state, c_state, b, r0,
                                                          rows, -1, num_key_tiles(Int32(0), kv_end, N))

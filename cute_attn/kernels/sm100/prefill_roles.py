@@ -14,7 +14,7 @@ Per item with ``n`` key tiles (``n = 0``: only the correction role acts, writing
 
 Self-scheduling builds (``dynamic_schedule``; ``common/unit_schedule.py``): no plan. The load warp takes each unit
 (an unsplit item) from the counter and sends it to the other three roles through a unit pipeline over a ring of
-shared-memory entries (``send_ring_unit``: one producer arrival; ``wait_ring_unit`` / ``release_ring_unit``: every
+shared-memory entries (``send_ring_unit``: one producer arrival; ``wait_ring_unit`` / ``take_held_unit``: every
 reading thread of the MMA warp, the softmax and the correction warps arrives after its reads), then loads it; each
 role runs the same per-item body as for a plan's item (``_load_item``, ``_mma_item``, ``_softmax_item``,
 ``_correction_item``). An entry with ``VALID`` 0 ends every role's loop.
@@ -37,8 +37,8 @@ from ..common.kv_tail import garbage_rows, zero_rows
 from ..common.packed_q import q_box_rows
 from ..common.page_ids import LANE_IDS_BELOW, id_loads, lane_page_id, load_lane_page_ids, load_tile_page_ids
 from ..common.tma_issue import ONE_ELECTION, issue_page_boxes, issue_page_gather4, tma_descriptor_address
-from ..common.unit_schedule import (UNIT_RING, check_lane_ids, check_tile_ids, find_unit, release_ring_unit,
-                                    ring_unit_fields, send_ring_unit, take_unit, wait_ring_unit)
+from ..common.unit_schedule import (UNIT_RING, check_lane_ids, check_tile_ids, find_unit, first_ring_unit,
+                                    send_ring_unit, take_held_unit, take_unit, wait_ring_unit)
 from .softmax_rows import (NEG_INF, begin_softmax_item, begin_softmax_unit, load_s_row, num_key_tiles,
                            online_softmax_row, send_row_values)
 from .tmem import fence_after_sync, fence_before_sync
@@ -188,11 +188,9 @@ class PrefillRoles:
                     mma, pipes, (q_state, kv_state, s_state, p_state, o_state), items[it, int(F.KV_START)],
                     items[it, int(F.KV_END)], items=items, it=it, qo_indptr=qo_indptr)
         else:
-            u_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, UNIT_RING)  # this role's own
-            valid = wait_ring_unit(pipe_u, u_state, source.slots)
+            u_state, valid = first_ring_unit(pipe_u, source.slots)
             while valid != 0:
-                _, _, _, _, kv_end, _, kv_len = ring_unit_fields(source.slots, u_state)
-                release_ring_unit(pipe_u, u_state)
+                _, _, _, _, kv_end, _, kv_len = take_held_unit(pipe_u, u_state, source.slots)
                 q_state, kv_state, s_state, p_state, o_state = self._mma_item(
                     mma, pipes, (q_state, kv_state, s_state, p_state, o_state), Int32(0), kv_end, kv_len=kv_len)
                 valid = wait_ring_unit(pipe_u, u_state, source.slots)
@@ -318,11 +316,9 @@ class PrefillRoles:
                 s_state, p_state, c_state = self._softmax_item(
                     tensors, pipes, (s_state, p_state, c_state), begin_softmax_item(items, it, row, G, N), scale_log2)
         else:
-            u_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, UNIT_RING)  # this role's own
-            valid = wait_ring_unit(pipe_u, u_state, source.slots)
+            u_state, valid = first_ring_unit(pipe_u, source.slots)
             while valid != 0:
-                _, _, r0, _, kv_end, offset, _ = ring_unit_fields(source.slots, u_state)
-                release_ring_unit(pipe_u, u_state)
+                _, _, r0, _, kv_end, offset, _ = take_held_unit(pipe_u, u_state, source.slots)
                 s_state, p_state, c_state = self._softmax_item(
                     tensors, pipes, (s_state, p_state, c_state),
                     begin_softmax_unit(r0, Int32(0), kv_end, offset, row, G, N), scale_log2)
@@ -397,11 +393,9 @@ class PrefillRoles:
                     items[it, int(F.KV_HEAD)], items[it, int(F.Q_ROW_START)], items[it, int(F.Q_ROW_COUNT)],
                     items[it, int(F.KV_START)], items[it, int(F.KV_END)], items[it, int(F.PARTIAL_SLOT)])
         else:
-            u_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, UNIT_RING)  # this role's own
-            valid = wait_ring_unit(pipe_u, u_state, source.slots)
+            u_state, valid = first_ring_unit(pipe_u, source.slots)
             while valid != 0:
-                b, h, r0, rows, kv_end, _, _ = ring_unit_fields(source.slots, u_state)
-                release_ring_unit(pipe_u, u_state)
+                b, h, r0, rows, kv_end, _, _ = take_held_unit(pipe_u, u_state, source.slots)
                 # partial slot -1 as a Python int: a unit is never split, so only the final stores are traced
                 o_state, c_state = self._correction_item(tensors, outputs, pipe_o, pipe_c, o_state, c_state, b, h, r0,
                                                          rows, Int32(0), kv_end, -1)

@@ -94,7 +94,7 @@ from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.named_barrier import warpgroup_barrier_arrive, warpgroup_barrier_sync
 from ..common.packed_q import q_box_stage_layout
 from ..common.registers import register_split_reason
-from ..common.unit_schedule import SLOT_FIELDS, SlotField, check_batch, finish_schedule, read_slot
+from ..common.unit_schedule import SLOT_FIELDS, SlotField, check_batch, dynamic_launch, finish_schedule, read_slot
 from ..common.softmax import (acc_mn_view, acc_to_mma_a_view, make_softmax_state, rescale_rows,
                               softmax_finalize, softmax_reset, softmax_update, store_p_bf16)
 from ..common.launch_chain import wait_for_previous_grid
@@ -300,14 +300,14 @@ class GqaPagedPrefillSm90(GqaPrefillProducer):
             atom_layout_mnk=(self.num_mma_wg, 1, 1), tiler_mn=(64, D), a_source=warpgroup.OperandSource.RMEM)
 
         k_rows, v_rows = (k_cache, v_cache) if cutlass.const_expr(self.row_gather) else (None, None)
+        dynamic, num_ctas = dynamic_launch(units, work_indptr)  # (common/unit_schedule.py)
         self.kernel(
             tma_atom_q, tma_q, tma_atom_k, tma_k, tma_atom_v, tma_v, k_rows, v_rows,
             qo_indptr, kv_indptr, kv_indices, work_indptr, items, output, lse, partial_out, partial_lse,
             scale_log2, lse_out_scale, s_q_layout, s_kv_layout, s_page_layout, tiled_mma_qk, tiled_mma_pv,
-            merge_indptr, merge_counters,
-            *((units[0], units[1], units[2], units[4], units[5]) if cutlass.const_expr(units is not None) else ()),
-        ).launch(grid=(units[3] if cutlass.const_expr(units is not None) else work_indptr.shape[0] - 1, 1, 1),
-                 block=(self.num_threads, 1, 1), stream=stream, use_pdl=True, min_blocks_per_mp=1)
+            merge_indptr, merge_counters, **dynamic,
+        ).launch(grid=(num_ctas, 1, 1), block=(self.num_threads, 1, 1), stream=stream, use_pdl=True,
+                 min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------------------- device side
     @cute.kernel

@@ -89,7 +89,8 @@ from ..common.decode_merge import announce_partials, fold_completed_merges
 from ..common.limits import SMEM_LIMIT_BYTES, mla_definition_reason, smem_reason, target_reason
 from ..common.mla import (BOX_ROWS, CKV_DIM, DEFINITION_PAGE_SIZES, KIND, KPE_DIM, QK_DIM, definition_config,
                           MlaEntries, fold_arrival_bytes, load_q_and_kv_tiles, load_units, mla_entry, row_view)
-from ..common.unit_schedule import SLOT_FIELDS, UNIT_RING, check_batch, finish_schedule
+from ..common.unit_schedule import (SLOT_FIELDS, UNIT_RING, check_batch, dynamic_launch, finish_schedule,
+                                    ring_smem_bytes)
 from ..common.tma_issue import make_row_box_atom, tma_descriptor_address
 from ..common.mask import apply_causal_seqend_mask, tile_needs_mask
 from ..common.registers import register_split_reason
@@ -142,11 +143,8 @@ def _exchange_bytes(config: PagedAttentionConfig) -> int:
 
 
 def _unit_bytes(config: PagedAttentionConfig) -> int:
-    """``dynamic_schedule``: the unit ring (``UNIT_RING`` x ``SLOT_FIELDS`` int32) and the batch rules' block
-    reduction words (two a warp), each 16-byte aligned; 0 otherwise."""
-    if not config.dynamic_schedule:
-        return 0
-    return 4 * UNIT_RING * SLOT_FIELDS + 16 + 4 * 2 * NUM_THREADS // 32 + 16
+    """``dynamic_schedule``: the unit ring and the batch rules' block reduction words; 0 otherwise."""
+    return ring_smem_bytes(rule_threads=NUM_THREADS) if config.dynamic_schedule else 0
 
 
 def num_stages(config: PagedAttentionConfig) -> int:
@@ -301,14 +299,7 @@ class MlaPagedPrefillSm90(MlaEntries):
                       scale_log2: Float32, lse_out_scale: Float32, stream: cuda.CUstream, units=None):
         s_q_layout, s_k_layout = self.smem_layouts()
         tiled_mma_qk, tiled_mma_pv = self.tiled_mmas()
-        dynamic = {}
-        num_ctas = None
-        if cutlass.const_expr(units is not None):
-            kv_last_page_len, request_faults, unit_state, num_ctas, error_word, num_pages = units
-            dynamic = dict(kv_last_page_len=kv_last_page_len, request_faults=request_faults, unit_state=unit_state,
-                           error_word=error_word, num_pages=num_pages)
-        else:
-            num_ctas = work_indptr.shape[0] - 1
+        dynamic, num_ctas = dynamic_launch(units, work_indptr)  # (common/unit_schedule.py)
         self.kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, work_indptr, items,
                     output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, s_q_layout, s_k_layout,
                     tiled_mma_qk, tiled_mma_pv, *self.kv_box_atoms(ckv_cache, kpe_cache, s_k_layout),
