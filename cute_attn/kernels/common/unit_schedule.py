@@ -293,7 +293,7 @@ def first_ring_unit(pipe_u, ring: cute.Tensor):
 
 @cute.jit
 def wait_ring_unit(pipe_u, u_state, ring: cute.Tensor) -> Int32:
-    """A unit pipeline's consuming thread: wait for the next entry (held until :func:`release_ring_unit`) and return
+    """A unit pipeline's consuming thread: wait for the next entry (held until :func:`take_held_unit`) and return
     its ``VALID`` (0: the end). A role's loop carries only this and the state; the fields it needs are read inside
     the loop (:func:`take_held_unit`), so none is live across the loop's back edge (carrying all eight cost the
     sm_100a MLA kernel 24 bytes of spills at its 128 registers a thread)."""
