@@ -123,7 +123,7 @@ class PagedAttentionConfig(KernelConfig):
     #: planner: split-KV chunks at least this long (fewer partials to merge; measured in decode_variants.py)
     min_chunk_keys: int = 0
     #: planner cost model: the fixed cost of one work item (Q load, pipeline fill, epilogue), in key-equivalents.
-    #: The host's LPT barely depends on it; the device planner's contiguous cuts do (docs/perf-notes.md, session 7)
+    #: The host's LPT barely depends on it; the device planner's contiguous cuts do (docs/perf-history.md, session 7)
     item_overhead_keys: int = 128
     #: sm_90a prefill: issue S_{j+1} = Q K_{j+1}^T before the softmax of tile j (FA3 intra-warpgroup overlap)
     intra_wg_overlap: bool = False

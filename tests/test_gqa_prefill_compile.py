@@ -109,7 +109,7 @@ def test_public_api_finds_the_launcher():
 
 
 def test_measured_variants_are_the_default():
-    # both flags on: n32 852 -> 707 us on the H200 (docs/perf-notes.md, h200-prefill-variants.json)
+    # both flags on: n32 852 -> 707 us on the H200 (docs/perf-history.md, h200-prefill-variants.json)
     config = _config()
     assert config.intra_wg_overlap is True and config.smem_epilogue is True
     keys = {dataclasses.replace(config, **variant).cache_key() for variant in VARIANTS.values()}

@@ -83,7 +83,7 @@ For each case (batch, page size, head layout) and both settings: the call with t
 ``cute_attn``) and the host-planned call (``cute_attn_planned``), each checked against the float32 reference, then
 timed as the bench times its rows (cold L2, median of 50 CUPTI spans). ``--iters 1``: check and compile only (a
 step that fills the compile cache while other work runs, before the timed step).
-Predictions live with each policy in ``docs/perf-notes.md``.
+Predictions live with each policy in ``docs/perf-history.md``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ last), the kernel's modelled balance, and a least-squares fit of an item's time 
 items (a CTA's first item apart: it pays the pipeline's fill). Every arm's output is checked against the float32
 reference first.
 
-Questions (docs/perf-notes.md, sessions 26-27): where the default call's attention kernel loses time after the planner
+Questions (docs/perf-history.md, sessions 26-27): where the default call's attention kernel loses time after the planner
 (session 26: ends are the reused plan's but for the last CTA), and what an item really costs: at 8 x 992 the
 serpentine's busiest CTA models 1.082 of the mean and ends ~13 us after the median CTA, while the lap deal (1.024)
 ran slower in session 20.

@@ -13,8 +13,9 @@ first (a counter), a request of more than one chunk merges its partials (the com
 
 For each bench decode row (GQA decode h20/kv4 page 64, MLA decode h16 page 64) it prints the busiest CTA in
 key-equivalents (``plan._cost``: keys rounded to the kv tile, plus the item overhead) of the host plan (the plan-once
-call), the device twin's plan (the default call) and the chunk rule at ``split`` 1 and 2, with each one's merges.
-CPU only.
+call), the device twin's plan (the default call) and the chunk rule at ``split`` 1, 2 and 3, with each one's merges;
+the ``sorted`` columns take the same units longest first (LPT order: what an in-kernel sort of the batch's requests by
+length before the first unit would buy). CPU only.
 """
 
 from __future__ import annotations
@@ -84,7 +85,10 @@ def main(argv=None) -> int:
     from cute_attn.plan_partition import partition
 
     out = []
-    print(f"{'row':26s} {'mean':>7s} {'host':>7s} {'twin':>7s} {'split1':>7s} {'split2':>7s}   merges host/twin/1/2")
+    splits = (1, 2, 3)
+    print(f"{'row':26s} {'mean':>7s} {'host':>7s} {'twin':>7s} "
+          + " ".join(f"{f'split{s}':>7s} {'sorted':>7s}" for s in splits)
+          + "   merges host/twin/" + "/".join(map(str, splits)))
     for label, (kind, layout, kv_lens) in rows().items():
         q_lens = [1] * len(kv_lens)
         workload = tuning.Workload.for_kind(kind, kv_lens, None if kind == "gqa_paged_decode" else q_lens, **layout)
@@ -94,16 +98,20 @@ def main(argv=None) -> int:
         twin, _ = partition(config, np.asarray(q_lens), np.asarray(kv_lens), capacity=capacity)
         row = dict(row=label, host=int(host.cta_cost.max()), twin=int(twin.cta_cost.max()),
                    host_merges=int(host.num_merges), twin_merges=int(twin.num_merges))
-        for split in (1, 2):
+        for split in splits:
             costs, merges = chunk_costs(config, kv_lens, chunk_keys(sum(kv_lens), config.num_kv_heads, args.sms,
                                                                     split, config.kv_tile))
             row[f"split{split}"], row[f"split{split}_merges"] = greedy_makespan(costs, args.sms), merges
+            row[f"split{split}_sorted"] = greedy_makespan(np.sort(costs)[::-1], args.sms)
             if split == 1:
                 row["mean"] = float(costs.sum() / args.sms)
         out.append(row)
-        print(f"{label:26s} {row['mean']:7.0f} {row['host']:7d} {row['twin']:7d} {row['split1']:7d} "
-              f"{row['split2']:7d}   {row['host_merges']}/{row['twin_merges']}/{row['split1_merges']}/"
-              f"{row['split2_merges']}   (split1 x host {row['split1'] / row['host']:.3f})")
+        best = min(row[f"split{s}_sorted"] for s in splits)
+        print(f"{label:26s} {row['mean']:7.0f} {row['host']:7d} {row['twin']:7d} "
+              + " ".join(f"{row[f'split{s}']:7d} {row[f'split{s}_sorted']:7d}" for s in splits)
+              + f"   {row['host_merges']}/{row['twin_merges']}/"
+              + "/".join(str(row[f'split{s}_merges']) for s in splits)
+              + f"   (split1 x host {row['split1'] / row['host']:.3f}, best sorted x host {best / row['host']:.3f})")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0

@@ -5,7 +5,7 @@
 Why: the planners price an item at ``kv tiles x kv_tile + PREFILL_ITEM_OVERHEAD_KEYS`` (320) keys, and that price
 misleads them: the lap deal, which the model rates 5% better balanced than the serpentine deal, ran 6% slower (session
 20), and under ncu its busiest SM issued 48% of its peak where the serpentine's issued 44%, at the same mean and the
-same DRAM bytes (session 21, ``docs/perf-notes.md``). This measures the price instead. Each case is a batch of
+same DRAM bytes (session 21, ``docs/perf-history.md``). This measures the price instead. Each case is a batch of
 ``33 n`` requests of one q tile each (16 tokens at h32/kv4: 128 packed rows) over ``k`` kv tiles, whose host plan deals
 exactly ``n`` whole items of ``k`` tiles to each of the 132 CTAs (4 KV heads); every item's last tile is the causal
 diagonal. The call is checked against the float32 reference, then timed as the bench times (cold L2, median CUPTI

@@ -97,7 +97,7 @@ def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, pag
     is fastest at 128-256: docs/perf/h200-decode-variants.json).
 
     sm_90a page 16: a 64-key stage of four page boxes, not one page per stage (H200, 64 x 2048: one page per stage
-    81.5 us, page 8's stages of eight boxes 74.6, page 64 74.6; docs/perf-notes.md, session 7).
+    81.5 us, page 8's stages of eight boxes 74.6, page 64 74.6; docs/perf-history.md, session 7).
     The sm_100a kernel builds page 16 one page per step only."""
     tiles = dict(tile_q_rows=64, kv_tile=64, min_chunk_keys=256)
     if 16 <= page_size <= 128 and not (arch == "sm_90a" and page_size == 16):

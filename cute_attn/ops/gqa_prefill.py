@@ -190,17 +190,17 @@ def signature(q, k, v, qo, kvp, kvi, last, sm_scale):
 
 def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size) -> dict:
     """128 packed rows x 128 keys; on sm_90a the FA3 intra-warpgroup overlap and the shared-memory epilogue
-    (measured on the H200: n32 852 -> 707 us, docs/perf-notes.md; the flags mean nothing on sm_100a).
+    (measured on the H200: n32 852 -> 707 us, docs/perf-history.md; the flags mean nothing on sm_100a).
 
     head_dim 256: 128 rows x 64 keys on both arches (one 64 KB Q stage and 128 KB of K/V stages; sm_90a: O is 128
     fp32 registers per consumer thread, S and P of a 64-key tile 48 more), so pages 1..64 (a page is one TMA box
     inside the key tile: page 128 is refused with that reason). sm_90a keeps the overlap but not the smem
     epilogue: with a single Q stage the epilogue would hold the only Q buffer and delay the next item's Q load
-    (not measured yet, docs/perf-notes.md "Prefill head_dim 256").
+    (not measured yet, docs/perf-history.md "Prefill head_dim 256").
 
     An item costs the planner 320 key-equivalents, not the default 128: with 128 the device planner's contiguous
     cuts gave some CTAs 4x the items of others, and device-planned prefill ran 1.16-1.5x its host-planned time
-    on the H200 (docs/perf-notes.md, session 7)."""
+    on the H200 (docs/perf-history.md, session 7)."""
     kv_tile = 64 if head_dim_qk == 256 else 128
     tiles = dict(tile_q_rows=128, kv_tile=kv_tile, item_overhead_keys=PREFILL_ITEM_OVERHEAD_KEYS)
     if arch == "sm_90a":

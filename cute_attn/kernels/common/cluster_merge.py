@@ -14,7 +14,7 @@ LSE per head in its own shared memory (:func:`keep_piece`) instead of storing a 
 
 Every CTA executes both barriers (the grid is whole clusters; CTAs without an item too). What a merge costs is two
 cluster barriers and ``k`` distributed-shared-memory loads a thread, against the combine launch's ~4 us after the
-attention grid (MLA decode page 64, ``docs/perf-notes.md``). All-``-inf`` pieces (no keys) give 0 and ``-inf``.
+attention grid (MLA decode page 64, ``docs/perf-history.md``). All-``-inf`` pieces (no keys) give 0 and ``-inf``.
 """
 
 from __future__ import annotations

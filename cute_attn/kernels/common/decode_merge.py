@@ -2,7 +2,7 @@
 
 Used, after the item loop, by the 128 threads that wrote the CTA's partials (o, lse) and can sync on a named
 barrier (sm_90a: the consumer warpgroup; sm_100a: the softmax warps). Replaces the separate combine
-launch for decode, whose launch gap cost more than the fold itself (``docs/perf-notes.md``).
+launch for decode, whose launch gap cost more than the fold itself (``docs/perf-history.md``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_count
     for the next launch or CUDA-graph replay). Exactly one CTA folds each merge; no CTA waits on another.
     Arriving after the loop rather than per item costs nothing (the fold would come after the loop anyway)
     and keeps atomics out of the KV loop; the fold itself must stay out of it: inlined there, its code
-    cost the loop ~10% of its streaming rate on the H200 (``docs/perf-notes.md``).
+    cost the loop ~10% of its streaming rate on the H200 (``docs/perf-history.md``).
     ``arrival``: one smem Int32 that broadcasts thread 0's old value.
     ``qo_indptr`` (multi-token decode): packed row r of the merge is token ``qo_indptr[REQUEST] + (Q_ROW_START +
     r) // group``, head ``KV_HEAD * group + r % group`` (tiles hold whole tokens); None (decode): token REQUEST,

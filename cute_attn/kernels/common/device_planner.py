@@ -124,7 +124,7 @@ TRACE_STAMPS = 27  # trace_phases: stamps at the tail of q_tile_start (tools/pla
 TRACE_WRITER_ENDS = 16  # ... each row writer's end (globaltimer; builds with several), then the CTA's end and span
 Q_TILE_FIELDS = 4  # request, row start, row count, key end
 # first q tile, keys, query tokens, fault bits, first page, first token: the lists phase reads a request's page and
-# token starts here, not from global per item (no faster on the H200: docs/perf-notes.md session 7)
+# token starts here, not from global per item (no faster on the H200: docs/perf-history.md session 7)
 REQUEST_FIELDS = 6
 INT32_MAX = 2**31 - 1
 

@@ -2,7 +2,7 @@
 
 ``cute.copy`` with a TMA atom wraps every copy in its own ``elect.sync`` and branch: a stage of 256 one-row page
 boxes (decode, page 1) is then 256 warp-wide elect-and-reconverge sequences, ~30 cycles each in one warp, which
-is what page 1 costs on the H200 (docs/perf-notes.md, session 7). Here one elected lane issues all of a stage's
+is what page 1 costs on the H200 (docs/perf-history.md, session 7). Here one elected lane issues all of a stage's
 boxes back to back as raw ``cp.async.bulk.tensor`` on the atom's own descriptor (``get_tma_desc_addr``).
 On sm_100a also ``tile::gather4`` (:func:`tma_gather4`): four rows by index per instruction, for row pools the DSL's
 gather4 atoms do not describe (the MLA latent rows).

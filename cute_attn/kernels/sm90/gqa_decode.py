@@ -150,7 +150,7 @@ def num_stages(config: PagedAttentionConfig) -> int:
     waiting on a stage's full barrier for tile g has not itself seen the load of tile g - stages complete (the
     other warpgroup's), and its parity wait can succeed on the phase of tile g - 2 * stages (ABA): it then reads
     a stale or half-written stage and releases it early. Seen on the H200 with 3 stages (page 128): an
-    unspecified launch failure within 80 calls at 64 x 2048, none with 2 stages (docs/perf-notes.md).
+    unspecified launch failure within 80 calls at 64 x 2048, none with 2 stages (docs/perf-history.md).
     """
     # the 16 mbarrier bytes per stage are reserved for MAX_STAGES stages up front
     fit = (smem_budget(config) - _fixed_bytes(config) - 16 * MAX_STAGES) // _tile_pair_bytes(config)

@@ -59,7 +59,7 @@ Self-scheduling builds (``dynamic_schedule``, ``mla_prefill.py``): both roles ru
 (:meth:`score_item`, :meth:`output_item`) over units read from the load role's ring after each Q wait instead of the
 plan's items; the final-slot parity is the CTA's unit count, and a unit is never split (only final stores are built).
 
-Measured (H200, session 12, ``docs/perf-notes.md``): 1.05-1.15x the ``share_scores`` kernel on every recorded
+Measured (H200, session 12, ``docs/perf-history.md``): 1.05-1.15x the ``share_scores`` kernel on every recorded
 workload, the default since; ``intra_wg_overlap`` no better (slower at 1 / 1028). Under ncu the tensor pipe is busy
 33% of the kernel and nothing saturates: latency-bound. ``PagedAttentionConfig.probe`` builds this kernel with only
 its load role (``loads_only``: the consumers wait and release) or only its consumers (``compute_only``: stages

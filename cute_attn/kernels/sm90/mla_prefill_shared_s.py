@@ -46,7 +46,7 @@ sums -> rescale O -> P half to smem -> fence + barrier -> PV GEMM (wait) -> rele
 warpgroup overlap: issuing S_{t+1} before PV_t would keep both stages held by the consumers, leaving the
 producer no stage to load into (two 72 KiB stages is all that fits). The next step is FlashMLA's
 "seesaw" order (the warpgroups alternate key blocks and pass the max along, so one's softmax hides under
-the other's GEMMs), which needs finer stage release (see docs/perf-notes.md).
+the other's GEMMs), which needs finer stage release (see docs/perf-history.md).
 """
 
 from __future__ import annotations
