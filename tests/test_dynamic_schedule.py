@@ -73,3 +73,25 @@ def test_the_sm90_kernel_refuses_it_beside_splits_or_probes():
     for knob in (dict(fused_merge=True), dict(probe="cta_stamps")):
         reason = kernel.check_config(dataclasses.replace(base, **knob))
         assert reason is not None and "dynamic_schedule" in reason
+
+
+@pytest.mark.parametrize("part,prefix", [("gqa", ""), ("mla", "mla-")])
+def test_the_validation_script_names_sanitizer_cases_that_exist(part, prefix):
+    """``tools/validate_planner_free.sh`` (the next GPU session's calls) runs the planner-free builds' sanitizer
+    cases by name: each name it builds is one ``tools/sanitize.py`` defines, so no device call is spent on a typo."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tools = Path(__file__).resolve().parent.parent / "tools"
+    sys.path.insert(0, str(tools))
+    import sanitize
+
+    script = (tools / "validate_planner_free.sh").read_text()
+    suffixes = re.findall(r"\$\{prefix\}(dynamic-schedule-[\w-]+)", script)
+    names = [prefix + s for s in suffixes]
+    assert len(names) == 4 and set(names) <= set(sanitize._cases("sm_90a")), names
+    bad = subprocess.run(["bash", str(tools / "validate_planner_free.sh"), "/tmp/cute_attn_validate_x", "nope"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "gqa, mla or ab" in bad.stderr

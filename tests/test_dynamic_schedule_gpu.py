@@ -61,20 +61,41 @@ def test_drawn_batches_match_the_reference(batch, layout, page_size, seed):
     _assert_matches_reference(case, f"{layout} page {page_size} {q_lens}/{kv_lens}")
 
 
+@pytest.mark.parametrize("page_size", [64, 1])
 @pytest.mark.parametrize("num_sms", [None, 1, 7])
-def test_bench_shapes_and_small_grids(num_sms):
-    """The bench's 8 x 992 and a ragged batch, on the whole GPU and on grids of 1 and 7 CTAs (each CTA then takes
-    many units; the same counter, reset by the last CTA, serves each launch)."""
-    for q_lens, kv_lens in (([992] * 8, [992] * 8), ([33, 700, 1, 990, 0, 128], [33, 900, 3000, 990, 64, 4096])):
+def test_bench_shapes_and_small_grids(num_sms, page_size):
+    """The bench's 8 x 992, a ragged batch and one with fewer keys than queries (rows that see no key), on the whole
+    GPU and on grids of 1 and 7 CTAs (each CTA then takes many units, at page 1 through the row warps' alternating
+    slots; the same counter, reset by the last CTA, serves each launch)."""
+    batches = (([992] * 8, [992] * 8), ([33, 700, 1, 990, 0, 128], [33, 900, 3000, 990, 64, 4096]),
+               ([100, 40, 9], [30, 0, 9]))
+    for q_lens, kv_lens in batches:
         for seed in range(2):
-            case = testing.make_gqa_prefill_case(q_lens, kv_lens, device="cuda", seed=seed)
-            _assert_matches_reference(case, f"{len(q_lens)} requests seed {seed} grid {num_sms}", num_sms)
+            case = testing.make_gqa_prefill_case(q_lens, kv_lens, page_size=page_size, device="cuda", seed=seed)
+            _assert_matches_reference(case, f"{len(q_lens)} requests page {page_size} seed {seed} grid {num_sms}",
+                                      num_sms)
 
 
-def test_page_faults_empty_their_requests_and_clear():
+@pytest.mark.parametrize("num_sms", [None, 1, 7])
+def test_many_requests_cross_the_search_windows(num_sms):
+    """70 requests, some without queries: a unit's request is found 32 requests a step, resumed where the CTA's
+    last unit was (the windows past the first run only past 32 requests)."""
+    rng = np.random.default_rng(70)
+    q_lens = [int(q) for q in rng.integers(0, 40, size=70)]
+    q_lens[0] = q_lens[33] = q_lens[69] = 0
+    kv_lens = [q + int(rng.integers(0, 300)) for q in q_lens]
+    for page_size in (64, 1):
+        case = testing.make_gqa_prefill_case(q_lens, kv_lens, page_size=page_size, device="cuda", seed=page_size)
+        _assert_matches_reference(case, f"70 requests page {page_size} grid {num_sms}", num_sms)
+
+
+@pytest.mark.parametrize("page_size", [64, 1])
+def test_page_faults_empty_their_requests_and_clear(page_size):
     """A page id outside the pool: the request's rows 0 / lse -inf, the others the reference's, the error names
-    kv_indices; the next clean call is right (``unit_scratch.check_page_faults``)."""
-    case = testing.make_gqa_prefill_case([300, 5, 260, 40], [300, 900, 2000, 40], device="cuda", seed=5)
+    kv_indices; the next clean call is right (``unit_scratch.check_page_faults``). Page 1 checks the ids in the
+    row gathers, page 64 before each box."""
+    case = testing.make_gqa_prefill_case([300, 5, 260, 40], [300, 900, 2000, 40], page_size=page_size, device="cuda",
+                                         seed=5)
     unit_scratch.check_page_faults(cute_attn.gqa_paged_prefill, case, case.k_cache.shape[0])
 
 

@@ -21,6 +21,7 @@ CASES = {
     "prefill": testing.make_gqa_prefill_case([5, 0, 9, 1], [70, 3, 9, 64], seed=4),
     "mla": testing.make_mla_prefill_case([2, 3, 0], [4, 3, 6], seed=5),
     "mla_one_request": testing.make_mla_prefill_case([3], [5], seed=6),
+    "mla_paged": testing.make_mla_prefill_case([2, 3, 0], [40, 3, 6], page_size=16, seed=7),  # kv_last_page_len
 }
 
 EACH = {name: hostile.each_corruption(case) for name, case in CASES.items()}
@@ -62,6 +63,7 @@ def test_each_case_takes_the_corruptions_its_fields_allow():
                             "last_page_len_negative"} | q,
         "prefill": gqa_index | qo | q,
         "mla": {"page_id_past_end", "page_id_negative", "kv_indptr_decreases", "kv_indptr_overshoots"} | qo | q,
+        "mla_paged": gqa_index | qo | q,
     }
     for name, kinds in expected.items():
         assert set(hostile.applicable_kinds(CASES[name])) == kinds, name

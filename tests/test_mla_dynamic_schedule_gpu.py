@@ -66,12 +66,27 @@ def test_drawn_batches_match_the_reference(batch, page_size, seed):
 
 @pytest.mark.parametrize("num_sms", [None, 1, 7])
 def test_bench_like_shapes_and_small_grids(num_sms):
-    """A batch of long requests and a ragged one with an empty request, on the whole GPU and on grids of 1 and 7 CTAs
-    (each CTA then takes many units through the ring; the counter, reset by the last CTA, serves each launch)."""
-    for q_lens, kv_lens in (([300] * 3, [700] * 3), ([33, 200, 1, 0, 64], [33, 900, 1500, 64, 64])):
+    """A batch of long requests, a ragged one with an empty request and one with fewer keys than queries (rows that
+    see no key), on the whole GPU and on grids of 1 and 7 CTAs (each CTA then takes many units through the ring; the
+    counter, reset by the last CTA, serves each launch)."""
+    batches = (([300] * 3, [700] * 3), ([33, 200, 1, 0, 64], [33, 900, 1500, 64, 64]), ([100, 40, 9], [30, 0, 9]))
+    for q_lens, kv_lens in batches:
         for page_size in (1, 64):
             case = _case(q_lens, kv_lens, page_size, seed=page_size)
             _assert_matches_reference(case, f"{len(q_lens)} requests page {page_size} grid {num_sms}", num_sms)
+
+
+@pytest.mark.parametrize("num_sms", [None, 1, 7])
+def test_many_requests_cross_the_search_windows(num_sms):
+    """70 requests, some without queries: a unit's request is found 32 requests a step, resumed where the CTA's
+    last unit was (the windows past the first run only past 32 requests)."""
+    rng = np.random.default_rng(70)
+    q_lens = [int(q) for q in rng.integers(0, 40, size=70)]
+    q_lens[0] = q_lens[33] = q_lens[69] = 0
+    kv_lens = [q + int(rng.integers(0, 300)) for q in q_lens]
+    for page_size in (1, 64):
+        case = _case(q_lens, kv_lens, page_size, seed=page_size)
+        _assert_matches_reference(case, f"70 requests page {page_size} grid {num_sms}", num_sms)
 
 
 def test_ps1_order_without_last_page_len_and_with_it():
@@ -80,10 +95,12 @@ def test_ps1_order_without_last_page_len_and_with_it():
     _assert_matches_reference(_case([40, 90], [300, 90], with_last_page_len=True), "with kv_last_page_len")
 
 
-def test_page_faults_empty_their_requests_and_clear():
+@pytest.mark.parametrize("page_size", [16, 1])
+def test_page_faults_empty_their_requests_and_clear(page_size):
     """A page id outside the pool: the request's rows 0 / lse -inf, the others the reference's, the error names
-    kv_indices; the next clean call is right (``unit_scratch.check_page_faults``)."""
-    case = _case([100, 5, 80, 40], [300, 900, 200, 40], page_size=16, seed=5)
+    kv_indices; the next clean call is right (``unit_scratch.check_page_faults``). Page 1 checks the ids in the
+    row gathers, page 16 in the TMA boxes' ids."""
+    case = _case([100, 5, 80, 40], [300, 900, 200, 40], page_size=page_size, seed=5)
     unit_scratch.check_page_faults(cute_attn.mla_paged_prefill, case, case.ckv_cache.shape[0])
 
 
@@ -91,6 +108,13 @@ def test_hostile_index_tensors_are_contained_and_reported():
     """Every corruption the hostile module draws is contained and reported (``unit_scratch.check_hostile_calls``)."""
     case = _case([5, 0, 40, 100], [300, 3, 40, 700], page_size=16, seed=22)
     unit_scratch.check_hostile_calls(cute_attn.mla_paged_prefill, case, max_examples=12)
+
+
+def test_bad_last_page_lens_are_contained_and_reported():
+    """``kv_last_page_len`` 0, one past the page and negative, at every request (the empty one included: CTA 0
+    reports requests that have no unit): contained and reported (``unit_scratch.check_last_page_lens``)."""
+    case = _case([5, 0, 40, 100], [300, 3, 40, 700], page_size=16, seed=23)
+    unit_scratch.check_last_page_lens(cute_attn.mla_paged_prefill, case)
 
 
 def test_captured_call_replays_across_batches():

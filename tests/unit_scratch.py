@@ -4,41 +4,80 @@ last CTA must leave zero for the next launch."""
 
 from __future__ import annotations
 
+import contextlib
 
-def route_scratch() -> list:
-    """Every self-scheduling route's scratch now alive (api's route cache)."""
-    from cute_attn import api
 
-    return [s for hit in api._DEVICE_ROUTES.values() if getattr(hit.route, "schedules_itself", False)
-            for s in hit.route.scratch.values()]
+@contextlib.contextmanager
+def self_scheduled_launches():
+    """The self-scheduling routes launched inside the block, one entry a launch (the route of *this* call, not
+    whatever an earlier call left in api's route cache)."""
+    from cute_attn.unit_schedule_route import UnitScheduleRoute
+
+    routes = []
+    original = UnitScheduleRoute.launch
+
+    def launch(self, *args, **kwargs):
+        routes.append(self)
+        return original(self, *args, **kwargs)
+
+    UnitScheduleRoute.launch = launch
+    try:
+        yield routes
+    finally:
+        UnitScheduleRoute.launch = original
+
+
+def assert_scratch_clean(route, what: str) -> None:
+    """The route's counter, count-out, fault flag and marks are zero on every stream (what the last CTA leaves)."""
+    assert route.scratch, f"{what}: the route has no scratch"
+    for stream, s in route.scratch.items():
+        assert not s.unit_state.any() and not s.request_faults.any(), f"{what}: stream {stream} scratch {s}"
+
+
+def call_self_scheduled(entry, case, out, lse, what: str, num_sms=None):
+    """``entry`` on ``case`` into ``out`` / ``lse``; asserts the call launched the self-scheduling route once, and
+    returns that route."""
+    with self_scheduled_launches() as routes:
+        entry(*case.inputs(), out, lse, num_sms=num_sms)
+    assert len(routes) == 1, f"{what}: {len(routes)} self-scheduling launches, expected 1 (the policy routed it away?)"
+    return routes[0]
 
 
 def assert_matches_reference(entry, case, what: str, num_sms=None) -> None:
     """``entry`` (a public prefill entry) on ``case`` with garbage-prefilled outputs: the float32 reference's by the
-    benchmark's rule, no device error, and the self-scheduling route taken and left clean (the counter, the count
-    out, the fault flag and the marks zero)."""
+    benchmark's rule, no device error, and this call's self-scheduling route taken and left clean (the counter, the
+    count out, the fault flag and the marks zero)."""
     import torch
 
     import cute_attn
     from cute_attn import testing
 
     out, lse = case.new_outputs()
-    entry(*case.inputs(), out, lse, num_sms=num_sms)
+    route = call_self_scheduled(entry, case, out, lse, what, num_sms)
     torch.cuda.synchronize()
     ref_out, ref_lse = case.reference()
     testing.assert_close_benchmark(out, ref_out, f"{what} output")
     testing.assert_close_benchmark(lse, ref_lse, f"{what} lse")
     cute_attn.raise_on_device_error()
-    scratch = route_scratch()
-    assert scratch, f"{what}: the call did not take the self-scheduling route"
-    for s in scratch:
-        assert not s.unit_state.any() and not s.request_faults.any(), f"{what}: scratch {s}"
+    assert_scratch_clean(route, what)
 
 
-def check_page_faults(entry, case, pool_pages: int) -> None:
+def fault_requests(case, requests, pool_pages: int, ref_out, ref_lse) -> None:
+    """Page ids outside the pool written into ``case.kv_indices`` in place, one a request of ``requests`` (its last
+    page: past the pool's end for the first, negative for the next, alternating), and those requests' rows of the
+    expected outputs set to 0 / lse -inf."""
+    kvp = case.kv_indptr.tolist()
+    for k, b in enumerate(requests):
+        assert kvp[b + 1] > kvp[b], f"request {b} has no page to corrupt"
+        rows = slice(int(case.qo_indptr[b]), int(case.qo_indptr[b + 1]))
+        ref_out[rows], ref_lse[rows] = 0, float("-inf")
+        case.kv_indices[kvp[b + 1] - 1] = -3 if k % 2 else pool_pages + 7
+
+
+def check_page_faults(entry, case, pool_pages: int, num_sms=None) -> None:
     """Page ids outside the pool in requests 2 (past its end) and 0 (negative): those requests' rows 0 / lse -inf
-    (every unit of them, whichever CTA took it), the others the reference's, the error word names kv_indices; the
-    next clean call is right (marks cleared)."""
+    (every unit of them, whichever CTA took it), the others the reference's, the error word names kv_indices, the
+    scratch is left clean; the next clean call is right (marks cleared)."""
     import pytest
     import torch
 
@@ -47,31 +86,45 @@ def check_page_faults(entry, case, pool_pages: int) -> None:
     from cute_attn.device_errors import DeviceIndexError
 
     ref_out, ref_lse = case.reference()
-    kvp = case.kv_indptr.tolist()
     saved = case.kv_indices.clone()
-    for k, b in enumerate((2, 0)):
-        rows = slice(int(case.qo_indptr[b]), int(case.qo_indptr[b + 1]))
-        ref_out[rows], ref_lse[rows] = 0, float("-inf")
-        case.kv_indices[kvp[b + 1] - 1] = -3 if k else pool_pages + 7
+    fault_requests(case, (2, 0), pool_pages, ref_out, ref_lse)
     out, lse = case.new_outputs()
-    entry(*case.inputs(), out, lse)
+    route = call_self_scheduled(entry, case, out, lse, "faulted call", num_sms)
     torch.cuda.synchronize()
     testing.assert_close_benchmark(out, ref_out, "faulted output")
     testing.assert_close_benchmark(lse, ref_lse, "faulted lse")
     with pytest.raises(DeviceIndexError, match="kv_indices"):
         cute_attn.raise_on_device_error()
+    assert_scratch_clean(route, "after the faulted call")
     case.kv_indices.copy_(saved)
-    assert_matches_reference(entry, case, "clean again")
+    assert_matches_reference(entry, case, "clean again", num_sms)
+
+
+def check_contained(entry, bad_case, corruption) -> None:
+    """One corrupted batch: no error at the call, every row written (the pool's NaN never reaches one), the scratch
+    left clean, and the error word names the corrupted argument."""
+    import pytest
+    import torch
+
+    import cute_attn
+    from cute_attn import hostile
+
+    out, lse = bad_case.new_outputs()
+    route = call_self_scheduled(entry, bad_case, out, lse, corruption.description)
+    torch.cuda.synchronize()
+    assert_scratch_clean(route, corruption.description)  # a broken batch still counts every CTA out
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any(), f"{corruption.description}: rows unwritten"
+    with pytest.raises(ValueError) as err:
+        cute_attn.raise_on_device_error()
+    named = hostile.first_named_argument(str(err.value))
+    assert named == corruption.names, f"{corruption.description}: names {named!r}: {err.value}"
 
 
 def check_hostile_calls(entry, case, max_examples: int) -> None:
-    """Every corruption the hostile module draws (page ids, indptrs, last page lengths): no error at the call, every
-    row written (the pool's NaN never reaches one), the error names the argument; then a good batch is right."""
-    import pytest
-    import torch
+    """Every corruption the hostile module draws (page ids, indptrs, last page lengths) is contained and reported
+    (:func:`check_contained`); then a good batch is right."""
     from hypothesis import HealthCheck, given, settings
 
-    import cute_attn
     from cute_attn import hostile
 
     kinds = [k for k in hostile.applicable_kinds(case) if k in hostile.INPUT_ERROR_KINDS]
@@ -79,52 +132,75 @@ def check_hostile_calls(entry, case, max_examples: int) -> None:
     @settings(max_examples=max_examples, deadline=None, suppress_health_check=list(HealthCheck))
     @given(drawn=hostile.corruptions(case, kinds))
     def check(drawn):
-        bad_case, corruption = drawn
-        out, lse = bad_case.new_outputs()
-        entry(*bad_case.inputs(), out, lse)
-        torch.cuda.synchronize()
-        assert not torch.isnan(out).any() and not torch.isnan(lse).any(), f"{corruption.description}: rows unwritten"
-        with pytest.raises(ValueError) as err:
-            cute_attn.raise_on_device_error()
-        named = hostile.first_named_argument(str(err.value))
-        assert named == corruption.names, f"{corruption.description}: names {named!r}: {err.value}"
+        check_contained(entry, *drawn)
 
     check()
     assert_matches_reference(entry, case, "after hostile calls")
 
 
-def check_replays(entry, case, pools, total_q: int, page_size: int, steps: int, max_extra_keys: int, rng) -> None:
+def check_last_page_lens(entry, case) -> None:
+    """Each ``kv_last_page_len`` corruption (0, one past the page, negative) at every request it applies to, empty
+    requests included: contained and reported; then a good batch is right."""
+    from cute_attn import hostile
+
+    batch = case.kv_indptr.numel() - 1
+    for kind in (hostile.LAST_PAGE_LEN_ZERO, hostile.LAST_PAGE_LEN_PAST_PAGE, hostile.LAST_PAGE_LEN_NEGATIVE):
+        for choice in range(batch):
+            check_contained(entry, *hostile.corrupt(case, kind, choice=choice))
+    assert_matches_reference(entry, case, "after bad last page lengths")
+
+
+def check_replays(entry, case, pools, total_q: int, page_size: int, steps: int, max_extra_keys: int, rng,
+                  fault_step: int = 1) -> None:
     """One call captured in a CUDA graph at ``case``'s shapes, replayed ``steps`` times after the index tensors were
     refilled in place (``total_q`` queries cut at random over the batch, each request ``q + [0, max_extra_keys)``
     keys): each replay equals the reference of what they then hold. ``pools`` are refilled with finite values first
-    (every page may be drawn: no NaN poison)."""
+    (every page may be drawn: no NaN poison).
+
+    The warm-up call runs on the capture stream, as an engine's would, so the capture finds that stream's scratch
+    made and records no zero-fill of it: every replay starts from what the last replay's last CTA left, which must
+    be zero (checked after each). Replay ``fault_step`` has one request's page id outside the pool: its rows 0 /
+    lse -inf, the error names kv_indices, and the replays after it are right (its marks cleared)."""
     import numpy as np
+    import pytest
     import torch
 
     import cute_attn
     from cute_attn import testing
+    from cute_attn.device_errors import DeviceIndexError
 
     batch = case.qo_indptr.numel() - 1
     for pool in pools:
         pool.normal_()
     out, lse = case.new_outputs()
-    inputs = case.inputs()
-    entry(*inputs, out, lse)  # the route's buffers, outside the capture
-    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        route = call_self_scheduled(entry, case, out, lse, "warm-up")  # the route and this stream's scratch
+    stream.synchronize()
+    made = dict(route.scratch)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        entry(*inputs, out, lse)
+    with torch.cuda.graph(graph, stream=stream):
+        entry(*case.inputs(), out, lse)
+    assert route.scratch.keys() == made.keys() and all(route.scratch[k] is v for k, v in made.items()), \
+        "the capture made scratch: replays would start from a captured zero-fill"
     for step in range(steps):
         cuts = np.sort(rng.choice(np.arange(1, total_q), size=batch - 1, replace=False))
         q_lens = np.diff(np.concatenate([[0], cuts, [total_q]])).tolist()
         kv_lens = [q + int(rng.integers(0, max_extra_keys)) for q in q_lens]
         case.qo_indptr.copy_(torch.tensor(np.concatenate([[0], np.cumsum(q_lens)]), dtype=torch.int32))
         testing.refill_page_table(kv_lens, page_size, case.kv_indptr, case.kv_indices, case.kv_last_page_len, rng)
+        ref_out, ref_lse = case.reference()  # of the index tensors as they now hold
+        if step == fault_step:
+            fault_requests(case, (int(rng.integers(0, batch)),), pools[0].shape[0], ref_out, ref_lse)
         out.fill_(float("nan"))
         lse.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        ref_out, ref_lse = case.reference()  # of the index tensors as they now hold
         testing.assert_close_benchmark(out, ref_out, f"replay {step} output")
         testing.assert_close_benchmark(lse, ref_lse, f"replay {step} lse")
+        assert_scratch_clean(route, f"after replay {step}")
+        if step == fault_step:
+            with pytest.raises(DeviceIndexError, match="kv_indices"):
+                cute_attn.raise_on_device_error()
     cute_attn.raise_on_device_error()

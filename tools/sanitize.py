@@ -46,7 +46,8 @@ Cases (small, ragged, each a registered config's shape):
                    late writers' items
     count-sort-prefill  the sorted deal's order by counting (``count_sort_policy``, session 30; built, not run)
     dynamic-schedule-* / mla-dynamic-schedule-*  the planner-free GQA / MLA prefill (``dynamic_schedule_policy``,
-                   sessions 33 / 34): pages 64 and 1, and -fault: a page id past the pool (its request 0 / -inf)
+                   sessions 33 / 34): pages 64 and 1, and -fault / -fault-p1: a page id past the pool (its request
+                   0 / -inf) at page 16 (checked before the TMA boxes) / page 1 (in the row gathers)
     gather         the TMA page gather kernel (a test-side kernel)
 """
 
@@ -475,6 +476,8 @@ def _cases(arch: str) -> dict:
         cases["mla-dynamic-schedule-p64"] = ("mla_paged_prefill", dynamic_schedule(64, mla=True))
         cases["mla-dynamic-schedule-p1"] = ("mla_paged_prefill", dynamic_schedule(1, mla=True))
         cases["mla-dynamic-schedule-fault"] = ("mla_paged_prefill", dynamic_schedule(16, fault=True, mla=True))
+        cases["dynamic-schedule-fault-p1"] = ("gqa_paged_prefill", dynamic_schedule(1, fault=True))
+        cases["mla-dynamic-schedule-fault-p1"] = ("mla_paged_prefill", dynamic_schedule(1, fault=True, mla=True))
     cases["deal-prefill"] = ("gqa_paged_prefill", deal_prefill)
     cases["line-deal-decode"] = ("gqa_paged_decode", line_deal_decode)
     cases["deal-whole-tiles"] = ("gqa_paged_prefill", deal_whole_tiles)
