@@ -106,7 +106,7 @@ def test_signatures_match_flashinfer_0_7_2(cls, method):
 def test_aliases_flashinfer_engines_call():
     for cls in (BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper):
         assert cls.begin_forward is cls.plan
-        assert cls.is_cuda_graph_enabled.fget(None) is False
+        assert cls(_workspace()).is_cuda_graph_enabled is False
     for cls in (BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper, BatchMLAPagedAttentionWrapper):
         assert cls.run_return_lse._partialmethod.keywords == {"return_lse": True}
 
@@ -166,6 +166,11 @@ _ENTRIES = {"decode": ("gqa_paged_decode", reference.gqa_paged_decode_ref),
 @pytest.fixture
 def entry_calls(monkeypatch):
     """Replace the three entry points by the fp32 reference; returns the list of calls they receive."""
+    return reference_entries(monkeypatch)
+
+
+def reference_entries(monkeypatch) -> list:
+    """The three entry points replaced by the fp32 reference (``monkeypatch``); the list of calls they receive."""
     calls = []
 
     def stand_in(ref):
@@ -340,11 +345,10 @@ def test_real_entry_accepts_what_the_wrapper_passes(kind):
 _T = torch.zeros(3, dtype=torch.int32)
 
 UNSUPPORTED_INIT = [
-    ("decode", dict(kv_layout="HND")), ("decode", dict(use_cuda_graph=True)), ("decode", dict(jit_args=[1])),
+    ("decode", dict(kv_layout="HND")), ("decode", dict(jit_args=[1])),
     ("prefill", dict(kv_layout="HND")), ("prefill", dict(use_cuda_graph=True)),
     ("prefill", dict(custom_mask_buf=_T)), ("prefill", dict(mask_indptr_buf=_T)), ("prefill", dict(jit_args=[1])),
     ("prefill", dict(jit_kwargs={"a": 1})), ("prefill", dict(variant_owns_mask=True)),
-    ("mla", dict(use_cuda_graph=True)),
 ]
 
 UNSUPPORTED_PLAN = [

@@ -6,9 +6,14 @@ one query per request, no positional encoding / soft-cap / window, ``sm_scale`` 
 Everything else that changes the attention raises ``NotImplementedError`` naming the argument.
 
 Ignored, as they select among FlashInfer's own kernels or buffers: the workspace buffer (cute_attn
-keeps its plans itself), ``use_tensor_cores``, ``backend``, the CUDA-graph index buffers (graphs are
-rejected), ``enable_pdl``, ``non_blocking`` (only used for the index copies), ``rope_scale`` /
-``rope_theta`` (read only with RoPE, which is rejected).
+keeps its plans itself), ``use_tensor_cores``, ``backend``, ``enable_pdl``, ``non_blocking`` (only used for
+the index copies), ``rope_scale`` / ``rope_theta`` (read only with RoPE, which is rejected).
+
+CUDA graphs (``use_cuda_graph=True``), as FlashInfer's: the constructor takes the three index buffers, whose
+lengths fix the batch size and the page capacity; every ``plan()`` checks the new batch on the host and copies
+it into them in place, and ``run()`` reads them. A ``run()`` captured once therefore replays any later plan's
+batch: cute_attn's default call plans and checks on the GPU from what the buffers hold at replay time, with no
+host sync. Make one ``run()`` before capturing (it compiles and allocates), as engines' warm-up passes do.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import importlib
 _package = importlib.import_module(__package__.rpartition(".")[0])
 
 from . import arguments as arg
-from .indices import PagedKv, paged_kv
+from .indices import PagedKv, graph_buffer, paged_kv, refill
 
 __all__ = ["BatchDecodeWithPagedKVCacheWrapper"]
 
@@ -58,16 +63,20 @@ class BatchDecodeWithPagedKVCacheWrapper:
         where = f"{_WHERE}()"
         self.device = arg.workspace_device(where, float_workspace_buffer)
         arg.check_kv_layout(where, kv_layout)
-        # CUDA graphs need the plan in caller-fixed buffers (cute_attn's DevicePlan.refresh), not wired here
-        arg.require_false(where, use_cuda_graph=use_cuda_graph)
         arg.require_none(where, jit_args=jit_args)
         self._kv_layout = kv_layout
         self._use_tensor_cores = bool(use_tensor_cores)
         self._plan: _DecodePlan | None = None
+        self._graph: PagedKv | None = None  # use_cuda_graph: the caller's buffers (kv_lens unused)
+        if use_cuda_graph:
+            last = graph_buffer(where, "paged_kv_last_page_len_buffer", paged_kv_last_page_len_buffer, self.device)
+            self._graph = PagedKv(
+                graph_buffer(where, "paged_kv_indptr_buffer", paged_kv_indptr_buffer, self.device, last.numel() + 1),
+                graph_buffer(where, "paged_kv_indices_buffer", paged_kv_indices_buffer, self.device), last, None)
 
     @property
     def is_cuda_graph_enabled(self) -> bool:
-        return False
+        return self._graph is not None
 
     @property
     def use_tensor_cores(self) -> bool:
@@ -108,7 +117,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         window_right: int = 0,
         is_causal=None,
     ) -> None:
-        """Check the batch's page table and options; the first :meth:`run` plans the work (see indices.py)."""
+        """Check the batch's page table and options; each :meth:`run` plans on the GPU (see indices.py)."""
         where = f"{_WHERE}.plan()"
         self._plan = None  # a plan() that fails leaves no older batch behind for run() to use
         arg.require_value(where, "pos_encoding_mode", pos_encoding_mode, ("NONE",))
@@ -136,8 +145,17 @@ class BatchDecodeWithPagedKVCacheWrapper:
             raise ValueError(f"{where}: num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads "
                              f"({num_kv_heads})")
         scale = arg.resolve_sm_scale(where, sm_scale, head_dim)
+        graph = self._graph
         index = paged_kv(where, indptr, indices, last_page_len, page_size, self.device, non_blocking,
-                         names=("indptr", "indices", "last_page_len"))
+                         names=("indptr", "indices", "last_page_len"), longer_indices=graph is not None)
+        if graph is not None:  # into the captured buffers, in place
+            pages = int(((index.kv_lens + page_size - 1) // page_size).sum())  # the ids the batch owns
+            refill(where, [("indptr", index.kv_indptr, "paged_kv_indptr_buffer", graph.kv_indptr, True),
+                           ("indices", index.kv_indices[:pages], "paged_kv_indices_buffer", graph.kv_indices,
+                            False),
+                           ("last_page_len", index.kv_last_page_len, "paged_kv_last_page_len_buffer",
+                            graph.kv_last_page_len, True)], non_blocking)
+            index = PagedKv(graph.kv_indptr, graph.kv_indices, graph.kv_last_page_len, index.kv_lens)
         self._plan = _DecodePlan(index, num_qo_heads, num_kv_heads, head_dim, page_size, scale)
 
     begin_forward = plan

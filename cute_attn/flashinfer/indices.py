@@ -2,13 +2,11 @@
 
 FlashInfer's ``plan()`` copies the indptr arrays to the host anyway (it plans there), so reading them
 here costs the engine no extra synchronisation. The device copies are made once per ``plan()`` and
-passed, as the same objects, to every ``run()``: the entry points' plan cache and fast path key on the
-index tensors' identity, so the first ``run()`` after a ``plan()`` plans (one more host read, on
-cute_attn's side) and every later layer reuses that plan.
-
-Tensors already int32, contiguous and on the device are kept as they are (FlashInfer keeps them too):
-writing into them in place bumps their version counter, which makes the next ``run()`` re-check and
-re-plan instead of using a stale plan.
+passed, as the same objects, to every ``run()``, which is the entry point's default call: planned and
+checked on the GPU from the values the tensors hold when it runs, with no host sync. Tensors already int32,
+contiguous and on the device are kept as they are (FlashInfer keeps them too). In CUDA-graph mode the
+wrappers copy each plan's batch into the caller's fixed buffers instead (:func:`graph_buffer`,
+:func:`refill`), so a captured ``run()`` reads every later plan's batch.
 """
 
 from __future__ import annotations
@@ -18,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["PagedKv", "host_ints", "check_indptr", "on_device", "paged_kv", "qo_lengths"]
+__all__ = ["PagedKv", "host_ints", "check_indptr", "on_device", "paged_kv", "qo_lengths", "graph_buffer",
+           "refill"]
 
 _INT32_MAX = 2**31 - 1
 
@@ -69,11 +68,13 @@ class PagedKv:
 
 
 def paged_kv(where: str, indptr, indices, last_page_len, page_size: int, device, non_blocking: bool,
-             names=("paged_kv_indptr", "paged_kv_indices", "paged_kv_last_page_len")) -> PagedKv:
+             names=("paged_kv_indptr", "paged_kv_indices", "paged_kv_last_page_len"),
+             longer_indices: bool = False) -> PagedKv:
     """Checks FlashInfer's CSR page table (indptr in pages, last-page fill in tokens) and moves it to ``device``.
 
-    Page ids are checked against the cache's page count by the entry point at the first ``run()``: the
-    cache is not known yet.
+    Page ids are checked against the cache's page count by the entry point at every ``run()`` (on the GPU): the
+    cache is not known yet. ``longer_indices``: ``indices`` may run past ``indptr[-1]`` (a CUDA-graph wrapper's
+    capacity buffer, as FlashInfer allows there); only the ids the batch owns are read.
     """
     n_ptr, n_idx, n_last = names
     ptr = host_ints(where, n_ptr, indptr)
@@ -84,8 +85,11 @@ def paged_kv(where: str, indptr, indices, last_page_len, page_size: int, device,
         raise ValueError(f"{where}: {n_last} must have batch_size = len({n_ptr}) - 1 = {batch} entries, "
                          f"got {last.size}")
     ids = host_ints(where, n_idx, indices)
-    if ptr[-1] != ids.size:
+    if longer_indices and ptr[-1] > ids.size:
+        raise ValueError(f"{where}: {n_ptr}[-1] ({ptr[-1]}) must be at most len({n_idx}) ({ids.size})")
+    if not longer_indices and ptr[-1] != ids.size:
         raise ValueError(f"{where}: {n_ptr}[-1] ({ptr[-1]}) must equal len({n_idx}) ({ids.size})")
+    ids = ids[: ptr[-1]]
     if ids.size and ids.min() < 0:
         raise ValueError(f"{where}: {n_idx} holds a negative page id ({ids.min()})")
     pages = np.diff(ptr)
@@ -108,3 +112,40 @@ def qo_lengths(where: str, name: str, qo_indptr, batch: int) -> np.ndarray:
         raise ValueError(f"{where}: {name} must have batch_size + 1 = {batch + 1} entries (one per request of "
                          f"the kv indptr, plus one), got {qo.size}")
     return np.diff(qo)
+
+
+def graph_buffer(where: str, name: str, t, device: torch.device, entries: int | None = None) -> torch.Tensor:
+    """A CUDA-graph index buffer given to a wrapper's constructor: a 1-D int32 contiguous tensor on the workspace's
+    device (``entries`` of them when the batch fixes its length). A graph replays its launches on these very
+    tensors, so they are kept, never copied."""
+    if t is None:
+        raise ValueError(f"{where}: use_cuda_graph=True needs {name} (a fixed int32 buffer that every plan() "
+                         "refills and every captured run() reads)")
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{where}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32 or t.dim() != 1 or not t.is_contiguous():
+        raise ValueError(f"{where}: {name} must be a contiguous 1-D int32 tensor, got {t.dtype} of shape "
+                         f"{tuple(t.shape)}")
+    if t.device != torch.device(device):
+        raise ValueError(f"{where}: {name} must be on the workspace's device {device}, got {t.device}")
+    if entries is not None and t.numel() != entries:
+        raise ValueError(f"{where}: {name} must have {entries} entries (the batch size, fixed by the "
+                         f"kv_last_page_len / kv_len_arr buffer, plus one for an indptr), got {t.numel()}")
+    return t
+
+
+def refill(where: str, copies, non_blocking: bool) -> None:
+    """Each ``(name, values, buffer_name, buffer, exact)`` of ``copies``: ``values`` copied into the front of a
+    CUDA-graph buffer in place (all of it when ``exact``: the batch size is fixed for the wrapper's life in graph
+    mode, as FlashInfer's). Every length is checked before any copy, so a plan() that fails leaves the buffers as
+    the last good plan left them."""
+    for name, values, buffer_name, buffer, exact in copies:
+        n = values.numel()
+        if (n != buffer.numel()) if exact else (n > buffer.numel()):
+            rule = f"{buffer.numel()}" if exact else f"at most {buffer.numel()}"
+            raise ValueError(f"{where}: {name} has {n} entries; the CUDA-graph buffer {buffer_name} takes {rule} "
+                             "(use_cuda_graph=True fixes the batch size and the page capacity at construction)")
+    for name, values, buffer_name, buffer, exact in copies:
+        if values.data_ptr() != buffer.data_ptr():  # an engine may fill the buffer itself and pass it back
+            buffer[: values.numel()].copy_(values.to(device=buffer.device, dtype=torch.int32),
+                                           non_blocking=non_blocking)

@@ -9,8 +9,15 @@ split query and cache (``q_nope, q_pe, ckv_cache, kpe_cache``, or ``query=(q_nop
 ``out=``, ``lse=``, ``return_lse``, base-2 LSE unless ``return_lse_base_on_e`` (or ``lse_mode="basee"``).
 Everything else that changes the attention raises ``NotImplementedError`` naming it.
 
-Ignored: the workspace buffer, ``backend``, the CUDA-graph index buffers (graphs are rejected),
-``enable_pdl``, ``max_q_len`` (a dense-metadata sizing hint).
+Ignored: the workspace buffer, ``backend``, ``enable_pdl``, ``max_q_len`` (a dense-metadata sizing hint).
+
+CUDA graphs (``use_cuda_graph=True``), as FlashInfer's: the constructor takes the four CSR buffers
+(``qo_indptr``, ``kv_indptr``, ``kv_indices``, ``kv_len_arr``), whose lengths fix the batch size and the page
+capacity; every ``plan()`` checks the new batch on the host and copies it into them in place (and the last pages'
+fill, derived from ``kv_len_arr``, into a buffer of the wrapper's own), and ``run()`` reads them, so a captured
+``run()`` replays any later plan's batch (cute_attn's default call plans and checks on the GPU at replay time). The
+query rows are fixed too (``q_nope.shape[0]`` must equal ``qo_indptr[-1]`` at every plan): decode, one or a fixed
+number of tokens a request. Make one ``run()`` before capturing (it compiles and allocates).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import importlib
 _package = importlib.import_module(__package__.rpartition(".")[0])
 
 from . import arguments as arg
-from .indices import check_indptr, host_ints, on_device, qo_lengths
+from .indices import check_indptr, graph_buffer, host_ints, on_device, qo_lengths, refill
 
 __all__ = ["BatchMLAPagedAttentionWrapper"]
 
@@ -66,8 +73,16 @@ class BatchMLAPagedAttentionWrapper:
     ) -> None:
         where = f"{_WHERE}()"
         self.device = arg.workspace_device(where, float_workspace_buffer)
-        arg.require_false(where, use_cuda_graph=use_cuda_graph)
         self._plan: _MlaPlan | None = None
+        self._graph: dict | None = None  # use_cuda_graph: CSR name -> the caller's buffer, and the last pages' fill
+        if use_cuda_graph:
+            kv_len = graph_buffer(where, "kv_len_arr", kv_len_arr, self.device)
+            batch = kv_len.numel()
+            self._graph = dict(
+                qo_indptr=graph_buffer(where, "qo_indptr", qo_indptr, self.device, batch + 1),
+                kv_indptr=graph_buffer(where, "kv_indptr", kv_indptr, self.device, batch + 1),
+                kv_indices=graph_buffer(where, "kv_indices", kv_indices, self.device), kv_len_arr=kv_len,
+                kv_last_page_len=torch.zeros(batch, dtype=torch.int32, device=self.device))
 
     def plan(
         self,
@@ -100,7 +115,7 @@ class BatchMLAPagedAttentionWrapper:
         enable_pdl=None,
         use_sinks: bool = False,
     ) -> None:
-        """Check the batch's CSR metadata and options; the first :meth:`run` plans the work."""
+        """Check the batch's CSR metadata and options; each :meth:`run` plans on the GPU."""
         where = f"{_WHERE}.plan()"
         self._plan = None  # a plan() that fails leaves no older batch behind for run() to use
         csr = (qo_indptr, kv_indptr, kv_indices, kv_len_arr)
@@ -142,7 +157,8 @@ class BatchMLAPagedAttentionWrapper:
         if not isinstance(causal, bool):
             raise TypeError(f"{where}: causal must be a bool, got {type(causal).__name__}")
         qo, kvp, kvi, kv_len = csr
-        kv_lens, last = _kv_lens_from_pages(where, kvp, kvi, kv_len, ps)
+        graph = self._graph
+        kv_lens, last = _kv_lens_from_pages(where, kvp, kvi, kv_len, ps, longer_indices=graph is not None)
         q_lens = qo_lengths(where, "qo_indptr", qo, kv_lens.size)
         if not causal and (q_lens > 1).any():
             b = int(np.nonzero(q_lens > 1)[0][0])
@@ -150,8 +166,23 @@ class BatchMLAPagedAttentionWrapper:
                        f"{b} has {q_lens[b]})")
         device = self.device
         last_dev = None if ps == 1 else on_device(torch.from_numpy(last.astype(np.int32)), device, False)
-        self._plan = _MlaPlan(on_device(qo, device, True), on_device(kvp, device, True), on_device(kvi, device, True),
-                              last_dev, ps, int(q_lens.sum()), num_heads, head_dim_ckv, head_dim_kpe, scale, lse_mode)
+        index = [on_device(qo, device, True), on_device(kvp, device, True), on_device(kvi, device, True), last_dev]
+        if graph is not None:  # into the captured buffers, in place
+            total_q = graph.setdefault("total_q", int(q_lens.sum()))  # the rows a captured run() reads
+            if int(q_lens.sum()) != total_q:
+                raise ValueError(f"{where}: qo_indptr[-1] ({int(q_lens.sum())}) must stay {total_q} with "
+                                 "use_cuda_graph=True: a captured run() reads that many query rows")
+            pages = int(-(-kv_lens // ps).sum())  # the ids the batch owns
+            copies = [("qo_indptr", index[0], "qo_indptr", graph["qo_indptr"], True),
+                      ("kv_indptr", index[1], "kv_indptr", graph["kv_indptr"], True),
+                      ("kv_indices", index[2][:pages], "kv_indices", graph["kv_indices"], False),
+                      ("kv_len_arr", on_device(kv_len, device, True), "kv_len_arr", graph["kv_len_arr"], True)]
+            if last_dev is not None:
+                copies.append(("kv_len_arr", last_dev, "kv_len_arr", graph["kv_last_page_len"], True))
+            refill(where, copies, True)
+            index = [graph["qo_indptr"], graph["kv_indptr"], graph["kv_indices"],
+                     None if last_dev is None else graph["kv_last_page_len"]]
+        self._plan = _MlaPlan(*index, ps, int(q_lens.sum()), num_heads, head_dim_ckv, head_dim_kpe, scale, lse_mode)
 
     def run(
         self,
@@ -220,14 +251,18 @@ def _csr_from_metadata(where: str, metadata) -> tuple:
     return tuple(getattr(metadata, n) for n in names)
 
 
-def _kv_lens_from_pages(where: str, kv_indptr, kv_indices, kv_len_arr, page_size: int) -> tuple:
+def _kv_lens_from_pages(where: str, kv_indptr, kv_indices, kv_len_arr, page_size: int,
+                        longer_indices: bool = False) -> tuple:
     """``(kv_lens, kv_last_page_len)``: ``kv_len_arr`` must fit the indptr's page counts
-    (``pages == ceil(kv_len / page_size)``; at page size 1 it restates them)."""
+    (``pages == ceil(kv_len / page_size)``; at page size 1 it restates them). ``longer_indices``: ``kv_indices``
+    may run past ``kv_indptr[-1]`` (a CUDA-graph capacity buffer)."""
     kvp = host_ints(where, "kv_indptr", kv_indptr)
     check_indptr(where, "kv_indptr", kvp)
     ids = host_ints(where, "kv_indices", kv_indices)
-    if kvp[-1] != ids.size:
-        raise ValueError(f"{where}: kv_indptr[-1] ({kvp[-1]}) must equal len(kv_indices) ({ids.size})")
+    if (kvp[-1] > ids.size) if longer_indices else (kvp[-1] != ids.size):
+        rule = "be at most" if longer_indices else "equal"
+        raise ValueError(f"{where}: kv_indptr[-1] ({kvp[-1]}) must {rule} len(kv_indices) ({ids.size})")
+    ids = ids[: kvp[-1]]
     if ids.size and ids.min() < 0:
         raise ValueError(f"{where}: kv_indices holds a negative page id ({ids.min()})")
     lens = host_ints(where, "kv_len_arr", kv_len_arr)

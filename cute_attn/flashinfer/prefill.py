@@ -8,10 +8,10 @@ positional encoding / soft-cap / window / custom mask, ``sm_scale`` (default ``1
 built causal. Everything else that changes the attention raises ``NotImplementedError`` naming it.
 
 Ignored, as they select among FlashInfer's own kernels or buffers: the workspace buffer, ``backend``,
-the CUDA-graph index buffers (graphs are rejected), ``enable_pdl``, ``non_blocking``,
-``max_token_per_sequence`` / ``max_sequence_kv`` (cuDNN sizing hints), ``use_fp16_softmax`` /
-``uses_spcompress`` (trtllm-gen cubin picks, which FlashInfer's other backends ignore too), ``rope_scale``
-/ ``rope_theta`` (read only with RoPE, which is rejected).
+the CUDA-graph index buffers (``use_cuda_graph=True`` is rejected: see the constructor), ``enable_pdl``,
+``non_blocking``, ``max_token_per_sequence`` / ``max_sequence_kv`` (cuDNN sizing hints), ``use_fp16_softmax`` /
+``uses_spcompress`` (trtllm-gen cubin picks, which FlashInfer's other backends ignore too), ``rope_scale`` /
+``rope_theta`` (read only with RoPE, which is rejected).
 """
 
 from __future__ import annotations
@@ -67,7 +67,11 @@ class BatchPrefillWithPagedKVCacheWrapper:
         where = f"{_WHERE}()"
         self.device = arg.workspace_device(where, float_workspace_buffer)
         arg.check_kv_layout(where, kv_layout)
-        arg.require_false(where, use_cuda_graph=use_cuda_graph, variant_owns_mask=variant_owns_mask)
+        if use_cuda_graph:  # FlashInfer pads captured queries (qo_indptr[-1] <= rows); our kernels read every row
+            arg.reject(where, "use_cuda_graph", use_cuda_graph, "False for prefill (capture "
+                       "cute_attn.gqa_paged_prefill itself, with qo_indptr[-1] == q.shape[0] at every replay; the "
+                       "decode and MLA wrappers take use_cuda_graph=True)")
+        arg.require_false(where, variant_owns_mask=variant_owns_mask)
         arg.require_none(where, custom_mask_buf=custom_mask_buf, mask_indptr_buf=mask_indptr_buf, jit_args=jit_args,
                          jit_kwargs=jit_kwargs)
         self._kv_layout = kv_layout
@@ -118,7 +122,7 @@ class BatchPrefillWithPagedKVCacheWrapper:
         disable_split_kv: bool = False,
         uniform_q_len=None,  # 0.7.2.post1's scheduling hint (every request has this q length): no effect here
     ) -> None:
-        """Check the batch's query and page tables and options; the first :meth:`run` plans the work."""
+        """Check the batch's query and page tables and options; each :meth:`run` plans on the GPU."""
         where = f"{_WHERE}.plan()"
         self._plan = None  # a plan() that fails leaves no older batch behind for run() to use
         if causal is not True:

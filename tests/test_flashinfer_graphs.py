@@ -1,0 +1,155 @@
+"""``use_cuda_graph=True`` in cute_attn.flashinfer's decode and MLA wrappers, on the CPU: the caller's buffers are
+checked at construction, every ``plan()`` refills them in place (all lengths checked before any copy), and every
+``run()`` hands the entry point those very tensors, so a captured ``run()`` replays later plans' batches.
+``tests/test_flashinfer_graphs_gpu.py`` captures and replays on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cute_attn import testing
+from cute_attn.flashinfer import (BatchDecodeWithPagedKVCacheWrapper, BatchMLAPagedAttentionWrapper,
+                                  BatchPrefillWithPagedKVCacheWrapper)
+from test_flashinfer_compat import BF16, _assert_equal, _workspace, reference_entries
+
+
+@pytest.fixture
+def entry_calls(monkeypatch):
+    return reference_entries(monkeypatch)
+
+BATCH, PAGES = 4, 40  # the buffers' capacity: requests, page ids
+
+
+def _decode_buffers(batch=BATCH, pages=PAGES):
+    return dict(paged_kv_indptr_buffer=torch.zeros(batch + 1, dtype=torch.int32),
+                paged_kv_indices_buffer=torch.zeros(pages, dtype=torch.int32),
+                paged_kv_last_page_len_buffer=torch.zeros(batch, dtype=torch.int32))
+
+
+def _decode_case(kv_lens, seed):
+    return testing.make_gqa_decode_case(kv_lens, num_qo_heads=8, num_kv_heads=2, head_dim=64, page_size=16,
+                                        seed=seed)
+
+
+def _plan_decode(w, case, indices=None):
+    w.plan(case.kv_indptr, case.kv_indices if indices is None else indices, case.kv_last_page_len, 8, 2, 64, 16,
+           q_data_type=BF16)
+
+
+def test_decode_plans_refill_the_buffers_and_runs_read_them(entry_calls):
+    buffers = _decode_buffers()
+    w = BatchDecodeWithPagedKVCacheWrapper(_workspace(), "NHD", use_cuda_graph=True, **buffers)
+    assert w.is_cuda_graph_enabled
+    for step, kv_lens in enumerate(([70, 0, 130, 16], [5, 300, 1, 64], [0, 0, 0, 9])):
+        case = _decode_case(kv_lens, seed=step)
+        _plan_decode(w, case)
+        pages = int(case.kv_indptr[-1])
+        assert torch.equal(buffers["paged_kv_indptr_buffer"], case.kv_indptr)
+        assert torch.equal(buffers["paged_kv_indices_buffer"][:pages], case.kv_indices)
+        assert torch.equal(buffers["paged_kv_last_page_len_buffer"], case.kv_last_page_len)
+        out = w.run(case.q, (case.k_cache, case.v_cache))
+        _assert_equal(out, case.reference()[0], f"plan {step}")
+        # the very buffers, every time: what a captured launch reads at replay
+        got = entry_calls[-1].inputs[3:6]
+        assert all(a is b for a, b in zip(got, buffers.values())), "run() must pass the graph buffers"
+
+
+def test_decode_takes_the_indices_buffer_itself_and_longer_indices(entry_calls):
+    """SGLang-style: the engine writes the page ids into the buffer and passes the whole buffer back."""
+    buffers = _decode_buffers()
+    w = BatchDecodeWithPagedKVCacheWrapper(_workspace(), "NHD", use_cuda_graph=True, **buffers)
+    case = _decode_case([70, 0, 130, 16], seed=3)
+    pages = int(case.kv_indptr[-1])
+    buffers["paged_kv_indices_buffer"][:pages] = case.kv_indices
+    buffers["paged_kv_indices_buffer"][pages:] = -7  # past the batch: never read, never checked
+    _plan_decode(w, case, indices=buffers["paged_kv_indices_buffer"])
+    _assert_equal(w.run(case.q, (case.k_cache, case.v_cache)), case.reference()[0], "buffer as indices")
+    longer = torch.cat([case.kv_indices, torch.full((5,), 99, dtype=torch.int32)])
+    _plan_decode(w, case, indices=longer)
+    assert torch.equal(buffers["paged_kv_indices_buffer"][:pages], case.kv_indices)
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(paged_kv_indptr_buffer=None), "use_cuda_graph=True needs paged_kv_indptr_buffer"),
+    (dict(paged_kv_indices_buffer=torch.zeros(8, dtype=torch.int64)), "paged_kv_indices_buffer must be a contiguous"),
+    (dict(paged_kv_indptr_buffer=torch.zeros(4, dtype=torch.int32)), "paged_kv_indptr_buffer must have 5 entries"),
+    (dict(paged_kv_last_page_len_buffer=[0] * 4), "paged_kv_last_page_len_buffer must be a torch.Tensor"),
+])
+def test_decode_graph_buffers_are_checked_at_construction(change, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        BatchDecodeWithPagedKVCacheWrapper(_workspace(), "NHD", use_cuda_graph=True, **(_decode_buffers() | change))
+
+
+def test_decode_graph_plans_keep_the_batch_and_capacity_and_fail_before_any_copy():
+    buffers = _decode_buffers()
+    w = BatchDecodeWithPagedKVCacheWrapper(_workspace(), "NHD", use_cuda_graph=True, **buffers)
+    good = _decode_case([70, 0, 130, 16], seed=1)
+    _plan_decode(w, good)
+    before = {k: v.clone() for k, v in buffers.items()}
+    with pytest.raises(ValueError, match="indptr has 3 entries; the CUDA-graph buffer paged_kv_indptr_buffer"):
+        _plan_decode(w, _decode_case([5, 6], seed=2))
+    with pytest.raises(ValueError, match="indices has 43 entries; the CUDA-graph buffer paged_kv_indices_buffer "
+                                         "takes at most 40"):
+        _plan_decode(w, testing.make_gqa_decode_case([16 * 40, 16, 1, 1], num_qo_heads=8, num_kv_heads=2,
+                                                     head_dim=64, page_size=16, seed=4))
+    assert all(torch.equal(before[k], buffers[k]) for k in buffers), "a failed plan() wrote the buffers"
+    with pytest.raises(RuntimeError, match="before a successful plan"):
+        w.run(good.q, (good.k_cache, good.v_cache))
+
+
+def test_prefill_graphs_are_refused_with_the_way_to_capture():
+    with pytest.raises(NotImplementedError, match="capture cute_attn.gqa_paged_prefill itself"):
+        BatchPrefillWithPagedKVCacheWrapper(_workspace(), "NHD", use_cuda_graph=True)
+
+
+def _mla_buffers(batch=BATCH, pages=PAGES):
+    return dict(qo_indptr=torch.zeros(batch + 1, dtype=torch.int32),
+                kv_indptr=torch.zeros(batch + 1, dtype=torch.int32),
+                kv_indices=torch.zeros(pages, dtype=torch.int32), kv_len_arr=torch.zeros(batch, dtype=torch.int32))
+
+
+def _mla_case(kv_lens, page_size, seed, q_lens=(1, 1, 1, 1)):
+    return testing.make_mla_prefill_case(list(q_lens), list(kv_lens), num_heads=4, ckv_dim=32, kpe_dim=16,
+                                         page_size=page_size, seed=seed, num_pages=PAGES)
+
+
+def _plan_mla(w, case, page_size):
+    kv_len_arr = torch.tensor(case.kv_lens, dtype=torch.int32)
+    w.plan(case.qo_indptr, case.kv_indptr, case.kv_indices, kv_len_arr, 4, 32, 16, page_size, True, case.sm_scale,
+           BF16, BF16)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_mla_plans_refill_the_buffers_and_runs_read_them(entry_calls, page_size):
+    buffers = _mla_buffers()
+    w = BatchMLAPagedAttentionWrapper(_workspace(), True, **buffers)
+    lens = ([5, 0, 30, 2], [1, 33, 3, 0], [0, 0, 0, 40 if page_size == 1 else 200])
+    last_page_lens = []
+    for step, kv_lens in enumerate(lens):
+        case = _mla_case(kv_lens, page_size, seed=step)
+        _plan_mla(w, case, page_size)
+        assert torch.equal(buffers["kv_indptr"], case.kv_indptr) and torch.equal(buffers["qo_indptr"], case.qo_indptr)
+        assert buffers["kv_len_arr"].tolist() == kv_lens
+        out, lse = w.run(case.q_nope, case.q_pe, case.ckv_cache, case.kpe_cache, return_lse=True)
+        ref_out, ref_lse = case.reference()
+        _assert_equal(out, ref_out, f"plan {step} output")
+        _assert_equal(lse, ref_lse, f"plan {step} lse")
+        inputs = entry_calls[-1].inputs
+        assert inputs[4] is buffers["qo_indptr"] and inputs[5] is buffers["kv_indptr"]
+        assert inputs[6] is buffers["kv_indices"]
+        if page_size == 1:
+            assert inputs[7] is None  # the ps1 order: a request has as many keys as pages
+        else:  # the wrapper's own buffer, the same tensor at every plan
+            assert torch.equal(inputs[7], case.kv_last_page_len)
+            last_page_lens.append(inputs[7])
+            assert inputs[7] is last_page_lens[0]
+
+
+def test_mla_graph_plans_keep_the_query_rows():
+    w = BatchMLAPagedAttentionWrapper(_workspace(), True, **_mla_buffers())
+    _plan_mla(w, _mla_case([5, 0, 30, 2], 1, seed=0), 1)
+    with pytest.raises(ValueError, match=r"qo_indptr\[-1\] \(5\) must stay 4 with use_cuda_graph=True"):
+        _plan_mla(w, _mla_case([5, 0, 30, 2], 1, seed=0, q_lens=(2, 1, 1, 1)), 1)
+    with pytest.raises(ValueError, match="use_cuda_graph=True needs kv_len_arr"):
+        BatchMLAPagedAttentionWrapper(_workspace(), True, **(_mla_buffers() | dict(kv_len_arr=None)))

@@ -1,0 +1,130 @@
+"""cute_attn.flashinfer's wrappers with ``use_cuda_graph=True`` on a GPU, as an engine's decode step uses them:
+buffers made at capacity, a warm-up ``run()`` and the capture on one side stream, then for each step a ``plan()``
+of a new batch (lengths, page table, padding requests without pages), the new queries copied in, and a replay:
+every replay equals the float32 reference of the batch then planned. Pools are finite (every page may be drawn),
+the indices buffer's tail past the batch holds ids outside the pool (never read), outputs are NaN-filled before
+each replay (an unwritten row fails)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+import cute_attn  # noqa: E402
+import cute_attn.flashinfer as ours  # noqa: E402
+from cute_attn import reference, testing  # noqa: E402
+
+BF16 = torch.bfloat16
+BATCH = 8  # the captured batch: live requests plus padding ones (no pages)
+STEPS = 4
+MAX_KV = 4096  # keys a request may have: the pools hold BATCH of them (every page may be drawn)
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    torch.cuda.init()
+    cute_attn.clear_plan_cache()
+    cute_attn.raise_on_device_error()
+    yield
+    torch.cuda.synchronize()
+    cute_attn.raise_on_device_error()
+
+
+def _batch(rng, page_size: int, pool_pages: int, max_kv: int):
+    """kv lengths (the last requests padding: 0 keys) and a page table over the whole pool, on the GPU."""
+    live = int(rng.integers(1, BATCH + 1))
+    kv_lens = [int(rng.integers(1, max_kv)) for _ in range(live)] + [0] * (BATCH - live)
+    pages = [-(-n // page_size) for n in kv_lens]
+    ids = rng.permutation(pool_pages)[: sum(pages)]
+    indptr = np.concatenate([[0], np.cumsum(pages)])
+    last = [(n - 1) % page_size + 1 if n else 0 for n in kv_lens]
+    as_gpu = lambda a: torch.tensor(np.asarray(a), dtype=torch.int32, device="cuda")  # noqa: E731
+    return kv_lens, as_gpu(indptr), as_gpu(ids), as_gpu(last)
+
+
+def _capture(run):
+    """``run()`` once on a side stream (compiles, allocates), then captured on that stream."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        run()
+    return graph
+
+
+@pytest.mark.parametrize("page_size", [64, 1])
+def test_decode_wrapper_replays_each_new_plan(page_size):
+    heads, kv_heads, head_dim, pool_pages = 20, 4, 128, BATCH * MAX_KV // page_size + 16
+    rng = np.random.default_rng(page_size)
+    k_cache = torch.randn(pool_pages, page_size, kv_heads, head_dim, dtype=BF16, device="cuda")
+    v_cache = torch.randn_like(k_cache)
+    buffers = dict(paged_kv_indptr_buffer=torch.zeros(BATCH + 1, dtype=torch.int32, device="cuda"),
+                   paged_kv_indices_buffer=torch.full((pool_pages,), pool_pages + 9, dtype=torch.int32,
+                                                      device="cuda"),
+                   paged_kv_last_page_len_buffer=torch.zeros(BATCH, dtype=torch.int32, device="cuda"))
+    workspace = torch.empty(16 << 20, dtype=torch.uint8, device="cuda")
+    w = ours.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_cuda_graph=True, **buffers)
+    q = torch.empty(BATCH, heads, head_dim, dtype=BF16, device="cuda")
+    out = torch.empty(BATCH, heads, head_dim, dtype=BF16, device="cuda")
+    graph = None
+    for step in range(STEPS + 1):
+        kv_lens, indptr, ids, last = _batch(rng, page_size, pool_pages, MAX_KV)
+        w.plan(indptr, ids, last, heads, kv_heads, head_dim, page_size, q_data_type=BF16, kv_data_type=BF16)
+        q.normal_()
+        out.fill_(float("nan"))
+        if graph is None:  # step 0: warm-up and capture (the capture's own run computes this batch)
+            graph = _capture(lambda: w.run(q, (k_cache, v_cache), out=out))
+        else:
+            graph.replay()
+        torch.cuda.synchronize()
+        ref_out, _ = reference.gqa_paged_decode_ref(q, k_cache, v_cache, indptr, ids, last, 1.0 / head_dim ** 0.5)
+        testing.assert_close_benchmark(out, ref_out, f"page {page_size} step {step} {kv_lens}")
+
+
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_mla_wrapper_replays_each_new_plan(page_size):
+    heads, ckv, kpe, pool_pages = 16, 512, 64, BATCH * MAX_KV // page_size + 16
+    rng = np.random.default_rng(10 + page_size)
+    ckv_cache = torch.randn(pool_pages, page_size, ckv, dtype=BF16, device="cuda")
+    kpe_cache = torch.randn(pool_pages, page_size, kpe, dtype=BF16, device="cuda")
+    buffers = dict(qo_indptr=torch.zeros(BATCH + 1, dtype=torch.int32, device="cuda"),
+                   kv_indptr=torch.zeros(BATCH + 1, dtype=torch.int32, device="cuda"),
+                   kv_indices=torch.full((pool_pages,), -3, dtype=torch.int32, device="cuda"),
+                   kv_len_arr=torch.zeros(BATCH, dtype=torch.int32, device="cuda"))
+    workspace = torch.empty(16 << 20, dtype=torch.uint8, device="cuda")
+    w = ours.BatchMLAPagedAttentionWrapper(workspace, True, **buffers)
+    qo_indptr = torch.arange(BATCH + 1, dtype=torch.int32, device="cuda")  # one token a request (decode)
+    q_nope = torch.empty(BATCH, heads, ckv, dtype=BF16, device="cuda")
+    q_pe = torch.empty(BATCH, heads, kpe, dtype=BF16, device="cuda")
+    out = torch.empty(BATCH, heads, ckv, dtype=BF16, device="cuda")
+    lse = torch.empty(BATCH, heads, dtype=torch.float32, device="cuda")
+    scale = testing.MLA_SM_SCALE
+    graph = None
+    for step in range(STEPS + 1):
+        kv_lens, indptr, ids, last = _batch(rng, page_size, pool_pages, MAX_KV)
+        kv_len_arr = torch.tensor(kv_lens, dtype=torch.int32, device="cuda")
+        w.plan(qo_indptr, indptr, ids, kv_len_arr, heads, ckv, kpe, page_size, True, scale, BF16, BF16)
+        q_nope.normal_()
+        q_pe.normal_()
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        if graph is None:
+            graph = _capture(lambda: w.run(q_nope, q_pe, ckv_cache, kpe_cache, out=out, lse=lse, return_lse=True))
+        else:
+            graph.replay()
+        torch.cuda.synchronize()
+        rest = (scale,) if page_size == 1 else (last, scale)
+        ref_out, ref_lse = reference.mla_paged_prefill_ref(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, indptr,
+                                                           ids, *rest)
+        testing.assert_close_benchmark(out, ref_out, f"page {page_size} step {step} {kv_lens} output")
+        testing.assert_close_benchmark(lse, ref_lse, f"page {page_size} step {step} {kv_lens} lse")
