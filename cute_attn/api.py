@@ -538,21 +538,35 @@ def _launch(hit: _Hit, plan, args, output, lse, natural_lse):
     return output, lse
 
 
-def plan_for(spec, args: tuple, *, arch: str | None, num_sms: int | None, on_device: bool = False) -> DevicePlan:
+def plan_for(spec, args: tuple, *, arch: str | None, num_sms: int | None, on_device: bool = False,
+             into: DevicePlan | None = None) -> DevicePlan:
     """``plan_<kind>``: every rule (index values included), the config (its kernel's rules), then the plan.
 
     ``on_device=True``: the shape rules only, then the device planner fills a new DevicePlan in the current stream
     (no host sync; index faults go to the device error word, and a broken indptr leaves an empty plan, so the
-    outputs of the launches that use it are not written: check :func:`cute_attn.raise_on_device_error`)."""
+    outputs of the launches that use it are not written: check :func:`cute_attn.raise_on_device_error`).
+    ``into``: a DevicePlan an earlier ``on_device`` call of the same shapes made, planned again in place (its
+    buffers are what captured launches read: the FlashInfer-compatible wrappers' graph mode re-plans at every
+    ``plan()``); a plan of other shapes is a ValueError."""
     validate.check_flag("on_device", on_device)
+    if into is not None and not on_device:
+        raise ValueError("into= refills a device plan: pass on_device=True")
     if on_device:
-        from .device_planning import DevicePlanRoute, allocate_planned
+        from .device_planning import DevicePlanRoute, allocate_planned, planner_fits
 
         problem, config = _checked_config(spec, args, None, None, arch)
         num_ctas = _num_ctas(config, problem.device, num_sms)
         config = _device_plan_config(spec, config, problem.device, num_ctas)
         route = DevicePlanRoute.resolve(spec, config, problem, num_ctas)
-        plan = allocate_planned(config, route.capacity, route.num_ctas, route.batch, problem.device, route.writers)
+        if into is None:
+            plan = allocate_planned(config, route.capacity, route.num_ctas, route.batch, problem.device,
+                                    route.writers)
+        elif (not isinstance(into, DevicePlan) or into.config != config or not planner_fits(into, route)
+              or into.items.device != problem.device):
+            raise ValueError(f"into must be a DevicePlan that plan_{spec.name}(..., on_device=True) made for inputs "
+                             "of these shapes")
+        else:
+            plan = into
         no_rows = torch.empty(0, config.num_qo_heads, config.head_dim_v, dtype=torch.bfloat16, device=problem.device)
         route.plan(plan, args, no_rows, torch.empty(0, config.num_qo_heads, device=problem.device))
         return plan

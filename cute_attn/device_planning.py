@@ -24,8 +24,8 @@ from .kernels.common.combine import CombineConfig
 from .kernels.common.launch_chain import LaunchChainConfig
 from .plan import PlanCapacity
 
-__all__ = ["PlannerScratch", "DevicePlanRoute", "planner_config", "allocate_planned", "launch_planner",
-           "planner_arguments"]
+__all__ = ["PlannerScratch", "DevicePlanRoute", "planner_config", "allocate_planned", "planner_fits",
+           "launch_planner", "planner_arguments"]
 
 
 @dataclass
@@ -39,6 +39,7 @@ class PlannerScratch:
     arrivals: torch.Tensor  # [1] int32, zero between launches
     ones: torch.Tensor  # [max(batch, 1)] int32: kv_last_page_len of kinds without one (page size 1: MLA)
     writers: int = 1  # the planning CTAs a launch has (device_planner.launch_writers: from the shapes alone)
+    sizes: tuple = ()  # (capacity, num_ctas, batch, writers) the plan's buffers were made for (planner_fits)
 
     @staticmethod
     def allocate(capacity: PlanCapacity, batch: int, device, writers: int = 1) -> "PlannerScratch":
@@ -69,9 +70,16 @@ def allocate_planned(config, capacity: PlanCapacity, num_ctas: int, batch: int, 
     def make():
         plan = DevicePlan.allocate(config, capacity, num_ctas, device)
         plan.planner = PlannerScratch.allocate(capacity, batch, device, writers)
+        plan.planner.sizes = (capacity, num_ctas, batch, writers)
         return plan
 
     return allocate_outside_graph_pools(device, make)  # kept for the route's later calls: not in a graph's pool
+
+
+def planner_fits(plan, route: "DevicePlanRoute") -> bool:
+    """Whether ``plan`` (from :func:`allocate_planned`) has the buffers ``route``'s planner writes."""
+    return plan.planner is not None and plan.planner.sizes == (route.capacity, route.num_ctas, route.batch,
+                                                               route.writers)
 
 
 def index_positions(spec) -> tuple:

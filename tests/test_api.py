@@ -88,6 +88,18 @@ def test_explicit_plan_checks_index_values():
         cute_attn.plan_gqa_paged_prefill(*case.inputs(), arch="sm_90a")
 
 
+def test_planning_into_an_existing_plan_needs_a_device_plan():
+    """``api.plan_for(into=)`` (the wrappers' graph mode) re-plans a device plan in place: a host plan cannot be
+    refilled that way, and the inputs' rules come before the plan's (a CPU input stops at the device rule)."""
+    case = prefill_case()
+    host_plan = cute_attn.plan_gqa_paged_prefill(*case.inputs(), arch="sm_90a", num_sms=8)
+    spec = get_spec("gqa_paged_prefill")
+    with pytest.raises(ValueError, match="into= refills a device plan: pass on_device=True"):
+        api.plan_for(spec, case.inputs(), arch="sm_90a", num_sms=8, into=host_plan)
+    with pytest.raises(ValueError, match="CUDA device"):
+        api.plan_for(spec, case.inputs(), arch="sm_90a", num_sms=8, on_device=True, into=host_plan)
+
+
 def test_unsupported_configs_are_rejected_with_a_reason():
     case = testing.make_gqa_prefill_case([3], [3], head_dim=96)
     with pytest.raises(ValueError, match="GQA head_dim must be one of"):

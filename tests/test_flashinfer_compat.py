@@ -160,7 +160,8 @@ def _planned(kind, **plan_kw):
 
 _ENTRIES = {"decode": ("gqa_paged_decode", reference.gqa_paged_decode_ref),
             "prefill": ("gqa_paged_prefill", reference.gqa_paged_prefill_ref),
-            "mla": ("mla_paged_prefill", reference.mla_paged_prefill_ref)}
+            "mla": ("mla_paged_prefill", reference.mla_paged_prefill_ref),
+            "mla_decode": ("mla_paged_decode", reference.mla_paged_decode_ref)}
 
 
 @pytest.fixture
@@ -170,14 +171,26 @@ def entry_calls(monkeypatch):
 
 
 def reference_entries(monkeypatch) -> list:
-    """The three entry points replaced by the fp32 reference (``monkeypatch``); the list of calls they receive."""
-    calls = []
+    """The entry points replaced by the fp32 reference, and the device planner by a stand-in plan (``monkeypatch``);
+    the list of calls the entries receive (each with the ``plan`` it was given). The wrappers plan once per batch
+    (``step_plan.py``): :func:`device_plans` lists the plans they asked for."""
+    calls = _Calls()
+    plans = calls.plans
+
+    def plan_for(spec, args, *, arch, num_sms, on_device=False, into=None):
+        assert on_device and arch is None and num_sms is None, "the wrappers plan on the device, for the inputs"
+        plan = into if into is not None else types.SimpleNamespace(spec=spec, number=len(plans))
+        plans.append(types.SimpleNamespace(spec=spec, args=args, into=into, plan=plan))
+        return plan
 
     def stand_in(ref):
         def entry(*args, **options):
             *inputs, output, lse = args
-            assert set(options) <= {"natural_lse"}, options  # the wrappers must let the entry plan and cache
-            calls.append(types.SimpleNamespace(inputs=inputs, output=output, lse=lse, options=options))
+            assert set(options) <= {"natural_lse", "plan"}, options
+            if ref is reference.mla_paged_decode_ref and inputs[6] is None:  # the ps1 order: no kv_last_page_len
+                inputs = inputs[:6] + inputs[7:]
+            calls.append(types.SimpleNamespace(inputs=inputs, output=output, lse=lse, options=options,
+                                               plan=options.get("plan")))
             ref_out, ref_lse = ref(*inputs, natural_lse=options.get("natural_lse", False))
             if output is None:
                 return ref_out, ref_lse
@@ -188,7 +201,16 @@ def reference_entries(monkeypatch) -> list:
 
     for name, ref in _ENTRIES.values():
         monkeypatch.setattr(cute_attn, name, stand_in(ref))
+    monkeypatch.setattr(cute_attn.api, "plan_for", plan_for)
     return calls
+
+
+class _Calls(list):
+    """The entry calls a test's wrappers made, and (``plans``) the device plans they asked for."""
+
+    def __init__(self):
+        super().__init__()
+        self.plans = []
 
 
 def _assert_equal(actual, expected, what):
@@ -257,7 +279,7 @@ def test_prefill_run_gives_the_causal_reference(entry_calls):
     _assert_equal(out, ref_out, "output")
     _assert_equal(lse, ref_lse, "lse")
     _, lse_ln = w.run(q, kv, return_lse=True, lse_base="ln")
-    assert entry_calls[-1].options == {"natural_lse": True}
+    assert entry_calls[-1].options["natural_lse"] is True
     _assert_equal(lse_ln, reference.gqa_paged_prefill_ref(*case.inputs()[:-1], 0.2, natural_lse=True)[1], "ln lse")
 
 

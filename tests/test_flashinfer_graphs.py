@@ -1,7 +1,12 @@
-"""``use_cuda_graph=True`` in cute_attn.flashinfer's decode and MLA wrappers, on the CPU: the caller's buffers are
-checked at construction, every ``plan()`` refills them in place (all lengths checked before any copy), and every
-``run()`` hands the entry point those very tensors, so a captured ``run()`` replays later plans' batches.
-``tests/test_flashinfer_graphs_gpu.py`` captures and replays on a GPU."""
+"""How cute_attn.flashinfer's wrappers plan, on the CPU (entry points and device planner stood in):
+
+- once per batch: the first ``run()`` after a ``plan()`` makes one device plan, every ``run()`` (layer) of the batch
+  passes it, a later batch plans into the same buffers (``step_plan.py``); MLA batches of one query a request take
+  the decode kernel's entry and spec;
+- ``use_cuda_graph=True`` (decode and MLA): the caller's buffers are checked at construction, every ``plan()``
+  refills them in place (all lengths checked before any copy) and re-plans into the device plan the captured runs
+  read, and every ``run()`` hands the entry point those very tensors, so a captured ``run()`` replays later plans'
+  batches. ``tests/test_flashinfer_graphs_gpu.py`` captures and replays on a GPU."""
 
 from __future__ import annotations
 
@@ -135,15 +140,16 @@ def test_mla_plans_refill_the_buffers_and_runs_read_them(entry_calls, page_size)
         ref_out, ref_lse = case.reference()
         _assert_equal(out, ref_out, f"plan {step} output")
         _assert_equal(lse, ref_lse, f"plan {step} lse")
-        inputs = entry_calls[-1].inputs
-        assert inputs[4] is buffers["qo_indptr"] and inputs[5] is buffers["kv_indptr"]
-        assert inputs[6] is buffers["kv_indices"]
+        # one query a request: mla_paged_decode (no qo_indptr), planned with the graph's qo_indptr buffer
+        inputs, planned = entry_calls[-1].inputs, entry_calls.plans[-1].args
+        assert inputs[4] is buffers["kv_indptr"] and inputs[5] is buffers["kv_indices"]
+        assert planned[4] is buffers["qo_indptr"] and planned[5] is buffers["kv_indptr"]
         if page_size == 1:
-            assert inputs[7] is None  # the ps1 order: a request has as many keys as pages
+            assert len(inputs) == 7 and planned[7] is None  # the ps1 order: as many keys as pages
         else:  # the wrapper's own buffer, the same tensor at every plan
-            assert torch.equal(inputs[7], case.kv_last_page_len)
-            last_page_lens.append(inputs[7])
-            assert inputs[7] is last_page_lens[0]
+            assert torch.equal(inputs[6], case.kv_last_page_len)
+            last_page_lens.append(inputs[6])
+            assert inputs[6] is last_page_lens[0] and planned[7] is inputs[6]
 
 
 def test_mla_graph_plans_keep_the_query_rows():
@@ -153,3 +159,61 @@ def test_mla_graph_plans_keep_the_query_rows():
         _plan_mla(w, _mla_case([5, 0, 30, 2], 1, seed=0, q_lens=(2, 1, 1, 1)), 1)
     with pytest.raises(ValueError, match="use_cuda_graph=True needs kv_len_arr"):
         BatchMLAPagedAttentionWrapper(_workspace(), True, **(_mla_buffers() | dict(kv_len_arr=None)))
+
+
+def test_one_device_plan_per_batch_shared_by_every_run(entry_calls):
+    w = BatchDecodeWithPagedKVCacheWrapper(_workspace(), "NHD")
+    case = _decode_case([70, 0, 130, 16], seed=0)
+    _plan_decode(w, case)
+    assert not entry_calls.plans, "plan() itself launches nothing outside graph mode"
+    for _layer in range(3):
+        w.run(case.q, (case.k_cache, case.v_cache))
+    (made,) = entry_calls.plans
+    assert made.into is None and made.spec.name == "gqa_paged_decode"
+    assert all(c.plan is made.plan for c in entry_calls), "every layer runs the batch's one plan"
+    other = _decode_case([5, 300, 1, 64], seed=1)
+    _plan_decode(w, other)
+    out = w.run(other.q, (other.k_cache, other.v_cache))
+    _assert_equal(out, other.reference()[0], "the next batch")
+    assert len(entry_calls.plans) == 2 and entry_calls.plans[1].into is made.plan, "planned into the kept buffers"
+    assert entry_calls.plans[1].args[3] is other.kv_indptr
+
+
+def test_graph_mode_replans_at_plan_time_from_the_buffers(entry_calls):
+    buffers = _decode_buffers()
+    w = BatchDecodeWithPagedKVCacheWrapper(_workspace(), "NHD", use_cuda_graph=True, **buffers)
+    case = _decode_case([70, 0, 130, 16], seed=0)
+    _plan_decode(w, case)
+    assert not entry_calls.plans, "nothing to re-plan before the first run()"
+    w.run(case.q, (case.k_cache, case.v_cache))  # the warm-up run: makes the plan a capture would read
+    (made,) = entry_calls.plans
+    other = _decode_case([5, 300, 1, 64], seed=1)
+    _plan_decode(w, other)  # a replay step: plan() alone must refresh what the captured runs read
+    replanned = entry_calls.plans[-1]
+    assert len(entry_calls.plans) == 2 and replanned.into is made.plan and replanned.args[0] is case.q
+    assert all(a is b for a, b in zip(replanned.args[3:6], buffers.values()))
+    w.run(other.q, (other.k_cache, other.v_cache))
+    assert len(entry_calls.plans) == 2 and entry_calls[-1].plan is made.plan
+
+
+def test_mla_decode_batches_take_the_decode_kernel(entry_calls):
+    w = BatchMLAPagedAttentionWrapper(_workspace())
+    decode = _mla_case([5, 0, 30, 2], 1, seed=0)
+    _plan_mla(w, decode, 1)
+    out = w.run(decode.q_nope, decode.q_pe, decode.ckv_cache, decode.kpe_cache)
+    _assert_equal(out, decode.reference()[0], "decode batch")
+    from cute_attn.ops import mla_decode, mla_prefill
+
+    assert entry_calls.plans[-1].spec is mla_decode.ONE_TOKEN_SPEC and len(entry_calls[-1].inputs) == 7
+    prefill = _mla_case([5, 9, 20, 2], 1, seed=1, q_lens=(1, 3, 0, 2))
+    _plan_mla(w, prefill, 1)
+    out = w.run(prefill.q_nope, prefill.q_pe, prefill.ckv_cache, prefill.kpe_cache)
+    _assert_equal(out, prefill.reference()[0], "prefill batch")
+    assert entry_calls.plans[-1].spec is mla_prefill.SPEC and entry_calls[-1].inputs[4] is not None
+
+
+def test_mla_graph_plans_keep_the_kernel():
+    w = BatchMLAPagedAttentionWrapper(_workspace(), True, **_mla_buffers())
+    _plan_mla(w, _mla_case([5, 0, 30, 2], 1, seed=0), 1)
+    with pytest.raises(ValueError, match="every plan must keep one query per request"):
+        _plan_mla(w, _mla_case([5, 9, 20, 2], 1, seed=1, q_lens=(2, 0, 1, 1)), 1)

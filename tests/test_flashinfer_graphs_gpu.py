@@ -128,3 +128,41 @@ def test_mla_wrapper_replays_each_new_plan(page_size):
                                                            ids, *rest)
         testing.assert_close_benchmark(out, ref_out, f"page {page_size} step {step} {kv_lens} output")
         testing.assert_close_benchmark(lse, ref_lse, f"page {page_size} step {step} {kv_lens} lse")
+
+
+@pytest.mark.parametrize("kind", ["decode", "mla_decode", "prefill"])
+def test_planning_into_a_kept_plan_runs_as_a_fresh_one(kind):
+    """``api.plan_for(into=)`` (the wrappers' step plans and graph mode): a second batch of the same shapes planned
+    into the first one's device plan runs as the reference; a plan of other shapes is refused by name."""
+    from cute_attn import api, hostile
+    from cute_attn.ops import gqa_decode, gqa_prefill, mla_decode
+
+    if kind == "decode":
+        make = lambda lens, seed: testing.make_gqa_decode_case(lens, device="cuda", seed=seed)  # noqa: E731
+        spec, first, second, other = gqa_decode.SPEC, [300, 0, 4000, 64], [64, 2000, 1, 900], [5, 6]
+    elif kind == "mla_decode":
+        make = lambda lens, seed: testing.make_mla_prefill_case(  # noqa: E731
+            [1] * len(lens), lens, page_size=64, device="cuda", seed=seed)
+        spec, first, second, other = mla_decode.ONE_TOKEN_SPEC, [300, 0, 4000, 64], [64, 2000, 1, 900], [5, 6]
+    else:
+        make = lambda lens, seed: testing.make_gqa_prefill_case(  # noqa: E731
+            [40] * len(lens), lens, device="cuda", seed=seed)
+        spec, first, second, other = gqa_prefill.SPEC, [300, 40, 900], [40, 2000, 64], [50, 60]
+    a, b = make(first, 1), make(second, 2)
+    plan = api.plan_for(spec, a.inputs(), arch=None, num_sms=None, on_device=True)
+    again = api.plan_for(spec, b.inputs(), arch=None, num_sms=None, on_device=True, into=plan)
+    assert again is plan
+    out, lse = b.new_outputs()
+    if kind == "mla_decode":
+        run = cute_attn.mla_paged_decode
+        inputs = (b.q_nope, b.q_pe, b.ckv_cache, b.kpe_cache, b.kv_indptr, b.kv_indices, b.kv_last_page_len,
+                  b.sm_scale)
+    else:
+        run, inputs = hostile.entry_for(b).run, b.inputs()
+    run(*inputs, out, lse, plan=plan)
+    torch.cuda.synchronize()
+    ref_out, ref_lse = b.reference()
+    testing.assert_close_benchmark(out, ref_out, f"{kind} planned into a kept plan: output")
+    testing.assert_close_benchmark(lse, ref_lse, f"{kind} planned into a kept plan: lse")
+    with pytest.raises(ValueError, match="into must be a DevicePlan"):
+        api.plan_for(spec, make(other, 3).inputs(), arch=None, num_sms=None, on_device=True, into=plan)

@@ -9,11 +9,14 @@ Ignored, as they select among FlashInfer's own kernels or buffers: the workspace
 keeps its plans itself), ``use_tensor_cores``, ``backend``, ``enable_pdl``, ``non_blocking`` (only used for
 the index copies), ``rope_scale`` / ``rope_theta`` (read only with RoPE, which is rejected).
 
+Plans, as FlashInfer's: the first ``run()`` after a ``plan()`` launches cute_attn's device planner once (no host
+sync) and every ``run()`` of the batch (each layer) uses that plan (``step_plan.py``), so layers pay no planner.
+
 CUDA graphs (``use_cuda_graph=True``), as FlashInfer's: the constructor takes the three index buffers, whose
 lengths fix the batch size and the page capacity; every ``plan()`` checks the new batch on the host and copies
-it into them in place, and ``run()`` reads them. A ``run()`` captured once therefore replays any later plan's
-batch: cute_attn's default call plans and checks on the GPU from what the buffers hold at replay time, with no
-host sync. Make one ``run()`` before capturing (it compiles and allocates), as engines' warm-up passes do.
+it into them in place and re-plans on the GPU into the device plan the captured runs read, so a ``run()``
+captured once replays any later plan's batch, with no planner in the graph. Make one ``run()`` before capturing
+(it compiles, allocates and makes that device plan), as engines' warm-up passes do.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ _package = importlib.import_module(__package__.rpartition(".")[0])
 
 from . import arguments as arg
 from .indices import PagedKv, graph_buffer, paged_kv, refill
+from .step_plan import StepPlan
 
 __all__ = ["BatchDecodeWithPagedKVCacheWrapper"]
 
@@ -67,6 +71,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._kv_layout = kv_layout
         self._use_tensor_cores = bool(use_tensor_cores)
         self._plan: _DecodePlan | None = None
+        self._step = StepPlan()  # one device plan for every run() of a batch (step_plan.py)
         self._graph: PagedKv | None = None  # use_cuda_graph: the caller's buffers (kv_lens unused)
         if use_cuda_graph:
             last = graph_buffer(where, "paged_kv_last_page_len_buffer", paged_kv_last_page_len_buffer, self.device)
@@ -157,6 +162,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                             graph.kv_last_page_len, True)], non_blocking)
             index = PagedKv(graph.kv_indptr, graph.kv_indices, graph.kv_last_page_len, index.kv_lens)
         self._plan = _DecodePlan(index, num_qo_heads, num_kv_heads, head_dim, page_size, scale)
+        self._step.new_batch(graph is not None)
 
     begin_forward = plan
 
@@ -199,8 +205,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
                              page_size=plan.page_size)
         out, lse = arg.destinations(out, lse, plan.index.batch_size, plan.num_qo_heads, plan.head_dim, q.device)
         index = plan.index
-        out, lse = _package.gqa_paged_decode(q, k_cache, v_cache, index.kv_indptr, index.kv_indices,
-                                              index.kv_last_page_len, plan.sm_scale, out, lse)
+        args = (q, k_cache, v_cache, index.kv_indptr, index.kv_indices, index.kv_last_page_len, plan.sm_scale)
+        step_plan = self._step.for_run(_package.ops.gqa_decode.SPEC, args)
+        out, lse = _package.gqa_paged_decode(*args, out, lse, plan=step_plan)
         return (out, lse) if return_lse else out
 
     run_return_lse = functools.partialmethod(run, return_lse=True)

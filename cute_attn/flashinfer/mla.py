@@ -9,6 +9,10 @@ split query and cache (``q_nope, q_pe, ckv_cache, kpe_cache``, or ``query=(q_nop
 ``out=``, ``lse=``, ``return_lse``, base-2 LSE unless ``return_lse_base_on_e`` (or ``lse_mode="basee"``).
 Everything else that changes the attention raises ``NotImplementedError`` naming it.
 
+Kernels and plans: a batch of one query per request (decode) runs ``mla_paged_decode``'s kernel (the swapped
+product, split-KV), any other the MLA prefill kernel; the first ``run()`` after a ``plan()`` launches cute_attn's
+device planner once (no host sync) and every ``run()`` of the batch (each layer) uses that plan (``step_plan.py``).
+
 Ignored: the workspace buffer, ``backend``, ``enable_pdl``, ``max_q_len`` (a dense-metadata sizing hint).
 
 CUDA graphs (``use_cuda_graph=True``), as FlashInfer's: the constructor takes the four CSR buffers
@@ -36,6 +40,7 @@ _package = importlib.import_module(__package__.rpartition(".")[0])
 
 from . import arguments as arg
 from .indices import check_indptr, graph_buffer, host_ints, on_device, qo_lengths, refill
+from .step_plan import StepPlan
 
 __all__ = ["BatchMLAPagedAttentionWrapper"]
 
@@ -56,6 +61,7 @@ class _MlaPlan:
     head_dim_kpe: int
     sm_scale: float
     lse_mode: str
+    one_token: bool  # every request has one query: the decode kernel (mla_paged_decode's), not the prefill one
 
 
 class BatchMLAPagedAttentionWrapper:
@@ -74,6 +80,7 @@ class BatchMLAPagedAttentionWrapper:
         where = f"{_WHERE}()"
         self.device = arg.workspace_device(where, float_workspace_buffer)
         self._plan: _MlaPlan | None = None
+        self._step = StepPlan()  # one device plan for every run() of a batch (step_plan.py)
         self._graph: dict | None = None  # use_cuda_graph: CSR name -> the caller's buffer, and the last pages' fill
         if use_cuda_graph:
             kv_len = graph_buffer(where, "kv_len_arr", kv_len_arr, self.device)
@@ -167,11 +174,16 @@ class BatchMLAPagedAttentionWrapper:
         device = self.device
         last_dev = None if ps == 1 else on_device(torch.from_numpy(last.astype(np.int32)), device, False)
         index = [on_device(qo, device, True), on_device(kvp, device, True), on_device(kvi, device, True), last_dev]
+        one_token = bool(q_lens.size) and bool((q_lens == 1).all())
         if graph is not None:  # into the captured buffers, in place
             total_q = graph.setdefault("total_q", int(q_lens.sum()))  # the rows a captured run() reads
             if int(q_lens.sum()) != total_q:
                 raise ValueError(f"{where}: qo_indptr[-1] ({int(q_lens.sum())}) must stay {total_q} with "
                                  "use_cuda_graph=True: a captured run() reads that many query rows")
+            if graph.setdefault("one_token", one_token) != one_token:  # the kernel a captured run() launches
+                raise ValueError(f"{where}: with use_cuda_graph=True every plan must keep one query per request "
+                                 f"(the first plan's batch {'had' if not one_token else 'did not have'} them) or "
+                                 "not: a captured run() launches that batch's kernel")
             pages = int(-(-kv_lens // ps).sum())  # the ids the batch owns
             copies = [("qo_indptr", index[0], "qo_indptr", graph["qo_indptr"], True),
                       ("kv_indptr", index[1], "kv_indptr", graph["kv_indptr"], True),
@@ -182,7 +194,9 @@ class BatchMLAPagedAttentionWrapper:
             refill(where, copies, True)
             index = [graph["qo_indptr"], graph["kv_indptr"], graph["kv_indices"],
                      None if last_dev is None else graph["kv_last_page_len"]]
-        self._plan = _MlaPlan(*index, ps, int(q_lens.sum()), num_heads, head_dim_ckv, head_dim_kpe, scale, lse_mode)
+        self._plan = _MlaPlan(*index, ps, int(q_lens.sum()), num_heads, head_dim_ckv, head_dim_kpe, scale, lse_mode,
+                              one_token)
+        self._step.new_batch(graph is not None)
 
     def run(
         self,
@@ -230,9 +244,17 @@ class BatchMLAPagedAttentionWrapper:
                              f"{tuple(ckv_cache.shape)}")
         out, lse = arg.destinations(out, lse, plan.total_q, plan.num_heads, plan.head_dim_ckv, q_nope.device)
         natural = bool(return_lse_base_on_e) or plan.lse_mode == "basee"
-        out, lse = _package.mla_paged_prefill(q_nope, q_pe, ckv_cache, kpe_cache, plan.qo_indptr, plan.kv_indptr,
-                                               plan.kv_indices, plan.kv_last_page_len, plan.sm_scale, out, lse,
-                                               natural_lse=natural)
+        args = (q_nope, q_pe, ckv_cache, kpe_cache, plan.qo_indptr, plan.kv_indptr, plan.kv_indices,
+                plan.kv_last_page_len, plan.sm_scale)
+        ops = _package.ops
+        if plan.one_token:  # decode: mla_paged_decode's kernel, planned with its spec (canonical order, qo_indptr in)
+            step_plan = self._step.for_run(ops.mla_decode.ONE_TOKEN_SPEC, args)
+            out, lse = _package.mla_paged_decode(q_nope, q_pe, ckv_cache, kpe_cache, plan.kv_indptr, plan.kv_indices,
+                                                  plan.kv_last_page_len, plan.sm_scale, out, lse, plan=step_plan,
+                                                  natural_lse=natural)
+        else:
+            step_plan = self._step.for_run(ops.mla_prefill.SPEC, args)
+            out, lse = _package.mla_paged_prefill(*args, out, lse, natural_lse=natural, plan=step_plan)
         return (out, lse) if return_lse else out
 
     run_return_lse = functools.partialmethod(run, return_lse=True)

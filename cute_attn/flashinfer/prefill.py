@@ -7,6 +7,9 @@ positional encoding / soft-cap / window / custom mask, ``sm_scale`` (default ``1
 ``causal=False`` (FlashInfer's default) raises ``NotImplementedError``: cute_attn's prefill kernels are
 built causal. Everything else that changes the attention raises ``NotImplementedError`` naming it.
 
+Plans, as FlashInfer's: the first ``run()`` after a ``plan()`` launches cute_attn's device planner once (no host
+sync) and every ``run()`` of the batch (each layer) uses that plan (``step_plan.py``).
+
 Ignored, as they select among FlashInfer's own kernels or buffers: the workspace buffer, ``backend``,
 the CUDA-graph index buffers (``use_cuda_graph=True`` is rejected: see the constructor), ``enable_pdl``,
 ``non_blocking``, ``max_token_per_sequence`` / ``max_sequence_kv`` (cuDNN sizing hints), ``use_fp16_softmax`` /
@@ -27,6 +30,7 @@ _package = importlib.import_module(__package__.rpartition(".")[0])
 
 from . import arguments as arg
 from .indices import PagedKv, on_device, paged_kv, qo_lengths
+from .step_plan import StepPlan
 
 __all__ = ["BatchPrefillWithPagedKVCacheWrapper"]
 
@@ -76,6 +80,7 @@ class BatchPrefillWithPagedKVCacheWrapper:
                          jit_kwargs=jit_kwargs)
         self._kv_layout = kv_layout
         self._plan: _PrefillPlan | None = None
+        self._step = StepPlan()  # one device plan for every run() of a batch (step_plan.py)
 
     @property
     def is_cuda_graph_enabled(self) -> bool:
@@ -155,6 +160,7 @@ class BatchPrefillWithPagedKVCacheWrapper:
         q_lens = qo_lengths(where, "qo_indptr", qo_indptr, index.batch_size)
         self._plan = _PrefillPlan(on_device(qo_indptr, self.device, non_blocking), int(q_lens.sum()), index,
                                   num_qo_heads, num_kv_heads, head_dim_qk, page_size, scale)
+        self._step.new_batch(graph=False)
 
     begin_forward = plan
 
@@ -202,9 +208,10 @@ class BatchPrefillWithPagedKVCacheWrapper:
                              page_size=plan.page_size)
         out, lse = arg.destinations(out, lse, plan.total_q, plan.num_qo_heads, plan.head_dim, q.device)
         index = plan.index
-        out, lse = _package.gqa_paged_prefill(q, k_cache, v_cache, plan.qo_indptr, index.kv_indptr, index.kv_indices,
-                                               index.kv_last_page_len, plan.sm_scale, out, lse,
-                                               natural_lse=lse_base == "ln")
+        args = (q, k_cache, v_cache, plan.qo_indptr, index.kv_indptr, index.kv_indices, index.kv_last_page_len,
+                plan.sm_scale)
+        step_plan = self._step.for_run(_package.ops.gqa_prefill.SPEC, args)
+        out, lse = _package.gqa_paged_prefill(*args, out, lse, natural_lse=lse_base == "ln", plan=step_plan)
         return (out, lse) if return_lse else out
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
