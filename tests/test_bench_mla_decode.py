@@ -112,8 +112,8 @@ def test_decode_reference_with_queries_is_bottom_right_causal():
 
 def test_runner_registry():
     for kernel in (bw.MLA_DECODE, bw.MLA_DECODE_PS64, bw.MLA_DECODE_H8):
-        assert [impl for impl, _ in bp.runners_for(kernel)] == [*bp.CUTE_ATTN_MODES, "flashinfer_fa2",
-                                                                 "flashinfer_fa3"]  # FA4 has no paged MLA decode
+        assert [impl for impl, _ in bp.runners_for(kernel)] == [*bp.CUTE_ATTN_MODES, "cute_attn_wrapper",
+                                                                 "flashinfer_fa2", "flashinfer_fa3"]  # no FA4 there
     assert bp._OUR_ENTRY["mla_decode"] == ("mla_paged_decode",)
 
 
@@ -258,3 +258,23 @@ def test_no_gpu_configs_are_the_kernels_the_decode_entry_launches():
     from cute_attn.compile import registered_configs
 
     assert {c for _, c in kernels} <= set(registered_configs("sm_90a"))  # compile_all builds the same ones
+
+
+def test_the_wrapper_row_runs_our_flashinfer_wrapper_planned_once(monkeypatch):
+    """``cute_attn_wrapper``: cute_attn.flashinfer's MLA wrapper set up as FlashInfer's rows are (one plan, timed
+    runs), on a one-query batch: the decode entry, with the plan the first run made (entry and planner stood in)."""
+    import types
+
+    import cute_attn
+
+    kernel = bw.MLA_DECODE_PS64
+    case = bw.Workload(kernel, "tiny", (1, 1), (70, 5)).build_case("cpu", seed=1)
+    calls, plans = [], []
+    monkeypatch.setattr(cute_attn.api, "plan_for",
+                        lambda spec, args, **kw: plans.append(spec) or types.SimpleNamespace())
+    monkeypatch.setattr(cute_attn, "mla_paged_decode", lambda *args, **kw: calls.append(kw) or (args[-2], args[-1]))
+    setup = dict(bp.runners_for(kernel))["cute_attn_wrapper"]
+    prepared = setup(case)
+    prepared()
+    prepared()
+    assert len(plans) == 1 and len(calls) == 2 and calls[0]["plan"] is calls[1]["plan"]

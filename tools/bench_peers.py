@@ -130,12 +130,23 @@ def _workspace(device):
     return torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)  # zeroed: decode needs it
 
 
-def setup_flashinfer_prefill(case, backend: str) -> Prepared:
+def _our_wrappers():
+    """cute_attn.flashinfer: our FlashInfer-compatible wrappers, set up by the FlashInfer runners below (the
+    ``cute_attn_wrapper`` rows: what an engine that swapped the import pays per layer)."""
+    try:
+        import cute_attn.flashinfer as wrappers
+    except ImportError as exc:
+        raise Unavailable(f"not available: cannot import cute_attn.flashinfer ({exc})") from exc
+    return wrappers
+
+
+def setup_flashinfer_prefill(case, backend: str, fi=None) -> Prepared:
     """BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=fa2|fa3); plan once; run with out/lse.
-    FlashInfer's lse is base 2 by default (lse_base="log2"), layout [T, H] ("NH")."""
+    FlashInfer's lse is base 2 by default (lse_base="log2"), layout [T, H] ("NH"). ``fi``: the module whose wrapper
+    runs (default: flashinfer; ``_our_wrappers()`` for ours)."""
     import torch
 
-    fi = _flashinfer()
+    fi = fi or _flashinfer()
     d = _dims(case)
     w = fi.BatchPrefillWithPagedKVCacheWrapper(_workspace(case.q.device), "NHD", backend=backend)
     w.plan(case.qo_indptr, case.kv_indptr, case.kv_indices, case.kv_last_page_len,
@@ -155,12 +166,12 @@ def setup_flashinfer_prefill(case, backend: str) -> Prepared:
 _FI_CUDA_CORE_GROUPS = (1, 2, 3, 4, 6, 8, 16)
 
 
-def setup_flashinfer_decode(case, tensor_cores: bool) -> Prepared:
+def setup_flashinfer_decode(case, tensor_cores: bool, fi=None) -> Prepared:
     """BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=...); plan once; run.
-    lse is base 2, [B, H]."""
+    lse is base 2, [B, H]. ``fi``: as :func:`setup_flashinfer_prefill`."""
     import torch
 
-    fi = _flashinfer()
+    fi = fi or _flashinfer()
     d = _dims(case)
     w = fi.BatchDecodeWithPagedKVCacheWrapper(_workspace(case.q.device), "NHD",
                                               use_tensor_cores=tensor_cores)
@@ -178,7 +189,7 @@ def setup_flashinfer_decode(case, tensor_cores: bool) -> Prepared:
         run()  # the group-size dispatch fails at plan or first run; surface it as a skip
     except Exception as exc:
         group = d["num_qo_heads"] // d["num_kv_heads"]
-        if not tensor_cores and group not in _FI_CUDA_CORE_GROUPS:
+        if not tensor_cores and group not in _FI_CUDA_CORE_GROUPS and not fi.__name__.startswith("cute_attn"):
             raise Unavailable(f"skipped: CUDA-core decode rejects group size {group}: "
                               f"{type(exc).__name__}: {exc}") from exc
         raise
@@ -189,21 +200,23 @@ def setup_flashinfer_decode(case, tensor_cores: bool) -> Prepared:
     return Prepared(run, note=note)
 
 
-def setup_flashinfer_mla(case, backend: str, causal: bool = True) -> Prepared:
+def setup_flashinfer_mla(case, backend: str, causal: bool = True, fmla=None) -> Prepared:
     """flashinfer.mla.BatchMLAPagedAttentionWrapper(ws, backend=fa2|fa3), any page size the cache has.
     Prefill: causal. Decode: the case's qo_indptr (0, 1, ..., batch) with causal=False, the same mask for one
     query per request. kv_len_arr is each request's key count (not its page count: they differ above page 1).
     0.7.2 form: plan(metadata=MLAPlanMetadata.csr(qo_indptr, kv_indptr, kv_indices, kv_len_arr),
     ..., query_layout="split", kv_cache_layout="split", lse_mode="base2") then
     run(query=(q_nope, q_pe), kv_cache=(ckv, kpe), out=, lse=, return_lse=True).
-    Older releases only have the flat positional plan/run; used when MLAPlanMetadata is absent."""
+    Older releases only have the flat positional plan/run; used when MLAPlanMetadata is absent (as in ours:
+    ``fmla`` = ``_our_wrappers()``)."""
     import torch
 
-    _flashinfer()
-    try:
-        import flashinfer.mla as fmla
-    except ImportError as exc:
-        raise Unavailable(f"skipped: flashinfer.mla missing ({exc})") from exc
+    if fmla is None:
+        _flashinfer()
+        try:
+            import flashinfer.mla as fmla
+        except ImportError as exc:
+            raise Unavailable(f"skipped: flashinfer.mla missing ({exc})") from exc
     num_heads, ckv_dim = case.q_nope.shape[1], case.q_nope.shape[2]
     kpe_dim = case.q_pe.shape[2]
     page_size = case.ckv_cache.shape[1]
@@ -370,6 +383,12 @@ def runners_for(kernel: str) -> List[Tuple[str, Callable]]:
     family member (any head layout / page size) gets the same peers."""
     op = op_of(kernel)
     ours = [(impl, lambda c, mode=mode: setup_cute_attn(kernel, c, mode)) for impl, mode in CUTE_ATTN_MODES.items()]
+    wrapper = {"prefill": lambda c: setup_flashinfer_prefill(c, "auto", _our_wrappers()),
+               "decode": lambda c: setup_flashinfer_decode(c, True, _our_wrappers()),
+               "mla": lambda c: setup_flashinfer_mla(c, "auto", fmla=_our_wrappers()),
+               "mla_decode": lambda c: setup_flashinfer_mla(c, "auto", causal=False, fmla=_our_wrappers())}.get(op)
+    if wrapper is not None:  # our FlashInfer-compatible wrapper, planned once as FlashInfer's rows are
+        ours.append(("cute_attn_wrapper", wrapper))
     if op == "prefill":
         return [*ours,
                 ("flashinfer_fa2", lambda c: setup_flashinfer_prefill(c, "fa2")),
