@@ -576,6 +576,16 @@ def plan_for(spec, args: tuple, *, arch: str | None, num_sms: int | None, on_dev
     return _plan(spec, config, host, problem.device, num_sms)
 
 
+def self_schedules(spec, args: tuple, *, arch: str | None = None, num_sms: int | None = None) -> bool:
+    """Whether the default call of ``spec`` on ``args`` (outputs omitted) takes the planner-free route
+    (``OpSpec.self_schedule``: from shapes alone; the shape rules run first). A caller that plans once per batch
+    (the FlashInfer-compatible wrappers) leaves such batches to the default call: it needs no plan."""
+    if spec.self_schedule is None:
+        return False
+    problem, config = _checked_config(spec, args, None, None, arch)
+    return bool(spec.self_schedule(config, problem, _num_ctas(config, problem.device, num_sms)))
+
+
 def _raise_device_errors(device) -> None:
     """Host-synchronising calls report what earlier device-planned calls found (cute_attn.raise_on_device_error)."""
     if device.type == "cuda":

@@ -202,6 +202,7 @@ def reference_entries(monkeypatch) -> list:
     for name, ref in _ENTRIES.values():
         monkeypatch.setattr(cute_attn, name, stand_in(ref))
     monkeypatch.setattr(cute_attn.api, "plan_for", plan_for)
+    monkeypatch.setattr(cute_attn.api, "self_schedules", lambda spec, args: calls.self_scheduled)
     return calls
 
 
@@ -211,6 +212,7 @@ class _Calls(list):
     def __init__(self):
         super().__init__()
         self.plans = []
+        self.self_scheduled = False  # what the stand-in api.self_schedules answers (the planner-free route)
 
 
 def _assert_equal(actual, expected, what):

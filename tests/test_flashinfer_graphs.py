@@ -217,3 +217,18 @@ def test_mla_graph_plans_keep_the_kernel():
     _plan_mla(w, _mla_case([5, 0, 30, 2], 1, seed=0), 1)
     with pytest.raises(ValueError, match="every plan must keep one query per request"):
         _plan_mla(w, _mla_case([5, 9, 20, 2], 1, seed=1, q_lens=(2, 0, 1, 1)), 1)
+
+
+def test_batches_the_default_call_schedules_itself_get_no_plan(entry_calls):
+    """Where the entry's default call takes the planner-free route (``api.self_schedules``: the planner-free
+    prefills, when their policy is on), the wrapper plans nothing and its runs take that route."""
+    entry_calls.self_scheduled = True
+    case = testing.make_gqa_prefill_case([3, 0, 17], [10, 5, 40], num_qo_heads=4, num_kv_heads=2, head_dim=64,
+                                         page_size=16, seed=4)
+    w = BatchPrefillWithPagedKVCacheWrapper(_workspace(), "NHD")
+    w.plan(case.qo_indptr, case.kv_indptr, case.kv_indices, case.kv_last_page_len, 4, 2, 64, 16, causal=True,
+           q_data_type=BF16)
+    for _layer in range(2):
+        out = w.run(case.q, (case.k_cache, case.v_cache))
+    _assert_equal(out, case.reference()[0], "self-scheduled batch")
+    assert not entry_calls.plans and all(c.plan is None for c in entry_calls)

@@ -7,6 +7,9 @@ default (planned on the GPU at every call), but then every layer pays the device
 that calls cute_attn directly would. A later step's first ``run()`` plans again into the same buffers when the
 shapes allow (``api.plan_for(into=)``), so a steady state allocates nothing.
 
+A batch the entry point's default call schedules without any plan (the planner-free prefills, where their policy is
+on: ``api.self_schedules``) gets no plan: its runs take that route.
+
 CUDA graphs (the wrappers' ``use_cuda_graph=True``): the captured ``run()`` launches read the plan's buffers, so
 ``plan()`` itself re-plans into them, from the graph's index buffers it has just refilled, right after the copies in
 the same stream. Replays then run every layer on the new batch's plan with no planner in the graph.
@@ -26,7 +29,8 @@ class StepPlan:
     """The device plan of a wrapper's current batch."""
 
     def __init__(self) -> None:
-        self._plan = None  # the DevicePlan the runs since the last plan() use (None: the next run() plans)
+        self._plan = None  # the DevicePlan the runs since the last plan() use (None: the next run() plans;
+        # _NO_PLAN: they take the planner-free default call)
         self._kept = None  # the last DevicePlan made, planned into again when the shapes allow
         self._inputs = None  # (spec, entry arguments) it was last planned from (graph mode re-plans from them)
 
@@ -42,7 +46,10 @@ class StepPlan:
 
     def for_run(self, spec, args: tuple):
         """The plan for a ``run()`` of ``spec``'s kind with entry arguments ``args`` (canonical order, outputs
-        omitted): planned by the first ``run()`` after a ``plan()``, into the kept buffers when they fit."""
+        omitted): planned by the first ``run()`` after a ``plan()``, into the kept buffers when they fit; None for
+        a batch the default call schedules itself."""
+        if self._plan is None and _package.api.self_schedules(spec, args):
+            self._plan = _NO_PLAN
         if self._plan is None:
             plan_for = _package.api.plan_for
             plan = None
@@ -55,4 +62,7 @@ class StepPlan:
                 plan = plan_for(spec, args, arch=None, num_sms=None, on_device=True)
             self._plan = self._kept = plan
             self._inputs = (spec, args)
-        return self._plan
+        return None if self._plan is _NO_PLAN else self._plan
+
+
+_NO_PLAN = object()  # a batch the default call schedules itself (api.self_schedules)
