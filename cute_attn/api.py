@@ -539,7 +539,7 @@ def _launch(hit: _Hit, plan, args, output, lse, natural_lse):
 
 
 def plan_for(spec, args: tuple, *, arch: str | None, num_sms: int | None, on_device: bool = False,
-             into: DevicePlan | None = None) -> DevicePlan:
+             into: DevicePlan | None = None, recycle: DevicePlan | None = None) -> DevicePlan:
     """``plan_<kind>``: every rule (index values included), the config (its kernel's rules), then the plan.
 
     ``on_device=True``: the shape rules only, then the device planner fills a new DevicePlan in the current stream
@@ -547,10 +547,11 @@ def plan_for(spec, args: tuple, *, arch: str | None, num_sms: int | None, on_dev
     outputs of the launches that use it are not written: check :func:`cute_attn.raise_on_device_error`).
     ``into``: a DevicePlan an earlier ``on_device`` call of the same shapes made, planned again in place (its
     buffers are what captured launches read: the FlashInfer-compatible wrappers' graph mode re-plans at every
-    ``plan()``); a plan of other shapes is a ValueError."""
+    ``plan()``); a plan of other shapes is a ValueError. ``recycle``: the same when it fits these shapes, else a new
+    plan (the wrappers' eager steps: the previous batch's plan, whose launches are earlier in the stream)."""
     validate.check_flag("on_device", on_device)
-    if into is not None and not on_device:
-        raise ValueError("into= refills a device plan: pass on_device=True")
+    if (into is not None or recycle is not None) and not on_device:
+        raise ValueError("into= and recycle= refill a device plan: pass on_device=True")
     if on_device:
         from .device_planning import DevicePlanRoute, allocate_planned, planner_fits
 
@@ -558,15 +559,17 @@ def plan_for(spec, args: tuple, *, arch: str | None, num_sms: int | None, on_dev
         num_ctas = _num_ctas(config, problem.device, num_sms)
         config = _device_plan_config(spec, config, problem.device, num_ctas)
         route = DevicePlanRoute.resolve(spec, config, problem, num_ctas)
-        if into is None:
-            plan = allocate_planned(config, route.capacity, route.num_ctas, route.batch, problem.device,
-                                    route.writers)
-        elif (not isinstance(into, DevicePlan) or into.config != config or not planner_fits(into, route)
-              or into.items.device != problem.device):
+        def fits(plan) -> bool:
+            return (isinstance(plan, DevicePlan) and plan.config == config and planner_fits(plan, route)
+                    and plan.items.device == problem.device)
+
+        if into is not None and not fits(into):
             raise ValueError(f"into must be a DevicePlan that plan_{spec.name}(..., on_device=True) made for inputs "
                              "of these shapes")
-        else:
-            plan = into
+        plan = into if into is not None else recycle if recycle is not None and fits(recycle) else None
+        if plan is None:
+            plan = allocate_planned(config, route.capacity, route.num_ctas, route.batch, problem.device,
+                                    route.writers)
         no_rows = torch.empty(0, config.num_qo_heads, config.head_dim_v, dtype=torch.bfloat16, device=problem.device)
         route.plan(plan, args, no_rows, torch.empty(0, config.num_qo_heads, device=problem.device))
         return plan

@@ -94,7 +94,7 @@ def test_planning_into_an_existing_plan_needs_a_device_plan():
     case = prefill_case()
     host_plan = cute_attn.plan_gqa_paged_prefill(*case.inputs(), arch="sm_90a", num_sms=8)
     spec = get_spec("gqa_paged_prefill")
-    with pytest.raises(ValueError, match="into= refills a device plan: pass on_device=True"):
+    with pytest.raises(ValueError, match="into= and recycle= refill a device plan: pass on_device=True"):
         api.plan_for(spec, case.inputs(), arch="sm_90a", num_sms=8, into=host_plan)
     with pytest.raises(ValueError, match="CUDA device"):
         api.plan_for(spec, case.inputs(), arch="sm_90a", num_sms=8, on_device=True, into=host_plan)

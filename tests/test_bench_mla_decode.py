@@ -262,7 +262,8 @@ def test_no_gpu_configs_are_the_kernels_the_decode_entry_launches():
 
 def test_the_wrapper_row_runs_our_flashinfer_wrapper_planned_once(monkeypatch):
     """``cute_attn_wrapper``: cute_attn.flashinfer's MLA wrapper set up as FlashInfer's rows are (one plan, timed
-    runs), on a one-query batch: the decode entry, with the plan the first run made (entry and planner stood in)."""
+    runs), on a one-query batch: the decode kernel's spec, with the plan the first run made (planner and entry stood
+    in)."""
     import types
 
     import cute_attn
@@ -272,9 +273,13 @@ def test_the_wrapper_row_runs_our_flashinfer_wrapper_planned_once(monkeypatch):
     calls, plans = [], []
     monkeypatch.setattr(cute_attn.api, "plan_for",
                         lambda spec, args, **kw: plans.append(spec) or types.SimpleNamespace())
-    monkeypatch.setattr(cute_attn, "mla_paged_decode", lambda *args, **kw: calls.append(kw) or (args[-2], args[-1]))
+    monkeypatch.setattr(cute_attn.ops.mla_prefill, "run_mla",
+                        lambda *args, spec=None: calls.append(dict(plan=args[11], spec=spec)) or (args[9], args[10]))
     setup = dict(bp.runners_for(kernel))["cute_attn_wrapper"]
     prepared = setup(case)
     prepared()
     prepared()
+    from cute_attn.ops import mla_decode
+
     assert len(plans) == 1 and len(calls) == 2 and calls[0]["plan"] is calls[1]["plan"]
+    assert plans[0] is calls[0]["spec"] is mla_decode.ONE_TOKEN_SPEC

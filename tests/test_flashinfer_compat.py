@@ -159,9 +159,7 @@ def _planned(kind, **plan_kw):
 
 
 _ENTRIES = {"decode": ("gqa_paged_decode", reference.gqa_paged_decode_ref),
-            "prefill": ("gqa_paged_prefill", reference.gqa_paged_prefill_ref),
-            "mla": ("mla_paged_prefill", reference.mla_paged_prefill_ref),
-            "mla_decode": ("mla_paged_decode", reference.mla_paged_decode_ref)}
+            "prefill": ("gqa_paged_prefill", reference.gqa_paged_prefill_ref)}  # MLA: ops.mla_prefill.run_mla
 
 
 @pytest.fixture
@@ -173,37 +171,60 @@ def entry_calls(monkeypatch):
 def reference_entries(monkeypatch) -> list:
     """The entry points replaced by the fp32 reference, and the device planner by a stand-in plan (``monkeypatch``);
     the list of calls the entries receive (each with the ``plan`` it was given). The wrappers plan once per batch
-    (``step_plan.py``): :func:`device_plans` lists the plans they asked for."""
+    (``step_plan.py``): the list's ``plans`` holds the plans they asked for. A stand-in plan remembers the index
+    values it was made from, and an entry given it checks that its index tensors still hold them: a run on a plan
+    of another batch (a stale plan) fails here."""
     calls = _Calls()
     plans = calls.plans
 
-    def plan_for(spec, args, *, arch, num_sms, on_device=False, into=None):
+    def plan_for(spec, args, *, arch, num_sms, on_device=False, into=None, recycle=None):
         assert on_device and arch is None and num_sms is None, "the wrappers plan on the device, for the inputs"
-        plan = into if into is not None else types.SimpleNamespace(spec=spec, number=len(plans))
-        plans.append(types.SimpleNamespace(spec=spec, args=args, into=into, plan=plan))
+        plan = into if into is not None else recycle if recycle is not None else types.SimpleNamespace(spec=spec)
+        plan.index = {p: args[p].clone() for p in _index_positions(spec) if args[p] is not None}
+        plans.append(types.SimpleNamespace(spec=spec, args=args, into=into, recycle=recycle, plan=plan))
         return plan
+
+    def record(inputs, output, lse, options):
+        plan = options.get("plan")
+        if plan is not None:
+            for p, values in plan.index.items():
+                assert torch.equal(inputs[p], values), f"run on a stale plan: argument {p} changed since planning"
+        calls.append(types.SimpleNamespace(inputs=inputs, output=output, lse=lse, options=options, plan=plan))
+
+    def answer(ref_out, ref_lse, output, lse):
+        if output is None:
+            return ref_out, ref_lse
+        output.copy_(ref_out)
+        lse.copy_(ref_lse)
+        return output, lse
 
     def stand_in(ref):
         def entry(*args, **options):
             *inputs, output, lse = args
             assert set(options) <= {"natural_lse", "plan"}, options
-            if ref is reference.mla_paged_decode_ref and inputs[6] is None:  # the ps1 order: no kv_last_page_len
-                inputs = inputs[:6] + inputs[7:]
-            calls.append(types.SimpleNamespace(inputs=inputs, output=output, lse=lse, options=options,
-                                               plan=options.get("plan")))
-            ref_out, ref_lse = ref(*inputs, natural_lse=options.get("natural_lse", False))
-            if output is None:
-                return ref_out, ref_lse
-            output.copy_(ref_out)
-            lse.copy_(ref_lse)
-            return output, lse
+            record(inputs, output, lse, options)
+            return answer(*ref(*inputs, natural_lse=options.get("natural_lse", False)), output, lse)
         return entry
+
+    def run_mla(*args, spec=None):
+        """``ops.mla_prefill.run_mla`` (the MLA wrapper's call: canonical order, ``spec`` picks the kernel)."""
+        *inputs, output, lse, plan, check_indices, natural_lse, arch, num_sms = args
+        assert check_indices is False and arch is None and num_sms is None
+        record(inputs, output, lse, dict(natural_lse=natural_lse, plan=plan, spec=spec))
+        rest = inputs[8:] if inputs[7] is None else inputs[7:]  # the ps1 order: no kv_last_page_len
+        return answer(*reference.mla_paged_prefill_ref(*inputs[:7], *rest, natural_lse=natural_lse), output, lse)
 
     for name, ref in _ENTRIES.values():
         monkeypatch.setattr(cute_attn, name, stand_in(ref))
+    monkeypatch.setattr(cute_attn.ops.mla_prefill, "run_mla", run_mla)
     monkeypatch.setattr(cute_attn.api, "plan_for", plan_for)
     monkeypatch.setattr(cute_attn.api, "self_schedules", lambda spec, args: calls.self_scheduled)
     return calls
+
+
+def _index_positions(spec) -> list:
+    return [spec.arg_names.index(n) for n in ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len")
+            if n in spec.arg_names]
 
 
 class _Calls(list):
@@ -516,7 +537,8 @@ def _i32(*values):
     (dict(indptr=_i32(1, 5, 5, 14, 15)), ValueError, r"indptr\[0\] must be 0"),
     (dict(indptr=_i32(0, 5, 4, 14, 15)), ValueError, "non-decreasing"),
     (dict(indptr=_i32(0, 5, 5, 14)), ValueError, "last_page_len must have batch_size"),
-    (dict(indices=torch.arange(14, dtype=torch.int32)), ValueError, r"indptr\[-1\] \(15\) must equal len\(indices\)"),
+    (dict(indices=torch.arange(14, dtype=torch.int32)), ValueError,
+     r"indptr\[-1\] \(15\) must be at most len\(indices\) \(14\)"),  # longer is fine (engines pad it)
     (dict(last_page_len=_i32(6, 0, 2, 0)), ValueError, r"last_page_len\[3\] = 0 must be in 1..page_size"),
     (dict(last_page_len=_i32(17, 0, 2, 16)), ValueError, r"last_page_len\[0\] = 17"),
     (dict(indices=torch.full((15,), -1, dtype=torch.int32)), ValueError, "negative page id"),

@@ -140,16 +140,15 @@ def test_mla_plans_refill_the_buffers_and_runs_read_them(entry_calls, page_size)
         ref_out, ref_lse = case.reference()
         _assert_equal(out, ref_out, f"plan {step} output")
         _assert_equal(lse, ref_lse, f"plan {step} lse")
-        # one query a request: mla_paged_decode (no qo_indptr), planned with the graph's qo_indptr buffer
-        inputs, planned = entry_calls[-1].inputs, entry_calls.plans[-1].args
-        assert inputs[4] is buffers["kv_indptr"] and inputs[5] is buffers["kv_indices"]
-        assert planned[4] is buffers["qo_indptr"] and planned[5] is buffers["kv_indptr"]
+        inputs = entry_calls[-1].inputs  # canonical order (the decode kernel's spec: one query a request)
+        assert inputs[4] is buffers["qo_indptr"] and inputs[5] is buffers["kv_indptr"]
+        assert inputs[6] is buffers["kv_indices"] and entry_calls.plans[-1].args[4] is buffers["qo_indptr"]
         if page_size == 1:
-            assert len(inputs) == 7 and planned[7] is None  # the ps1 order: as many keys as pages
+            assert inputs[7] is None  # the ps1 order: a request has as many keys as pages
         else:  # the wrapper's own buffer, the same tensor at every plan
-            assert torch.equal(inputs[6], case.kv_last_page_len)
-            last_page_lens.append(inputs[6])
-            assert inputs[6] is last_page_lens[0] and planned[7] is inputs[6]
+            assert torch.equal(inputs[7], case.kv_last_page_len)
+            last_page_lens.append(inputs[7])
+            assert inputs[7] is last_page_lens[0]
 
 
 def test_mla_graph_plans_keep_the_query_rows():
@@ -175,7 +174,7 @@ def test_one_device_plan_per_batch_shared_by_every_run(entry_calls):
     _plan_decode(w, other)
     out = w.run(other.q, (other.k_cache, other.v_cache))
     _assert_equal(out, other.reference()[0], "the next batch")
-    assert len(entry_calls.plans) == 2 and entry_calls.plans[1].into is made.plan, "planned into the kept buffers"
+    assert len(entry_calls.plans) == 2 and entry_calls.plans[1].recycle is made.plan, "the kept buffers offered"
     assert entry_calls.plans[1].args[3] is other.kv_indptr
 
 
@@ -204,12 +203,14 @@ def test_mla_decode_batches_take_the_decode_kernel(entry_calls):
     _assert_equal(out, decode.reference()[0], "decode batch")
     from cute_attn.ops import mla_decode, mla_prefill
 
-    assert entry_calls.plans[-1].spec is mla_decode.ONE_TOKEN_SPEC and len(entry_calls[-1].inputs) == 7
+    assert entry_calls.plans[-1].spec is mla_decode.ONE_TOKEN_SPEC
+    assert entry_calls[-1].options["spec"] is mla_decode.ONE_TOKEN_SPEC
+    assert entry_calls[-1].inputs[4] is w._plan.qo_indptr, "the decode kernel reads the plan's own qo_indptr"
     prefill = _mla_case([5, 9, 20, 2], 1, seed=1, q_lens=(1, 3, 0, 2))
     _plan_mla(w, prefill, 1)
     out = w.run(prefill.q_nope, prefill.q_pe, prefill.ckv_cache, prefill.kpe_cache)
     _assert_equal(out, prefill.reference()[0], "prefill batch")
-    assert entry_calls.plans[-1].spec is mla_prefill.SPEC and entry_calls[-1].inputs[4] is not None
+    assert entry_calls.plans[-1].spec is mla_prefill.SPEC and entry_calls[-1].options["spec"] is mla_prefill.SPEC
 
 
 def test_mla_graph_plans_keep_the_kernel():
@@ -232,3 +233,56 @@ def test_batches_the_default_call_schedules_itself_get_no_plan(entry_calls):
         out = w.run(case.q, (case.k_cache, case.v_cache))
     _assert_equal(out, case.reference()[0], "self-scheduled batch")
     assert not entry_calls.plans and all(c.plan is None for c in entry_calls)
+
+
+def test_a_failed_graph_replan_leaves_no_plan_to_run(entry_calls, monkeypatch):
+    """Graph mode: plan() refills the buffers, then re-plans; if that re-plan fails, run() must refuse rather than
+    run the previous batch's plan over the new buffers."""
+    import cute_attn
+
+    buffers = _decode_buffers()
+    w = BatchDecodeWithPagedKVCacheWrapper(_workspace(), "NHD", use_cuda_graph=True, **buffers)
+    case = _decode_case([70, 0, 130, 16], seed=0)
+    _plan_decode(w, case)
+    w.run(case.q, (case.k_cache, case.v_cache))
+
+    def broken(*args, **kw):
+        raise RuntimeError("planner launch failed")
+
+    monkeypatch.setattr(cute_attn.api, "plan_for", broken)
+    other = _decode_case([5, 300, 1, 64], seed=1)
+    with pytest.raises(RuntimeError, match="planner launch failed"):
+        _plan_decode(w, other)
+    with pytest.raises(RuntimeError, match="before a successful plan"):
+        w.run(other.q, (other.k_cache, other.v_cache))
+
+
+def test_eager_plans_take_padded_indices_and_read_only_the_batch(entry_calls):
+    """Engines size kv_indices with slack (SGLang's prefill: + 256): the ids past indptr[-1] are neither required
+    nor copied to the host (an int64 tail past int32 would fail that copy's range check)."""
+    case = testing.make_gqa_prefill_case([3, 0, 17], [10, 5, 40], num_qo_heads=4, num_kv_heads=2, head_dim=64,
+                                         page_size=16, seed=4)
+    padded = torch.cat([case.kv_indices.long(), torch.full((256,), 2**40, dtype=torch.int64)])
+    w = BatchPrefillWithPagedKVCacheWrapper(_workspace(), "NHD")
+    w.plan(case.qo_indptr, case.kv_indptr, padded, case.kv_last_page_len, 4, 2, 64, 16, causal=True,
+           q_data_type=BF16)
+    assert w._plan.index.kv_indices.numel() == padded.numel()  # on the device as given (int32): the entry reads
+    out = w.run(case.q, (case.k_cache, case.v_cache))  # only the batch's ids
+    _assert_equal(out, case.reference()[0], "padded indices")
+
+
+def test_plans_take_vllms_no_fixed_split(entry_calls):
+    """vLLM passes ``fixed_split_size=-1`` (FlashInfer's "no fixed split", as None); a positive split is refused."""
+    case = _decode_case([70, 0, 130, 16], seed=0)
+    w = BatchDecodeWithPagedKVCacheWrapper(_workspace(), "NHD")
+    w.plan(case.kv_indptr, case.kv_indices, case.kv_last_page_len, 8, 2, 64, 16, q_data_type=BF16,
+           fixed_split_size=-1)
+    _assert_equal(w.run(case.q, (case.k_cache, case.v_cache)), case.reference()[0], "fixed_split_size=-1")
+    with pytest.raises(NotImplementedError, match="fixed_split_size=256"):
+        w.plan(case.kv_indptr, case.kv_indices, case.kv_last_page_len, 8, 2, 64, 16, q_data_type=BF16,
+               fixed_split_size=256)
+    prefill = testing.make_gqa_prefill_case([3, 0, 17], [10, 5, 40], num_qo_heads=4, num_kv_heads=2, head_dim=64,
+                                            page_size=16, seed=4)
+    BatchPrefillWithPagedKVCacheWrapper(_workspace(), "NHD").plan(
+        prefill.qo_indptr, prefill.kv_indptr, prefill.kv_indices, prefill.kv_last_page_len, 4, 2, 64, 16,
+        causal=True, q_data_type=BF16, fixed_split_size=-1)

@@ -75,20 +75,28 @@ def test_decode_wrapper_replays_each_new_plan(page_size):
     workspace = torch.empty(16 << 20, dtype=torch.uint8, device="cuda")
     w = ours.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_cuda_graph=True, **buffers)
     q = torch.empty(BATCH, heads, head_dim, dtype=BF16, device="cuda")
-    out = torch.empty(BATCH, heads, head_dim, dtype=BF16, device="cuda")
+    outs = [torch.empty(BATCH, heads, head_dim, dtype=BF16, device="cuda") for _ in range(2)]
+    caches = [(k_cache, v_cache), (torch.randn_like(k_cache), torch.randn_like(v_cache))]  # two layers
+
+    def step_forward():  # an engine's captured forward: every layer's run() on the one plan
+        for cache, out in zip(caches, outs):
+            w.run(q, cache, out=out)
+
     graph = None
     for step in range(STEPS + 1):
         kv_lens, indptr, ids, last = _batch(rng, page_size, pool_pages, MAX_KV)
         w.plan(indptr, ids, last, heads, kv_heads, head_dim, page_size, q_data_type=BF16, kv_data_type=BF16)
         q.normal_()
-        out.fill_(float("nan"))
-        if graph is None:  # step 0: warm-up and capture (the capture's own run computes this batch)
-            graph = _capture(lambda: w.run(q, (k_cache, v_cache), out=out))
+        for out in outs:
+            out.fill_(float("nan"))
+        if graph is None:  # step 0: the warm-up computes this batch, the capture records it
+            graph = _capture(step_forward)
         else:
             graph.replay()
         torch.cuda.synchronize()
-        ref_out, _ = reference.gqa_paged_decode_ref(q, k_cache, v_cache, indptr, ids, last, 1.0 / head_dim ** 0.5)
-        testing.assert_close_benchmark(out, ref_out, f"page {page_size} step {step} {kv_lens}")
+        for layer, ((k, v), out) in enumerate(zip(caches, outs)):
+            ref_out, _ = reference.gqa_paged_decode_ref(q, k, v, indptr, ids, last, 1.0 / head_dim ** 0.5)
+            testing.assert_close_benchmark(out, ref_out, f"page {page_size} step {step} layer {layer} {kv_lens}")
 
 
 @pytest.mark.parametrize("page_size", [1, 64])
@@ -118,7 +126,7 @@ def test_mla_wrapper_replays_each_new_plan(page_size):
         q_pe.normal_()
         out.fill_(float("nan"))
         lse.fill_(float("nan"))
-        if graph is None:
+        if graph is None:  # step 0: the warm-up computes this batch, the capture records it
             graph = _capture(lambda: w.run(q_nope, q_pe, ckv_cache, kpe_cache, out=out, lse=lse, return_lse=True))
         else:
             graph.replay()
@@ -166,3 +174,19 @@ def test_planning_into_a_kept_plan_runs_as_a_fresh_one(kind):
     testing.assert_close_benchmark(lse, ref_lse, f"{kind} planned into a kept plan: lse")
     with pytest.raises(ValueError, match="into must be a DevicePlan"):
         api.plan_for(spec, make(other, 3).inputs(), arch=None, num_sms=None, on_device=True, into=plan)
+
+
+def test_a_first_run_inside_a_capture_is_refused():
+    """The device plan the captured runs read must be made outside the graph (one warm-up run())."""
+    case = testing.make_gqa_decode_case([300, 20], device="cuda", seed=5)
+    buffers = dict(paged_kv_indptr_buffer=case.kv_indptr.clone(), paged_kv_indices_buffer=case.kv_indices.clone(),
+                   paged_kv_last_page_len_buffer=case.kv_last_page_len.clone())
+    workspace = torch.empty(16 << 20, dtype=torch.uint8, device="cuda")
+    w = ours.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_cuda_graph=True, **buffers)
+    w.plan(case.kv_indptr, case.kv_indices, case.kv_last_page_len, 20, 4, 128, 64, q_data_type=BF16)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="make one run\\(\\) before capturing"):
+        with torch.cuda.graph(graph, stream=stream):
+            w.run(case.q, (case.k_cache, case.v_cache))

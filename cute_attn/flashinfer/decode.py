@@ -16,7 +16,9 @@ CUDA graphs (``use_cuda_graph=True``), as FlashInfer's: the constructor takes th
 lengths fix the batch size and the page capacity; every ``plan()`` checks the new batch on the host and copies
 it into them in place and re-plans on the GPU into the device plan the captured runs read, so a ``run()``
 captured once replays any later plan's batch, with no planner in the graph. Make one ``run()`` before capturing
-(it compiles, allocates and makes that device plan), as engines' warm-up passes do.
+(it compiles, allocates and makes that device plan; a first ``run()`` inside a capture raises), as engines'
+warm-up passes do. Engines that replace ``plan()`` with their own fast path into FlashInfer's internals (SGLang's
+``fast_decode_plan``, vLLM's ``fast_plan_decode``) reach attributes these wrappers do not have: keep ``plan()``.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._kv_layout = kv_layout
         self._use_tensor_cores = bool(use_tensor_cores)
         self._plan: _DecodePlan | None = None
-        self._step = StepPlan()  # one device plan for every run() of a batch (step_plan.py)
+        self._step = StepPlan(bool(use_cuda_graph))  # one device plan for every run() of a batch (step_plan.py)
         self._graph: PagedKv | None = None  # use_cuda_graph: the caller's buffers (kv_lens unused)
         if use_cuda_graph:
             last = graph_buffer(where, "paged_kv_last_page_len_buffer", paged_kv_last_page_len_buffer, self.device)
@@ -137,7 +139,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         arg.bf16_dtype(where, "kv_data_type", q_data_type if kv_data_type is None else kv_data_type)
         if o_data_type is not None:
             arg.bf16_dtype(where, "o_data_type", o_data_type)
-        arg.require_none(where, block_tables=block_tables, seq_lens=seq_lens, fixed_split_size=fixed_split_size)
+        arg.require_none(where, block_tables=block_tables, seq_lens=seq_lens)
+        if fixed_split_size is not None:  # FlashInfer's "no fixed split" is None or -1 (vLLM passes -1)
+            arg.require_value(where, "fixed_split_size", fixed_split_size, (-1,))
         arg.require_false(where, disable_split_kv=disable_split_kv)
         arg.require_value(where, "q_len_per_req", q_len_per_req, (1,))
         if is_causal is not None:
@@ -152,7 +156,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         scale = arg.resolve_sm_scale(where, sm_scale, head_dim)
         graph = self._graph
         index = paged_kv(where, indptr, indices, last_page_len, page_size, self.device, non_blocking,
-                         names=("indptr", "indices", "last_page_len"), longer_indices=graph is not None)
+                         names=("indptr", "indices", "last_page_len"), longer_indices=True)
         if graph is not None:  # into the captured buffers, in place
             pages = int(((index.kv_lens + page_size - 1) // page_size).sum())  # the ids the batch owns
             refill(where, [("indptr", index.kv_indptr, "paged_kv_indptr_buffer", graph.kv_indptr, True),
@@ -161,8 +165,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
                            ("last_page_len", index.kv_last_page_len, "paged_kv_last_page_len_buffer",
                             graph.kv_last_page_len, True)], non_blocking)
             index = PagedKv(graph.kv_indptr, graph.kv_indices, graph.kv_last_page_len, index.kv_lens)
+        self._step.new_batch()  # graph mode: re-plans now; a failure leaves self._plan None (run() refuses)
         self._plan = _DecodePlan(index, num_qo_heads, num_kv_heads, head_dim, page_size, scale)
-        self._step.new_batch(graph is not None)
 
     begin_forward = plan
 

@@ -2,8 +2,8 @@
 
 FlashInfer's ``plan()`` copies the indptr arrays to the host anyway (it plans there), so reading them
 here costs the engine no extra synchronisation. The device copies are made once per ``plan()`` and
-passed, as the same objects, to every ``run()``, which is the entry point's default call: planned and
-checked on the GPU from the values the tensors hold when it runs, with no host sync. Tensors already int32,
+passed, as the same objects, to every ``run()``; the first ``run()`` plans on the GPU (``step_plan.py``: no host
+sync) and the others reuse that plan. Tensors already int32,
 contiguous and on the device are kept as they are (FlashInfer keeps them too). In CUDA-graph mode the
 wrappers copy each plan's batch into the caller's fixed buffers instead (:func:`graph_buffer`,
 :func:`refill`), so a captured ``run()`` reads every later plan's batch.
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["PagedKv", "host_ints", "check_indptr", "on_device", "paged_kv", "qo_lengths", "graph_buffer",
-           "refill"]
+__all__ = ["PagedKv", "host_ints", "host_prefix", "check_indptr", "on_device", "paged_kv", "qo_lengths",
+           "graph_buffer", "refill"]
 
 _INT32_MAX = 2**31 - 1
 
@@ -34,6 +34,14 @@ def host_ints(where: str, name: str, t) -> np.ndarray:
     if values.size and (values.min() < -_INT32_MAX - 1 or values.max() > _INT32_MAX):
         raise ValueError(f"{where}: {name} holds values outside int32 range")
     return values
+
+
+def host_prefix(where: str, name: str, t, n: int, bound: str) -> np.ndarray:
+    """The first ``n`` values of a 1-D integer tensor (``t`` may be longer: only those are copied to the host, not a
+    capacity buffer's whole length)."""
+    if isinstance(t, torch.Tensor) and t.dim() == 1 and t.numel() < n:
+        raise ValueError(f"{where}: {bound} ({n}) must be at most len({name}) ({t.numel()})")
+    return host_ints(where, name, t[:n] if isinstance(t, torch.Tensor) and t.dim() == 1 else t)
 
 
 def check_indptr(where: str, name: str, values: np.ndarray) -> None:
@@ -72,9 +80,11 @@ def paged_kv(where: str, indptr, indices, last_page_len, page_size: int, device,
              longer_indices: bool = False) -> PagedKv:
     """Checks FlashInfer's CSR page table (indptr in pages, last-page fill in tokens) and moves it to ``device``.
 
-    Page ids are checked against the cache's page count by the entry point at every ``run()`` (on the GPU): the
-    cache is not known yet. ``longer_indices``: ``indices`` may run past ``indptr[-1]`` (a CUDA-graph wrapper's
-    capacity buffer, as FlashInfer allows there); only the ids the batch owns are read.
+    Page ids are checked against the cache's page count on the GPU, by the device planner of the batch's first
+    ``run()`` (the cache is not known yet): a request with an id outside the pool reads none of its pages and gets
+    output 0 / lse -inf, and ``cute_attn.raise_on_device_error()`` names it. ``longer_indices``: ``indices`` may run
+    past ``indptr[-1]`` (engines size it with slack; a CUDA-graph capacity buffer), as FlashInfer allows; only the
+    ids the batch owns are read.
     """
     n_ptr, n_idx, n_last = names
     ptr = host_ints(where, n_ptr, indptr)
@@ -84,12 +94,12 @@ def paged_kv(where: str, indptr, indices, last_page_len, page_size: int, device,
     if last.size != batch:
         raise ValueError(f"{where}: {n_last} must have batch_size = len({n_ptr}) - 1 = {batch} entries, "
                          f"got {last.size}")
-    ids = host_ints(where, n_idx, indices)
-    if longer_indices and ptr[-1] > ids.size:
-        raise ValueError(f"{where}: {n_ptr}[-1] ({ptr[-1]}) must be at most len({n_idx}) ({ids.size})")
-    if not longer_indices and ptr[-1] != ids.size:
-        raise ValueError(f"{where}: {n_ptr}[-1] ({ptr[-1]}) must equal len({n_idx}) ({ids.size})")
-    ids = ids[: ptr[-1]]
+    if longer_indices:
+        ids = host_prefix(where, n_idx, indices, int(ptr[-1]), f"{n_ptr}[-1]")
+    else:
+        ids = host_ints(where, n_idx, indices)
+        if ptr[-1] != ids.size:
+            raise ValueError(f"{where}: {n_ptr}[-1] ({ptr[-1]}) must equal len({n_idx}) ({ids.size})")
     if ids.size and ids.min() < 0:
         raise ValueError(f"{where}: {n_idx} holds a negative page id ({ids.min()})")
     pages = np.diff(ptr)

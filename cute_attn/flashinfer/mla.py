@@ -18,10 +18,11 @@ Ignored: the workspace buffer, ``backend``, ``enable_pdl``, ``max_q_len`` (a den
 CUDA graphs (``use_cuda_graph=True``), as FlashInfer's: the constructor takes the four CSR buffers
 (``qo_indptr``, ``kv_indptr``, ``kv_indices``, ``kv_len_arr``), whose lengths fix the batch size and the page
 capacity; every ``plan()`` checks the new batch on the host and copies it into them in place (and the last pages'
-fill, derived from ``kv_len_arr``, into a buffer of the wrapper's own), and ``run()`` reads them, so a captured
-``run()`` replays any later plan's batch (cute_attn's default call plans and checks on the GPU at replay time). The
-query rows are fixed too (``q_nope.shape[0]`` must equal ``qo_indptr[-1]`` at every plan): decode, one or a fixed
-number of tokens a request. Make one ``run()`` before capturing (it compiles and allocates).
+fill, derived from ``kv_len_arr``, into a buffer of the wrapper's own), then re-plans on the GPU into the device plan
+the captured runs read, so a ``run()`` captured once replays any later plan's batch with no planner in the graph.
+The query rows are fixed too (``q_nope.shape[0]`` must equal ``qo_indptr[-1]`` at every plan), and so is the choice
+of kernel (one query a request or not): decode, one or a fixed number of tokens a request. Make one ``run()``
+before capturing (it compiles, allocates and makes that device plan; a first ``run()`` inside a capture raises).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import importlib
 _package = importlib.import_module(__package__.rpartition(".")[0])
 
 from . import arguments as arg
-from .indices import check_indptr, graph_buffer, host_ints, on_device, qo_lengths, refill
+from .indices import check_indptr, graph_buffer, host_ints, host_prefix, on_device, qo_lengths, refill
 from .step_plan import StepPlan
 
 __all__ = ["BatchMLAPagedAttentionWrapper"]
@@ -80,7 +81,7 @@ class BatchMLAPagedAttentionWrapper:
         where = f"{_WHERE}()"
         self.device = arg.workspace_device(where, float_workspace_buffer)
         self._plan: _MlaPlan | None = None
-        self._step = StepPlan()  # one device plan for every run() of a batch (step_plan.py)
+        self._step = StepPlan(bool(use_cuda_graph))  # one device plan for every run() of a batch (step_plan.py)
         self._graph: dict | None = None  # use_cuda_graph: CSR name -> the caller's buffer, and the last pages' fill
         if use_cuda_graph:
             kv_len = graph_buffer(where, "kv_len_arr", kv_len_arr, self.device)
@@ -165,7 +166,7 @@ class BatchMLAPagedAttentionWrapper:
             raise TypeError(f"{where}: causal must be a bool, got {type(causal).__name__}")
         qo, kvp, kvi, kv_len = csr
         graph = self._graph
-        kv_lens, last = _kv_lens_from_pages(where, kvp, kvi, kv_len, ps, longer_indices=graph is not None)
+        kv_lens, last = _kv_lens_from_pages(where, kvp, kvi, kv_len, ps)
         q_lens = qo_lengths(where, "qo_indptr", qo, kv_lens.size)
         if not causal and (q_lens > 1).any():
             b = int(np.nonzero(q_lens > 1)[0][0])
@@ -176,11 +177,11 @@ class BatchMLAPagedAttentionWrapper:
         index = [on_device(qo, device, True), on_device(kvp, device, True), on_device(kvi, device, True), last_dev]
         one_token = bool(q_lens.size) and bool((q_lens == 1).all())
         if graph is not None:  # into the captured buffers, in place
-            total_q = graph.setdefault("total_q", int(q_lens.sum()))  # the rows a captured run() reads
+            total_q = graph.get("total_q", int(q_lens.sum()))  # the rows a captured run() reads
             if int(q_lens.sum()) != total_q:
                 raise ValueError(f"{where}: qo_indptr[-1] ({int(q_lens.sum())}) must stay {total_q} with "
                                  "use_cuda_graph=True: a captured run() reads that many query rows")
-            if graph.setdefault("one_token", one_token) != one_token:  # the kernel a captured run() launches
+            if graph.get("one_token", one_token) != one_token:  # the kernel a captured run() launches
                 raise ValueError(f"{where}: with use_cuda_graph=True every plan must keep one query per request "
                                  f"(the first plan's batch {'had' if not one_token else 'did not have'} them) or "
                                  "not: a captured run() launches that batch's kernel")
@@ -192,11 +193,12 @@ class BatchMLAPagedAttentionWrapper:
             if last_dev is not None:
                 copies.append(("kv_len_arr", last_dev, "kv_len_arr", graph["kv_last_page_len"], True))
             refill(where, copies, True)
+            graph["total_q"], graph["one_token"] = total_q, one_token  # pinned by the first plan that got through
             index = [graph["qo_indptr"], graph["kv_indptr"], graph["kv_indices"],
                      None if last_dev is None else graph["kv_last_page_len"]]
+        self._step.new_batch()  # graph mode: re-plans now; a failure leaves self._plan None (run() refuses)
         self._plan = _MlaPlan(*index, ps, int(q_lens.sum()), num_heads, head_dim_ckv, head_dim_kpe, scale, lse_mode,
                               one_token)
-        self._step.new_batch(graph is not None)
 
     def run(
         self,
@@ -247,14 +249,11 @@ class BatchMLAPagedAttentionWrapper:
         args = (q_nope, q_pe, ckv_cache, kpe_cache, plan.qo_indptr, plan.kv_indptr, plan.kv_indices,
                 plan.kv_last_page_len, plan.sm_scale)
         ops = _package.ops
-        if plan.one_token:  # decode: mla_paged_decode's kernel, planned with its spec (canonical order, qo_indptr in)
-            step_plan = self._step.for_run(ops.mla_decode.ONE_TOKEN_SPEC, args)
-            out, lse = _package.mla_paged_decode(q_nope, q_pe, ckv_cache, kpe_cache, plan.kv_indptr, plan.kv_indices,
-                                                  plan.kv_last_page_len, plan.sm_scale, out, lse, plan=step_plan,
-                                                  natural_lse=natural)
-        else:
-            step_plan = self._step.for_run(ops.mla_prefill.SPEC, args)
-            out, lse = _package.mla_paged_prefill(*args, out, lse, natural_lse=natural, plan=step_plan)
+        # one query a request (decode): mla_paged_decode's kernel and spec, given this plan's own qo_indptr (0..batch:
+        # the tensor the plan was made from, and the one a captured launch reads, kept alive by the plan)
+        spec = ops.mla_decode.ONE_TOKEN_SPEC if plan.one_token else ops.mla_prefill.SPEC
+        step_plan = self._step.for_run(spec, args)
+        out, lse = ops.mla_prefill.run_mla(*args, out, lse, step_plan, False, natural, None, None, spec=spec)
         return (out, lse) if return_lse else out
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
@@ -273,18 +272,13 @@ def _csr_from_metadata(where: str, metadata) -> tuple:
     return tuple(getattr(metadata, n) for n in names)
 
 
-def _kv_lens_from_pages(where: str, kv_indptr, kv_indices, kv_len_arr, page_size: int,
-                        longer_indices: bool = False) -> tuple:
+def _kv_lens_from_pages(where: str, kv_indptr, kv_indices, kv_len_arr, page_size: int) -> tuple:
     """``(kv_lens, kv_last_page_len)``: ``kv_len_arr`` must fit the indptr's page counts
-    (``pages == ceil(kv_len / page_size)``; at page size 1 it restates them). ``longer_indices``: ``kv_indices``
-    may run past ``kv_indptr[-1]`` (a CUDA-graph capacity buffer)."""
+    (``pages == ceil(kv_len / page_size)``; at page size 1 it restates them). ``kv_indices`` may run past
+    ``kv_indptr[-1]`` (engines size it with slack; a CUDA-graph capacity buffer): only the batch's ids are read."""
     kvp = host_ints(where, "kv_indptr", kv_indptr)
     check_indptr(where, "kv_indptr", kvp)
-    ids = host_ints(where, "kv_indices", kv_indices)
-    if (kvp[-1] > ids.size) if longer_indices else (kvp[-1] != ids.size):
-        rule = "be at most" if longer_indices else "equal"
-        raise ValueError(f"{where}: kv_indptr[-1] ({kvp[-1]}) must {rule} len(kv_indices) ({ids.size})")
-    ids = ids[: kvp[-1]]
+    ids = host_prefix(where, "kv_indices", kv_indices, int(kvp[-1]), "kv_indptr[-1]")
     if ids.size and ids.min() < 0:
         raise ValueError(f"{where}: kv_indices holds a negative page id ({ids.min()})")
     lens = host_ints(where, "kv_len_arr", kv_len_arr)

@@ -135,7 +135,9 @@ class BatchPrefillWithPagedKVCacheWrapper:
         arg.require_none(where, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask,
                          prefix_len_ptr=prefix_len_ptr, token_pos_in_items_ptr=token_pos_in_items_ptr,
                          max_item_len_ptr=max_item_len_ptr, seq_lens=seq_lens, seq_lens_q=seq_lens_q,
-                         block_tables=block_tables, fixed_split_size=fixed_split_size)
+                         block_tables=block_tables)
+        if fixed_split_size is not None:  # FlashInfer's "no fixed split" is None or -1 (vLLM passes -1)
+            arg.require_value(where, "fixed_split_size", fixed_split_size, (-1,))
         arg.require_value(where, "token_pos_in_items_len", token_pos_in_items_len, (0,))
         arg.require_value(where, "pos_encoding_mode", pos_encoding_mode, ("NONE",))
         arg.require_value(where, "window_left", window_left, (-1,))
@@ -156,11 +158,11 @@ class BatchPrefillWithPagedKVCacheWrapper:
                              f"({num_kv_heads})")
         scale = arg.resolve_sm_scale(where, sm_scale, head_dim_qk)
         index = paged_kv(where, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, page_size, self.device,
-                         non_blocking)
+                         non_blocking, longer_indices=True)
         q_lens = qo_lengths(where, "qo_indptr", qo_indptr, index.batch_size)
+        self._step.new_batch()
         self._plan = _PrefillPlan(on_device(qo_indptr, self.device, non_blocking), int(q_lens.sum()), index,
                                   num_qo_heads, num_kv_heads, head_dim_qk, page_size, scale)
-        self._step.new_batch(graph=False)
 
     begin_forward = plan
 

@@ -26,43 +26,50 @@ _package = importlib.import_module(__package__.rpartition(".")[0])
 
 
 class StepPlan:
-    """The device plan of a wrapper's current batch."""
+    """The device plan of a wrapper's current batch (``graph``: the wrapper's ``use_cuda_graph=True``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, graph: bool = False) -> None:
+        self._graph = graph
         self._plan = None  # the DevicePlan the runs since the last plan() use (None: the next run() plans;
         # _NO_PLAN: they take the planner-free default call)
-        self._kept = None  # the last DevicePlan made, planned into again when the shapes allow
-        self._inputs = None  # (spec, entry arguments) it was last planned from (graph mode re-plans from them)
+        self._kept = None  # the last DevicePlan made: recycled, or (graph mode) planned into again
+        # graph mode: (spec, entry arguments) of the run that made it, the inputs plan() re-plans from (eager mode
+        # keeps no tensor of the caller's alive)
+        self._inputs = None
 
-    def new_batch(self, graph: bool) -> None:
+    def new_batch(self) -> None:
         """``plan()`` has set a new batch. Eager: the next ``run()`` plans. Graph mode: plan now, in place, from the
-        same index buffers (their new values) and the inputs of the last ``run()``, since replays never call
-        ``run()`` again; before any ``run()`` there is nothing to re-plan (the first ``run()`` plans)."""
-        if graph and self._kept is not None:
+        same index buffers (their new values) and the inputs of the run that made the plan, since replays never
+        call ``run()`` again; before any ``run()`` there is nothing to re-plan (the first ``run()`` plans). If that
+        re-plan fails, no plan is left for a ``run()`` to take."""
+        self._plan = None
+        if self._graph and self._kept is not None:
             spec, args = self._inputs
             self._plan = _package.api.plan_for(spec, args, arch=None, num_sms=None, on_device=True, into=self._kept)
-        else:
-            self._plan = None
 
     def for_run(self, spec, args: tuple):
         """The plan for a ``run()`` of ``spec``'s kind with entry arguments ``args`` (canonical order, outputs
-        omitted): planned by the first ``run()`` after a ``plan()``, into the kept buffers when they fit; None for
-        a batch the default call schedules itself."""
+        omitted): planned by the first ``run()`` after a ``plan()``, in the kept plan's buffers when they fit
+        these shapes; None for a batch the default call schedules itself."""
         if self._plan is None and _package.api.self_schedules(spec, args):
             self._plan = _NO_PLAN
         if self._plan is None:
-            plan_for = _package.api.plan_for
-            plan = None
-            if self._kept is not None:
-                try:
-                    plan = plan_for(spec, args, arch=None, num_sms=None, on_device=True, into=self._kept)
-                except ValueError:  # not the kept plan's shapes: a new one (whose rules name any bad input)
-                    plan = None
-            if plan is None:
-                plan = plan_for(spec, args, arch=None, num_sms=None, on_device=True)
+            if _capturing(args):  # a plan made here would hold values only once the graph replays
+                raise RuntimeError("cute_attn.flashinfer: the first run() of a batch is being captured in a CUDA "
+                                   "graph; construct the wrapper with use_cuda_graph=True and make one run() before "
+                                   "capturing (it makes the device plan the captured runs read, outside the graph)")
+            plan = _package.api.plan_for(spec, args, arch=None, num_sms=None, on_device=True, recycle=self._kept)
             self._plan = self._kept = plan
-            self._inputs = (spec, args)
+            if self._graph:
+                self._inputs = (spec, args)
         return None if self._plan is _NO_PLAN else self._plan
+
+
+def _capturing(args: tuple) -> bool:
+    import torch
+
+    device = args[0].device
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 _NO_PLAN = object()  # a batch the default call schedules itself (api.self_schedules)
