@@ -260,3 +260,15 @@ def test_decode_fused_merge_policy_flips_the_one_token_configs_only():
     with mla_decode.decode_fused_merge_policy(None), mla_prefill.fused_merge_policy(True):
         assert configs()[1].fused_merge is True
     assert configs() == default
+
+
+def test_one_query_indptrs_are_kept_for_good():
+    """``mla_paged_decode`` without ``qo_indptr`` launches on a cached ``0..batch`` tensor; a captured CUDA graph reads
+    that very tensor at every replay, so the cache never drops one (it used to clear itself at 64 batch sizes)."""
+    q = torch.zeros(3, 16, 512, dtype=torch.bfloat16)
+    first = mla_decode._qo_indptr(q, torch.zeros(4, dtype=torch.int32))
+    for batch in range(4, 80):
+        mla_decode._qo_indptr(torch.zeros(batch, 16, 512, dtype=torch.bfloat16), torch.zeros(batch + 1,
+                                                                                          dtype=torch.int32))
+    assert mla_decode._qo_indptr(q, torch.zeros(4, dtype=torch.int32)) is first
+    assert first.tolist() == [0, 1, 2, 3]

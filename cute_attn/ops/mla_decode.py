@@ -208,9 +208,12 @@ def _qo_indptr(q_nope, kv_indptr) -> torch.Tensor:
     key = (batch, kv_indptr.device)
     indptr = _ONE_PER_REQUEST.get(key)
     if indptr is None:
-        if len(_ONE_PER_REQUEST) >= 64:
-            _ONE_PER_REQUEST.clear()
-        indptr = _ONE_PER_REQUEST[key] = torch.arange(batch + 1, dtype=torch.int32, device=kv_indptr.device)
+        indptr = torch.arange(batch + 1, dtype=torch.int32, device=kv_indptr.device)
+        # never evicted: a captured CUDA graph reads this very tensor at every replay (one small tensor a batch
+        # size); not kept when made inside a capture, whose fill of it runs only at replay time
+        capturing = indptr.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if not capturing:
+            _ONE_PER_REQUEST[key] = indptr
     return indptr
 
 
