@@ -281,8 +281,14 @@ class _FastPath:
 _FAST = _FastPath()
 
 
+def _keep_for_graphs(route) -> None:
+    if all(r is not route for r in _CAPTURED_ROUTES):
+        _CAPTURED_ROUTES.append(route)
+
+
 def clear_plan_cache() -> None:
-    """Forget cached plans and fast-path entries (the next call validates and plans in full)."""
+    """Forget cached plans and fast-path entries (the next call validates and plans in full). The buffers of routes
+    that a CUDA graph captured stay allocated: the graph replays on them."""
     _PLANS.entries.clear()
     _FAST.entries.clear()
     _DEVICE_ROUTES.clear()
@@ -390,6 +396,9 @@ def _shapes_config(config: PagedAttentionConfig) -> PagedAttentionConfig:
 
 
 _DEVICE_ROUTES: dict = {}  # device-planned call shapes: key -> _Hit (no index tensor identity in the key)
+#: routes that launched inside a CUDA-graph capture: a graph replays on their buffers (plan slots, unit counters), so
+#: they outlive the lookup above (bounded at 64 shapes, cleared by clear_plan_cache) for as long as the process runs
+_CAPTURED_ROUTES: list = []
 
 
 def _device_signature(args: tuple, output, lse) -> tuple:
@@ -528,6 +537,8 @@ def _launch(hit: _Hit, plan, args, output, lse, natural_lse):
     route = hit.route
     if route is not None:  # planner + attention (+ combine) in one host call (kernels/common/launch_chain.py)
         device = hit.alloc[3]
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            _keep_for_graphs(route)
         if route.schedules_itself:  # index checks + a self-scheduling kernel (unit_schedule_route.py)
             route.launch(args, output, lse, natural_lse, _current_stream(device), device)
             return output, lse

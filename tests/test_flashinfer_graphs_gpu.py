@@ -3,7 +3,9 @@ buffers made at capacity, a warm-up ``run()`` and the capture on one side stream
 of a new batch (lengths, page table, padding requests without pages), the new queries copied in, and a replay:
 every replay equals the float32 reference of the batch then planned. Pools are finite (every page may be drawn),
 the indices buffer's tail past the batch holds ids outside the pool (never read), outputs are NaN-filled before
-each replay (an unwritten row fails)."""
+each replay (an unwritten row fails). Also what those graphs rest on: planning into a kept plan
+(``api.plan_for(into=)``), the refusal of a first run inside a capture, and a captured default call's buffers
+outliving the route cache."""
 
 from __future__ import annotations
 
@@ -190,3 +192,25 @@ def test_a_first_run_inside_a_capture_is_refused():
     with pytest.raises(RuntimeError, match="make one run\\(\\) before capturing"):
         with torch.cuda.graph(graph, stream=stream):
             w.run(case.q, (case.k_cache, case.v_cache))
+
+
+def test_a_captured_default_call_outlives_the_route_cache():
+    """The default call's route (plan slots on the capture stream) stays allocated after 64 other call shapes have
+    cycled the route cache, and after clear_plan_cache(): the graph replays on its buffers."""
+    rng = np.random.default_rng(64)
+    case = testing.make_gqa_decode_case([300, 20, 4000, 7], device="cuda", seed=6)
+    out, lse = case.new_outputs()
+    graph = _capture(lambda: cute_attn.gqa_paged_decode(*case.inputs(), out, lse))
+    for batch in range(1, 70):  # other shapes through the default call: each a route of its own
+        other = testing.make_gqa_decode_case([int(n) for n in rng.integers(1, 300, size=batch)], device="cuda",
+                                             seed=batch)
+        cute_attn.gqa_paged_decode(*other.inputs())
+    cute_attn.clear_plan_cache()
+    garbage = [torch.full((1 << 20,), float("nan"), device="cuda") for _ in range(8)]  # reuse freed blocks
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    del garbage
+    ref_out, ref_lse = case.reference()
+    testing.assert_close_benchmark(out, ref_out, "replay after the route cache cycled: output")
+    testing.assert_close_benchmark(lse, ref_lse, "replay after the route cache cycled: lse")
