@@ -39,3 +39,13 @@ def test_prefill_rates_against_the_mma_ceiling_and_rows_without_a_plan_once_call
 def test_the_committed_bench_json_renders():
     rows = perf_summary.summary_rows(perf_summary.json.loads(perf_summary.DEFAULT_JSON.read_text()), ["ckv512"])
     assert rows and all(r["kernel"].startswith("mla_") and r["cute_attn_planned"] > 0 for r in rows)
+
+
+def test_the_perf_notes_standing_table_is_the_committed_json_rendered():
+    """docs/perf-notes.md's standing table is ``perf_summary``'s output for the committed bench JSON (the command
+    above the table): a merged bench run without a re-rendered table fails here."""
+    notes = (perf_summary.DEFAULT_JSON.parent.parent / "perf-notes.md").read_text()
+    records = perf_summary.json.loads(perf_summary.DEFAULT_JSON.read_text())
+    kernels = ["h32_kv4_d128_ps64", "h20_kv4_d128_ps64", "ckv512", "multi_token"]
+    assert f"`python tools/perf_summary.py --kernels {' '.join(kernels)}`" in notes
+    assert perf_summary.markdown(perf_summary.summary_rows(records, kernels)) in notes
