@@ -5,7 +5,7 @@ default (planned on the GPU at every call), but then every layer pays the device
 10-22 µs a prefill one on the H200. Instead the first ``run()`` after a ``plan()`` launches the device planner once
 (``plan_<kind>(..., on_device=True)``: no host sync) and every ``run()`` passes that plan (``plan=``), as an engine
 that calls cute_attn directly would. A later step's first ``run()`` plans again into the same buffers when the
-shapes allow (``api.plan_for(into=)``), so a steady state allocates nothing.
+shapes allow (``api.plan_for(recycle=)``), so a steady state allocates nothing.
 
 A batch the entry point's default call schedules without any plan (the planner-free prefills, where their policy is
 on: ``api.self_schedules``) gets no plan: its runs take that route.
