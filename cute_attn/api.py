@@ -447,7 +447,7 @@ def _device_route(spec, args, output, lse, natural_lse, arch, num_sms) -> _Hit:
                                   "cute_attn")
     num_ctas = _num_ctas(config, problem.device, num_sms)
     alloc = (problem.total_q, problem.num_qo_heads, problem.head_dim_v, problem.device)
-    if spec.self_schedule is not None and spec.self_schedule(config, problem, num_ctas):
+    if _takes_self_schedule(spec, config, problem, num_ctas):
         from .unit_schedule_route import UnitScheduleRoute
 
         config = _with_plan_knobs(config, (("dynamic_schedule", True),))
@@ -597,7 +597,13 @@ def self_schedules(spec, args: tuple, *, arch: str | None = None, num_sms: int |
     if spec.self_schedule is None:
         return False
     problem, config = _checked_config(spec, args, None, None, arch)
-    return bool(spec.self_schedule(config, problem, _num_ctas(config, problem.device, num_sms)))
+    return _takes_self_schedule(spec, config, problem, _num_ctas(config, problem.device, num_sms))
+
+
+def _takes_self_schedule(spec, config, problem, num_ctas: int) -> bool:
+    """The default call's choice of the planner-free route (``OpSpec.self_schedule``), in :func:`_device_route`
+    and :func:`self_schedules` alike."""
+    return spec.self_schedule is not None and bool(spec.self_schedule(config, problem, num_ctas))
 
 
 def _raise_device_errors(device) -> None:

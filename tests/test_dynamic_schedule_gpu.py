@@ -78,12 +78,9 @@ def test_bench_shapes_and_small_grids(num_sms, page_size):
 
 @pytest.mark.parametrize("num_sms", [None, 1, 7])
 def test_many_requests_cross_the_search_windows(num_sms):
-    """70 requests, some without queries: a unit's request is found 32 requests a step, resumed where the CTA's
-    last unit was (the windows past the first run only past 32 requests)."""
-    rng = np.random.default_rng(70)
-    q_lens = [int(q) for q in rng.integers(0, 40, size=70)]
-    q_lens[0] = q_lens[33] = q_lens[69] = 0
-    kv_lens = [q + int(rng.integers(0, 300)) for q in q_lens]
+    """70 requests, some without queries (``unit_scratch.many_requests``): the request search's windows past the
+    first 32 requests."""
+    q_lens, kv_lens = unit_scratch.many_requests()
     for page_size in (64, 1):
         case = testing.make_gqa_prefill_case(q_lens, kv_lens, page_size=page_size, device="cuda", seed=page_size)
         _assert_matches_reference(case, f"70 requests page {page_size} grid {num_sms}", num_sms)

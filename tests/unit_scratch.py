@@ -7,6 +7,17 @@ from __future__ import annotations
 import contextlib
 
 
+def many_requests() -> tuple[list, list]:
+    """``(q_lens, kv_lens)`` of 70 requests, some without queries (0, 33, 69): past the first 32-request window of
+    the units' request search, which resumes where a CTA's last unit was."""
+    import numpy as np
+
+    rng = np.random.default_rng(70)
+    q_lens = [int(q) for q in rng.integers(0, 40, size=70)]
+    q_lens[0] = q_lens[33] = q_lens[69] = 0
+    return q_lens, [q + int(rng.integers(0, 300)) for q in q_lens]
+
+
 @contextlib.contextmanager
 def self_scheduled_launches():
     """The self-scheduling routes launched inside the block, one entry a launch (the route of *this* call, not

@@ -156,7 +156,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         scale = arg.resolve_sm_scale(where, sm_scale, head_dim)
         graph = self._graph
         index = paged_kv(where, indptr, indices, last_page_len, page_size, self.device, non_blocking,
-                         names=("indptr", "indices", "last_page_len"), longer_indices=True)
+                         names=("indptr", "indices", "last_page_len"))
         if graph is not None:  # into the captured buffers, in place
             pages = int(((index.kv_lens + page_size - 1) // page_size).sum())  # the ids the batch owns
             refill(where, [("indptr", index.kv_indptr, "paged_kv_indptr_buffer", graph.kv_indptr, True),

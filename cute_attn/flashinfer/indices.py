@@ -76,15 +76,14 @@ class PagedKv:
 
 
 def paged_kv(where: str, indptr, indices, last_page_len, page_size: int, device, non_blocking: bool,
-             names=("paged_kv_indptr", "paged_kv_indices", "paged_kv_last_page_len"),
-             longer_indices: bool = False) -> PagedKv:
+             names=("paged_kv_indptr", "paged_kv_indices", "paged_kv_last_page_len")) -> PagedKv:
     """Checks FlashInfer's CSR page table (indptr in pages, last-page fill in tokens) and moves it to ``device``.
 
     Page ids are checked against the cache's page count on the GPU, by the device planner of the batch's first
     ``run()`` (the cache is not known yet): a request with an id outside the pool reads none of its pages and gets
-    output 0 / lse -inf, and ``cute_attn.raise_on_device_error()`` names it. ``longer_indices``: ``indices`` may run
-    past ``indptr[-1]`` (engines size it with slack; a CUDA-graph capacity buffer), as FlashInfer allows; only the
-    ids the batch owns are read.
+    output 0 / lse -inf, and ``cute_attn.raise_on_device_error()`` names it. ``indices`` may run past
+    ``indptr[-1]`` (engines size it with slack; a CUDA-graph capacity buffer), as FlashInfer allows; only the ids
+    the batch owns are read.
     """
     n_ptr, n_idx, n_last = names
     ptr = host_ints(where, n_ptr, indptr)
@@ -94,12 +93,7 @@ def paged_kv(where: str, indptr, indices, last_page_len, page_size: int, device,
     if last.size != batch:
         raise ValueError(f"{where}: {n_last} must have batch_size = len({n_ptr}) - 1 = {batch} entries, "
                          f"got {last.size}")
-    if longer_indices:
-        ids = host_prefix(where, n_idx, indices, int(ptr[-1]), f"{n_ptr}[-1]")
-    else:
-        ids = host_ints(where, n_idx, indices)
-        if ptr[-1] != ids.size:
-            raise ValueError(f"{where}: {n_ptr}[-1] ({ptr[-1]}) must equal len({n_idx}) ({ids.size})")
+    ids = host_prefix(where, n_idx, indices, int(ptr[-1]), f"{n_ptr}[-1]")
     if ids.size and ids.min() < 0:
         raise ValueError(f"{where}: {n_idx} holds a negative page id ({ids.min()})")
     pages = np.diff(ptr)

@@ -158,7 +158,7 @@ class BatchPrefillWithPagedKVCacheWrapper:
                              f"({num_kv_heads})")
         scale = arg.resolve_sm_scale(where, sm_scale, head_dim_qk)
         index = paged_kv(where, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, page_size, self.device,
-                         non_blocking, longer_indices=True)
+                         non_blocking)
         q_lens = qo_lengths(where, "qo_indptr", qo_indptr, index.batch_size)
         self._step.new_batch()
         self._plan = _PrefillPlan(on_device(qo_indptr, self.device, non_blocking), int(q_lens.sum()), index,
