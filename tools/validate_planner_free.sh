@@ -39,7 +39,7 @@ case $part in
     python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 24 \
       --step 260 "python tools/ab_policy.py dynamic_schedule --pages 64 1 --iters 50 --json $out/ab_gqa.json \
 > $out/ab_gqa.txt 2>&1; tail -24 $out/ab_gqa.txt" \
-      --step 300 "python tools/ab_policy.py mla_dynamic_schedule --iters 30 --json $out/ab_mla.json \
+      --step 300 "python tools/ab_policy.py mla_dynamic_schedule --iters 50 --json $out/ab_mla.json \
 > $out/ab_mla.txt 2>&1; tail -24 $out/ab_mla.txt" ;;
   *) echo "part must be gqa, mla or ab, got $part" >&2; exit 2 ;;
 esac

@@ -133,10 +133,10 @@ def deal_max_q_tiles_policy(most: int):
 #: (``tools/bench.py --kernel prefill``, one process beside FA4, cold L2, 100 runs), the cold call (new index
 #: tensors) minus the plan-once call, with the first build (a separate index-check launch) / the in-kernel checks:
 #: 1 x 992 +12.5 / +5.4 us, 4 x 992 +7.1 / +2.1, 8 x 992 +3.6 / -0.2, 16 x 992 -2.5 / -8.1, 32 x 992 -10.3 / -12.5,
-#: 4 x 512 / 4096 +5.1 / -1.4, 8 x 128 / 2048 +4.1 / +0.0 (the device planner's default call: +10..+22). Off until
-#: its GPU tier passes whole on the final build (one test of ``tests/test_dynamic_schedule_gpu.py`` failed there and
-#: compute-sanitizer's racecheck flagged the consumers' slot reads; both addressed after the device time ran out)
-DYNAMIC_SCHEDULE = False
+#: 4 x 512 / 4096 +5.1 / -1.4, 8 x 128 / 2048 +4.1 / +0.0 (the device planner's default call: +10..+22). On since
+#: session 36: the final build passed its GPU tier, memcheck and racecheck, and won every A/B row
+#: (``tools/ab_policy.py dynamic_schedule``: default call on / off, e.g. ragged 12 121.8 / 149.9 us, h5/kv1 39.2 / 46.9)
+DYNAMIC_SCHEDULE = True
 DYNAMIC_MIN_UNITS_PER_CTA = 1
 #: the archs whose default call may take it: sm_100a has the twin build (``kernels/sm100/gqa_prefill.py``, session
 #: 34), compiled and PTX-checked only; its default call stays on the device planner until it has run on a Blackwell GPU

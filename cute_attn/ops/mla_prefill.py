@@ -175,16 +175,17 @@ EAGER_COMBINE = False
 #: the default call (no plan) of causal sm_90a MLA prefill runs the self-scheduling build
 #: (``PagedAttentionConfig.dynamic_schedule``: every CTA checks the batch's index rules and scans its page ids, then the
 #: load role takes whole (request, q tile) units from a counter and hands each to the consumers in a ring;
-#: ``common/mla.load_units``) when the shapes promise at least DYNAMIC_MIN_UNITS_PER_CTA units a CTA; else the device
-#: planner. Why: the device plan's balance sets this kind's cold rows (H200, session 24: cold - planned +52 us at 56 /
-#: 8987 / 14390, +177 at 1 / 16384), where a counter over longest-first units is as balanced as the host plan in the
-#: model (``tools/dynamic_schedule_model.py``, session 32: 56 / 8987 7424 vs the host plan's 7424 cost units, 16K
-#: 259456 vs 259456, 20 / 3842 2880 vs 2880; the seed's 500 short units 1.07x worse, 22 / 22 / 17759's 22 units 6x).
-#: Four units a CTA (528 on the H200's 132) keeps the seed (489) and 1 / 1028 (257) on the planner's splits. Built
-#: (sm_90a, compile-checked); off until its GPU tier (``tests/test_mla_dynamic_schedule_gpu.py``) and the sanitizer
-#: cases pass on a GPU and the bench confirms the cold rows
-DYNAMIC_SCHEDULE = False
-DYNAMIC_MIN_UNITS_PER_CTA = 4
+#: ``common/mla.load_units``) when the shapes promise at least DYNAMIC_MIN_UNITS_PER_CTA units a CTA, or when the
+#: batch is tiny (at most DYNAMIC_TINY_KEY_SLOTS key slots: its longest unit costs less than the planner); else the
+#: device planner. Why: the device planner costs ~10-12 us a call, and at many units a counter over longest-first
+#: units is as balanced as the host plan (``tools/dynamic_schedule_model.py``). H200, session 36 (``tools/bench.py
+#: --kernel mla``, cold call minus the warm default call, cold L2, 50 runs; GPU tier, memcheck and racecheck clean):
+#: planner-free / device planner: 1 / 43 / 46 (11 units) +1.6 / +10.3 us, 1 / 1028 / 1038 (257) +14.1 / +11.2,
+#: 28 / 1954 / 2044 (489) +4.5 / +12.3, 20 / 3842 / 3916 (961) +12.0 / +15.8, 22 / 22 / 17759 (22) +47.9 / +8.2;
+#: 56 / 8987 / 14390 (2247) default call 220 us planner-free against 278 on the device planner (plan-once 224)
+DYNAMIC_SCHEDULE = True
+DYNAMIC_MIN_UNITS_PER_CTA = 2
+DYNAMIC_TINY_KEY_SLOTS = 256
 #: the archs whose default call may take it: sm_100a has the twin build (``kernels/sm100/mla_prefill.py``), compiled
 #: and PTX-checked only; its default call stays on the device planner until it has run on a Blackwell GPU
 DYNAMIC_SCHEDULE_ARCHS = ("sm_90a",)
@@ -192,8 +193,9 @@ DYNAMIC_SCHEDULE_ARCHS = ("sm_90a",)
 
 def self_schedule(config, problem, num_ctas: int) -> bool:
     """``OpSpec.self_schedule``: the self-scheduling build for this default call (module policy above)."""
-    return DYNAMIC_SCHEDULE and shapes_promise_units(config, problem, num_ctas, DYNAMIC_MIN_UNITS_PER_CTA,
-                                                     DYNAMIC_SCHEDULE_ARCHS)
+    tiny = 0 < problem.num_kv_slots <= DYNAMIC_TINY_KEY_SLOTS
+    min_units = 0 if tiny else DYNAMIC_MIN_UNITS_PER_CTA
+    return DYNAMIC_SCHEDULE and shapes_promise_units(config, problem, num_ctas, min_units, DYNAMIC_SCHEDULE_ARCHS)
 
 
 @contextlib.contextmanager
