@@ -222,7 +222,7 @@ def test_mla_graph_plans_keep_the_kernel():
 
 def test_batches_the_default_call_schedules_itself_get_no_plan(entry_calls):
     """Where the entry's default call takes the planner-free route (``api.self_schedules``: the planner-free
-    prefills, when their policy is on), the wrapper plans nothing and its runs take that route."""
+    prefills, for batches with enough units), the wrapper plans nothing and its runs take that route."""
     entry_calls.self_scheduled = True
     case = testing.make_gqa_prefill_case([3, 0, 17], [10, 5, 40], num_qo_heads=4, num_kv_heads=2, head_dim=64,
                                          page_size=16, seed=4)
