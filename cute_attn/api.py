@@ -450,7 +450,8 @@ def _device_route(spec, args, output, lse, natural_lse, arch, num_sms) -> _Hit:
     if _takes_self_schedule(spec, config, problem, num_ctas):
         from .unit_schedule_route import UnitScheduleRoute
 
-        config = _with_plan_knobs(config, (("dynamic_schedule", True),))
+        extra = spec.self_schedule_knobs(config) if spec.self_schedule_knobs is not None else None
+        config = _with_plan_knobs(config, (("dynamic_schedule", True), *sorted((extra or {}).items())))
         return _Hit(config, None, launcher, alloc, UnitScheduleRoute.resolve(spec, config, problem, num_ctas))
     config = _device_plan_config(spec, config, problem.device, num_ctas)
     route = DevicePlanRoute.resolve(spec, config, problem, num_ctas)

@@ -202,6 +202,13 @@ class PagedAttentionConfig(KernelConfig):
     #: (``kernels/common/unit_schedule.py``); nothing split, no combine, one launch. The default call's route for
     #: batches with enough units (``ops/gqa_prefill.DYNAMIC_SCHEDULE`` / ``ops/mla_prefill.DYNAMIC_SCHEDULE`` say when)
     dynamic_schedule: bool = False
+    #: self-scheduling builds (``dynamic_schedule``) only: the load role takes its next unit from the counter once the
+    #: current unit's last K tile is issued (the consumers then the K ring's depth from its end), not as its loads
+    #: begin. Why: claimed a whole unit ahead, a CTA's second unit is taken before any CTA has finished its first, so at
+    #: one or two units a CTA the longest units pair up on the same CTAs (``tools/dynamic_schedule_model.py
+    #: --claim``: 1.21x the host plan's busiest CTA at 1 x 992, 1.38x at MLA 1 x 1028, where the H200 measured 1.20x
+    #: and 1.30x; claimed late, 1.00x both). Built in session 36, off until its A/B (``ops/*_prefill.LATE_CLAIM``)
+    late_claim: bool = False
 
     @property
     def group_size(self) -> int:
@@ -308,6 +315,8 @@ class PagedAttentionConfig(KernelConfig):
         if self.dynamic_schedule and ((self.kind, self.arch) not in DYNAMIC_SCHEDULE_KERNELS or not self.causal):
             return ("dynamic_schedule: built for the causal GQA and MLA prefill kernels (sm_90a, sm_100a) only "
                     f"(kind {self.kind}, arch {self.arch}, causal {self.causal})")
+        if self.late_claim and not self.dynamic_schedule:
+            return "late_claim: a knob of the self-scheduling builds (dynamic_schedule=True) only"
         if self.page_boxes and ((self.kind, self.arch) != ("mla_paged_prefill", "sm_90a")
                                 or self.page_size < self.kv_tile):
             return (f"page_boxes: a knob of the sm_90a MLA kernels' TMA K stages at pages of >= kv_tile keys "

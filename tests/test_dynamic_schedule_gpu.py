@@ -26,19 +26,20 @@ SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=list(H
 
 
 @contextlib.contextmanager
-def every_batch_self_schedules():
-    """The default call takes the self-scheduling build whatever the batch's units (the policy's floor at 0)."""
-    with gqa_prefill.dynamic_schedule_policy(True), \
+def every_batch_self_schedules(late_claim: bool = False):
+    """The default call takes the self-scheduling build whatever the batch's units (the policy's floor at 0), claiming
+    units late or early (``LATE_CLAIM``)."""
+    with gqa_prefill.dynamic_schedule_policy(True), gqa_prefill.late_claim_policy(late_claim), \
             cute_attn.ops.policy(vars(gqa_prefill), DYNAMIC_MIN_UNITS_PER_CTA=0):
         yield
 
 
-@pytest.fixture(autouse=True)
-def _clean():
+@pytest.fixture(autouse=True, params=[False, True], ids=["early-claim", "late-claim"])
+def _clean(request):
     torch.cuda.init()
     cute_attn.clear_plan_cache()
     cute_attn.raise_on_device_error()
-    with every_batch_self_schedules():
+    with every_batch_self_schedules(request.param):
         yield
     torch.cuda.synchronize()
 

@@ -20,6 +20,20 @@ def test_greedy_list_scheduling():
     assert model.greedy_makespan(np.array([1] * 10), 3) == 4
 
 
+def test_claiming_a_unit_ahead_pairs_the_longest_units():
+    """Claimed a unit ahead, both CTAs hold two units before either finishes: 4 + 2 | 3 + 1 (the built kernel's
+    schedule); claimed as a CTA frees (late with no lead), 4 + 1 | 3 + 2; a lead of a whole unit claims as early as
+    the ahead schedule does, after the first round."""
+    costs = np.array([4, 3, 2, 1])
+    assert model.claim_ahead_makespan(costs, 2) == 6
+    assert model.claim_late_makespan(costs, 2, 0) == model.greedy_makespan(costs, 2) == 5
+    assert model.claim_late_makespan(costs, 2, 4) == 6
+    assert model.claim_ahead_makespan(np.array([5, 4, 3, 3, 3]), 2) == 10  # 5 + 3 | 4 + 3 + 3
+    for claim in (lambda c, n: model.claim_ahead_makespan(c, n), lambda c, n: model.claim_late_makespan(c, n, 2)):
+        assert claim(np.array([7]), 4) == 7
+        assert claim(np.array([1] * 10), 3) == 4
+
+
 def _config():
     from cute_attn import tuning
 

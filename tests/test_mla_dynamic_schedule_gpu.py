@@ -28,21 +28,26 @@ SPARE_ROWS = 97  # pool rows no request owns (NaN)
 
 
 @contextlib.contextmanager
-def every_batch_self_schedules(split: str):
+def every_batch_self_schedules(split: str, late_claim: bool = False):
     """The default call takes the self-scheduling build whatever the batch's units (the policy's floor at 0), with
-    the consumer split ``split`` for every batch."""
+    the consumer split ``split`` for every batch, claiming units late or early (``LATE_CLAIM``)."""
     with mla_prefill.dynamic_schedule_policy(True), mla_prefill.consumer_split(split), \
+            mla_prefill.late_claim_policy(late_claim), \
             cute_attn.ops.policy(vars(mla_prefill), DYNAMIC_MIN_UNITS_PER_CTA=0):
         yield
 
 
-@pytest.fixture(autouse=True, params=["score_wg_sepi", "score_wg"])
+#: (consumer split, late claim): both splits the build takes, and the late claim (session 36) with the default split
+BUILDS = [("score_wg_sepi", False), ("score_wg", False), ("score_wg_sepi", True)]
+
+
+@pytest.fixture(autouse=True, params=BUILDS, ids=lambda b: b[0] + ("-late" if b[1] else ""))
 def split(request):
     torch.cuda.init()
     cute_attn.clear_plan_cache()
     cute_attn.raise_on_device_error()
-    with every_batch_self_schedules(request.param):
-        yield request.param
+    with every_batch_self_schedules(*request.param):
+        yield request.param[0]
     torch.cuda.synchronize()
 
 

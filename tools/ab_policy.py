@@ -36,6 +36,10 @@ POLICY is one of
                   and two FIB layouts; only the default call moves
     mla_dynamic_schedule  the same for MLA prefill (``ops/mla_prefill.DYNAMIC_SCHEDULE``, session 34) off / on: the
                   bench's seven recorded MLA prefill batches at pages 1 and 64; only the default call moves
+    late_claim    the planner-free route's load role claims its next unit once the current unit's last K tile is issued
+                  (``ops/gqa_prefill.LATE_CLAIM``, ``ops/mla_prefill.LATE_CLAIM``, session 36) off / on, every batch
+                  on the route (MLA's floor at 0): the dynamic_schedule rows and the MLA bench batches; only the
+                  default call moves
     deal_2048     GQA prefill plans deal batches of up to 2048 q tiles (``ops/gqa_prefill.DEAL_MAX_Q_TILES``, the device
                   sort four keys a thread) off / on: 32 x 992 (1984 q tiles) and a ragged batch of 1840; all three calls
                   move (host plans take the twin's deal)
@@ -228,6 +232,26 @@ def _mla_dynamic_schedule_cases(pages):
                 return testing.make_mla_prefill_case(q_lens, kv_lens, page_size=page_size, device="cuda", seed=9)
             yield (dict(batch="mla_" + w.label, page_size=page_size, heads=0, kv_heads=0), make, "mla_prefill",
                    mla_prefill.dynamic_schedule_policy)
+
+
+def _late_claim_cases(pages):
+    """The planner-free route claiming late (``ops/*_prefill.LATE_CLAIM``) off / on, with the route forced on (the MLA
+    floor at 0, so its few-unit batches take it too): ``tools/dynamic_schedule_model.py --claim`` models claiming a
+    unit ahead at 1.21x the host plan's busiest CTA on 1 x 992 and 1.38x on MLA 1 x 1028, late at 1.00x."""
+    import contextlib
+
+    from cute_attn.ops import gqa_prefill, mla_prefill, policy
+
+    def on_route(ops, **forced):
+        @contextlib.contextmanager
+        def policy_of(on):
+            with policy(vars(ops), DYNAMIC_SCHEDULE=True, LATE_CLAIM=bool(on), **forced):
+                yield bool(on)
+        return policy_of
+
+    yield from _prefill_cases(DYNAMIC_SCHEDULE_CASES, pages, lambda page_size: on_route(gqa_prefill))
+    for row0, make, kind, _ in _mla_dynamic_schedule_cases(pages):
+        yield row0, make, kind, on_route(mla_prefill, DYNAMIC_MIN_UNITS_PER_CTA=0)
 
 
 def _device_whole_deal_cases(pages):
@@ -619,7 +643,7 @@ POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, 
             "lap_lists": _lap_lists_cases, "lap_turn": _lap_turn_cases, "row_writers": _row_writers_cases,
             "count_sort": _count_sort_cases, "cluster_merge": _cluster_merge_cases,
             "device_cluster_merge": _device_cluster_merge_cases, "dynamic_schedule": _dynamic_schedule_cases,
-            "mla_dynamic_schedule": _mla_dynamic_schedule_cases}
+            "mla_dynamic_schedule": _mla_dynamic_schedule_cases, "late_claim": _late_claim_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
                  "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64], "even_pieces": [64, 1],
                  "page_boxes": [64, 128], "max_slack": [1], "eager_combine": [64, 1],
@@ -627,7 +651,8 @@ DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], 
                  "device_whole_deal": [64], "bf16_partials": [64, 1], "deal_2048": [64, 1], "gather_warps": [1, 2],
                  "rank_deal": [1], "deal_first": [64], "deal_one_site": [64], "lap_lists": [64],
                  "lap_turn": [64], "row_writers": [64], "count_sort": [64], "cluster_merge": [64, 1],
-                 "device_cluster_merge": [64, 1], "dynamic_schedule": [64, 1], "mla_dynamic_schedule": [1, 64]}
+                 "device_cluster_merge": [64, 1], "dynamic_schedule": [64, 1], "mla_dynamic_schedule": [1, 64],
+                 "late_claim": [64]}
 
 
 def checked_span(run, out, lse, reference, label: str, timer, digits: int = 1):

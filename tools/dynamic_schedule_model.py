@@ -17,6 +17,14 @@ the CTA that frees first: what an atomic counter does when every unit costs what
 It prints each bench prefill row's modelled busiest CTA against the host plan's (``plan_work``, the planned call) and
 the device twin's (``plan_partition``, the default call's plan), in key-equivalents and as a ratio: GQA prefill
 (h32/kv4, page 64) and the MLA prefill bench's recorded workloads (h16, page 1). CPU only.
+
+``--claim`` models when a CTA takes its next unit, in the kernel's own order (session 36). The greedy schedule above
+assumes a CTA claims a unit when it frees; the built kernel's load role claims unit n+1 as unit n's loads begin, a
+whole unit ahead, so at start-up every CTA holds two units before any has finished one and, in longest-first order,
+the longest units pair up. ``ahead`` is that schedule; ``late`` claims once the current unit's last K tile is issued,
+the K ring's depth (two tiles) before it ends (``PagedAttentionConfig.late_claim``). H200, session 36, planner-free
+kernel over the host plan's: 1 x 992 1.20 (ahead 1.21), MLA 1 x 1028 1.30 (1.38), MLA seed 1.12 (1.14), MLA
+20 x 3842 1.13 (1.09), ragged 12 1.21 (1.10); late 1.00, 1.00, 1.07, 1.02, 1.07.
 """
 
 from __future__ import annotations
@@ -84,10 +92,55 @@ def greedy_makespan(costs: np.ndarray, num_ctas: int) -> int:
     return max(load for load, _ in heap)
 
 
+def claim_ahead_makespan(costs: np.ndarray, num_ctas: int) -> int:
+    """Busiest CTA when each CTA claims its next unit as it starts its current one (the first two rounds of claims
+    go round the CTAs in order: every CTA takes one, then a second, before any finishes)."""
+    costs = [int(c) for c in costs]
+    queued = [[] for _ in range(num_ctas)]
+    taken = 0
+    for _ in range(2):
+        for cta in range(num_ctas):
+            if taken < len(costs):
+                queued[cta].append(costs[taken])
+                taken += 1
+    heap = [(queued[cta].pop(0), cta) for cta in range(num_ctas) if queued[cta]]
+    heapq.heapify(heap)
+    ends = [0] * num_ctas
+    while heap:
+        end, cta = heapq.heappop(heap)
+        ends[cta] = end
+        if queued[cta]:
+            current = queued[cta].pop(0)
+            if taken < len(costs):
+                queued[cta].append(costs[taken])
+                taken += 1
+            heapq.heappush(heap, (end + current, cta))
+    return max(ends)
+
+
+def claim_late_makespan(costs: np.ndarray, num_ctas: int, lead: int) -> int:
+    """Busiest CTA when each CTA claims its next unit ``lead`` key-equivalents before its current one ends (its last
+    K tile issued), never before the current one starts."""
+    costs = [int(c) for c in costs]
+    ends = [0] * num_ctas
+    heap = []
+    for cta, cost in enumerate(costs[:num_ctas]):
+        ends[cta] = cost
+        heap.append((max(0, cost - lead), cta))
+    heapq.heapify(heap)
+    for cost in costs[num_ctas:]:
+        _, cta = heapq.heappop(heap)
+        start = ends[cta]
+        ends[cta] = start + cost
+        heapq.heappush(heap, (max(start, ends[cta] - lead), cta))
+    return max(ends)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--json")
+    ap.add_argument("--claim", action="store_true", help="also model claiming a unit ahead / late (docstring)")
     args = ap.parse_args(argv)
     from cute_attn import tuning
     from cute_attn.plan import PlanCapacity, plan_work
@@ -107,10 +160,17 @@ def main(argv=None) -> int:
             costs = unit_costs(config, q_lens, kv_lens, order)
             row[order] = greedy_makespan(costs, args.sms)
             row["units"], row["mean"] = int(costs.size), float(costs.sum() / args.sms)
+        claims = ""
+        if args.claim:
+            costs = unit_costs(config, q_lens, kv_lens, "request_major")
+            row["claim_ahead"] = claim_ahead_makespan(costs, args.sms)
+            row["claim_late"] = claim_late_makespan(costs, args.sms, 2 * config.kv_tile)
+            claims = f"  claimed ahead / late x host: {row['claim_ahead'] / row['host']:.3f} / " \
+                     f"{row['claim_late'] / row['host']:.3f}"
         rows.append(row)
         print(f"{label:24s} {row['units']:6d} {row['mean']:8.0f} {row['host']:8d} {row['twin']:8d} "
               f"{row['request_major']:10d} {row['rank_major']:10d}   "
-              f"(x host: {row['request_major'] / row['host']:.3f} / {row['rank_major'] / row['host']:.3f})")
+              f"(x host: {row['request_major'] / row['host']:.3f} / {row['rank_major'] / row['host']:.3f}){claims}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

@@ -4,6 +4,7 @@
 #   bash tools/validate_planner_free.sh OUT_DIR gqa [BUDGET_SECONDS]   # GQA: GPU tier, memcheck, racecheck
 #   bash tools/validate_planner_free.sh OUT_DIR mla [BUDGET_SECONDS]   # MLA: the same
 #   bash tools/validate_planner_free.sh OUT_DIR ab [BUDGET_SECONDS]    # the default call's A/Bs, GQA then MLA
+#   bash tools/validate_planner_free.sh OUT_DIR late [BUDGET_SECONDS]  # LATE_CLAIM (session 36): its tiers, sanitizer, A/B
 #
 # (budget default 570: one run's 600 s less slack). Each step runs under tools/gpu_steps.py with its own time limit,
 # so a slow step leaves the others their time, and memcheck and racecheck are separate steps, so a racecheck cut short
@@ -12,7 +13,7 @@
 # boxes' and the row gathers' checks). The A/Bs: GQA at pages 64 and 1 with two FIB layouts, MLA on the bench's
 # seven recorded batches at pages 1 and 64.
 set -u
-usage="usage: validate_planner_free.sh OUT_DIR gqa|mla|ab [BUDGET_SECONDS]"
+usage="usage: validate_planner_free.sh OUT_DIR gqa|mla|ab|late [BUDGET_SECONDS]"
 out=${1:?$usage}
 part=${2:?$usage}
 budget=${3:-570}
@@ -41,5 +42,18 @@ case $part in
 > $out/ab_gqa.txt 2>&1; tail -24 $out/ab_gqa.txt" \
       --step 300 "python tools/ab_policy.py mla_dynamic_schedule --iters 50 --json $out/ab_mla.json \
 > $out/ab_mla.txt 2>&1; tail -24 $out/ab_mla.txt" ;;
-  *) echo "part must be gqa, mla or ab, got $part" >&2; exit 2 ;;
+  late)
+    workers=""
+    python -c 'import xdist' 2>/dev/null && workers="-n 4 --dist load"
+    cases=late-claim-p64,late-claim-p1,mla-late-claim-p64,mla-late-claim-p1
+    python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 24 \
+      --step 200 "python -m pytest -q $workers -rf --tb=short -k late tests/test_dynamic_schedule_gpu.py \
+tests/test_mla_dynamic_schedule_gpu.py > $out/tier.txt 2>&1; grep -E '^E |FAILED|passed|failed' $out/tier.txt | head -40" \
+      --step 70 "python tools/sanitize.py --tools memcheck --cases $cases --out $out/memcheck.txt \
+> $out/memcheck.log 2>&1; tail -8 $out/memcheck.log" \
+      --step 90 "python tools/sanitize.py --tools racecheck --cases $cases --out $out/racecheck.txt \
+> $out/racecheck.log 2>&1; tail -8 $out/racecheck.log" \
+      --step 200 "python tools/ab_policy.py late_claim --iters 50 --json $out/ab_late.json > $out/ab_late.txt 2>&1; \
+tail -24 $out/ab_late.txt" ;;
+  *) echo "part must be gqa, mla, ab or late, got $part" >&2; exit 2 ;;
 esac

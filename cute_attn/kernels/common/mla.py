@@ -331,14 +331,14 @@ def load_units(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cu
                group: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int],
                ids_barrier: cutlass.Constexpr[int], page_size: cutlass.Constexpr[int], kv_boxes=None,
                row_segments: cutlass.Constexpr[bool] = False, q_for_keyless_items: cutlass.Constexpr[bool] = True,
-               kv_gather4=None, pipe_u=None):
+               kv_gather4=None, pipe_u=None, late_claim: cutlass.Constexpr[bool] = False):
     """The load role of a self-scheduling build (``dynamic_schedule``; ``common/unit_schedule.py``): no plan.
 
     Warp 0 takes each unit (one unsplit item: request, q tile; one KV head) from the counter, decodes it and writes
     it into ring entry ``n % UNIT_RING`` of ``source.slots`` (``unit_schedule.publish_ring_unit``); every load thread
     reads it behind the named barrier ``ids_barrier`` and loads the unit's Q and K stages as an item's
-    (:func:`_load_item_keys`). The next unit's index is fetched under this unit's loads. An entry with ``VALID`` 0
-    ends the work. The other roles learn each unit one of two ways:
+    (:func:`_load_item_keys`). The next unit's index is fetched under this unit's loads, or (``late_claim``) once its
+    last K stage is issued. An entry with ``VALID`` 0 ends the work. The other roles learn each unit one of two ways:
 
     * sm_90a (``pipe_u`` None): the consumers read the entry after their Q wait (thread 0 wrote it before its Q
       arrive); at the end the load threads arrive on the Q stage with no copies, for the consumers' last wait;
@@ -387,14 +387,17 @@ def load_units(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cu
                          num_threads, pipe_q, q_state, row_segments=row_segments)
             q_state.advance()
         u = Int32(0)
-        if tid < 32:
-            u = take_unit(source.unit_state, lane)  # in flight under this unit's loads
+        if cutlass.const_expr(not late_claim):
+            if tid < 32:
+                u = take_unit(source.unit_state, lane)  # in flight under this unit's loads
         q_state, kv_state, tiles_done = _load_item_keys(
             gather, tid, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, request, r0,
             row_count, Int32(0), kv_end, s_k, s_ids, pipe_q, pipe_kv, q_state, kv_state, tiles_done, group,
             num_threads, ids_barrier, q_for_keyless_items, True, False, row_segments)
         n = n + 1
         if tid < 32:
+            if cutlass.const_expr(late_claim):  # config.late_claim: once the last K stage is issued
+                u = take_unit(source.unit_state, lane)
             request, local, base, before = find_unit(u, qo_indptr, source, base, before, lane, group, tile_m, 1)
             _publish_unit(ring, n % UNIT_RING, request, local, qo_indptr, kv_indptr, source, lane, group, tile_m,
                           page_size, tile_n, pipe_u, u_state)

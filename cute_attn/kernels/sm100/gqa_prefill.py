@@ -201,10 +201,12 @@ class GqaPagedPrefillSm100(PrefillRoles):
         self.o_col = S_STAGES * self.tile_n
         self.epi_cols = 32  # O columns per tcgen05.ld in the correction role
         self.dynamic = config.dynamic_schedule
+        self.late_claim = config.late_claim
 
     def __repr__(self) -> str:  # shows in the kernel symbol
         return (f"GqaPagedPrefillSm100_H{self.num_qo_heads}_KV{self.num_kv_heads}_D{self.head_dim}"
-                f"_P{self.page_size}_M{self.tile_m}_N{self.tile_n}" + ("_Dyn" if self.dynamic else ""))
+                f"_P{self.page_size}_M{self.tile_m}_N{self.tile_n}" + ("_Dyn" if self.dynamic else "")
+                + ("_Late" if self.late_claim else ""))
 
     # ------------------------------------------------------------------------------- host side
     @cute.jit

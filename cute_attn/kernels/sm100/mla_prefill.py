@@ -203,11 +203,12 @@ class MlaPagedPrefillSm100(MlaEntries):
         self.o_chunks = CKV_DIM // PV_M
         self.o_piece = 32  # O^T columns (query rows) per tcgen05.ld/st in the correction role
         self.dynamic = config.dynamic_schedule
+        self.late_claim = config.late_claim
         self.page_size = config.page_size
 
     def __repr__(self) -> str:  # shows in the kernel symbol
         return (f"MlaPagedPrefillSm100_H{self.num_heads}_M{self.tile_m}_N{self.tile_n}_S{KV_STAGES}"
-                + ("_Dyn" if self.dynamic else ""))
+                + ("_Dyn" if self.dynamic else "") + ("_Late" if self.late_claim else ""))
 
     # ------------------------------------------------------------------------------- host side
     @cute.jit
@@ -354,7 +355,7 @@ class MlaPagedPrefillSm100(MlaEntries):
                            cpipe.make_pipeline_state(producer, Q_STAGES),
                            cpipe.make_pipeline_state(producer, KV_STAGES), source, group=self.group,
                            num_threads=LOAD_THREADS, ids_barrier=_BAR_IDS, page_size=self.page_size,
-                           q_for_keyless_items=False, kv_gather4=gather4, pipe_u=pipe_u)
+                           q_for_keyless_items=False, kv_gather4=gather4, pipe_u=pipe_u, late_claim=self.late_claim)
             else:
                 load_q_and_kv_tiles(tidx - 32 * _WARP_LOAD, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr,
                                     kv_indices, items, item_begin, item_end, q_buf, kv_buf, s_ids, pipe_q, pipe_kv,

@@ -82,9 +82,13 @@ class PrefillRoles:
                                         lane, G, self.q_rows, self.num_kv_heads, P, N)
                 u_state.advance()
                 h, r0, kv_end = fields[0], fields[1], fields[3]
-                u = take_unit(source.unit_state, lane)  # in flight under this unit's loads
+                u = Int32(0)
+                if cutlass.const_expr(not self.late_claim):
+                    u = take_unit(source.unit_state, lane)  # in flight under this unit's loads
                 q_state, kv_state = self._load_item(tma, qo_indptr, kv_indptr, kv_indices, page_ids, request, h, r0,
                                                     Int32(0), kv_end, pipe_q, pipe_kv, q_state, kv_state, source)
+                if cutlass.const_expr(self.late_claim):  # config.late_claim: once the last K/V tile is issued
+                    u = take_unit(source.unit_state, lane)
                 request, local, base, before = find_unit(u, qo_indptr, source, base, before, lane, G, self.q_rows,
                                                          self.num_kv_heads)
             send_ring_unit(pipe_u, u_state, source.slots, request, local, qo_indptr, kv_indptr, source, lane, G,

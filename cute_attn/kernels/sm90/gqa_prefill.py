@@ -221,6 +221,7 @@ class GqaPagedPrefillSm90(GqaPrefillProducer):
         self.fused_merge = config.fused_merge
         self.cta_stamps = config.probe == "cta_stamps"
         self.dynamic = config.dynamic_schedule
+        self.late_claim = config.late_claim
 
     def __repr__(self) -> str:  # shows in the kernel symbol
         return (f"GqaPagedPrefillSm90_H{self.num_qo_heads}_KV{self.num_kv_heads}_D{self.head_dim}"
@@ -228,7 +229,7 @@ class GqaPagedPrefillSm90(GqaPrefillProducer):
                 f"{'_OVL' if self.intra_wg_overlap else ''}{'_SEPI' if self.smem_epilogue else ''}"
                 f"{'_RowSeg' if self.row_segments else ''}{'_KAhead' if self.k_ahead else ''}"
                 f"{'_Fold' if self.fused_merge else ''}{'_CtaStamps' if self.cta_stamps else ''}"
-                f"{'_Dyn' if self.dynamic else ''}")
+                f"{'_Dyn' if self.dynamic else ''}{'_Late' if self.late_claim else ''}")
 
     # ------------------------------------------------------------------------------- host side
     @cute.jit

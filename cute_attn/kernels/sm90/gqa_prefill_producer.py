@@ -84,9 +84,13 @@ class GqaPrefillProducer:
                 self.issue_q(tma_atom_q, tma_q, s_q, qo_indptr[request] + r0 // G, h, pipe_q, q_state,
                              (source.slots, request, rows, kv_end, offset, kv_len, r0))
                 q_state.advance()
-                u = take_unit(source.unit_state, lane)  # in flight under this unit's loads
+                u = Int32(0)
+                if cutlass.const_expr(not self.late_claim):
+                    u = take_unit(source.unit_state, lane)  # in flight under this unit's loads
                 kv_state = self.load_item_tiles(boxes, kv_indptr, kv_indices, request, h, Int32(0), kv_end, lane,
                                                 pipe_k, pipe_v, kv_state, source)
+                if cutlass.const_expr(self.late_claim):  # config.late_claim: once the last K/V tile is issued
+                    u = take_unit(source.unit_state, lane)
                 request, local, base, before = self.find_unit(u, qo_indptr, source, base, before, lane)
             end_of_work(pipe_q, q_state, source.slots)
 
@@ -208,11 +212,14 @@ class GqaPrefillProducer:
             while request < source.batch:
                 q_state.advance()
                 u = Int32(0)
-                if warp == 0:
-                    u = take_unit(source.unit_state, lane)
+                if cutlass.const_expr(not self.late_claim):
+                    if warp == 0:
+                        u = take_unit(source.unit_state, lane)
                 kv_state = self.gather_item_tiles(warp, k_rows, v_rows, s_k, s_v, kv_indptr, kv_indices, request, h,
                                                   Int32(0), kv_end, lane, pipe_k, pipe_v, kv_state, source)
                 if warp == 0:
+                    if cutlass.const_expr(self.late_claim):  # config.late_claim: once the last K/V rows are issued
+                        u = take_unit(source.unit_state, lane)
                     request, local, base, before = self.find_unit(u, qo_indptr, source, base, before, lane)
                 turn = 1 - turn
                 request, h, kv_end = self.hand_off(warp, request, local, qo_indptr, kv_indptr, source, turn,

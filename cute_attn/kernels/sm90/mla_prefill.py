@@ -256,12 +256,14 @@ class MlaPagedPrefillSm90(MlaEntries):
         self.probe = config.probe
         self.row_segments = config.row_segments is not False  # the MLA policy: segments
         self.dynamic = config.dynamic_schedule
+        self.late_claim = config.late_claim
         self.page_size = config.page_size
         self.dtype = cutlass.BFloat16
 
     def __repr__(self) -> str:  # shows in the kernel symbol
         return (f"MlaPagedPrefillSm90_H{self.num_heads}_M{self.tile_m}_N{self.tile_n}_S{self.num_stages}"
-                + ("" if self.row_segments else "_ChunkColumns") + ("_Dyn" if self.dynamic else ""))
+                + ("" if self.row_segments else "_ChunkColumns") + ("_Dyn" if self.dynamic else "")
+                + ("_Late" if self.late_claim else ""))
 
     # ------------------------------------------------------------------------------- host side
     def smem_layouts(self):
@@ -417,7 +419,8 @@ class MlaPagedPrefillSm90(MlaEntries):
                            s_ids, pipe_q, pipe_k, cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, 1),
                            cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, self.num_stages), source,
                            group=self.group, num_threads=PRODUCER_THREADS, ids_barrier=_IDS_BARRIER,
-                           page_size=self.page_size, kv_boxes=kv_boxes, row_segments=self.row_segments)
+                           page_size=self.page_size, kv_boxes=kv_boxes, row_segments=self.row_segments,
+                           late_claim=self.late_claim)
             else:
                 load_q_and_kv_tiles(tidx, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices,
                                     items, item_begin, item_end, s_q, s_k, s_ids, pipe_q, pipe_k,

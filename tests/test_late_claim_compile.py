@@ -1,0 +1,74 @@
+"""``PagedAttentionConfig.late_claim`` (session 36; compiled here, never run yet): the self-scheduling builds' load role
+takes its next unit once the current unit's last K tile is issued instead of as its loads begin.
+
+CPU only: the config rule, the policy reaching the default call's config, and every self-scheduling build of both
+arches compiled with the knob: ptxas reports no new spills, the PTX differs from the early-claim build's (the knob
+reaches the kernel) while it holds the same atomics (one claim a unit moved, none added)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from cute_attn.config import PagedAttentionConfig
+from cute_attn.ops import gqa_prefill, mla_prefill
+
+
+def _self_scheduling_builds():
+    from cute_attn.compile import registered_configs
+
+    return [c for arch in ("sm_90a", "sm_100a") for c in registered_configs(arch)
+            if getattr(c, "dynamic_schedule", False)]
+
+
+def test_the_knob_needs_a_self_scheduling_build():
+    config = next(c for c in _self_scheduling_builds() if c.arch == "sm_90a")
+    assert dataclasses.replace(config, late_claim=True).can_implement() is None
+    reason = dataclasses.replace(config, dynamic_schedule=False, late_claim=True).can_implement()
+    assert reason is not None and "late_claim" in reason and "dynamic_schedule" in reason
+    assert PagedAttentionConfig.__dataclass_fields__["late_claim"].default is False
+
+
+@pytest.mark.parametrize("ops", [gqa_prefill, mla_prefill], ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_the_policy_sets_the_knob_of_the_self_scheduling_build(ops):
+    config = next(c for c in _self_scheduling_builds() if c.arch == "sm_90a" and c.kind == ops.SPEC.name)
+    assert ops.SPEC.self_schedule_knobs is ops.self_schedule_knobs
+    with ops.late_claim_policy(False):
+        assert ops.self_schedule_knobs(config) == {}
+    with ops.late_claim_policy(True):
+        assert ops.self_schedule_knobs(config) == {"late_claim": True}
+    assert ops.LATE_CLAIM is False  # off until its GPU tier, sanitizer cases and A/B have run
+
+
+def _atomics(ptx: str) -> list[str]:
+    return sorted(re.findall(r"\batom\.[\w.]+", ptx))
+
+
+@pytest.mark.parametrize("config", _self_scheduling_builds(), ids=lambda c: f"{c.kind}-{c.arch}-p{c.page_size}")
+def test_late_claim_builds_compile_without_spills(capfd, config):
+    import tempfile
+    from pathlib import Path
+
+    import cutlass.cute as cute
+
+    from cute_attn.arch import dsl_arch_options
+    from cute_attn.compile import compile_to_ptx
+    from cute_attn.kernels import _paged_kernel
+
+    late = dataclasses.replace(config, late_claim=True)
+    fn, args = _paged_kernel(late).build(late)
+    with tempfile.TemporaryDirectory() as dump:
+        cute.compile(fn, *args, no_jit_engine=True,
+                     options=f"{dsl_arch_options(late.arch)} --keep-ptx --dump-dir {dump} remarks{{ptx}}")
+        (ptx_path,) = Path(dump).glob("*.ptx")
+        late_ptx = ptx_path.read_text()
+    log = "".join(capfd.readouterr())
+    assert "Used" in log and "registers" in log  # the ptxas report was captured
+    stores = [int(n) for n in re.findall(r"(\d+) bytes spill stores", log)]
+    assert stores and max(stores) <= 16, log[-2000:]
+    early_ptx = compile_to_ptx(config)
+    assert "_Late" in late_ptx and "_Late" not in early_ptx
+    assert _atomics(late_ptx) == _atomics(early_ptx)
+    assert late_ptx.replace("_Late", "") != early_ptx
