@@ -203,7 +203,7 @@ class PagedAttentionConfig(KernelConfig):
     #: batches with enough units (``ops/gqa_prefill.DYNAMIC_SCHEDULE`` / ``ops/mla_prefill.DYNAMIC_SCHEDULE`` say when)
     dynamic_schedule: bool = False
     #: self-scheduling builds (``dynamic_schedule``) only: the load role takes its next unit from the counter once the
-    #: current unit's last K tile is issued (the consumers then the K ring's depth from its end), not as its loads
+    #: current unit's last key tile is issued (the consumers then the K/V ring's depth from its end), not as its loads
     #: begin. Why: claimed a whole unit ahead, a CTA's second unit is taken before any CTA has finished its first, so at
     #: one or two units a CTA the longest units pair up on the same CTAs (``tools/dynamic_schedule_model.py
     #: --claim``: 1.21x the host plan's busiest CTA at 1 x 992, 1.38x at MLA 1 x 1028, where the H200 measured 1.20x

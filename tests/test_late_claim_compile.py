@@ -1,9 +1,10 @@
 """``PagedAttentionConfig.late_claim`` (session 36; compiled here, never run yet): the self-scheduling builds' load role
 takes its next unit once the current unit's last K tile is issued instead of as its loads begin.
 
-CPU only: the config rule, the policy reaching the default call's config, and every self-scheduling build of both
-arches compiled with the knob: ptxas reports no new spills, the PTX differs from the early-claim build's (the knob
-reaches the kernel) while it holds the same atomics (one claim a unit moved, none added)."""
+CPU only: the config rule, the policy reaching the default call's route, and every self-scheduling build of both
+arches compiled with the knob: ptxas reports no more spills than the early-claim build's, the PTX differs from the
+early-claim build's (the knob reaches the kernel) while it holds the same atomics (one claim a unit moved, none
+added)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,27 @@ def test_the_policy_sets_the_knob_of_the_self_scheduling_build(ops):
     assert ops.LATE_CLAIM is False  # off until its GPU tier, sanitizer cases and A/B have run
 
 
+@pytest.mark.parametrize("late", [False, True])
+@pytest.mark.parametrize("ops", [gqa_prefill, mla_prefill], ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_the_default_calls_route_carries_the_policys_knob(monkeypatch, ops, late):
+    """The default call's planner-free route (``api._device_route``, launches stood in for) is resolved with the
+    kind's ``LATE_CLAIM``: the config its launcher and scratch are made for carries it."""
+    from cute_attn import api, testing
+    from cute_attn.ops import policy
+
+    monkeypatch.setattr(api, "_require_cuda", lambda device: None)  # CPU inputs stand in for a CUDA device
+    monkeypatch.setattr(api, "find_launcher", lambda config: object())
+    make = testing.make_mla_prefill_case if ops is mla_prefill else testing.make_gqa_prefill_case
+    case = make([600, 300], [700, 900], page_size=16, seed=3)
+    out, lse = case.new_outputs()
+    with ops.dynamic_schedule_policy(True), ops.late_claim_policy(late), \
+            policy(vars(ops), DYNAMIC_MIN_UNITS_PER_CTA=0):
+        assert api.self_schedules(ops.SPEC, case.inputs(), arch="sm_90a", num_sms=132)
+        hit = api._device_route(ops.SPEC, case.inputs(), out, lse, False, "sm_90a", 132)
+    assert hit.config.dynamic_schedule and hit.config.late_claim is late
+    assert hit.route.config is hit.config
+
+
 def _atomics(ptx: str) -> list[str]:
     return sorted(re.findall(r"\batom\.[\w.]+", ptx))
 
@@ -67,7 +89,14 @@ def test_late_claim_builds_compile_without_spills(capfd, config):
     log = "".join(capfd.readouterr())
     assert "Used" in log and "registers" in log  # the ptxas report was captured
     stores = [int(n) for n in re.findall(r"(\d+) bytes spill stores", log)]
-    assert stores and max(stores) <= 16, log[-2000:]
+    assert stores, log[-2000:]
+    fn, args = _paged_kernel(config).build(config)
+    with tempfile.TemporaryDirectory() as dump:
+        cute.compile(fn, *args, no_jit_engine=True,
+                     options=f"{dsl_arch_options(config.arch)} --keep-ptx --dump-dir {dump} remarks{{ptx}}")
+    early_log = "".join(capfd.readouterr())
+    early_stores = [int(n) for n in re.findall(r"(\d+) bytes spill stores", early_log)]
+    assert early_stores and max(stores) <= max(early_stores), (stores, early_stores, log[-2000:])
     early_ptx = compile_to_ptx(config)
     assert "_Late" in late_ptx and "_Late" not in early_ptx
     assert _atomics(late_ptx) == _atomics(early_ptx)
