@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from . import config as config_policies  # the module's policy globals, read at call time
 from . import validate
 from .arch import resolve_arch, sm_count
 from .buffers import allocate_outside_graph_pools
@@ -450,8 +451,8 @@ def _device_route(spec, args, output, lse, natural_lse, arch, num_sms) -> _Hit:
     if _takes_self_schedule(spec, config, problem, num_ctas):
         from .unit_schedule_route import UnitScheduleRoute
 
-        extra = spec.self_schedule_knobs(config) if spec.self_schedule_knobs is not None else None
-        config = _with_plan_knobs(config, (("dynamic_schedule", True), *sorted((extra or {}).items())))
+        late = config.kind in config_policies.LATE_CLAIM_KINDS
+        config = _with_plan_knobs(config, (("dynamic_schedule", True), ("late_claim", late)))
         return _Hit(config, None, launcher, alloc, UnitScheduleRoute.resolve(spec, config, problem, num_ctas))
     config = _device_plan_config(spec, config, problem.device, num_ctas)
     route = DevicePlanRoute.resolve(spec, config, problem, num_ctas)

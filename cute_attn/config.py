@@ -207,7 +207,7 @@ class PagedAttentionConfig(KernelConfig):
     #: begin. Why: claimed a whole unit ahead, a CTA's second unit is taken before any CTA has finished its first, so at
     #: one or two units a CTA the longest units pair up on the same CTAs (``tools/dynamic_schedule_model.py
     #: --claim``: 1.21x the host plan's busiest CTA at 1 x 992, 1.38x at MLA 1 x 1028, where the H200 measured 1.20x
-    #: and 1.30x; claimed late, 1.00x both). Built in session 36, off until its A/B (``ops/*_prefill.LATE_CLAIM``)
+    #: and 1.30x; claimed late, 1.00x both). Built in session 36, off until its A/B (``LATE_CLAIM_KINDS``)
     late_claim: bool = False
 
     @property
@@ -396,6 +396,22 @@ DEAL_FIRST_KINDS = ("gqa_paged_prefill",)
 #: 152.8 -> 144.6, 79.5 -> 76.1, 284.9 -> 278.2 (an earlier build: h16/kv1 79.4 -> 76.0, h20 101.2 -> 99.6). The
 #: planner pays 3.3 k cycles for it at 4 x 992, 6.4 k at 16 x 992 (``docs/perf/h200-lap-turn.json``)
 LAP_TURN_KINDS: tuple = ("gqa_paged_prefill",)
+
+
+#: The kinds whose default call's planner-free route (``dynamic_schedule``) builds with ``late_claim``. Built in
+#: session 36 (compiled, never run): empty until its GPU tier, sanitizer cases and A/B (``tools/ab_policy.py
+#: late_claim``) pass
+LATE_CLAIM_KINDS: tuple = ()
+
+
+@contextlib.contextmanager
+def late_claim_policy(enabled: bool = True):
+    """Inside the block both causal prefill kinds' planner-free routes claim late (or, off, early) whatever
+    ``LATE_CLAIM_KINDS`` says (GPU tests, A/Bs, sanitizer cases)."""
+    from .ops import policy
+
+    with policy(globals(), LATE_CLAIM_KINDS=("gqa_paged_prefill", "mla_paged_prefill") if enabled else ()):
+        yield
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 import cute_attn  # noqa: E402
 import unit_scratch  # noqa: E402
 from cute_attn import testing  # noqa: E402
+from cute_attn.config import late_claim_policy  # noqa: E402
 from cute_attn.ops import gqa_prefill  # noqa: E402
 
 pytestmark = [
@@ -28,8 +29,8 @@ SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=list(H
 @contextlib.contextmanager
 def every_batch_self_schedules(late_claim: bool = False):
     """The default call takes the self-scheduling build whatever the batch's units (the policy's floor at 0), claiming
-    units late or early (``LATE_CLAIM``)."""
-    with gqa_prefill.dynamic_schedule_policy(True), gqa_prefill.late_claim_policy(late_claim), \
+    units late or early (``config.late_claim_policy``)."""
+    with gqa_prefill.dynamic_schedule_policy(True), late_claim_policy(late_claim), \
             cute_attn.ops.policy(vars(gqa_prefill), DYNAMIC_MIN_UNITS_PER_CTA=0):
         yield
 

@@ -32,23 +32,24 @@ def test_the_knob_needs_a_self_scheduling_build():
     assert PagedAttentionConfig.__dataclass_fields__["late_claim"].default is False
 
 
-@pytest.mark.parametrize("ops", [gqa_prefill, mla_prefill], ids=lambda m: m.__name__.rsplit(".", 1)[-1])
-def test_the_policy_sets_the_knob_of_the_self_scheduling_build(ops):
-    config = next(c for c in _self_scheduling_builds() if c.arch == "sm_90a" and c.kind == ops.SPEC.name)
-    assert ops.SPEC.self_schedule_knobs is ops.self_schedule_knobs
-    with ops.late_claim_policy(False):
-        assert ops.self_schedule_knobs(config) == {}
-    with ops.late_claim_policy(True):
-        assert ops.self_schedule_knobs(config) == {"late_claim": True}
-    assert ops.LATE_CLAIM is False  # off until its GPU tier, sanitizer cases and A/B have run
+def test_the_policy_names_both_prefill_kinds():
+    from cute_attn import config as policies
+
+    assert policies.LATE_CLAIM_KINDS == ()  # off until its GPU tier, sanitizer cases and A/B have run
+    with policies.late_claim_policy(True):
+        assert set(policies.LATE_CLAIM_KINDS) == {gqa_prefill.SPEC.name, mla_prefill.SPEC.name}
+        with policies.late_claim_policy(False):
+            assert policies.LATE_CLAIM_KINDS == ()
+    assert policies.LATE_CLAIM_KINDS == ()
 
 
 @pytest.mark.parametrize("late", [False, True])
 @pytest.mark.parametrize("ops", [gqa_prefill, mla_prefill], ids=lambda m: m.__name__.rsplit(".", 1)[-1])
 def test_the_default_calls_route_carries_the_policys_knob(monkeypatch, ops, late):
     """The default call's planner-free route (``api._device_route``, launches stood in for) is resolved with the
-    kind's ``LATE_CLAIM``: the config its launcher and scratch are made for carries it."""
+    kind's place in ``config.LATE_CLAIM_KINDS``: the config its launcher and scratch are made for carries it."""
     from cute_attn import api, testing
+    from cute_attn.config import late_claim_policy
     from cute_attn.ops import policy
 
     monkeypatch.setattr(api, "_require_cuda", lambda device: None)  # CPU inputs stand in for a CUDA device
@@ -56,7 +57,7 @@ def test_the_default_calls_route_carries_the_policys_knob(monkeypatch, ops, late
     make = testing.make_mla_prefill_case if ops is mla_prefill else testing.make_gqa_prefill_case
     case = make([600, 300], [700, 900], page_size=16, seed=3)
     out, lse = case.new_outputs()
-    with ops.dynamic_schedule_policy(True), ops.late_claim_policy(late), \
+    with ops.dynamic_schedule_policy(True), late_claim_policy(late), \
             policy(vars(ops), DYNAMIC_MIN_UNITS_PER_CTA=0):
         assert api.self_schedules(ops.SPEC, case.inputs(), arch="sm_90a", num_sms=132)
         hit = api._device_route(ops.SPEC, case.inputs(), out, lse, False, "sm_90a", 132)

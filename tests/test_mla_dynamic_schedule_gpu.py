@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 import cute_attn  # noqa: E402
 import unit_scratch  # noqa: E402
 from cute_attn import testing  # noqa: E402
+from cute_attn.config import late_claim_policy  # noqa: E402
 from cute_attn.ops import mla_prefill  # noqa: E402
 
 pytestmark = [
@@ -30,9 +31,9 @@ SPARE_ROWS = 97  # pool rows no request owns (NaN)
 @contextlib.contextmanager
 def every_batch_self_schedules(split: str, late_claim: bool = False):
     """The default call takes the self-scheduling build whatever the batch's units (the policy's floor at 0), with
-    the consumer split ``split`` for every batch, claiming units late or early (``LATE_CLAIM``)."""
+    the consumer split ``split`` for every batch, claiming units late or early (``config.late_claim_policy``)."""
     with mla_prefill.dynamic_schedule_policy(True), mla_prefill.consumer_split(split), \
-            mla_prefill.late_claim_policy(late_claim), \
+            late_claim_policy(late_claim), \
             cute_attn.ops.policy(vars(mla_prefill), DYNAMIC_MIN_UNITS_PER_CTA=0):
         yield
 

@@ -48,13 +48,13 @@ def assert_scratch_clean(route, what: str) -> None:
 def call_self_scheduled(entry, case, out, lse, what: str, num_sms=None):
     """``entry`` on ``case`` into ``out`` / ``lse``; asserts the call launched the self-scheduling route once, and
     returns that route."""
-    from cute_attn.ops import gqa_prefill, mla_prefill
+    from cute_attn.config import LATE_CLAIM_KINDS
 
     with self_scheduled_launches() as routes:
         entry(*case.inputs(), out, lse, num_sms=num_sms)
     assert len(routes) == 1, f"{what}: {len(routes)} self-scheduling launches, expected 1 (the policy routed it away?)"
     config = routes[0].config
-    late = {"gqa_paged_prefill": gqa_prefill, "mla_paged_prefill": mla_prefill}[config.kind].LATE_CLAIM
+    late = config.kind in LATE_CLAIM_KINDS
     assert config.late_claim is late, f"{what}: the route's late_claim={config.late_claim}, the policy's {late}"
     return routes[0]
 

@@ -37,7 +37,7 @@ POLICY is one of
     mla_dynamic_schedule  the same for MLA prefill (``ops/mla_prefill.DYNAMIC_SCHEDULE``, session 34) off / on: the
                   bench's seven recorded MLA prefill batches at pages 1 and 64; only the default call moves
     late_claim    the planner-free route's load role claims its next unit once the current unit's last K tile is issued
-                  (``ops/gqa_prefill.LATE_CLAIM``, ``ops/mla_prefill.LATE_CLAIM``, session 36) off / on, every batch
+                  (``config.LATE_CLAIM_KINDS``, session 36) off / on, every batch
                   on the route (MLA's floor at 0): the dynamic_schedule rows and the MLA bench batches; only the
                   default call moves
     deal_2048     GQA prefill plans deal batches of up to 2048 q tiles (``ops/gqa_prefill.DEAL_MAX_Q_TILES``, the device
@@ -236,17 +236,18 @@ def _mla_dynamic_schedule_cases(pages):
 
 
 def _late_claim_cases(pages):
-    """The planner-free route claiming late (``ops/*_prefill.LATE_CLAIM``) off / on, with the route forced on (the MLA
+    """The planner-free route claiming late (``config.LATE_CLAIM_KINDS``) off / on, with the route forced on (the MLA
     floor at 0, so its few-unit batches take it too): ``tools/dynamic_schedule_model.py --claim`` models claiming a
     unit ahead at 1.21x the host plan's busiest CTA on 1 x 992 and 1.38x on MLA 1 x 1028, late at 1.00x."""
     import contextlib
 
+    from cute_attn.config import late_claim_policy
     from cute_attn.ops import gqa_prefill, mla_prefill, policy
 
     def on_route(ops, **forced):
         @contextlib.contextmanager
         def policy_of(on):
-            with policy(vars(ops), DYNAMIC_SCHEDULE=True, LATE_CLAIM=bool(on), **forced):
+            with policy(vars(ops), DYNAMIC_SCHEDULE=True, **forced), late_claim_policy(on):
                 yield bool(on)
         return policy_of
 

@@ -48,7 +48,7 @@ Cases (small, ragged, each a registered config's shape):
     dynamic-schedule-* / mla-dynamic-schedule-*  the planner-free GQA / MLA prefill (``dynamic_schedule_policy``,
                    sessions 33 / 34): pages 64 and 1, and -fault / -fault-p1: a page id past the pool (its request
                    0 / -inf) at page 16 (checked before the TMA boxes) / page 1 (in the row gathers)
-    late-claim-* / mla-late-claim-*  the same, pages 64 and 1, with ``LATE_CLAIM`` (session 36: the next unit claimed
+    late-claim-* / mla-late-claim-*  the same, pages 64 and 1, with ``late_claim_policy`` (session 36: the next unit claimed
                    after the current one's loads are issued)
     gather         the TMA page gather kernel (a test-side kernel)
 """
@@ -451,10 +451,12 @@ def _cases(arch: str) -> dict:
         cases["prefill-fused-hostplan"] = ("gqa_paged_prefill", prefill_fused(64, True))
     def dynamic_schedule(page_size, fault=False, mla=False, late=False):  # the planner-free default call
         def run():
+            from cute_attn.config import late_claim_policy
             from cute_attn.ops import gqa_prefill, mla_prefill, policy
 
             ops = mla_prefill if mla else gqa_prefill
-            with ops.dynamic_schedule_policy(True), policy(vars(ops), DYNAMIC_MIN_UNITS_PER_CTA=0, LATE_CLAIM=late):
+            with ops.dynamic_schedule_policy(True), policy(vars(ops), DYNAMIC_MIN_UNITS_PER_CTA=0), \
+                    late_claim_policy(late):
                 make = testing.make_mla_prefill_case if mla else testing.make_gqa_prefill_case
                 case = make([1, 40, 0, 200, 300], [700, 40, 5, 1500, 300], page_size=page_size, device="cuda",
                             seed=90 + page_size)

@@ -4,7 +4,7 @@
 #   bash tools/validate_planner_free.sh OUT_DIR gqa [BUDGET_SECONDS]   # GQA: GPU tier, memcheck, racecheck
 #   bash tools/validate_planner_free.sh OUT_DIR mla [BUDGET_SECONDS]   # MLA: the same
 #   bash tools/validate_planner_free.sh OUT_DIR ab [BUDGET_SECONDS]    # the default call's A/Bs, GQA then MLA
-#   bash tools/validate_planner_free.sh OUT_DIR late [BUDGET_SECONDS]  # LATE_CLAIM (session 36): its tiers, sanitizer, A/B
+#   bash tools/validate_planner_free.sh OUT_DIR late [BUDGET_SECONDS]  # late claim (session 36): tiers, sanitizer, A/B
 #
 # (budget default 570: one run's 600 s less slack). Each step runs under tools/gpu_steps.py with its own time limit,
 # so a slow step leaves the others their time, and memcheck and racecheck are separate steps, so a racecheck cut short

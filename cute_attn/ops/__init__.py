@@ -87,9 +87,6 @@ class OpSpec:
     #: combine; :mod:`cute_attn.unit_schedule_route`) instead of planning on the device. Shapes only, as
     #: ``workload_tiles``. None: never
     self_schedule: Callable | None = None
-    #: config -> {knob: value}: what the self-scheduling build takes beyond ``dynamic_schedule`` (``late_claim``), as
-    #: the kind's policy says. None or an empty dict: nothing
-    self_schedule_knobs: Callable | None = None
     #: arch -> module that registers this kind's kernel for it, relative to the package (``.kernels.sm90.x``), so a
     #: copy of cute_attn shipped inside another package (FlashInfer-Bench's builder) loads its own kernels
     kernel_modules: dict[str, str] = field(default_factory=dict)

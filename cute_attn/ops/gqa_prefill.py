@@ -157,24 +157,6 @@ def dynamic_schedule_policy(enabled: bool):
         yield bool(enabled)
 
 
-#: the self-scheduling build's load role takes each next unit late (``PagedAttentionConfig.late_claim``: once the
-#: current unit's last K tile is issued, not as its loads begin). Built in session 36 (compiled, never run): off until
-#: its GPU tier, sanitizer cases and A/B (``tools/ab_policy.py late_claim``) pass
-LATE_CLAIM = False
-
-
-def self_schedule_knobs(config) -> dict:
-    """``OpSpec.self_schedule_knobs``: ``late_claim`` as ``LATE_CLAIM`` says."""
-    return {"late_claim": True} if LATE_CLAIM else {}
-
-
-@contextlib.contextmanager
-def late_claim_policy(enabled: bool):
-    """Inside the block the self-scheduling build claims late (or early) whatever ``LATE_CLAIM`` says."""
-    with policy(globals(), LATE_CLAIM=bool(enabled)):
-        yield bool(enabled)
-
-
 #: sm_90a configs' ``PagedAttentionConfig.probe`` (measurement builds; "" in every default): "cta_stamps" records each
 #: CTA's entry, release and end times in scratch (``tools/cta_timeline.py`` sets it through :func:`probe_policy`)
 PROBE = ""
@@ -240,7 +222,6 @@ SPEC = OpSpec(
     index_names=("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"), causal=True, check=check,
     signature=signature, reference=reference.gqa_paged_prefill_ref, make_case=testing.make_gqa_prefill_case,
     strategy=strategy, default_tiles=default_tiles, shape_reason=gqa_shape_reason, self_schedule=self_schedule,
-    self_schedule_knobs=self_schedule_knobs,
     kernel_modules={"sm_90a": ".kernels.sm90.gqa_prefill", "sm_100a": ".kernels.sm100.gqa_prefill"},
 )
 

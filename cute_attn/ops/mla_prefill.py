@@ -206,24 +206,6 @@ def dynamic_schedule_policy(enabled: bool):
         yield bool(enabled)
 
 
-#: the self-scheduling build's load role takes each next unit late (``PagedAttentionConfig.late_claim``: once the
-#: current unit's last K tile is issued, not as its loads begin). Built in session 36 (compiled, never run): off until
-#: its GPU tier, sanitizer cases and A/B (``tools/ab_policy.py late_claim``) pass
-LATE_CLAIM = False
-
-
-def self_schedule_knobs(config) -> dict:
-    """``OpSpec.self_schedule_knobs``: ``late_claim`` as ``LATE_CLAIM`` says."""
-    return {"late_claim": True} if LATE_CLAIM else {}
-
-
-@contextlib.contextmanager
-def late_claim_policy(enabled: bool):
-    """Inside the block the self-scheduling build claims late (or early) whatever ``LATE_CLAIM`` says."""
-    with policy(globals(), LATE_CLAIM=bool(enabled)):
-        yield bool(enabled)
-
-
 def keys_per_item(problem) -> float:
     """A causal batch's mean keys a q tile sees, from shapes alone: (key slots - total_q / 2) / batch (each request's
     rows see its prefix plus, on average, half its own queries). An over-allocated ``kv_indices`` (a graph captured at
@@ -323,7 +305,7 @@ SPEC = OpSpec(
     name="mla_paged_prefill", arg_names=ARG_NAMES, index_names=("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"),
     causal=True, check=check, signature=signature, reference=reference.mla_paged_prefill_ref,
     make_case=testing.make_mla_prefill_case, strategy=strategy, default_tiles=default_tiles, shape_reason=shape_reason,
-    workload_tiles=workload_tiles, self_schedule=self_schedule, self_schedule_knobs=self_schedule_knobs,
+    workload_tiles=workload_tiles, self_schedule=self_schedule,
     kernel_modules={"sm_90a": ".kernels.sm90.mla_prefill", "sm_100a": ".kernels.sm100.mla_prefill"},
 )
 
