@@ -398,10 +398,14 @@ DEAL_FIRST_KINDS = ("gqa_paged_prefill",)
 LAP_TURN_KINDS: tuple = ("gqa_paged_prefill",)
 
 
-#: The kinds whose default call's planner-free route (``dynamic_schedule``) builds with ``late_claim``. Built in
-#: session 36 (compiled, never run): empty until its GPU tier, sanitizer cases and A/B (``tools/ab_policy.py
-#: late_claim``) pass
-LATE_CLAIM_KINDS: tuple = ()
+#: The kinds whose default call's planner-free route (``dynamic_schedule``) builds with ``late_claim``: the load role
+#: claims its next unit after the current unit's last key tile is issued, not as its loads begin, so the longest units
+#: do not pair up on the first CTAs at one or two units a CTA (``tools/dynamic_schedule_model.py --claim``). Session
+#: 37 (H200; GPU tiers, memcheck and racecheck clean; ``tools/ab_policy.py late_claim``, 50 runs, early -> late, the
+#: default call): GQA prefill 1 x 992 29.4 -> 24.8 us, ragged 12 122.7 -> 105.9, h5/kv1 8 x 992 39.4 -> 36.9, many-unit
+#: rows within run noise (8 x 992 144.8 -> 141.6); MLA prefill (one unit a CTA) 1 / 1028 61.3 -> 47.9, 20 / 3842
+#: 103.0 -> 91.4, the seed 38.5 -> 36.8 (``docs/perf/h200-late-claim.json``)
+LATE_CLAIM_KINDS: tuple[str, ...] = ("gqa_paged_prefill", "mla_paged_prefill")
 
 
 @contextlib.contextmanager

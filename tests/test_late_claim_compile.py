@@ -35,12 +35,14 @@ def test_the_knob_needs_a_self_scheduling_build():
 def test_the_policy_names_both_prefill_kinds():
     from cute_attn import config as policies
 
-    assert policies.LATE_CLAIM_KINDS == ()  # off until its GPU tier, sanitizer cases and A/B have run
-    with policies.late_claim_policy(True):
-        assert set(policies.LATE_CLAIM_KINDS) == {gqa_prefill.SPEC.name, mla_prefill.SPEC.name}
-        with policies.late_claim_policy(False):
-            assert policies.LATE_CLAIM_KINDS == ()
-    assert policies.LATE_CLAIM_KINDS == ()
+    landed = policies.LATE_CLAIM_KINDS
+    assert set(landed) == {gqa_prefill.SPEC.name, mla_prefill.SPEC.name}  # on since session 37's GPU tier and A/B
+    with policies.late_claim_policy(False):
+        assert policies.LATE_CLAIM_KINDS == ()
+        with policies.late_claim_policy(True):
+            assert set(policies.LATE_CLAIM_KINDS) == {gqa_prefill.SPEC.name, mla_prefill.SPEC.name}
+        assert policies.LATE_CLAIM_KINDS == ()
+    assert policies.LATE_CLAIM_KINDS == landed
 
 
 @pytest.mark.parametrize("late", [False, True])

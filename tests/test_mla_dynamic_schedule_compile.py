@@ -33,16 +33,18 @@ def _problem(q_lens, kv_lens, page_size=1):
 
 @pytest.mark.parametrize("enabled", [False, True])
 def test_the_policy_keeps_batches_of_few_units_on_the_planner(enabled):
-    """On: two units a CTA or more take the self-scheduling build (56 x 8987 q: 2247 units; 1 x 16384: 4096; the
-    seed's 28 requests, 1954 q: 489), and so does a tiny batch (1 x 43 q over 46 keys); 1 x 1028 q (257 units) and 22
-    one-token requests over 800 keys each stay on the device planner's splits; off: never."""
+    """On: one unit a CTA or more take the self-scheduling build (56 x 8987 q: 2247 units; 1 x 16384: 4096; the
+    seed's 28 requests, 1954 q: 489; 1 x 1028 q: 257, since session 37's late claim), and so does a tiny batch (1 x 43
+    q over 46 keys); 1 x 300 q over 310 keys (75 units) and 22 one-token requests over 800 keys each stay on the
+    device planner's splits; off: never."""
     config = _config()
     with mla_prefill_ops.dynamic_schedule_policy(enabled):
         assert mla_prefill_ops.self_schedule(config, _problem([160] * 56, [256] * 56), 132) is enabled
         assert mla_prefill_ops.self_schedule(config, _problem([16384], [16387]), 132) is enabled
         assert mla_prefill_ops.self_schedule(config, _problem([70] * 27 + [64], [73] * 27 + [73]), 132) is enabled
         assert mla_prefill_ops.self_schedule(config, _problem([43], [46]), 132) is enabled
-        assert mla_prefill_ops.self_schedule(config, _problem([1028], [1038]), 132) is False
+        assert mla_prefill_ops.self_schedule(config, _problem([1028], [1038]), 132) is enabled
+        assert mla_prefill_ops.self_schedule(config, _problem([300], [310]), 132) is False
         assert mla_prefill_ops.self_schedule(config, _problem([1] * 22, [800] * 22), 132) is False
         assert mla_prefill_ops.self_schedule(_config(arch="sm_100a"), _problem([16384], [16387]), 132) is False
         with policy(vars(mla_prefill_ops), DYNAMIC_MIN_UNITS_PER_CTA=0):

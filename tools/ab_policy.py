@@ -218,8 +218,8 @@ def _dynamic_schedule_cases(pages):
 
 def _mla_dynamic_schedule_cases(pages):
     """The MLA prefill default call planner-free (``ops/mla_prefill.DYNAMIC_SCHEDULE``) off / on: the bench's seven
-    recorded MLA prefill batches at each page size (the rule, two units a CTA or at most 256 key slots, keeps
-    1 x 1028 and 22 x 22 planned)."""
+    recorded MLA prefill batches at each page size (the rule, one unit a CTA or at most 256 key slots since session
+    37's late claim, two before, keeps 22 x 22 planned)."""
     from cute_attn import testing
     from cute_attn.ops import mla_prefill
 

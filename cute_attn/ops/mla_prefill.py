@@ -182,9 +182,11 @@ EAGER_COMBINE = False
 #: --kernel mla``, cold call minus the warm default call, cold L2, 50 runs; GPU tier, memcheck and racecheck clean):
 #: planner-free / device planner: 1 / 43 / 46 (11 units) +1.6 / +10.3 us, 1 / 1028 / 1038 (257) +14.1 / +11.2,
 #: 28 / 1954 / 2044 (489) +4.5 / +12.3, 20 / 3842 / 3916 (961) +12.0 / +15.8, 22 / 22 / 17759 (22) +47.9 / +8.2;
-#: 56 / 8987 / 14390 (2247) default call 220 us planner-free against 278 on the device planner (plan-once 224)
+#: 56 / 8987 / 14390 (2247) default call 220 us planner-free against 278 on the device planner (plan-once 224).
+#: Session 37: with ``config.LATE_CLAIM_KINDS`` the floor drops from 2 to 1 (bench beside fa3, cold - plan-once:
+#: 1 / 1028 +11.2 -> +0.4 us, 20 / 3842 +12.1 -> -0.5; 22 / 22 / 17759, 22 units, stays on the device planner, +9.2)
 DYNAMIC_SCHEDULE = True
-DYNAMIC_MIN_UNITS_PER_CTA = 2
+DYNAMIC_MIN_UNITS_PER_CTA = 1
 DYNAMIC_TINY_KEY_SLOTS = 256
 #: the archs whose default call may take it: sm_100a has the twin build (``kernels/sm100/mla_prefill.py``), compiled
 #: and PTX-checked only; its default call stays on the device planner until it has run on a Blackwell GPU
