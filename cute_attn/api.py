@@ -80,6 +80,10 @@ class DevicePlan:
     stream_scratch: dict = field(default_factory=dict, repr=False, compare=False)
     #: the device planner's scratch (``device_planning.PlannerScratch``) when the lists are planned on the GPU
     planner: object = field(default=None, repr=False, compare=False)
+    #: a host plan whose batch the self-scheduling build runs no slower (``config.ROUTE_PLAN_KINDS``): launches of
+    #: this plan take that route (``unit_schedule_route.UnitScheduleRoute``: the build reads the call's index tensors,
+    #: so it stays correct for whatever batch ``refresh`` copies in; the lists above then go unused)
+    route: object = field(default=None, repr=False, compare=False)
 
     @property
     def may_merge(self) -> bool:
@@ -224,7 +228,9 @@ class _Hit:
     def __init__(self, config, device_plan, launcher, alloc, route=None):
         self.sig = self.index_state = None  # set when it is remembered
         self.config, self.device_plan, self.launcher, self.alloc = config, device_plan, launcher, alloc
-        self.route = route  # device_planning.DevicePlanRoute: plan on the GPU before every launch
+        # device_planning.DevicePlanRoute (plan on the GPU before every launch) or unit_schedule_route.UnitScheduleRoute
+        # (the self-scheduling build: the default call's, or a host plan's: DevicePlan.route)
+        self.route = route
 
 
 class _FastPath:
@@ -360,12 +366,41 @@ def _config_for(spec, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_
     return config
 
 
-def _plan(spec, config, host: validate.HostIndices, device, num_sms) -> DevicePlan:
+def _plan(spec, config, host: validate.HostIndices, device, num_sms, problem=None) -> DevicePlan:
+    """The host plan; given the ``problem``, it may launch the self-scheduling build instead (:func:`_plan_route`)."""
     q_lens = np.diff(host.qo_indptr)
-    plan = plan_work(config.plan_config(_num_ctas(config, device, num_sms)), q_lens, host.kv_lens)
+    plan_config = config.plan_config(_num_ctas(config, device, num_sms))
+    plan = plan_work(plan_config, q_lens, host.kv_lens)
+    route = None if problem is None else _plan_route(spec, config, problem, plan_config, plan, q_lens, host.kv_lens)
     if spec.plan_tiles is not None and (knobs := spec.plan_tiles(config, plan, device)):
         config = _with_plan_knobs(config, tuple(sorted(knobs.items())))
-    return DevicePlan.upload(config, plan, device)
+    device_plan = DevicePlan.upload(config, plan, device)
+    device_plan.route = route
+    return device_plan
+
+
+def _plan_route(spec, config, problem, plan_config, plan: WorkPlan, q_lens, kv_lens):
+    """The self-scheduling route for a host plan of ``config.ROUTE_PLAN_KINDS``, where the default call would take
+    it and the cost model says it runs the batch no slower than ``plan`` (``plan_units.self_schedule_wins``); else
+    None."""
+    if config.kind not in config_policies.ROUTE_PLAN_KINDS:
+        return None
+    if not _takes_self_schedule(spec, config, problem, plan_config.num_ctas):
+        return None
+    from .plan_units import self_schedule_wins
+    from .unit_schedule_route import UnitScheduleRoute
+
+    route_config = _self_schedule_config(config)
+    if not self_schedule_wins(plan_config, q_lens, kv_lens, int(plan.cta_cost.max()), route_config.late_claim,
+                              config_policies.ROUTE_PLAN_MIN_UNITS_PER_CTA):
+        return None
+    return UnitScheduleRoute.resolve(spec, route_config, problem, plan_config.num_ctas)
+
+
+def _self_schedule_config(config: PagedAttentionConfig) -> PagedAttentionConfig:
+    """The self-scheduling build of ``config`` (its kind's late claim: ``config.LATE_CLAIM_KINDS``)."""
+    late = config.kind in config_policies.LATE_CLAIM_KINDS
+    return _with_plan_knobs(config, (("dynamic_schedule", True), ("late_claim", late)))
 
 
 #: config knobs a plan may set (``OpSpec.plan_tiles``, ``OpSpec.device_plan_tiles``), and their values in the shapes'
@@ -451,8 +486,7 @@ def _device_route(spec, args, output, lse, natural_lse, arch, num_sms) -> _Hit:
     if _takes_self_schedule(spec, config, problem, num_ctas):
         from .unit_schedule_route import UnitScheduleRoute
 
-        late = config.kind in config_policies.LATE_CLAIM_KINDS
-        config = _with_plan_knobs(config, (("dynamic_schedule", True), ("late_claim", late)))
+        config = _self_schedule_config(config)
         return _Hit(config, None, launcher, alloc, UnitScheduleRoute.resolve(spec, config, problem, num_ctas))
     config = _device_plan_config(spec, config, problem.device, num_ctas)
     route = DevicePlanRoute.resolve(spec, config, problem, num_ctas)
@@ -506,7 +540,7 @@ def _run_full(spec, args, index, output, lse, plan, check_indices, natural_lse, 
         if device_plan is None:  # planning reads the index values anyway, so they are always checked here
             _, host = spec.check(*args, output, lse, check_indices=True)
             _raise_device_errors(problem.device)
-            device_plan = _plan(spec, config, host, problem.device, num_sms)
+            device_plan = _plan(spec, config, host, problem.device, num_sms, problem)
             if cacheable:
                 _PLANS.put(plan_key, index, device_plan)
         # a hit: the same, unmodified index tensors as when this plan was made and checked
@@ -528,7 +562,10 @@ def _run_full(spec, args, index, output, lse, plan, check_indices, natural_lse, 
             f"(inputs validated and planned: {planned.num_items} work items)"
         )
     alloc = (problem.total_q, problem.num_qo_heads, problem.head_dim_v, problem.device)
-    return _Hit(config, device_plan, launcher, alloc)
+    route = (device_plan or plan).route
+    if route is not None and (route.batch, route.num_pages) != (problem.batch_size, problem.num_pages):
+        route = None  # a plan refreshed for another batch, or a pool of another size: its lists, as any plan's
+    return _Hit(config, device_plan, launcher, alloc, route)
 
 
 def _launch(hit: _Hit, plan, args, output, lse, natural_lse):
@@ -589,7 +626,7 @@ def plan_for(spec, args: tuple, *, arch: str | None, num_sms: int | None, on_dev
     problem, host = spec.check(*args, check_indices=True)
     _raise_device_errors(problem.device)
     config = _make_config(spec, problem, arch)
-    return _plan(spec, config, host, problem.device, num_sms)
+    return _plan(spec, config, host, problem.device, num_sms, problem)
 
 
 def self_schedules(spec, args: tuple, *, arch: str | None = None, num_sms: int | None = None) -> bool:

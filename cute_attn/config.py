@@ -418,6 +418,28 @@ def late_claim_policy(enabled: bool = True):
         yield
 
 
+#: The kinds whose host plans (``plan_*()``, and the plan a ``check_indices=True`` call caches) launch the planner-free
+#: build (``dynamic_schedule``, with the kind's ``late_claim``) in place of their work items, for a batch the default
+#: call would route there and where the cost model, which the host plan can run on the lengths, says the build is no
+#: slower (``plan_units.self_schedule_wins``: at least ``ROUTE_PLAN_MIN_UNITS_PER_CTA`` units a CTA, the modelled
+#: busiest CTA no higher than the plan's). Why: at many units a CTA the route beat the plan-once call's kernel on the
+#: H200 (session 37, bench: GQA prefill 32 x 992 530.7 against 580.2 us, 16 x 992 268.4 against 281.0; MLA 56 x 8987
+#: 221.8 against 227.8). Built in session 37, never run: empty until its GPU tier and an A/B of the plan-once call
+#: (``tools/ab_policy.py route_plans``) pass
+ROUTE_PLAN_KINDS: tuple[str, ...] = ()
+ROUTE_PLAN_MIN_UNITS_PER_CTA = 2
+
+
+@contextlib.contextmanager
+def route_plan_policy(enabled: bool = True):
+    """Inside the block both causal prefill kinds' host plans may launch the planner-free build (or, off, never do)
+    whatever ``ROUTE_PLAN_KINDS`` says (GPU tests, A/Bs)."""
+    from .ops import policy
+
+    with policy(globals(), ROUTE_PLAN_KINDS=("gqa_paged_prefill", "mla_paged_prefill") if enabled else ()):
+        yield
+
+
 @contextlib.contextmanager
 def lap_turn_policy(enabled: bool = True):
     """Inside the block GQA prefill default configs' plans take ``lap_turn=enabled`` (GPU tests, A/Bs)."""

@@ -7,18 +7,25 @@ the cost model (``tools/dynamic_schedule_model.py``) use exactly the kernel's or
 * :func:`unit_items` -- every unit as an unsplit work item (``plan.ItemField`` rows), in unit order: requests in batch
   order, a request's q tiles from its last (most keys under the causal mask) to its first, KV heads innermost;
 * :func:`locate_as_the_kernel_does` -- the producer warp's search for a unit's request step by step (32-request
-  windows of a warp-wide prefix, resumed at the request where the CTA's previous unit was), for CPU tests of it.
+  windows of a warp-wide prefix, resumed at the request where the CTA's previous unit was), for CPU tests of it;
+* :func:`unit_costs`, :func:`claim_ahead_makespan`, :func:`claim_late_makespan` -- the planner's cost model of the
+  kernel's schedule (the counter hands unit n + 1 to the CTA that claims first; the early build claims as its
+  current unit's loads begin, the ``late_claim`` build once its last K tile is issued), and
+  :func:`self_schedule_wins`, the rule a host plan uses to launch the self-scheduling build instead of its items.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .plan import ItemField, PlanConfig, _tiles
+import heapq
+
+from .plan import ItemField, PlanConfig, _cost, _tiles
 
 WARP = 32
 
-__all__ = ["request_units", "unit_items", "locate_as_the_kernel_does"]
+__all__ = ["request_units", "unit_items", "locate_as_the_kernel_does", "unit_costs", "claim_ahead_makespan",
+           "claim_late_makespan", "self_schedule_wins"]
 
 
 def request_units(config: PlanConfig, q_lens) -> np.ndarray:
@@ -68,3 +75,72 @@ def locate_as_the_kernel_does(units_per_request: np.ndarray, unit_indices) -> li
                 out.append((batch, 0))
                 break
     return out
+
+
+def unit_costs(config: PlanConfig, q_lens, kv_lens) -> np.ndarray:
+    """Each unit's cost in the planner's model (``plan._cost``: keys rounded to the kv tile, plus the item overhead),
+    in the counter's order."""
+    return _cost(unit_items(config, q_lens, kv_lens)[:, ItemField.KV_END].astype(np.int64), config)
+
+
+def claim_ahead_makespan(costs, num_ctas: int) -> int:
+    """Busiest CTA when each CTA claims its next unit as it starts its current one (the first two rounds of claims
+    go round the CTAs in order: every CTA takes one, then a second, before any finishes)."""
+    costs = [int(c) for c in costs]
+    queued = [[] for _ in range(num_ctas)]
+    taken = 0
+    for _ in range(2):
+        for cta in range(num_ctas):
+            if taken < len(costs):
+                queued[cta].append(costs[taken])
+                taken += 1
+    heap = [(queued[cta].pop(0), cta) for cta in range(num_ctas) if queued[cta]]
+    heapq.heapify(heap)
+    ends = [0] * num_ctas
+    while heap:
+        end, cta = heapq.heappop(heap)
+        ends[cta] = end
+        if queued[cta]:
+            current = queued[cta].pop(0)
+            if taken < len(costs):
+                queued[cta].append(costs[taken])
+                taken += 1
+            heapq.heappush(heap, (end + current, cta))
+    return max(ends)
+
+
+def claim_late_makespan(costs, num_ctas: int, lead: int) -> int:
+    """Busiest CTA when each CTA claims its next unit ``lead`` key-equivalents before its current one ends (its last
+    K tile issued), never before the current one starts."""
+    costs = [int(c) for c in costs]
+    ends = [0] * num_ctas
+    heap = []
+    for cta, cost in enumerate(costs[:num_ctas]):
+        ends[cta] = cost
+        heap.append((max(0, cost - lead), cta))
+    heapq.heapify(heap)
+    for cost in costs[num_ctas:]:
+        _, cta = heapq.heappop(heap)
+        start = ends[cta]
+        ends[cta] = start + cost
+        heapq.heappush(heap, (max(start, ends[cta] - lead), cta))
+    return max(ends)
+
+
+def self_schedule_wins(config: PlanConfig, q_lens, kv_lens, host_busiest: int, late_claim: bool,
+                       min_units_per_cta: int) -> bool:
+    """Whether the self-scheduling build runs this batch no slower than a host plan whose busiest CTA costs
+    ``host_busiest``: at least ``min_units_per_cta`` units a CTA (fewer: the route only ties the plan and pays its
+    start's index checks, MLA 1 / 43 10.5 against 9.5 us), and the model's busiest CTA under the build's claim no
+    higher than the plan's. The H200 (session 37) ran the route at or below the host plan on every row where this
+    holds (GQA prefill 4..32 x 992 0.92-0.98x, 4 x 512 / 4096 0.99x, h32/kv16 0.93x; MLA 1 x 16384 a tie) and above
+    it where the model says the plan is better (ragged 12 1.04x, h5/kv1 1.19x, the MLA seed 1.07x, 20 x 3842 1.01x)."""
+    units = int(request_units(config, q_lens).sum())
+    if units < min_units_per_cta * config.num_ctas:
+        return False
+    costs = unit_costs(config, q_lens, kv_lens)
+    if late_claim:
+        busiest = claim_late_makespan(costs, config.num_ctas, 2 * config.kv_tile)
+    else:
+        busiest = claim_ahead_makespan(costs, config.num_ctas)
+    return busiest <= host_busiest

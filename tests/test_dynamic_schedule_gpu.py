@@ -111,3 +111,12 @@ def test_captured_call_replays_across_batches():
                                          extra_pages=400)
     unit_scratch.check_replays(cute_attn.gqa_paged_prefill, case, (case.k_cache, case.v_cache), total_q, page_size,
                                steps=4, max_extra_keys=1200, rng=np.random.default_rng(7))
+
+
+@pytest.mark.parametrize("page_size", [64, 1])
+def test_route_plan_launches_the_build(page_size):
+    """A host plan the rule routes (``config.ROUTE_PLAN_KINDS``, built in session 37) launches this build, eager and
+    captured (``unit_scratch.check_route_plan``)."""
+    case = testing.make_gqa_prefill_case([992] * 8, [992] * 8, page_size=page_size, device="cuda", seed=5)
+    unit_scratch.check_route_plan(cute_attn.gqa_paged_prefill, cute_attn.plan_gqa_paged_prefill, case,
+                                  f"route plan page {page_size}")

@@ -127,3 +127,12 @@ def test_captured_call_replays_across_batches():
     # extra keys below 400: every batch's pages fit in len(kv_indices) (220), which the refill draws from
     unit_scratch.check_replays(cute_attn.mla_paged_prefill, case, (case.ckv_cache, case.kpe_cache), total_q, page_size,
                                steps=3, max_extra_keys=400, rng=np.random.default_rng(7))
+
+
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_route_plan_launches_the_build(page_size):
+    """A host plan the rule routes (``config.ROUTE_PLAN_KINDS``, built in session 37) launches this build, eager and
+    captured (``unit_scratch.check_route_plan``)."""
+    case = _case([512] * 8, [600] * 8, page_size=page_size, seed=5)
+    unit_scratch.check_route_plan(cute_attn.mla_paged_prefill, cute_attn.plan_mla_paged_prefill, case,
+                                  f"route plan page {page_size}")

@@ -40,6 +40,9 @@ POLICY is one of
                   (``config.LATE_CLAIM_KINDS``, session 36) off / on, every batch
                   on the route (MLA's floor at 0): the dynamic_schedule rows and the MLA bench batches; only the
                   default call moves
+    route_plans   host plans launch the planner-free build where the cost model says it is no slower
+                  (``config.ROUTE_PLAN_KINDS``, session 37) off / on: the late_claim rows; only the plan-once call
+                  moves, on the rows the rule routes
     deal_2048     GQA prefill plans deal batches of up to 2048 q tiles (``ops/gqa_prefill.DEAL_MAX_Q_TILES``, the device
                   sort four keys a thread) off / on: 32 x 992 (1984 q tiles) and a ragged batch of 1840; all three calls
                   move (host plans take the twin's deal)
@@ -254,6 +257,17 @@ def _late_claim_cases(pages):
     yield from _prefill_cases(DYNAMIC_SCHEDULE_CASES, pages, lambda page_size: on_route(gqa_prefill))
     for row0, make, kind, _ in _mla_dynamic_schedule_cases(pages):
         yield row0, make, kind, on_route(mla_prefill, DYNAMIC_MIN_UNITS_PER_CTA=0)
+
+
+def _route_plans_cases(pages):
+    """Host plans that launch the planner-free build where the rule says it is no slower (``config.ROUTE_PLAN_KINDS``,
+    ``plan_units.self_schedule_wins``) off / on: the dynamic_schedule rows and the MLA bench batches; only the
+    plan-once call (``planned``) moves, and only on the rows the rule routes."""
+    from cute_attn.config import route_plan_policy
+
+    yield from _prefill_cases(DYNAMIC_SCHEDULE_CASES, pages, lambda page_size: route_plan_policy)
+    for row0, make, kind, _ in _mla_dynamic_schedule_cases(pages):
+        yield row0, make, kind, route_plan_policy
 
 
 def _device_whole_deal_cases(pages):
@@ -645,7 +659,8 @@ POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, 
             "lap_lists": _lap_lists_cases, "lap_turn": _lap_turn_cases, "row_writers": _row_writers_cases,
             "count_sort": _count_sort_cases, "cluster_merge": _cluster_merge_cases,
             "device_cluster_merge": _device_cluster_merge_cases, "dynamic_schedule": _dynamic_schedule_cases,
-            "mla_dynamic_schedule": _mla_dynamic_schedule_cases, "late_claim": _late_claim_cases}
+            "mla_dynamic_schedule": _mla_dynamic_schedule_cases, "late_claim": _late_claim_cases,
+            "route_plans": _route_plans_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
                  "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64], "even_pieces": [64, 1],
                  "page_boxes": [64, 128], "max_slack": [1], "eager_combine": [64, 1],
@@ -654,7 +669,7 @@ DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], 
                  "rank_deal": [1], "deal_first": [64], "deal_one_site": [64], "lap_lists": [64],
                  "lap_turn": [64], "row_writers": [64], "count_sort": [64], "cluster_merge": [64, 1],
                  "device_cluster_merge": [64, 1], "dynamic_schedule": [64, 1], "mla_dynamic_schedule": [1, 64],
-                 "late_claim": [64]}
+                 "late_claim": [64], "route_plans": [64]}
 
 
 def checked_span(run, out, lse, reference, label: str, timer, digits: int = 1):

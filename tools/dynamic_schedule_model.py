@@ -39,6 +39,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from cute_attn.plan_units import claim_ahead_makespan, claim_late_makespan  # noqa: E402  (the claims' model)
+
 #: the bench's GQA prefill rows (h32/kv4, page 64): label -> (q_lens, kv_lens)
 ROWS = {
     "n1_q992": ([992], [992]),
@@ -64,11 +66,11 @@ def mla_rows() -> dict:
 
 def unit_costs(config, q_lens, kv_lens, order: str) -> np.ndarray:
     """Costs of the whole (request, q tile, head) units in ``order`` (module docstring)."""
-    from cute_attn.plan import ItemField, _cost, _tiles
-    from cute_attn.plan_units import unit_items
+    from cute_attn.plan import _cost, _tiles
+    from cute_attn.plan_units import unit_costs as kernel_order_costs
 
     if order == "request_major":  # the self-scheduling kernel's own order (plan_units, its numpy twin)
-        return _cost(unit_items(config, q_lens, kv_lens)[:, ItemField.KV_END].astype(np.int64), config)
+        return kernel_order_costs(config, q_lens, kv_lens)
     tiles = _tiles(config, np.asarray(q_lens), np.asarray(kv_lens))
     cost = _cost(tiles.kv_end.astype(np.int64), config)  # one per q tile, request-major, tiles ascending
     request = tiles.q_tiles[:, 0]
@@ -90,50 +92,6 @@ def greedy_makespan(costs: np.ndarray, num_ctas: int) -> int:
         load, cta = heapq.heappop(heap)
         heapq.heappush(heap, (load + int(c), cta))
     return max(load for load, _ in heap)
-
-
-def claim_ahead_makespan(costs: np.ndarray, num_ctas: int) -> int:
-    """Busiest CTA when each CTA claims its next unit as it starts its current one (the first two rounds of claims
-    go round the CTAs in order: every CTA takes one, then a second, before any finishes)."""
-    costs = [int(c) for c in costs]
-    queued = [[] for _ in range(num_ctas)]
-    taken = 0
-    for _ in range(2):
-        for cta in range(num_ctas):
-            if taken < len(costs):
-                queued[cta].append(costs[taken])
-                taken += 1
-    heap = [(queued[cta].pop(0), cta) for cta in range(num_ctas) if queued[cta]]
-    heapq.heapify(heap)
-    ends = [0] * num_ctas
-    while heap:
-        end, cta = heapq.heappop(heap)
-        ends[cta] = end
-        if queued[cta]:
-            current = queued[cta].pop(0)
-            if taken < len(costs):
-                queued[cta].append(costs[taken])
-                taken += 1
-            heapq.heappush(heap, (end + current, cta))
-    return max(ends)
-
-
-def claim_late_makespan(costs: np.ndarray, num_ctas: int, lead: int) -> int:
-    """Busiest CTA when each CTA claims its next unit ``lead`` key-equivalents before its current one ends (its last
-    K tile issued), never before the current one starts."""
-    costs = [int(c) for c in costs]
-    ends = [0] * num_ctas
-    heap = []
-    for cta, cost in enumerate(costs[:num_ctas]):
-        ends[cta] = cost
-        heap.append((max(0, cost - lead), cta))
-    heapq.heapify(heap)
-    for cost in costs[num_ctas:]:
-        _, cta = heapq.heappop(heap)
-        start = ends[cta]
-        ends[cta] = start + cost
-        heapq.heappush(heap, (max(start, ends[cta] - lead), cta))
-    return max(ends)
 
 
 def main(argv=None) -> int:

@@ -5,6 +5,7 @@
 #   bash tools/validate_planner_free.sh OUT_DIR mla [BUDGET_SECONDS]   # MLA: the same
 #   bash tools/validate_planner_free.sh OUT_DIR ab [BUDGET_SECONDS]    # the default call's A/Bs, GQA then MLA
 #   bash tools/validate_planner_free.sh OUT_DIR late [BUDGET_SECONDS]  # late claim (session 36): tiers, sanitizer, A/B
+#   bash tools/validate_planner_free.sh OUT_DIR route [BUDGET_SECONDS] # host plans on the route (session 37): tier, A/B
 #
 # (budget default 570: one run's 600 s less slack). Each step runs under tools/gpu_steps.py with its own time limit,
 # so a slow step leaves the others their time, and memcheck and racecheck are separate steps, so a racecheck cut short
@@ -13,7 +14,7 @@
 # boxes' and the row gathers' checks). The A/Bs: GQA at pages 64 and 1 with two FIB layouts, MLA on the bench's
 # seven recorded batches at pages 1 and 64.
 set -u
-usage="usage: validate_planner_free.sh OUT_DIR gqa|mla|ab|late [BUDGET_SECONDS]"
+usage="usage: validate_planner_free.sh OUT_DIR gqa|mla|ab|late|route [BUDGET_SECONDS]"
 out=${1:?$usage}
 part=${2:?$usage}
 budget=${3:-570}
@@ -55,5 +56,11 @@ tests/test_mla_dynamic_schedule_gpu.py > $out/tier.txt 2>&1; grep -E '^E |FAILED
 > $out/racecheck.log 2>&1; tail -8 $out/racecheck.log" \
       --step 200 "python tools/ab_policy.py late_claim --iters 50 --json $out/ab_late.json > $out/ab_late.txt 2>&1; \
 tail -24 $out/ab_late.txt" ;;
-  *) echo "part must be gqa, mla, ab or late, got $part" >&2; exit 2 ;;
+  route)  # the kernels are the route's (already validated): the new part is the host plan's launch path
+    python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 \
+      --step 150 "python -m pytest -q -rf --tb=short -k route_plan tests/test_dynamic_schedule_gpu.py \
+tests/test_mla_dynamic_schedule_gpu.py > $out/tier.txt 2>&1; grep -E '^E |FAILED|passed|failed' $out/tier.txt | head -40" \
+      --step 330 "python tools/ab_policy.py route_plans --iters 50 --json $out/ab_route.json > $out/ab_route.txt 2>&1; \
+tail -40 $out/ab_route.txt" ;;
+  *) echo "part must be gqa, mla, ab, late or route, got $part" >&2; exit 2 ;;
 esac
