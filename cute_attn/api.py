@@ -82,7 +82,9 @@ class DevicePlan:
     planner: object = field(default=None, repr=False, compare=False)
     #: a host plan whose batch the self-scheduling build runs no slower (``config.ROUTE_PLAN_KINDS``): launches of
     #: this plan take that route (``unit_schedule_route.UnitScheduleRoute``: the build reads the call's index tensors,
-    #: so it stays correct for whatever batch ``refresh`` copies in; the lists above then go unused)
+    #: so it stays correct for whatever batch of the same size and pool ``refresh`` copies in, and the lists above go
+    #: unused; another batch size or pool launches the lists). Its scratch is per stream, made for the planning
+    #: stream with the plan and for any other at its first launch there: make that launch outside a graph capture
     route: object = field(default=None, repr=False, compare=False)
 
     @property
@@ -392,9 +394,12 @@ def _plan_route(spec, config, problem, plan_config, plan: WorkPlan, q_lens, kv_l
 
     route_config = _self_schedule_config(config)
     if not self_schedule_wins(plan_config, q_lens, kv_lens, int(plan.cta_cost.max()), route_config.late_claim,
-                              config_policies.ROUTE_PLAN_MIN_UNITS_PER_CTA):
+                              config_policies.ROUTE_PLAN_MIN_UNITS_PER_CTA, config_policies.ROUTE_PLAN_MAX_UNITS):
         return None
-    return UnitScheduleRoute.resolve(spec, route_config, problem, plan_config.num_ctas)
+    route = UnitScheduleRoute.resolve(spec, route_config, problem, plan_config.num_ctas)
+    if problem.device.type == "cuda":  # a plan is made outside any capture (it reads the lengths on the host)
+        route.stream_scratch(_current_stream(problem.device), problem.device)
+    return route
 
 
 def _self_schedule_config(config: PagedAttentionConfig) -> PagedAttentionConfig:

@@ -423,11 +423,12 @@ def late_claim_policy(enabled: bool = True):
 #: call would route there and where the cost model, which the host plan can run on the lengths, says the build is no
 #: slower (``plan_units.self_schedule_wins``: at least ``ROUTE_PLAN_MIN_UNITS_PER_CTA`` units a CTA, the modelled
 #: busiest CTA no higher than the plan's). Why: at many units a CTA the route beat the plan-once call's kernel on the
-#: H200 (session 37, bench: GQA prefill 32 x 992 530.7 against 580.2 us, 16 x 992 268.4 against 281.0; MLA 56 x 8987
-#: 221.8 against 227.8). Built in session 37, never run: empty until its GPU tier and an A/B of the plan-once call
-#: (``tools/ab_policy.py route_plans``) pass
+#: H200 (session 37, bench: GQA prefill 32 x 992 530.7 against 580.2 us, 16 x 992 268.4 against 281.0; the rule
+#: passes up MLA 56 x 8987, modelled 1.009x, measured 221.8 against 227.8). Built in session 37, never run: empty
+#: until its GPU tier and an A/B of the plan-once call (``tools/ab_policy.py route_plans``) pass
 ROUTE_PLAN_KINDS: tuple[str, ...] = ()
 ROUTE_PLAN_MIN_UNITS_PER_CTA = 2
+ROUTE_PLAN_MAX_UNITS = 16384  # the model's host time, ~0.5 us a unit, stays under ~9 ms (32 x 992: 7936 units, ~4 ms)
 
 
 @contextlib.contextmanager

@@ -16,9 +16,9 @@ the cost model (``tools/dynamic_schedule_model.py``) use exactly the kernel's or
 
 from __future__ import annotations
 
-import numpy as np
-
 import heapq
+
+import numpy as np
 
 from .plan import ItemField, PlanConfig, _cost, _tiles
 
@@ -128,15 +128,16 @@ def claim_late_makespan(costs, num_ctas: int, lead: int) -> int:
 
 
 def self_schedule_wins(config: PlanConfig, q_lens, kv_lens, host_busiest: int, late_claim: bool,
-                       min_units_per_cta: int) -> bool:
+                       min_units_per_cta: int, max_units: int) -> bool:
     """Whether the self-scheduling build runs this batch no slower than a host plan whose busiest CTA costs
     ``host_busiest``: at least ``min_units_per_cta`` units a CTA (fewer: the route only ties the plan and pays its
     start's index checks, MLA 1 / 43 10.5 against 9.5 us), and the model's busiest CTA under the build's claim no
     higher than the plan's. The H200 (session 37) ran the route at or below the host plan on every row where this
     holds (GQA prefill 4..32 x 992 0.92-0.98x, 4 x 512 / 4096 0.99x, h32/kv16 0.93x; MLA 1 x 16384 a tie) and above
-    it where the model says the plan is better (ragged 12 1.04x, h5/kv1 1.19x, the MLA seed 1.07x, 20 x 3842 1.01x)."""
+    it where the model says the plan is better (ragged 12 1.04x, h5/kv1 1.19x, the MLA seed 1.07x, 20 x 3842 1.01x).
+    Past ``max_units`` it says no without modelling: the model is a Python heap, ~0.5 us a unit on the host."""
     units = int(request_units(config, q_lens).sum())
-    if units < min_units_per_cta * config.num_ctas:
+    if not min_units_per_cta * config.num_ctas <= units <= max_units:
         return False
     costs = unit_costs(config, q_lens, kv_lens)
     if late_claim:

@@ -61,12 +61,18 @@ class UnitScheduleRoute:
     def resolve(spec, config, problem, num_ctas: int) -> "UnitScheduleRoute":
         return UnitScheduleRoute(index_positions(spec), config, num_ctas, problem.batch_size, problem.num_pages, {})
 
-    def launch(self, args: tuple, output, lse, natural_lse: bool, stream: int, device) -> None:
-        if self.kernel is None:
-            self.kernel = compile_kernel(self.config)
+    def stream_scratch(self, stream: int, device) -> UnitScratch:
+        """The scratch of launches on ``stream``, made on the first (zero-filled: make it outside a CUDA-graph
+        capture, or the fill is recorded, not run)."""
         scratch = self.scratch.get(stream)
         if scratch is None:
             scratch = self.scratch[stream] = UnitScratch.allocate(self.batch, device)
+        return scratch
+
+    def launch(self, args: tuple, output, lse, natural_lse: bool, stream: int, device) -> None:
+        if self.kernel is None:
+            self.kernel = compile_kernel(self.config)
+        scratch = self.stream_scratch(stream, device)
         qo, kvp, kvi, last = (None if p is None else args[p] for p in self.positions)
         if last is None:
             last = scratch.ones

@@ -45,7 +45,7 @@ def test_the_rule_takes_the_route_where_it_ran_no_slower(label):
     kind = "mla_paged_prefill" if label.startswith("mla_") else "gqa_paged_prefill"
     config = tuning.api_config(kind, tuning.Workload.for_kind(kind, kv_lens, q_lens), "sm_90a").plan_config(132)
     host = int(plan_work(config, q_lens, kv_lens).cta_cost.max())
-    assert self_schedule_wins(config, q_lens, kv_lens, host, True, 2) is VERDICTS[label]
+    assert self_schedule_wins(config, q_lens, kv_lens, host, True, 2, 16384) is VERDICTS[label]  # the late build
 
 
 @pytest.mark.parametrize("heads, kv_heads, wins", [(5, 1, False), (32, 16, True)])  # H200: 1.19x / 0.93x
@@ -55,7 +55,8 @@ def test_the_rule_on_two_fib_layouts(heads, kv_heads, wins):
                                         num_kv_heads=kv_heads)
     config = tuning.api_config("gqa_paged_prefill", workload, "sm_90a").plan_config(132)
     host = int(plan_work(config, q_lens, kv_lens).cta_cost.max())
-    assert self_schedule_wins(config, q_lens, kv_lens, host, True, 2) is wins
+    assert self_schedule_wins(config, q_lens, kv_lens, host, True, 2, 16384) is wins
+    assert not self_schedule_wins(config, q_lens, kv_lens, host, True, 2, 2047)  # past the cap: no model, no route
 
 
 def test_the_policy_is_off_until_it_runs():
@@ -91,8 +92,8 @@ def test_a_host_plan_carries_the_route_where_the_rule_holds():
 
 
 def test_a_launch_with_the_plan_takes_its_route(monkeypatch):
-    """The plan's route launches (no items), for the batch and pool it was made for; a plan refreshed for another
-    batch size launches its lists, as any plan."""
+    """The plan's route launches (no items), for the batch size and pool it was made for; a call of another batch size
+    or another pool with the plan launches its lists, as any plan's."""
     routed, listed = [], []
     monkeypatch.setattr(api, "_require_cuda", lambda device: None)
     monkeypatch.setattr(api, "find_launcher", lambda config: lambda plan, *args, natural_lse=False: listed.append(plan))
@@ -100,15 +101,17 @@ def test_a_launch_with_the_plan_takes_its_route(monkeypatch):
                         routed.append((self, args[0])))
     monkeypatch.setattr(api, "_current_stream", lambda device: 0)
     cute_attn.clear_plan_cache()
-    case = _gqa([512] * 8, [512] * 8)
+    case = _gqa([512] * 8, [512] * 8, extra_pages=40)  # 256 + 40 pages
     with policies.route_plan_policy(True):
         plan = cute_attn.plan_gqa_paged_prefill(*case.inputs(), arch="sm_90a", num_sms=8)
     out, lse = case.new_outputs()
     for _ in range(2):  # the full path, then the fast path's hit
         cute_attn.gqa_paged_prefill(*case.inputs(), out, lse, plan=plan, arch="sm_90a", num_sms=8)
-    assert [r for r, _ in routed] == [plan.route] * 2 and routed[0][1] is case.q and listed == []
-    other = _gqa([512] * 7, [512] * 7)
-    out, lse = other.new_outputs()
-    cute_attn.gqa_paged_prefill(*other.inputs(), out, lse, plan=plan, arch="sm_90a", num_sms=8)
-    assert listed == [plan] and len(routed) == 2
+    assert len(routed) == 2 and all(r is plan.route and q is case.q for r, q in routed) and listed == []
+    fewer = _gqa([512] * 7, [512] * 7, extra_pages=72)  # the same 296 pages, 7 requests
+    larger_pool = _gqa([512] * 8, [512] * 8, extra_pages=41)
+    for other in (fewer, larger_pool):
+        out, lse = other.new_outputs()
+        cute_attn.gqa_paged_prefill(*other.inputs(), out, lse, plan=plan, arch="sm_90a", num_sms=8)
+    assert listed == [plan, plan] and len(routed) == 2
     cute_attn.clear_plan_cache()

@@ -223,32 +223,35 @@ def check_replays(entry, case, pools, total_q: int, page_size: int, steps: int, 
 
 
 def check_route_plan(entry, plan_entry, case, what: str, num_sms: int = 132) -> None:
-    """A host plan of a batch the rule routes (``config.ROUTE_PLAN_KINDS``, ``plan_units.self_schedule_wins``) launches
-    the self-scheduling build, not its lists: eager and captured in a CUDA graph, both equal the float32 reference and
-    leave the route's scratch clean."""
+    """A host plan of a batch the rule routes (``config.ROUTE_PLAN_KINDS``, ``plan_units.self_schedule_wins``, with the
+    landed late claim whatever the tier's fixture says: claimed early the model keeps these batches on their lists)
+    launches the self-scheduling build, not its lists: eager and captured in a CUDA graph, both equal the float32
+    reference and leave the route's scratch clean."""
     import torch
 
     import cute_attn
     from cute_attn import testing
-    from cute_attn.config import route_plan_policy
+    from cute_attn.config import late_claim_policy, route_plan_policy
 
-    with route_plan_policy(True):
+    with route_plan_policy(True), late_claim_policy(True):
         plan = plan_entry(*case.inputs(), num_sms=num_sms)
-    assert plan.route is not None, f"{what}: the rule kept this batch on its lists"
-    ref_out, ref_lse = case.reference()
-    out, lse = case.new_outputs()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream), self_scheduled_launches() as routes:
-        entry(*case.inputs(), out, lse, plan=plan, num_sms=num_sms)
-    stream.synchronize()
-    assert routes == [plan.route], f"{what}: {len(routes)} self-scheduling launches, expected the plan's route once"
-    testing.assert_close_benchmark(out, ref_out, f"{what} output")
-    testing.assert_close_benchmark(lse, ref_lse, f"{what} lse")
-    assert_scratch_clean(plan.route, what)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        entry(*case.inputs(), out, lse, plan=plan, num_sms=num_sms)
+        assert plan.route is not None, f"{what}: the rule kept this batch on its lists"
+        assert plan.route.config.late_claim, f"{what}: the plan's route claims early"
+        ref_out, ref_lse = case.reference()
+        out, lse = case.new_outputs()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), self_scheduled_launches() as routes:
+            entry(*case.inputs(), out, lse, plan=plan, num_sms=num_sms)
+        stream.synchronize()
+        assert len(routes) == 1 and routes[0] is plan.route, f"{what}: {len(routes)} launches, not the plan's route"
+        testing.assert_close_benchmark(out, ref_out, f"{what} output")
+        testing.assert_close_benchmark(lse, ref_lse, f"{what} lse")
+        assert_scratch_clean(plan.route, what)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream), self_scheduled_launches() as captured:
+            entry(*case.inputs(), out, lse, plan=plan, num_sms=num_sms)
+        assert len(captured) == 1 and captured[0] is plan.route, f"{what}: the capture did not record the route"
     for replay in range(2):
         out.fill_(float("nan"))
         lse.fill_(float("nan"))
