@@ -6,6 +6,8 @@
 #   bash tools/validate_planner_free.sh OUT_DIR ab [BUDGET_SECONDS]    # the default call's A/Bs, GQA then MLA
 #   bash tools/validate_planner_free.sh OUT_DIR late [BUDGET_SECONDS]  # late claim (session 36): tiers, sanitizer, A/B
 #   bash tools/validate_planner_free.sh OUT_DIR route [BUDGET_SECONDS] # host plans on the route (session 37): tier, A/B
+#   bash tools/validate_planner_free.sh OUT_DIR peers [BUDGET_SECONDS] # FlashInfer call (flashinfer.tar.xz installed):
+#       the family bench, FlashInfer-Bench's harness, the wrapper tiers, under the route (FlashInfer JITs first: ~200 s)
 #
 # (budget default 570: one run's 600 s less slack). Each step runs under tools/gpu_steps.py with its own time limit,
 # so a slow step leaves the others their time, and memcheck and racecheck are separate steps, so a racecheck cut short
@@ -14,7 +16,7 @@
 # boxes' and the row gathers' checks). The A/Bs: GQA at pages 64 and 1 with two FIB layouts, MLA on the bench's
 # seven recorded batches at pages 1 and 64.
 set -u
-usage="usage: validate_planner_free.sh OUT_DIR gqa|mla|ab|late|route [BUDGET_SECONDS]"
+usage="usage: validate_planner_free.sh OUT_DIR gqa|mla|ab|late|route|peers [BUDGET_SECONDS]"
 out=${1:?$usage}
 part=${2:?$usage}
 budget=${3:-570}
@@ -62,5 +64,12 @@ tail -24 $out/ab_late.txt" ;;
 tests/test_mla_dynamic_schedule_gpu.py > $out/tier.txt 2>&1; grep -E '^E |FAILED|passed|failed' $out/tier.txt | head -40" \
       --step 330 "python tools/ab_policy.py route_plans --iters 50 --json $out/ab_route.json > $out/ab_route.txt 2>&1; \
 tail -40 $out/ab_route.txt" ;;
-  *) echo "part must be gqa, mla, ab, late or route, got $part" >&2; exit 2 ;;
+  peers)
+    python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 \
+      --step 330 "python tools/bench.py --kernel family --compile-jobs 12 --iters 50 --png= \
+--json $out/bench_family.json > $out/bench_family.txt 2>&1; grep -E 'FIB|met' $out/bench_family.txt | tail -12" \
+      --step 150 "python tools/fib_bench.py --json $out/h200-fib.json > $out/fib.txt 2>&1; tail -20 $out/fib.txt" \
+      --step 100 "python -m pytest -q -rf --tb=short tests/test_flashinfer_compat_gpu.py \
+tests/test_flashinfer_graphs_gpu.py > $out/wrappers.txt 2>&1; grep -E '^E |FAILED|passed|failed' $out/wrappers.txt | head" ;;
+  *) echo "part must be gqa, mla, ab, late, route or peers, got $part" >&2; exit 2 ;;
 esac
