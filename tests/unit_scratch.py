@@ -225,8 +225,9 @@ def check_replays(entry, case, pools, total_q: int, page_size: int, steps: int, 
 def check_route_plan(entry, plan_entry, case, what: str, num_sms: int = 132) -> None:
     """A host plan of a batch the rule routes (``config.ROUTE_PLAN_KINDS``, ``plan_units.self_schedule_wins``, with the
     landed late claim whatever the tier's fixture says: claimed early the model keeps these batches on their lists)
-    launches the self-scheduling build, not its lists: eager and captured in a CUDA graph, both equal the float32
-    reference and leave the route's scratch clean."""
+    launches the self-scheduling build, not its lists: eager, captured in a CUDA graph, and as the plan a
+    ``check_indices=True`` call makes and caches, each equal to the float32 reference, leaving the route's scratch
+    clean."""
     import torch
 
     import cute_attn
@@ -252,6 +253,13 @@ def check_route_plan(entry, plan_entry, case, what: str, num_sms: int = 132) -> 
         with torch.cuda.graph(graph, stream=stream), self_scheduled_launches() as captured:
             entry(*case.inputs(), out, lse, plan=plan, num_sms=num_sms)
         assert len(captured) == 1 and captured[0] is plan.route, f"{what}: the capture did not record the route"
+        checked_out, checked_lse = case.new_outputs()  # the host-checked call plans (and caches) the same way
+        with self_scheduled_launches() as checked:
+            entry(*case.inputs(), checked_out, checked_lse, check_indices=True, num_sms=num_sms)
+        torch.cuda.synchronize()
+        assert len(checked) == 1, f"{what}: the check_indices=True call launched {len(checked)} routes, expected 1"
+        testing.assert_close_benchmark(checked_out, ref_out, f"{what} check_indices output")
+        testing.assert_close_benchmark(checked_lse, ref_lse, f"{what} check_indices lse")
     for replay in range(2):
         out.fill_(float("nan"))
         lse.fill_(float("nan"))
