@@ -724,6 +724,8 @@ def main(argv=None) -> int:
             with policy(on):
                 row = dict(row0, policy=args.policy, on=on)
                 plans = dict(device_planned=plan_fn(*inputs, on_device=True), default=None, planned=plan_fn(*inputs))
+                if plans["planned"].route is not None:  # a host plan on the planner-free route (route_plans)
+                    row["planned_route"] = True
                 for mode, plan in plans.items():
                     out, lse = case.new_outputs()
                     kw = {} if plan is None else dict(plan=plan)
