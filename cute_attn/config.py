@@ -207,7 +207,7 @@ class PagedAttentionConfig(KernelConfig):
     #: begin. Why: claimed a whole unit ahead, a CTA's second unit is taken before any CTA has finished its first, so at
     #: one or two units a CTA the longest units pair up on the same CTAs (``tools/dynamic_schedule_model.py
     #: --claim``: 1.21x the host plan's busiest CTA at 1 x 992, 1.38x at MLA 1 x 1028, where the H200 measured 1.20x
-    #: and 1.30x; claimed late, 1.00x both). Built in session 36, off until its A/B (``LATE_CLAIM_KINDS``)
+    #: and 1.30x; claimed late, 1.00x both). Built in session 36, on since session 37 (``LATE_CLAIM_KINDS``)
     late_claim: bool = False
 
     @property
@@ -405,7 +405,8 @@ LAP_TURN_KINDS: tuple = ("gqa_paged_prefill",)
 #: default call): GQA prefill 1 x 992 29.4 -> 24.8 us, ragged 12 122.7 -> 105.9, h5/kv1 8 x 992 39.4 -> 36.9, many-unit
 #: rows within run noise (8 x 992 144.8 -> 141.6); MLA prefill (one unit a CTA) 1 / 1028 61.3 -> 47.9, 20 / 3842
 #: 103.0 -> 91.4, the seed 38.5 -> 36.8 (``docs/perf/h200-late-claim.json``)
-LATE_CLAIM_KINDS: tuple[str, ...] = ("gqa_paged_prefill", "mla_paged_prefill")
+SELF_SCHEDULING_KINDS = ("gqa_paged_prefill", "mla_paged_prefill")  # the kinds with a dynamic_schedule build
+LATE_CLAIM_KINDS: tuple[str, ...] = SELF_SCHEDULING_KINDS
 
 
 @contextlib.contextmanager
@@ -414,7 +415,7 @@ def late_claim_policy(enabled: bool = True):
     ``LATE_CLAIM_KINDS`` says (GPU tests, A/Bs, sanitizer cases)."""
     from .ops import policy
 
-    with policy(globals(), LATE_CLAIM_KINDS=("gqa_paged_prefill", "mla_paged_prefill") if enabled else ()):
+    with policy(globals(), LATE_CLAIM_KINDS=SELF_SCHEDULING_KINDS if enabled else ()):
         yield
 
 
@@ -437,7 +438,7 @@ def route_plan_policy(enabled: bool = True):
     whatever ``ROUTE_PLAN_KINDS`` says (GPU tests, A/Bs)."""
     from .ops import policy
 
-    with policy(globals(), ROUTE_PLAN_KINDS=("gqa_paged_prefill", "mla_paged_prefill") if enabled else ()):
+    with policy(globals(), ROUTE_PLAN_KINDS=SELF_SCHEDULING_KINDS if enabled else ()):
         yield
 
 

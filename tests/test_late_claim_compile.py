@@ -1,5 +1,5 @@
-"""``PagedAttentionConfig.late_claim`` (session 36; compiled here, never run yet): the self-scheduling builds' load role
-takes its next unit once the current unit's last K tile is issued instead of as its loads begin.
+"""``PagedAttentionConfig.late_claim`` (session 36; on since session 37's GPU run): the self-scheduling builds' load
+role takes its next unit once the current unit's last K tile is issued instead of as its loads begin.
 
 CPU only: the config rule, the policy reaching the default call's route, and every self-scheduling build of both
 arches compiled with the knob: ptxas reports no more spills than the early-claim build's, the PTX differs from the

@@ -39,24 +39,27 @@ VERDICTS = {
 }
 
 
+def _verdict(kind, q_lens, kv_lens, max_units=16384, **layout) -> bool:
+    """The rule for the late build at 132 CTAs against the host plan of the same batch."""
+    workload = tuning.Workload.for_kind(kind, kv_lens, q_lens, **layout)
+    config = tuning.api_config(kind, workload, "sm_90a").plan_config(132)
+    host = int(plan_work(config, q_lens, kv_lens).cta_cost.max())
+    return self_schedule_wins(config, q_lens, kv_lens, host, True, 2, max_units)
+
+
 @pytest.mark.parametrize("label", list(VERDICTS))
 def test_the_rule_takes_the_route_where_it_ran_no_slower(label):
     q_lens, kv_lens = {**model.ROWS, **model.mla_rows()}[label]
     kind = "mla_paged_prefill" if label.startswith("mla_") else "gqa_paged_prefill"
-    config = tuning.api_config(kind, tuning.Workload.for_kind(kind, kv_lens, q_lens), "sm_90a").plan_config(132)
-    host = int(plan_work(config, q_lens, kv_lens).cta_cost.max())
-    assert self_schedule_wins(config, q_lens, kv_lens, host, True, 2, 16384) is VERDICTS[label]  # the late build
+    assert _verdict(kind, q_lens, kv_lens) is VERDICTS[label]
 
 
 @pytest.mark.parametrize("heads, kv_heads, wins", [(5, 1, False), (32, 16, True)])  # H200: 1.19x / 0.93x
 def test_the_rule_on_two_fib_layouts(heads, kv_heads, wins):
-    q_lens = kv_lens = [992] * 8
-    workload = tuning.Workload.for_kind("gqa_paged_prefill", kv_lens, q_lens, num_qo_heads=heads,
-                                        num_kv_heads=kv_heads)
-    config = tuning.api_config("gqa_paged_prefill", workload, "sm_90a").plan_config(132)
-    host = int(plan_work(config, q_lens, kv_lens).cta_cost.max())
-    assert self_schedule_wins(config, q_lens, kv_lens, host, True, 2, 16384) is wins
-    assert not self_schedule_wins(config, q_lens, kv_lens, host, True, 2, 2047)  # past the cap: no model, no route
+    lens = [992] * 8
+    assert _verdict("gqa_paged_prefill", lens, lens, num_qo_heads=heads, num_kv_heads=kv_heads) is wins
+    # past the cap (2048 units at h32/kv16): no model, no route
+    assert not _verdict("gqa_paged_prefill", lens, lens, 2047, num_qo_heads=heads, num_kv_heads=kv_heads)
 
 
 def test_the_policy_is_off_until_it_runs():

@@ -7,6 +7,22 @@ from __future__ import annotations
 import contextlib
 
 
+def replay_matches(graph, route, out, lse, ref_out, ref_lse, what: str) -> None:
+    """``graph`` replayed into NaN-filled ``out`` / ``lse``: they equal the reference, and the route's scratch is left
+    clean for the next replay."""
+    import torch
+
+    from cute_attn import testing
+
+    out.fill_(float("nan"))
+    lse.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    testing.assert_close_benchmark(out, ref_out, f"{what} output")
+    testing.assert_close_benchmark(lse, ref_lse, f"{what} lse")
+    assert_scratch_clean(route, f"after {what}")
+
+
 def many_requests() -> tuple[list, list]:
     """``(q_lens, kv_lens)`` of 70 requests, some without queries (0, 33, 69): past the first 32-request window of
     the units' request search, which resumes where a CTA's last unit was."""
@@ -209,13 +225,7 @@ def check_replays(entry, case, pools, total_q: int, page_size: int, steps: int, 
         ref_out, ref_lse = case.reference()  # of the index tensors as they now hold
         if step == fault_step:
             fault_requests(case, (int(rng.integers(0, batch)),), pools[0].shape[0], ref_out, ref_lse)
-        out.fill_(float("nan"))
-        lse.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        testing.assert_close_benchmark(out, ref_out, f"replay {step} output")
-        testing.assert_close_benchmark(lse, ref_lse, f"replay {step} lse")
-        assert_scratch_clean(route, f"after replay {step}")
+        replay_matches(graph, route, out, lse, ref_out, ref_lse, f"replay {step}")
         if step == fault_step:
             with pytest.raises(DeviceIndexError, match="kv_indices"):
                 cute_attn.raise_on_device_error()
@@ -261,11 +271,5 @@ def check_route_plan(entry, plan_entry, case, what: str, num_sms: int = 132) -> 
         testing.assert_close_benchmark(checked_out, ref_out, f"{what} check_indices output")
         testing.assert_close_benchmark(checked_lse, ref_lse, f"{what} check_indices lse")
     for replay in range(2):
-        out.fill_(float("nan"))
-        lse.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        testing.assert_close_benchmark(out, ref_out, f"{what} replay {replay} output")
-        testing.assert_close_benchmark(lse, ref_lse, f"{what} replay {replay} lse")
-        assert_scratch_clean(plan.route, f"{what} after replay {replay}")
+        replay_matches(graph, plan.route, out, lse, ref_out, ref_lse, f"{what} replay {replay}")
     cute_attn.raise_on_device_error()

@@ -16,10 +16,11 @@ grow), so a CTA walks the batch once in all. ``cute_attn/plan_units.py`` is the 
 the host plan's unsplit items).
 
 Claim time: the producer takes unit n+1 from the counter as unit n's loads begin (its latency hidden under them), or,
-with ``PagedAttentionConfig.late_claim`` (session 36, off until it has run), once unit n's last K tile is issued.
-Claimed a unit ahead, every CTA holds two units before any finishes one, so at one or two units a CTA the longest
-units pair up: the H200 measured the planner-free kernel at 1.20x the host plan on 1 x 992 and 1.30x on MLA 1 x 1028,
-where ``tools/dynamic_schedule_model.py --claim`` models 1.21x / 1.38x ahead and 1.00x late.
+with ``PagedAttentionConfig.late_claim`` (session 36, the default since session 37), once unit n's last K tile is
+issued. Claimed a unit ahead, every CTA holds two units before any finishes one, so at one or two units a CTA the
+longest units pair up: the H200 measured the planner-free kernel at 1.20x the host plan on 1 x 992 and 1.30x on MLA
+1 x 1028, where ``tools/dynamic_schedule_model.py --claim`` models 1.21x / 1.38x ahead and 1.00x late; claimed late
+it ran 1.01x on both (session 37).
 
 Checks, all in the kernel (no plan and no check launch: a 1.7 µs check launch before the kernel cost the call ~6 µs of
 GPU span on the H200, the host issuing the second launch ~6 µs after the first):
