@@ -1,0 +1,183 @@
+"""Planner-free split-KV decode: every CTA derives its own stretch of the device planner's cost line (numpy twin).
+
+A decode call with new index tensors pays the device planner (6.3-7.4 µs of GPU span on the H200, 11.7 at MLA
+64 x 8192) before its attention kernel can read a work item. The planner's cuts need no sequential step
+(:mod:`cute_attn.plan_partition`: prefix sums and binary searches), so each attention CTA can make them itself from
+``kv_indptr`` and ``kv_last_page_len`` at its start, keep only its own stretch, and build its items as it goes: no
+planner launch, no plan buffers, the same balance as the device plan (it *is* the device plan, where the plan takes
+no deal). This module is the kernel's numpy twin (``kernels/common/line_schedule.py``), written step by step as the
+kernel's threads take them, and the CPU tier checks it against :func:`plan_partition.partition_plan` CTA by CTA.
+
+Steps (all threads of every CTA)
+
+1. *requests*: request ``b``'s keys ``kv_end[b]`` (0 when its own rules fault: :func:`request_keys`) and cost
+   ``piece_cost(kv_end[b])``; an exclusive prefix of ``heads * cost`` gives its line start ``line_start[b]`` (its
+   tiles are its KV heads, ``cost`` apart), the total ``C``, the width ``W`` (:func:`plan_partition.line_width`).
+2. *even pieces*: when every request has the same keys and no fault (the uniform decode batch) and
+   :func:`plan_partition.even_pieces` cuts it, edge ``e`` is ``(e // pieces, e % pieces * piece)`` in closed form.
+3. *edges* (one thread an edge, ``e = 0 .. num_ctas``): otherwise edge ``e`` sits at ``p = e W`` (past ``C``: the
+   line's end); a binary search of ``line_start`` finds its request, then its tile, offset, split key and snap as
+   :func:`plan_partition.line_cuts` does; the thread also keeps the nearer tile edge (``snap``).
+4. *whole-tile vote*: when no CTA between snapped edges exceeds :func:`plan_partition.whole_tile_bound`, every edge
+   takes its snap (a block max).
+5. *merges*: edge ``e`` is *inside* when its key is > 0; a run of inside edges in one tile is one merge. A block
+   exclusive sum of (inside, run start) gives each inside edge its merge ``g`` and ``inside_before[e]``; a run's
+   first edge writes ``merge_indptr[g] = inside_before[e] + g`` (its first partial slot) and the merge's tile.
+6. *items*: CTA ``c`` takes the tiles ``cut_tile[c] .. `` up to edge ``c + 1`` (:func:`cta_items`); its first item
+   starts at ``cut_key[c]`` (a piece after an inside edge: merge ``merge_of[c]``, slot ``inside_before[c] +
+   merge_of[c] + 1``) and its last ends at ``cut_key[c + 1]`` when that edge is inside (the first chunk of merge
+   ``merge_of[c + 1]``, slot ``merge_indptr[merge_of[c + 1]]``): at most two split items a CTA, so a CTA's fold needs
+   two merge descriptors, read from the edge table while it is in shared memory.
+
+Applies to plans that take no deal: non-causal one-q-tile requests (decode), ``sorted_deal``, ``line_deal`` and
+``deal_first`` off (:func:`line_reason`). A batch whose indptr breaks a rule has no items (every row 0 / ``-inf``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .plan import NOT_CAUSAL_OFFSET, ItemField, PlanConfig
+from .plan_partition import even_pieces, line_width, piece_cost, snap_slack, whole_tile_bound
+
+__all__ = ["EdgeTable", "line_reason", "request_keys", "edge_table", "cta_items", "cta_merge"]
+
+
+def line_reason(config: PlanConfig) -> str | None:
+    """None when a CTA can derive ``config``'s device plan alone (no deal can replace the cuts), else why not."""
+    if config.causal:
+        return "causal plans cut q tiles of unequal keys and may deal them sorted: the planner's sort is not per CTA"
+    if config.sorted_deal or config.line_deal or config.deal_first:
+        return "a deal may replace the cuts: its vote needs every CTA's load (the planner's line deal)"
+    if config.group_size > config.tile_q_rows:
+        return f"group size {config.group_size} spans more than one {config.tile_q_rows}-row q tile"
+    return None
+
+
+def request_keys(config: PlanConfig, kv_indptr, kv_last_page_len):
+    """(keys, faulted) of each request as a CTA computes them from its index tensors: ``(pages - 1) * page_size +
+    last`` (0 without pages); a request whose ``kv_last_page_len`` is outside ``1..page_size`` (``0..page_size``
+    without pages) or whose keys leave int32 gets no keys. Batch rules (indptr) are the caller's."""
+    kv_indptr = np.asarray(kv_indptr, dtype=np.int64)
+    last = np.asarray(kv_last_page_len, dtype=np.int64)
+    pages = np.diff(kv_indptr)
+    lowest = (pages > 0).astype(np.int64)
+    faulted = (last < lowest) | (last > config.page_size)
+    faulted |= pages * config.page_size > np.iinfo(np.int32).max - 2 * config.kv_tile
+    keys = np.where(pages > 0, (pages - 1) * config.page_size + last, 0)
+    return np.where(faulted, 0, keys), faulted
+
+
+class EdgeTable(NamedTuple):
+    """What every CTA holds in shared memory after steps 1-5 (edges ``0 .. num_ctas``, merges ``0 .. n``)."""
+
+    cut_tile: np.ndarray  # [num_ctas + 1]
+    cut_key: np.ndarray
+    merge_of: np.ndarray  # [num_ctas + 1] the merge of an inside edge (-1 elsewhere)
+    inside_before: np.ndarray  # [num_ctas + 1] inside edges before each
+    merge_indptr: np.ndarray  # [num_merges + 1] first partial slot of each merge, then the slot count
+    merge_tile: np.ndarray  # [num_merges] the tile each merge splits
+    width: int
+    whole_tiles: bool
+    even: tuple[int, int] | None  # (pieces a tile, keys a piece) when step 2 cut the batch
+
+
+def _edge_cut(config: PlanConfig, line_start, cost, keys, total, width, e):
+    """Step 3 for edge ``e`` (one thread's work): (cut tile, cut key, snap tile, snap position)."""
+    heads, num_tiles = config.num_kv_heads, len(cost) * config.num_kv_heads
+    p = e * width
+    if e == 0:
+        return 0, 0, 0, 0
+    if p >= total:
+        return num_tiles, 0, num_tiles, total
+    j = int(np.searchsorted(line_start, p, side="right")) - 1  # the last request starting at or before p
+    cj, start = int(cost[j]), int(line_start[j])
+    h = (p - start) // cj
+    o = p - start - h * cj
+    t = j * heads + h
+    k = min(max((o - config.item_overhead_keys + config.kv_tile // 2) // config.kv_tile * config.kv_tile, 0),
+            int(keys[j]))
+    nearer = int(2 * o >= cj)
+    snap = (t + nearer, start + (h + nearer) * cj)
+    if not config.allow_split:
+        return snap[0], 0, *snap
+    slack = snap_slack(config, width)
+    if k == 0 or o <= slack:
+        return t, 0, *snap
+    if k >= keys[j] or cj - o <= slack:
+        return t + 1, 0, *snap
+    return t, k, *snap
+
+
+def edge_table(config: PlanConfig, keys, faulted=None) -> EdgeTable:
+    """Steps 1-5 for requests of ``keys`` keys (a faulted request has 0), as every CTA makes them."""
+    keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+    faulted = np.zeros(keys.size, dtype=bool) if faulted is None else np.asarray(faulted, dtype=bool)
+    heads, m = config.num_kv_heads, config.num_ctas
+    cost = piece_cost(config, keys)  # step 1
+    line_start = np.concatenate([[0], np.cumsum(cost * heads)])[:-1]
+    total = int((cost * heads).sum())
+    width = line_width(config, total)
+    num_tiles = keys.size * heads
+    uniform = keys.size > 0 and not faulted.any() and (keys == keys[0]).all()
+    even = even_pieces(config, int(keys[0]), num_tiles, width) if uniform else None  # step 2
+    edges = np.arange(m + 1)
+    whole_tiles = False
+    if even is not None:
+        pieces, piece = even
+        cut = edges < num_tiles * pieces
+        cut_tile = np.where(cut, edges // pieces, num_tiles)
+        cut_key = np.where(cut, edges % pieces * piece, 0)
+    else:
+        cuts = np.array([_edge_cut(config, line_start, cost, keys, total, width, e) for e in edges],
+                        dtype=np.int64).reshape(m + 1, 4)  # step 3
+        cut_tile, cut_key = cuts[:, 0], cuts[:, 1]
+        snap_tile, snap_pos = cuts[:, 2], cuts[:, 3]
+        whole_tiles = bool(config.allow_split and np.diff(snap_pos).max(initial=0) <= whole_tile_bound(config, width))
+        if whole_tiles:  # step 4
+            cut_tile, cut_key = snap_tile, np.zeros(m + 1, dtype=np.int64)
+    inside = cut_key > 0  # step 5
+    continues = np.concatenate([[False], inside[1:] & inside[:-1] & (cut_tile[1:] == cut_tile[:-1])])
+    run_start = inside & ~continues
+    inside_before = np.cumsum(inside) - inside
+    merge_of = np.where(inside, np.cumsum(run_start) - 1, -1)
+    first_edge = np.nonzero(run_start)[0]
+    merge_indptr = np.append(inside_before[first_edge] + np.arange(first_edge.size),
+                             int(inside.sum()) + first_edge.size)
+    return EdgeTable(cut_tile.astype(np.int64), cut_key.astype(np.int64), merge_of, inside_before, merge_indptr,
+                     cut_tile[first_edge].astype(np.int64), width, whole_tiles, even)
+
+
+def cta_items(config: PlanConfig, table: EdgeTable, keys, kv_page_start, c: int) -> np.ndarray:
+    """Step 6: CTA ``c``'s items (``plan.ItemField`` rows, in order) as its threads build them one at a time."""
+    F, heads = ItemField, config.num_kv_heads
+    first, end_tile, end_key = int(table.cut_tile[c]), int(table.cut_tile[c + 1]), int(table.cut_key[c + 1])
+    last = end_tile if end_key > 0 else end_tile - 1
+    rows = np.zeros((max(last - first + 1, 0), len(F)), dtype=np.int32)
+    for i, row in enumerate(rows):
+        t = first + i
+        b, h = divmod(t, heads)
+        ks = int(table.cut_key[c]) if i == 0 else 0
+        ke = end_key if t == end_tile and end_key > 0 else int(keys[b])
+        merge = slot = -1
+        if ks > 0:  # the piece after an inside edge
+            merge = int(table.merge_of[c])
+            slot = int(table.inside_before[c]) + merge + 1
+        elif ke < keys[b]:  # the piece before one: its merge's first chunk
+            merge = int(table.merge_of[c + 1])
+            slot = int(table.merge_indptr[merge])
+        row[F.REQUEST], row[F.KV_HEAD], row[F.Q_ROW_START], row[F.Q_ROW_COUNT] = b, h, 0, config.group_size
+        row[F.KV_START], row[F.KV_END], row[F.PARTIAL_SLOT], row[F.MERGE] = ks, ke, slot, merge
+        row[F.CAUSAL_OFFSET] = NOT_CAUSAL_OFFSET
+        row[F.KV_PAGE_START] = kv_page_start[b] + ks // config.page_size if config.page_size else -1
+    return rows
+
+
+def cta_merge(config: PlanConfig, table: EdgeTable, merge: int) -> tuple[int, int, int, int]:
+    """(request, KV head, first slot, slots) of ``merge``: what a CTA's fold reads for its split items."""
+    request, head = divmod(int(table.merge_tile[merge]), config.num_kv_heads)
+    first = int(table.merge_indptr[merge])
+    return request, head, first, int(table.merge_indptr[merge + 1]) - first
+

@@ -1,0 +1,98 @@
+"""The planner-free decode's per-CTA derivation (``cute_attn/line_schedule.py``) equals the device plan CTA by CTA.
+
+Each CTA makes the edge table alone and keeps only its stretch; these tests run that for every CTA of drawn batches
+and compare its items, merges and partial slots with ``plan_partition.partition`` (the device planner's oracle)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cute_attn.config import default_paged_config
+from cute_attn.line_schedule import cta_items, cta_merge, edge_table, line_reason, request_keys
+from cute_attn.plan import MergeField as MF
+from cute_attn.plan_partition import partition
+
+
+def _decode_config(heads=(20, 4), page_size=64, num_ctas=132, even=True, split=True):
+    qo, kv = heads
+    pc = default_paged_config("gqa_paged_decode", arch="sm_90a", num_qo_heads=qo, num_kv_heads=kv, head_dim_qk=128,
+                              head_dim_v=128, page_size=page_size, causal=False).plan_config(num_ctas)
+    return dataclasses.replace(pc, line_deal=False, even_pieces=even, allow_split=split)
+
+
+def _check_every_cta(pc, keys, faulted):
+    """Every CTA's derived items and merge descriptors equal the partition plan's."""
+    keys = np.asarray(keys, dtype=np.int64)
+    faulted = np.asarray(faulted, dtype=bool)
+    pages = -(-keys // pc.page_size)
+    page_start = np.cumsum(pages) - pages
+    plan, dealt = partition(pc, np.ones(keys.size, dtype=np.int64), keys, kv_page_start=page_start, faulted=faulted)
+    assert not dealt
+    table = edge_table(pc, np.where(faulted, 0, keys), faulted)
+    for c in range(pc.num_ctas):
+        mine = cta_items(pc, table, np.where(faulted, 0, keys), page_start, c)
+        theirs = plan.items[plan.work_indptr[c]:plan.work_indptr[c + 1]]
+        np.testing.assert_array_equal(mine, theirs, err_msg=f"CTA {c}")
+    assert table.merge_indptr.size - 1 == plan.num_merges
+    np.testing.assert_array_equal(table.merge_indptr, plan.merge_indptr[:plan.num_merges + 1])
+    for g in range(plan.num_merges):
+        request, head, first, slots = cta_merge(pc, table, g)
+        assert (request, head) == (plan.merges[g, MF.REQUEST], plan.merges[g, MF.KV_HEAD])
+        assert (first, slots) == (plan.merge_indptr[g], plan.merge_indptr[g + 1] - plan.merge_indptr[g])
+    return table
+
+
+@pytest.mark.parametrize("batch, kv", [(1, 3232), (16, 2048), (64, 2048), (128, 4096), (1, 100), (3, 1)])
+def test_the_bench_rows_derive_the_device_plan(batch, kv):
+    _check_every_cta(_decode_config(), [kv] * batch, [False] * batch)
+
+
+def test_a_uniform_batch_takes_even_pieces_and_a_ragged_one_the_line():
+    even = _check_every_cta(_decode_config(), [3232], [False])
+    assert even.even is not None and even.merge_indptr.size == 1 + 4  # a merge a tile (4 KV heads)
+    ragged = _check_every_cta(_decode_config(), [3232, 17, 9000], [False] * 3)
+    assert ragged.even is None and ragged.merge_indptr.size > 1
+
+
+def test_whole_tiles_when_the_batch_fills_the_gpu():
+    table = _check_every_cta(_decode_config(), [2048] * 64, [False] * 64)
+    assert table.whole_tiles and table.merge_indptr.size == 1
+
+
+def test_a_faulted_request_is_a_tile_with_no_keys():
+    keys, faulted = [5000, 7000, 300, 4000], [False, True, False, False]
+    table = _check_every_cta(_decode_config(), keys, faulted)
+    assert table.even is None
+
+
+def test_request_keys_apply_the_request_rules():
+    pc = _decode_config(page_size=16)
+    keys, faulted = request_keys(pc, [0, 2, 2, 5, 5], [16, 0, 3, 17])
+    np.testing.assert_array_equal(keys, [32, 0, 35, 0])  # 2 pages of 16; empty; 3 pages, last 3; last 17 > 16
+    np.testing.assert_array_equal(faulted, [False, False, False, True])
+    keys, faulted = request_keys(pc, [0, 0, 0, 1], [1, 17, 0])  # no pages: last 0..16 passes; one page with last 0
+    np.testing.assert_array_equal(faulted, [False, True, True])
+
+
+def test_line_reason_refuses_plans_a_deal_may_replace():
+    assert line_reason(_decode_config()) is None
+    assert "deal" in line_reason(dataclasses.replace(_decode_config(), line_deal=True))
+    assert "causal" in line_reason(dataclasses.replace(_decode_config(), causal=True))
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), page_size=st.sampled_from([1, 16, 64]), heads=st.sampled_from([(20, 4), (8, 1), (32, 8)]),
+       num_ctas=st.sampled_from([1, 7, 132, 264]), even=st.booleans(), split=st.booleans())
+def test_drawn_batches_derive_the_device_plan_on_every_cta(data, page_size, heads, num_ctas, even, split):
+    pc = _decode_config(heads, page_size, num_ctas, even, split)
+    batch = data.draw(st.integers(0, 80))
+    uniform = data.draw(st.booleans())
+    if uniform:
+        keys = [data.draw(st.integers(0, 40000))] * batch
+    else:
+        keys = data.draw(st.lists(st.integers(0, 40000), min_size=batch, max_size=batch))
+    faulted = data.draw(st.lists(st.booleans(), min_size=batch, max_size=batch)) if not uniform else [False] * batch
+    _check_every_cta(pc, keys, faulted)
