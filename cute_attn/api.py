@@ -392,7 +392,7 @@ def _plan_route(spec, config, problem, plan_config, plan: WorkPlan, q_lens, kv_l
     from .plan_units import self_schedule_wins
     from .unit_schedule_route import UnitScheduleRoute
 
-    route_config = _self_schedule_config(config)
+    route_config = _self_schedule_config(spec, config)
     if not self_schedule_wins(plan_config, q_lens, kv_lens, int(plan.cta_cost.max()), route_config.late_claim,
                               config_policies.ROUTE_PLAN_MIN_UNITS_PER_CTA, config_policies.ROUTE_PLAN_MAX_UNITS):
         return None
@@ -402,8 +402,11 @@ def _plan_route(spec, config, problem, plan_config, plan: WorkPlan, q_lens, kv_l
     return route
 
 
-def _self_schedule_config(config: PagedAttentionConfig) -> PagedAttentionConfig:
-    """The self-scheduling build of ``config`` (its kind's late claim: ``config.LATE_CLAIM_KINDS``)."""
+def _self_schedule_config(spec, config: PagedAttentionConfig) -> PagedAttentionConfig:
+    """The self-scheduling build of ``config``: its spec's knobs (``OpSpec.self_schedule_knobs``), else
+    ``dynamic_schedule`` with its kind's late claim (``config.LATE_CLAIM_KINDS``)."""
+    if spec.self_schedule_knobs is not None:
+        return _with_plan_knobs(config, tuple(sorted(spec.self_schedule_knobs.items())))
     late = config.kind in config_policies.LATE_CLAIM_KINDS
     return _with_plan_knobs(config, (("dynamic_schedule", True), ("late_claim", late)))
 
@@ -491,7 +494,7 @@ def _device_route(spec, args, output, lse, natural_lse, arch, num_sms) -> _Hit:
     if _takes_self_schedule(spec, config, problem, num_ctas):
         from .unit_schedule_route import UnitScheduleRoute
 
-        config = _self_schedule_config(config)
+        config = _self_schedule_config(spec, config)
         return _Hit(config, None, launcher, alloc, UnitScheduleRoute.resolve(spec, config, problem, num_ctas))
     config = _device_plan_config(spec, config, problem.device, num_ctas)
     route = DevicePlanRoute.resolve(spec, config, problem, num_ctas)

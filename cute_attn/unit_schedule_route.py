@@ -27,18 +27,30 @@ __all__ = ["UnitScheduleRoute", "UnitScratch"]
 
 @dataclass
 class UnitScratch:
-    """One stream's counter and request marks (zero between launches)."""
+    """One stream's counter and request marks (zero between launches); a ``line_schedule`` build's split-KV scratch."""
 
     unit_state: torch.Tensor  # [UNIT_STATE_WORDS] int32
     request_faults: torch.Tensor  # [max(batch, 1)] int32
     ones: torch.Tensor  # [max(batch, 1)] int32 of 1: kv_last_page_len of a page-size-1 call without one (MLA ps1)
+    merge_counters: torch.Tensor | None = None  # line_schedule: [max(num_ctas, 1)] int32, zero between launches
+    partial_out: torch.Tensor | None = None  # line_schedule: [2 * num_ctas, tile_q_rows, head_dim_v] fp32
+    partial_lse: torch.Tensor | None = None  # line_schedule: [2 * num_ctas, tile_q_rows] fp32
 
     @staticmethod
-    def allocate(batch: int, device) -> "UnitScratch":
+    def allocate(batch: int, device, config=None, num_ctas: int = 0) -> "UnitScratch":
+        """``config``: a ``line_schedule`` build's, whose at most ``num_ctas - 1`` merges of at most ``2 (num_ctas -
+        1)`` partials (``plan_partition``'s bound) get their counters and slots here."""
         def make():
-            return UnitScratch(torch.zeros(UNIT_STATE_WORDS, dtype=torch.int32, device=device),
-                               torch.zeros(max(batch, 1), dtype=torch.int32, device=device),
-                               torch.ones(max(batch, 1), dtype=torch.int32, device=device))
+            scratch = UnitScratch(torch.zeros(UNIT_STATE_WORDS, dtype=torch.int32, device=device),
+                                  torch.zeros(max(batch, 1), dtype=torch.int32, device=device),
+                                  torch.ones(max(batch, 1), dtype=torch.int32, device=device))
+            if config is not None and config.line_schedule:
+                slots = max(2 * num_ctas, 1)
+                scratch.merge_counters = torch.zeros(max(num_ctas, 1), dtype=torch.int32, device=device)
+                scratch.partial_out = torch.empty(slots, config.tile_q_rows, config.head_dim_v, dtype=torch.float32,
+                                                  device=device)
+                scratch.partial_lse = torch.empty(slots, config.tile_q_rows, dtype=torch.float32, device=device)
+            return scratch
 
         return allocate_outside_graph_pools(device, make)
 
@@ -66,7 +78,7 @@ class UnitScheduleRoute:
         capture, or the fill is recorded, not run)."""
         scratch = self.scratch.get(stream)
         if scratch is None:
-            scratch = self.scratch[stream] = UnitScratch.allocate(self.batch, device)
+            scratch = self.scratch[stream] = UnitScratch.allocate(self.batch, device, self.config, self.num_ctas)
         return scratch
 
     def launch(self, args: tuple, output, lse, natural_lse: bool, stream: int, device) -> None:
@@ -76,6 +88,12 @@ class UnitScheduleRoute:
         qo, kvp, kvi, last = (None if p is None else args[p] for p in self.positions)
         if last is None:
             last = scratch.ones
-        data = args[:self.positions[0]]  # the query and cache tensors before qo_indptr (q, k, v; MLA's four)
+        # the query and cache tensors before the first index tensor (q, k, v; MLA's four)
+        data = args[:min(p for p in self.positions if p is not None)]
+        if self.config.line_schedule:  # decode (kernels/common/line_schedule.py): no qo_indptr, merges fold in-kernel
+            self.kernel(*data, kvp, kvi, last, scratch.merge_counters, scratch.request_faults, scratch.unit_state,
+                        error_word(device), output, lse, scratch.partial_out, scratch.partial_lse,
+                        float(args[-1]) * LOG2_E, LN2 if natural_lse else 1.0, self.num_pages, self.num_ctas)
+            return
         self.kernel(*data, qo, kvp, kvi, last, scratch.request_faults, scratch.unit_state, error_word(device), output,
                     lse, float(args[-1]) * LOG2_E, LN2 if natural_lse else 1.0, self.num_pages, self.num_ctas)

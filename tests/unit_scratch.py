@@ -59,6 +59,8 @@ def assert_scratch_clean(route, what: str) -> None:
     assert route.scratch, f"{what}: the route has no scratch"
     for stream, s in route.scratch.items():
         assert not s.unit_state.any() and not s.request_faults.any(), f"{what}: stream {stream} scratch {s}"
+        if s.merge_counters is not None:  # a line_schedule build's folds reset their counters
+            assert not s.merge_counters.any(), f"{what}: stream {stream} merge counters {s.merge_counters}"
 
 
 def call_self_scheduled(entry, case, out, lse, what: str, num_sms=None):
@@ -75,10 +77,10 @@ def call_self_scheduled(entry, case, out, lse, what: str, num_sms=None):
     return routes[0]
 
 
-def assert_matches_reference(entry, case, what: str, num_sms=None) -> None:
-    """``entry`` (a public prefill entry) on ``case`` with garbage-prefilled outputs: the float32 reference's by the
-    benchmark's rule, no device error, and this call's self-scheduling route taken and left clean (the counter, the
-    count out, the fault flag and the marks zero)."""
+def assert_matches_reference(entry, case, what: str, num_sms=None):
+    """``entry`` (a public prefill entry, or decode's) on ``case`` with garbage-prefilled outputs: the float32
+    reference's by the benchmark's rule, no device error, and this call's self-scheduling route taken and left clean
+    (the counter, the count out, the fault flag and the marks zero). Returns that route."""
     import torch
 
     import cute_attn
@@ -92,6 +94,7 @@ def assert_matches_reference(entry, case, what: str, num_sms=None) -> None:
     testing.assert_close_benchmark(lse, ref_lse, f"{what} lse")
     cute_attn.raise_on_device_error()
     assert_scratch_clean(route, what)
+    return route
 
 
 def fault_requests(case, requests, pool_pages: int, ref_out, ref_lse) -> None:

@@ -43,6 +43,9 @@ POLICY is one of
     route_plans   host plans launch the planner-free build where the cost model says it is no slower
                   (``config.ROUTE_PLAN_KINDS``, session 37) off / on: the late_claim rows; only the plan-once call
                   moves, on the rows the rule routes
+    line_schedule the default call of decode planner-free (``ops/gqa_decode.LINE_SCHEDULE``, session 38: each CTA
+                  derives its stretch of the device plan, no planner launch) off / on: the bench's decode rows at
+                  h20/kv4 and h8/kv1, pages 64 and 16; only the default call moves
     deal_2048     GQA prefill plans deal batches of up to 2048 q tiles (``ops/gqa_prefill.DEAL_MAX_Q_TILES``, the device
                   sort four keys a thread) off / on: 32 x 992 (1984 q tiles) and a ragged batch of 1840; all three calls
                   move (host plans take the twin's deal)
@@ -135,6 +138,25 @@ def _line_deal_cases(pages):
                                                         page_size=page_size, device="cuda", seed=len(kv_lens))
                 yield (dict(batch=label, page_size=page_size, heads=heads, kv_heads=kv_heads), make, "decode",
                        lambda on, page_size=page_size: gqa_decode.line_deal_policy((page_size,) if on else ()))
+
+
+def _line_schedule_cases(pages):
+    """The default call of decode planner-free (``ops/gqa_decode.LINE_SCHEDULE``: each CTA derives its stretch, no
+    planner launch) off / on, on the bench's decode rows at h20/kv4 (the seed) and h8/kv1: only the default call
+    moves."""
+    from cute_attn import testing
+    from cute_attn.ops import gqa_decode
+
+    batches = {"n1_kv3232": [3232], "n16_kv2048": [2048] * 16, **DECODE_BATCHES}
+    for label, kv_lens in batches.items():
+        kv_lens = kv_lens or _ragged()
+        for page_size in pages:
+            for heads, kv_heads in ((20, 4), (8, 1)):
+                def make(kv_lens=kv_lens, page_size=page_size, heads=heads, kv_heads=kv_heads):
+                    return testing.make_gqa_decode_case(kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads,
+                                                        page_size=page_size, device="cuda", seed=len(kv_lens))
+                yield (dict(batch=label, page_size=page_size, heads=heads, kv_heads=kv_heads), make, "decode",
+                       gqa_decode.line_schedule_policy)
 
 
 def _gather_warps_cases(pages):
@@ -660,7 +682,7 @@ POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, 
             "count_sort": _count_sort_cases, "cluster_merge": _cluster_merge_cases,
             "device_cluster_merge": _device_cluster_merge_cases, "dynamic_schedule": _dynamic_schedule_cases,
             "mla_dynamic_schedule": _mla_dynamic_schedule_cases, "late_claim": _late_claim_cases,
-            "route_plans": _route_plans_cases}
+            "route_plans": _route_plans_cases, "line_schedule": _line_schedule_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
                  "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64], "even_pieces": [64, 1],
                  "page_boxes": [64, 128], "max_slack": [1], "eager_combine": [64, 1],
@@ -669,7 +691,7 @@ DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], 
                  "rank_deal": [1], "deal_first": [64], "deal_one_site": [64], "lap_lists": [64],
                  "lap_turn": [64], "row_writers": [64], "count_sort": [64], "cluster_merge": [64, 1],
                  "device_cluster_merge": [64, 1], "dynamic_schedule": [64, 1], "mla_dynamic_schedule": [1, 64],
-                 "late_claim": [64], "route_plans": [64]}
+                 "late_claim": [64], "route_plans": [64], "line_schedule": [64, 16]}
 
 
 def checked_span(run, out, lse, reference, label: str, timer, digits: int = 1):

@@ -486,6 +486,28 @@ def _cases(arch: str) -> dict:
         cases["late-claim-p1"] = ("gqa_paged_prefill", dynamic_schedule(1, late=True))
         cases["mla-late-claim-p64"] = ("mla_paged_prefill", dynamic_schedule(64, mla=True, late=True))
         cases["mla-late-claim-p1"] = ("mla_paged_prefill", dynamic_schedule(1, mla=True, late=True))
+    def line_schedule(page_size, kv_lens, fault=False, num_sms=None):  # the planner-free decode (session 38)
+        def run():
+            from cute_attn.ops import gqa_decode
+
+            with gqa_decode.line_schedule_policy(True):
+                case = testing.make_gqa_decode_case(kv_lens, page_size=page_size, device="cuda", seed=38 + page_size)
+                if fault:  # a page id past the pool: read as a zero-filled box, the request's rows 0 / -inf
+                    case.kv_indices[int(case.kv_indptr[2]) - 1] = case.k_cache.shape[0] + 3
+                result = _run_api(cute_attn.gqa_paged_decode, case, arch, num_sms=num_sms)
+                if fault:
+                    try:
+                        cute_attn.raise_on_device_error()
+                    except ValueError:
+                        return result[0], None, lambda: (result[0], None)
+                    raise AssertionError("the page past the pool was not reported")
+                return result
+        return run
+
+    if arch == "sm_90a":  # ragged cuts with merges on 7 CTAs, even pieces, a fault
+        cases["line-schedule-p64"] = ("gqa_paged_decode", line_schedule(64, [3000, 0, 9000, 70, 640], num_sms=7))
+        cases["line-schedule-p16"] = ("gqa_paged_decode", line_schedule(16, [2048] * 16))
+        cases["line-schedule-fault"] = ("gqa_paged_decode", line_schedule(64, [3000, 500, 9000, 70], fault=True))
     cases["deal-prefill"] = ("gqa_paged_prefill", deal_prefill)
     cases["line-deal-decode"] = ("gqa_paged_decode", line_deal_decode)
     cases["deal-whole-tiles"] = ("gqa_paged_prefill", deal_whole_tiles)

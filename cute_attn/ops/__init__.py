@@ -87,6 +87,9 @@ class OpSpec:
     #: combine; :mod:`cute_attn.unit_schedule_route`) instead of planning on the device. Shapes only, as
     #: ``workload_tiles``. None: never
     self_schedule: Callable | None = None
+    #: the knobs that make a config its self-scheduling build (None: ``dynamic_schedule`` with the kind's late claim,
+    #: the prefills'; decode: ``line_schedule``)
+    self_schedule_knobs: dict | None = None
     #: arch -> module that registers this kind's kernel for it, relative to the package (``.kernels.sm90.x``), so a
     #: copy of cute_attn shipped inside another package (FlashInfer-Bench's builder) loads its own kernels
     kernel_modules: dict[str, str] = field(default_factory=dict)

@@ -107,6 +107,40 @@ def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, pag
     return tiles
 
 
+#: The default call (no plan) of decode runs the ``line_schedule`` build (``kernels/common/line_schedule.py``: every CTA
+#: derives its own stretch of the device plan's cost line; no planner launch, no plan buffers) where its plan would
+#: take no deal (``line_deals`` off: the seed's h20/kv4 page 64, every page >= 4 below 8 KV heads) and the batch fits
+#: its table. Expected (session 38, a guess from the planner's cost): the default call ~5 us faster on every decode
+#: row, within ~1-2 us of the plan-once call. Built in session 38, never run on a GPU: off until it has run
+#: (``tools/validate_planner_free.sh OUT line``)
+LINE_SCHEDULE = False
+LINE_SCHEDULE_ARCHS = ("sm_90a",)
+
+
+def self_schedule(config, problem, num_ctas: int) -> bool:
+    """``OpSpec.self_schedule``: the ``line_schedule`` build for this default call (the policy above)."""
+    if not LINE_SCHEDULE or config.arch not in LINE_SCHEDULE_ARCHS or line_deals(config.page_size,
+                                                                                 config.num_kv_heads):
+        return False
+    import dataclasses
+
+    line = dataclasses.replace(config, line_schedule=True)
+    if line.can_implement() is not None:
+        return False
+    from ..kernels.sm90.gqa_decode import line_table_requests, NUM_CONSUMER_THREADS
+
+    threads = NUM_CONSUMER_THREADS + 32 * config.gather_warps
+    return problem.batch_size <= line_table_requests(line) and num_ctas + 1 <= threads
+
+
+@contextlib.contextmanager
+def line_schedule_policy(enabled: bool):
+    """Inside the block the default call of decode takes (or never takes) the ``line_schedule`` build whatever
+    ``LINE_SCHEDULE`` says (GPU tests, A/Bs, sanitizer cases)."""
+    with policy(globals(), LINE_SCHEDULE=bool(enabled)):
+        yield bool(enabled)
+
+
 def shape_reason(config) -> str | None:
     if (reason := gqa_shape_reason(config)) is not None:
         return reason
@@ -125,6 +159,7 @@ SPEC = OpSpec(
     causal=False, check=check, signature=signature, reference=reference.gqa_paged_decode_ref,
     make_case=testing.make_gqa_decode_case, strategy=strategy, default_tiles=default_tiles, shape_reason=shape_reason,
     kernel_modules={"sm_90a": ".kernels.sm90.gqa_decode", "sm_100a": ".kernels.sm100.gqa_decode"},
+    self_schedule=self_schedule, self_schedule_knobs={"line_schedule": True},
 )
 
 

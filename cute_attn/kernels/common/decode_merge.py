@@ -45,30 +45,38 @@ def fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_count
         if items[it, F.PARTIAL_SLOT] >= 0:
             merge = items[it, F.MERGE]
             slot_begin = merge_indptr[merge]
-            num_slots = merge_indptr[merge + 1] - slot_begin
-            cute.arch.barrier(barrier_id=barrier_id, number_of_threads=num_threads)  # fences done; arrival free
-            if tidx == 0:
-                arrival[0] = cute.arch.atomic_add((merge_counters.iterator + merge).llvm_ptr, Int32(1),
-                                                  sem="acq_rel", scope="gpu")
-            cute.arch.barrier(barrier_id=barrier_id, number_of_threads=num_threads)
-            if arrival[0] == num_slots - 1:
-                cute.arch.fence_acq_rel_gpu()
-                if cutlass.const_expr(qo_indptr is None):
-                    first_head = items[it, F.KV_HEAD] * group + items[it, F.Q_ROW_START]
-                    fold_merge(slot_begin, num_slots, items[it, F.REQUEST], first_head, items[it, F.Q_ROW_COUNT],
-                               partial_out, partial_lse, output, lse, lse_out_scale, tidx, num_threads)
-                elif cutlass.const_expr(wide):
-                    first_token = qo_indptr[items[it, F.REQUEST]] + items[it, F.Q_ROW_START] // group
-                    fold_wide_merge(slot_begin, num_slots, first_token, items[it, F.KV_HEAD] * group,
-                                    items[it, F.Q_ROW_COUNT], partial_out, partial_lse, output, lse, lse_out_scale,
-                                    tidx, num_threads, group)
-                else:
-                    first_token = qo_indptr[items[it, F.REQUEST]] + items[it, F.Q_ROW_START] // group
-                    fold_merge(slot_begin, num_slots, first_token, items[it, F.KV_HEAD] * group,
-                               items[it, F.Q_ROW_COUNT], partial_out, partial_lse, output, lse, lse_out_scale, tidx,
-                               num_threads, group)
-                if tidx == 0:
-                    merge_counters[merge] = Int32(0)
+            arrive_and_fold(merge, slot_begin, merge_indptr[merge + 1] - slot_begin, items[it, F.REQUEST],
+                            items[it, F.KV_HEAD], items[it, F.Q_ROW_START], items[it, F.Q_ROW_COUNT], merge_counters,
+                            arrival, group, partial_out, partial_lse, output, lse, lse_out_scale, tidx, barrier_id,
+                            num_threads, qo_indptr, wide)
+
+
+@cute.jit
+def arrive_and_fold(merge, slot_begin, num_slots, request, kv_head, q_row_start, row_count, merge_counters, arrival,
+                    group, partial_out, partial_lse, output, lse, lse_out_scale, tidx,
+                    barrier_id: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int], qo_indptr=None,
+                    wide: cutlass.Constexpr[bool] = False):
+    """One split item's arrival in ``merge`` (slots ``slot_begin ..`` of ``num_slots``), and the fold when it is the
+    last (:func:`fold_completed_merges`' ordering: the caller fenced its partial stores first). The planner-free
+    decode (``line_schedule.py``) calls it with the fields it derived, a planned kernel with its item's row."""
+    cute.arch.barrier(barrier_id=barrier_id, number_of_threads=num_threads)  # fences done; arrival free
+    if tidx == 0:
+        arrival[0] = cute.arch.atomic_add((merge_counters.iterator + merge).llvm_ptr, Int32(1),
+                                          sem="acq_rel", scope="gpu")
+    cute.arch.barrier(barrier_id=barrier_id, number_of_threads=num_threads)
+    if arrival[0] == num_slots - 1:
+        cute.arch.fence_acq_rel_gpu()
+        if cutlass.const_expr(qo_indptr is None):
+            fold_merge(slot_begin, num_slots, request, kv_head * group + q_row_start, row_count, partial_out,
+                       partial_lse, output, lse, lse_out_scale, tidx, num_threads)
+        elif cutlass.const_expr(wide):
+            fold_wide_merge(slot_begin, num_slots, qo_indptr[request] + q_row_start // group, kv_head * group,
+                            row_count, partial_out, partial_lse, output, lse, lse_out_scale, tidx, num_threads, group)
+        else:
+            fold_merge(slot_begin, num_slots, qo_indptr[request] + q_row_start // group, kv_head * group,
+                       row_count, partial_out, partial_lse, output, lse, lse_out_scale, tidx, num_threads, group)
+        if tidx == 0:
+            merge_counters[merge] = Int32(0)
 
 
 @cute.jit

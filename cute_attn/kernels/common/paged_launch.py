@@ -88,6 +88,24 @@ def dynamic_schedule_fake_args(config: PagedAttentionConfig) -> tuple:
             output, lse, scale_log2, lse_out_scale, i32(1), i32(1), stream)
 
 
+def line_schedule_fake_args(config: PagedAttentionConfig) -> tuple:
+    """Fake arguments of a ``line_schedule`` decode build's ``call_line`` entry: ``q, k_cache, v_cache, kv_indptr,
+    kv_indices, kv_last_page_len, merge_counters, request_faults, unit_state, error_word, output, lse, partial_out,
+    partial_lse, scale_log2, lse_out_scale, num_pages, num_ctas, stream`` (no plan:
+    ``kernels/common/line_schedule.py``)."""
+    from .unit_schedule import UNIT_STATE_WORDS
+
+    q, k, v, kv_indices = paged_fake_args(config, prefill_indptrs=False)[:4]
+    *_, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream = paged_fake_args(
+        config, prefill_indptrs=False)
+    fake = cute.runtime.make_fake_compact_tensor
+    i32 = cutlass.Int32
+    return (q, k, v, fake(i32, (cute.sym_int(symbol="batch_plus_1"),)), kv_indices,
+            fake(i32, (cute.sym_int(symbol="batch"),)), fake(i32, (cute.sym_int(symbol="merge_counters"),)),
+            fake(i32, (cute.sym_int(symbol="request_faults"),)), fake(i32, (UNIT_STATE_WORDS,)), fake(i32, (4,)),
+            output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, i32(1), i32(1), stream)
+
+
 LN2 = math.log(2.0)  # lse_out_scale of a natural-log LSE
 
 # id(config) -> (config, check_config, compile_kernel, fn): the kernel's rules and the compile-cache lookup
@@ -197,6 +215,9 @@ def gqa_decode_entry(kernel_cls, check_config) -> tuple:
     merges fold in-kernel)."""
 
     def build(config: PagedAttentionConfig) -> tuple:
+        if config.line_schedule:
+            kernel, fake = checked_build(kernel_cls, check_config, config, line_schedule_fake_args(config))
+            return kernel.call_line, fake
         fake = paged_fake_args(config, prefill_indptrs=False, with_fused_merge=True)
         return checked_build(kernel_cls, check_config, config, fake)
 

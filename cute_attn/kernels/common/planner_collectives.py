@@ -29,8 +29,9 @@ def warp_inclusive_sum(value, lane):
 
 
 @cute.jit
-def block_exclusive_sum(value, tidx, warp_sums: cute.Tensor):
-    """(exclusive prefix of ``value`` over the CTA's threads, the CTA's total); ``warp_sums`` [NUM_WARPS]."""
+def block_exclusive_sum(value, tidx, warp_sums: cute.Tensor, num_warps: cutlass.Constexpr = NUM_WARPS):
+    """(exclusive prefix of ``value`` over the CTA's threads, the CTA's total); ``warp_sums`` [num_warps] (the
+    planner's CTA: ``NUM_WARPS``; a decode kernel's prologue, ``kernels/common/line_schedule.py``: its own)."""
     lane = tidx % WARP
     warp = tidx // WARP
     inclusive = warp_inclusive_sum(value, lane)
@@ -39,7 +40,7 @@ def block_exclusive_sum(value, tidx, warp_sums: cute.Tensor):
     cute.arch.sync_threads()
     before = value - value
     total = value - value
-    for w in cutlass.range_constexpr(NUM_WARPS):
+    for w in cutlass.range_constexpr(num_warps):
         s = warp_sums[w]
         total = total + s
         if w < warp:

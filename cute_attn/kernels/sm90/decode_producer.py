@@ -20,6 +20,7 @@ from ...plan import ItemField as F
 from ..common.page_ids import IDS_PER_LOAD, id_loads, lane_page_id, load_lane_page_ids, rotate_lane_page_ids
 from ..common.row_gather import ROW_CHUNK, gather_one_row_pages
 from ..common.tma_issue import ONE_ELECTION, issue_page_boxes, tma_descriptor_address
+from ..common.line_schedule import line_item
 from ..common.work_items import load_item
 
 ITEM_FIELDS = tuple(F)  # an item's row in registers is indexed by ItemField (unused fields are dead loads)
@@ -28,6 +29,15 @@ PAGE_IDS_PER_LOAD = 32  # produce: one page id per lane of the producer warp
 
 class DecodeProducer:
     """The producer role of ``GqaDecodeSm90`` (a mixin: the kernel object holds the compile-time constants)."""
+
+    @cute.jit
+    def fetch_item(self, items, it, item_begin, guess, row):
+        """Item ``it`` into ``row``: the plan's row (``work_items.load_item``), or in a ``line_schedule`` build
+        (``items`` is the CTA's ``LineStretch``) derived from the stretch and its request's indptr words."""
+        if cutlass.const_expr(self.line_schedule):
+            line_item(items, it, row)
+        else:
+            load_item(items, it, item_begin, guess, ITEM_FIELDS, row)
 
     @cute.jit
     def produce(self, tma_atom_k, tma_k, tma_atom_v, tma_v, sK, sV, kv_indices, items, item_begin, item_end,
@@ -41,7 +51,7 @@ class DecodeProducer:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         lane = cute.arch.lane_idx()
         for it in cutlass.range(item_begin, item_end, unroll=1):
-            load_item(items, it, item_begin, guess, ITEM_FIELDS, row)
+            self.fetch_item(items, it, item_begin, guess, row)
             head = row[F.KV_HEAD]
             n_tiles = (cutlass.max(row[F.KV_END] - row[F.KV_START], 0) + self.tile_n - 1) // self.tile_n
             first_page = row[F.KV_PAGE_START]
@@ -90,7 +100,7 @@ class DecodeProducer:
         desc_k = tma_descriptor_address(tma_atom_k)
         desc_v = tma_descriptor_address(tma_atom_v)
         for it in cutlass.range(item_begin, item_end, unroll=1):
-            load_item(items, it, item_begin, guess, ITEM_FIELDS, row)
+            self.fetch_item(items, it, item_begin, guess, row)
             head = row[F.KV_HEAD]
             n_keys = cutlass.max(row[F.KV_END] - row[F.KV_START], 0)
             n_tiles = (n_keys + self.tile_n - 1) // self.tile_n
@@ -135,7 +145,7 @@ class DecodeProducer:
         if cutlass.const_expr(self.gather_warps > 1):
             slice_row0 = warp * rows
         for it in cutlass.range(item_begin, item_end, unroll=1):
-            load_item(items, it, item_begin, guess, ITEM_FIELDS, row)
+            self.fetch_item(items, it, item_begin, guess, row)
             n_keys = cutlass.max(row[F.KV_END] - row[F.KV_START], 0)
             n_pages = (n_keys + P - 1) // P
             first_page = row[F.KV_PAGE_START]

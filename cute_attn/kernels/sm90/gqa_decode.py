@@ -83,11 +83,14 @@ from ..common.decode_merge import FOLD_ROW_LANES, fold_completed_merges
 from ..common.kv_tail import garbage_rows, zero_rows
 from ..common.limits import SMEM_LIMIT_BYTES, row_gather_reason, target_reason, uses_row_gather
 from ..common.named_barrier import warpgroup_barrier_sync
-from ..common.work_items import guess_first_item, load_item
+from ..common.work_items import guess_first_item
 from .decode_producer import ITEM_FIELDS, DecodeProducer
 from .wgmma import wgmma_gemm
 from ..common.paged_launch import gqa_decode_entry, gqa_multi_token_decode_entry
 from ..common.launch_chain import wait_for_previous_grid
+from ..common.line_schedule import (LineRules, LineTable, derive_stretch, finish_line, fold_line_merges,
+                                    table_requests)
+from ...line_schedule import line_reason
 from ...ops.gqa_multi_token_decode import MAX_QUERY_TOKENS
 
 KIND = "gqa_paged_decode"
@@ -194,7 +197,49 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         return f"shared memory holds fewer than 2 K/V stages ({smem_bytes(config)} bytes)"
     if smem_bytes(config) > smem_budget(config):
         return f"needs {smem_bytes(config)} bytes of shared memory, more than {smem_budget(config)}"
+    if config.line_schedule:
+        return line_schedule_reason(config)
     return None
+
+
+def line_schedule_reason(config: PagedAttentionConfig) -> str | None:
+    """Why a ``line_schedule`` build of ``config`` is not made (None: it is)."""
+    if config.kind != KIND:
+        return "line_schedule builds are decode's (one query token a request)"
+    if uses_row_gather(config, ROW_GATHER_PAGE_SIZES):
+        return (f"line_schedule reads pages as TMA boxes (bounds-checked ids); page_size={config.page_size} gathers "
+                "rows whose ids the kernel would have to check itself")
+    plan_config = config.plan_config(1)
+    if (reason := line_reason(plan_config)) is not None:
+        return reason
+    # the build bakes these plan rules in (they are not config fields, so not in its compile key): refused where the
+    # policies say otherwise, rather than built with rules the device plan of the same config does not use
+    if (plan_config.even_pieces, plan_config.max_slack_keys) != (LINE_EVEN_PIECES, LINE_MAX_SLACK_KEYS):
+        return (f"line_schedule builds cut with even_pieces={LINE_EVEN_PIECES}, max_slack_keys={LINE_MAX_SLACK_KEYS};"
+                f" the plan policies now say {plan_config.even_pieces}, {plan_config.max_slack_keys}")
+    if line_table_requests(config) < 1:
+        return "the K ring is too small for the line table"
+    return None
+
+
+#: the plan rules every line build bakes in besides the config's own: ``config.EVEN_PIECES`` and ``MAX_SLACK_KEYS`` as
+#: they stand by default (neither is a config field, so neither is in the compile key)
+LINE_EVEN_PIECES = True
+LINE_MAX_SLACK_KEYS = 0
+
+
+def line_rules(config: PagedAttentionConfig) -> LineRules:
+    """The plan rules a line build of ``config`` derives with: its device plan's (which takes no deal)."""
+    import dataclasses
+
+    return dataclasses.replace(LineRules.of(config.plan_config(1)), even_pieces=LINE_EVEN_PIECES,
+                               max_slack_keys=LINE_MAX_SLACK_KEYS)
+
+
+def line_table_requests(config: PagedAttentionConfig) -> int:
+    """The most requests a line build's table holds (it aliases the K stages)."""
+    threads = NUM_CONSUMER_THREADS + 32 * config.gather_warps
+    return table_requests(threads, num_stages(config) * config.kv_tile * config.head_dim_qk * 2)
 
 
 # --------------------------------------------------------------------------------------------- kernel
@@ -221,10 +266,15 @@ class GqaDecodeSm90(DecodeProducer):
         self.dtype = cutlass.BFloat16
         self.tile_bytes = self.tile_n * self.head_dim * 2
         self.exchange_shape = exchange_shape(config)
+        self.line_schedule = config.line_schedule  # compile time: the planned build's code is unchanged
+        if config.line_schedule:
+            self.line_rules = line_rules(config)
+            self.line_requests = line_table_requests(config)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}_H{self.num_qo_heads}x{self.num_kv_heads}_D{self.head_dim}_P{self.page_size}"
-                f"_M{self.tile_m}_N{self.tile_n}_S{self.stages}{'_RowSeg' if self.row_segments else ''}")
+                f"_M{self.tile_m}_N{self.tile_n}_S{self.stages}{'_RowSeg' if self.row_segments else ''}"
+                f"{'_Line' if self.line_schedule else ''}")
 
     @cute.jit
     def __call__(
@@ -249,9 +299,39 @@ class GqaDecodeSm90(DecodeProducer):
                            output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream)
 
     @cute.jit
+    def call_line(
+        self,
+        q: cute.Tensor,  # [batch, Hq, D] bf16
+        k_cache: cute.Tensor,
+        v_cache: cute.Tensor,
+        kv_indptr: cute.Tensor,  # [batch + 1] int32
+        kv_indices: cute.Tensor,
+        kv_last_page_len: cute.Tensor,  # [batch] int32
+        merge_counters: cute.Tensor,  # [max(num_ctas, 1)] int32, zero on entry and on exit
+        request_faults: cute.Tensor,  # [max(batch, 1)] int32, zero on entry and on exit
+        unit_state: cute.Tensor,  # [UNIT_STATE_WORDS] int32, zero on entry and on exit
+        error_word: cute.Tensor,  # [4] int32
+        output: cute.Tensor,
+        lse: cute.Tensor,
+        partial_out: cute.Tensor,  # [2 * num_ctas, tile_m, D] fp32
+        partial_lse: cute.Tensor,
+        scale_log2: Float32,
+        lse_out_scale: Float32,
+        num_pages: Int32,
+        num_ctas: Int32,
+        stream: cuda.CUstream,
+    ):
+        """The ``line_schedule`` entry: no plan; ``num_ctas`` CTAs (at most ``threads - 1``) derive their stretches."""
+        line = (kv_indptr, kv_last_page_len, request_faults, unit_state, error_word, num_pages)
+        self.launch_kernel(q, k_cache, v_cache, None, kv_indices, None, None, None, merge_counters, output, lse,
+                           partial_out, partial_lse, scale_log2, lse_out_scale, stream, line, num_ctas)
+
+    @cute.jit
     def launch_kernel(self, q, k_cache, v_cache, qo_indptr, kv_indices, work_indptr, items, merge_indptr,
-                      merge_counters, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream):
-        """The host side of both entries (``qo_indptr`` is None for decode)."""
+                      merge_counters, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream,
+                      line=None, num_ctas=None):
+        """The host side of every entry (``qo_indptr`` is None for decode; ``line``: the line build's tensors, and
+        its grid is ``num_ctas``)."""
         dtype = self.dtype
         atom = warpgroup.make_smem_layout_atom(
             sm90_helpers.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, self.head_dim), dtype
@@ -280,11 +360,12 @@ class GqaDecodeSm90(DecodeProducer):
         tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), k_view, stage_layout, box)
         tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), v_view, stage_layout, box)
         k_rows, v_rows = (k_cache, v_cache) if cutlass.const_expr(self.row_gather) else (None, None)
+        grid = num_ctas if cutlass.const_expr(line is not None) else work_indptr.shape[0] - 1
         self.kernel(
             q, qo_indptr, tma_atom_k, tma_k, tma_atom_v, tma_v, k_rows, v_rows, kv_indices, work_indptr, items,
             merge_indptr, merge_counters, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
-            sQ_layout, sKV_layout, tiled_mma_qk, tiled_mma_pv,
-        ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(self.num_threads, 1, 1), stream=stream, use_pdl=True)
+            sQ_layout, sKV_layout, tiled_mma_qk, tiled_mma_pv, line,
+        ).launch(grid=(grid, 1, 1), block=(self.num_threads, 1, 1), stream=stream, use_pdl=True)
 
     @cute.kernel
     def kernel(
@@ -312,16 +393,21 @@ class GqaDecodeSm90(DecodeProducer):
         sKV_layout: cute.ComposedLayout,
         tiled_mma_qk: cute.TiledMma,
         tiled_mma_pv: cute.TiledMma,
+        line,  # line_schedule: (kv_indptr, kv_last_page_len, request_faults, unit_state, error_word, num_pages)
     ):
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         # programmatic dependent launch (it may start while the planner runs): nothing global is read before this
         wait_for_previous_grid(self.releases_dependents)  # then the plan's loads, issued before the mbarrier setup
-        item_begin = work_indptr[cta]
-        item_end = work_indptr[cta + 1]
         row = cute.make_rmem_tensor((len(ITEM_FIELDS),), Int32)
-        guess = guess_first_item(items, cta, ITEM_FIELDS, row)
+        item_begin = Int32(0)
+        item_end = Int32(0)
+        guess = Int32(0)
+        if cutlass.const_expr(not self.line_schedule):
+            item_begin = work_indptr[cta]
+            item_end = work_indptr[cta + 1]
+            guess = guess_first_item(items, cta, ITEM_FIELDS, row)
 
         smem = SmemAllocator()
         sQ = smem.allocate_tensor(self.dtype, sQ_layout.outer, byte_alignment=1024, swizzle=sQ_layout.inner)
@@ -331,6 +417,14 @@ class GqaDecodeSm90(DecodeProducer):
         exchange = smem.allocate_tensor(Float32, cute.make_layout(self.exchange_shape, stride=(self.exchange_shape[1], 1)),
                                         byte_alignment=16)
         arrival = smem.allocate_array(cutlass.Int32, 1, byte_alignment=4)  # fused merge: counter's old value
+        if cutlass.const_expr(self.line_schedule):
+            # every thread derives the CTA's stretch on a table over the K stages (free until the first load)
+            kv_indptr, kv_last_page_len, request_faults, unit_state, error_word, num_pages = line
+            table = LineTable(cute.recast_ptr(sK.iterator, dtype=cutlass.Int8), self.num_threads, self.line_requests)
+            items = derive_stretch(kv_indptr, kv_last_page_len, kv_indices, num_pages, output, lse, request_faults,
+                                   unit_state, error_word, table, tidx, self.num_threads, self.head_dim,
+                                   self.line_rules)
+            item_end = items.count
 
         if cutlass.const_expr(self.row_gather):
             # every producer lane's copies arrive on the full mbarrier (cp.async.mbarrier.arrive.noinc); the
@@ -366,13 +460,13 @@ class GqaDecodeSm90(DecodeProducer):
         if warp_idx < PRODUCER_WARP:
             self.consume(q, qo_indptr, sQ, sK, sV, exchange, items, merge_indptr, merge_counters, arrival, output, lse,
                          partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, item_begin, item_end,
-                         guess, row, pipe, tidx)
+                         guess, row, pipe, tidx, line)
 
     # ----------------------------------------------------------------------------------- consumer
     @cute.jit
     def consume(self, q, qo_indptr, sQ, sK, sV, exchange, items, merge_indptr, merge_counters, arrival, output, lse,
                 partial_out, partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, item_begin, item_end,
-                guess, row, pipe, tidx):
+                guess, row, pipe, tidx, line=None):
         M, N, D = self.tile_m, self.tile_n, self.head_dim
         neg_inf = -Float32.inf
         wg = tidx // NUM_MMA_THREADS  # warp-uniform
@@ -412,7 +506,7 @@ class GqaDecodeSm90(DecodeProducer):
         state = pipeline.PipelineState(self.stages, wg, wg, Int32(0))
         first_tile = Int32(0)  # global index of the item's first tile
         for it in cutlass.range(item_begin, item_end, unroll=1):
-            load_item(items, it, item_begin, guess, ITEM_FIELDS, row)
+            self.fetch_item(items, it, item_begin, guess, row)
             req = row[F.REQUEST]
             row_count = row[F.Q_ROW_COUNT]
             kv_start = row[F.KV_START]
@@ -486,9 +580,16 @@ class GqaDecodeSm90(DecodeProducer):
                 self.store_item(acc_O, tOcO, row_max, row_sum, row_scale, row_base, req, first_head, row_count,
                                 row[F.PARTIAL_SLOT], output, lse, partial_out, partial_lse, lse_out_scale, wtid)
         if wg == 0:
-            fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_counters, arrival, self.group,
-                                  partial_out, partial_lse, output, lse, lse_out_scale, wtid, WG_BARRIER_ID,
-                                  NUM_MMA_THREADS, qo_indptr)
+            if cutlass.const_expr(self.line_schedule):
+                fold_line_merges(items, merge_counters, arrival, partial_out, partial_lse, output, lse, lse_out_scale,
+                                 wtid, WG_BARRIER_ID, NUM_MMA_THREADS)
+                _, _, request_faults, unit_state, _, _ = line
+                finish_line(items, unit_state, request_faults, output, lse, wtid, NUM_MMA_THREADS, self.head_dim,
+                            WG_BARRIER_ID, arrival)
+            else:
+                fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_counters, arrival, self.group,
+                                      partial_out, partial_lse, output, lse, lse_out_scale, wtid, WG_BARRIER_ID,
+                                      NUM_MMA_THREADS, qo_indptr)
 
     @cute.jit
     def causal_limits(self, row_limit, tScS, row_start, row_count, causal_offset, kv_end):

@@ -1,0 +1,458 @@
+"""Planner-free split-KV decode: each CTA derives its own stretch of the device planner's cost line at its start.
+
+The numpy twin is ``cute_attn/line_schedule.py`` (its docstring holds the steps; the CPU tier checks it against
+``plan_partition.partition`` CTA by CTA). Here every thread of the CTA runs steps 1-5 before the warp roles split,
+on a table in shared memory that aliases the K/V ring (nothing is loaded into the ring before the last barrier
+here), then keeps its CTA's stretch in registers:
+
+* step 1, requests: thread ``t`` takes a contiguous share of the batch (``kv_indptr``, ``kv_last_page_len``: a few
+  KB, in L2 after the first CTA), checks the rules (``index_rules``), writes each request's keys and cost, and a block
+  prefix sum of the shares' costs turns the costs into line starts;
+* steps 2-4, one thread an edge (``num_ctas + 1 <= threads``, the host's and this kernel's check): even pieces in
+  closed form, or the edge's binary search of the line starts, its split key and snap; the whole-tile vote is a
+  block max;
+* step 5: one block prefix sum of (inside, run start) per edge gives merge ids and first slots;
+* step 6 (:func:`line_item`): the CTA's item ``i`` from its stretch and its request's two indptr words.
+
+Checks, as in the planner-free prefill (``unit_schedule.py``): a broken indptr (or a batch past the table, or a grid
+past the threads: a capacity fault) leaves every CTA without items, writing its grid-stride share of the rows 0 /
+``-inf``; a request breaking its own rules is a tile with no keys; page ids are scanned a grid-stride share a CTA
+(``unit_schedule.scan_page_ids``) and a bad one marks its request, whose rows the last CTA to finish
+(:func:`finish_line`) writes 0 / ``-inf``. Its pages are read as TMA boxes, which are bounds-checked: an id outside the
+pool is a zero-filled box, never a read outside it. Split items fold in the kernel (``decode_merge.arrive_and_fold``):
+at most two a CTA, its first and last item.
+
+State (zero between launches): ``merge_counters`` (the fold resets each), ``unit_state[UNITS_DONE, FAULTS_SEEN]``
+and the request marks (the last CTA resets them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Int64
+
+from ...plan import NOT_CAUSAL_OFFSET, PlanConfig
+from ...plan import ItemField as F
+from ...plan_partition import SNAP_SHIFT, WHOLE_TILE_SHIFT, min_width
+from .decode_merge import arrive_and_fold
+from .index_rules import FAULT_CAPACITY, FAULT_KV_INDPTR, empty_rows, request_rule_faults
+from .planner_collectives import WARP, block_exclusive_sum, last_at_most
+from .planner_scan import record_fault
+from .unit_schedule import FAULTS_SEEN, UNITS_DONE, scan_page_ids
+
+__all__ = ["LineRules", "LineStretch", "table_bytes", "table_requests", "derive_stretch", "line_item",
+           "fold_line_merges", "finish_line"]
+
+INT32_MAX = 2**31 - 1
+MAX_WARPS = 32
+_WORDS_BYTES = 8 * MAX_WARPS + 4 * 3 * MAX_WARPS  # Int64 and Int32 reduction words
+_EDGE_INT32_ARRAYS = 7  # cut tile, cut key, snap tile, inside before, merge of, merge indptr, merge tile
+#: the most requests a line build's table holds (the host routes larger batches to the device planner)
+MAX_LINE_REQUESTS = 8192
+
+
+@dataclass(frozen=True)
+class LineRules:
+    """The plan rules a line build bakes in (``PlanConfig`` of the decode config; batch and CTAs are runtime)."""
+
+    heads: int
+    group: int
+    kv_tile: int
+    page_size: int
+    overhead: int
+    min_width: int
+    even_pieces: bool
+    allow_split: bool
+    max_slack_keys: int
+
+    @staticmethod
+    def of(plan_config: PlanConfig) -> "LineRules":
+        c = plan_config
+        return LineRules(c.num_kv_heads, c.group_size, c.kv_tile, c.page_size, c.item_overhead_keys, min_width(c),
+                         c.even_pieces and c.allow_split, c.allow_split, c.max_slack_keys)
+
+
+def _edge_bytes(num_threads: int) -> int:
+    return 8 * num_threads + 4 * _EDGE_INT32_ARRAYS * (num_threads + 1)
+
+
+def table_bytes(num_threads: int, requests: int) -> int:
+    """Shared memory of the table for ``requests`` requests (8-byte line starts, 4-byte keys)."""
+    edges = -(-(_WORDS_BYTES + _edge_bytes(num_threads)) // 8) * 8
+    return edges + 12 * requests
+
+
+def table_requests(num_threads: int, ring_bytes: int) -> int:
+    """The most requests a table in ``ring_bytes`` of aliased ring holds (capped at ``MAX_LINE_REQUESTS``)."""
+    return max(0, min(MAX_LINE_REQUESTS, (ring_bytes - table_bytes(num_threads, 0)) // 12))
+
+
+class LineTable:
+    """The table's shared-memory arrays, carved from ``base`` (the ring's first byte, 1024-byte aligned)."""
+
+    def __init__(self, base, num_threads: int, requests: int):
+        def carve(offset, dtype, n):
+            ptr = cute.recast_ptr(base + offset, dtype=dtype)
+            return cute.make_tensor(ptr, cute.make_layout(n)), offset + n * (dtype.width // 8)
+
+        self.words64, o = carve(0, Int64, MAX_WARPS)
+        self.words32, o = carve(o, Int32, 3 * MAX_WARPS)
+        self.snap_pos, o = carve(o, Int64, num_threads)
+        arrays = []
+        for _ in range(_EDGE_INT32_ARRAYS):
+            a, o = carve(o, Int32, num_threads + 1)
+            arrays.append(a)
+        (self.cut_tile, self.cut_key, self.snap_tile, self.inside_before, self.merge_of, self.merge_indptr,
+         self.merge_tile) = arrays
+        o = -(-o // 8) * 8
+        self.line_start, o = carve(o, Int64, requests)
+        self.keys, o = carve(o, Int32, requests)
+        self.requests = requests
+
+    def arrays(self) -> tuple:
+        return (self.words64, self.words32, self.snap_pos, self.cut_tile, self.cut_key, self.snap_tile,
+                self.inside_before, self.merge_of, self.merge_indptr, self.merge_tile, self.line_start, self.keys)
+
+
+class LineStretch:
+    """One CTA's stretch in registers: what :func:`line_item` and the fold read (``count`` 0: no items)."""
+
+    def __init__(self, kv_indptr, kv_last_page_len, rules, batch, count, first_tile, first_key, end_tile, end_key,
+                 merge0, slot0, begin0, slots0, merge1, begin1, slots1):
+        self.kv_indptr, self.kv_last_page_len, self.rules, self.batch = kv_indptr, kv_last_page_len, rules, batch
+        self.count, self.first_tile, self.first_key, self.end_tile, self.end_key = (count, first_tile, first_key,
+                                                                                    end_tile, end_key)
+        self.merge0, self.slot0, self.begin0, self.slots0 = merge0, slot0, begin0, slots0  # item 0 when it splits
+        self.merge1, self.begin1, self.slots1 = merge1, begin1, slots1  # item count - 1 when it ends inside a tile
+
+
+@cute.jit
+def request_keys(kv_indptr: cute.Tensor, kv_last_page_len: cute.Tensor, b, page_size: cutlass.Constexpr,
+                 kv_tile: cutlass.Constexpr):
+    """(keys, fault bits) of request ``b``: ``(pages - 1) * page_size + last``, 0 without pages or when its own rules
+    fault (``index_rules.request_rule_faults``)."""
+    pages = kv_indptr[b + 1] - kv_indptr[b]
+    last = kv_last_page_len[b]
+    faults = request_rule_faults(None, last, b, pages, page_size, kv_tile)
+    keys = Int32(0)
+    if faults == 0 and pages > 0:
+        keys = (pages - 1) * page_size + last
+    return keys, faults
+
+
+@cute.jit
+def _block_or_min_max(bits, low, high, tidx, words: cute.Tensor, num_warps: cutlass.Constexpr):
+    """(OR of ``bits``, min of ``low``, max of ``high``) over the CTA (Int32; every thread calls it)."""
+    for i in cutlass.range_constexpr(5):
+        bits = bits | cute.arch.shuffle_sync_bfly(bits, 1 << i)
+        low = cutlass.min(low, cute.arch.shuffle_sync_bfly(low, 1 << i))
+        high = cutlass.max(high, cute.arch.shuffle_sync_bfly(high, 1 << i))
+    if tidx % WARP == 0:
+        words[tidx // WARP] = bits
+        words[MAX_WARPS + tidx // WARP] = low
+        words[2 * MAX_WARPS + tidx // WARP] = high
+    cute.arch.sync_threads()
+    for w in cutlass.range_constexpr(num_warps):
+        bits = bits | words[w]
+        low = cutlass.min(low, words[MAX_WARPS + w])
+        high = cutlass.max(high, words[2 * MAX_WARPS + w])
+    cute.arch.sync_threads()  # the words are free again
+    return bits, low, high
+
+
+@cute.jit
+def _block_max64(value, tidx, words: cute.Tensor, num_warps: cutlass.Constexpr):
+    """The largest Int64 ``value`` over the CTA (every thread calls it and gets it)."""
+    for i in cutlass.range_constexpr(5):
+        value = cutlass.max(value, cute.arch.shuffle_sync_bfly(value, 1 << i))
+    if tidx % WARP == 0:
+        words[tidx // WARP] = value
+    cute.arch.sync_threads()
+    for w in cutlass.range_constexpr(num_warps):
+        value = cutlass.max(value, words[w])
+    cute.arch.sync_threads()
+    return value
+
+
+@cute.jit
+def _capped(rules: cutlass.Constexpr, slack):
+    result = slack
+    if cutlass.const_expr(rules.max_slack_keys > 0):
+        result = cutlass.min(slack, Int64(rules.max_slack_keys))
+    return result
+
+
+@cute.jit
+def derive_stretch(kv_indptr: cute.Tensor, kv_last_page_len: cute.Tensor, kv_indices: cute.Tensor, num_pages,
+                   output: cute.Tensor, lse: cute.Tensor, request_faults: cute.Tensor, unit_state: cute.Tensor,
+                   error_word: cute.Tensor, table: LineTable, tidx, num_threads: cutlass.Constexpr,
+                   head_dim: cutlass.Constexpr, rules: cutlass.Constexpr) -> LineStretch:
+    """Steps 1-5 of the module docstring on every thread of the CTA, then its own stretch (step 6's inputs)."""
+    heads, kv_tile, page_size = rules.heads, rules.kv_tile, rules.page_size
+    # the table's arrays as locals: a plain Python object cannot cross the kernel's run-time ifs and loops
+    (t_words64, t_words32, t_snap_pos, t_cut_tile, t_cut_key, t_snap_tile, t_inside_before, t_merge_of, t_merge_indptr,
+     t_merge_tile, t_line_start, t_keys) = table.arrays()
+    capacity = table.requests
+    num_warps = num_threads // WARP
+    cta, _, _ = cute.arch.block_idx()
+    grid, _, _ = cute.arch.grid_dim()
+    m = Int32(grid)
+    batch = kv_indptr.shape[0] - 1
+    # ---- step 1: requests (a contiguous share a thread), their rules, keys and costs
+    bad = Int32(0)
+    if batch > capacity or m + 1 > num_threads:
+        bad = Int32(FAULT_CAPACITY)
+    share = (batch + num_threads - 1) // num_threads
+    lo = cutlass.min(tidx * share, batch)
+    hi = cutlass.min(lo + share, batch)
+    if bad != 0:
+        hi = lo
+    own = Int64(0)
+    low = Int32(INT32_MAX)
+    high = Int32(-1)
+    for b in range(lo, hi):
+        if kv_indptr[b + 1] < kv_indptr[b]:
+            bad = bad | FAULT_KV_INDPTR
+        keys, faults = request_keys(kv_indptr, kv_last_page_len, b, page_size, kv_tile)
+        if faults != 0:
+            low = Int32(-1)  # a faulted request: the batch is not uniform
+            if cta == 0:
+                record_fault(error_word, faults, b)
+        cost = Int64((keys + kv_tile - 1) // kv_tile * kv_tile) + rules.overhead
+        t_keys[b] = keys
+        t_line_start[b] = cost
+        own = own + cost
+        low = cutlass.min(low, keys)
+        high = cutlass.max(high, keys)
+    if tidx == 0:
+        if kv_indptr[0] != 0 or kv_indptr[batch] > kv_indices.shape[0]:
+            bad = bad | FAULT_KV_INDPTR
+    before, line_total = block_exclusive_sum(own, tidx, t_words64, num_warps)
+    bad, low, high = _block_or_min_max(bad, low, high, tidx, t_words32, num_warps)
+    for b in range(lo, hi):  # costs -> line starts (a request's KV heads are its tiles, one cost apart)
+        cost = t_line_start[b]
+        t_line_start[b] = before * heads
+        before = before + cost
+    total = line_total * heads
+    num_tiles = batch * heads
+    width = Int64(1)
+    if total > 0:
+        width = cutlass.max((total + m - 1) // m, Int64(rules.min_width))
+    # ---- step 2: even pieces of a uniform batch
+    pieces = Int32(0)
+    piece = Int32(0)
+    if cutlass.const_expr(rules.even_pieces):
+        if batch > 0 and low == high and low > 0 and bad == 0:
+            most = cutlass.min(m // num_tiles, (low + rules.min_width - 1) // rules.min_width)
+            if most >= 2:
+                piece = ((low + most - 1) // most + kv_tile - 1) // kv_tile * kv_tile
+                if piece < low and Int64(piece) <= width + (width >> SNAP_SHIFT):
+                    pieces = (low + piece - 1) // piece
+    cute.arch.sync_threads()  # line starts and keys are in
+    # ---- step 3: one thread an edge
+    e = tidx
+    if e <= m and bad == 0:
+        cut_tile = Int32(num_tiles)
+        cut_key = Int32(0)
+        snap_tile = Int32(num_tiles)
+        snap_pos = total
+        p = Int64(e) * width
+        if pieces > 0:
+            if e < num_tiles * pieces:
+                cut_tile = e // pieces
+                cut_key = e % pieces * piece
+        elif e == 0:
+            cut_tile = Int32(0)
+            snap_tile = Int32(0)
+            snap_pos = Int64(0)
+        elif p < total:
+            j = last_at_most(t_line_start, batch, p)
+            start = t_line_start[j]
+            end = total
+            if j + 1 < batch:
+                end = t_line_start[j + 1]
+            cj = (end - start) // heads
+            h = (p - start) // cj
+            o = p - start - h * cj
+            t = j * heads + Int32(h)
+            keys_j = t_keys[j]
+            k = cutlass.max(o - rules.overhead + kv_tile // 2, Int64(0)) // kv_tile * kv_tile
+            k = cutlass.min(k, Int64(keys_j))
+            nearer = Int32(1) if 2 * o >= cj else Int32(0)
+            snap_tile = t + nearer
+            snap_pos = start + (h + nearer) * cj
+            cut_tile = snap_tile
+            if cutlass.const_expr(rules.allow_split):
+                slack = _capped(rules, width >> SNAP_SHIFT)
+                cut_tile = t
+                if k > 0 and o > slack:
+                    if k >= keys_j or cj - o <= slack:
+                        cut_tile = t + 1
+                    else:
+                        cut_key = Int32(k)
+        t_cut_tile[e] = cut_tile
+        t_cut_key[e] = cut_key
+        t_snap_tile[e] = snap_tile
+        t_snap_pos[e] = snap_pos
+    cute.arch.sync_threads()
+    # ---- step 4: the whole-tile vote
+    if cutlass.const_expr(rules.allow_split):
+        spread = Int64(0)
+        if e < m and bad == 0 and pieces == 0:
+            spread = t_snap_pos[e + 1] - t_snap_pos[e]
+        spread = _block_max64(spread, tidx, t_words64, num_warps)
+        bound = width + (width >> WHOLE_TILE_SHIFT)
+        if cutlass.const_expr(rules.max_slack_keys > 0):
+            split_worst = 2 * _capped(rules, width >> SNAP_SHIFT) + rules.overhead
+            bound = width + cutlass.max(_capped(rules, width >> WHOLE_TILE_SHIFT), split_worst)
+        if pieces == 0 and spread <= bound and e <= m and bad == 0:
+            t_cut_tile[e] = t_snap_tile[e]
+            t_cut_key[e] = Int32(0)
+        cute.arch.sync_threads()
+    # ---- step 5: merges (runs of inside edges in one tile), their ids and first slots
+    inside = Int32(0)
+    run_start = Int32(0)
+    if e <= m and bad == 0:
+        if t_cut_key[e] > 0:
+            inside = Int32(1)
+            run_start = Int32(1)
+            if e > 0:
+                if t_cut_key[e - 1] > 0 and t_cut_tile[e - 1] == t_cut_tile[e]:
+                    run_start = Int32(0)
+    packed_before, packed_total = block_exclusive_sum(inside | (run_start << 16), tidx, t_words32, num_warps)
+    inside_before = packed_before & 0xFFFF
+    merge = (packed_before >> 16) + run_start - 1
+    if inside != 0:
+        t_merge_of[e] = merge
+        if run_start != 0:
+            t_merge_indptr[merge] = inside_before + merge
+            t_merge_tile[merge] = t_cut_tile[e]
+    if e <= m:
+        t_inside_before[e] = inside_before
+    if tidx == 0:
+        t_merge_indptr[packed_total >> 16] = (packed_total & 0xFFFF) + (packed_total >> 16)
+    cute.arch.sync_threads()
+    # ---- the CTA's stretch, into registers
+    count = Int32(0)
+    first_tile = Int32(0)
+    first_key = Int32(0)
+    end_tile = Int32(0)
+    end_key = Int32(0)
+    merge0, slot0, begin0, slots0 = Int32(-1), Int32(-1), Int32(0), Int32(0)
+    merge1, begin1, slots1 = Int32(-1), Int32(0), Int32(0)
+    if bad == 0:
+        first_tile = t_cut_tile[cta]
+        first_key = t_cut_key[cta]
+        end_tile = t_cut_tile[cta + 1]
+        end_key = t_cut_key[cta + 1]
+        last = end_tile - 1
+        if end_key > 0:
+            last = end_tile
+        count = cutlass.max(last - first_tile + 1, 0)
+        if first_key > 0:  # item 0 starts after an inside edge
+            merge0 = t_merge_of[cta]
+            slot0 = t_inside_before[cta] + merge0 + 1
+        elif count == 1 and end_key > 0:  # item 0 is its merge's first chunk
+            merge0 = t_merge_of[cta + 1]
+            slot0 = t_merge_indptr[merge0]
+        if merge0 >= 0:
+            begin0 = t_merge_indptr[merge0]
+            slots0 = t_merge_indptr[merge0 + 1] - begin0
+        if count >= 2 and end_key > 0:  # the last item is the first chunk of the next merge
+            merge1 = t_merge_of[cta + 1]
+            begin1 = t_merge_indptr[merge1]
+            slots1 = t_merge_indptr[merge1 + 1] - begin1
+    # every thread has read and written the table through the generic proxy; the ring's next writer is TMA (the async
+    # proxy): each thread's accesses are fenced into it before the barrier that lets the producer start
+    cute.arch.fence_view_async_shared()
+    cute.arch.sync_threads()
+    if bad != 0:
+        empty_rows(output, lse, tidx, num_threads, head_dim, cta * num_threads, output.shape[0], grid)
+        if cta == 0 and tidx == 0:
+            record_fault(error_word, bad, 0)
+    else:
+        scan_page_ids(kv_indptr, kv_indices, num_pages, tidx, num_threads, unit_state, request_faults, error_word)
+    return LineStretch(kv_indptr, kv_last_page_len, rules, batch, count, first_tile, first_key, end_tile, end_key,
+                       merge0, slot0, begin0, slots0, merge1, begin1, slots1)
+
+
+@cute.jit
+def line_item(s: LineStretch, it, row: cute.Tensor):
+    """Item ``it`` of the CTA's stretch into ``row`` (indexed by ``ItemField``), as ``cta_items`` builds it."""
+    rules = s.rules
+    t = s.first_tile + it
+    b = t // rules.heads
+    keys, _ = request_keys(s.kv_indptr, s.kv_last_page_len, b, rules.page_size, rules.kv_tile)
+    kv_start = Int32(0)
+    if it == 0:
+        kv_start = s.first_key
+    kv_end = keys
+    if t == s.end_tile and s.end_key > 0:
+        kv_end = s.end_key
+    slot = Int32(-1)
+    merge = Int32(-1)
+    if it == 0 and s.merge0 >= 0:
+        slot = s.slot0
+        merge = s.merge0
+    elif it == s.count - 1 and s.merge1 >= 0:
+        slot = s.begin1
+        merge = s.merge1
+    row[F.REQUEST] = b
+    row[F.KV_HEAD] = t - b * rules.heads
+    row[F.Q_ROW_START] = Int32(0)
+    row[F.Q_ROW_COUNT] = Int32(rules.group)
+    row[F.KV_START] = kv_start
+    row[F.KV_END] = kv_end
+    row[F.PARTIAL_SLOT] = slot
+    row[F.CAUSAL_OFFSET] = Int32(NOT_CAUSAL_OFFSET)
+    row[F.MERGE] = merge
+    row[F.KV_PAGE_START] = s.kv_indptr[b] + kv_start // rules.page_size
+
+
+@cute.jit
+def fold_line_merges(s: LineStretch, merge_counters, arrival, partial_out, partial_lse, output, lse, lse_out_scale,
+                     tidx, barrier_id: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int]):
+    """After the item loop, by the threads that stored the partials: the CTA's (at most two) split items arrive in
+    their merges, and the last arrival of each folds it (``decode_merge.arrive_and_fold``)."""
+    rules = s.rules
+    cute.arch.fence_acq_rel_gpu()
+    if s.merge0 >= 0:
+        tile = s.first_tile
+        arrive_and_fold(s.merge0, s.begin0, s.slots0, tile // rules.heads, tile % rules.heads, Int32(0),
+                        Int32(rules.group), merge_counters, arrival, rules.group, partial_out, partial_lse, output,
+                        lse, lse_out_scale, tidx, barrier_id, num_threads)
+    if s.merge1 >= 0:
+        tile = s.first_tile + s.count - 1
+        arrive_and_fold(s.merge1, s.begin1, s.slots1, tile // rules.heads, tile % rules.heads, Int32(0),
+                        Int32(rules.group), merge_counters, arrival, rules.group, partial_out, partial_lse, output,
+                        lse, lse_out_scale, tidx, barrier_id, num_threads)
+
+
+@cute.jit
+def finish_line(s: LineStretch, unit_state: cute.Tensor, request_faults: cute.Tensor, output: cute.Tensor,
+                lse: cute.Tensor, tidx, num_threads: cutlass.Constexpr, head_dim: cutlass.Constexpr,
+                barrier_id: cutlass.Constexpr, word: cute.Tensor):
+    """The storing threads' end (every output and fold of the CTA done): count the CTA out (acq_rel, after a named
+    barrier); the last CTA writes the rows of every request a bad page id marked 0 / ``-inf`` (after every other
+    CTA's stores and folds) and zeroes the state and the marks for the next launch."""
+    cute.arch.fence_acq_rel_gpu()
+    cute.arch.barrier(barrier_id=barrier_id, number_of_threads=num_threads)
+    grid, _, _ = cute.arch.grid_dim()
+    if tidx == 0:
+        word[0] = cute.arch.atomic_add((unit_state.iterator + UNITS_DONE).llvm_ptr, Int32(1), sem="acq_rel",
+                                       scope="gpu")
+    cute.arch.barrier(barrier_id=barrier_id, number_of_threads=num_threads)
+    if word[0] == Int32(grid) - 1:
+        if unit_state[FAULTS_SEEN] != 0:
+            for b in range(s.batch):
+                if request_faults[b] != 0:
+                    empty_rows(output, lse, tidx, num_threads, head_dim, b * output.shape[1], b + 1, 1)
+            cute.arch.barrier(barrier_id=barrier_id, number_of_threads=num_threads)  # every thread read the marks
+            for b in range(tidx, s.batch, num_threads):
+                request_faults[b] = Int32(0)
+        if tidx == 0:
+            unit_state[UNITS_DONE] = Int32(0)
+            unit_state[FAULTS_SEEN] = Int32(0)

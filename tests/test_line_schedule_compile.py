@@ -1,0 +1,116 @@
+"""The planner-free decode's ``line_schedule`` build on the CPU: which configs build it, when the default call takes it,
+its scratch, and its PTX (compiled for sm_90a; never run here, and not yet on a GPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from cute_attn import validate
+from cute_attn.compile import compile_to_ptx
+from cute_attn.config import default_paged_config
+from cute_attn.kernels.common.line_schedule import MAX_LINE_REQUESTS, table_bytes, table_requests
+from cute_attn.kernels.sm90 import gqa_decode as kernel
+from cute_attn.ops import gqa_decode
+
+pytestmark = pytest.mark.usefixtures("isolated_compile_cache")
+
+
+def _config(heads=20, kv_heads=4, page_size=64, head_dim=128, arch="sm_90a", kind="gqa_paged_decode"):
+    return default_paged_config(kind, arch=arch, num_qo_heads=heads, num_kv_heads=kv_heads, head_dim_qk=head_dim,
+                                head_dim_v=head_dim, page_size=page_size, causal=kind != "gqa_paged_decode")
+
+
+def _line(config):
+    return dataclasses.replace(config, line_schedule=True)
+
+
+def _problem(batch, heads=20, kv_heads=4, page_size=64):
+    return validate.PagedProblem.for_lengths([1] * batch, [100] * batch, num_qo_heads=heads, num_kv_heads=kv_heads,
+                                             head_dim_qk=128, head_dim_v=128, page_size=page_size)
+
+
+def test_only_the_sm90_decode_kernel_builds_it():
+    assert _line(_config()).can_implement() is None
+    for config, words in ((_config(arch="sm_100a"), "sm_100a"), (_config(kind="gqa_paged_prefill", heads=32), "decode"),
+                          (_config(kind="gqa_paged_multi_token_decode"), "decode")):
+        reason = _line(config).can_implement()
+        assert reason is not None and "line_schedule" in reason and words in reason, reason
+
+
+def test_row_gathers_are_refused_with_the_reason():
+    """Pages 1 and 2 gather rows whose ids this build does not check (TMA boxes: bounds-checked by the tensor map)."""
+    reason = _line(_config(page_size=1)).can_implement()
+    assert reason is not None and "row" in reason and "page_size=1" in reason, reason
+
+
+def test_configs_whose_device_plan_differs_are_refused():
+    """A line build makes the device plan of its config: refused where that plan may deal the line (from 8 KV heads)
+    or cuts with plan policies other than the ones it bakes in."""
+    from cute_attn.config import even_pieces_policy
+
+    reason = _line(_config(32, 8)).can_implement()
+    assert reason is not None and "deal" in reason, reason
+    with even_pieces_policy(False):
+        reason = _line(_config()).can_implement()
+        assert reason is not None and "even_pieces" in reason, reason
+    assert _line(_config()).can_implement() is None
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_the_policy_takes_it_where_the_plan_takes_no_deal(enabled):
+    """On: the seed's h20/kv4 page 64 (and page 16); never where device plans deal the line (from 8 KV heads, pages 1
+    and 2), nor on sm_100a, nor past the table or the threads. Off: never."""
+    with gqa_decode.line_schedule_policy(enabled):
+        assert gqa_decode.self_schedule(_config(), _problem(64), 132) is enabled
+        assert gqa_decode.self_schedule(_config(page_size=16), _problem(64, page_size=16), 132) is enabled
+        assert gqa_decode.self_schedule(_config(32, 8), _problem(64, 32, 8), 132) is False
+        assert gqa_decode.self_schedule(_config(page_size=1), _problem(64, page_size=1), 132) is False
+        assert gqa_decode.self_schedule(_config(arch="sm_100a"), _problem(64), 148) is False
+        fits = kernel.line_table_requests(_line(_config()))
+        assert gqa_decode.self_schedule(_config(), _problem(fits), 132) is enabled
+        assert gqa_decode.self_schedule(_config(), _problem(fits + 1), 132) is False
+        assert gqa_decode.self_schedule(_config(), _problem(64), 288) is False  # 289 edges, 288 threads
+
+
+def test_the_default_call_builds_the_line_config():
+    from cute_attn import api
+
+    config = api._self_schedule_config(gqa_decode.SPEC, _config())
+    assert config.line_schedule and not config.dynamic_schedule and not config.late_claim
+
+
+def test_the_table_fits_the_k_ring():
+    config = _line(_config())
+    ring = kernel.num_stages(config) * config.kv_tile * config.head_dim_qk * 2
+    requests = kernel.line_table_requests(config)
+    assert 0 < requests <= MAX_LINE_REQUESTS
+    assert table_bytes(kernel.NUM_CONSUMER_THREADS + 32, requests) <= ring
+    assert table_requests(288, table_bytes(288, 0) + 12 * 5) == 5
+
+
+def test_the_scratch_holds_every_merge_and_slot():
+    """At most num_ctas - 1 merges of 2 (num_ctas - 1) partials (``plan_partition``'s bound)."""
+    from cute_attn.unit_schedule_route import UnitScratch
+
+    config = _line(_config())
+    scratch = UnitScratch.allocate(64, "cpu", config, 132)
+    assert scratch.merge_counters.shape == (132,) and not scratch.merge_counters.any()
+    assert scratch.partial_out.shape == (264, config.tile_q_rows, 128) and scratch.partial_lse.shape == (264, 64)
+    assert UnitScratch.allocate(64, "cpu").merge_counters is None
+
+
+@pytest.mark.parametrize("page_size", [64, 16, 128])
+def test_compiles_with_wgmma_tma_and_the_fold(page_size):
+    """The seed's page 64 (one box a stage), page 16 (four boxes a stage) and 128: wgmma, TMA boxes, the in-kernel
+    fold's atomics and fences, the count-out, and no local memory (the stretch stays in registers)."""
+    ptx = compile_to_ptx(_line(_config(page_size=page_size)))
+    assert ".target sm_90a" in ptx and "_Line" in ptx
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    assert len(re.findall(r"\batom\.(?:\w+\.)*add", ptx)) >= 2  # merge arrivals and the count-out
+    assert "fence.acq_rel.gpu" in ptx
+    assert "fence.proxy.async" in ptx  # generic smem writes fenced before TMA (the table's, zero_v_tail's)
+    assert "griddepcontrol.wait" in ptx
+    assert not re.search(r"\.local\b", ptx)
