@@ -23,14 +23,20 @@ Steps (all threads of every CTA)
 5. *merges*: edge ``e`` is *inside* when its key is > 0; a run of inside edges in one tile is one merge. A block
    exclusive sum of (inside, run start) gives each inside edge its merge ``g`` and ``inside_before[e]``; a run's
    first edge writes ``merge_indptr[g] = inside_before[e] + g`` (its first partial slot) and the merge's tile.
+5b. *line deal* (``line_deal``: decode from 8 KV heads, pages 1-2): with at most ``deal_max_q_tiles`` requests, thread
+   ``c`` sums its CTA's cut load (two edge positions) and its load under the serpentine deal of the tiles in line
+   order (tile ``t`` to CTA ``t mod m`` on even laps ``t // m``, ``m - 1 - t mod m`` on odd ones: the CTA's laps in
+   closed form); two block maxima, and the deal replaces the cuts when its busiest CTA is within
+   :func:`plan_partition.deal_bound` (:func:`deal_choice`). A dealt CTA's item ``i`` is the whole tile of lap ``i``.
 6. *items*: CTA ``c`` takes the tiles ``cut_tile[c] .. `` up to edge ``c + 1`` (:func:`cta_items`); its first item
    starts at ``cut_key[c]`` (a piece after an inside edge: merge ``merge_of[c]``, slot ``inside_before[c] +
    merge_of[c] + 1``) and its last ends at ``cut_key[c + 1]`` when that edge is inside (the first chunk of merge
    ``merge_of[c + 1]``, slot ``merge_indptr[merge_of[c + 1]]``): at most two split items a CTA, so a CTA's fold needs
    two merge descriptors, read from the edge table while it is in shared memory.
 
-Applies to plans that take no deal: non-causal one-q-tile requests (decode), ``sorted_deal``, ``line_deal`` and
-``deal_first`` off (:func:`line_reason`). A batch whose indptr breaks a rule has no items (every row 0 / ``-inf``).
+Applies to decode plans: non-causal one-q-tile requests, no sorted deal (its sort is the planner's) and no deal before
+the cuts (:func:`line_reason`); the line deal is step 5b. A batch whose indptr breaks a rule has no items (every row
+0 / ``-inf``).
 """
 
 from __future__ import annotations
@@ -40,17 +46,18 @@ from typing import NamedTuple
 import numpy as np
 
 from .plan import NOT_CAUSAL_OFFSET, ItemField, PlanConfig
-from .plan_partition import even_pieces, line_width, piece_cost, snap_slack, whole_tile_bound
+from .plan_partition import deal_bound, even_pieces, line_width, piece_cost, snap_slack, whole_tile_bound
 
-__all__ = ["EdgeTable", "line_reason", "request_keys", "edge_table", "cta_items", "cta_merge"]
+__all__ = ["EdgeTable", "line_reason", "request_keys", "edge_table", "deal_choice", "dealt_tiles", "cta_items",
+           "cta_merge"]
 
 
 def line_reason(config: PlanConfig) -> str | None:
     """None when a CTA can derive ``config``'s device plan alone (no deal can replace the cuts), else why not."""
     if config.causal:
         return "causal plans cut q tiles of unequal keys and may deal them sorted: the planner's sort is not per CTA"
-    if config.sorted_deal or config.line_deal or config.deal_first:
-        return "a deal may replace the cuts: its vote needs every CTA's load (the planner's line deal)"
+    if config.sorted_deal or config.deal_first:
+        return "a sorted deal may replace the cuts: its sort is the planner's, not a CTA's"
     if config.group_size > config.tile_q_rows:
         return f"group size {config.group_size} spans more than one {config.tile_q_rows}-row q tile"
     return None
@@ -82,6 +89,7 @@ class EdgeTable(NamedTuple):
     width: int
     whole_tiles: bool
     even: tuple[int, int] | None  # (pieces a tile, keys a piece) when step 2 cut the batch
+    dealt: bool = False  # step 5b: the line deal replaced the cuts (no merges; items by laps)
 
 
 def _edge_cut(config: PlanConfig, line_start, cost, keys, total, width, e):
@@ -146,13 +154,58 @@ def edge_table(config: PlanConfig, keys, faulted=None) -> EdgeTable:
     first_edge = np.nonzero(run_start)[0]
     merge_indptr = np.append(inside_before[first_edge] + np.arange(first_edge.size),
                              int(inside.sum()) + first_edge.size)
-    return EdgeTable(cut_tile.astype(np.int64), cut_key.astype(np.int64), merge_of, inside_before, merge_indptr,
-                     cut_tile[first_edge].astype(np.int64), width, whole_tiles, even)
+    table = EdgeTable(cut_tile.astype(np.int64), cut_key.astype(np.int64), merge_of, inside_before, merge_indptr,
+                      cut_tile[first_edge].astype(np.int64), width, whole_tiles, even)
+    if deal_choice(config, table, cost, line_start, total):
+        return table._replace(merge_indptr=np.zeros(1, dtype=np.int64), merge_tile=np.zeros(0, dtype=np.int64),
+                              dealt=True)
+    return table
+
+
+def dealt_tiles(config: PlanConfig, num_tiles: int, c: int) -> np.ndarray:
+    """The tiles the serpentine line deal gives CTA ``c``, lap by lap (lap ``i``: ``i m + c``, or ``i m + m - 1 - c``
+    on odd laps)."""
+    m = config.num_ctas
+    laps = np.arange(-(-num_tiles // m))
+    t = laps * m + np.where(laps % 2 == 0, c, m - 1 - c)
+    return t[t < num_tiles]
+
+
+def deal_choice(config: PlanConfig, table: EdgeTable, cost, line_start, total: int) -> bool:
+    """Step 5b: whether the line deal replaces the cuts (``plan_partition.partition``'s rule, from each CTA's two
+    loads as its thread computes them)."""
+    heads, m = config.num_kv_heads, config.num_ctas
+    batch = len(cost)
+    if not (config.line_deal and config.allow_split and 0 < batch <= config.deal_max_q_tiles):
+        return False
+    num_tiles = batch * heads
+
+    def position(e):  # where edge e sits on the line
+        t, k = int(table.cut_tile[e]), int(table.cut_key[e])
+        if t >= num_tiles:
+            return total
+        b, h = divmod(t, heads)
+        return int(line_start[b]) + h * int(cost[b]) + (k + config.item_overhead_keys if k > 0 else 0)
+
+    cut_max = max(position(c + 1) - position(c) + (config.item_overhead_keys if table.cut_key[c] > 0 else 0)
+                  for c in range(m))
+    deal_max = max(int(cost[dealt_tiles(config, num_tiles, c) // heads].sum()) for c in range(m))
+    bound = deal_bound(config, table.width, cut_max, table.whole_tiles)
+    return bound is not None and deal_max <= bound
 
 
 def cta_items(config: PlanConfig, table: EdgeTable, keys, kv_page_start, c: int) -> np.ndarray:
     """Step 6: CTA ``c``'s items (``plan.ItemField`` rows, in order) as its threads build them one at a time."""
     F, heads = ItemField, config.num_kv_heads
+    if table.dealt:
+        tiles = dealt_tiles(config, len(keys) * heads, c)
+        rows = np.zeros((tiles.size, len(F)), dtype=np.int32)
+        b = tiles // heads
+        rows[:, F.REQUEST], rows[:, F.KV_HEAD], rows[:, F.Q_ROW_COUNT] = b, tiles % heads, config.group_size
+        rows[:, F.KV_END], rows[:, F.PARTIAL_SLOT], rows[:, F.MERGE] = np.asarray(keys)[b], -1, -1
+        rows[:, F.CAUSAL_OFFSET] = NOT_CAUSAL_OFFSET
+        rows[:, F.KV_PAGE_START] = np.asarray(kv_page_start)[b] if config.page_size else -1
+        return rows
     first, end_tile, end_key = int(table.cut_tile[c]), int(table.cut_tile[c + 1]), int(table.cut_key[c + 1])
     last = end_tile if end_key > 0 else end_tile - 1
     rows = np.zeros((max(last - first + 1, 0), len(F)), dtype=np.int32)

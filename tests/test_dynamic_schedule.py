@@ -98,4 +98,4 @@ def test_the_validation_script_names_sanitizer_cases_that_exist(part, prefix):
     late = re.search(r"cases=(late-claim[\w,-]+)", script).group(1).split(",")
     assert len(late) == 4 and set(late) <= set(sanitize._cases("sm_90a")), late
     line = re.search(r"cases=(line-schedule[\w,-]+)", script).group(1).split(",")
-    assert len(line) == 3 and set(line) <= set(sanitize._cases("sm_90a")), line
+    assert len(line) == 4 and set(line) <= set(sanitize._cases("sm_90a")), line

@@ -16,11 +16,11 @@ from cute_attn.plan import MergeField as MF
 from cute_attn.plan_partition import partition
 
 
-def _decode_config(heads=(20, 4), page_size=64, num_ctas=132, even=True, split=True):
+def _decode_config(heads=(20, 4), page_size=64, num_ctas=132, even=True, split=True, line_deal=False):
     qo, kv = heads
     pc = default_paged_config("gqa_paged_decode", arch="sm_90a", num_qo_heads=qo, num_kv_heads=kv, head_dim_qk=128,
                               head_dim_v=128, page_size=page_size, causal=False).plan_config(num_ctas)
-    return dataclasses.replace(pc, line_deal=False, even_pieces=even, allow_split=split)
+    return dataclasses.replace(pc, line_deal=line_deal, even_pieces=even, allow_split=split)
 
 
 def _check_every_cta(pc, keys, faulted):
@@ -30,8 +30,8 @@ def _check_every_cta(pc, keys, faulted):
     pages = -(-keys // pc.page_size)
     page_start = np.cumsum(pages) - pages
     plan, dealt = partition(pc, np.ones(keys.size, dtype=np.int64), keys, kv_page_start=page_start, faulted=faulted)
-    assert not dealt
     table = edge_table(pc, np.where(faulted, 0, keys), faulted)
+    assert table.dealt == dealt
     for c in range(pc.num_ctas):
         mine = cta_items(pc, table, np.where(faulted, 0, keys), page_start, c)
         theirs = plan.items[plan.work_indptr[c]:plan.work_indptr[c + 1]]
@@ -77,17 +77,33 @@ def test_request_keys_apply_the_request_rules():
     np.testing.assert_array_equal(faulted, [False, True, True])
 
 
-def test_line_reason_refuses_plans_a_deal_may_replace():
+def test_line_reason_refuses_plans_a_sorted_deal_may_replace():
     assert line_reason(_decode_config()) is None
-    assert "deal" in line_reason(dataclasses.replace(_decode_config(), line_deal=True))
+    assert line_reason(_decode_config(line_deal=True)) is None
+    assert "sort" in line_reason(dataclasses.replace(_decode_config(), sorted_deal=True))
     assert "causal" in line_reason(dataclasses.replace(_decode_config(), causal=True))
+
+
+@pytest.mark.parametrize("batch, kv, heads, page_size", [(64, 2048, (32, 16), 64), (64, 2048, (24, 8), 64),
+                                                         (64, 2048, (20, 4), 1), (128, 4096, (32, 8), 64)])
+def test_the_line_deal_rows_derive_the_device_plan(batch, kv, heads, page_size):
+    """The bench's line-deal rows (from 8 KV heads, page 1): deal or cuts as the device plan, CTA by CTA."""
+    _check_every_cta(_decode_config(heads, page_size, line_deal=True), [kv] * batch, [False] * batch)
+
+
+def test_a_ragged_batch_the_line_deal_replaces():
+    """A ragged batch whose serpentine deal is no worse than its split cuts: dealt, items lap by lap, no merges."""
+    rng = np.random.default_rng(3)
+    keys = rng.integers(1000, 1200, size=300).tolist()
+    table = _check_every_cta(_decode_config((32, 8), line_deal=True), keys, [False] * 300)
+    assert table.dealt and table.merge_indptr.size == 1
 
 
 @settings(max_examples=150, deadline=None)
 @given(data=st.data(), page_size=st.sampled_from([1, 16, 64]), heads=st.sampled_from([(20, 4), (8, 1), (32, 8)]),
-       num_ctas=st.sampled_from([1, 7, 132, 264]), even=st.booleans(), split=st.booleans())
-def test_drawn_batches_derive_the_device_plan_on_every_cta(data, page_size, heads, num_ctas, even, split):
-    pc = _decode_config(heads, page_size, num_ctas, even, split)
+       num_ctas=st.sampled_from([1, 7, 132, 264]), even=st.booleans(), split=st.booleans(), deal=st.booleans())
+def test_drawn_batches_derive_the_device_plan_on_every_cta(data, page_size, heads, num_ctas, even, split, deal):
+    pc = _decode_config(heads, page_size, num_ctas, even, split, deal)
     batch = data.draw(st.integers(0, 80))
     uniform = data.draw(st.booleans())
     if uniform:

@@ -40,34 +40,42 @@ def test_only_the_sm90_decode_kernel_builds_it():
         assert reason is not None and "line_schedule" in reason and words in reason, reason
 
 
-def test_row_gathers_are_refused_with_the_reason():
-    """Pages 1 and 2 gather rows whose ids this build does not check (TMA boxes: bounds-checked by the tensor map)."""
-    reason = _line(_config(page_size=1)).can_implement()
-    assert reason is not None and "row" in reason and "page_size=1" in reason, reason
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_row_gathers_build_it_and_vet_their_ids(page_size):
+    """Pages 1 and 2 gather rows (a producer warpgroup): the build keeps every id inside the pool itself (an id outside
+    becomes -1, a zero-filled row), as no plan vetted them; the table is sized for the warpgroup's 384 threads."""
+    config = _line(_config(page_size=page_size))
+    assert config.can_implement() is None and config.gather_warps == 4
+    assert kernel.line_table_requests(config) > 0
+    ptx = compile_to_ptx(config)
+    assert "_Line" in ptx and "cp.async.cg.shared.global" in ptx and "wgmma.mma_async" in ptx
+    assert not re.search(r"\.local\b", ptx)
 
 
 def test_configs_whose_device_plan_differs_are_refused():
-    """A line build makes the device plan of its config: refused where that plan may deal the line (from 8 KV heads)
-    or cuts with plan policies other than the ones it bakes in."""
+    """A line build makes the device plan of its config under the landed plan policies (the line deal from 8 KV heads
+    included): refused while a policy says otherwise, rather than cutting unlike the device planner."""
     from cute_attn.config import even_pieces_policy
 
-    reason = _line(_config(32, 8)).can_implement()
-    assert reason is not None and "deal" in reason, reason
+    assert _line(_config(32, 8)).can_implement() is None
     with even_pieces_policy(False):
         reason = _line(_config()).can_implement()
         assert reason is not None and "even_pieces" in reason, reason
+    with gqa_decode.line_deal_policy((64,)):
+        reason = _line(_config()).can_implement()
+        assert reason is not None and "line_deal" in reason, reason
     assert _line(_config()).can_implement() is None
 
 
 @pytest.mark.parametrize("enabled", [False, True])
 def test_the_policy_takes_it_where_the_plan_takes_no_deal(enabled):
-    """On: the seed's h20/kv4 page 64 (and page 16); never where device plans deal the line (from 8 KV heads, pages 1
-    and 2), nor on sm_100a, nor past the table or the threads. Off: never."""
+    """On: the seed's h20/kv4 page 64, page 16, page 1 (row gathers), and from 8 KV heads (the line deal); never on
+    sm_100a, nor past the table or the threads. Off: never."""
     with gqa_decode.line_schedule_policy(enabled):
         assert gqa_decode.self_schedule(_config(), _problem(64), 132) is enabled
         assert gqa_decode.self_schedule(_config(page_size=16), _problem(64, page_size=16), 132) is enabled
-        assert gqa_decode.self_schedule(_config(32, 8), _problem(64, 32, 8), 132) is False
-        assert gqa_decode.self_schedule(_config(page_size=1), _problem(64, page_size=1), 132) is False
+        assert gqa_decode.self_schedule(_config(32, 8), _problem(64, 32, 8), 132) is enabled
+        assert gqa_decode.self_schedule(_config(page_size=1), _problem(64, page_size=1), 132) is enabled
         assert gqa_decode.self_schedule(_config(arch="sm_100a"), _problem(64), 148) is False
         fits = kernel.line_table_requests(_line(_config()))
         assert gqa_decode.self_schedule(_config(), _problem(fits), 132) is enabled
@@ -102,11 +110,12 @@ def test_the_scratch_holds_every_merge_and_slot():
     assert UnitScratch.allocate(64, "cpu").merge_counters is None
 
 
-@pytest.mark.parametrize("page_size", [64, 16, 128])
-def test_compiles_with_wgmma_tma_and_the_fold(page_size):
-    """The seed's page 64 (one box a stage), page 16 (four boxes a stage) and 128: wgmma, TMA boxes, the in-kernel
-    fold's atomics and fences, the count-out, and no local memory (the stretch stays in registers)."""
-    ptx = compile_to_ptx(_line(_config(page_size=page_size)))
+@pytest.mark.parametrize("heads, kv_heads, page_size", [(20, 4, 64), (20, 4, 16), (20, 4, 128), (32, 8, 64)])
+def test_compiles_with_wgmma_tma_and_the_fold(heads, kv_heads, page_size):
+    """The seed's page 64 (one box a stage), page 16 (four boxes a stage), 128, and h32/kv8 (the line deal's vote):
+    wgmma, TMA boxes, the in-kernel fold's atomics and fences, the count-out, no local memory (the stretch stays in
+    registers)."""
+    ptx = compile_to_ptx(_line(_config(heads, kv_heads, page_size=page_size)))
     assert ".target sm_90a" in ptx and "_Line" in ptx
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
     assert len(re.findall(r"\batom\.(?:\w+\.)*add", ptx)) >= 2  # merge arrivals and the count-out

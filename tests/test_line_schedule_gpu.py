@@ -46,8 +46,8 @@ def _check(case, what, num_sms=None):
 
 @SETTINGS
 @given(kv_lens=testing.decode_batches(max_batch=80, max_kv=9000),
-       layout=st.sampled_from([(20, 4, 128), (8, 1, 128), (16, 2, 64), (32, 4, 128), (12, 4, 256)]),
-       page_size=st.sampled_from([4, 8, 16, 64, 128]), seed=st.integers(0, 2**16))
+       layout=st.sampled_from([(20, 4, 128), (8, 1, 128), (16, 2, 64), (32, 8, 128), (32, 16, 128), (12, 4, 256)]),
+       page_size=st.sampled_from([1, 2, 4, 8, 16, 64, 128]), seed=st.integers(0, 2**16))
 def test_drawn_batches_match_the_reference(kv_lens, layout, page_size, seed):
     heads, kv_heads, head_dim = layout
     if head_dim == 256:
@@ -60,8 +60,24 @@ def test_drawn_batches_match_the_reference(kv_lens, layout, page_size, seed):
                          ids=["1x3232", "16x2048", "64x2048", "128x4096", "ragged"])
 def test_bench_shapes_and_small_grids(kv_lens, num_sms):
     """The bench's uniform rows (even pieces: 1 x 3232, 16 x 2048; whole tiles: 64 x 2048, 128 x 4096), a ragged one
-    with empty requests; on the whole GPU and on grids of 1 and 7 CTAs (long stretches, runs of inside edges)."""
-    _check(_case(kv_lens, seed=len(kv_lens)), f"{len(kv_lens)} requests grid {num_sms}", num_sms)
+    with empty requests; on the whole GPU and on grids of 1 and 7 CTAs (long stretches, runs of inside edges); at
+    h20/kv4 (cuts only) and h32/kv8 (the line deal's vote) pages 64 and 1."""
+    for heads, kv_heads, page_size in ((20, 4, 64), (32, 8, 64), (20, 4, 1)):
+        case = _case(kv_lens, seed=len(kv_lens), heads=heads, kv_heads=kv_heads, page_size=page_size)
+        _check(case, f"{len(kv_lens)} requests h{heads}/kv{kv_heads} page {page_size} grid {num_sms}", num_sms)
+
+
+def test_a_batch_the_line_deal_takes():
+    """300 requests of 1000-1200 keys at h32/kv8: the line deal replaces the cuts (``cute_attn/line_schedule.py``'s
+    twin says so on the H200's 132 CTAs), whole tiles lap by lap."""
+    from cute_attn.config import default_paged_config
+    from cute_attn.line_schedule import edge_table
+
+    kv_lens = np.random.default_rng(3).integers(1000, 1200, size=300).tolist()
+    pc = default_paged_config("gqa_paged_decode", arch="sm_90a", num_qo_heads=32, num_kv_heads=8, head_dim_qk=128,
+                              head_dim_v=128, page_size=64, causal=False).plan_config(132)
+    assert edge_table(pc, kv_lens).dealt
+    _check(_case(kv_lens, seed=3, heads=32, kv_heads=8), "the line deal's batch", 132)
 
 
 def test_more_requests_than_threads():
@@ -70,11 +86,11 @@ def test_more_requests_than_threads():
     _check(_case([int(n) for n in rng.integers(0, 1500, size=700)], seed=7), "700 requests")
 
 
-@pytest.mark.parametrize("page_size", [64, 16])
+@pytest.mark.parametrize("page_size", [64, 16, 1])
 def test_page_faults_empty_their_requests_and_clear(page_size):
     """A page id outside the pool in requests 2 (past the end) and 0 (negative): their rows 0 / lse -inf (every piece
     of them, whichever CTA folded it), the others the reference's, the error names kv_indices, the scratch clean; the
-    next clean call is right."""
+    next clean call is right. Page 1: the row gathers turn the ids into zero-filled rows."""
     from cute_attn.device_errors import DeviceIndexError
 
     case = _case([5000, 70, 9000, 300], seed=5, page_size=page_size)

@@ -508,6 +508,7 @@ def _cases(arch: str) -> dict:
         cases["line-schedule-p64"] = ("gqa_paged_decode", line_schedule(64, [3000, 0, 9000, 70, 640], num_sms=7))
         cases["line-schedule-p16"] = ("gqa_paged_decode", line_schedule(16, [2048] * 16))
         cases["line-schedule-fault"] = ("gqa_paged_decode", line_schedule(64, [3000, 500, 9000, 70], fault=True))
+        cases["line-schedule-p1"] = ("gqa_paged_decode", line_schedule(1, [3000, 500, 9000, 70], fault=True))
     cases["deal-prefill"] = ("gqa_paged_prefill", deal_prefill)
     cases["line-deal-decode"] = ("gqa_paged_decode", line_deal_decode)
     cases["deal-whole-tiles"] = ("gqa_paged_prefill", deal_whole_tiles)

@@ -69,7 +69,7 @@ tail -40 $out/ab_route.txt" ;;
   line)
     workers=""
     python -c 'import xdist' 2>/dev/null && workers="-n 4 --dist loadfile"
-    cases=line-schedule-p64,line-schedule-p16,line-schedule-fault
+    cases=line-schedule-p64,line-schedule-p16,line-schedule-fault,line-schedule-p1
     python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 \
       --step 220 "python -m pytest -q $workers -rf --tb=short tests/test_line_schedule_gpu.py \
 tests/test_gqa_decode_gpu.py tests/test_multi_token_decode_gpu.py > $out/tier.txt 2>&1; \

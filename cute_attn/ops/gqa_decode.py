@@ -27,10 +27,14 @@ LINE_DEAL_PAGE_SIZES: tuple[int, ...] = (1, 2)
 LINE_DEAL_MIN_KV_HEADS: int | None = 8  # None: by page size only
 
 
-def line_deals(page_size: int, num_kv_heads: int) -> bool:
-    """Whether device plans of decode at this page size and KV head count take the line deal (the policy above)."""
-    by_heads = LINE_DEAL_MIN_KV_HEADS is not None and num_kv_heads >= LINE_DEAL_MIN_KV_HEADS
-    return page_size in LINE_DEAL_PAGE_SIZES or by_heads
+DEFAULT_LINE_DEAL = (LINE_DEAL_PAGE_SIZES, LINE_DEAL_MIN_KV_HEADS)  # as landed (line_deal_policy changes the above)
+
+
+def line_deals(page_size: int, num_kv_heads: int, policy_now: bool = True) -> bool:
+    """Whether device plans of decode at this page size and KV head count take the line deal (the policy above, or
+    with ``policy_now=False`` the landed one: what the planner-free decode's builds bake in)."""
+    page_sizes, min_heads = (LINE_DEAL_PAGE_SIZES, LINE_DEAL_MIN_KV_HEADS) if policy_now else DEFAULT_LINE_DEAL
+    return page_size in page_sizes or (min_heads is not None and num_kv_heads >= min_heads)
 
 
 @contextlib.contextmanager
@@ -108,19 +112,17 @@ def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, pag
 
 
 #: The default call (no plan) of decode runs the ``line_schedule`` build (``kernels/common/line_schedule.py``: every CTA
-#: derives its own stretch of the device plan's cost line; no planner launch, no plan buffers) where its plan would
-#: take no deal (``line_deals`` off: the seed's h20/kv4 page 64, every page >= 4 below 8 KV heads) and the batch fits
-#: its table. Expected (session 38, a guess from the planner's cost): the default call ~5 us faster on every decode
-#: row, within ~1-2 us of the plan-once call. Built in session 38, never run on a GPU: off until it has run
-#: (``tools/validate_planner_free.sh OUT line``)
+#: derives its own stretch of the device plan's cost line, the line deal included; no planner launch, no plan buffers)
+#: where the kernel builds it (every page size; sm_90a) and the batch fits its table. Expected (session 38, a guess
+#: from the planner's cost): the default call ~5 us faster on every decode row, within ~1-2 us of the plan-once call.
+#: Built in session 38, never run on a GPU: off until it has run (``tools/validate_planner_free.sh OUT line``)
 LINE_SCHEDULE = False
 LINE_SCHEDULE_ARCHS = ("sm_90a",)
 
 
 def self_schedule(config, problem, num_ctas: int) -> bool:
     """``OpSpec.self_schedule``: the ``line_schedule`` build for this default call (the policy above)."""
-    if not LINE_SCHEDULE or config.arch not in LINE_SCHEDULE_ARCHS or line_deals(config.page_size,
-                                                                                 config.num_kv_heads):
+    if not LINE_SCHEDULE or config.arch not in LINE_SCHEDULE_ARCHS:
         return False
     import dataclasses
 

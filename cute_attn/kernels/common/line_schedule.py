@@ -12,14 +12,17 @@ here), then keeps its CTA's stretch in registers:
   closed form, or the edge's binary search of the line starts, its split key and snap; the whole-tile vote is a
   block max;
 * step 5: one block prefix sum of (inside, run start) per edge gives merge ids and first slots;
+* step 5b (``line_deal``): thread ``c`` sums its CTA's cut load and its serpentine-deal load (its laps in closed form),
+  two block maxima decide;
 * step 6 (:func:`line_item`): the CTA's item ``i`` from its stretch and its request's two indptr words.
 
 Checks, as in the planner-free prefill (``unit_schedule.py``): a broken indptr (or a batch past the table, or a grid
 past the threads: a capacity fault) leaves every CTA without items, writing its grid-stride share of the rows 0 /
 ``-inf``; a request breaking its own rules is a tile with no keys; page ids are scanned a grid-stride share a CTA
 (``unit_schedule.scan_page_ids``) and a bad one marks its request, whose rows the last CTA to finish
-(:func:`finish_line`) writes 0 / ``-inf``. Its pages are read as TMA boxes, which are bounds-checked: an id outside the
-pool is a zero-filled box, never a read outside it. Split items fold in the kernel (``decode_merge.arrive_and_fold``):
+(:func:`finish_line`) writes 0 / ``-inf``. Nothing outside the pool is read: TMA boxes are bounds-checked by the
+tensor map (an id outside it is a zero-filled box), and the row gathers of pages 1 and 2 turn such an id into -1, a
+zero-filled row (:func:`pool_ids_only`). Split items fold in the kernel (``decode_merge.arrive_and_fold``):
 at most two a CTA, its first and last item.
 
 State (zero between launches): ``merge_counters`` (the fold resets each), ``unit_state[UNITS_DONE, FAULTS_SEEN]``
@@ -67,12 +70,15 @@ class LineRules:
     even_pieces: bool
     allow_split: bool
     max_slack_keys: int
+    line_deal: bool
+    deal_max_q_tiles: int
 
     @staticmethod
     def of(plan_config: PlanConfig) -> "LineRules":
         c = plan_config
         return LineRules(c.num_kv_heads, c.group_size, c.kv_tile, c.page_size, c.item_overhead_keys, min_width(c),
-                         c.even_pieces and c.allow_split, c.allow_split, c.max_slack_keys)
+                         c.even_pieces and c.allow_split, c.allow_split, c.max_slack_keys, c.line_deal,
+                         c.deal_max_q_tiles)
 
 
 def _edge_bytes(num_threads: int) -> int:
@@ -121,12 +127,14 @@ class LineStretch:
     """One CTA's stretch in registers: what :func:`line_item` and the fold read (``count`` 0: no items)."""
 
     def __init__(self, kv_indptr, kv_last_page_len, rules, batch, count, first_tile, first_key, end_tile, end_key,
-                 merge0, slot0, begin0, slots0, merge1, begin1, slots1):
+                 merge0, slot0, begin0, slots0, merge1, begin1, slots1, dealt, cta, num_ctas, num_pages):
         self.kv_indptr, self.kv_last_page_len, self.rules, self.batch = kv_indptr, kv_last_page_len, rules, batch
         self.count, self.first_tile, self.first_key, self.end_tile, self.end_key = (count, first_tile, first_key,
                                                                                     end_tile, end_key)
         self.merge0, self.slot0, self.begin0, self.slots0 = merge0, slot0, begin0, slots0  # item 0 when it splits
         self.merge1, self.begin1, self.slots1 = merge1, begin1, slots1  # item count - 1 when it ends inside a tile
+        self.dealt, self.cta, self.num_ctas = dealt, cta, num_ctas  # dealt: item i is lap i's whole tile
+        self.num_pages = num_pages  # the pool: row gathers turn ids outside it into -1 (:func:`pool_ids_only`)
 
 
 @cute.jit
@@ -183,6 +191,30 @@ def _capped(rules: cutlass.Constexpr, slack):
     if cutlass.const_expr(rules.max_slack_keys > 0):
         result = cutlass.min(slack, Int64(rules.max_slack_keys))
     return result
+
+
+@cute.jit
+def _request_cost(line_start: cute.Tensor, b, batch, total, heads: cutlass.Constexpr):
+    """Request ``b``'s tile cost from the line starts (its ``heads`` tiles lie one cost apart)."""
+    end = total
+    if b + 1 < batch:
+        end = line_start[b + 1]
+    return (end - line_start[b]) // heads
+
+
+@cute.jit
+def _edge_position(cut_tile: cute.Tensor, cut_key: cute.Tensor, line_start: cute.Tensor, e, batch, total,
+                   rules: cutlass.Constexpr):
+    """Where edge ``e`` sits on the line (``plan_partition.cut_loads``): its tile's start, plus its key and the item
+    overhead when it is inside the tile; past the last tile, the line's end."""
+    t = cut_tile[e]
+    position = total
+    if t < batch * rules.heads:
+        b = t // rules.heads
+        position = line_start[b] + (t - b * rules.heads) * _request_cost(line_start, b, batch, total, rules.heads)
+        if cut_key[e] > 0:
+            position = position + cut_key[e] + rules.overhead
+    return position
 
 
 @cute.jit
@@ -299,6 +331,8 @@ def derive_stretch(kv_indptr: cute.Tensor, kv_last_page_len: cute.Tensor, kv_ind
         t_snap_pos[e] = snap_pos
     cute.arch.sync_threads()
     # ---- step 4: the whole-tile vote
+    whole_tiles = Int32(0)
+    whole_bound = width + (width >> WHOLE_TILE_SHIFT)
     if cutlass.const_expr(rules.allow_split):
         spread = Int64(0)
         if e < m and bad == 0 and pieces == 0:
@@ -308,10 +342,37 @@ def derive_stretch(kv_indptr: cute.Tensor, kv_last_page_len: cute.Tensor, kv_ind
         if cutlass.const_expr(rules.max_slack_keys > 0):
             split_worst = 2 * _capped(rules, width >> SNAP_SHIFT) + rules.overhead
             bound = width + cutlass.max(_capped(rules, width >> WHOLE_TILE_SHIFT), split_worst)
-        if pieces == 0 and spread <= bound and e <= m and bad == 0:
-            t_cut_tile[e] = t_snap_tile[e]
-            t_cut_key[e] = Int32(0)
+        whole_bound = bound
+        if pieces == 0 and spread <= bound:
+            whole_tiles = Int32(1)
+            if e <= m and bad == 0:
+                t_cut_tile[e] = t_snap_tile[e]
+                t_cut_key[e] = Int32(0)
         cute.arch.sync_threads()
+    # ---- step 5b: the line deal, when no worse than the cuts (plan_partition.deal_bound)
+    dealt = Int32(0)
+    if cutlass.const_expr(rules.line_deal and rules.allow_split):
+        if batch > 0 and batch <= rules.deal_max_q_tiles and bad == 0:  # the same on every thread
+            cut_load = Int64(0)
+            deal_load = Int64(0)
+            if e < m:
+                cut_load = (_edge_position(t_cut_tile, t_cut_key, t_line_start, e + 1, batch, total, rules)
+                            - _edge_position(t_cut_tile, t_cut_key, t_line_start, e, batch, total, rules))
+                if t_cut_key[e] > 0:
+                    cut_load = cut_load + rules.overhead
+                for lap in range((num_tiles + m - 1) // m):
+                    t = lap * m + e
+                    if lap % 2 == 1:
+                        t = lap * m + m - 1 - e
+                    if t < num_tiles:
+                        deal_load = deal_load + _request_cost(t_line_start, t // heads, batch, total, heads)
+            cut_max = _block_max64(cut_load, tidx, t_words64, num_warps)
+            deal_max = _block_max64(deal_load, tidx, t_words64, num_warps)
+            deal_bound = cut_max
+            if whole_tiles == 0:
+                deal_bound = cutlass.max(cut_max, whole_bound)
+            if deal_max <= deal_bound:
+                dealt = Int32(1)
     # ---- step 5: merges (runs of inside edges in one tile), their ids and first slots
     inside = Int32(0)
     run_start = Int32(0)
@@ -365,6 +426,17 @@ def derive_stretch(kv_indptr: cute.Tensor, kv_last_page_len: cute.Tensor, kv_ind
             merge1 = t_merge_of[cta + 1]
             begin1 = t_merge_indptr[merge1]
             slots1 = t_merge_indptr[merge1 + 1] - begin1
+    if dealt != 0:  # whole tiles lap by lap: tile lap * m + cta (even laps) or lap * m + m - 1 - cta (odd)
+        laps = (num_tiles + m - 1) // m
+        count = laps
+        if laps > 0:
+            final_tile = (laps - 1) * m + cta
+            if (laps - 1) % 2 == 1:
+                final_tile = (laps - 1) * m + m - 1 - cta
+            if final_tile >= num_tiles:
+                count = laps - 1
+        merge0 = Int32(-1)
+        merge1 = Int32(-1)
     # every thread has read and written the table through the generic proxy; the ring's next writer is TMA (the async
     # proxy): each thread's accesses are fenced into it before the barrier that lets the producer start
     cute.arch.fence_view_async_shared()
@@ -376,7 +448,7 @@ def derive_stretch(kv_indptr: cute.Tensor, kv_last_page_len: cute.Tensor, kv_ind
     else:
         scan_page_ids(kv_indptr, kv_indices, num_pages, tidx, num_threads, unit_state, request_faults, error_word)
     return LineStretch(kv_indptr, kv_last_page_len, rules, batch, count, first_tile, first_key, end_tile, end_key,
-                       merge0, slot0, begin0, slots0, merge1, begin1, slots1)
+                       merge0, slot0, begin0, slots0, merge1, begin1, slots1, dealt, cta, m, num_pages)
 
 
 @cute.jit
@@ -384,13 +456,17 @@ def line_item(s: LineStretch, it, row: cute.Tensor):
     """Item ``it`` of the CTA's stretch into ``row`` (indexed by ``ItemField``), as ``cta_items`` builds it."""
     rules = s.rules
     t = s.first_tile + it
+    if s.dealt != 0:  # lap it's whole tile
+        t = it * s.num_ctas + s.cta
+        if it % 2 == 1:
+            t = it * s.num_ctas + s.num_ctas - 1 - s.cta
     b = t // rules.heads
     keys, _ = request_keys(s.kv_indptr, s.kv_last_page_len, b, rules.page_size, rules.kv_tile)
     kv_start = Int32(0)
-    if it == 0:
+    if it == 0 and s.dealt == 0:
         kv_start = s.first_key
     kv_end = keys
-    if t == s.end_tile and s.end_key > 0:
+    if t == s.end_tile and s.end_key > 0 and s.dealt == 0:
         kv_end = s.end_key
     slot = Int32(-1)
     merge = Int32(-1)
@@ -410,6 +486,17 @@ def line_item(s: LineStretch, it, row: cute.Tensor):
     row[F.CAUSAL_OFFSET] = Int32(NOT_CAUSAL_OFFSET)
     row[F.MERGE] = merge
     row[F.KV_PAGE_START] = s.kv_indptr[b] + kv_start // rules.page_size
+
+
+@cute.jit
+def pool_ids_only(lane_pages: cute.Tensor, num_pages):
+    """Row gathers (pages 1, 2): an id outside ``[0, num_pages)`` becomes -1, a zero-filled row (``cp.async`` reads
+    nothing: ``row_gather``'s ``src-size`` 0). TMA boxes need no such pass: the tensor map bounds-checks them. The
+    page scan at the start (``unit_schedule.scan_page_ids``) has marked the request, whose rows the last CTA empties."""
+    for c in cutlass.range_constexpr(cute.size(lane_pages)):
+        pid = lane_pages[c]
+        if pid < 0 or pid >= num_pages:
+            lane_pages[c] = Int32(-1)
 
 
 @cute.jit

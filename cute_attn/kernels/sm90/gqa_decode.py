@@ -206,34 +206,38 @@ def line_schedule_reason(config: PagedAttentionConfig) -> str | None:
     """Why a ``line_schedule`` build of ``config`` is not made (None: it is)."""
     if config.kind != KIND:
         return "line_schedule builds are decode's (one query token a request)"
-    if uses_row_gather(config, ROW_GATHER_PAGE_SIZES):
-        return (f"line_schedule reads pages as TMA boxes (bounds-checked ids); page_size={config.page_size} gathers "
-                "rows whose ids the kernel would have to check itself")
     plan_config = config.plan_config(1)
     if (reason := line_reason(plan_config)) is not None:
         return reason
     # the build bakes these plan rules in (they are not config fields, so not in its compile key): refused where the
     # policies say otherwise, rather than built with rules the device plan of the same config does not use
-    if (plan_config.even_pieces, plan_config.max_slack_keys) != (LINE_EVEN_PIECES, LINE_MAX_SLACK_KEYS):
-        return (f"line_schedule builds cut with even_pieces={LINE_EVEN_PIECES}, max_slack_keys={LINE_MAX_SLACK_KEYS};"
-                f" the plan policies now say {plan_config.even_pieces}, {plan_config.max_slack_keys}")
+    baked = line_rules(config)
+    if (plan_config.even_pieces, plan_config.max_slack_keys, plan_config.line_deal) != (
+            baked.even_pieces, baked.max_slack_keys, baked.line_deal):
+        return (f"line_schedule builds cut with even_pieces={baked.even_pieces}, max_slack_keys="
+                f"{baked.max_slack_keys}, line_deal={baked.line_deal}; the plan policies now say "
+                f"{plan_config.even_pieces}, {plan_config.max_slack_keys}, {plan_config.line_deal}")
     if line_table_requests(config) < 1:
         return "the K ring is too small for the line table"
     return None
 
 
 #: the plan rules every line build bakes in besides the config's own: ``config.EVEN_PIECES`` and ``MAX_SLACK_KEYS`` as
-#: they stand by default (neither is a config field, so neither is in the compile key)
+#: they stand by default, and the landed line-deal policy (``ops/gqa_decode.line_deals``); none is a config field,
+#: so none is in the compile key
 LINE_EVEN_PIECES = True
 LINE_MAX_SLACK_KEYS = 0
 
 
 def line_rules(config: PagedAttentionConfig) -> LineRules:
-    """The plan rules a line build of ``config`` derives with: its device plan's (which takes no deal)."""
+    """The plan rules a line build of ``config`` derives with: its device plan's under the landed policies."""
     import dataclasses
 
+    from ...ops.gqa_decode import line_deals
+
     return dataclasses.replace(LineRules.of(config.plan_config(1)), even_pieces=LINE_EVEN_PIECES,
-                               max_slack_keys=LINE_MAX_SLACK_KEYS)
+                               max_slack_keys=LINE_MAX_SLACK_KEYS,
+                               line_deal=line_deals(config.page_size, config.num_kv_heads, policy_now=False))
 
 
 def line_table_requests(config: PagedAttentionConfig) -> int:
