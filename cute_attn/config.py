@@ -322,9 +322,9 @@ class PagedAttentionConfig(KernelConfig):
                     f"(kind {self.kind}, arch {self.arch}, causal {self.causal})")
         if self.late_claim and not self.dynamic_schedule:
             return "late_claim: a knob of the self-scheduling builds (dynamic_schedule=True) only"
-        if self.line_schedule and (self.kind, self.arch) != ("gqa_paged_decode", "sm_90a"):
-            return (f"line_schedule: built for the sm_90a GQA decode kernel only (kind {self.kind}, arch {self.arch}; "
-                    "the sm_100a twin is not written)")
+        if self.line_schedule and (self.kind, self.arch) not in LINE_SCHEDULE_KERNELS:
+            return (f"line_schedule: built for the sm_90a GQA decode and MLA decode kernels only (kind {self.kind}, "
+                    f"arch {self.arch}; the sm_100a twins are not written)")
         if self.page_boxes and ((self.kind, self.arch) != ("mla_paged_prefill", "sm_90a")
                                 or self.page_size < self.kv_tile):
             return (f"page_boxes: a knob of the sm_90a MLA kernels' TMA K stages at pages of >= kv_tile keys "
@@ -414,6 +414,9 @@ LAP_TURN_KINDS: tuple = ("gqa_paged_prefill",)
 #: rows within run noise (8 x 992 144.8 -> 141.6); MLA prefill (one unit a CTA) 1 / 1028 61.3 -> 47.9, 20 / 3842
 #: 103.0 -> 91.4, the seed 38.5 -> 36.8 (``docs/perf/h200-late-claim.json``)
 SELF_SCHEDULING_KINDS = ("gqa_paged_prefill", "mla_paged_prefill")  # the kinds with a dynamic_schedule build
+#: (kind, arch) of the kernels with a ``line_schedule`` build (the MLA decode entry's one-token configs are the MLA
+#: prefill kind's: the swapped decode kernel)
+LINE_SCHEDULE_KERNELS = (("gqa_paged_decode", "sm_90a"), ("mla_paged_prefill", "sm_90a"))
 LATE_CLAIM_KINDS: tuple[str, ...] = SELF_SCHEDULING_KINDS
 
 

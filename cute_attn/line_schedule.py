@@ -34,9 +34,10 @@ Steps (all threads of every CTA)
    ``merge_of[c + 1]``, slot ``merge_indptr[merge_of[c + 1]]``): at most two split items a CTA, so a CTA's fold needs
    two merge descriptors, read from the edge table while it is in shared memory.
 
-Applies to decode plans: non-causal one-q-tile requests, no sorted deal (its sort is the planner's) and no deal before
-the cuts (:func:`line_reason`); the line deal is step 5b. A batch whose indptr breaks a rule has no items (every row
-0 / ``-inf``).
+Applies to decode plans: one-q-tile requests, non-causal or one query token each (MLA decode: causal then masks
+nothing), no sorted deal (its sort is the planner's: the MLA decode build cuts without it, :func:`cuts_only`) and no
+deal before the cuts (:func:`line_reason`); the line deal is step 5b. A batch whose indptr breaks a rule has no items
+(every row 0 / ``-inf``).
 """
 
 from __future__ import annotations
@@ -48,19 +49,30 @@ import numpy as np
 from .plan import NOT_CAUSAL_OFFSET, ItemField, PlanConfig
 from .plan_partition import deal_bound, even_pieces, line_width, piece_cost, snap_slack, whole_tile_bound
 
-__all__ = ["EdgeTable", "line_reason", "request_keys", "edge_table", "deal_choice", "dealt_tiles", "cta_items",
-           "cta_merge"]
+__all__ = ["EdgeTable", "line_reason", "cuts_only", "request_keys", "edge_table", "deal_choice", "dealt_tiles",
+           "cta_items", "cta_merge"]
 
 
-def line_reason(config: PlanConfig) -> str | None:
-    """None when a CTA can derive ``config``'s device plan alone (no deal can replace the cuts), else why not."""
-    if config.causal:
+def line_reason(config: PlanConfig, one_token: bool = False) -> str | None:
+    """None when a CTA can derive ``config``'s device plan alone (no deal can replace the cuts), else why not.
+    ``one_token``: every request is one query token (MLA decode), so a causal plan masks nothing: its item's
+    ``CAUSAL_OFFSET`` is ``keys - 1`` and the cuts are a non-causal plan's."""
+    if config.causal and not one_token:
         return "causal plans cut q tiles of unequal keys and may deal them sorted: the planner's sort is not per CTA"
     if config.sorted_deal or config.deal_first:
         return "a sorted deal may replace the cuts: its sort is the planner's, not a CTA's"
     if config.group_size > config.tile_q_rows:
         return f"group size {config.group_size} spans more than one {config.tile_q_rows}-row q tile"
     return None
+
+
+def cuts_only(config: PlanConfig) -> PlanConfig:
+    """``config`` without the sorted deal (and the deals made before or turned by it): the plan the MLA decode's line
+    build derives. On the bench's MLA decode rows the device plan takes the cuts anyway (a request longer than a CTA's
+    width cannot be dealt whole; equal requests take even pieces)."""
+    import dataclasses
+
+    return dataclasses.replace(config, sorted_deal=False, deal_first=False, lap_turn=False)
 
 
 def request_keys(config: PlanConfig, kv_indptr, kv_last_page_len):
@@ -203,7 +215,7 @@ def cta_items(config: PlanConfig, table: EdgeTable, keys, kv_page_start, c: int)
         b = tiles // heads
         rows[:, F.REQUEST], rows[:, F.KV_HEAD], rows[:, F.Q_ROW_COUNT] = b, tiles % heads, config.group_size
         rows[:, F.KV_END], rows[:, F.PARTIAL_SLOT], rows[:, F.MERGE] = np.asarray(keys)[b], -1, -1
-        rows[:, F.CAUSAL_OFFSET] = NOT_CAUSAL_OFFSET
+        rows[:, F.CAUSAL_OFFSET] = np.asarray(keys)[b] - 1 if config.causal else NOT_CAUSAL_OFFSET
         rows[:, F.KV_PAGE_START] = np.asarray(kv_page_start)[b] if config.page_size else -1
         return rows
     first, end_tile, end_key = int(table.cut_tile[c]), int(table.cut_tile[c + 1]), int(table.cut_key[c + 1])
@@ -223,7 +235,7 @@ def cta_items(config: PlanConfig, table: EdgeTable, keys, kv_page_start, c: int)
             slot = int(table.merge_indptr[merge])
         row[F.REQUEST], row[F.KV_HEAD], row[F.Q_ROW_START], row[F.Q_ROW_COUNT] = b, h, 0, config.group_size
         row[F.KV_START], row[F.KV_END], row[F.PARTIAL_SLOT], row[F.MERGE] = ks, ke, slot, merge
-        row[F.CAUSAL_OFFSET] = NOT_CAUSAL_OFFSET
+        row[F.CAUSAL_OFFSET] = keys[b] - 1 if config.causal else NOT_CAUSAL_OFFSET
         row[F.KV_PAGE_START] = kv_page_start[b] + ks // config.page_size if config.page_size else -1
     return rows
 

@@ -90,8 +90,9 @@ class UnitScheduleRoute:
             last = scratch.ones
         # the query and cache tensors before the first index tensor (q, k, v; MLA's four)
         data = args[:min(p for p in self.positions if p is not None)]
-        if self.config.line_schedule:  # decode (kernels/common/line_schedule.py): no qo_indptr, merges fold in-kernel
-            self.kernel(*data, kvp, kvi, last, scratch.merge_counters, scratch.request_faults, scratch.unit_state,
+        if self.config.line_schedule:  # decode (kernels/common/line_schedule.py): merges fold in-kernel
+            indptrs = (kvp,) if qo is None else (qo, kvp)  # GQA decode has no qo_indptr; MLA's one-token entry has
+            self.kernel(*data, *indptrs, kvi, last, scratch.merge_counters, scratch.request_faults, scratch.unit_state,
                         error_word(device), output, lse, scratch.partial_out, scratch.partial_lse,
                         float(args[-1]) * LOG2_E, LN2 if natural_lse else 1.0, self.num_pages, self.num_ctas)
             return

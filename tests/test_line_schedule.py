@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from cute_attn.config import default_paged_config
 from cute_attn.line_schedule import cta_items, cta_merge, edge_table, line_reason, request_keys
+from cute_attn.plan import ItemField as F
 from cute_attn.plan import MergeField as MF
 from cute_attn.plan_partition import partition
 
@@ -21,6 +22,17 @@ def _decode_config(heads=(20, 4), page_size=64, num_ctas=132, even=True, split=T
     pc = default_paged_config("gqa_paged_decode", arch="sm_90a", num_qo_heads=qo, num_kv_heads=kv, head_dim_qk=128,
                               head_dim_v=128, page_size=page_size, causal=False).plan_config(num_ctas)
     return dataclasses.replace(pc, line_deal=line_deal, even_pieces=even, allow_split=split)
+
+
+def _mla_decode_config(heads=16, page_size=1, num_ctas=132):
+    """The MLA decode entry's one-token config's plan, without the sorted deal (``line_schedule.cuts_only``)."""
+    from cute_attn.line_schedule import cuts_only
+    from cute_attn.ops.mla_decode import ONE_TOKEN_SPEC
+
+    config = default_paged_config("mla_paged_prefill", arch="sm_90a", num_qo_heads=heads, num_kv_heads=1,
+                                  head_dim_qk=576, head_dim_v=512, page_size=page_size, causal=True,
+                                  spec=ONE_TOKEN_SPEC)
+    return cuts_only(config.plan_config(num_ctas))
 
 
 def _check_every_cta(pc, keys, faulted):
@@ -34,7 +46,10 @@ def _check_every_cta(pc, keys, faulted):
     assert table.dealt == dealt
     for c in range(pc.num_ctas):
         mine = cta_items(pc, table, np.where(faulted, 0, keys), page_start, c)
-        theirs = plan.items[plan.work_indptr[c]:plan.work_indptr[c + 1]]
+        theirs = plan.items[plan.work_indptr[c]:plan.work_indptr[c + 1]].copy()
+        if pc.causal:  # a faulted request's items have no keys: their causal offset is never read
+            empty = theirs[:, F.KV_END] == 0
+            theirs[empty, F.CAUSAL_OFFSET] = mine[empty, F.CAUSAL_OFFSET]
         np.testing.assert_array_equal(mine, theirs, err_msg=f"CTA {c}")
     assert table.merge_indptr.size - 1 == plan.num_merges
     np.testing.assert_array_equal(table.merge_indptr, plan.merge_indptr[:plan.num_merges + 1])
@@ -91,12 +106,43 @@ def test_the_line_deal_rows_derive_the_device_plan(batch, kv, heads, page_size):
     _check_every_cta(_decode_config(heads, page_size, line_deal=True), [kv] * batch, [False] * batch)
 
 
+@pytest.mark.parametrize("batch, kv", [(1, 4096), (16, 4096), (64, 8192), (128, 4096), (64, None)])
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_the_mla_decode_rows_derive_the_cuts_plan(batch, kv, page_size):
+    """The bench's MLA decode rows (the ragged one: 64 requests of 1..32768 keys) derive the one-token plan's cuts."""
+    keys = np.random.default_rng(64).integers(1, 32769, size=batch) if kv is None else [kv] * batch
+    pc = _mla_decode_config(page_size=page_size)
+    assert line_reason(pc, one_token=True) is None and "causal" in line_reason(pc)
+    _check_every_cta(pc, keys, [False] * batch)
+
+
+def test_the_mla_decode_plan_is_the_device_plans_on_the_bench_rows():
+    """Without the sorted deal the device plan of the bench's MLA decode rows is unchanged: it took the cuts."""
+    from cute_attn.ops.mla_decode import ONE_TOKEN_SPEC
+
+    config = default_paged_config("mla_paged_prefill", arch="sm_90a", num_qo_heads=16, num_kv_heads=1,
+                                  head_dim_qk=576, head_dim_v=512, page_size=1, causal=True, spec=ONE_TOKEN_SPEC)
+    for keys in ([4096], [4096] * 16, [8192] * 64, [4096] * 128, np.random.default_rng(64).integers(1, 32769, 64)):
+        ones = np.ones(len(keys), dtype=np.int64)
+        assert not partition(config.plan_config(132), ones, np.asarray(keys))[1]
+
+
 def test_a_ragged_batch_the_line_deal_replaces():
     """A ragged batch whose serpentine deal is no worse than its split cuts: dealt, items lap by lap, no merges."""
     rng = np.random.default_rng(3)
     keys = rng.integers(1000, 1200, size=300).tolist()
     table = _check_every_cta(_decode_config((32, 8), line_deal=True), keys, [False] * 300)
     assert table.dealt and table.merge_indptr.size == 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), heads=st.sampled_from([8, 16]), page_size=st.sampled_from([1, 64]),
+       num_ctas=st.sampled_from([7, 132]))
+def test_drawn_mla_decode_batches_derive_the_cuts_plan(data, heads, page_size, num_ctas):
+    batch = data.draw(st.integers(0, 70))
+    keys = data.draw(st.lists(st.integers(0, 40000), min_size=batch, max_size=batch))
+    faulted = data.draw(st.lists(st.booleans(), min_size=batch, max_size=batch))
+    _check_every_cta(_mla_decode_config(heads, page_size, num_ctas), keys, faulted)
 
 
 @settings(max_examples=150, deadline=None)

@@ -123,3 +123,57 @@ def test_compiles_with_wgmma_tma_and_the_fold(heads, kv_heads, page_size):
     assert "fence.proxy.async" in ptx  # generic smem writes fenced before TMA (the table's, zero_v_tail's)
     assert "griddepcontrol.wait" in ptx
     assert not re.search(r"\.local\b", ptx)
+
+
+# ----------------------------------------------------------------------------------------------------- MLA decode
+def _mla(page_size=1, heads=16):
+    from cute_attn.ops.mla_decode import ONE_TOKEN_SPEC
+
+    return default_paged_config("mla_paged_prefill", arch="sm_90a", num_qo_heads=heads, num_kv_heads=1,
+                                head_dim_qk=576, head_dim_v=512, page_size=page_size, causal=True,
+                                spec=ONE_TOKEN_SPEC)
+
+
+def test_the_mla_decode_kernel_builds_it_one_token_a_tile():
+    """The swapped one-token kernel builds it (its merges folded in the kernel); the 64-row prefill kernel, cluster
+    folds and the units' build do not."""
+    assert _line(_mla()).can_implement() is None
+    prefill = default_paged_config("mla_paged_prefill", arch="sm_90a", num_qo_heads=16, num_kv_heads=1,
+                                   head_dim_qk=576, head_dim_v=512, page_size=1, causal=True)
+    for config, words in ((prefill, "tile_q_rows"), (dataclasses.replace(_mla(), cluster_merge=2), "cluster_merge")):
+        reason = _line(config).can_implement()
+        assert reason is not None and words in reason, reason
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_the_mla_policy_takes_it_for_one_token_batches(enabled):
+    from cute_attn.kernels.sm90 import mla_prefill as mla_kernel
+    from cute_attn.ops import mla_decode
+
+    def problem(batch):
+        return validate.PagedProblem.for_lengths([1] * batch, [100] * batch, num_qo_heads=16, num_kv_heads=1,
+                                                 head_dim_qk=576, head_dim_v=512, page_size=1)
+
+    with mla_decode.line_schedule_policy(enabled):
+        assert mla_decode.line_schedule(_mla(), problem(64), 132) is enabled
+        fits = mla_kernel.line_table_requests(_line(_mla()))
+        assert mla_decode.line_schedule(_mla(), problem(fits + 1), 132) is False
+        assert mla_decode.line_schedule(_mla(), problem(64), mla_kernel.NUM_THREADS) is False
+
+
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_the_mla_build_compiles_with_its_fold(page_size):
+    """Pages 1 (cp.async rows) and 64 (TMA boxes): the swapped kernel's wgmma, the wide fold's arrivals and the
+    count-out, no local memory."""
+    ptx = compile_to_ptx(_line(_mla(page_size)))
+    assert ".target sm_90a" in ptx and "_Line" in ptx and "wgmma.mma_async" in ptx
+    assert ("cp.async.cg.shared.global" if page_size == 1 else "cp.async.bulk.tensor") in ptx
+    assert len(re.findall(r"\batom\.(?:\w+\.)*add", ptx)) >= 2 and "fence.acq_rel.gpu" in ptx
+    assert not re.search(r"\.local\b", ptx)
+
+
+def test_the_mla_scratch_holds_512_column_partials():
+    from cute_attn.unit_schedule_route import UnitScratch
+
+    scratch = UnitScratch.allocate(64, "cpu", _line(_mla()), 132)
+    assert scratch.partial_out.shape == (264, 16, 512) and scratch.merge_counters.shape == (132,)

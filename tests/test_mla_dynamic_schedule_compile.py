@@ -53,9 +53,11 @@ def test_the_policy_keeps_batches_of_few_units_on_the_planner(enabled):
             assert mla_prefill_ops.self_schedule(config, _problem([43], [46]), 132) is False
 
 
-def test_the_decode_entry_never_self_schedules():
-    """One query token a tile is the swapped decode kernel: its spec has no self-scheduling route."""
-    assert mla_decode.ONE_TOKEN_SPEC.self_schedule is None
+def test_the_decode_entry_never_takes_the_units():
+    """One query token a tile is the swapped decode kernel: its spec's planner-free route is the line build
+    (``line_schedule``, off by default), never the units of ``dynamic_schedule``."""
+    assert mla_decode.ONE_TOKEN_SPEC.self_schedule is mla_decode.line_schedule
+    assert mla_decode.ONE_TOKEN_SPEC.self_schedule_knobs == {"line_schedule": True}
     assert mla_prefill_ops.SPEC.self_schedule is mla_prefill_ops.self_schedule
 
 

@@ -504,11 +504,31 @@ def _cases(arch: str) -> dict:
                 return result
         return run
 
+    def mla_line_schedule(page_size, kv_lens, fault=False):  # the one-token MLA decode's line build (session 38)
+        def run():
+            from cute_attn.ops import mla_decode
+
+            with mla_decode.line_schedule_policy(True):
+                case = testing.make_mla_decode_case(kv_lens, page_size=page_size, device="cuda", seed=39)
+                if fault:
+                    case.kv_indices[int(case.kv_indptr[2]) - 1] = case.ckv_cache.shape[0] + 3
+                result = _run_api(cute_attn.mla_paged_decode, case, arch, num_sms=7)
+                if fault:
+                    try:
+                        cute_attn.raise_on_device_error()
+                    except ValueError:
+                        return result[0], None, lambda: (result[0], None)
+                    raise AssertionError("the page past the pool was not reported")
+                return result
+        return run
+
     if arch == "sm_90a":  # ragged cuts with merges on 7 CTAs, even pieces, a fault
         cases["line-schedule-p64"] = ("gqa_paged_decode", line_schedule(64, [3000, 0, 9000, 70, 640], num_sms=7))
         cases["line-schedule-p16"] = ("gqa_paged_decode", line_schedule(16, [2048] * 16))
         cases["line-schedule-fault"] = ("gqa_paged_decode", line_schedule(64, [3000, 500, 9000, 70], fault=True))
         cases["line-schedule-p1"] = ("gqa_paged_decode", line_schedule(1, [3000, 500, 9000, 70], fault=True))
+        cases["mla-line-schedule-p1"] = ("mla_paged_decode", mla_line_schedule(1, [3000, 0, 9000, 70, 640]))
+        cases["mla-line-schedule-p64"] = ("mla_paged_decode", mla_line_schedule(64, [3000, 500, 9000, 70], True))
     cases["deal-prefill"] = ("gqa_paged_prefill", deal_prefill)
     cases["line-deal-decode"] = ("gqa_paged_decode", line_deal_decode)
     cases["deal-whole-tiles"] = ("gqa_paged_prefill", deal_whole_tiles)

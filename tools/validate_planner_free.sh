@@ -6,8 +6,9 @@
 #   bash tools/validate_planner_free.sh OUT_DIR ab [BUDGET_SECONDS]    # the default call's A/Bs, GQA then MLA
 #   bash tools/validate_planner_free.sh OUT_DIR late [BUDGET_SECONDS]  # late claim (session 36): tiers, sanitizer, A/B
 #   bash tools/validate_planner_free.sh OUT_DIR route [BUDGET_SECONDS] # host plans on the route (session 37): tier, A/B
-#   bash tools/validate_planner_free.sh OUT_DIR line [BUDGET_SECONDS]  # planner-free decode (session 38): its tier,
-#       the planned decode tiers (their fold was refactored beside it), memcheck, racecheck, the A/B
+#   bash tools/validate_planner_free.sh OUT_DIR line [BUDGET_SECONDS]  # planner-free decode (session 38): GQA and MLA
+#       tiers, the planned decode tiers (their fold and item reads changed beside it), memcheck, racecheck, GQA's A/B
+#   bash tools/validate_planner_free.sh OUT_DIR mla-line [BUDGET_SECONDS]  # the MLA decode line build's A/B
 #   bash tools/validate_planner_free.sh OUT_DIR peers [BUDGET_SECONDS] # FlashInfer call (flashinfer.tar.xz installed):
 #       the family bench, FlashInfer-Bench's harness, the wrapper tiers, under the route (FlashInfer JITs first: ~200 s)
 #
@@ -18,7 +19,7 @@
 # boxes' and the row gathers' checks). The A/Bs: GQA at pages 64 and 1 with two FIB layouts, MLA on the bench's
 # seven recorded batches at pages 1 and 64.
 set -u
-usage="usage: validate_planner_free.sh OUT_DIR gqa|mla|ab|late|route|line|peers [BUDGET_SECONDS]"
+usage="usage: validate_planner_free.sh OUT_DIR gqa|mla|ab|late|route|line|mla-line|peers [BUDGET_SECONDS]"
 out=${1:?$usage}
 part=${2:?$usage}
 budget=${3:-570}
@@ -69,17 +70,24 @@ tail -40 $out/ab_route.txt" ;;
   line)
     workers=""
     python -c 'import xdist' 2>/dev/null && workers="-n 4 --dist loadfile"
-    cases=line-schedule-p64,line-schedule-p16,line-schedule-fault,line-schedule-p1
+    cases=line-schedule-p64,line-schedule-p16,line-schedule-fault,line-schedule-p1,mla-line-schedule-p1
+    cases+=,mla-line-schedule-p64
     python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 \
-      --step 220 "python -m pytest -q $workers -rf --tb=short tests/test_line_schedule_gpu.py \
-tests/test_gqa_decode_gpu.py tests/test_multi_token_decode_gpu.py > $out/tier.txt 2>&1; \
-grep -E '^E |FAILED|passed|failed' $out/tier.txt | head -40" \
+      --step 200 "python -m pytest -q $workers -rf --tb=short tests/test_line_schedule_gpu.py \
+tests/test_mla_line_schedule_gpu.py > $out/tier.txt 2>&1; grep -E '^E |FAILED|passed|failed' $out/tier.txt | head -40" \
+      --step 120 "python -m pytest -q $workers -rf --tb=short tests/test_gqa_decode_gpu.py \
+tests/test_multi_token_decode_gpu.py tests/test_mla_decode_gpu.py > $out/planned.txt 2>&1; \
+grep -E '^E |FAILED|passed|failed' $out/planned.txt | head -20" \
       --step 60 "python tools/sanitize.py --tools memcheck --cases $cases --out $out/memcheck.txt \
 > $out/memcheck.log 2>&1; tail -8 $out/memcheck.log" \
       --step 80 "python tools/sanitize.py --tools racecheck --cases $cases --out $out/racecheck.txt \
 > $out/racecheck.log 2>&1; tail -8 $out/racecheck.log" \
-      --step 180 "python tools/ab_policy.py line_schedule --iters 50 --json $out/ab_line.json > $out/ab_line.txt 2>&1; \
-tail -40 $out/ab_line.txt" ;;
+      --step 100 "python tools/ab_policy.py line_schedule --iters 50 --json $out/ab_line.json > $out/ab_line.txt 2>&1; \
+tail -30 $out/ab_line.txt" ;;
+  mla-line)  # the A/B of the MLA decode's line build (run after line, on the same warm machine)
+    python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 \
+      --step 200 "python tools/ab_policy.py mla_line_schedule --iters 50 --json $out/ab_mla_line.json \
+> $out/ab_mla_line.txt 2>&1; tail -30 $out/ab_mla_line.txt" ;;
   peers)
     python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 \
       --step 330 "python tools/bench.py --kernel family --compile-jobs 12 --iters 50 --png= \
@@ -87,5 +95,5 @@ tail -40 $out/ab_line.txt" ;;
       --step 150 "python tools/fib_bench.py --json $out/h200-fib.json > $out/fib.txt 2>&1; tail -20 $out/fib.txt" \
       --step 100 "python -m pytest -q -rf --tb=short tests/test_flashinfer_compat_gpu.py \
 tests/test_flashinfer_graphs_gpu.py > $out/wrappers.txt 2>&1; grep -E '^E |FAILED|passed|failed' $out/wrappers.txt | head" ;;
-  *) echo "part must be gqa, mla, ab, late, route, line or peers, got $part" >&2; exit 2 ;;
+  *) echo "part must be gqa, mla, ab, late, route, line, mla-line or peers, got $part" >&2; exit 2 ;;
 esac

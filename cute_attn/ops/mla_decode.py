@@ -180,10 +180,43 @@ def decode_fused_merge_policy(enabled: bool | None):
         yield enabled
 
 
-#: the MLA prefill kind with one-token tiles: the spec of the decode entry's one-query-per-request calls
-#: (one token a tile is the swapped decode kernel, which the self-scheduling build is not: ``self_schedule`` None)
+#: The default call (no plan) of one-token MLA decode runs the swapped kernel's ``line_schedule`` build
+#: (``kernels/common/line_schedule.py``: every CTA derives its own stretch of the cost line, without the sorted deal,
+#: and folds its split items in the kernel; no planner, no combine launch). Expected (session 38, a guess): 64 x 8192
+#: default call 163.1 -> ~156 us (the planner ~7.5 and the combine ~2.5 out, the prologue ~1.5 and the in-kernel
+#: wide fold ~1-2 in; plan-once 151.3: issue 9's 10 us bound). Built in session 38, never run on a GPU: off until it
+#: has run (``tools/validate_planner_free.sh OUT line``)
+SM90_LINE_SCHEDULE = False
+
+
+def line_schedule(config, problem, num_ctas: int) -> bool:
+    """``OpSpec.self_schedule`` of the one-token spec: the ``line_schedule`` build for this default call (the policy
+    above), where the swapped kernel builds it and the batch fits its table."""
+    if not SM90_LINE_SCHEDULE or config.arch != "sm_90a":
+        return False
+    line = dataclasses.replace(config, line_schedule=True)
+    if line.can_implement() is not None:
+        return False
+    from ..kernels.sm90.mla_prefill import NUM_THREADS, line_table_requests
+
+    return problem.batch_size <= line_table_requests(line) and num_ctas + 1 <= NUM_THREADS
+
+
+@contextlib.contextmanager
+def line_schedule_policy(enabled: bool):
+    """Inside the block the one-token default call takes (or never takes) the ``line_schedule`` build whatever
+    ``SM90_LINE_SCHEDULE`` says (GPU tests, A/Bs, sanitizer cases)."""
+    from . import policy
+
+    with policy(globals(), SM90_LINE_SCHEDULE=bool(enabled)):
+        yield bool(enabled)
+
+
+#: the MLA prefill kind with one-token tiles: the spec of the decode entry's one-query-per-request calls (one token
+#: a tile is the swapped decode kernel: its planner-free build is ``line_schedule``, not ``dynamic_schedule``'s units)
 ONE_TOKEN_SPEC = dataclasses.replace(mla_prefill.SPEC, default_tiles=one_token_tiles, plan_tiles=cluster_tiles,
-                                     device_plan_tiles=device_cluster_tiles, self_schedule=None)
+                                     device_plan_tiles=device_cluster_tiles, self_schedule=line_schedule,
+                                     self_schedule_knobs={"line_schedule": True})
 
 _ONE_PER_REQUEST: dict[tuple[int, torch.device], torch.Tensor] = {}
 _CHECKED_QO: dict[tuple, weakref.ref] = {}  # qo_indptr states whose q_len rule passed

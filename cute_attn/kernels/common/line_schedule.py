@@ -47,7 +47,7 @@ from .planner_scan import record_fault
 from .unit_schedule import FAULTS_SEEN, UNITS_DONE, scan_page_ids
 
 __all__ = ["LineRules", "LineStretch", "table_bytes", "table_requests", "derive_stretch", "line_item",
-           "fold_line_merges", "finish_line"]
+           "fetch_row", "fold_line_merges", "finish_line"]
 
 INT32_MAX = 2**31 - 1
 MAX_WARPS = 32
@@ -72,13 +72,14 @@ class LineRules:
     max_slack_keys: int
     line_deal: bool
     deal_max_q_tiles: int
+    causal: bool  # one query token a request (MLA decode): CAUSAL_OFFSET is keys - 1, masking nothing
 
     @staticmethod
     def of(plan_config: PlanConfig) -> "LineRules":
         c = plan_config
         return LineRules(c.num_kv_heads, c.group_size, c.kv_tile, c.page_size, c.item_overhead_keys, min_width(c),
                          c.even_pieces and c.allow_split, c.allow_split, c.max_slack_keys, c.line_deal,
-                         c.deal_max_q_tiles)
+                         c.deal_max_q_tiles, c.causal)
 
 
 def _edge_bytes(num_threads: int) -> int:
@@ -483,9 +484,22 @@ def line_item(s: LineStretch, it, row: cute.Tensor):
     row[F.KV_START] = kv_start
     row[F.KV_END] = kv_end
     row[F.PARTIAL_SLOT] = slot
-    row[F.CAUSAL_OFFSET] = Int32(NOT_CAUSAL_OFFSET)
+    if cutlass.const_expr(rules.causal):
+        row[F.CAUSAL_OFFSET] = keys - 1
+    else:
+        row[F.CAUSAL_OFFSET] = Int32(NOT_CAUSAL_OFFSET)
     row[F.MERGE] = merge
     row[F.KV_PAGE_START] = s.kv_indptr[b] + kv_start // rules.page_size
+
+
+@cute.jit
+def fetch_row(items, it, row: cute.Tensor):
+    """Item ``it`` into ``row`` (``ItemField``-indexed): derived from a :class:`LineStretch`, else the plan's row."""
+    if cutlass.const_expr(isinstance(items, LineStretch)):
+        line_item(items, it, row)
+    else:
+        for f in cutlass.range_constexpr(len(F)):
+            row[f] = items[it, f]
 
 
 @cute.jit
@@ -501,21 +515,23 @@ def pool_ids_only(lane_pages: cute.Tensor, num_pages):
 
 @cute.jit
 def fold_line_merges(s: LineStretch, merge_counters, arrival, partial_out, partial_lse, output, lse, lse_out_scale,
-                     tidx, barrier_id: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int]):
+                     tidx, barrier_id: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int], qo_indptr=None,
+                     wide: cutlass.Constexpr[bool] = False):
     """After the item loop, by the threads that stored the partials: the CTA's (at most two) split items arrive in
-    their merges, and the last arrival of each folds it (``decode_merge.arrive_and_fold``)."""
+    their merges, and the last arrival of each folds it (``decode_merge.arrive_and_fold``; MLA: ``qo_indptr`` and the
+    wide fold of 512-column rows)."""
     rules = s.rules
     cute.arch.fence_acq_rel_gpu()
     if s.merge0 >= 0:
         tile = s.first_tile
         arrive_and_fold(s.merge0, s.begin0, s.slots0, tile // rules.heads, tile % rules.heads, Int32(0),
                         Int32(rules.group), merge_counters, arrival, rules.group, partial_out, partial_lse, output,
-                        lse, lse_out_scale, tidx, barrier_id, num_threads)
+                        lse, lse_out_scale, tidx, barrier_id, num_threads, qo_indptr, wide)
     if s.merge1 >= 0:
         tile = s.first_tile + s.count - 1
         arrive_and_fold(s.merge1, s.begin1, s.slots1, tile // rules.heads, tile % rules.heads, Int32(0),
                         Int32(rules.group), merge_counters, arrival, rules.group, partial_out, partial_lse, output,
-                        lse, lse_out_scale, tidx, barrier_id, num_threads)
+                        lse, lse_out_scale, tidx, barrier_id, num_threads, qo_indptr, wide)
 
 
 @cute.jit

@@ -43,6 +43,7 @@ from cutlass import Float32, Int32, Int64
 
 from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField as F
+from .line_schedule import LineStretch, fetch_row
 from .paged_launch import checked_build, launch_paged
 from .row_gather import (ROW_CHUNK, commit_rows, gather_row_segments, gather_rows, gather_rows_zero_fill,
                          make_row_copy_atom, segments_fit)
@@ -115,6 +116,22 @@ def dynamic_fake_args(config: PagedAttentionConfig) -> tuple:
             stream)
 
 
+def line_fake_args(config: PagedAttentionConfig) -> tuple:
+    """Fake arguments of a ``line_schedule`` build's ``call_line`` entry (the MLA decode's one-token configs):
+    ``q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, merge_counters,
+    request_faults, unit_state, error_word, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
+    num_pages, num_ctas, stream`` (no plan: ``kernels/common/line_schedule.py``)."""
+    from .unit_schedule import UNIT_STATE_WORDS
+
+    base = fake_args(config)
+    i32 = cutlass.Int32
+    fake = cute.runtime.make_fake_compact_tensor
+    output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream = base[9:16]
+    return (*base[:7], fake(i32, (cute.sym_int(symbol="batch"),)), fake(i32, (cute.sym_int(symbol="merge_counters"),)),
+            fake(i32, (cute.sym_int(symbol="request_faults"),)), fake(i32, (UNIT_STATE_WORDS,)), fake(i32, (4,)),
+            output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, i32(1), i32(1), stream)
+
+
 def fold_arrival_bytes(config: PagedAttentionConfig) -> int:
     """Shared memory of the ``fused_merge`` fold's arrival word (16-byte aligned), 0 without it."""
     return 16 if config.fused_merge else 0
@@ -158,6 +175,20 @@ class MlaEntries:
                            None, output, lse, None, None, scale_log2, lse_out_scale, stream,
                            units=(kv_last_page_len, request_faults, unit_state, num_ctas, error_word, num_pages))
 
+    @cute.jit
+    def call_line(self, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor, kpe_cache: cute.Tensor,
+                  qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, kv_indices: cute.Tensor,
+                  kv_last_page_len: cute.Tensor, merge_counters: cute.Tensor, request_faults: cute.Tensor,
+                  unit_state: cute.Tensor, error_word: cute.Tensor, output: cute.Tensor, lse: cute.Tensor,
+                  partial_out: cute.Tensor, partial_lse: cute.Tensor, scale_log2: Float32, lse_out_scale: Float32,
+                  num_pages: Int32, num_ctas: Int32, stream: cuda.CUstream):
+        """``line_schedule`` (the MLA decode's one-token configs): no plan, one launch; each of ``num_ctas`` CTAs
+        derives its stretch of the cost line (``common/line_schedule.py``) and folds its split items in the kernel
+        (``merge_counters``, ``partial_out`` / ``partial_lse`` of ``2 * num_ctas`` slots)."""
+        self.launch_kernel(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, None, None, None,
+                           merge_counters, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream,
+                           units=(kv_last_page_len, request_faults, unit_state, num_ctas, error_word, num_pages))
+
 
 def mla_entry(kernel_cls, check_config) -> tuple:
     """``(build, launch)`` of an MLA prefill kernel class (the arguments of :func:`fake_args`; the combine after,
@@ -167,6 +198,9 @@ def mla_entry(kernel_cls, check_config) -> tuple:
         if config.dynamic_schedule:  # no plan: the kernel schedules itself (load_units)
             kernel, fake = checked_build(kernel_cls, check_config, config, dynamic_fake_args(config))
             return kernel.call_dynamic, fake
+        if config.line_schedule:  # no plan: each CTA derives its stretch (common/line_schedule.py)
+            kernel, fake = checked_build(kernel_cls, check_config, config, line_fake_args(config))
+            return kernel.call_line, fake
         kernel, fake = checked_build(kernel_cls, check_config, config, fake_args(config))
         # call_fused: the merge table after items, for the kernel's fold (fused_merge), its arrivals (eager_combine)
         # or its cluster-fold flags (cluster_merge_flags)
@@ -191,7 +225,7 @@ def mla_entry(kernel_cls, check_config) -> tuple:
 @cute.jit
 def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor,
                         kpe_cache: cute.Tensor, qo_indptr: cute.Tensor, kv_indptr: cute.Tensor,
-                        kv_indices: cute.Tensor, items: cute.Tensor, item_begin: Int32, item_end: Int32,
+                        kv_indices: cute.Tensor, items, item_begin: Int32, item_end: Int32,
                         s_q: cute.Tensor, s_k: cute.Tensor, s_ids: cute.Tensor, pipe_q, pipe_kv, q_state, kv_state,
                         group: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int],
                         ids_barrier: cutlass.Constexpr[int], q_for_keyless_items: cutlass.Constexpr[bool],
@@ -220,12 +254,20 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
     gather = _gather_setup(s_q, s_k, ckv_cache, kpe_cache, kv_boxes, kv_gather4)
     copy_atom, zeros, s_q_chunks = gather[0], gather[1], gather[2]
     tiles_done = Int32(0)
+    row = None
+    if cutlass.const_expr(isinstance(items, LineStretch)):  # a line build's item, derived (common/line_schedule.py)
+        row = cute.make_rmem_tensor((len(F),), Int32)
     for it in cutlass.range(item_begin, item_end, unroll=1):
-        b = items[it, int(F.REQUEST)]
-        r0 = items[it, int(F.Q_ROW_START)]
-        row_count = items[it, int(F.Q_ROW_COUNT)]
-        kv_start = items[it, int(F.KV_START)]
-        kv_end = items[it, int(F.KV_END)]
+        if cutlass.const_expr(isinstance(items, LineStretch)):
+            fetch_row(items, it, row)
+            b, r0, row_count = row[int(F.REQUEST)], row[int(F.Q_ROW_START)], row[int(F.Q_ROW_COUNT)]
+            kv_start, kv_end = row[int(F.KV_START)], row[int(F.KV_END)]
+        else:
+            b = items[it, int(F.REQUEST)]
+            r0 = items[it, int(F.Q_ROW_START)]
+            row_count = items[it, int(F.Q_ROW_COUNT)]
+            kv_start = items[it, int(F.KV_START)]
+            kv_end = items[it, int(F.KV_END)]
         # where every item needs Q, it is issued before the key count: the GPU-validated sm_90a kernel's
         # order (computing the count first changes that kernel's PTX). Issuing an item's first K tile before its Q
         # (Q completing on its barrier by itself) was measured slower on the H200: docs/perf-history.md, sessions 12-13

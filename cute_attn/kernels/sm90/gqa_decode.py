@@ -211,12 +211,8 @@ def line_schedule_reason(config: PagedAttentionConfig) -> str | None:
         return reason
     # the build bakes these plan rules in (they are not config fields, so not in its compile key): refused where the
     # policies say otherwise, rather than built with rules the device plan of the same config does not use
-    baked = line_rules(config)
-    if (plan_config.even_pieces, plan_config.max_slack_keys, plan_config.line_deal) != (
-            baked.even_pieces, baked.max_slack_keys, baked.line_deal):
-        return (f"line_schedule builds cut with even_pieces={baked.even_pieces}, max_slack_keys="
-                f"{baked.max_slack_keys}, line_deal={baked.line_deal}; the plan policies now say "
-                f"{plan_config.even_pieces}, {plan_config.max_slack_keys}, {plan_config.line_deal}")
+    if (reason := baked_rules_reason(plan_config, line_rules(config))) is not None:
+        return reason
     if line_table_requests(config) < 1:
         return "the K ring is too small for the line table"
     return None
@@ -238,6 +234,17 @@ def line_rules(config: PagedAttentionConfig) -> LineRules:
     return dataclasses.replace(LineRules.of(config.plan_config(1)), even_pieces=LINE_EVEN_PIECES,
                                max_slack_keys=LINE_MAX_SLACK_KEYS,
                                line_deal=line_deals(config.page_size, config.num_kv_heads, policy_now=False))
+
+
+def baked_rules_reason(plan_config, baked: LineRules) -> str | None:
+    """Why a line build whose rules are ``baked`` would not cut as ``plan_config``'s device plan (None: it would):
+    its plan policies are baked in, not part of its compile key."""
+    now = (plan_config.even_pieces and plan_config.allow_split, plan_config.max_slack_keys, plan_config.line_deal)
+    if now != (baked.even_pieces, baked.max_slack_keys, baked.line_deal):
+        return (f"line_schedule builds cut with even_pieces={baked.even_pieces}, max_slack_keys="
+                f"{baked.max_slack_keys}, line_deal={baked.line_deal}; the plan policies now say {now[0]}, {now[1]}, "
+                f"{now[2]}")
+    return None
 
 
 def line_table_requests(config: PagedAttentionConfig) -> int:

@@ -97,6 +97,7 @@ from ..common.registers import register_split_reason
 from ..common.softmax import (acc_mn_view, make_softmax_state, rescale_rows, softmax_finalize, softmax_reset,
                               softmax_update, store_p_bf16)
 from ..common.launch_chain import wait_for_previous_grid
+from ..common.line_schedule import LineTable, derive_stretch, finish_line, fold_line_merges
 from .prefill_epilogue import store_item_rows
 from .wgmma import wgmma_gemm
 
@@ -220,6 +221,8 @@ def check_config(config: PagedAttentionConfig) -> str | None:
                 f"score_warpgroup={config.score_warpgroup}, tile_q_rows={config.tile_q_rows}, "
                 f"fused_merge={config.fused_merge}, eager_combine={config.eager_combine}, "
                 f"cluster_merge={config.cluster_merge}, probe={config.probe!r}")
+    if config.line_schedule and (reason := line_schedule_reason(config)) is not None:
+        return reason
     if config.score_warpgroup:
         from .mla_prefill_score_wg import score_wg_reason
 
@@ -231,6 +234,46 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         if (reason := shared_s_reason(config)) is not None:
             return reason
     return smem_reason(smem_bytes(config))
+
+
+def line_rules(config: PagedAttentionConfig):
+    """The plan rules the MLA decode's line build derives with (``kernels/common/line_schedule.py``): the one-token
+    plan's cuts without the sorted deal (``line_schedule.cuts_only``), under the landed plan policies."""
+    from ...line_schedule import cuts_only
+    from ..common.line_schedule import LineRules
+    from .gqa_decode import LINE_EVEN_PIECES, LINE_MAX_SLACK_KEYS
+
+    return dataclasses.replace(LineRules.of(cuts_only(config.plan_config(1))), even_pieces=LINE_EVEN_PIECES,
+                               max_slack_keys=LINE_MAX_SLACK_KEYS, line_deal=False)
+
+
+def line_table_requests(config: PagedAttentionConfig) -> int:
+    """The most requests the MLA line build's table holds (it aliases the K stages)."""
+    from ..common.line_schedule import table_requests
+
+    return table_requests(NUM_THREADS, num_stages(config) * config.kv_tile * QK_DIM * 2)
+
+
+def line_schedule_reason(config: PagedAttentionConfig) -> str | None:
+    """Why a ``line_schedule`` build of ``config`` is not made: the swapped one-token decode kernel only, folding its
+    own merges (no cluster fold, eager combine, self-scheduling units or probe), its plan derivable per CTA."""
+    from ...line_schedule import cuts_only, line_reason
+    from .gqa_decode import baked_rules_reason
+
+    if not swapped(config):
+        return ("line_schedule: the MLA decode build (one query token a tile, tile_q_rows = the head count); got "
+                f"tile_q_rows={config.tile_q_rows}")
+    if config.cluster_merge or config.eager_combine or config.dynamic_schedule or config.probe:
+        return ("line_schedule folds its merges in the kernel: no cluster_merge, eager_combine, dynamic_schedule or "
+                "probe")
+    plan_config = cuts_only(config.plan_config(1))
+    if (reason := line_reason(plan_config, one_token=True)) is not None:
+        return reason
+    if (reason := baked_rules_reason(plan_config, line_rules(config))) is not None:
+        return reason
+    if line_table_requests(config) < 1:
+        return "the K stages are too small for the line table"
+    return None
 
 
 # --------------------------------------------------------------------------------------------- kernel
@@ -257,6 +300,10 @@ class MlaPagedPrefillSm90(MlaEntries):
         self.row_segments = config.row_segments is not False  # the MLA policy: segments
         self.dynamic = config.dynamic_schedule
         self.late_claim = config.late_claim
+        self.line = config.line_schedule  # compile time: every other build's code is unchanged
+        if config.line_schedule:
+            self.line_rules = line_rules(config)
+            self.line_requests = line_table_requests(config)
         self.page_size = config.page_size
         self.dtype = cutlass.BFloat16
 
@@ -363,7 +410,8 @@ class MlaPagedPrefillSm90(MlaEntries):
         mbar_q = smem.allocate_array(Int64, 2, byte_alignment=8)
         mbar_k = smem.allocate_array(Int64, 2 * self.num_stages, byte_alignment=8)
         arrival = None  # fused_merge: thread 0's merge arrival, broadcast to the consumers
-        if cutlass.const_expr(merge_indptr is not None and not self.eager_combine and not self.cluster_flags):
+        if cutlass.const_expr((merge_indptr is not None and not self.eager_combine and not self.cluster_flags)
+                              or self.line):
             arrival = smem.allocate_tensor(Int32, cute.make_layout((1,)), 16)
         if cutlass.const_expr(self.dynamic):  # the unit ring (common/mla.load_units), the rules' reduction words
             ring = smem.allocate_tensor(Int32, cute.make_layout((UNIT_RING, SLOT_FIELDS), stride=(SLOT_FIELDS, 1)), 16)
@@ -392,7 +440,12 @@ class MlaPagedPrefillSm90(MlaEntries):
         item_begin = Int32(0)
         item_end = Int32(0)
         source = None  # dynamic_schedule: the unit counter and the ring (unit_schedule.UnitSource)
-        if cutlass.const_expr(not self.dynamic):
+        if cutlass.const_expr(self.line):  # every thread derives the CTA's stretch on a table over the K stages
+            table = LineTable(cute.recast_ptr(s_k.iterator, dtype=cutlass.Int8), NUM_THREADS, self.line_requests)
+            items = derive_stretch(kv_indptr, kv_last_page_len, kv_indices, num_pages, output, lse, request_faults,
+                                   unit_state, error_word, table, tidx, NUM_THREADS, CKV_DIM, self.line_rules)
+            item_end = items.count
+        elif cutlass.const_expr(not self.dynamic):
             item_begin = work_indptr[cta]
             item_end = work_indptr[cta + 1]
         else:
@@ -450,7 +503,12 @@ class MlaPagedPrefillSm90(MlaEntries):
                 self.consume_items(tidx - PRODUCER_THREADS, s_q, s_k, consumer_red, qo_indptr, items, item_begin,
                                    item_end, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
                                    tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k)
-            if cutlass.const_expr(self.eager_combine):  # both consumer warpgroups wrote the partials
+            if cutlass.const_expr(self.line):  # both consumer warpgroups wrote the partials and outputs
+                fold_line_merges(items, merge_counters, arrival, partial_out, partial_lse, output, lse, lse_out_scale,
+                                 tidx - PRODUCER_THREADS, _FOLD_BARRIER, MMA_THREADS, qo_indptr=qo_indptr, wide=True)
+                finish_line(items, unit_state, request_faults, output, lse, tidx - PRODUCER_THREADS, MMA_THREADS,
+                            CKV_DIM, _FINISH_BARRIER, arrival)
+            elif cutlass.const_expr(self.eager_combine):  # both consumer warpgroups wrote the partials
                 announce_partials(items, item_begin, item_end, merge_counters, tidx - PRODUCER_THREADS,
                                   barrier_id=_FOLD_BARRIER, num_threads=MMA_THREADS)
             elif cutlass.const_expr(merge_indptr is not None and not self.cluster_flags):  # both wrote the partials
