@@ -209,10 +209,11 @@ class PagedAttentionConfig(KernelConfig):
     #: --claim``: 1.21x the host plan's busiest CTA at 1 x 992, 1.38x at MLA 1 x 1028, where the H200 measured 1.20x
     #: and 1.30x; claimed late, 1.00x both). Built in session 36, on since session 37 (``LATE_CLAIM_KINDS``)
     late_claim: bool = False
-    #: the sm_90a GQA decode kernel with no plan: every CTA derives its own stretch of the device planner's cost
-    #: line from ``kv_indptr`` / ``kv_last_page_len`` at its start (``kernels/common/line_schedule.py``; the numpy
-    #: twin ``cute_attn/line_schedule.py``), so a new batch costs one launch: no planner, no plan buffers. Built in
-    #: session 38, never run on a GPU: the default call takes it only under ``ops/gqa_decode.LINE_SCHEDULE`` (off)
+    #: the decode kernels with no plan (GQA: sm_90a, sm_100a twin; the sm_90a one-token MLA decode): every CTA derives
+    #: its own stretch of the device planner's cost line from ``kv_indptr`` / ``kv_last_page_len`` at its start
+    #: (``kernels/common/line_schedule.py``; the numpy twin ``cute_attn/line_schedule.py``), so a new batch costs one
+    #: launch: no planner, no plan buffers, no combine. Built in session 38, never run on a GPU: the default call takes
+    #: it only under ``ops/gqa_decode.LINE_SCHEDULE`` / ``ops/mla_decode.SM90_LINE_SCHEDULE`` (off)
     line_schedule: bool = False
 
     @property
@@ -323,8 +324,8 @@ class PagedAttentionConfig(KernelConfig):
         if self.late_claim and not self.dynamic_schedule:
             return "late_claim: a knob of the self-scheduling builds (dynamic_schedule=True) only"
         if self.line_schedule and (self.kind, self.arch) not in LINE_SCHEDULE_KERNELS:
-            return (f"line_schedule: built for the sm_90a GQA decode and MLA decode kernels only (kind {self.kind}, "
-                    f"arch {self.arch}; the sm_100a twins are not written)")
+            return (f"line_schedule: built for the GQA decode kernels (sm_90a, sm_100a) and the sm_90a MLA decode "
+                    f"kernel only (kind {self.kind}, arch {self.arch}; the sm_100a MLA twin is not written)")
         if self.page_boxes and ((self.kind, self.arch) != ("mla_paged_prefill", "sm_90a")
                                 or self.page_size < self.kv_tile):
             return (f"page_boxes: a knob of the sm_90a MLA kernels' TMA K stages at pages of >= kv_tile keys "
@@ -416,7 +417,8 @@ LAP_TURN_KINDS: tuple = ("gqa_paged_prefill",)
 SELF_SCHEDULING_KINDS = ("gqa_paged_prefill", "mla_paged_prefill")  # the kinds with a dynamic_schedule build
 #: (kind, arch) of the kernels with a ``line_schedule`` build (the MLA decode entry's one-token configs are the MLA
 #: prefill kind's: the swapped decode kernel)
-LINE_SCHEDULE_KERNELS = (("gqa_paged_decode", "sm_90a"), ("mla_paged_prefill", "sm_90a"))
+LINE_SCHEDULE_KERNELS = (("gqa_paged_decode", "sm_90a"), ("gqa_paged_decode", "sm_100a"),
+                         ("mla_paged_prefill", "sm_90a"))
 LATE_CLAIM_KINDS: tuple[str, ...] = SELF_SCHEDULING_KINDS
 
 

@@ -32,18 +32,19 @@ def _problem(batch, heads=20, kv_heads=4, page_size=64):
                                              head_dim_qk=128, head_dim_v=128, page_size=page_size)
 
 
-def test_only_the_sm90_decode_kernel_builds_it():
+def test_the_decode_kernels_build_it():
     assert _line(_config()).can_implement() is None
-    for config, words in ((_config(arch="sm_100a"), "sm_100a"), (_config(kind="gqa_paged_prefill", heads=32), "decode"),
+    assert _line(_config(arch="sm_100a")).can_implement() is None
+    for config, words in ((_config(kind="gqa_paged_prefill", heads=32), "line_schedule"),
                           (_config(kind="gqa_paged_multi_token_decode"), "decode")):
         reason = _line(config).can_implement()
         assert reason is not None and "line_schedule" in reason and words in reason, reason
 
 
 @pytest.mark.parametrize("page_size", [1, 2])
-def test_row_gathers_build_it_and_vet_their_ids(page_size):
-    """Pages 1 and 2 gather rows (a producer warpgroup): the build keeps every id inside the pool itself (an id outside
-    becomes -1, a zero-filled row), as no plan vetted them; the table is sized for the warpgroup's 384 threads."""
+def test_row_gathers_build_it(page_size):
+    """Pages 1 and 2 gather rows (a producer warpgroup), which zero-fill a row whose id is outside the pool
+    (``row_gather``'s own check: no plan vetted the ids); the table is sized for the warpgroup's 384 threads."""
     config = _line(_config(page_size=page_size))
     assert config.can_implement() is None and config.gather_warps == 4
     assert kernel.line_table_requests(config) > 0
@@ -76,7 +77,7 @@ def test_the_policy_takes_it_where_the_plan_takes_no_deal(enabled):
         assert gqa_decode.self_schedule(_config(page_size=16), _problem(64, page_size=16), 132) is enabled
         assert gqa_decode.self_schedule(_config(32, 8), _problem(64, 32, 8), 132) is enabled
         assert gqa_decode.self_schedule(_config(page_size=1), _problem(64, page_size=1), 132) is enabled
-        assert gqa_decode.self_schedule(_config(arch="sm_100a"), _problem(64), 148) is False
+        assert gqa_decode.self_schedule(_config(arch="sm_100a"), _problem(64), 148) is False  # never run there
         fits = kernel.line_table_requests(_line(_config()))
         assert gqa_decode.self_schedule(_config(), _problem(fits), 132) is enabled
         assert gqa_decode.self_schedule(_config(), _problem(fits + 1), 132) is False
@@ -140,7 +141,9 @@ def test_the_mla_decode_kernel_builds_it_one_token_a_tile():
     assert _line(_mla()).can_implement() is None
     prefill = default_paged_config("mla_paged_prefill", arch="sm_90a", num_qo_heads=16, num_kv_heads=1,
                                    head_dim_qk=576, head_dim_v=512, page_size=1, causal=True)
-    for config, words in ((prefill, "tile_q_rows"), (dataclasses.replace(_mla(), cluster_merge=2), "cluster_merge")):
+    for config, words in ((prefill, "tile_q_rows"), (dataclasses.replace(_mla(), cluster_merge=2), "cluster_merge"),
+                          (dataclasses.replace(_mla(), fused_merge=True), "fused_merge"),
+                          (dataclasses.replace(_mla(), bf16_partials=True), "bf16_partials")):
         reason = _line(config).can_implement()
         assert reason is not None and words in reason, reason
 
@@ -177,3 +180,13 @@ def test_the_mla_scratch_holds_512_column_partials():
 
     scratch = UnitScratch.allocate(64, "cpu", _line(_mla()), 132)
     assert scratch.partial_out.shape == (264, 16, 512) and scratch.merge_counters.shape == (132,)
+
+
+@pytest.mark.parametrize("heads, kv_heads, page_size", [(20, 4, 64), (32, 8, 64), (20, 4, 1), (20, 4, 8)])
+def test_the_sm100_twin_compiles(heads, kv_heads, page_size):
+    """The sm_100a twin (compiled only: no Blackwell GPU here): the same prologue and fold around the tcgen05 roles,
+    items read through the stretch (``LineStretch[it, field]``); page 1 by TMA gather4, page 8 by page boxes."""
+    ptx = compile_to_ptx(_line(_config(heads, kv_heads, page_size=page_size, arch="sm_100a")))
+    assert ".target sm_100a" in ptx and "_Line" in ptx and "tcgen05.mma" in ptx and "cp.async.bulk.tensor" in ptx
+    assert len(re.findall(r"\batom\.(?:\w+\.)*add", ptx)) >= 2 and "fence.acq_rel.gpu" in ptx
+    assert not re.search(r"\.local\b", ptx)

@@ -21,9 +21,9 @@ past the threads: a capacity fault) leaves every CTA without items, writing its 
 ``-inf``; a request breaking its own rules is a tile with no keys; page ids are scanned a grid-stride share a CTA
 (``unit_schedule.scan_page_ids``) and a bad one marks its request, whose rows the last CTA to finish
 (:func:`finish_line`) writes 0 / ``-inf``. Nothing outside the pool is read: TMA boxes are bounds-checked by the
-tensor map (an id outside it is a zero-filled box), and the row gathers of pages 1 and 2 turn such an id into -1, a
-zero-filled row (:func:`pool_ids_only`). Split items fold in the kernel (``decode_merge.arrive_and_fold``):
-at most two a CTA, its first and last item.
+tensor map (an id outside it is a zero-filled box), and the row gathers zero-fill a row whose id is outside it
+(``row_gather.gather_one_row_pages``: ``src-size`` 0; the MLA loads' ``mla._page_row``: id -1). Split items fold in
+the kernel (``decode_merge.arrive_and_fold``): at most two a CTA, its first and last item.
 
 State (zero between launches): ``merge_counters`` (the fold resets each), ``unit_state[UNITS_DONE, FAULTS_SEEN]``
 and the request marks (the last CTA resets them).
@@ -46,8 +46,8 @@ from .planner_collectives import WARP, block_exclusive_sum, last_at_most
 from .planner_scan import record_fault
 from .unit_schedule import FAULTS_SEEN, UNITS_DONE, scan_page_ids
 
-__all__ = ["LineRules", "LineStretch", "table_bytes", "table_requests", "derive_stretch", "line_item",
-           "fetch_row", "fold_line_merges", "finish_line"]
+__all__ = ["LineRules", "LineStretch", "table_bytes", "table_requests", "derive_stretch", "start_line", "end_line",
+           "line_item", "fetch_row", "fold_line_merges", "finish_line"]
 
 INT32_MAX = 2**31 - 1
 MAX_WARPS = 32
@@ -80,6 +80,63 @@ class LineRules:
         return LineRules(c.num_kv_heads, c.group_size, c.kv_tile, c.page_size, c.item_overhead_keys, min_width(c),
                          c.even_pieces and c.allow_split, c.allow_split, c.max_slack_keys, c.line_deal,
                          c.deal_max_q_tiles, c.causal)
+
+
+#: the plan rules every line build bakes in besides its config's own: ``config.EVEN_PIECES`` and ``MAX_SLACK_KEYS`` as
+#: they stand by default, and (GQA decode) the landed line-deal policy (``ops/gqa_decode.line_deals``); none is a
+#: config field, so none is in the compile key, and a build is refused while a policy says otherwise
+LINE_EVEN_PIECES = True
+LINE_MAX_SLACK_KEYS = 0
+
+
+def gqa_line_rules(config) -> LineRules:
+    """The plan rules a GQA decode line build of ``config`` derives with: its device plan's under the landed
+    policies."""
+    import dataclasses
+
+    from ...ops.gqa_decode import line_deals
+
+    return dataclasses.replace(LineRules.of(config.plan_config(1)), even_pieces=LINE_EVEN_PIECES,
+                               max_slack_keys=LINE_MAX_SLACK_KEYS,
+                               line_deal=line_deals(config.page_size, config.num_kv_heads, policy_now=False))
+
+
+def mla_line_rules(config) -> LineRules:
+    """The plan rules the one-token MLA decode's line build derives with: the plan's cuts without the sorted deal
+    (``line_schedule.cuts_only``), under the landed policies."""
+    import dataclasses
+
+    from ...line_schedule import cuts_only
+
+    return dataclasses.replace(LineRules.of(cuts_only(config.plan_config(1))), even_pieces=LINE_EVEN_PIECES,
+                               max_slack_keys=LINE_MAX_SLACK_KEYS, line_deal=False)
+
+
+def baked_rules_reason(plan_config, baked: LineRules) -> str | None:
+    """Why a line build whose rules are ``baked`` would not cut as ``plan_config``'s device plan (None: it would)."""
+    now = (plan_config.even_pieces and plan_config.allow_split, plan_config.max_slack_keys, plan_config.line_deal)
+    if now != (baked.even_pieces, baked.max_slack_keys, baked.line_deal):
+        return (f"line_schedule builds cut with even_pieces={baked.even_pieces}, max_slack_keys="
+                f"{baked.max_slack_keys}, line_deal={baked.line_deal}; the plan policies now say {now[0]}, {now[1]}, "
+                f"{now[2]}")
+    return None
+
+
+def gqa_line_reason(config, requests: int) -> str | None:
+    """Why a GQA decode kernel (either arch) does not make the ``line_schedule`` build of ``config`` (None: it
+    does); ``requests``: what its table holds."""
+    from ...line_schedule import line_reason
+
+    if config.kind != "gqa_paged_decode":
+        return "line_schedule builds are decode's (one query token a request)"
+    plan_config = config.plan_config(1)
+    if (reason := line_reason(plan_config)) is not None:
+        return reason
+    if (reason := baked_rules_reason(plan_config, gqa_line_rules(config))) is not None:
+        return reason
+    if requests < 1:
+        return "the K ring is too small for the line table"
+    return None
 
 
 def _edge_bytes(num_threads: int) -> int:
@@ -135,7 +192,13 @@ class LineStretch:
         self.merge0, self.slot0, self.begin0, self.slots0 = merge0, slot0, begin0, slots0  # item 0 when it splits
         self.merge1, self.begin1, self.slots1 = merge1, begin1, slots1  # item count - 1 when it ends inside a tile
         self.dealt, self.cta, self.num_ctas = dealt, cta, num_ctas  # dealt: item i is lap i's whole tile
-        self.num_pages = num_pages  # the pool: row gathers turn ids outside it into -1 (:func:`pool_ids_only`)
+        self.num_pages = num_pages  # the pool the page ids were scanned against
+
+    def __getitem__(self, index):
+        """``stretch[it, field]``: item ``it``'s field, derived (:func:`line_item`), where a kernel reads a plan's
+        ``items[it, field]``; each read derives the item again (its loads hit L1)."""
+        it, field = index
+        return line_field(self, it, int(field))
 
 
 @cute.jit
@@ -448,8 +511,36 @@ def derive_stretch(kv_indptr: cute.Tensor, kv_last_page_len: cute.Tensor, kv_ind
             record_fault(error_word, bad, 0)
     else:
         scan_page_ids(kv_indptr, kv_indices, num_pages, tidx, num_threads, unit_state, request_faults, error_word)
+    # any thread's marks (each fenced) happen before this CTA counts itself out (finish_line, by the storing threads
+    # only): a CTA without items counts out at once, while another role's threads might still be scanning
+    cute.arch.sync_threads()
     return LineStretch(kv_indptr, kv_last_page_len, rules, batch, count, first_tile, first_key, end_tile, end_key,
                        merge0, slot0, begin0, slots0, merge1, begin1, slots1, dealt, cta, m, num_pages)
+
+
+@cute.jit
+def start_line(line, ring, kv_indices: cute.Tensor, output: cute.Tensor, lse: cute.Tensor, tidx,
+               num_threads: cutlass.Constexpr, head_dim: cutlass.Constexpr, rules: cutlass.Constexpr,
+               requests: cutlass.Constexpr) -> LineStretch:
+    """A line build's start, every thread of the CTA before its roles split: :func:`derive_stretch` on a table over
+    ``ring`` (the K stages' first byte: nothing is loaded there before this returns). ``line``: the build's
+    ``(kv_indptr, kv_last_page_len, request_faults, unit_state, error_word, num_pages)``."""
+    kv_indptr, kv_last_page_len, request_faults, unit_state, error_word, num_pages = line
+    table = LineTable(cute.recast_ptr(ring, dtype=cutlass.Int8), num_threads, requests)
+    return derive_stretch(kv_indptr, kv_last_page_len, kv_indices, num_pages, output, lse, request_faults,
+                          unit_state, error_word, table, tidx, num_threads, head_dim, rules)
+
+
+@cute.jit
+def end_line(s: LineStretch, line, merge_counters, arrival, partial_out, partial_lse, output, lse, lse_out_scale,
+             tidx, barrier_id: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int],
+             head_dim: cutlass.Constexpr[int], qo_indptr=None, wide: cutlass.Constexpr[bool] = False):
+    """A line build's end, by the threads that stored its outputs and partials: :func:`fold_line_merges`, then
+    :func:`finish_line` (the count-out; the last CTA empties the requests a bad page id marked)."""
+    fold_line_merges(s, merge_counters, arrival, partial_out, partial_lse, output, lse, lse_out_scale, tidx,
+                     barrier_id, num_threads, qo_indptr, wide)
+    _, _, request_faults, unit_state, _, _ = line
+    finish_line(s, unit_state, request_faults, output, lse, tidx, num_threads, head_dim, barrier_id, arrival)
 
 
 @cute.jit
@@ -493,6 +584,14 @@ def line_item(s: LineStretch, it, row: cute.Tensor):
 
 
 @cute.jit
+def line_field(s: LineStretch, it, field: cutlass.Constexpr[int]):
+    """One field of item ``it`` (:class:`LineStretch`'s indexing)."""
+    row = cute.make_rmem_tensor((len(F),), Int32)
+    line_item(s, it, row)
+    return row[field]
+
+
+@cute.jit
 def fetch_row(items, it, row: cute.Tensor):
     """Item ``it`` into ``row`` (``ItemField``-indexed): derived from a :class:`LineStretch`, else the plan's row."""
     if cutlass.const_expr(isinstance(items, LineStretch)):
@@ -500,17 +599,6 @@ def fetch_row(items, it, row: cute.Tensor):
     else:
         for f in cutlass.range_constexpr(len(F)):
             row[f] = items[it, f]
-
-
-@cute.jit
-def pool_ids_only(lane_pages: cute.Tensor, num_pages):
-    """Row gathers (pages 1, 2): an id outside ``[0, num_pages)`` becomes -1, a zero-filled row (``cp.async`` reads
-    nothing: ``row_gather``'s ``src-size`` 0). TMA boxes need no such pass: the tensor map bounds-checks them. The
-    page scan at the start (``unit_schedule.scan_page_ids``) has marked the request, whose rows the last CTA empties."""
-    for c in cutlass.range_constexpr(cute.size(lane_pages)):
-        pid = lane_pages[c]
-        if pid < 0 or pid >= num_pages:
-            lane_pages[c] = Int32(-1)
 
 
 @cute.jit

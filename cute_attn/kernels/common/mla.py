@@ -133,8 +133,9 @@ def line_fake_args(config: PagedAttentionConfig) -> tuple:
 
 
 def fold_arrival_bytes(config: PagedAttentionConfig) -> int:
-    """Shared memory of the ``fused_merge`` fold's arrival word (16-byte aligned), 0 without it."""
-    return 16 if config.fused_merge else 0
+    """Shared memory of the in-kernel fold's arrival word (``fused_merge``, ``line_schedule``; 16-byte aligned), 0
+    without one."""
+    return 16 if config.fused_merge or config.line_schedule else 0
 
 
 class MlaEntries:

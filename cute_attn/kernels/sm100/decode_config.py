@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ...config import PagedAttentionConfig
+from ...config import PagedAttentionConfig, default_paged_config
 from ..common.limits import SMEM_LIMIT_BYTES, TMEM_COLUMNS, row_gather_choice_reason
 
 ARCH = "sm_100a"
@@ -120,7 +120,18 @@ def check_config(config: PagedAttentionConfig) -> str | None:
     if kv_stages(config) < MIN_KV_STAGES:
         return (f"shared memory: Q and {MIN_KV_STAGES} K/V stages need "
                 f"{_smem_bytes(config, MIN_KV_STAGES)} B, more than {SMEM_LIMIT_BYTES} B")
+    if config.line_schedule:
+        from ..common.line_schedule import gqa_line_reason
+
+        return gqa_line_reason(config, line_table_requests(config))
     return None
+
+
+def line_table_requests(config: PagedAttentionConfig) -> int:
+    """The most requests a ``line_schedule`` build's table holds (it aliases the K stages)."""
+    from ..common.line_schedule import table_requests
+
+    return table_requests(NUM_THREADS, kv_stages(config) * step_keys(config) * config.head_dim_qk * ELEM)
 
 
 def _kv_stage_bytes(config: PagedAttentionConfig) -> int:
@@ -142,3 +153,25 @@ def tmem_columns(config: PagedAttentionConfig) -> tuple[int, int]:
     """(columns used: one past the last, columns allocated)."""
     plan = tmem_plan(config)
     return plan.end, plan.alloc
+
+
+def configs(arch: str, kind: str = KIND) -> list[PagedAttentionConfig]:
+    """The definition's config (h20/kv4, d128, page 64) and one family member (h32/kv8), as on sm_90a, plus
+    the family's extremes that change the code: pages 16 / 128 (S and P widths, ring depth) at head_dim
+    128, head_dim 64 / 256 (TMA boxes, O width) at page 64, and page 128 at head_dim 64 (O from column 320)."""
+    if arch != ARCH:
+        return []
+
+    def decode(hq, hkv, page=64, head_dim=128):
+        return default_paged_config(kind, arch=ARCH, num_qo_heads=hq, num_kv_heads=hkv, head_dim_qk=head_dim,
+                                    head_dim_v=head_dim, page_size=page, causal=kind == MULTI_TOKEN_KIND)
+
+    if kind == MULTI_TOKEN_KIND:  # the definition's heads and one family member (the Q load and mask are new)
+        return [decode(20, 4), decode(32, 8)]
+    return [decode(20, 4), decode(32, 8), decode(32, 8, page=16), decode(32, 8, page=128),
+            decode(32, 8, head_dim=64), decode(32, 8, head_dim=256), decode(32, 8, page=128, head_dim=64),
+            decode(20, 4, page=1), decode(20, 4, page=8)]
+
+
+def multi_token_configs(arch: str) -> list[PagedAttentionConfig]:
+    return configs(arch, MULTI_TOKEN_KIND)

@@ -82,11 +82,10 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.blackwell_helpers as sm100_utils
-from cutlass._mlir.dialects import nvvm
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 from cutlass.memory import SmemAllocator
 
-from ...config import PagedAttentionConfig, default_paged_config
+from ...config import PagedAttentionConfig
 from ...plan import ItemField
 from .. import register_paged_kernel
 from ..common.paged_launch import gqa_decode_entry, gqa_multi_token_decode_entry
@@ -96,7 +95,8 @@ from ..common.page_ids import IDS_PER_LOAD, id_loads, lane_page_id, load_lane_pa
 from ..common.tma_issue import (GATHER4_PAGE_SIZES, ONE_ELECTION, issue_page_boxes, issue_page_gather4,
                                 make_gather4_atom, pages_as_rows, tma_descriptor_address)
 from ..common.launch_chain import wait_for_previous_grid
-
+from ..common.line_schedule import end_line, gqa_line_rules, start_line
+from .tmem import fence_after_sync as _fence_after_sync, fence_before_sync as _fence_before_sync
 from .decode_config import (  # noqa: F401  (re-exported: the kernel's constants and rules)
     ARCH, KIND, MULTI_TOKEN_KIND, Q_VEC, MMA_M, PAGE_SIZES,
     SMALL_PAGE_SIZES, SMALL_PAGE_STEPS, MAX_PAGES_PER_STEP, HEAD_DIMS, KV_RING_BYTES, MIN_KV_STAGES,
@@ -104,16 +104,8 @@ from .decode_config import (  # noqa: F401  (re-exported: the kernel's constants
     LOAD_WARP, NUM_THREADS, Q_FULL, Q_EMPTY, S_FULL, P_FULL,
     O_FULL, NUM_MISC_BARRIERS, MERGE_BARRIER_ID, TmemPlan, _round_up, step_keys,
     tmem_plan, kv_stages, tma_boxes_per_tile, check_config, _kv_stage_bytes, _smem_bytes,
-    smem_bytes, tmem_columns,
+    smem_bytes, tmem_columns, configs, multi_token_configs, line_table_requests,
 )
-
-
-def _fence_before_sync():
-    nvvm.tcgen05_fence(nvvm.Tcgen05FenceKind.BEFORE_THREAD_SYNC)
-
-
-def _fence_after_sync():
-    nvvm.tcgen05_fence(nvvm.Tcgen05FenceKind.AFTER_THREAD_SYNC)
 
 
 class GqaDecodeSm100:
@@ -139,10 +131,15 @@ class GqaDecodeSm100:
         self.kv_stages = kv_stages(config)
         self.tmem = tmem_plan(config)
         self.s_stride = self.tmem.s_col[1]  # S buffer i starts at column i * s_stride
+        self.line = config.line_schedule  # compile time: the planned build's code is unchanged
+        if config.line_schedule:
+            self.line_rules = gqa_line_rules(config)
+            self.line_requests = line_table_requests(config)
 
     def __repr__(self) -> str:
         c = self.config
-        return f"{type(self).__name__}_H{c.num_qo_heads}_KV{c.num_kv_heads}_D{c.head_dim_qk}_P{c.page_size}"
+        return (f"{type(self).__name__}_H{c.num_qo_heads}_KV{c.num_kv_heads}_D{c.head_dim_qk}_P{c.page_size}"
+                + ("_Line" if self.line else ""))
 
     @cute.jit
     def __call__(
@@ -167,9 +164,22 @@ class GqaDecodeSm100:
                            output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream)
 
     @cute.jit
+    def call_line(self, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, merge_counters, request_faults,
+                  unit_state, error_word, output, lse, partial_out, partial_lse, scale_log2: cutlass.Float32,
+                  lse_out_scale: cutlass.Float32, num_pages: cutlass.Int32, num_ctas: cutlass.Int32,
+                  stream: cuda.CUstream):
+        """The ``line_schedule`` entry (the sm_90a twin's arguments: ``paged_launch.line_schedule_fake_args``), no
+        plan: ``num_ctas`` CTAs (at most 191) each derive their stretch (``common/line_schedule.py``)."""
+        line = (kv_indptr, kv_last_page_len, request_faults, unit_state, error_word, num_pages)
+        self.launch_kernel(q, k_cache, v_cache, None, kv_indices, None, None, None, merge_counters, output, lse,
+                           partial_out, partial_lse, scale_log2, lse_out_scale, stream, line, num_ctas)
+
+    @cute.jit
     def launch_kernel(self, q, k_cache, v_cache, qo_indptr, kv_indices, work_indptr, items, merge_indptr,
-                      merge_counters, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream):
-        """The host side of both entries (``qo_indptr`` is None for decode)."""
+                      merge_counters, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream,
+                      line=None, num_ctas=None):
+        """The host side of every entry (``qo_indptr`` is None for decode; ``line``: the line build's tensors, and
+        its grid is ``num_ctas``)."""
         bf16 = cutlass.BFloat16
         one = tcgen05.CtaGroup.ONE
         qk_mma = sm100_utils.make_trivial_tiled_mma(
@@ -217,11 +227,12 @@ class GqaDecodeSm100:
         q_rows = None  # decode loads Q by TMA (tma_q); multi-token decode reads q itself
         if cutlass.const_expr(self.multi_token):
             q_rows = q
+        grid = num_ctas if cutlass.const_expr(line is not None) else work_indptr.shape[0] - 1
         self.kernel(
             qk_mma, pv_mma, q_rows, qo_indptr, tma_q, m_q, tma_k, m_k, tma_v, m_v, kv_indices, work_indptr, items,
             merge_indptr, merge_counters, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
-            q_layout, k_layout, v_layout, p_layout,
-        ).launch(grid=(work_indptr.shape[0] - 1, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream, use_pdl=True)
+            q_layout, k_layout, v_layout, p_layout, line,
+        ).launch(grid=(grid, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream, use_pdl=True)
 
     @cute.kernel
     def kernel(
@@ -236,6 +247,7 @@ class GqaDecodeSm100:
         scale_log2: cutlass.Float32, lse_out_scale: cutlass.Float32,
         q_layout: cute.ComposedLayout, k_layout: cute.ComposedLayout, v_layout: cute.ComposedLayout,
         p_layout: cute.ComposedLayout,
+        line,  # line_schedule: (kv_indptr, kv_last_page_len, request_faults, unit_state, error_word, num_pages)
     ):
         bf16 = cutlass.BFloat16
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -290,8 +302,15 @@ class GqaDecodeSm100:
         # Launched with programmatic dependent launch (it may start while the device planner runs): nothing
         # global is read before this wait, which returns once the previous grid has finished and flushed.
         wait_for_previous_grid(self.releases_dependents)
-        item_begin = work_indptr[cta]
-        item_end = work_indptr[cta + 1]
+        item_begin = cutlass.Int32(0)
+        item_end = cutlass.Int32(0)
+        if cutlass.const_expr(self.line):  # every thread derives the CTA's stretch; items[it, field] derives item it
+            items = start_line(line, s_k_rows.iterator, kv_indices, output, lse, tidx, NUM_THREADS, self.head_dim_v,
+                               self.line_rules, self.line_requests)
+            item_end = items.count
+        else:
+            item_begin = work_indptr[cta]
+            item_end = work_indptr[cta + 1]
 
         if warp == LOAD_WARP:
             if cutlass.const_expr(self.pages_per_step > 1):  # single-token only (check_config)
@@ -306,7 +325,7 @@ class GqaDecodeSm100:
         if warp < SOFTMAX_WARPS:
             self.softmax_role(qk_thr, pv_thr, s_v, tmem_ptr, tidx, items, item_begin, item_end, merge_indptr,
                               merge_counters, arrival, partial_out, partial_lse, output, lse, scale_log2,
-                              lse_out_scale, kv_full, misc, qo_indptr)
+                              lse_out_scale, kv_full, misc, qo_indptr, line)
 
         # Every TMEM access has completed (softmax waited for the last PV and its loads) before this.
         _fence_before_sync()
@@ -579,7 +598,7 @@ class GqaDecodeSm100:
     @cute.jit
     def softmax_role(self, qk_thr, pv_thr, s_v, tmem_ptr, tidx, items, item_begin, item_end, merge_indptr,
                      merge_counters, arrival, partial_out, partial_lse, output, lse, scale_log2, lse_out_scale,
-                     kv_full, misc, qo_indptr):
+                     kv_full, misc, qo_indptr, line=None):
         f32 = cutlass.Float32
         neg_inf = -cutlass.Float32.inf
         # S: one tcgen05.ld 32x32b.x{page} per row; P: one tcgen05.st 32x32b.x{page/2} (bf16 pairs).
@@ -680,9 +699,13 @@ class GqaDecodeSm100:
 
             self.epilogue(items, it, steps, step, row_max, row_sum, tidx, ld_o, t_ld_o, r_o, num_o_chunks,
                           o_chunk, partial_out, partial_lse, output, lse, lse_out_scale, misc, qo_indptr)
-        fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_counters, arrival, self.group,
-                              partial_out, partial_lse, output, lse, lse_out_scale, tidx, MERGE_BARRIER_ID,
-                              32 * SOFTMAX_WARPS, qo_indptr)
+        if cutlass.const_expr(self.line):
+            end_line(items, line, merge_counters, arrival, partial_out, partial_lse, output, lse, lse_out_scale, tidx,
+                     MERGE_BARRIER_ID, 32 * SOFTMAX_WARPS, self.head_dim_v)
+        else:
+            fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_counters, arrival, self.group,
+                                  partial_out, partial_lse, output, lse, lse_out_scale, tidx, MERGE_BARRIER_ID,
+                                  32 * SOFTMAX_WARPS, qo_indptr)
 
     @cute.jit
     def zero_v_tail(self, s_v, stage, key0, kv_end, tidx):
@@ -770,28 +793,6 @@ class GqaMultiTokenDecodeSm100(GqaDecodeSm100):
 # ---------------------------------------------------------------------------------------------- API
 build, launch = gqa_decode_entry(GqaDecodeSm100, check_config)
 multi_token_build, multi_token_launch = gqa_multi_token_decode_entry(GqaMultiTokenDecodeSm100, check_config)
-
-
-def configs(arch: str, kind: str = KIND) -> list[PagedAttentionConfig]:
-    """The definition's config (h20/kv4, d128, page 64) and one family member (h32/kv8), as on sm_90a, plus
-    the family's extremes that change the code: pages 16 / 128 (S and P widths, ring depth) at head_dim
-    128, head_dim 64 / 256 (TMA boxes, O width) at page 64, and page 128 at head_dim 64 (O from column 320)."""
-    if arch != ARCH:
-        return []
-
-    def decode(hq, hkv, page=64, head_dim=128):
-        return default_paged_config(kind, arch=ARCH, num_qo_heads=hq, num_kv_heads=hkv, head_dim_qk=head_dim,
-                                    head_dim_v=head_dim, page_size=page, causal=kind == MULTI_TOKEN_KIND)
-
-    if kind == MULTI_TOKEN_KIND:  # the definition's heads and one family member (the Q load and mask are new)
-        return [decode(20, 4), decode(32, 8)]
-    return [decode(20, 4), decode(32, 8), decode(32, 8, page=16), decode(32, 8, page=128),
-            decode(32, 8, head_dim=64), decode(32, 8, head_dim=256), decode(32, 8, page=128, head_dim=64),
-            decode(20, 4, page=1), decode(20, 4, page=8)]
-
-
-def multi_token_configs(arch: str) -> list[PagedAttentionConfig]:
-    return configs(arch, MULTI_TOKEN_KIND)
 
 
 register_paged_kernel(KIND, ARCH, build=build, launch=launch, configs=configs, check_config=check_config)

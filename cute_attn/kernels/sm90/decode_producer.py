@@ -20,7 +20,7 @@ from ...plan import ItemField as F
 from ..common.page_ids import IDS_PER_LOAD, id_loads, lane_page_id, load_lane_page_ids, rotate_lane_page_ids
 from ..common.row_gather import ROW_CHUNK, gather_one_row_pages
 from ..common.tma_issue import ONE_ELECTION, issue_page_boxes, tma_descriptor_address
-from ..common.line_schedule import line_item, pool_ids_only
+from ..common.line_schedule import line_item
 from ..common.work_items import load_item
 
 ITEM_FIELDS = tuple(F)  # an item's row in registers is indexed by ItemField (unused fields are dead loads)
@@ -157,8 +157,6 @@ class DecodeProducer:
                 t1 = t + 1
                 rotate_lane_page_ids(kv_indices, lane_pages, next_pages, first_page + t1 * npg,
                                      self.slice_count(n_pages - t1 * npg, slice_pages), lane)
-                if cutlass.const_expr(self.line_schedule):  # no plan vetted the ids: one outside the pool reads none
-                    pool_ids_only(lane_pages, items.num_pages)
                 pipe.producer_acquire(state)
                 gather_one_row_pages(k_rows, sK_chunks[None, None, None, None, state.index], lane_pages,
                                      row[F.KV_HEAD], lane, rows, self.head_dim, v_rows,

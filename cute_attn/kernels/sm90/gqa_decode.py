@@ -88,9 +88,7 @@ from .decode_producer import ITEM_FIELDS, DecodeProducer
 from .wgmma import wgmma_gemm
 from ..common.paged_launch import gqa_decode_entry, gqa_multi_token_decode_entry
 from ..common.launch_chain import wait_for_previous_grid
-from ..common.line_schedule import (LineRules, LineTable, derive_stretch, finish_line, fold_line_merges,
-                                    table_requests)
-from ...line_schedule import line_reason
+from ..common.line_schedule import end_line, gqa_line_reason, gqa_line_rules, start_line, table_requests
 from ...ops.gqa_multi_token_decode import MAX_QUERY_TOKENS
 
 KIND = "gqa_paged_decode"
@@ -204,47 +202,7 @@ def check_config(config: PagedAttentionConfig) -> str | None:
 
 def line_schedule_reason(config: PagedAttentionConfig) -> str | None:
     """Why a ``line_schedule`` build of ``config`` is not made (None: it is)."""
-    if config.kind != KIND:
-        return "line_schedule builds are decode's (one query token a request)"
-    plan_config = config.plan_config(1)
-    if (reason := line_reason(plan_config)) is not None:
-        return reason
-    # the build bakes these plan rules in (they are not config fields, so not in its compile key): refused where the
-    # policies say otherwise, rather than built with rules the device plan of the same config does not use
-    if (reason := baked_rules_reason(plan_config, line_rules(config))) is not None:
-        return reason
-    if line_table_requests(config) < 1:
-        return "the K ring is too small for the line table"
-    return None
-
-
-#: the plan rules every line build bakes in besides the config's own: ``config.EVEN_PIECES`` and ``MAX_SLACK_KEYS`` as
-#: they stand by default, and the landed line-deal policy (``ops/gqa_decode.line_deals``); none is a config field,
-#: so none is in the compile key
-LINE_EVEN_PIECES = True
-LINE_MAX_SLACK_KEYS = 0
-
-
-def line_rules(config: PagedAttentionConfig) -> LineRules:
-    """The plan rules a line build of ``config`` derives with: its device plan's under the landed policies."""
-    import dataclasses
-
-    from ...ops.gqa_decode import line_deals
-
-    return dataclasses.replace(LineRules.of(config.plan_config(1)), even_pieces=LINE_EVEN_PIECES,
-                               max_slack_keys=LINE_MAX_SLACK_KEYS,
-                               line_deal=line_deals(config.page_size, config.num_kv_heads, policy_now=False))
-
-
-def baked_rules_reason(plan_config, baked: LineRules) -> str | None:
-    """Why a line build whose rules are ``baked`` would not cut as ``plan_config``'s device plan (None: it would):
-    its plan policies are baked in, not part of its compile key."""
-    now = (plan_config.even_pieces and plan_config.allow_split, plan_config.max_slack_keys, plan_config.line_deal)
-    if now != (baked.even_pieces, baked.max_slack_keys, baked.line_deal):
-        return (f"line_schedule builds cut with even_pieces={baked.even_pieces}, max_slack_keys="
-                f"{baked.max_slack_keys}, line_deal={baked.line_deal}; the plan policies now say {now[0]}, {now[1]}, "
-                f"{now[2]}")
-    return None
+    return gqa_line_reason(config, line_table_requests(config))
 
 
 def line_table_requests(config: PagedAttentionConfig) -> int:
@@ -279,7 +237,7 @@ class GqaDecodeSm90(DecodeProducer):
         self.exchange_shape = exchange_shape(config)
         self.line_schedule = config.line_schedule  # compile time: the planned build's code is unchanged
         if config.line_schedule:
-            self.line_rules = line_rules(config)
+            self.line_rules = gqa_line_rules(config)
             self.line_requests = line_table_requests(config)
 
     def __repr__(self) -> str:
@@ -430,11 +388,8 @@ class GqaDecodeSm90(DecodeProducer):
         arrival = smem.allocate_array(cutlass.Int32, 1, byte_alignment=4)  # fused merge: counter's old value
         if cutlass.const_expr(self.line_schedule):
             # every thread derives the CTA's stretch on a table over the K stages (free until the first load)
-            kv_indptr, kv_last_page_len, request_faults, unit_state, error_word, num_pages = line
-            table = LineTable(cute.recast_ptr(sK.iterator, dtype=cutlass.Int8), self.num_threads, self.line_requests)
-            items = derive_stretch(kv_indptr, kv_last_page_len, kv_indices, num_pages, output, lse, request_faults,
-                                   unit_state, error_word, table, tidx, self.num_threads, self.head_dim,
-                                   self.line_rules)
+            items = start_line(line, sK.iterator, kv_indices, output, lse, tidx, self.num_threads, self.head_dim,
+                               self.line_rules, self.line_requests)
             item_end = items.count
 
         if cutlass.const_expr(self.row_gather):
@@ -592,11 +547,8 @@ class GqaDecodeSm90(DecodeProducer):
                                 row[F.PARTIAL_SLOT], output, lse, partial_out, partial_lse, lse_out_scale, wtid)
         if wg == 0:
             if cutlass.const_expr(self.line_schedule):
-                fold_line_merges(items, merge_counters, arrival, partial_out, partial_lse, output, lse, lse_out_scale,
-                                 wtid, WG_BARRIER_ID, NUM_MMA_THREADS)
-                _, _, request_faults, unit_state, _, _ = line
-                finish_line(items, unit_state, request_faults, output, lse, wtid, NUM_MMA_THREADS, self.head_dim,
-                            WG_BARRIER_ID, arrival)
+                end_line(items, line, merge_counters, arrival, partial_out, partial_lse, output, lse, lse_out_scale,
+                         wtid, WG_BARRIER_ID, NUM_MMA_THREADS, self.head_dim)
             else:
                 fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_counters, arrival, self.group,
                                       partial_out, partial_lse, output, lse, lse_out_scale, wtid, WG_BARRIER_ID,

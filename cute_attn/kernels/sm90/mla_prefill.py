@@ -97,7 +97,7 @@ from ..common.registers import register_split_reason
 from ..common.softmax import (acc_mn_view, make_softmax_state, rescale_rows, softmax_finalize, softmax_reset,
                               softmax_update, store_p_bf16)
 from ..common.launch_chain import wait_for_previous_grid
-from ..common.line_schedule import LineTable, derive_stretch, finish_line, fold_line_merges
+from ..common.line_schedule import end_line, mla_line_rules, start_line
 from .prefill_epilogue import store_item_rows
 from .wgmma import wgmma_gemm
 
@@ -236,17 +236,6 @@ def check_config(config: PagedAttentionConfig) -> str | None:
     return smem_reason(smem_bytes(config))
 
 
-def line_rules(config: PagedAttentionConfig):
-    """The plan rules the MLA decode's line build derives with (``kernels/common/line_schedule.py``): the one-token
-    plan's cuts without the sorted deal (``line_schedule.cuts_only``), under the landed plan policies."""
-    from ...line_schedule import cuts_only
-    from ..common.line_schedule import LineRules
-    from .gqa_decode import LINE_EVEN_PIECES, LINE_MAX_SLACK_KEYS
-
-    return dataclasses.replace(LineRules.of(cuts_only(config.plan_config(1))), even_pieces=LINE_EVEN_PIECES,
-                               max_slack_keys=LINE_MAX_SLACK_KEYS, line_deal=False)
-
-
 def line_table_requests(config: PagedAttentionConfig) -> int:
     """The most requests the MLA line build's table holds (it aliases the K stages)."""
     from ..common.line_schedule import table_requests
@@ -258,18 +247,19 @@ def line_schedule_reason(config: PagedAttentionConfig) -> str | None:
     """Why a ``line_schedule`` build of ``config`` is not made: the swapped one-token decode kernel only, folding its
     own merges (no cluster fold, eager combine, self-scheduling units or probe), its plan derivable per CTA."""
     from ...line_schedule import cuts_only, line_reason
-    from .gqa_decode import baked_rules_reason
+    from ..common.line_schedule import baked_rules_reason
 
     if not swapped(config):
         return ("line_schedule: the MLA decode build (one query token a tile, tile_q_rows = the head count); got "
                 f"tile_q_rows={config.tile_q_rows}")
-    if config.cluster_merge or config.eager_combine or config.dynamic_schedule or config.probe:
-        return ("line_schedule folds its merges in the kernel: no cluster_merge, eager_combine, dynamic_schedule or "
-                "probe")
+    if (config.cluster_merge or config.eager_combine or config.dynamic_schedule or config.probe or config.fused_merge
+            or config.bf16_partials):
+        return ("line_schedule folds its merges in the kernel from fp32 partials (its own entry and scratch): no "
+                "cluster_merge, eager_combine, fused_merge, bf16_partials, dynamic_schedule or probe")
     plan_config = cuts_only(config.plan_config(1))
     if (reason := line_reason(plan_config, one_token=True)) is not None:
         return reason
-    if (reason := baked_rules_reason(plan_config, line_rules(config))) is not None:
+    if (reason := baked_rules_reason(plan_config, mla_line_rules(config))) is not None:
         return reason
     if line_table_requests(config) < 1:
         return "the K stages are too small for the line table"
@@ -302,7 +292,7 @@ class MlaPagedPrefillSm90(MlaEntries):
         self.late_claim = config.late_claim
         self.line = config.line_schedule  # compile time: every other build's code is unchanged
         if config.line_schedule:
-            self.line_rules = line_rules(config)
+            self.line_rules = mla_line_rules(config)
             self.line_requests = line_table_requests(config)
         self.page_size = config.page_size
         self.dtype = cutlass.BFloat16
@@ -440,10 +430,10 @@ class MlaPagedPrefillSm90(MlaEntries):
         item_begin = Int32(0)
         item_end = Int32(0)
         source = None  # dynamic_schedule: the unit counter and the ring (unit_schedule.UnitSource)
+        line = (kv_indptr, kv_last_page_len, request_faults, unit_state, error_word, num_pages)
         if cutlass.const_expr(self.line):  # every thread derives the CTA's stretch on a table over the K stages
-            table = LineTable(cute.recast_ptr(s_k.iterator, dtype=cutlass.Int8), NUM_THREADS, self.line_requests)
-            items = derive_stretch(kv_indptr, kv_last_page_len, kv_indices, num_pages, output, lse, request_faults,
-                                   unit_state, error_word, table, tidx, NUM_THREADS, CKV_DIM, self.line_rules)
+            items = start_line(line, s_k.iterator, kv_indices, output, lse, tidx, NUM_THREADS, CKV_DIM,
+                               self.line_rules, self.line_requests)
             item_end = items.count
         elif cutlass.const_expr(not self.dynamic):
             item_begin = work_indptr[cta]
@@ -504,10 +494,8 @@ class MlaPagedPrefillSm90(MlaEntries):
                                    item_end, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale,
                                    tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k)
             if cutlass.const_expr(self.line):  # both consumer warpgroups wrote the partials and outputs
-                fold_line_merges(items, merge_counters, arrival, partial_out, partial_lse, output, lse, lse_out_scale,
-                                 tidx - PRODUCER_THREADS, _FOLD_BARRIER, MMA_THREADS, qo_indptr=qo_indptr, wide=True)
-                finish_line(items, unit_state, request_faults, output, lse, tidx - PRODUCER_THREADS, MMA_THREADS,
-                            CKV_DIM, _FINISH_BARRIER, arrival)
+                end_line(items, line, merge_counters, arrival, partial_out, partial_lse, output, lse, lse_out_scale,
+                         tidx - PRODUCER_THREADS, _FOLD_BARRIER, MMA_THREADS, CKV_DIM, qo_indptr=qo_indptr, wide=True)
             elif cutlass.const_expr(self.eager_combine):  # both consumer warpgroups wrote the partials
                 announce_partials(items, item_begin, item_end, merge_counters, tidx - PRODUCER_THREADS,
                                   barrier_id=_FOLD_BARRIER, num_threads=MMA_THREADS)
