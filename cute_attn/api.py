@@ -641,8 +641,8 @@ def self_schedules(spec, args: tuple, *, arch: str | None = None, num_sms: int |
     """Whether the default call of ``spec`` on ``args`` (outputs omitted) takes the planner-free route
     (``OpSpec.self_schedule``: from shapes alone; the shape rules run first). A caller that plans once per batch
     (the FlashInfer-compatible wrappers) leaves such batches to the default call: it needs no plan."""
-    if spec.self_schedule is None:
-        return False
+    if spec.self_schedule is None or (spec.self_schedule_policy is not None and not spec.self_schedule_policy()):
+        return False  # the policy is off: no config to make (the wrappers ask once per batch)
     problem, config = _checked_config(spec, args, None, None, arch)
     return _takes_self_schedule(spec, config, problem, _num_ctas(config, problem.device, num_sms))
 

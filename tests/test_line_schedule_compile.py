@@ -190,3 +190,20 @@ def test_the_sm100_twin_compiles(heads, kv_heads, page_size):
     assert ".target sm_100a" in ptx and "_Line" in ptx and "tcgen05.mma" in ptx and "cp.async.bulk.tensor" in ptx
     assert len(re.findall(r"\batom\.(?:\w+\.)*add", ptx)) >= 2 and "fence.acq_rel.gpu" in ptx
     assert not re.search(r"\.local\b", ptx)
+
+
+def test_with_the_policy_off_no_config_is_made_for_the_route_question():
+    """``api.self_schedules`` (asked by the FlashInfer-compatible wrappers once per batch) answers False from the
+    policy alone while it is off: no rules run, no config is made (CPU inputs would be refused if they were)."""
+    from cute_attn import api, testing
+    from cute_attn.ops import mla_decode
+
+    gqa = testing.make_gqa_decode_case([70, 5])
+    mla = testing.make_mla_decode_case([70, 5])
+    mla_args = (*mla.inputs()[:4], mla.qo_indptr, *mla.inputs()[4:])
+    for spec, args, policy in ((gqa_decode.SPEC, gqa.inputs(), gqa_decode.line_schedule_policy),
+                               (mla_decode.ONE_TOKEN_SPEC, mla_args, mla_decode.line_schedule_policy)):
+        with policy(False):
+            assert api.self_schedules(spec, args) is False
+        with policy(True), pytest.raises(ValueError, match="CUDA"):
+            api.self_schedules(spec, args)

@@ -90,6 +90,9 @@ class OpSpec:
     #: the knobs that make a config its self-scheduling build (None: ``dynamic_schedule`` with the kind's late claim,
     #: the prefills'; decode: ``line_schedule``)
     self_schedule_knobs: dict | None = None
+    #: () -> bool: whether the kind's policy lets ``self_schedule`` route at all, asked before any config is made
+    #: (:func:`cute_attn.api.self_schedules`; None: ``self_schedule`` alone decides)
+    self_schedule_policy: Callable | None = None
     #: arch -> module that registers this kind's kernel for it, relative to the package (``.kernels.sm90.x``), so a
     #: copy of cute_attn shipped inside another package (FlashInfer-Bench's builder) loads its own kernels
     kernel_modules: dict[str, str] = field(default_factory=dict)

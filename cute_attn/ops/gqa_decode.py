@@ -162,6 +162,7 @@ SPEC = OpSpec(
     make_case=testing.make_gqa_decode_case, strategy=strategy, default_tiles=default_tiles, shape_reason=shape_reason,
     kernel_modules={"sm_90a": ".kernels.sm90.gqa_decode", "sm_100a": ".kernels.sm100.gqa_decode"},
     self_schedule=self_schedule, self_schedule_knobs={"line_schedule": True},
+    self_schedule_policy=lambda: LINE_SCHEDULE,
 )
 
 

@@ -216,7 +216,8 @@ def line_schedule_policy(enabled: bool):
 #: a tile is the swapped decode kernel: its planner-free build is ``line_schedule``, not ``dynamic_schedule``'s units)
 ONE_TOKEN_SPEC = dataclasses.replace(mla_prefill.SPEC, default_tiles=one_token_tiles, plan_tiles=cluster_tiles,
                                      device_plan_tiles=device_cluster_tiles, self_schedule=line_schedule,
-                                     self_schedule_knobs={"line_schedule": True})
+                                     self_schedule_knobs={"line_schedule": True},
+                                     self_schedule_policy=lambda: SM90_LINE_SCHEDULE)
 
 _ONE_PER_REQUEST: dict[tuple[int, torch.device], torch.Tensor] = {}
 _CHECKED_QO: dict[tuple, weakref.ref] = {}  # qo_indptr states whose q_len rule passed
