@@ -207,3 +207,55 @@ def test_with_the_policy_off_no_config_is_made_for_the_route_question():
             assert api.self_schedules(spec, args) is False
         with policy(True), pytest.raises(ValueError, match="CUDA"):
             api.self_schedules(spec, args)
+
+
+@pytest.mark.parametrize("kind", ["gqa", "mla"])
+def test_the_default_call_launches_the_line_build_with_its_entrys_arguments(monkeypatch, kind):
+    """With the policy on, a default call (no plan) resolves the line build's route and calls the compiled entry
+    with ``call_line``'s arguments in its order: the call's index tensors, the stream's scratch (merge counters,
+    marks, state, partials of ``2 * num_ctas`` slots), the outputs, the scales, the pool and the grid (the compiled
+    kernel and CUDA stood in: this checks the host side the GPU tier cannot isolate)."""
+    import inspect
+    import math
+
+    import cute_attn
+    from cute_attn import api, testing, unit_schedule_route
+    from cute_attn.kernels.common.mla import MlaEntries
+    from cute_attn.ops import mla_decode
+
+    calls = []
+    monkeypatch.setattr(api, "_require_cuda", lambda device: None)
+    monkeypatch.setattr(api, "_current_stream", lambda device: 0)
+    monkeypatch.setattr(unit_schedule_route, "compile_kernel", lambda config: lambda *args: calls.append((config,
+                                                                                                          args)))
+    monkeypatch.setattr(unit_schedule_route, "error_word", lambda device: "error_word")
+    cute_attn.clear_plan_cache()
+    if kind == "gqa":
+        case = testing.make_gqa_decode_case([700, 5, 3000])
+        entry, policy, names = cute_attn.gqa_paged_decode, gqa_decode.line_schedule_policy, kernel.GqaDecodeSm90
+        expected = dict(q=case.q, k_cache=case.k_cache, v_cache=case.v_cache, kv_last_page_len=case.kv_last_page_len)
+        pool = case.k_cache.shape[0]
+    else:
+        case = testing.make_mla_decode_case([700, 5, 3000], page_size=64)
+        entry, policy, names = cute_attn.mla_paged_decode, mla_decode.line_schedule_policy, MlaEntries
+        expected = dict(q_nope=case.q_nope, ckv_cache=case.ckv_cache, kv_last_page_len=case.kv_last_page_len)
+        pool = case.ckv_cache.shape[0]
+    out, lse = case.new_outputs()
+    with policy(True):
+        entry(*case.inputs(), out, lse, arch="sm_90a", num_sms=7)
+    cute_attn.clear_plan_cache()
+    assert len(calls) == 1
+    config, args = calls[0]
+    params = [p for p in inspect.signature(names.call_line).parameters if p not in ("self", "stream")]
+    assert config.line_schedule and len(args) == len(params)
+    got = dict(zip(params, args))
+    for name, tensor in dict(expected, kv_indptr=case.kv_indptr, kv_indices=case.kv_indices, output=out,
+                             lse=lse).items():
+        assert got[name] is tensor, name
+    assert got["error_word"] == "error_word" and (got["num_pages"], got["num_ctas"]) == (pool, 7)
+    assert math.isclose(got["scale_log2"], case.sm_scale * math.log2(math.e)) and got["lse_out_scale"] == 1.0
+    assert got["merge_counters"].shape == (7,) and got["partial_out"].shape == (14, config.tile_q_rows,
+                                                                                  config.head_dim_v)
+    assert got["request_faults"].shape == (3,) and not got["unit_state"].any()
+    if kind == "mla":
+        assert got["qo_indptr"].tolist() == [0, 1, 2, 3]
