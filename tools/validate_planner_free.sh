@@ -9,6 +9,8 @@
 #   bash tools/validate_planner_free.sh OUT_DIR line [BUDGET_SECONDS]  # planner-free decode (session 38): GQA and MLA
 #       tiers, the planned decode tiers (their fold and item reads changed beside it), memcheck, racecheck, GQA's A/B
 #   bash tools/validate_planner_free.sh OUT_DIR mla-line [BUDGET_SECONDS]  # the MLA decode line build's A/B
+#   bash tools/validate_planner_free.sh OUT_DIR line-peers [BUDGET_SECONDS]  # FlashInfer call: the decode and MLA
+#       decode bench rows beside FlashInfer / FA4 with both line policies on (for docs/perf/h200-latest.json)
 #   bash tools/validate_planner_free.sh OUT_DIR peers [BUDGET_SECONDS] # FlashInfer call (flashinfer.tar.xz installed):
 #       the family bench, FlashInfer-Bench's harness, the wrapper tiers, under the route (FlashInfer JITs first: ~200 s)
 #
@@ -19,7 +21,7 @@
 # boxes' and the row gathers' checks). The A/Bs: GQA at pages 64 and 1 with two FIB layouts, MLA on the bench's
 # seven recorded batches at pages 1 and 64.
 set -u
-usage="usage: validate_planner_free.sh OUT_DIR gqa|mla|ab|late|route|line|mla-line|peers [BUDGET_SECONDS]"
+usage="usage: validate_planner_free.sh OUT_DIR gqa|mla|ab|late|route|line|mla-line|line-peers|peers [BUDGET_SECONDS]"
 out=${1:?$usage}
 part=${2:?$usage}
 budget=${3:-570}
@@ -84,6 +86,11 @@ grep -E '^E |FAILED|passed|failed' $out/planned.txt | head -20" \
 > $out/racecheck.log 2>&1; tail -8 $out/racecheck.log" \
       --step 100 "python tools/ab_policy.py line_schedule --iters 50 --json $out/ab_line.json > $out/ab_line.txt 2>&1; \
 tail -30 $out/ab_line.txt" ;;
+  line-peers)
+    python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 \
+      --step 540 "python tools/bench.py --kernel decode mla_decode --compile-jobs 12 --iters 50 --png= \
+--policy gqa_decode.LINE_SCHEDULE=True --policy mla_decode.SM90_LINE_SCHEDULE=True --json $out/bench_line.json \
+> $out/bench_line.txt 2>&1; tail -30 $out/bench_line.txt" ;;
   mla-line)  # the A/B of the MLA decode's line build (run after line, on the same warm machine)
     python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 \
       --step 200 "python tools/ab_policy.py mla_line_schedule --iters 50 --json $out/ab_mla_line.json \
@@ -95,5 +102,5 @@ tail -30 $out/ab_line.txt" ;;
       --step 150 "python tools/fib_bench.py --json $out/h200-fib.json > $out/fib.txt 2>&1; tail -20 $out/fib.txt" \
       --step 100 "python -m pytest -q -rf --tb=short tests/test_flashinfer_compat_gpu.py \
 tests/test_flashinfer_graphs_gpu.py > $out/wrappers.txt 2>&1; grep -E '^E |FAILED|passed|failed' $out/wrappers.txt | head" ;;
-  *) echo "part must be gqa, mla, ab, late, route, line, mla-line or peers, got $part" >&2; exit 2 ;;
+  *) echo "part must be gqa, mla, ab, late, route, line, mla-line, line-peers or peers, got $part" >&2; exit 2 ;;
 esac
