@@ -14,6 +14,7 @@ from cute_attn.config import default_paged_config
 from cute_attn.kernels.common.line_schedule import MAX_LINE_REQUESTS, table_bytes, table_requests
 from cute_attn.kernels.sm90 import gqa_decode as kernel
 from cute_attn.ops import gqa_decode
+from cute_attn.ops import policy as cute_attn_policy
 
 pytestmark = pytest.mark.usefixtures("isolated_compile_cache")
 
@@ -82,6 +83,14 @@ def test_the_policy_takes_it_where_the_plan_takes_no_deal(enabled):
         assert gqa_decode.self_schedule(_config(), _problem(fits), 132) is enabled
         assert gqa_decode.self_schedule(_config(), _problem(fits + 1), 132) is False
         assert gqa_decode.self_schedule(_config(), _problem(64), 288) is False  # 289 edges, 288 threads
+        from cute_attn.kernels.sm100 import decode_config  # the sm_100a twin's own table and threads, when taken
+        with cute_attn_policy(vars(gqa_decode), LINE_SCHEDULE_ARCHS=("sm_90a", "sm_100a")):
+            sm100 = _config(arch="sm_100a")
+            held, threads = decode_config.line_capacity(_line(sm100))
+            assert threads == 192 and held < fits
+            assert gqa_decode.self_schedule(sm100, _problem(held), 148) is enabled
+            assert gqa_decode.self_schedule(sm100, _problem(held + 1), 148) is False
+            assert gqa_decode.self_schedule(sm100, _problem(64), 192) is False
 
 
 def test_the_default_call_builds_the_line_config():

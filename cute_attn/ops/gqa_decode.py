@@ -129,10 +129,12 @@ def self_schedule(config, problem, num_ctas: int) -> bool:
     line = dataclasses.replace(config, line_schedule=True)
     if line.can_implement() is not None:
         return False
-    from ..kernels.sm90.gqa_decode import line_table_requests, NUM_CONSUMER_THREADS
-
-    threads = NUM_CONSUMER_THREADS + 32 * config.gather_warps
-    return problem.batch_size <= line_table_requests(line) and num_ctas + 1 <= threads
+    if config.arch == "sm_90a":
+        from ..kernels.sm90.gqa_decode import line_capacity
+    else:
+        from ..kernels.sm100.decode_config import line_capacity
+    requests, threads = line_capacity(line)
+    return problem.batch_size <= requests and num_ctas + 1 <= threads
 
 
 @contextlib.contextmanager

@@ -123,7 +123,8 @@ def check_config(config: PagedAttentionConfig) -> str | None:
     if config.line_schedule:
         from ..common.line_schedule import gqa_line_reason
 
-        return gqa_line_reason(config, line_table_requests(config))
+        if (reason := gqa_line_reason(config, line_table_requests(config))) is not None:
+            return reason
     return None
 
 
@@ -132,6 +133,11 @@ def line_table_requests(config: PagedAttentionConfig) -> int:
     from ..common.line_schedule import table_requests
 
     return table_requests(NUM_THREADS, kv_stages(config) * step_keys(config) * config.head_dim_qk * ELEM)
+
+
+def line_capacity(config: PagedAttentionConfig) -> tuple[int, int]:
+    """(requests the table holds, threads a CTA: its edges ``num_ctas + 1`` must not outnumber them)."""
+    return line_table_requests(config), NUM_THREADS
 
 
 def _kv_stage_bytes(config: PagedAttentionConfig) -> int:

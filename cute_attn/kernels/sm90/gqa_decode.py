@@ -211,6 +211,11 @@ def line_table_requests(config: PagedAttentionConfig) -> int:
     return table_requests(threads, num_stages(config) * config.kv_tile * config.head_dim_qk * 2)
 
 
+def line_capacity(config: PagedAttentionConfig) -> tuple[int, int]:
+    """(requests the table holds, threads a CTA: its edges ``num_ctas + 1`` must not outnumber them)."""
+    return line_table_requests(config), NUM_CONSUMER_THREADS + 32 * config.gather_warps
+
+
 # --------------------------------------------------------------------------------------------- kernel
 class GqaDecodeSm90(DecodeProducer):
     """The kernel object: compile-time constants live on ``self``."""

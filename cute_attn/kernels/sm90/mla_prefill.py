@@ -109,7 +109,7 @@ NUM_THREADS = PRODUCER_THREADS + MMA_THREADS
 PRODUCER_REGS = 40
 MMA_REGS = 232
 _IDS_BARRIER = 1  # named barrier of the producer warpgroup (row-id table)
-_FOLD_BARRIER = 6  # fused_merge: both consumer warpgroups (ids 2..5 are the consumer splits' own)
+_FOLD_BARRIER = 6  # fused_merge, line_schedule (its fold and count-out): both consumer warpgroups (2..5: the splits')
 _FINISH_BARRIER = 7  # dynamic_schedule: both consumer warpgroups done before the CTA counts itself out
 #: ``PagedAttentionConfig.probe`` values this kernel builds (measurement builds; wrong outputs by design)
 PROBES = ("loads_only", "compute_only")
