@@ -47,7 +47,7 @@ from .planner_scan import record_fault
 from .unit_schedule import FAULTS_SEEN, UNITS_DONE, scan_page_ids
 
 __all__ = ["LineRules", "LineStretch", "table_bytes", "table_requests", "derive_stretch", "start_line", "end_line",
-           "line_item", "fetch_row", "fold_line_merges", "finish_line"]
+           "line_item", "fold_line_merges", "finish_line"]
 
 INT32_MAX = 2**31 - 1
 MAX_WARPS = 32
@@ -589,16 +589,6 @@ def line_field(s: LineStretch, it, field: cutlass.Constexpr[int]):
     row = cute.make_rmem_tensor((len(F),), Int32)
     line_item(s, it, row)
     return row[field]
-
-
-@cute.jit
-def fetch_row(items, it, row: cute.Tensor):
-    """Item ``it`` into ``row`` (``ItemField``-indexed): derived from a :class:`LineStretch`, else the plan's row."""
-    if cutlass.const_expr(isinstance(items, LineStretch)):
-        line_item(items, it, row)
-    else:
-        for f in cutlass.range_constexpr(len(F)):
-            row[f] = items[it, f]
 
 
 @cute.jit

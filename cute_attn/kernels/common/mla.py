@@ -43,7 +43,6 @@ from cutlass import Float32, Int32, Int64
 
 from ...config import PagedAttentionConfig, default_paged_config
 from ...plan import ItemField as F
-from .line_schedule import LineStretch, fetch_row
 from .paged_launch import checked_build, launch_paged
 from .row_gather import (ROW_CHUNK, commit_rows, gather_row_segments, gather_rows, gather_rows_zero_fill,
                          make_row_copy_atom, segments_fit)
@@ -226,7 +225,7 @@ def mla_entry(kernel_cls, check_config) -> tuple:
 @cute.jit
 def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_cache: cute.Tensor,
                         kpe_cache: cute.Tensor, qo_indptr: cute.Tensor, kv_indptr: cute.Tensor,
-                        kv_indices: cute.Tensor, items, item_begin: Int32, item_end: Int32,
+                        kv_indices: cute.Tensor, items: cute.Tensor, item_begin: Int32, item_end: Int32,
                         s_q: cute.Tensor, s_k: cute.Tensor, s_ids: cute.Tensor, pipe_q, pipe_kv, q_state, kv_state,
                         group: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int],
                         ids_barrier: cutlass.Constexpr[int], q_for_keyless_items: cutlass.Constexpr[bool],
@@ -255,20 +254,12 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
     gather = _gather_setup(s_q, s_k, ckv_cache, kpe_cache, kv_boxes, kv_gather4)
     copy_atom, zeros, s_q_chunks = gather[0], gather[1], gather[2]
     tiles_done = Int32(0)
-    row = None
-    if cutlass.const_expr(isinstance(items, LineStretch)):  # a line build's item, derived (common/line_schedule.py)
-        row = cute.make_rmem_tensor((len(F),), Int32)
     for it in cutlass.range(item_begin, item_end, unroll=1):
-        if cutlass.const_expr(isinstance(items, LineStretch)):
-            fetch_row(items, it, row)
-            b, r0, row_count = row[int(F.REQUEST)], row[int(F.Q_ROW_START)], row[int(F.Q_ROW_COUNT)]
-            kv_start, kv_end = row[int(F.KV_START)], row[int(F.KV_END)]
-        else:
-            b = items[it, int(F.REQUEST)]
-            r0 = items[it, int(F.Q_ROW_START)]
-            row_count = items[it, int(F.Q_ROW_COUNT)]
-            kv_start = items[it, int(F.KV_START)]
-            kv_end = items[it, int(F.KV_END)]
+        b = items[it, int(F.REQUEST)]
+        r0 = items[it, int(F.Q_ROW_START)]
+        row_count = items[it, int(F.Q_ROW_COUNT)]
+        kv_start = items[it, int(F.KV_START)]
+        kv_end = items[it, int(F.KV_END)]
         # where every item needs Q, it is issued before the key count: the GPU-validated sm_90a kernel's
         # order (computing the count first changes that kernel's PTX). Issuing an item's first K tile before its Q
         # (Q completing on its barrier by itself) was measured slower on the H200: docs/perf-history.md, sessions 12-13

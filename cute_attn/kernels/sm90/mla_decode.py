@@ -50,7 +50,6 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ...plan import ItemField as F
 from ..common.cluster_merge import allocate_fold_buffers, cluster_sync, fold_buffer_bytes, fold_cluster_columns
-from ..common.line_schedule import LineStretch, fetch_row
 from ..common.mla import CKV_DIM, QK_DIM
 from ..common.softmax import acc_mn_view
 from .mla_prefill import MMA_THREADS, PRODUCER_THREADS, MlaPagedPrefillSm90
@@ -173,18 +172,11 @@ class MlaPagedDecodeSwappedSm90(MlaPagedPrefillSm90):
 
         q_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, 1)
         k_state = cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, self.num_stages)
-        line = isinstance(items, LineStretch)  # a line build: items derived from the CTA's stretch
-        row = cute.make_rmem_tensor((len(F),), Int32) if line else None
         for it in cutlass.range(item_begin, item_end, unroll=1):
-            if cutlass.const_expr(line):
-                fetch_row(items, it, row)
-                r0, kv_start, kv_end = row[int(F.Q_ROW_START)], row[int(F.KV_START)], row[int(F.KV_END)]
-                causal_offset = row[int(F.CAUSAL_OFFSET)]
-            else:
-                r0 = items[it, int(F.Q_ROW_START)]
-                kv_start = items[it, int(F.KV_START)]
-                kv_end = items[it, int(F.KV_END)]
-                causal_offset = items[it, int(F.CAUSAL_OFFSET)]
+            r0 = items[it, int(F.Q_ROW_START)]
+            kv_start = items[it, int(F.KV_START)]
+            kv_end = items[it, int(F.KV_END)]
+            causal_offset = items[it, int(F.CAUSAL_OFFSET)]
             # one token a tile: every column sees keys < min(KV_END, its causal limit + 1)
             key_end = cutlass.min(kv_end, r0 // self.group + causal_offset + 1)
             col_max.fill(neg_inf)
@@ -217,12 +209,9 @@ class MlaPagedDecodeSwappedSm90(MlaPagedPrefillSm90):
                 pipe_q.consumer_release(q_state)
             q_state.advance()
 
-            if cutlass.const_expr(line):
-                b, row_count, slot = row[int(F.REQUEST)], row[int(F.Q_ROW_COUNT)], row[int(F.PARTIAL_SLOT)]
-            else:
-                b = items[it, int(F.REQUEST)]
-                row_count = items[it, int(F.Q_ROW_COUNT)]
-                slot = items[it, int(F.PARTIAL_SLOT)]
+            b = items[it, int(F.REQUEST)]
+            row_count = items[it, int(F.Q_ROW_COUNT)]
+            slot = items[it, int(F.PARTIAL_SLOT)]
             self.column_totals(col_sum, s_cols, c_mn, wg, warp, lane)
             token = qo_indptr[b] + r0 // self.group
             for c in cutlass.range_constexpr(cols):
