@@ -44,7 +44,7 @@ from .decode_merge import arrive_and_fold
 from .index_rules import FAULT_CAPACITY, FAULT_KV_INDPTR, empty_rows, request_rule_faults
 from .planner_collectives import WARP, block_exclusive_sum, last_at_most
 from .planner_scan import record_fault
-from .unit_schedule import FAULTS_SEEN, UNITS_DONE, scan_page_ids
+from .unit_schedule import finish_schedule, scan_page_ids
 
 __all__ = ["LineRules", "LineStretch", "table_bytes", "table_requests", "derive_stretch", "start_line", "end_line",
            "line_item", "fold_line_merges", "finish_line"]
@@ -616,24 +616,10 @@ def fold_line_merges(s: LineStretch, merge_counters, arrival, partial_out, parti
 def finish_line(s: LineStretch, unit_state: cute.Tensor, request_faults: cute.Tensor, output: cute.Tensor,
                 lse: cute.Tensor, tidx, num_threads: cutlass.Constexpr, head_dim: cutlass.Constexpr,
                 barrier_id: cutlass.Constexpr, word: cute.Tensor):
-    """The storing threads' end (every output and fold of the CTA done): count the CTA out (acq_rel, after a named
-    barrier); the last CTA writes the rows of every request a bad page id marked 0 / ``-inf`` (after every other
-    CTA's stores and folds) and zeroes the state and the marks for the next launch."""
+    """The storing threads' end (every output and fold of the CTA done): each fences its stores, then the planner-free
+    prefill's count-out (``unit_schedule.finish_schedule``, request ``b`` one token ``b``): the last CTA writes the
+    rows of every request a bad page id marked 0 / ``-inf`` (after every other CTA's stores and folds) and zeroes the
+    state and the marks for the next launch."""
     cute.arch.fence_acq_rel_gpu()
-    cute.arch.barrier(barrier_id=barrier_id, number_of_threads=num_threads)
-    grid, _, _ = cute.arch.grid_dim()
-    if tidx == 0:
-        word[0] = cute.arch.atomic_add((unit_state.iterator + UNITS_DONE).llvm_ptr, Int32(1), sem="acq_rel",
-                                       scope="gpu")
-    cute.arch.barrier(barrier_id=barrier_id, number_of_threads=num_threads)
-    if word[0] == Int32(grid) - 1:
-        if unit_state[FAULTS_SEEN] != 0:
-            for b in range(s.batch):
-                if request_faults[b] != 0:
-                    empty_rows(output, lse, tidx, num_threads, head_dim, b * output.shape[1], b + 1, 1)
-            cute.arch.barrier(barrier_id=barrier_id, number_of_threads=num_threads)  # every thread read the marks
-            for b in range(tidx, s.batch, num_threads):
-                request_faults[b] = Int32(0)
-        if tidx == 0:
-            unit_state[UNITS_DONE] = Int32(0)
-            unit_state[FAULTS_SEEN] = Int32(0)
+    finish_schedule(unit_state, request_faults, None, output, lse, tidx, num_threads, head_dim, barrier_id, word,
+                    batch=s.batch)

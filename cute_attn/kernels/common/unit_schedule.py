@@ -505,10 +505,11 @@ def check_lane_ids(lane_pages: cute.Tensor, first_index, n_pages, num_pages, sou
 @cute.jit
 def finish_schedule(unit_state: cute.Tensor, request_faults: cute.Tensor, qo_indptr: cute.Tensor, output: cute.Tensor,
                     lse: cute.Tensor, ctid, num_threads: cutlass.Constexpr, head_dim: cutlass.Constexpr,
-                    barrier_id: cutlass.Constexpr, word: cute.Tensor):
+                    barrier_id: cutlass.Constexpr, word: cute.Tensor, batch=None):
     """The consumers' end (all ``num_threads`` of them, every row they own stored): count the CTA out (one acq_rel
     atomic after a named barrier, so the count publishes every consumer's stores); the last CTA writes the marked
-    requests' rows 0 / lse -inf and zeroes the state and the marks for the next launch."""
+    requests' rows 0 / lse -inf and zeroes the state and the marks for the next launch. ``qo_indptr`` None (GQA
+    decode's line build, ``line_schedule.finish_line``): request ``b`` is token ``b`` of a batch of ``batch``."""
     cute.arch.barrier(barrier_id=barrier_id, number_of_threads=num_threads)
     grid, _, _ = cute.arch.grid_dim()
     if ctid == 0:
@@ -517,13 +518,19 @@ def finish_schedule(unit_state: cute.Tensor, request_faults: cute.Tensor, qo_ind
     cute.arch.barrier(barrier_id=barrier_id, number_of_threads=num_threads)
     if word[0] == Int32(grid) - 1:
         if unit_state[FAULTS_SEEN] != 0:
-            batch = qo_indptr.shape[0] - 1
-            for b in range(batch):
+            if cutlass.const_expr(qo_indptr is None):
+                requests = batch
+            else:
+                requests = qo_indptr.shape[0] - 1
+            for b in range(requests):
                 if request_faults[b] != 0:
-                    empty_rows(output, lse, ctid, num_threads, head_dim, qo_indptr[b] * output.shape[1],
-                               qo_indptr[b + 1], 1)
+                    if cutlass.const_expr(qo_indptr is None):
+                        empty_rows(output, lse, ctid, num_threads, head_dim, b * output.shape[1], b + 1, 1)
+                    else:
+                        empty_rows(output, lse, ctid, num_threads, head_dim, qo_indptr[b] * output.shape[1],
+                                   qo_indptr[b + 1], 1)
             cute.arch.barrier(barrier_id=barrier_id, number_of_threads=num_threads)  # every thread read the marks
-            for b in range(ctid, batch, num_threads):
+            for b in range(ctid, requests, num_threads):
                 request_faults[b] = Int32(0)
         if ctid == 0:
             unit_state[UNIT_COUNTER] = Int32(0)
