@@ -27,18 +27,22 @@ part=${2:?$usage}
 budget=${3:-570}
 mkdir -p "$out"
 
+sanitizer_steps() {  # $1: the cases, $2 / $3: memcheck's / racecheck's seconds -> their two steps' arguments in $steps
+  steps=(--step "$2" "python tools/sanitize.py --tools memcheck --cases $1 --out $out/memcheck.txt \
+> $out/memcheck.log 2>&1; tail -8 $out/memcheck.log"
+         --step "$3" "python tools/sanitize.py --tools racecheck --cases $1 --out $out/racecheck.txt \
+> $out/racecheck.log 2>&1; tail -8 $out/racecheck.log")
+}
+
 checks() {  # $1: the kind's prefix ("" or "mla-"), $2: its GPU tier
   local prefix=$1 tier=$2 workers="" cases
   python -c 'import xdist' 2>/dev/null && workers="-n 4 --dist load"
   cases=${prefix}dynamic-schedule-p64,${prefix}dynamic-schedule-p1
   cases+=,${prefix}dynamic-schedule-fault,${prefix}dynamic-schedule-fault-p1
+  sanitizer_steps "$cases" 110 150
   python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 12 \
     --step 300 "python -m pytest -q $workers -rf --tb=short -k 'not late' $tier > $out/tier.txt 2>&1; \
-grep -E '^E |FAILED|passed|failed' $out/tier.txt | head -40" \
-    --step 110 "python tools/sanitize.py --tools memcheck --cases $cases --out $out/memcheck.txt \
-> $out/memcheck.log 2>&1; tail -8 $out/memcheck.log" \
-    --step 150 "python tools/sanitize.py --tools racecheck --cases $cases --out $out/racecheck.txt \
-> $out/racecheck.log 2>&1; tail -8 $out/racecheck.log"
+grep -E '^E |FAILED|passed|failed' $out/tier.txt | head -40" "${steps[@]}"
 }
 
 case $part in
@@ -54,14 +58,11 @@ case $part in
     workers=""
     python -c 'import xdist' 2>/dev/null && workers="-n 4 --dist load"
     cases=late-claim-p64,late-claim-p1,mla-late-claim-p64,mla-late-claim-p1
+    sanitizer_steps "$cases" 70 90
     python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 24 \
       --step 200 "python -m pytest -q $workers -rf --tb=short -k late tests/test_dynamic_schedule_gpu.py \
 tests/test_mla_dynamic_schedule_gpu.py > $out/tier.txt 2>&1; grep -E '^E |FAILED|passed|failed' $out/tier.txt | head -40" \
-      --step 70 "python tools/sanitize.py --tools memcheck --cases $cases --out $out/memcheck.txt \
-> $out/memcheck.log 2>&1; tail -8 $out/memcheck.log" \
-      --step 90 "python tools/sanitize.py --tools racecheck --cases $cases --out $out/racecheck.txt \
-> $out/racecheck.log 2>&1; tail -8 $out/racecheck.log" \
-      --step 200 "python tools/ab_policy.py late_claim --iters 50 --json $out/ab_late.json > $out/ab_late.txt 2>&1; \
+      "${steps[@]}" --step 200 "python tools/ab_policy.py late_claim --iters 50 --json $out/ab_late.json > $out/ab_late.txt 2>&1; \
 tail -24 $out/ab_late.txt" ;;
   route)  # the kernels are the route's (already validated): the new part is the host plan's launch path
     python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 \
@@ -74,17 +75,14 @@ tail -40 $out/ab_route.txt" ;;
     python -c 'import xdist' 2>/dev/null && workers="-n 4 --dist loadfile"
     cases=line-schedule-p64,line-schedule-p16,line-schedule-fault,line-schedule-p1,mla-line-schedule-p1
     cases+=,mla-line-schedule-p64
+    sanitizer_steps "$cases" 60 80
     python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 \
       --step 200 "python -m pytest -q $workers -rf --tb=short tests/test_line_schedule_gpu.py \
 tests/test_mla_line_schedule_gpu.py > $out/tier.txt 2>&1; grep -E '^E |FAILED|passed|failed' $out/tier.txt | head -40" \
       --step 120 "python -m pytest -q $workers -rf --tb=short tests/test_gqa_decode_gpu.py \
 tests/test_multi_token_decode_gpu.py tests/test_mla_decode_gpu.py > $out/planned.txt 2>&1; \
 grep -E '^E |FAILED|passed|failed' $out/planned.txt | head -20" \
-      --step 60 "python tools/sanitize.py --tools memcheck --cases $cases --out $out/memcheck.txt \
-> $out/memcheck.log 2>&1; tail -8 $out/memcheck.log" \
-      --step 80 "python tools/sanitize.py --tools racecheck --cases $cases --out $out/racecheck.txt \
-> $out/racecheck.log 2>&1; tail -8 $out/racecheck.log" \
-      --step 100 "python tools/ab_policy.py line_schedule --iters 50 --json $out/ab_line.json > $out/ab_line.txt 2>&1; \
+      "${steps[@]}" --step 100 "python tools/ab_policy.py line_schedule --iters 50 --json $out/ab_line.json > $out/ab_line.txt 2>&1; \
 tail -30 $out/ab_line.txt" ;;
   line-peers)
     python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 \
