@@ -600,16 +600,12 @@ def fold_line_merges(s: LineStretch, merge_counters, arrival, partial_out, parti
     wide fold of 512-column rows)."""
     rules = s.rules
     cute.arch.fence_acq_rel_gpu()
-    if s.merge0 >= 0:
-        tile = s.first_tile
-        arrive_and_fold(s.merge0, s.begin0, s.slots0, tile // rules.heads, tile % rules.heads, Int32(0),
-                        Int32(rules.group), merge_counters, arrival, rules.group, partial_out, partial_lse, output,
-                        lse, lse_out_scale, tidx, barrier_id, num_threads, qo_indptr, wide)
-    if s.merge1 >= 0:
-        tile = s.first_tile + s.count - 1
-        arrive_and_fold(s.merge1, s.begin1, s.slots1, tile // rules.heads, tile % rules.heads, Int32(0),
-                        Int32(rules.group), merge_counters, arrival, rules.group, partial_out, partial_lse, output,
-                        lse, lse_out_scale, tidx, barrier_id, num_threads, qo_indptr, wide)
+    for merge, begin, slots, tile in ((s.merge0, s.begin0, s.slots0, s.first_tile),  # item 0, then the last
+                                      (s.merge1, s.begin1, s.slots1, s.first_tile + s.count - 1)):
+        if merge >= 0:
+            arrive_and_fold(merge, begin, slots, tile // rules.heads, tile % rules.heads, Int32(0), Int32(rules.group),
+                            merge_counters, arrival, rules.group, partial_out, partial_lse, output, lse, lse_out_scale,
+                            tidx, barrier_id, num_threads, qo_indptr, wide)
 
 
 @cute.jit

@@ -95,9 +95,9 @@ def line_schedule_fake_args(config: PagedAttentionConfig) -> tuple:
     ``kernels/common/line_schedule.py``)."""
     from .unit_schedule import UNIT_STATE_WORDS
 
-    q, k, v, kv_indices = paged_fake_args(config, prefill_indptrs=False)[:4]
-    *_, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream = paged_fake_args(
-        config, prefill_indptrs=False)
+    base = paged_fake_args(config, prefill_indptrs=False)
+    q, k, v, kv_indices = base[:4]
+    *_, output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, stream = base
     fake = cute.runtime.make_fake_compact_tensor
     i32 = cutlass.Int32
     return (q, k, v, fake(i32, (cute.sym_int(symbol="batch_plus_1"),)), kv_indices,
