@@ -143,14 +143,14 @@ def unpoisoned_rows(case: Case, corruption: Corruption) -> torch.Tensor:
 
 
 def applicable_kinds(case: Case) -> tuple[str, ...]:
-    """The corruptions this case can take (an empty request has no page to corrupt, decode no qo_indptr, an MLA
-    case in the ps1 order no ``kv_last_page_len``)."""
+    """The corruptions this case can take (an empty request has no page to corrupt, decode (GQA or MLA) no
+    qo_indptr, an MLA case in the ps1 order no ``kv_last_page_len``)."""
     kinds = []
     if case.kv_indices.numel():
         kinds += [PAGE_ID_PAST_END, PAGE_ID_NEGATIVE]
     if case.kv_lens:
         kinds += [KV_INDPTR_DECREASES, KV_INDPTR_OVERSHOOTS]
-        if not isinstance(case, GqaDecodeCase):
+        if not isinstance(case, (GqaDecodeCase, MlaDecodeCase)):  # the decode entries take no qo_indptr
             kinds += [QO_INDPTR_DECREASES, QO_INDPTR_OVERSHOOTS]
         if case.kv_last_page_len is not None:  # MLA at page size 1 in the ps1 order has none
             if any(case.kv_lens):

@@ -11,6 +11,7 @@ tensors then hold.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +23,7 @@ from .device_planning import index_positions
 from .kernels.common.paged_launch import LN2, LOG2_E
 from .kernels.common.unit_schedule import UNIT_STATE_WORDS
 
-__all__ = ["UnitScheduleRoute", "UnitScratch"]
+__all__ = ["UnitScheduleRoute", "UnitScratch", "recorded_launches"]
 
 
 @dataclass
@@ -98,3 +99,21 @@ class UnitScheduleRoute:
             return
         self.kernel(*data, qo, kvp, kvi, last, scratch.request_faults, scratch.unit_state, error_word(device), output,
                     lse, float(args[-1]) * LOG2_E, LN2 if natural_lse else 1.0, self.num_pages, self.num_ctas)
+
+
+@contextlib.contextmanager
+def recorded_launches():
+    """The routes launched inside the block, one entry a launch (the route of *this* call, not whatever an earlier call
+    left in api's route cache): how the GPU tiers and the sanitizer cases know a policy's call took its route."""
+    routes = []
+    original = UnitScheduleRoute.launch
+
+    def launch(self, *args, **kwargs):
+        routes.append(self)
+        return original(self, *args, **kwargs)
+
+    UnitScheduleRoute.launch = launch
+    try:
+        yield routes
+    finally:
+        UnitScheduleRoute.launch = original

@@ -195,3 +195,12 @@ def test_an_mla_decode_case_is_not_served_the_prefill_entry():
     case = testing.make_mla_decode_case([5, 0, 70], page_size=64)
     with pytest.raises(TypeError, match="mla_paged_decode"):
         hostile.entry_for(case)
+
+
+def test_an_mla_decode_case_takes_no_qo_indptr_corruption():
+    """The MLA decode entry takes no ``qo_indptr`` (it makes ``0, 1, ..., batch`` itself), so a corrupted one would
+    never reach it: a hostile test drawing one would expect a ValueError no correct kernel raises."""
+    for page_size in (1, 64):
+        kinds = set(hostile.applicable_kinds(testing.make_mla_decode_case([5, 0, 70], page_size=page_size)))
+        assert not kinds & {"qo_indptr_decreases", "qo_indptr_overshoots"}
+        assert {"page_id_past_end", "kv_indptr_decreases"} <= kinds

@@ -91,3 +91,19 @@ def test_page_faults_empty_their_requests_and_clear(page_size):
 def test_hostile_index_tensors_are_contained_and_reported():
     unit_scratch.check_hostile_calls(cute_attn.mla_paged_decode, _case([300, 0, 4000, 70, 2100], seed=22,
                                                                        page_size=64), 12)
+
+
+def test_bad_last_page_lengths_at_every_request():
+    """``kv_last_page_len`` 0, one past the page and negative at every request (the empty one included): contained
+    and reported, then a good batch is right (``unit_scratch.check_last_page_lens``)."""
+    unit_scratch.check_last_page_lens(cute_attn.mla_paged_decode, _case([300, 0, 4000, 70], seed=23, page_size=64))
+
+
+def test_captured_call_replays_across_batches():
+    """Captured once at a batch of 6, replayed over refilled page tables (1..4000 keys a request: even pieces and
+    ragged cuts as they come; one replay with a page id outside the pool): each replay equals the reference of what
+    the index tensors then hold, and the merge counters and marks are left zero (``unit_scratch.check_replays``)."""
+    batch, page_size = 6, 64
+    case = _case([4096] * batch, seed=3, page_size=page_size)  # 384 pages: every refill's fit (6 x 63 at most)
+    unit_scratch.check_replays(cute_attn.mla_paged_decode, case, (case.ckv_cache, case.kpe_cache), batch, page_size,
+                               steps=4, max_extra_keys=4000, rng=np.random.default_rng(8))

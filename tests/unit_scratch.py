@@ -4,8 +4,6 @@ last CTA must leave zero for the next launch."""
 
 from __future__ import annotations
 
-import contextlib
-
 
 def replay_matches(graph, route, out, lse, ref_out, ref_lse, what: str) -> None:
     """``graph`` replayed into NaN-filled ``out`` / ``lse``: they equal the reference, and the route's scratch is left
@@ -34,24 +32,11 @@ def many_requests() -> tuple[list, list]:
     return q_lens, [q + int(rng.integers(0, 300)) for q in q_lens]
 
 
-@contextlib.contextmanager
 def self_scheduled_launches():
-    """The self-scheduling routes launched inside the block, one entry a launch (the route of *this* call, not
-    whatever an earlier call left in api's route cache)."""
-    from cute_attn.unit_schedule_route import UnitScheduleRoute
+    """The self-scheduling routes launched inside the block (``unit_schedule_route.recorded_launches``)."""
+    from cute_attn.unit_schedule_route import recorded_launches
 
-    routes = []
-    original = UnitScheduleRoute.launch
-
-    def launch(self, *args, **kwargs):
-        routes.append(self)
-        return original(self, *args, **kwargs)
-
-    UnitScheduleRoute.launch = launch
-    try:
-        yield routes
-    finally:
-        UnitScheduleRoute.launch = original
+    return recorded_launches()
 
 
 def assert_scratch_clean(route, what: str) -> None:

@@ -48,6 +48,9 @@ POLICY is one of
                   h20/kv4 and h8/kv1, pages 64 and 16; only the default call moves
     mla_line_schedule  the same for one-token MLA decode (``ops/mla_decode.SM90_LINE_SCHEDULE``: no planner, no
                   combine launch) off / on: the bench's MLA decode rows at pages 1 and 64
+    mla_short_stages  the swapped MLA decode kernel's four 32-key K stages instead of two of 64
+                  (``ops/mla_decode.SM90_SHORT_STAGES``, session 39) off / on: the bench's MLA decode rows, pages 64
+                  and 1; all three calls move
     deal_2048     GQA prefill plans deal batches of up to 2048 q tiles (``ops/gqa_prefill.DEAL_MAX_Q_TILES``, the device
                   sort four keys a thread) off / on: 32 x 992 (1984 q tiles) and a ragged batch of 1840; all three calls
                   move (host plans take the twin's deal)
@@ -673,6 +676,14 @@ def _mla_line_schedule_cases(pages):
     return _mla_decode_policy_cases(DEVICE_CLUSTER_MERGE_CASES, pages, mla_decode.line_schedule_policy)
 
 
+def _mla_short_stages_cases(pages):
+    """The swapped MLA decode kernel's 32-key K stages (``ops/mla_decode.SM90_SHORT_STAGES``, session 39) off / on: the
+    bench's MLA decode rows; all three calls move."""
+    from cute_attn.ops import mla_decode
+
+    return _mla_decode_policy_cases(DEVICE_CLUSTER_MERGE_CASES, pages, mla_decode.short_stages_policy)
+
+
 def _early_dependents_cases(pages):
     from cute_attn.config import early_dependents_policy
 
@@ -693,7 +704,7 @@ POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, 
             "device_cluster_merge": _device_cluster_merge_cases, "dynamic_schedule": _dynamic_schedule_cases,
             "mla_dynamic_schedule": _mla_dynamic_schedule_cases, "late_claim": _late_claim_cases,
             "route_plans": _route_plans_cases, "line_schedule": _line_schedule_cases,
-            "mla_line_schedule": _mla_line_schedule_cases}
+            "mla_line_schedule": _mla_line_schedule_cases, "mla_short_stages": _mla_short_stages_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
                  "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64], "even_pieces": [64, 1],
                  "page_boxes": [64, 128], "max_slack": [1], "eager_combine": [64, 1],
@@ -702,7 +713,8 @@ DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], 
                  "rank_deal": [1], "deal_first": [64], "deal_one_site": [64], "lap_lists": [64],
                  "lap_turn": [64], "row_writers": [64], "count_sort": [64], "cluster_merge": [64, 1],
                  "device_cluster_merge": [64, 1], "dynamic_schedule": [64, 1], "mla_dynamic_schedule": [1, 64],
-                 "late_claim": [64], "route_plans": [64], "line_schedule": [64, 16], "mla_line_schedule": [1, 64]}
+                 "late_claim": [64], "route_plans": [64], "line_schedule": [64, 16], "mla_line_schedule": [1, 64],
+                 "mla_short_stages": [64, 1]}
 
 
 def checked_span(run, out, lse, reference, label: str, timer, digits: int = 1):

@@ -305,11 +305,11 @@ def _cases(arch: str) -> dict:
             return early_dependents_policy(True)
         return with_combine(kind, policy, (96, 97))
 
-    def mla_split_scores(page_size: int):  # the swapped MLA decode kernel with S^T split over the dims
-        def run():
-            from cute_attn.ops.mla_decode import split_scores_policy
+    def mla_split_scores(page_size: int, policy_name: str = "split_scores_policy"):  # S^T split over the dims
+        def run():  # (or another policy of the swapped kernel: its short stages)
+            from cute_attn.ops import mla_decode
 
-            with split_scores_policy(True):
+            with getattr(mla_decode, policy_name)(True):
                 case = testing.make_mla_decode_case([4096, 0, 70, 9000, 1], page_size=page_size, device="cuda",
                                                     seed=98 + page_size)
                 return _run_api(cute_attn.mla_paged_decode, case, arch)
@@ -318,6 +318,9 @@ def _cases(arch: str) -> dict:
     if arch == "sm_90a":
         cases["mla-decode-split-scores-p1"] = ("mla_paged_decode", mla_split_scores(1))
         cases["mla-decode-split-scores-p64"] = ("mla_paged_decode", mla_split_scores(64))
+        for page_size in (1, 64):  # four 32-key K stages, S^T's 64-row view over each stage and its pad
+            cases[f"mla-short-stages-p{page_size}"] = ("mla_paged_decode",
+                                                       mla_split_scores(page_size, "short_stages_policy"))
 
     def combine_early_rows(kind: str):  # the combine's first slot rows loaded with the LSEs
         def policy():
@@ -463,7 +466,8 @@ def _cases(arch: str) -> dict:
                 if fault:  # a page id past the pool: the request's units get no keys, nothing outside is read
                     pool = (case.ckv_cache if mla else case.k_cache).shape[0]
                     case.kv_indices[int(case.kv_indptr[4]) - 1] = pool + 3
-                result = _run_api(cute_attn.mla_paged_prefill if mla else cute_attn.gqa_paged_prefill, case, arch)
+                result = _run_api(cute_attn.mla_paged_prefill if mla else cute_attn.gqa_paged_prefill, case, arch,
+                                  route="dynamic_schedule")
                 return _page_fault_reported(result) if fault else result
         return run
 
@@ -491,7 +495,7 @@ def _cases(arch: str) -> dict:
                     pool = (case.ckv_cache if mla else case.k_cache).shape[0]
                     case.kv_indices[int(case.kv_indptr[2]) - 1] = pool + 3
                 result = _run_api(cute_attn.mla_paged_decode if mla else cute_attn.gqa_paged_decode, case, arch,
-                                  num_sms=num_sms)
+                                  num_sms=num_sms, route="line_schedule")
                 return _page_fault_reported(result) if fault else result
         return run
 
@@ -642,13 +646,20 @@ def _page_fault_reported(result):
     raise AssertionError("the page past the pool was not reported")
 
 
-def _run_api(entry, case, arch, **kw):
-    """Run once; the reference is a thunk, so sanitized runs (which skip the check) never compute it."""
+def _run_api(entry, case, arch, route=None, **kw):
+    """Run once; the reference is a thunk, so sanitized runs (which skip the check) never compute it. ``route``: the
+    call must launch one self-scheduling build with that config flag (a case its policy routed elsewhere would
+    sanitize another kernel and pass)."""
     import torch
 
+    from cute_attn.unit_schedule_route import recorded_launches
+
     out, lse = case.new_outputs()
-    entry(*case.inputs(), out, lse, arch=arch, **kw)
+    with recorded_launches() as routes:
+        entry(*case.inputs(), out, lse, arch=arch, **kw)
     torch.cuda.synchronize()
+    if route is not None and [bool(getattr(r.config, route)) for r in routes] != [True]:
+        raise AssertionError(f"expected one {route} launch, got {[r.config for r in routes]}")
     return out, lse, case.reference
 
 

@@ -9,6 +9,8 @@
 #   bash tools/validate_planner_free.sh OUT_DIR line [BUDGET_SECONDS]  # planner-free decode (session 38): GQA and MLA
 #       tiers, the planned decode tiers (their fold and item reads changed beside it), memcheck, racecheck, GQA's A/B
 #   bash tools/validate_planner_free.sh OUT_DIR mla-line [BUDGET_SECONDS]  # the MLA decode line build's A/B
+#   bash tools/validate_planner_free.sh OUT_DIR mla-short [BUDGET_SECONDS]  # the swapped MLA decode's 32-key stages
+#       (session 39): their GPU tier, memcheck, racecheck, A/B
 #   bash tools/validate_planner_free.sh OUT_DIR line-peers [BUDGET_SECONDS]  # FlashInfer call: the decode and MLA
 #       decode bench rows beside FlashInfer / FA4 with both line policies on (for docs/perf/h200-latest.json)
 #   bash tools/validate_planner_free.sh OUT_DIR peers [BUDGET_SECONDS] # FlashInfer call (flashinfer.tar.xz installed):
@@ -17,88 +19,110 @@
 # (budget default 570: one run's 600 s less slack). Each step runs under tools/gpu_steps.py with its own time limit,
 # so a slow step leaves the others their time, and memcheck and racecheck are separate steps, so a racecheck cut short
 # keeps memcheck's report; test failures' assertion lines are grepped into the step's summary (session 33 lost which
-# test failed to a cut log). Sanitizer cases: pages 64 and 1, and page ids past the pool at pages 16 and 1 (the TMA
-# boxes' and the row gathers' checks). The A/Bs: GQA at pages 64 and 1 with two FIB layouts, MLA on the bench's
-# seven recorded batches at pages 1 and 64.
+# test failed to a cut log), and a step exits with its command's status, not its summary's (``shown``). Sanitizer
+# cases: pages 64 and 1, and page ids past the pool at pages 16 and 1 (the TMA boxes' and the row gathers' checks).
+# The A/Bs: GQA at pages 64 and 1 with two FIB layouts, MLA on the bench's seven recorded batches at pages 1 and 64.
 set -u
-usage="usage: validate_planner_free.sh OUT_DIR gqa|mla|ab|late|route|line|mla-line|line-peers|peers [BUDGET_SECONDS]"
+usage="usage: validate_planner_free.sh OUT_DIR gqa|mla|ab|late|route|line|mla-line|mla-short|line-peers|peers \
+[BUDGET_SECONDS]"
 out=${1:?$usage}
 part=${2:?$usage}
 budget=${3:-570}
 mkdir -p "$out"
 
+shown() {  # $1: a command, $2: its log, $3: what of the log to show -> one step's command, exiting with $1's status
+  printf '%s > %s 2>&1; rc=$?; %s; exit $rc' "$1" "$2" "$3"  # (a trailing tail or grep would report 0 for a failure)
+}
+
 sanitizer_steps() {  # $1: the cases, $2 / $3: memcheck's / racecheck's seconds -> their two steps' arguments in $steps
-  steps=(--step "$2" "python tools/sanitize.py --tools memcheck --cases $1 --out $out/memcheck.txt \
-> $out/memcheck.log 2>&1; tail -8 $out/memcheck.log"
-         --step "$3" "python tools/sanitize.py --tools racecheck --cases $1 --out $out/racecheck.txt \
-> $out/racecheck.log 2>&1; tail -8 $out/racecheck.log")
+  local tool cases=$1 seconds=("$2" "$3") n=0
+  steps=()
+  for tool in memcheck racecheck; do
+    steps+=(--step "${seconds[$n]}" "$(shown "python tools/sanitize.py --tools $tool --cases $cases \
+--out $out/$tool.txt" "$out/$tool.log" "tail -8 $out/$tool.log")")
+    n=$((n + 1))
+  done
+}
+
+workers=""
+python -c 'import xdist' 2>/dev/null && workers="-n 4 --dist load"
+
+tier_step() {  # $1: seconds, $2: pytest's arguments, $3: its log's name, $4: summary lines -> one step's arguments
+  step=(--step "$1" "$(shown "python -m pytest -q $workers -rf --tb=short $2" "$out/$3" \
+"grep -E '^E |FAILED|passed|failed' $out/$3 | head -$4")")
+}
+
+tool_step() {  # $1: seconds, $2: a tool's command, $3: its log's name, $4: summary lines -> one step's arguments
+  step=(--step "$1" "$(shown "$2" "$out/$3" "tail -$4 $out/$3")")
 }
 
 checks() {  # $1: the kind's prefix ("" or "mla-"), $2: its GPU tier
-  local prefix=$1 tier=$2 workers="" cases
-  python -c 'import xdist' 2>/dev/null && workers="-n 4 --dist load"
+  local prefix=$1 cases
   cases=${prefix}dynamic-schedule-p64,${prefix}dynamic-schedule-p1
   cases+=,${prefix}dynamic-schedule-fault,${prefix}dynamic-schedule-fault-p1
   sanitizer_steps "$cases" 110 150
-  python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 12 \
-    --step 300 "python -m pytest -q $workers -rf --tb=short -k 'not late' $tier > $out/tier.txt 2>&1; \
-grep -E '^E |FAILED|passed|failed' $out/tier.txt | head -40" "${steps[@]}"
+  tier_step 300 "-k 'not late' $2" tier.txt 40
+  python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 12 "${step[@]}" "${steps[@]}"
 }
 
 case $part in
   gqa) checks "" tests/test_dynamic_schedule_gpu.py ;;
   mla) checks mla- tests/test_mla_dynamic_schedule_gpu.py ;;
   ab)
-    python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 24 \
-      --step 260 "python tools/ab_policy.py dynamic_schedule --pages 64 1 --iters 50 --json $out/ab_gqa.json \
-> $out/ab_gqa.txt 2>&1; tail -24 $out/ab_gqa.txt" \
-      --step 300 "python tools/ab_policy.py mla_dynamic_schedule --iters 50 --json $out/ab_mla.json \
-> $out/ab_mla.txt 2>&1; tail -24 $out/ab_mla.txt" ;;
+    tool_step 260 "python tools/ab_policy.py dynamic_schedule --pages 64 1 --iters 50 --json $out/ab_gqa.json" \
+      ab_gqa.txt 24
+    gqa=("${step[@]}")
+    tool_step 300 "python tools/ab_policy.py mla_dynamic_schedule --iters 50 --json $out/ab_mla.json" ab_mla.txt 24
+    python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 24 "${gqa[@]}" "${step[@]}" ;;
   late)
-    workers=""
-    python -c 'import xdist' 2>/dev/null && workers="-n 4 --dist load"
     cases=late-claim-p64,late-claim-p1,mla-late-claim-p64,mla-late-claim-p1
     sanitizer_steps "$cases" 70 90
-    python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 24 \
-      --step 200 "python -m pytest -q $workers -rf --tb=short -k late tests/test_dynamic_schedule_gpu.py \
-tests/test_mla_dynamic_schedule_gpu.py > $out/tier.txt 2>&1; grep -E '^E |FAILED|passed|failed' $out/tier.txt | head -40" \
-      "${steps[@]}" --step 200 "python tools/ab_policy.py late_claim --iters 50 --json $out/ab_late.json > $out/ab_late.txt 2>&1; \
-tail -24 $out/ab_late.txt" ;;
+    tier_step 200 "-k late tests/test_dynamic_schedule_gpu.py tests/test_mla_dynamic_schedule_gpu.py" tier.txt 40
+    tier=("${step[@]}")
+    tool_step 200 "python tools/ab_policy.py late_claim --iters 50 --json $out/ab_late.json" ab_late.txt 24
+    python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 24 "${tier[@]}" "${steps[@]}" "${step[@]}" ;;
   route)  # the kernels are the route's (already validated): the new part is the host plan's launch path
-    python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 \
-      --step 150 "python -m pytest -q -rf --tb=short -k route_plan tests/test_dynamic_schedule_gpu.py \
-tests/test_mla_dynamic_schedule_gpu.py > $out/tier.txt 2>&1; grep -E '^E |FAILED|passed|failed' $out/tier.txt | head -40" \
-      --step 330 "python tools/ab_policy.py route_plans --iters 50 --json $out/ab_route.json > $out/ab_route.txt 2>&1; \
-tail -40 $out/ab_route.txt" ;;
-  line)
-    workers=""
-    python -c 'import xdist' 2>/dev/null && workers="-n 4 --dist loadfile"
+    tier_step 150 "-k route_plan tests/test_dynamic_schedule_gpu.py tests/test_mla_dynamic_schedule_gpu.py" tier.txt 40
+    tier=("${step[@]}")
+    tool_step 330 "python tools/ab_policy.py route_plans --iters 50 --json $out/ab_route.json" ab_route.txt 40
+    python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 "${tier[@]}" "${step[@]}" ;;
+  line)  # the planned decode tiers last: a regression check, the step a short budget may cut
     cases=line-schedule-p64,line-schedule-p16,line-schedule-fault,line-schedule-p1,mla-line-schedule-p1
     cases+=,mla-line-schedule-p64
     sanitizer_steps "$cases" 60 80
-    python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 \
-      --step 200 "python -m pytest -q $workers -rf --tb=short tests/test_line_schedule_gpu.py \
-tests/test_mla_line_schedule_gpu.py > $out/tier.txt 2>&1; grep -E '^E |FAILED|passed|failed' $out/tier.txt | head -40" \
-      --step 120 "python -m pytest -q $workers -rf --tb=short tests/test_gqa_decode_gpu.py \
-tests/test_multi_token_decode_gpu.py tests/test_mla_decode_gpu.py > $out/planned.txt 2>&1; \
-grep -E '^E |FAILED|passed|failed' $out/planned.txt | head -20" \
-      "${steps[@]}" --step 100 "python tools/ab_policy.py line_schedule --iters 50 --json $out/ab_line.json > $out/ab_line.txt 2>&1; \
-tail -30 $out/ab_line.txt" ;;
+    tier_step 210 "tests/test_line_schedule_gpu.py tests/test_mla_line_schedule_gpu.py" tier.txt 40
+    tier=("${step[@]}")
+    tool_step 100 "python tools/ab_policy.py line_schedule --iters 50 --json $out/ab_line.json" ab_line.txt 30
+    ab=("${step[@]}")
+    tier_step 110 "tests/test_gqa_decode_gpu.py tests/test_multi_token_decode_gpu.py tests/test_mla_decode_gpu.py" \
+      planned.txt 20
+    python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 "${tier[@]}" "${steps[@]}" "${ab[@]}" \
+      "${step[@]}" ;;
   line-peers)
-    python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 \
-      --step 540 "python tools/bench.py --kernel decode mla_decode --compile-jobs 12 --iters 50 --png= \
---policy gqa_decode.LINE_SCHEDULE=True --policy mla_decode.SM90_LINE_SCHEDULE=True --json $out/bench_line.json \
-> $out/bench_line.txt 2>&1; tail -30 $out/bench_line.txt" ;;
+    tool_step 540 "python tools/bench.py --kernel decode mla_decode --compile-jobs 12 --iters 50 --png= \
+--policy gqa_decode.LINE_SCHEDULE=True --policy mla_decode.SM90_LINE_SCHEDULE=True --json $out/bench_line.json" \
+      bench_line.txt 30
+    python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 "${step[@]}" ;;
   mla-line)  # the A/B of the MLA decode's line build (run after line, on the same warm machine)
-    python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 \
-      --step 200 "python tools/ab_policy.py mla_line_schedule --iters 50 --json $out/ab_mla_line.json \
-> $out/ab_mla_line.txt 2>&1; tail -30 $out/ab_mla_line.txt" ;;
+    tool_step 200 "python tools/ab_policy.py mla_line_schedule --iters 50 --json $out/ab_mla_line.json" \
+      ab_mla_line.txt 30
+    python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 "${step[@]}" ;;
+  mla-short)
+    cases=mla-short-stages-p1,mla-short-stages-p64
+    sanitizer_steps "$cases" 45 60
+    tier_step 150 tests/test_mla_short_stages_gpu.py tier.txt 40
+    tier=("${step[@]}")
+    tool_step 250 "python tools/ab_policy.py mla_short_stages --iters 50 --json $out/ab_short.json" ab_short.txt 30
+    python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 "${tier[@]}" "${steps[@]}" "${step[@]}" ;;
   peers)
-    python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 \
-      --step 330 "python tools/bench.py --kernel family --compile-jobs 12 --iters 50 --png= \
---json $out/bench_family.json > $out/bench_family.txt 2>&1; grep -E 'FIB|met' $out/bench_family.txt | tail -12" \
-      --step 150 "python tools/fib_bench.py --json $out/h200-fib.json > $out/fib.txt 2>&1; tail -20 $out/fib.txt" \
-      --step 100 "python -m pytest -q -rf --tb=short tests/test_flashinfer_compat_gpu.py \
-tests/test_flashinfer_graphs_gpu.py > $out/wrappers.txt 2>&1; grep -E '^E |FAILED|passed|failed' $out/wrappers.txt | head" ;;
-  *) echo "part must be gqa, mla, ab, late, route, line, mla-line, line-peers or peers, got $part" >&2; exit 2 ;;
+    tool_step 330 "python tools/bench.py --kernel family --compile-jobs 12 --iters 50 --png= \
+--json $out/bench_family.json" bench_family.txt 12
+    family=("${step[@]}")
+    tool_step 150 "python tools/fib_bench.py --json $out/h200-fib.json" fib.txt 20
+    fib=("${step[@]}")
+    tool_step 100 "python -m pytest -q -rf --tb=short tests/test_flashinfer_compat_gpu.py \
+tests/test_flashinfer_graphs_gpu.py" wrappers.txt 10  # one worker: FlashInfer's JIT
+    python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 "${family[@]}" "${fib[@]}" "${step[@]}" ;;
+  *) echo "part must be gqa, mla, ab, late, route, line, mla-line, mla-short, line-peers or peers, got $part" >&2
+     exit 2 ;;
 esac

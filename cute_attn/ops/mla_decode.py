@@ -47,6 +47,14 @@ ONE_TOKEN_MIN_CHUNK_KEYS = 256
 #: planned calls): page 64 128 x 4096 155.1 -> 150.9 us, 64 x 8192 160.3 -> 157.4, 16 x 4096 34.9 -> 34.4, 1 x 4096
 #: 18.5 -> 17.4; page 1 128 x 4096 154.8 -> 154.0, 64 x 8192 161.2 -> 159.8
 SM90_SPLIT_SCORES = True
+#: sm_90a swapped kernel: K stages of 32 keys (4 stages, three loading while the consumers hold one: 108 KiB in flight
+#: an SM) instead of 64 (2 stages: 72 KiB in flight); S^T still runs as one 64-row tile (``kernels/sm90/mla_decode.py``,
+#: short stages). Session 32 measured an SM of the 64-key kernel at ~36 GB/s alone and the 128-CTA 16 x 4096 page-64
+#: row at 26 GB/s a CTA under ncu (busy 22.4 of 27.6 us), below the ~31 GB/s a CTA of the 4.0 TB/s rows: a stage's
+#: turnaround (~5.6 us for two) sets it. Expected (session 39, not run): 16 x 4096 page 64 planned 34.2 -> ~31.5 us
+#: (busy 22.4 -> ~19.5), 1 x 4096 -0.5, the 4.0 TB/s rows (128 x 4096, 64 x 8192) unchanged within 1%, unless a 32-key
+#: stage is held over half as long as a 64-key one (then those rows lose). ``tools/ab_policy.py mla_short_stages``
+SM90_SHORT_STAGES = False
 #: sm_90a one-token configs: split items folded in-kernel by the last CTA of each merge (``fused_merge``, with the
 #: 16-byte wide-row fold, ``common/decode_merge.fold_wide_merge``) instead of the combine launch; None: the MLA prefill
 #: kind's ``FUSED_MERGE`` (off). The combine launch is 3.8-4.6 us of the page-64 planned calls with merges (session
@@ -154,8 +162,9 @@ def one_token_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, p
     """The MLA prefill kind's tiles, or (sm_90a, ``SM90_SWAPPED``, 8 or 16 heads) one token a tile."""
     if arch == "sm_90a" and SM90_SWAPPED and num_qo_heads in _SWAPPED_HEADS:
         fused_merge = mla_prefill.FUSED_MERGE if SM90_FUSED_MERGE is None else SM90_FUSED_MERGE
-        return dict(tile_q_rows=num_qo_heads, kv_tile=64, share_scores=SM90_SPLIT_SCORES,
-                    min_chunk_keys=ONE_TOKEN_MIN_CHUNK_KEYS, page_boxes=mla_prefill.page_boxes(page_size, 64),
+        kv_tile = 32 if SM90_SHORT_STAGES else 64
+        return dict(tile_q_rows=num_qo_heads, kv_tile=kv_tile, share_scores=SM90_SPLIT_SCORES,
+                    min_chunk_keys=ONE_TOKEN_MIN_CHUNK_KEYS, page_boxes=mla_prefill.page_boxes(page_size, kv_tile),
                     fused_merge=fused_merge, eager_combine=mla_prefill.eager_combine(fused_merge))
     return mla_prefill.default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, page_size)
 
@@ -167,6 +176,16 @@ def split_scores_policy(enabled: bool):
     from . import policy
 
     with policy(globals(), SM90_SPLIT_SCORES=bool(enabled)):
+        yield bool(enabled)
+
+
+@contextlib.contextmanager
+def short_stages_policy(enabled: bool):
+    """Inside the block the decode entry's sm_90a one-token configs take 32-key K stages (``enabled``) or 64-key ones
+    whatever ``SM90_SHORT_STAGES`` says (A/Bs, the GPU tier, sanitizer cases)."""
+    from . import policy
+
+    with policy(globals(), SM90_SHORT_STAGES=bool(enabled)):
         yield bool(enabled)
 
 

@@ -342,11 +342,12 @@ def derive_stretch(kv_indptr: cute.Tensor, kv_last_page_len: cute.Tensor, kv_ind
     piece = Int32(0)
     if cutlass.const_expr(rules.even_pieces):
         if batch > 0 and low == high and low > 0 and bad == 0:
-            most = cutlass.min(m // num_tiles, (low + rules.min_width - 1) // rules.min_width)
+            wide = Int64(low)  # the sums below pass 2^31 at requests of ~2^31 keys (the twin's int64)
+            most = cutlass.min(m // num_tiles, Int32((wide + rules.min_width - 1) // rules.min_width))
             if most >= 2:
-                piece = ((low + most - 1) // most + kv_tile - 1) // kv_tile * kv_tile
+                piece = Int32(((wide + most - 1) // most + kv_tile - 1) // kv_tile * kv_tile)
                 if piece < low and Int64(piece) <= width + (width >> SNAP_SHIFT):
-                    pieces = (low + piece - 1) // piece
+                    pieces = Int32((wide + piece - 1) // piece)
     cute.arch.sync_threads()  # line starts and keys are in
     # ---- step 3: one thread an edge
     e = tidx

@@ -312,6 +312,7 @@ def _load_item_keys(gather, tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, 
     copy_atom, zeros, s_q_chunks, s_k_chunks, page_shift, ckv_stride, kpe_stride, num_pages, tma_tile, tma_maps = \
         gather
     tile_n = cute.size(s_k, mode=[0])
+    stage_bytes = cute.crd2idx((0, 0, 1), s_k.layout) * 2  # stage 1's offset (a stage may end in a pad)
     page_base = kv_indptr[b]
     num_tiles = cute.ceil_div(kv_end - kv_start, tile_n) if kv_end > kv_start else 0
     if cutlass.const_expr(not q_for_keyless_items):
@@ -336,7 +337,7 @@ def _load_item_keys(gather, tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, 
         if cutlass.const_expr(tma_tile is not None):
             if tid < 32:  # the TMA pipeline's producer: one elected thread of warp 0
                 pipe_kv.producer_acquire(kv_state)
-                tma_tile(tma_maps[0], tma_maps[1], s_k.iterator.toint() + kv_state.index * (tile_n * QK_DIM * 2),
+                tma_tile(tma_maps[0], tma_maps[1], s_k.iterator.toint() + kv_state.index * stage_bytes,
                          ids, pipe_kv.producer_get_barrier(kv_state).toint(), tile_n)
         elif cutlass.const_expr(async_kv):
             pipe_kv.producer_acquire(kv_state)

@@ -34,8 +34,16 @@ transposed so that the 16 (8) heads are the wgmma N dimension:
 Runs on the H200 (GPU tier, memcheck + racecheck clean, session 9). ``tile_q_rows`` = heads selects it
 (``mla_prefill._kernel_for``); the MLA decode entry asks for it on one-token batches (``ops/mla_decode.py``).
 
-Shared memory: Q N x 576 bf16 (18 KiB at h16), 2 K stages of 72 KiB, ``s_pt`` 2 x 2 KiB, ``s_red`` 2 x 2 x 4 x N
-fp32 (and ``s_split`` 2 x 2 x 64 x N fp32, 16 KiB at h16, with ``share_scores``), the row-id table and mbarriers.
+* Short stages (``kv_tile`` 32, :data:`SHORT_KV_TILE`): 4 K stages of 32 keys (36 KiB, each followed by a 4 KiB
+  pad) instead of 2 of 64, so three stages (108 KiB) load while the consumers hold one, where 64-key stages leave
+  one (72 KiB) in flight. S^T keeps its 64-row M tile: a view of the ring with the same 1 KiB row-group stride,
+  whose rows 32..63 are the next 64-column block's rows 0..31 of the same stage (the pad after its last block);
+  their scores are set to -inf, P^T's rows 32..63 are 0 and O^T sums only the stage's 2 k-blocks of 16 keys. The
+  wasted half of S^T costs tensor-pipe time a decode has to spare; the stage is held about as long as a 64-key one.
+
+Shared memory: Q N x 576 bf16 (18 KiB at h16), 2 K stages of 72 KiB (short: 4 of 36 + 4 KiB), ``s_pt`` 2 x 2 KiB,
+``s_red`` 2 x 2 x 4 x N fp32 (and ``s_split`` 2 x 2 x 64 x N fp32, 16 KiB at h16, with ``share_scores``), the row-id
+table and mbarriers.
 """
 
 from __future__ import annotations
@@ -57,7 +65,10 @@ from .wgmma import wgmma_gemm
 
 #: the head counts this kernel builds (wgmma N: a multiple of 8)
 HEAD_COUNTS = (8, 16)
-KV_TILE = 64  # wgmma M: one K stage of 64 keys is one M tile of S^T
+KV_TILE = 64  # wgmma M: S^T's M tile of keys (a K stage of 64 keys is one M tile)
+#: short K stages (``kv_tile`` 32): S^T still runs as one 64-row M tile, whose rows past the stage's keys read the
+#: next 64-column block of the same stage (and, after its last block, the stage's pad), always masked to -inf
+SHORT_KV_TILE = 32
 WG_COLUMNS = CKV_DIM // (MMA_THREADS // 128)  # V columns per consumer warpgroup
 RED_BARRIER = 2  # + warpgroup: the named barrier of one consumer warpgroup (1 is the producers')
 SPLIT_BARRIER = 4  # share_scores: both consumer warpgroups' partial S^T written (once a tile)
@@ -68,12 +79,19 @@ def swapped_reason(config) -> str | None:
     if config.tile_q_rows != config.group_size or config.group_size not in HEAD_COUNTS:
         return (f"the swapped MLA decode kernel takes one query token per tile: tile_q_rows must equal the head "
                 f"count, one of {HEAD_COUNTS} (got tile_q_rows={config.tile_q_rows}, {config.group_size} heads)")
-    if config.kv_tile != KV_TILE:
-        return f"kv_tile={config.kv_tile}: the swapped MLA decode kernel's S^T tile is {KV_TILE} keys (wgmma M)"
+    if config.kv_tile not in (KV_TILE, SHORT_KV_TILE):
+        return (f"kv_tile={config.kv_tile}: the swapped MLA decode kernel's K stages hold {KV_TILE} keys (one S^T M "
+                f"tile) or {SHORT_KV_TILE} (short stages, read as a {KV_TILE}-row tile whose extra rows are masked)")
     if config.score_warpgroup:
         return ("score_warpgroup is the 64-row prefill kernel's variant; the swapped decode kernel computes S^T in "
                 "both consumer warpgroups (share_scores: half the dims each)")
     return None
+
+
+def score_pad_bytes(kv_tile: int) -> int:
+    """Shared memory after each K stage that S^T's 64-row view reads past the stage's last 64-column block: the
+    ``64 - kv_tile`` rows of 128 bytes (0 for 64-key stages). Never written; those rows are masked."""
+    return (KV_TILE - kv_tile) * 128
 
 
 def exchange_bytes(num_heads: int, share_scores: bool = False, cluster_merge: int = 0) -> int:
@@ -100,13 +118,37 @@ class MlaPagedDecodeSwappedSm90(MlaPagedPrefillSm90):
                 + (f"_Cluster{self.cluster_merge}" if self.cluster_merge else "")
                 + ("_Checked" if self.cluster_flags else ""))
 
+    def smem_layouts(self):
+        """The prefill kernel's Q tile and, for short stages, a ring of ``kv_tile``-row stages each followed by its
+        pad (:func:`score_pad_bytes`); 64-key stages keep the prefill kernel's ring."""
+        s_q, s_k = super().smem_layouts()
+        if self.tile_n == KV_TILE:
+            return s_q, s_k
+        return s_q, cute.make_composed_layout(s_k.inner, 0, self.stage_ring(self.tile_n))
+
+    def stage_ring(self, rows: int) -> cute.Layout:
+        """The short-stage ring seen as ``rows``-row stages: 128 bytes a row, row groups of 8 one 1 KiB swizzle atom
+        apart, 64-column blocks ``kv_tile`` rows apart, stages ``kv_tile`` x 576 + pad apart. ``rows`` = kv_tile is
+        the stages as loaded; ``rows`` = 64 is S^T's M tile over them (its cosize spans the last stage's pad)."""
+        stage = (self.tile_n * QK_DIM * 2 + score_pad_bytes(self.tile_n)) // 2
+        return cute.make_layout(((8, rows // 8), (64, QK_DIM // 64), (1, self.num_stages)),
+                                stride=((64, 512), (1, self.tile_n * 64), (0, stage)))
+
+    def allocate_k_stages(self, smem, s_k_layout):
+        """Short stages: the ring allocated as S^T's 64-row view (so the last stage's pad is allocated too) and
+        returned as ``kv_tile``-row stages."""
+        if self.tile_n == KV_TILE:
+            return super().allocate_k_stages(smem, s_k_layout)
+        rows = smem.allocate_tensor(self.dtype, self.stage_ring(KV_TILE), 1024, s_k_layout.inner)
+        return cute.make_tensor(rows.iterator, s_k_layout.outer)
+
     def tiled_mmas(self) -> tuple:
-        """The swapped products: S^T = K Q^T (M = keys from the stage, N = heads from the Q tile) and O^T = V^T P^T
-        (M = V columns, MN-major from the stage; N = heads, P^T K-major), one warpgroup each."""
+        """The swapped products: S^T = K Q^T (M = 64 keys from the stage, N = heads from the Q tile) and O^T = V^T
+        P^T (M = V columns, MN-major from the stage; N = heads, P^T K-major), one warpgroup each."""
         n = self.tile_m
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
-            atom_layout_mnk=(1, 1, 1), tiler_mn=(self.tile_n, n))
+            atom_layout_mnk=(1, 1, 1), tiler_mn=(KV_TILE, n))
         tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.MN, cute.nvgpu.OperandMajorMode.K, Float32,
             atom_layout_mnk=(1, 1, 1), tiler_mn=(64, n))
@@ -118,8 +160,8 @@ class MlaPagedDecodeSwappedSm90(MlaPagedPrefillSm90):
         (thread, value, warpgroup, tile parity): a thread's values at one thread stride, no bank conflicts, and
         (``cluster_merge``, else None) the kept piece ``(O, LSE)`` its cluster folds (``common/cluster_merge.py``)."""
         atom = warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, self.tile_n), self.dtype)
-        pt_layout = cute.tile_to_shape(atom, (self.tile_m, self.tile_n, MMA_THREADS // 128), (0, 1, 2))
+            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, KV_TILE), self.dtype)
+        pt_layout = cute.tile_to_shape(atom, (self.tile_m, KV_TILE, MMA_THREADS // 128), (0, 1, 2))
         s_pt = smem.allocate_tensor(self.dtype, pt_layout.outer, 1024, pt_layout.inner)
         s_red = smem.allocate_tensor(Float32, cute.make_layout((2, 4, self.tile_m, MMA_THREADS // 128)), 16)
         s_split = None
@@ -135,7 +177,7 @@ class MlaPagedDecodeSwappedSm90(MlaPagedPrefillSm90):
     def consume_items(self, ctid, s_q, s_k, s_red, qo_indptr, items, item_begin, item_end, output, lse, partial_out,
                       partial_lse, scale_log2, lse_out_scale, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k):
         s_pt, s_cols, s_split, fold = s_red
-        N, K = self.tile_m, self.tile_n
+        N, K = self.tile_m, self.tile_n  # K: keys a stage; S^T has KV_TILE rows either way
         wg = cute.arch.make_warp_uniform(ctid // 128)
         wtid = ctid % 128
         warp = wtid // 32
@@ -150,15 +192,18 @@ class MlaPagedDecodeSwappedSm90(MlaPagedPrefillSm90):
         s_vt_wg = cute.local_tile(s_vt, (WG_COLUMNS, K, self.num_stages), (wg, 0, 0))
         s_pt_wg = s_pt[None, None, wg]  # (head, key) K-major: the B operand of O^T
         # P^T written from the S^T accumulator: (key, head) -> s_pt_wg[head, key]
-        s_pt_store = cute.composition(s_pt_wg, cute.make_layout((K, N), stride=(N, 1)))
+        s_pt_store = cute.composition(s_pt_wg, cute.make_layout((KV_TILE, N), stride=(N, 1)))
+        s_score_rows = s_k  # S^T's A operand: 64 rows a stage (short stages: the ring's 64-row view)
+        if cutlass.const_expr(K != KV_TILE):
+            s_score_rows = cute.make_tensor(s_k.iterator, self.stage_ring(KV_TILE))
 
-        t_sk = wg_qk.make_fragment_A(wg_qk.partition_A(s_k))
+        t_sk = wg_qk.make_fragment_A(wg_qk.partition_A(s_score_rows))
         t_sq = wg_qk.make_fragment_B(wg_qk.partition_B(s_q))
         t_svt = wg_pv.make_fragment_A(wg_pv.partition_A(s_vt_wg))
         t_spt = wg_pv.make_fragment_B(wg_pv.partition_B(s_pt_wg))
-        acc_s = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((K, N)), Float32)
+        acc_s = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((KV_TILE, N)), Float32)
         acc_o = cute.make_rmem_tensor(tiled_mma_pv.partition_shape_C((WG_COLUMNS, N)), Float32)
-        c_s = thr_qk.partition_C(cute.make_identity_tensor((K, N)))
+        c_s = thr_qk.partition_C(cute.make_identity_tensor((KV_TILE, N)))
         c_o = thr_pv.partition_C(cute.make_identity_tensor((WG_COLUMNS, N)))
         t_pt = thr_qk.partition_C(s_pt_store)
         s_mn = acc_mn_view(acc_s)
@@ -196,7 +241,10 @@ class MlaPagedDecodeSwappedSm90(MlaPagedPrefillSm90):
                     wgmma_gemm(tiled_mma_qk, acc_s, t_sk[None, None, None, stage], t_sq, True)
                 if t == num_tiles - 1:  # the item's last read of Q
                     pipe_q.consumer_release(q_state)
-                self.column_softmax(acc_s, s_mn, c_mn, o_mn, col_max, col_sum, scale, s_cols, kv_base, key_end,
+                tile_end = key_end
+                if cutlass.const_expr(K != KV_TILE):  # S^T's rows past the stage's keys: masked as past the end
+                    tile_end = cutlass.min(key_end, kv_base + K)
+                self.column_softmax(acc_s, s_mn, c_mn, o_mn, col_max, col_sum, scale, s_cols, kv_base, tile_end,
                                     scale_log2, wg, warp, lane)
                 for i in cutlass.range_constexpr(cute.size(acc_s)):
                     t_pt[i] = acc_s[i].to(self.dtype)

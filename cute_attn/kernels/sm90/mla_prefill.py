@@ -143,6 +143,16 @@ def _exchange_bytes(config: PagedAttentionConfig) -> int:
     return EXCHANGE_BYTES
 
 
+def _stage_bytes(config: PagedAttentionConfig) -> int:
+    """One K stage: ``kv_tile`` x 576 bf16, and after a short stage of the swapped decode kernel the pad its 64-row
+    S^T view reads (``mla_decode.score_pad_bytes``)."""
+    if swapped(config):
+        from .mla_decode import score_pad_bytes
+
+        return _tile_bytes(config.kv_tile) + score_pad_bytes(config.kv_tile)
+    return _tile_bytes(config.kv_tile)
+
+
 def _unit_bytes(config: PagedAttentionConfig) -> int:
     """``dynamic_schedule``: the unit ring and the batch rules' block reduction words; 0 otherwise."""
     return ring_smem_bytes(rule_threads=NUM_THREADS) if config.dynamic_schedule else 0
@@ -152,7 +162,7 @@ def num_stages(config: PagedAttentionConfig) -> int:
     """K stages that fit next to the Q tile, the row-id table, the mbarriers and the slack (<= MAX_STAGES)."""
     fixed = (_tile_bytes(config.tile_q_rows) + 2 * config.kv_tile * 4 + 8 * 2 * (1 + MAX_STAGES) + 1024
              + _exchange_bytes(config) + fold_arrival_bytes(config) + _unit_bytes(config))
-    return max(0, min(MAX_STAGES, (SMEM_LIMIT_BYTES - fixed) // _tile_bytes(config.kv_tile)))
+    return max(0, min(MAX_STAGES, (SMEM_LIMIT_BYTES - fixed) // _stage_bytes(config)))
 
 
 def uses_kv_boxes(config: PagedAttentionConfig) -> bool:
@@ -165,7 +175,7 @@ def smem_bytes(config: PagedAttentionConfig) -> int:
     """Shared memory one CTA allocates: Q, K stages, the row-id table, mbarriers, 1 KiB alignment slack (and the
     ``share_scores`` exchange buffer)."""
     stages = num_stages(config)
-    return (_tile_bytes(config.tile_q_rows) + stages * _tile_bytes(config.kv_tile) + 2 * config.kv_tile * 4
+    return (_tile_bytes(config.tile_q_rows) + stages * _stage_bytes(config) + 2 * config.kv_tile * 4
             + 8 * 2 * (1 + stages) + 1024 + _exchange_bytes(config) + fold_arrival_bytes(config)
             + _unit_bytes(config))
 
@@ -354,6 +364,10 @@ class MlaPagedPrefillSm90(MlaEntries):
             return dict(grid=(num_ctas // k * k, 1, 1), cluster=(k, 1, 1))
         return dict(grid=(num_ctas, 1, 1))
 
+    def allocate_k_stages(self, smem, s_k_layout):
+        """The K stages' ring in shared memory (the swapped decode kernel's short stages add a pad after each)."""
+        return smem.allocate_tensor(self.dtype, s_k_layout.outer, 1024, s_k_layout.inner)
+
     # The variants' hook (with allocate_exchange and consume_items below): how the consumers' MMAs tile the work.
     def tiled_mmas(self) -> tuple:
         """``(S = Q K^T, O = P V)`` tiled MMAs: both warpgroups compute all of S (one warpgroup's 64 x kv_tile
@@ -394,7 +408,7 @@ class MlaPagedPrefillSm90(MlaEntries):
 
         smem = SmemAllocator()
         s_q = smem.allocate_tensor(self.dtype, s_q_layout.outer, 1024, s_q_layout.inner)
-        s_k = smem.allocate_tensor(self.dtype, s_k_layout.outer, 1024, s_k_layout.inner)
+        s_k = self.allocate_k_stages(smem, s_k_layout)
         s_ids = smem.allocate_tensor(Int32, cute.make_layout((self.tile_n, 2)), 16)
         s_red = self.allocate_exchange(smem)
         mbar_q = smem.allocate_array(Int64, 2, byte_alignment=8)
