@@ -324,8 +324,8 @@ class PagedAttentionConfig(KernelConfig):
         if self.late_claim and not self.dynamic_schedule:
             return "late_claim: a knob of the self-scheduling builds (dynamic_schedule=True) only"
         if self.line_schedule and (self.kind, self.arch) not in LINE_SCHEDULE_KERNELS:
-            return (f"line_schedule: built for the GQA decode kernels (sm_90a, sm_100a) and the sm_90a MLA decode "
-                    f"kernel only (kind {self.kind}, arch {self.arch}; the sm_100a MLA twin is not written)")
+            return (f"line_schedule: built for the GQA decode kernels and the MLA kernels' one-token decode (sm_90a, "
+                    f"sm_100a) only (kind {self.kind}, arch {self.arch})")
         if self.page_boxes and ((self.kind, self.arch) != ("mla_paged_prefill", "sm_90a")
                                 or self.page_size < self.kv_tile):
             return (f"page_boxes: a knob of the sm_90a MLA kernels' TMA K stages at pages of >= kv_tile keys "
@@ -416,9 +416,9 @@ LAP_TURN_KINDS: tuple = ("gqa_paged_prefill",)
 #: 103.0 -> 91.4, the seed 38.5 -> 36.8 (``docs/perf/h200-late-claim.json``)
 SELF_SCHEDULING_KINDS = ("gqa_paged_prefill", "mla_paged_prefill")  # the kinds with a dynamic_schedule build
 #: (kind, arch) of the kernels with a ``line_schedule`` build (the MLA decode entry's one-token configs are the MLA
-#: prefill kind's: the swapped decode kernel)
+#: prefill kind's: the swapped decode kernel on sm_90a, the 64-row tile on sm_100a)
 LINE_SCHEDULE_KERNELS = (("gqa_paged_decode", "sm_90a"), ("gqa_paged_decode", "sm_100a"),
-                         ("mla_paged_prefill", "sm_90a"))
+                         ("mla_paged_prefill", "sm_90a"), ("mla_paged_prefill", "sm_100a"))
 LATE_CLAIM_KINDS: tuple[str, ...] = SELF_SCHEDULING_KINDS
 
 

@@ -136,10 +136,10 @@ def test_compiles_with_wgmma_tma_and_the_fold(heads, kv_heads, page_size):
 
 
 # ----------------------------------------------------------------------------------------------------- MLA decode
-def _mla(page_size=1, heads=16):
+def _mla(page_size=1, heads=16, arch="sm_90a"):
     from cute_attn.ops.mla_decode import ONE_TOKEN_SPEC
 
-    return default_paged_config("mla_paged_prefill", arch="sm_90a", num_qo_heads=heads, num_kv_heads=1,
+    return default_paged_config("mla_paged_prefill", arch=arch, num_qo_heads=heads, num_kv_heads=1,
                                 head_dim_qk=576, head_dim_v=512, page_size=page_size, causal=True,
                                 spec=ONE_TOKEN_SPEC)
 
@@ -199,6 +199,23 @@ def test_the_sm100_twin_compiles(heads, kv_heads, page_size):
     assert ".target sm_100a" in ptx and "_Line" in ptx and "tcgen05.mma" in ptx and "cp.async.bulk.tensor" in ptx
     assert len(re.findall(r"\batom\.(?:\w+\.)*add", ptx)) >= 2 and "fence.acq_rel.gpu" in ptx
     assert not re.search(r"\.local\b", ptx)
+
+
+@pytest.mark.parametrize("heads, page_size", [(16, 1), (16, 64), (8, 1)])
+def test_the_sm100_mla_twin_compiles(heads, page_size):
+    """The sm_100a MLA twin (the one-token decode's 64-row tile; compiled only): the same prologue, items read through
+    the stretch by every role, K stages by TMA gather4, the wide fold's arrivals and the count-out; it refuses what
+    the sm_90a build refuses."""
+    config = _line(_mla(page_size, heads, arch="sm_100a"))
+    assert config.tile_q_rows == 64 and config.can_implement() is None
+    ptx = compile_to_ptx(config)
+    assert ".target sm_100a" in ptx and "MlaPagedPrefillSm100" in ptx and "_Line" in ptx and "tcgen05.mma" in ptx
+    assert "cp.async.bulk.tensor.2d.shared::cta.global.tile::gather4" in ptx
+    assert len(re.findall(r"\batom\.(?:\w+\.)*add", ptx)) >= 2 and "fence.acq_rel.gpu" in ptx
+    assert not re.search(r"\.local\b", ptx)
+    for knob in ("fused_merge", "bf16_partials"):
+        reason = dataclasses.replace(config, **{knob: True}).can_implement()
+        assert reason is not None and knob in reason, reason
 
 
 def test_with_the_policy_off_no_config_is_made_for_the_route_question():

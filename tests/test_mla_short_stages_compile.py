@@ -48,13 +48,17 @@ def test_short_stages_budget():
     assert mla_prefill.smem_bytes(short) - mla_prefill.smem_bytes(long) == 4 * 4096 - 2 * 32 * 4 + 2 * 2 * 8
     assert mla_prefill.smem_bytes(short) <= 227 * 1024
     assert "kv_tile=16" in mla_prefill.check_config(dataclasses.replace(long, kv_tile=16))
+    # a cluster build keeps its piece beside the ring (h16: 33 KiB): three short stages there, two loading while the
+    # consumers hold one, the 72 KiB in flight of the 64-key kernel (host plans of 64 x 8192 take clusters of 2)
+    assert mla_prefill.num_stages(dataclasses.replace(short, cluster_merge=2)) == 3
+    assert mla_prefill.num_stages(dataclasses.replace(long, cluster_merge=2)) == 2
 
 
 @pytest.mark.parametrize("heads, page_size", [(16, 1), (16, 64), (8, 1)])
 def test_short_stages_compile(heads, page_size):
     """S^T: the 36 k-steps of one 64-row tile (K-major A); O^T: 4 M-tiles x 2 k-steps of 16 keys (MN-major V^T);
     page 64 by TMA boxes (8-row and 1-row, 9 a row group), page 1 by cp.async rows; no local memory."""
-    config = dataclasses.replace(_one_token(page_size, heads), kv_tile=32)
+    config = dataclasses.replace(_one_token(page_size, heads), kv_tile=32, page_boxes=False)
     ptx = compile_to_ptx(config)
     assert "MlaPagedDecodeSwappedSm90" in ptx and "_N32_S4" in ptx
     mmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{heads}k16\.f32\.bf16\.bf16 [^;]*p, 1,  1, ([01]), 0;",
@@ -68,11 +72,22 @@ def test_short_stages_compile(heads, page_size):
     assert "ld.local" not in ptx and "st.local" not in ptx
 
 
-def test_short_stage_addresses_step_over_the_pads():
-    """The TMA path's stage address steps by the ring's stage stride (36 KiB + 4 KiB = 40960 bytes), not by a stage's
-    keys (36864): the load role reads it off the layout."""
-    config = dataclasses.replace(_one_token(64), kv_tile=32)
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_short_stage_addresses_step_over_the_pads(page_size):
+    """The loads' stage address steps by the ring's stage stride (36 KiB + 4 KiB = 40960 bytes), not by a stage's
+    keys (36864): the load role reads it off the layout (TMA boxes at page 64, cp.async rows at page 1); so do the
+    wgmma descriptors' start addresses (16-byte units: 2560 a stage)."""
+    config = dataclasses.replace(_one_token(page_size), kv_tile=32, page_boxes=False)
     ptx = compile_to_ptx(config)
-    assert re.search(r"mad\.lo\.s32\s+%r\d+, %r\d+, 40960, %r\d+;", ptx)  # base + stage * 40960
+    assert re.search(r"(mad|mul)\.lo\.s32\s+%r\d+, %r\d+, 40960[,;]", ptx)  # base + stage * 40960
     assert not re.search(r"(mad|mul)\.lo\.s32\s+%r\d+, %r\d+, 36864", ptx)
-    assert re.search(r"mov\.b32\s+%r\d+, 36864;", ptx)  # the bytes a stage's TMA boxes bring (its expect_tx)
+    assert re.search(r"(mad|mul)\.lo\.s32\s+%r\d+, %r\d+, 2560[,;]", ptx)  # the descriptors' stage step
+    if page_size == 64:
+        assert re.search(r"mov\.b32\s+%r\d+, 36864;", ptx)  # the bytes a stage's TMA boxes bring (its expect_tx)
+
+
+def test_short_stages_cluster_build_compiles():
+    config = dataclasses.replace(_one_token(64), kv_tile=32, cluster_merge=2)
+    assert config.can_implement() is None
+    ptx = compile_to_ptx(config)
+    assert "_N32_S3" in ptx and "_Cluster2" in ptx and "ld.local" not in ptx

@@ -2,11 +2,12 @@
 still one 64-row tile whose rows past a stage's keys read the next 64-column block or the stage's pad and are masked)
 on a GPU, against the float32 reference element by element. Built in session 39; none of it has run yet.
 
-What a wrong short stage would show: a stage whose S^T rows 32..63 leak into the softmax (every tile of a long
-request, and lengths 31 / 32 / 33 around a stage edge), the pad or the next block read as keys (NaN from the
-never-written pad into P V), a stage address off by the pad (the TMA path at pages >= 8, the cp.async rows at page 1),
-the cluster fold and the planner-free line build on the smaller ring. Pools hold NaN wherever no request owns a slot
-and outputs start as NaN (``testing.make_mla_prefill_case``), so an unread or unwritten element fails."""
+What a wrong short stage would show: a stage whose S^T rows 32..63 leak into the softmax (they hold the next
+64-column block's keys or the pad's leftover bytes: every tile of a long request, and lengths 31 / 32 / 33 around a
+stage edge), a stage address off by the pad (the TMA path at pages >= 8, the cp.async rows at page 1), the cluster
+fold (three stages there) and the planner-free line build on the smaller ring. Pools hold NaN wherever no request owns
+a slot and outputs start as NaN (``testing.make_mla_prefill_case``), so an unread or unwritten element fails. Each
+test first asserts that its batch's plan has the 32-key stages, so a policy that stopped reaching a route fails."""
 
 from __future__ import annotations
 
@@ -40,10 +41,19 @@ def _short_stages():
     torch.cuda.synchronize()
 
 
+def _short(kv_lens, page_size, num_heads=16):
+    """Runs ``_run_and_compare``'s batch shape through the plan entry: the one-token config has 32-key stages."""
+    case = testing.make_mla_decode_case(kv_lens, num_heads=num_heads, page_size=page_size, device="cuda", seed=0)
+    for on_device in (False, True):
+        config = cute_attn.plan_mla_paged_decode(*case.inputs(), on_device=on_device).config
+        assert config.kv_tile == 32 and config.tile_q_rows == num_heads, config
+
+
 @pytest.mark.parametrize("page_size", [1, 16, 64, 128])
 @pytest.mark.parametrize("num_heads", HEADS)
 @pytest.mark.parametrize("route", ROUTES)
 def test_short_stages_edges(page_size, num_heads, route):
+    _short(EDGE_LENS, page_size, num_heads)
     _run_and_compare([1] * len(EDGE_LENS), EDGE_LENS, False, page_size, num_heads, route,
                      seed=page_size + num_heads + 39)
 
@@ -55,6 +65,8 @@ def test_short_stages_drawn_batches(batch, page_size, num_heads, route):
     """Drawn batches (one token or 1..4: the multi-token ones keep the 64-row prefill tile, which the policy leaves
     alone)."""
     q_lens, kv_lens, multi_token = batch
+    if not multi_token:
+        _short(kv_lens, page_size, num_heads)
     _run_and_compare(q_lens, kv_lens, multi_token, page_size, num_heads, route,
                      seed=sum(kv_lens) + len(kv_lens) + 39)
 
@@ -65,6 +77,7 @@ def test_short_stages_drawn_batches(batch, page_size, num_heads, route):
 def test_short_stages_bench_rows(kv_lens, page_size):
     """The bench's MLA decode rows on the default call and a host plan (64 x 8192: the host plan's clusters of 2)."""
     kv_lens = kv_lens or np.random.default_rng(64).integers(1, 32769, size=64).tolist()
+    _short(kv_lens, page_size)
     for route in ("device", "plan"):
         _run_and_compare([1] * len(kv_lens), kv_lens, False, page_size, 16, route, seed=len(kv_lens) + page_size)
 

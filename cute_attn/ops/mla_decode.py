@@ -53,7 +53,8 @@ SM90_SPLIT_SCORES = True
 #: row at 26 GB/s a CTA under ncu (busy 22.4 of 27.6 us), below the ~31 GB/s a CTA of the 4.0 TB/s rows: a stage's
 #: turnaround (~5.6 us for two) sets it. Expected (session 39, not run): 16 x 4096 page 64 planned 34.2 -> ~31.5 us
 #: (busy 22.4 -> ~19.5), 1 x 4096 -0.5, the 4.0 TB/s rows (128 x 4096, 64 x 8192) unchanged within 1%, unless a 32-key
-#: stage is held over half as long as a 64-key one (then those rows lose). ``tools/ab_policy.py mla_short_stages``
+#: stage is held over half as long as a 64-key one (then those rows lose). A cluster build (host plans of 64 x 8192)
+#: keeps its piece beside the ring and fits three short stages: 72 KiB in flight, as now. ``ab_policy mla_short_stages``
 SM90_SHORT_STAGES = False
 #: sm_90a one-token configs: split items folded in-kernel by the last CTA of each merge (``fused_merge``, with the
 #: 16-byte wide-row fold, ``common/decode_merge.fold_wide_merge``) instead of the combine launch; None: the MLA prefill

@@ -131,6 +131,27 @@ def line_fake_args(config: PagedAttentionConfig) -> tuple:
             output, lse, partial_out, partial_lse, scale_log2, lse_out_scale, i32(1), i32(1), stream)
 
 
+def mla_line_reason(config: PagedAttentionConfig, table_requests: int) -> str | None:
+    """Why an MLA kernel (either arch) does not make the ``line_schedule`` build of a one-token decode ``config``
+    (None: it does): the build folds its own merges (no cluster fold, eager combine, self-scheduling units or probe),
+    its plan is derivable per CTA, and its table (``table_requests`` of them, over the K stages) holds a request."""
+    from ...line_schedule import cuts_only, line_reason
+    from .line_schedule import baked_rules_reason, mla_line_rules
+
+    if (config.cluster_merge or config.eager_combine or config.dynamic_schedule or config.probe or config.fused_merge
+            or config.bf16_partials):
+        return ("line_schedule folds its merges in the kernel from fp32 partials (its own entry and scratch): no "
+                "cluster_merge, eager_combine, fused_merge, bf16_partials, dynamic_schedule or probe")
+    plan_config = cuts_only(config.plan_config(1))
+    if (reason := line_reason(plan_config, one_token=True)) is not None:
+        return reason
+    if (reason := baked_rules_reason(plan_config, mla_line_rules(config))) is not None:
+        return reason
+    if table_requests < 1:
+        return "the K stages are too small for the line table"
+    return None
+
+
 def fold_arrival_bytes(config: PagedAttentionConfig) -> int:
     """Shared memory of the in-kernel fold's arrival word (``fused_merge``, ``line_schedule``; 16-byte aligned), 0
     without one."""

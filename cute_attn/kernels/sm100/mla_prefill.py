@@ -7,6 +7,13 @@ inspected only (no Blackwell GPU in this project): it has never run.
 Definition: 16 query heads share one latent KV row per key; ``s = sm_scale * (q_nope . ckv + q_pe . kpe)``
 (576 wide), ``o = softmax(s) @ ckv`` (V = ckv, 512 wide). A 64-row tile is 4 query tokens x 16 heads.
 
+``line_schedule`` builds (entry ``call_line``, the sm_90a swapped decode kernel's twin; one query token a request, the
+MLA decode entry's one-token batches): no plan; before the roles split every thread derives the CTA's stretch of the
+device plan's cost line on a table over the K stages (``common/line_schedule.start_line``), every role reads item
+``it`` as ``items[it, field]`` from it, and the correction warpgroup folds the CTA's (at most two) split items and
+counts the CTA out (``end_line``, the wide fold of 512-column rows). The default call on sm_100a stays on the device
+planner until it has run.
+
 ``dynamic_schedule`` builds (entry ``call_dynamic``, the sm_90a builds' twin): no plan; every CTA checks the batch's
 index rules and scans its share of the page ids (``unit_schedule.check_batch``; the reduction words borrow the vector
 ring), the load warpgroup takes whole (request, q tile) units from an atomic counter (``common/mla.load_units``) and
@@ -98,11 +105,13 @@ from .. import register_paged_kernel
 from ..common.decode_merge import fold_completed_merges
 from ..common.limits import TMEM_COLUMNS, mla_definition_reason, row_gather_choice_reason, smem_reason, target_reason
 from ..common.mla import (CKV_DIM, DEFINITION_PAGE_SIZES, KIND, KPE_DIM, QK_DIM, definition_config,
-                          MlaEntries, fold_arrival_bytes, load_q_and_kv_tiles, load_units, mla_entry, row_view)
+                          MlaEntries, fold_arrival_bytes, load_q_and_kv_tiles, load_units, mla_entry, mla_line_reason,
+                          row_view)
 from ..common.unit_schedule import (SLOT_FIELDS, UNIT_RING, check_batch, dynamic_launch, finish_schedule,
                                     first_ring_unit, ring_smem_bytes, take_held_unit, wait_ring_unit)
 from ..common.tma_issue import make_gather4_atom, tma_descriptor_address
 from ..common.launch_chain import wait_for_previous_grid
+from ..common.line_schedule import end_line, mla_line_rules, start_line, table_requests
 from .prefill_setup import PrefillBarriers
 from .softmax_rows import (NEG_INF, begin_softmax_item, begin_softmax_unit, load_s_row, num_key_tiles,
                            online_softmax_row, send_row_values)
@@ -156,6 +165,11 @@ def _unit_bytes(config: PagedAttentionConfig) -> int:
     return ring_smem_bytes(pipeline=True) if config.dynamic_schedule else 0
 
 
+def line_table_requests(config: PagedAttentionConfig) -> int:
+    """The most requests the line build's table holds (it aliases the K stages)."""
+    return table_requests(NUM_THREADS, KV_STAGES * config.kv_tile * QK_DIM * 2)
+
+
 def check_config(config: PagedAttentionConfig) -> str | None:
     """None when this kernel can build ``config``, else a readable reason."""
     if (reason := target_reason(config, KIND, ARCH)) is not None:
@@ -178,6 +192,8 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         return f"ctas_per_sm={config.ctas_per_sm}: one CTA uses ~227 KiB of shared memory and all of TMEM"
     if config.dynamic_schedule and config.fused_merge:
         return "dynamic_schedule: the self-scheduling build splits nothing, so it has no merges to fold (fused_merge)"
+    if config.line_schedule and (reason := mla_line_reason(config, line_table_requests(config))) is not None:
+        return reason
     if (reason := smem_reason(smem_bytes(config))) is not None:
         return reason
     if tmem_columns(config) > TMEM_COLUMNS:
@@ -205,10 +221,15 @@ class MlaPagedPrefillSm100(MlaEntries):
         self.dynamic = config.dynamic_schedule
         self.late_claim = config.late_claim
         self.page_size = config.page_size
+        self.line = config.line_schedule  # compile time: every other build's code is unchanged
+        if config.line_schedule:
+            self.line_rules = mla_line_rules(config)
+            self.line_requests = line_table_requests(config)
 
     def __repr__(self) -> str:  # shows in the kernel symbol
         return (f"MlaPagedPrefillSm100_H{self.num_heads}_M{self.tile_m}_N{self.tile_n}_S{KV_STAGES}"
-                + ("_Dyn" if self.dynamic else "") + ("_Late" if self.late_claim else ""))
+                + ("_Dyn" if self.dynamic else "") + ("_Late" if self.late_claim else "")
+                + ("_Line" if self.line else ""))
 
     # ------------------------------------------------------------------------------- host side
     @cute.jit
@@ -272,8 +293,8 @@ class MlaPagedPrefillSm100(MlaEntries):
         s_ids = smem.allocate_tensor(Int32, cute.make_layout((self.tile_n, 2)), 16)
         s_vec = smem.allocate_tensor(Float32, cute.make_layout((self.tile_m, 2, C_STAGES)), 16)
         barriers = PrefillBarriers(smem, Q_STAGES, KV_STAGES, S_STAGES, P_STAGES, C_STAGES)
-        arrival = None  # fused_merge: one merge arrival, broadcast to the correction warpgroup
-        if cutlass.const_expr(merge_indptr is not None):
+        arrival = None  # fused_merge, line_schedule: one merge arrival, broadcast to the correction warpgroup
+        if cutlass.const_expr(merge_indptr is not None or self.line):
             arrival = smem.allocate_tensor(Int32, cute.make_layout((1,)), 16)
         pipe_u = None  # dynamic_schedule: the unit pipeline, load warpgroup -> the other roles
         ring = None
@@ -308,7 +329,12 @@ class MlaPagedPrefillSm100(MlaEntries):
         item_begin = Int32(0)
         item_end = Int32(0)
         units = {}  # dynamic_schedule: the ring the roles read their units from (each makes its own pipeline state)
-        if cutlass.const_expr(not self.dynamic):
+        line = (kv_indptr, kv_last_page_len, request_faults, unit_state, error_word, num_pages)
+        if cutlass.const_expr(self.line):  # every thread derives the CTA's stretch on a table over the K stages
+            items = start_line(line, kv_buf.iterator, kv_indices, output, lse, tidx, NUM_THREADS, CKV_DIM,
+                               self.line_rules, self.line_requests)
+            item_end = items.count
+        elif cutlass.const_expr(not self.dynamic):
             item_begin = work_indptr[cta]
             item_end = work_indptr[cta + 1]
         else:
@@ -331,7 +357,10 @@ class MlaPagedPrefillSm100(MlaEntries):
                 finish_schedule(unit_state, request_faults, qo_indptr, output, lse, tidx - 32 * _WARP_CORRECTION, 128,
                                 CKV_DIM, _BAR_FINISH, rule_words)
             tmem.free()  # once the softmax and MMA warps are done with TMEM
-            if cutlass.const_expr(merge_indptr is not None):  # the correction warpgroup wrote every partial
+            if cutlass.const_expr(self.line):  # the correction warpgroup wrote every partial and output
+                end_line(items, line, merge_counters, arrival, partial_out, partial_lse, output, lse, lse_out_scale,
+                         tidx - 32 * _WARP_CORRECTION, _BAR_FOLD, 128, CKV_DIM, qo_indptr=qo_indptr, wide=True)
+            elif cutlass.const_expr(merge_indptr is not None):  # the correction warpgroup wrote every partial
                 fold_completed_merges(items, item_begin, item_end, merge_indptr, merge_counters, arrival, self.group,
                                       partial_out, partial_lse, output, lse, lse_out_scale,
                                       tidx - 32 * _WARP_CORRECTION, barrier_id=_BAR_FOLD, num_threads=128,

@@ -88,7 +88,8 @@ from .. import register_paged_kernel
 from ..common.decode_merge import announce_partials, fold_completed_merges
 from ..common.limits import SMEM_LIMIT_BYTES, mla_definition_reason, smem_reason, target_reason
 from ..common.mla import (BOX_ROWS, CKV_DIM, DEFINITION_PAGE_SIZES, KIND, KPE_DIM, QK_DIM, definition_config,
-                          MlaEntries, fold_arrival_bytes, load_q_and_kv_tiles, load_units, mla_entry, row_view)
+                          MlaEntries, fold_arrival_bytes, load_q_and_kv_tiles, load_units, mla_entry, mla_line_reason,
+                          row_view)
 from ..common.unit_schedule import (SLOT_FIELDS, UNIT_RING, check_batch, dynamic_launch, finish_schedule,
                                     ring_smem_bytes)
 from ..common.tma_issue import make_row_box_atom, tma_descriptor_address
@@ -256,24 +257,10 @@ def line_table_requests(config: PagedAttentionConfig) -> int:
 def line_schedule_reason(config: PagedAttentionConfig) -> str | None:
     """Why a ``line_schedule`` build of ``config`` is not made: the swapped one-token decode kernel only, folding its
     own merges (no cluster fold, eager combine, self-scheduling units or probe), its plan derivable per CTA."""
-    from ...line_schedule import cuts_only, line_reason
-    from ..common.line_schedule import baked_rules_reason
-
     if not swapped(config):
         return ("line_schedule: the MLA decode build (one query token a tile, tile_q_rows = the head count); got "
                 f"tile_q_rows={config.tile_q_rows}")
-    if (config.cluster_merge or config.eager_combine or config.dynamic_schedule or config.probe or config.fused_merge
-            or config.bf16_partials):
-        return ("line_schedule folds its merges in the kernel from fp32 partials (its own entry and scratch): no "
-                "cluster_merge, eager_combine, fused_merge, bf16_partials, dynamic_schedule or probe")
-    plan_config = cuts_only(config.plan_config(1))
-    if (reason := line_reason(plan_config, one_token=True)) is not None:
-        return reason
-    if (reason := baked_rules_reason(plan_config, mla_line_rules(config))) is not None:
-        return reason
-    if line_table_requests(config) < 1:
-        return "the K stages are too small for the line table"
-    return None
+    return mla_line_reason(config, line_table_requests(config))
 
 
 # --------------------------------------------------------------------------------------------- kernel
