@@ -394,7 +394,8 @@ def _plan_route(spec, config, problem, plan_config, plan: WorkPlan, q_lens, kv_l
 
     route_config = _self_schedule_config(spec, config)
     if not self_schedule_wins(plan_config, q_lens, kv_lens, int(plan.cta_cost.max()), route_config.late_claim,
-                              config_policies.ROUTE_PLAN_MIN_UNITS_PER_CTA, config_policies.ROUTE_PLAN_MAX_UNITS):
+                              config_policies.ROUTE_PLAN_MIN_UNITS_PER_CTA, config_policies.ROUTE_PLAN_MAX_UNITS,
+                              route_config.rank_major_units):
         return None
     route = UnitScheduleRoute.resolve(spec, route_config, problem, plan_config.num_ctas)
     if problem.device.type == "cuda":  # a plan is made outside any capture (it reads the lengths on the host)
@@ -408,7 +409,8 @@ def _self_schedule_config(spec, config: PagedAttentionConfig) -> PagedAttentionC
     if spec.self_schedule_knobs is not None:
         return _with_plan_knobs(config, tuple(sorted(spec.self_schedule_knobs.items())))
     late = config.kind in config_policies.LATE_CLAIM_KINDS
-    return _with_plan_knobs(config, (("dynamic_schedule", True), ("late_claim", late)))
+    rank = config_policies.RANK_MAJOR_MAX_UNITS_PER_CTA if config.kind in config_policies.RANK_MAJOR_KINDS else 0
+    return _with_plan_knobs(config, (("dynamic_schedule", True), ("late_claim", late), ("rank_major_units", rank)))
 
 
 #: config knobs a plan may set (``OpSpec.plan_tiles``, ``OpSpec.device_plan_tiles``), and their values in the shapes'

@@ -209,6 +209,12 @@ class PagedAttentionConfig(KernelConfig):
     #: --claim``: 1.21x the host plan's busiest CTA at 1 x 992, 1.38x at MLA 1 x 1028, where the H200 measured 1.20x
     #: and 1.30x; claimed late, 1.00x both). Built in session 36, on since session 37 (``LATE_CLAIM_KINDS``)
     late_claim: bool = False
+    #: self-scheduling builds (``dynamic_schedule``) only: a batch whose requests all have as many q tiles and at most
+    #: this many units a CTA takes its units rank-major (every request's last q tile, then every second-last, ...;
+    #: longest first), not request-major; 0: request-major always. Why: at two or three units a CTA the
+    #: request-major order hands the longest tiles of the last requests out late (``tools/dynamic_schedule_model.py``:
+    #: h5/kv1 8 x 992 1.10x the host plan's busiest CTA, h6/kv1 1.16x; rank-major 1.00x). Built in session 39, not run
+    rank_major_units: int = 0
     #: the decode kernels with no plan (GQA: sm_90a, sm_100a twin; the sm_90a one-token MLA decode): every CTA derives
     #: its own stretch of the device planner's cost line from ``kv_indptr`` / ``kv_last_page_len`` at its start
     #: (``kernels/common/line_schedule.py``; the numpy twin ``cute_attn/line_schedule.py``), so a new batch costs one
@@ -323,6 +329,9 @@ class PagedAttentionConfig(KernelConfig):
                     f"(kind {self.kind}, arch {self.arch}, causal {self.causal})")
         if self.late_claim and not self.dynamic_schedule:
             return "late_claim: a knob of the self-scheduling builds (dynamic_schedule=True) only"
+        if self.rank_major_units < 0 or (self.rank_major_units and not self.dynamic_schedule):
+            return (f"rank_major_units={self.rank_major_units}: a unit count a CTA (>= 0) of the self-scheduling "
+                    "builds (dynamic_schedule=True) only")
         if self.line_schedule and (self.kind, self.arch) not in LINE_SCHEDULE_KERNELS:
             return (f"line_schedule: built for the GQA decode kernels and the MLA kernels' one-token decode (sm_90a, "
                     f"sm_100a) only (kind {self.kind}, arch {self.arch})")
@@ -429,6 +438,25 @@ def late_claim_policy(enabled: bool = True):
     from .ops import policy
 
     with policy(globals(), LATE_CLAIM_KINDS=SELF_SCHEDULING_KINDS if enabled else ()):
+        yield
+
+
+#: The kinds whose planner-free route (``dynamic_schedule``) builds with ``rank_major_units`` =
+#: ``RANK_MAJOR_MAX_UNITS_PER_CTA``: a uniform batch of few units a CTA is taken longest first across its requests.
+#: Expected (session 39, the model; not run): h5/kv1 8 x 992 page 64 default call 39.2 -> ~36 us (the route's kernel
+#: at 1.19x the host plan's, the model's order part 1.10x of it), h6/kv1 alike; every batch with more units a CTA, or
+#: ragged, unchanged (``tools/ab_policy.py rank_major``). Empty until its GPU tier and A/B pass
+RANK_MAJOR_KINDS: tuple[str, ...] = ()
+RANK_MAJOR_MAX_UNITS_PER_CTA = 4  # 8 x 992 at h5/kv1 is 2.4, h16/kv1 7.5 (request-major there models 1.02x)
+
+
+@contextlib.contextmanager
+def rank_major_policy(enabled: bool = True):
+    """Inside the block both causal prefill kinds' planner-free routes take uniform batches of few units a CTA
+    rank-major (or, off, request-major) whatever ``RANK_MAJOR_KINDS`` says (GPU tests, A/Bs, sanitizer cases)."""
+    from .ops import policy
+
+    with policy(globals(), RANK_MAJOR_KINDS=SELF_SCHEDULING_KINDS if enabled else ()):
         yield
 
 

@@ -5,7 +5,10 @@ counter and decode each from ``qo_indptr`` alone. This module says which item ea
 the cost model (``tools/dynamic_schedule_model.py``) use exactly the kernel's order:
 
 * :func:`unit_items` -- every unit as an unsplit work item (``plan.ItemField`` rows), in unit order: requests in batch
-  order, a request's q tiles from its last (most keys under the causal mask) to its first, KV heads innermost;
+  order, a request's q tiles from its last (most keys under the causal mask) to its first, KV heads innermost; or,
+  for a build with ``rank_major_units`` k and a batch whose requests all have as many q tiles and at most k units a
+  CTA (:func:`rank_major`), rank-major: every request's last q tile, then every second-last, ..., requests then KV
+  heads inside a rank (longest first, the order list scheduling balances best at one or two units a CTA);
 * :func:`locate_as_the_kernel_does` -- the producer warp's search for a unit's request step by step (32-request
   windows of a warp-wide prefix, resumed at the request where the CTA's previous unit was), for CPU tests of it;
 * :func:`unit_costs`, :func:`claim_ahead_makespan`, :func:`claim_late_makespan` -- the planner's cost model of the
@@ -24,8 +27,8 @@ from .plan import ItemField, PlanConfig, _cost, _tiles
 
 WARP = 32
 
-__all__ = ["request_units", "unit_items", "locate_as_the_kernel_does", "unit_costs", "claim_ahead_makespan",
-           "claim_late_makespan", "self_schedule_wins"]
+__all__ = ["request_units", "rank_major", "unit_items", "locate_as_the_kernel_does", "unit_costs",
+           "claim_ahead_makespan", "claim_late_makespan", "self_schedule_wins"]
 
 
 def request_units(config: PlanConfig, q_lens) -> np.ndarray:
@@ -34,13 +37,27 @@ def request_units(config: PlanConfig, q_lens) -> np.ndarray:
     return -(-rows // config.tile_q_rows) * config.num_kv_heads
 
 
-def unit_items(config: PlanConfig, q_lens, kv_lens) -> np.ndarray:
-    """``[units, len(ItemField)]`` int32: unit ``u``'s item (what the kernel's ``unit_fields`` computes for it)."""
+def rank_major(config: PlanConfig, q_lens, rank_major_units: int) -> bool:
+    """Whether a build with ``rank_major_units`` (``PagedAttentionConfig.rank_major_units``) takes this batch's units
+    rank-major, as the kernel decides it (``unit_schedule.check_batch``): every request has as many units, and the
+    batch at most ``rank_major_units`` a CTA (``config.num_ctas`` CTAs)."""
+    units = request_units(config, q_lens)
+    return bool(rank_major_units > 0 and units.size and np.all(units == units[0])
+                and units.sum() <= rank_major_units * config.num_ctas)
+
+
+def unit_items(config: PlanConfig, q_lens, kv_lens, rank_major_units: int = 0) -> np.ndarray:
+    """``[units, len(ItemField)]`` int32: unit ``u``'s item (what the kernel's ``unit_fields`` computes for it), in the
+    order of a build with ``rank_major_units`` (module docstring)."""
     q_lens, kv_lens = np.asarray(q_lens), np.asarray(kv_lens)
     tiles = _tiles(config, q_lens, kv_lens)  # q tiles request-major, ascending within a request
     request = tiles.q_tiles[:, ItemField.REQUEST]
     last = np.searchsorted(request, request, side="right") - 1  # each q tile's request's last tile
-    order = np.lexsort((last - np.arange(request.size), request))  # by request, then from its last tile down
+    rank = last - np.arange(request.size)  # 0: a request's last (longest) tile
+    if rank_major(config, q_lens, rank_major_units):
+        order = np.lexsort((request, rank))  # by rank, then request
+    else:
+        order = np.lexsort((rank, request))  # by request, then from its last tile down
     heads = config.num_kv_heads
     items = np.repeat(tiles.q_tiles[order], heads, axis=0)
     items[:, ItemField.KV_HEAD] = np.tile(np.arange(heads, dtype=np.int32), order.size)
@@ -77,10 +94,11 @@ def locate_as_the_kernel_does(units_per_request: np.ndarray, unit_indices) -> li
     return out
 
 
-def unit_costs(config: PlanConfig, q_lens, kv_lens) -> np.ndarray:
+def unit_costs(config: PlanConfig, q_lens, kv_lens, rank_major_units: int = 0) -> np.ndarray:
     """Each unit's cost in the planner's model (``plan._cost``: keys rounded to the kv tile, plus the item overhead),
     in the counter's order."""
-    return _cost(unit_items(config, q_lens, kv_lens)[:, ItemField.KV_END].astype(np.int64), config)
+    items = unit_items(config, q_lens, kv_lens, rank_major_units)
+    return _cost(items[:, ItemField.KV_END].astype(np.int64), config)
 
 
 def claim_ahead_makespan(costs, num_ctas: int) -> int:
@@ -128,7 +146,7 @@ def claim_late_makespan(costs, num_ctas: int, lead: int) -> int:
 
 
 def self_schedule_wins(config: PlanConfig, q_lens, kv_lens, host_busiest: int, late_claim: bool,
-                       min_units_per_cta: int, max_units: int) -> bool:
+                       min_units_per_cta: int, max_units: int, rank_major_units: int = 0) -> bool:
     """Whether the self-scheduling build runs this batch no slower than a host plan whose busiest CTA costs
     ``host_busiest``: at least ``min_units_per_cta`` units a CTA (fewer: the route only ties the plan and pays its
     start's index checks, MLA 1 / 43 10.5 against 9.5 us), and the model's busiest CTA under the build's claim no
@@ -139,7 +157,7 @@ def self_schedule_wins(config: PlanConfig, q_lens, kv_lens, host_busiest: int, l
     units = int(request_units(config, q_lens).sum())
     if not min_units_per_cta * config.num_ctas <= units <= max_units:
         return False
-    costs = unit_costs(config, q_lens, kv_lens)
+    costs = unit_costs(config, q_lens, kv_lens, rank_major_units)
     if late_claim:
         busiest = claim_late_makespan(costs, config.num_ctas, 2 * config.kv_tile)
     else:

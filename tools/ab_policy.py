@@ -46,11 +46,10 @@ POLICY is one of
     line_schedule the default call of decode planner-free (``ops/gqa_decode.LINE_SCHEDULE``, session 38: each CTA
                   derives its stretch of the device plan, no planner launch) off / on: the bench's decode rows at
                   h20/kv4 and h8/kv1, pages 64 and 16; only the default call moves
-    mla_line_schedule  the same for one-token MLA decode (``ops/mla_decode.SM90_LINE_SCHEDULE``: no planner, no
-                  combine launch) off / on: the bench's MLA decode rows at pages 1 and 64
-    mla_short_stages  the swapped MLA decode kernel's four 32-key K stages instead of two of 64
-                  (``ops/mla_decode.SM90_SHORT_STAGES``, session 39) off / on: the bench's MLA decode rows, pages 64
-                  and 1; all three calls move
+    mla_line_schedule  the same for one-token MLA decode (``ops/mla_decode.SM90_LINE_SCHEDULE``): its bench rows
+    mla_short_stages  the swapped MLA decode's four 32-key K stages, not two of 64 (``mla_decode.SM90_SHORT_STAGES``):
+                  the bench's MLA decode rows at pages 64 and 1; all three calls move
+    rank_major    the GQA route's uniform batches of few units a CTA rank-major (``config.RANK_MAJOR_KINDS``) off / on
     deal_2048     GQA prefill plans deal batches of up to 2048 q tiles (``ops/gqa_prefill.DEAL_MAX_Q_TILES``, the device
                   sort four keys a thread) off / on: 32 x 992 (1984 q tiles) and a ragged batch of 1840; all three calls
                   move (host plans take the twin's deal)
@@ -234,6 +233,7 @@ DYNAMIC_SCHEDULE_CASES = {  # the bench's GQA prefill rows (h32/kv4) and FIB lay
     "ragged_12": ([33, 700, 1, 990, 400, 128, 64, 512, 900, 5, 260, 7],
                   [33, 900, 3000, 990, 800, 4096, 64, 600, 900, 5, 2000, 7], 32, 4),
     "n8_q992_h5kv1": ([992] * 8, [992] * 8, 5, 1),
+    "n8_q992_h6kv1": ([992] * 8, [992] * 8, 6, 1),
     "n8_q992_h32kv16": ([992] * 8, [992] * 8, 32, 16),
 }
 
@@ -295,6 +295,13 @@ def _route_plans_cases(pages):
     yield from _prefill_cases(DYNAMIC_SCHEDULE_CASES, pages, lambda page_size: route_plan_policy)
     for row0, make, kind, _ in _mla_dynamic_schedule_cases(pages):
         yield row0, make, kind, route_plan_policy
+
+
+def _rank_major_cases(pages):
+    """Rank-major few-unit batches (``config.RANK_MAJOR_KINDS``) off / on: h5/kv1, h6/kv1 8 x 992 move; controls."""
+    from cute_attn.config import rank_major_policy
+
+    return _prefill_cases(DYNAMIC_SCHEDULE_CASES, pages, lambda page_size: rank_major_policy)
 
 
 def _device_whole_deal_cases(pages):
@@ -677,8 +684,7 @@ def _mla_line_schedule_cases(pages):
 
 
 def _mla_short_stages_cases(pages):
-    """The swapped MLA decode kernel's 32-key K stages (``ops/mla_decode.SM90_SHORT_STAGES``, session 39) off / on: the
-    bench's MLA decode rows; all three calls move."""
+    """The swapped MLA decode kernel's 32-key K stages (``ops/mla_decode.SM90_SHORT_STAGES``, session 39) off / on."""
     from cute_attn.ops import mla_decode
 
     return _mla_decode_policy_cases(DEVICE_CLUSTER_MERGE_CASES, pages, mla_decode.short_stages_policy)
@@ -704,7 +710,8 @@ POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, 
             "device_cluster_merge": _device_cluster_merge_cases, "dynamic_schedule": _dynamic_schedule_cases,
             "mla_dynamic_schedule": _mla_dynamic_schedule_cases, "late_claim": _late_claim_cases,
             "route_plans": _route_plans_cases, "line_schedule": _line_schedule_cases,
-            "mla_line_schedule": _mla_line_schedule_cases, "mla_short_stages": _mla_short_stages_cases}
+            "mla_line_schedule": _mla_line_schedule_cases, "mla_short_stages": _mla_short_stages_cases,
+            "rank_major": _rank_major_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
                  "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64], "even_pieces": [64, 1],
                  "page_boxes": [64, 128], "max_slack": [1], "eager_combine": [64, 1],
@@ -714,7 +721,7 @@ DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], 
                  "lap_turn": [64], "row_writers": [64], "count_sort": [64], "cluster_merge": [64, 1],
                  "device_cluster_merge": [64, 1], "dynamic_schedule": [64, 1], "mla_dynamic_schedule": [1, 64],
                  "late_claim": [64], "route_plans": [64], "line_schedule": [64, 16], "mla_line_schedule": [1, 64],
-                 "mla_short_stages": [64, 1]}
+                 "mla_short_stages": [64, 1], "rank_major": [64, 1]}
 
 
 def checked_span(run, out, lse, reference, label: str, timer, digits: int = 1):
@@ -739,7 +746,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("policy", choices=sorted(POLICIES))
     ap.add_argument("--json", default=None)
-    ap.add_argument("--pages", type=int, nargs="+", default=None, help="default: line_deal 1 64, prefill_fold 64 1, k_ahead 1, combine_grid 64, q_tile_pass 64, early_dependents 64")
+    ap.add_argument("--pages", type=int, nargs="+", default=None, help="default: the policy's DEFAULT_PAGES")
     ap.add_argument("--only", nargs="+", default=None, help="case labels to keep")
     ap.add_argument("--iters", type=int, default=50, help="1: check and compile only, no timing")
     args = ap.parse_args(argv)

@@ -452,17 +452,18 @@ def _cases(arch: str) -> dict:
         cases["prefill-fused-p1"] = ("gqa_paged_prefill", prefill_fused(1, False))
         cases["prefill-fused-p64"] = ("gqa_paged_prefill", prefill_fused(64, False))
         cases["prefill-fused-hostplan"] = ("gqa_paged_prefill", prefill_fused(64, True))
-    def dynamic_schedule(page_size, fault=False, mla=False, late=False):  # the planner-free default call
-        def run():
-            from cute_attn.config import late_claim_policy
+    def dynamic_schedule(page_size, fault=False, mla=False, late=False, rank=False):  # the planner-free default call
+        def run():  # (rank: a uniform batch, its units rank-major)
+            from cute_attn.config import late_claim_policy, rank_major_policy
             from cute_attn.ops import gqa_prefill, mla_prefill, policy
 
             ops = mla_prefill if mla else gqa_prefill
             with ops.dynamic_schedule_policy(True), policy(vars(ops), DYNAMIC_MIN_UNITS_PER_CTA=0), \
-                    late_claim_policy(late):
+                    late_claim_policy(late or rank), rank_major_policy(rank):
                 make = testing.make_mla_prefill_case if mla else testing.make_gqa_prefill_case
-                case = make([1, 40, 0, 200, 300], [700, 40, 5, 1500, 300], page_size=page_size, device="cuda",
-                            seed=90 + page_size)
+                q_lens, kv_lens = ([200] * 5, [700, 240, 205, 1500, 300]) if rank else \
+                    ([1, 40, 0, 200, 300], [700, 40, 5, 1500, 300])
+                case = make(q_lens, kv_lens, page_size=page_size, device="cuda", seed=90 + page_size)
                 if fault:  # a page id past the pool: the request's units get no keys, nothing outside is read
                     pool = (case.ckv_cache if mla else case.k_cache).shape[0]
                     case.kv_indices[int(case.kv_indptr[4]) - 1] = pool + 3
@@ -484,6 +485,11 @@ def _cases(arch: str) -> dict:
         cases["late-claim-p1"] = ("gqa_paged_prefill", dynamic_schedule(1, late=True))
         cases["mla-late-claim-p64"] = ("mla_paged_prefill", dynamic_schedule(64, mla=True, late=True))
         cases["mla-late-claim-p1"] = ("mla_paged_prefill", dynamic_schedule(1, mla=True, late=True))
+        for page_size in (64, 1):  # uniform batches taken rank-major (session 39), one with a page fault
+            cases[f"rank-major-p{page_size}"] = ("gqa_paged_prefill", dynamic_schedule(page_size, rank=True))
+            cases[f"mla-rank-major-p{page_size}"] = ("mla_paged_prefill", dynamic_schedule(page_size, mla=True,
+                                                                                             rank=True))
+        cases["rank-major-fault"] = ("gqa_paged_prefill", dynamic_schedule(16, fault=True, rank=True))
     def line_schedule(page_size, kv_lens, fault=False, num_sms=None, mla=False):  # the planner-free decode
         def run():
             from cute_attn.ops import gqa_decode, mla_decode

@@ -11,6 +11,8 @@
 #   bash tools/validate_planner_free.sh OUT_DIR mla-line [BUDGET_SECONDS]  # the MLA decode line build's A/B
 #   bash tools/validate_planner_free.sh OUT_DIR mla-short [BUDGET_SECONDS]  # the swapped MLA decode's 32-key stages
 #       (session 39): their GPU tier, memcheck, racecheck, A/B
+#   bash tools/validate_planner_free.sh OUT_DIR rank-major [BUDGET_SECONDS]  # the routes' rank-major order for
+#       uniform batches of few units (session 39): its GPU tier, memcheck, racecheck, A/B
 #   bash tools/validate_planner_free.sh OUT_DIR line-peers [BUDGET_SECONDS]  # FlashInfer call: the decode and MLA
 #       decode bench rows beside FlashInfer / FA4 with both line policies on (for docs/perf/h200-latest.json)
 #   bash tools/validate_planner_free.sh OUT_DIR peers [BUDGET_SECONDS] # FlashInfer call (flashinfer.tar.xz installed):
@@ -23,8 +25,8 @@
 # cases: pages 64 and 1, and page ids past the pool at pages 16 and 1 (the TMA boxes' and the row gathers' checks).
 # The A/Bs: GQA at pages 64 and 1 with two FIB layouts, MLA on the bench's seven recorded batches at pages 1 and 64.
 set -u
-usage="usage: validate_planner_free.sh OUT_DIR gqa|mla|ab|late|route|line|mla-line|mla-short|line-peers|peers \
-[BUDGET_SECONDS]"
+usage="usage: validate_planner_free.sh OUT_DIR gqa|mla|ab|late|route|line|mla-line|mla-short|rank-major|line-peers|\
+peers [BUDGET_SECONDS]"
 out=${1:?$usage}
 part=${2:?$usage}
 budget=${3:-570}
@@ -114,6 +116,13 @@ case $part in
     tier=("${step[@]}")
     tool_step 250 "python tools/ab_policy.py mla_short_stages --iters 50 --json $out/ab_short.json" ab_short.txt 30
     python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 "${tier[@]}" "${steps[@]}" "${step[@]}" ;;
+  rank-major)
+    cases=rank-major-p64,rank-major-p1,mla-rank-major-p64,mla-rank-major-p1,rank-major-fault
+    sanitizer_steps "$cases" 70 100
+    tier_step 180 tests/test_rank_major_gpu.py tier.txt 40
+    tier=("${step[@]}")
+    tool_step 200 "python tools/ab_policy.py rank_major --iters 50 --json $out/ab_rank.json" ab_rank.txt 30
+    python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 "${tier[@]}" "${steps[@]}" "${step[@]}" ;;
   peers)
     tool_step 330 "python tools/bench.py --kernel family --compile-jobs 12 --iters 50 --png= \
 --json $out/bench_family.json" bench_family.txt 12
@@ -123,6 +132,7 @@ case $part in
     tool_step 100 "python -m pytest -q -rf --tb=short tests/test_flashinfer_compat_gpu.py \
 tests/test_flashinfer_graphs_gpu.py" wrappers.txt 10  # one worker: FlashInfer's JIT
     python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 "${family[@]}" "${fib[@]}" "${step[@]}" ;;
-  *) echo "part must be gqa, mla, ab, late, route, line, mla-line, mla-short, line-peers or peers, got $part" >&2
+  *) echo "part must be gqa, mla, ab, late, route, line, mla-line, mla-short, rank-major, line-peers or peers, got \
+$part" >&2
      exit 2 ;;
 esac

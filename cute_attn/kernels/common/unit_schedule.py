@@ -15,6 +15,11 @@ first_unit(b)``) is q tile ``tiles(b) - 1 - local // kv_heads`` of KV head ``loc
 grow), so a CTA walks the batch once in all. ``cute_attn/plan_units.py`` is the numpy twin of both (CPU-tested against
 the host plan's unsplit items).
 
+Rank-major (``PagedAttentionConfig.rank_major_units`` k > 0; session 39, not run): where every request has as many
+units and the batch at most k a CTA (:func:`check_batch` finds both; every CTA the same answer), unit ``u`` is q tile
+``tiles - 1 - u // (batch * kv_heads)`` of request ``u % (batch * kv_heads) // kv_heads``: every request's last tile,
+then every second-last, ... (longest first across the batch, no search). Any other batch keeps the order above.
+
 Claim time: the producer takes unit n+1 from the counter as unit n's loads begin (its latency hidden under them), or,
 with ``PagedAttentionConfig.late_claim`` (session 36, the default since session 37), once unit n's last K tile is
 issued. Claimed a unit ahead, every CTA holds two units before any finishes one, so at one or two units a CTA the
@@ -80,6 +85,7 @@ from .planner_scan import record_fault
 
 UNIT_COUNTER, UNITS_DONE, FAULTS_SEEN = 0, 1, 2
 UNIT_STATE_WORDS = 4
+MIXED_UNITS = 1 << 30  # batch_rules' bit beside the fault bits (index_rules.FAULT_*): requests of unequal unit counts
 
 
 class SlotField(IntEnum):
@@ -104,10 +110,11 @@ class UnitSource:
     units (:func:`batch_rules`, every thread), the pool size the page ids are checked against."""
 
     def __init__(self, unit_state, slots, row_slots, request_faults, kv_last_page_len, error_word, num_pages, batch,
-                 total):
+                 total, rank_major=None):
         self.unit_state, self.slots, self.row_slots = unit_state, slots, row_slots
         self.request_faults, self.kv_last_page_len, self.error_word = request_faults, kv_last_page_len, error_word
         self.num_pages, self.batch, self.total = num_pages, batch, total
+        self.rank_major = rank_major  # rank_major_units builds: 1 where this batch is taken rank-major; None: never
 
 
 def dynamic_launch(units, work_indptr) -> tuple:
@@ -190,8 +197,19 @@ def find_unit(u, qo_indptr: cute.Tensor, source: UnitSource, base, before, lane,
     request = source.batch
     local = Int32(0)
     if u < source.total:
-        request, local, base, before = locate_unit(u, qo_indptr, source.batch, base, before, lane, group, rows,
-                                                   kv_heads)
+        if cutlass.const_expr(source.rank_major is None):
+            request, local, base, before = locate_unit(u, qo_indptr, source.batch, base, before, lane, group, rows,
+                                                       kv_heads)
+        else:
+            if source.rank_major != 0:  # (module docstring) no search: q tile rank, then request, then head
+                per_rank = source.batch * kv_heads
+                rank = u // per_rank
+                within = u - rank * per_rank
+                request = within // kv_heads
+                local = rank * kv_heads + within - request * kv_heads
+            else:
+                request, local, base, before = locate_unit(u, qo_indptr, source.batch, base, before, lane, group,
+                                                           rows, kv_heads)
     return request, local, base, before
 
 
@@ -352,13 +370,17 @@ def batch_rules(qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, num_indices, tot
                 num_threads: cutlass.Constexpr, words: cute.Tensor, group: cutlass.Constexpr,
                 rows: cutlass.Constexpr, kv_heads: cutlass.Constexpr, kv_last_page_len: cute.Tensor,
                 error_word: cute.Tensor, report_requests, page_size: cutlass.Constexpr, kv_tile: cutlass.Constexpr,
-                barrier_id: cutlass.Constexpr = None):
+                barrier_id: cutlass.Constexpr = None, uniform: cutlass.Constexpr = False):
     """(fault bits, units) of the batch, on every thread of the CTA (all call it; ``words``: ``2 * num_threads // 32``
     shared int32, scratch): one pass of ``num_threads`` requests at a time, then a block reduction. Where
-    ``report_requests`` (one CTA), each request's own rules go to the error word as well."""
+    ``report_requests`` (one CTA), each request's own rules go to the error word as well. ``uniform``: the fault bits
+    also carry ``MIXED_UNITS`` where some request has another unit count than request 0 (the caller strips it)."""
     batch = kv_indptr.shape[0] - 1
     bad = Int32(0)
     units = Int32(0)
+    first_units = Int32(0)
+    if cutlass.const_expr(uniform):
+        first_units = request_units(qo_indptr, Int32(0), batch, group, rows, kv_heads)
     if batch == 0:
         if tidx == 0:
             if kv_indptr[0] != 0:
@@ -387,6 +409,9 @@ def batch_rules(qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, num_indices, tot
                 bad = bad | FAULT_KV_INDPTR
         if q_len > 0:
             units = units + (q_len * group + rows - 1) // rows * kv_heads
+        if cutlass.const_expr(uniform):
+            if request_units(qo_indptr, b, batch, group, rows, kv_heads) != first_units:
+                bad = bad | MIXED_UNITS
         if report_requests:  # reported here too: a request without queries has no unit whose decode would see it
             request_rule_faults(error_word, kv_last_page_len[b], b, page_end - page_start, page_size, kv_tile)
     for i in cutlass.range_constexpr(5):  # warp reduction: OR of the bits, sum of the units
@@ -412,15 +437,24 @@ def check_batch(tidx, cta, num_threads: cutlass.Constexpr, qo_indptr: cute.Tenso
                 slots: cute.Tensor, rule_words: cute.Tensor, request_faults: cute.Tensor, unit_state: cute.Tensor,
                 error_word: cute.Tensor, num_pages, group: cutlass.Constexpr, rows: cutlass.Constexpr,
                 kv_heads: cutlass.Constexpr, head_dim: cutlass.Constexpr, page_size: cutlass.Constexpr,
-                kv_tile: cutlass.Constexpr, row_slots=None, barrier_id: cutlass.Constexpr = None):
+                kv_tile: cutlass.Constexpr, row_slots=None, barrier_id: cutlass.Constexpr = None,
+                rank_major_units: cutlass.Constexpr = 0):
     """A self-scheduling kernel's start, every thread of the CTA before the roles split: the batch's rules and units
     (:func:`batch_rules`; CTA 0 reports each request's own); a broken batch gets no unit and this CTA writes its
     grid-stride share of the rows 0 / lse -inf (CTA 0 records the fault), a valid one has its page ids scanned, a
     share a CTA (:func:`scan_page_ids`). Returns the roles' :class:`UnitSource`. ``barrier_id``: the threads calling it
-    are one role's (``num_threads`` of them, a named barrier), not the CTA's."""
+    are one role's (``num_threads`` of them, a named barrier), not the CTA's. ``rank_major_units`` (> 0): the source
+    says whether this batch is taken rank-major (module docstring; the same answer in every CTA)."""
     faults, total = batch_rules(qo_indptr, kv_indptr, kv_indices.shape[0], output.shape[0], tidx, num_threads,
                                 rule_words, group, rows, kv_heads, kv_last_page_len, error_word, cta == 0, page_size,
-                                kv_tile, barrier_id)
+                                kv_tile, barrier_id, uniform=rank_major_units > 0)
+    rank_major = None
+    if cutlass.const_expr(rank_major_units > 0):
+        ctas, _, _ = cute.arch.grid_dim()
+        rank_major = Int32(0)
+        if (faults & MIXED_UNITS) == 0 and total <= rank_major_units * ctas:
+            rank_major = Int32(1)
+        faults = faults & ~MIXED_UNITS
     if faults != 0:
         total = Int32(0)
         grid, _, _ = cute.arch.grid_dim()
@@ -433,7 +467,7 @@ def check_batch(tidx, cta, num_threads: cutlass.Constexpr, qo_indptr: cute.Tenso
     # every read of rule_words before the count reuses it
     _sync(num_threads, barrier_id)
     return UnitSource(unit_state, slots, row_slots, request_faults, kv_last_page_len, error_word, num_pages,
-                      kv_indptr.shape[0] - 1, total)
+                      kv_indptr.shape[0] - 1, total, rank_major)
 
 
 @cute.jit

@@ -202,11 +202,13 @@ class GqaPagedPrefillSm100(PrefillRoles):
         self.epi_cols = 32  # O columns per tcgen05.ld in the correction role
         self.dynamic = config.dynamic_schedule
         self.late_claim = config.late_claim
+        self.rank_major_units = config.rank_major_units
 
     def __repr__(self) -> str:  # shows in the kernel symbol
         return (f"GqaPagedPrefillSm100_H{self.num_qo_heads}_KV{self.num_kv_heads}_D{self.head_dim}"
                 f"_P{self.page_size}_M{self.tile_m}_N{self.tile_n}" + ("_Dyn" if self.dynamic else "")
-                + ("_Late" if self.late_claim else ""))
+                + ("_Late" if self.late_claim else "")
+                + (f"_Rank{self.rank_major_units}" if self.rank_major_units else ""))
 
     # ------------------------------------------------------------------------------- host side
     @cute.jit
@@ -344,7 +346,8 @@ class GqaPagedPrefillSm100(PrefillRoles):
         else:
             source = check_batch(tidx, cta, NUM_THREADS, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output,
                                  lse, ring, rule_words, request_faults, unit_state, error_word, num_pages, self.group,
-                                 self.q_rows, self.num_kv_heads, self.head_dim, self.page_size, self.tile_n)
+                                 self.q_rows, self.num_kv_heads, self.head_dim, self.page_size, self.tile_n,
+                                 rank_major_units=self.rank_major_units)
             units = dict(source=source, pipe_u=pipe_u)
         if warp_idx < _WARP_CORRECTION:
             cute.arch.setmaxregister_increase(_REGS_SOFTMAX)

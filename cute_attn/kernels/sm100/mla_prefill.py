@@ -220,6 +220,7 @@ class MlaPagedPrefillSm100(MlaEntries):
         self.o_piece = 32  # O^T columns (query rows) per tcgen05.ld/st in the correction role
         self.dynamic = config.dynamic_schedule
         self.late_claim = config.late_claim
+        self.rank_major_units = config.rank_major_units
         self.page_size = config.page_size
         self.line = config.line_schedule  # compile time: every other build's code is unchanged
         if config.line_schedule:
@@ -229,6 +230,7 @@ class MlaPagedPrefillSm100(MlaEntries):
     def __repr__(self) -> str:  # shows in the kernel symbol
         return (f"MlaPagedPrefillSm100_H{self.num_heads}_M{self.tile_m}_N{self.tile_n}_S{KV_STAGES}"
                 + ("_Dyn" if self.dynamic else "") + ("_Late" if self.late_claim else "")
+                + (f"_Rank{self.rank_major_units}" if self.rank_major_units else "")
                 + ("_Line" if self.line else ""))
 
     # ------------------------------------------------------------------------------- host side
@@ -378,7 +380,7 @@ class MlaPagedPrefillSm100(MlaEntries):
                 source = check_batch(tidx - 32 * _WARP_LOAD, cta, LOAD_THREADS, qo_indptr, kv_indptr, kv_indices,
                                      kv_last_page_len, output, lse, ring, rule_words, request_faults, unit_state,
                                      error_word, num_pages, self.group, self.tile_m, 1, CKV_DIM, self.page_size,
-                                     self.tile_n, barrier_id=_BAR_IDS)
+                                     self.tile_n, barrier_id=_BAR_IDS, rank_major_units=self.rank_major_units)
                 load_units(tidx - 32 * _WARP_LOAD, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr,
                            kv_indices, q_buf, kv_buf, s_ids, pipe_q, pipe_kv,
                            cpipe.make_pipeline_state(producer, Q_STAGES),

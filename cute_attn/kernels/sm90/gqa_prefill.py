@@ -222,6 +222,7 @@ class GqaPagedPrefillSm90(GqaPrefillProducer):
         self.cta_stamps = config.probe == "cta_stamps"
         self.dynamic = config.dynamic_schedule
         self.late_claim = config.late_claim
+        self.rank_major_units = config.rank_major_units
 
     def __repr__(self) -> str:  # shows in the kernel symbol
         return (f"GqaPagedPrefillSm90_H{self.num_qo_heads}_KV{self.num_kv_heads}_D{self.head_dim}"
@@ -229,7 +230,8 @@ class GqaPagedPrefillSm90(GqaPrefillProducer):
                 f"{'_OVL' if self.intra_wg_overlap else ''}{'_SEPI' if self.smem_epilogue else ''}"
                 f"{'_RowSeg' if self.row_segments else ''}{'_KAhead' if self.k_ahead else ''}"
                 f"{'_Fold' if self.fused_merge else ''}{'_CtaStamps' if self.cta_stamps else ''}"
-                f"{'_Dyn' if self.dynamic else ''}{'_Late' if self.late_claim else ''}")
+                f"{'_Dyn' if self.dynamic else ''}{'_Late' if self.late_claim else ''}"
+                f"{f'_Rank{self.rank_major_units}' if self.rank_major_units else ''}")
 
     # ------------------------------------------------------------------------------- host side
     @cute.jit
@@ -389,7 +391,7 @@ class GqaPagedPrefillSm90(GqaPrefillProducer):
             source = check_batch(tidx, cta, self.num_threads, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
                                  output, lse, slots, rule_words, request_faults, unit_state, error_word, num_pages,
                                  self.group, self.q_rows, self.num_kv_heads, self.head_dim, self.page_size,
-                                 self.tile_n, row_slots=row_slots)
+                                 self.tile_n, row_slots=row_slots, rank_major_units=self.rank_major_units)
         if cutlass.const_expr(self.cta_stamps):
             if tidx == 0:
                 self.stamp(partial_lse, cta, 0, entered)

@@ -287,6 +287,7 @@ class MlaPagedPrefillSm90(MlaEntries):
         self.row_segments = config.row_segments is not False  # the MLA policy: segments
         self.dynamic = config.dynamic_schedule
         self.late_claim = config.late_claim
+        self.rank_major_units = config.rank_major_units
         self.line = config.line_schedule  # compile time: every other build's code is unchanged
         if config.line_schedule:
             self.line_rules = mla_line_rules(config)
@@ -297,7 +298,8 @@ class MlaPagedPrefillSm90(MlaEntries):
     def __repr__(self) -> str:  # shows in the kernel symbol
         return (f"MlaPagedPrefillSm90_H{self.num_heads}_M{self.tile_m}_N{self.tile_n}_S{self.num_stages}"
                 + ("" if self.row_segments else "_ChunkColumns") + ("_Dyn" if self.dynamic else "")
-                + ("_Late" if self.late_claim else ""))
+                + ("_Late" if self.late_claim else "")
+                + (f"_Rank{self.rank_major_units}" if self.rank_major_units else ""))
 
     # ------------------------------------------------------------------------------- host side
     def smem_layouts(self):
@@ -442,7 +444,8 @@ class MlaPagedPrefillSm90(MlaEntries):
         else:
             source = check_batch(tidx, cta, NUM_THREADS, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output,
                                  lse, ring, rule_words, request_faults, unit_state, error_word, num_pages, self.group,
-                                 self.tile_m, 1, CKV_DIM, self.page_size, self.tile_n)
+                                 self.tile_m, 1, CKV_DIM, self.page_size, self.tile_n,
+                                 rank_major_units=self.rank_major_units)
         if warp_idx < PRODUCER_THREADS // 32:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             kv_boxes = None
