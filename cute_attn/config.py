@@ -329,8 +329,8 @@ class PagedAttentionConfig(KernelConfig):
                     f"(kind {self.kind}, arch {self.arch}, causal {self.causal})")
         if self.late_claim and not self.dynamic_schedule:
             return "late_claim: a knob of the self-scheduling builds (dynamic_schedule=True) only"
-        if self.rank_major_units < 0 or (self.rank_major_units and not self.dynamic_schedule):
-            return (f"rank_major_units={self.rank_major_units}: a unit count a CTA (>= 0) of the self-scheduling "
+        if not 0 <= self.rank_major_units <= 1024 or (self.rank_major_units and not self.dynamic_schedule):
+            return (f"rank_major_units={self.rank_major_units}: a unit count a CTA (0..1024) of the self-scheduling "
                     "builds (dynamic_schedule=True) only")
         if self.line_schedule and (self.kind, self.arch) not in LINE_SCHEDULE_KERNELS:
             return (f"line_schedule: built for the GQA decode kernels and the MLA kernels' one-token decode (sm_90a, "

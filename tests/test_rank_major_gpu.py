@@ -1,12 +1,14 @@
-"""The planner-free prefills' rank-major unit order (``PagedAttentionConfig.rank_major_units``, ``config.RANK_MAJOR_KINDS``:
-a batch whose requests all have as many q tiles, at most that many units a CTA, taken longest first across its requests)
-on a GPU, GQA and MLA, against the float32 reference. Built in session 39; none of it has run yet.
+"""The planner-free prefills' rank-major unit order (``PagedAttentionConfig.rank_major_units``,
+``config.RANK_MAJOR_KINDS``: a batch whose requests all have as many q tiles, at most that many units a CTA, taken
+longest first across its requests) on a GPU, GQA and MLA, against the float32 reference. Built in session 39; none
+of it has run yet.
 
 Each case says which order the kernel takes (the numpy twin ``plan_units.rank_major`` decides as ``check_batch``
 does) and asserts the call launched the rank-major build: uniform batches of few units a CTA (rank-major), uniform
 batches of many and ragged ones (request-major under the same build), small grids (the rule counts the launch's
 CTAs), faults and hostile tables. A unit decoded twice or never shows as a wrong or NaN row: outputs start as NaN,
-and pools hold NaN wherever no request owns a slot."""
+and pools hold NaN wherever no request owns a slot. Which order a launch took is the twin's word: the kernel keeps no
+trace of it (the A/B's h5/kv1 and h6/kv1 rows show it in time)."""
 
 from __future__ import annotations
 
@@ -81,8 +83,14 @@ def test_the_rule_counts_the_launchs_ctas(num_sms):
 
 def test_many_units_and_ragged_batches_stay_request_major():
     _check(cute_attn.gqa_paged_prefill, _gqa([992] * 8, [992] * 8, 32, 4), False, "h32/kv4 8 x 992")
-    _check(cute_attn.gqa_paged_prefill, _gqa([300, 299, 300], [900, 400, 300], 5, 1, seed=3), False, "ragged")
+    _check(cute_attn.gqa_paged_prefill, _gqa([300, 270, 300], [900, 400, 300], 5, 1, seed=3), False, "ragged")
     _check(cute_attn.gqa_paged_prefill, _gqa([300, 0, 300], [900, 4, 300], 5, 1, seed=4), False, "an empty request")
+
+
+def test_unequal_queries_of_equal_tile_counts_go_rank_major():
+    """h5/kv1's 125-row tiles: 300 and 299 queries are 1500 and 1495 packed rows, 12 tiles each (the last tile of the
+    299 one is shorter): uniform units, rank-major, each request's own rows."""
+    _check(cute_attn.gqa_paged_prefill, _gqa([300, 299, 300], [900, 400, 300], 5, 1, seed=5), True, "300 / 299")
 
 
 @SETTINGS
@@ -94,6 +102,9 @@ def test_drawn_uniform_batches(batch, q_len, extra, layout, page_size, seed):
     case = _gqa([q_len] * batch, [q_len + e for e in extra[:batch]], heads, kv_heads, page_size, seed)
     route = unit_scratch.assert_matches_reference(cute_attn.gqa_paged_prefill, case, f"{batch} x {q_len}", None)
     assert route.config.rank_major_units == RANK_MAJOR_MAX_UNITS_PER_CTA
+    plan_config = route.config.plan_config(route.num_ctas)
+    few = plan_units.request_units(plan_config, [q_len] * batch).sum() <= RANK_MAJOR_MAX_UNITS_PER_CTA * route.num_ctas
+    assert plan_units.rank_major(plan_config, [q_len] * batch, RANK_MAJOR_MAX_UNITS_PER_CTA) is bool(few)
 
 
 @pytest.mark.parametrize("page_size", [64, 1])

@@ -468,7 +468,7 @@ def _cases(arch: str) -> dict:
                     pool = (case.ckv_cache if mla else case.k_cache).shape[0]
                     case.kv_indices[int(case.kv_indptr[4]) - 1] = pool + 3
                 result = _run_api(cute_attn.mla_paged_prefill if mla else cute_attn.gqa_paged_prefill, case, arch,
-                                  route="dynamic_schedule")
+                                  route="rank_major_units" if rank else "dynamic_schedule")
                 return _page_fault_reported(result) if fault else result
         return run
 

@@ -410,7 +410,10 @@ def batch_rules(qo_indptr: cute.Tensor, kv_indptr: cute.Tensor, num_indices, tot
         if q_len > 0:
             units = units + (q_len * group + rows - 1) // rows * kv_heads
         if cutlass.const_expr(uniform):
-            if request_units(qo_indptr, b, batch, group, rows, kv_heads) != first_units:
+            mine = Int32(0)
+            if q_len > 0:
+                mine = (q_len * group + rows - 1) // rows * kv_heads
+            if mine != first_units:
                 bad = bad | MIXED_UNITS
         if report_requests:  # reported here too: a request without queries has no unit whose decode would see it
             request_rule_faults(error_word, kv_last_page_len[b], b, page_end - page_start, page_size, kv_tile)
