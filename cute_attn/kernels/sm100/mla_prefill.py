@@ -132,12 +132,13 @@ _WARP_LOAD = 8  # warps 8-11
 _WARP_MMA = 12
 NUM_THREADS = 16 * 32  # warps 13-15 idle: setmaxnreg works on whole warpgroups
 # registers per thread by warpgroup (128 x (152 + 232 + 64 + 64) = 64 Ki): softmax, correction, load, MMA;
-# ptxas (13.0, PTX re-versioned) reports 12 B of spill stores; 168 / 216 spilled ~170 B (correction epilogue)
+# ptxas (13.0, PTX re-versioned) reports 12 B of spill stores; 168 / 216 spilled ~170 B (correction epilogue); the
+# line build 88 B (its stretch, derived at 128 registers before the split, reloaded once at each role's entry)
 _REGS_SOFTMAX, _REGS_CORRECTION, _REGS_OTHER = 152, 232, 64
 _BAR_IDS = 1  # the load warps' row-id table barrier
 _BAR_TMEM_ALLOC = 2
 _BAR_TMEM_FREE = 3
-_BAR_FOLD = 4  # fused_merge: the correction warpgroup's merge fold
+_BAR_FOLD = 4  # fused_merge, line_schedule: the correction warpgroup's merge fold (and the line build's count-out)
 _BAR_FINISH = 5  # dynamic_schedule: the correction warpgroup's stores done before the CTA counts itself out
 #: dynamic_schedule: the roles reading each unit from the ring (MMA warp, softmax and correction warpgroups)
 _UNIT_READERS = 32 + 128 + 128
@@ -192,6 +193,9 @@ def check_config(config: PagedAttentionConfig) -> str | None:
         return f"ctas_per_sm={config.ctas_per_sm}: one CTA uses ~227 KiB of shared memory and all of TMEM"
     if config.dynamic_schedule and config.fused_merge:
         return "dynamic_schedule: the self-scheduling build splits nothing, so it has no merges to fold (fused_merge)"
+    # line_schedule takes one query token a request (the MLA decode entry's one-token batches, ONE_TOKEN_SPEC): on
+    # sm_100a that config is the prefill definition's (64-row tile), so the rule is the host's, which routes no call
+    # here yet (ops/mla_decode.line_schedule: sm_90a only)
     if config.line_schedule and (reason := mla_line_reason(config, line_table_requests(config))) is not None:
         return reason
     if (reason := smem_reason(smem_bytes(config))) is not None:
