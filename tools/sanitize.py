@@ -452,68 +452,10 @@ def _cases(arch: str) -> dict:
         cases["prefill-fused-p1"] = ("gqa_paged_prefill", prefill_fused(1, False))
         cases["prefill-fused-p64"] = ("gqa_paged_prefill", prefill_fused(64, False))
         cases["prefill-fused-hostplan"] = ("gqa_paged_prefill", prefill_fused(64, True))
-    def dynamic_schedule(page_size, fault=False, mla=False, late=False, rank=False):  # the planner-free default call
-        def run():  # (rank: a uniform batch, its units rank-major)
-            from cute_attn.config import late_claim_policy, rank_major_policy
-            from cute_attn.ops import gqa_prefill, mla_prefill, policy
+    if arch == "sm_90a":  # the planner-free builds' cases (sanitize_planner_free.py)
+        from sanitize_planner_free import planner_free_cases
 
-            ops = mla_prefill if mla else gqa_prefill
-            with ops.dynamic_schedule_policy(True), policy(vars(ops), DYNAMIC_MIN_UNITS_PER_CTA=0), \
-                    late_claim_policy(late or rank), rank_major_policy(rank):
-                make = testing.make_mla_prefill_case if mla else testing.make_gqa_prefill_case
-                q_lens, kv_lens = ([200] * 5, [700, 240, 205, 1500, 300]) if rank else \
-                    ([1, 40, 0, 200, 300], [700, 40, 5, 1500, 300])
-                case = make(q_lens, kv_lens, page_size=page_size, device="cuda", seed=90 + page_size)
-                if fault:  # a page id past the pool: the request's units get no keys, nothing outside is read
-                    pool = (case.ckv_cache if mla else case.k_cache).shape[0]
-                    case.kv_indices[int(case.kv_indptr[4]) - 1] = pool + 3
-                result = _run_api(cute_attn.mla_paged_prefill if mla else cute_attn.gqa_paged_prefill, case, arch,
-                                  route="rank_major_units" if rank else "dynamic_schedule")
-                return _page_fault_reported(result) if fault else result
-        return run
-
-    if arch == "sm_90a":
-        cases["dynamic-schedule-p64"] = ("gqa_paged_prefill", dynamic_schedule(64))
-        cases["dynamic-schedule-p1"] = ("gqa_paged_prefill", dynamic_schedule(1))
-        cases["dynamic-schedule-fault"] = ("gqa_paged_prefill", dynamic_schedule(16, fault=True))
-        cases["mla-dynamic-schedule-p64"] = ("mla_paged_prefill", dynamic_schedule(64, mla=True))
-        cases["mla-dynamic-schedule-p1"] = ("mla_paged_prefill", dynamic_schedule(1, mla=True))
-        cases["mla-dynamic-schedule-fault"] = ("mla_paged_prefill", dynamic_schedule(16, fault=True, mla=True))
-        cases["dynamic-schedule-fault-p1"] = ("gqa_paged_prefill", dynamic_schedule(1, fault=True))
-        cases["mla-dynamic-schedule-fault-p1"] = ("mla_paged_prefill", dynamic_schedule(1, fault=True, mla=True))
-        cases["late-claim-p64"] = ("gqa_paged_prefill", dynamic_schedule(64, late=True))
-        cases["late-claim-p1"] = ("gqa_paged_prefill", dynamic_schedule(1, late=True))
-        cases["mla-late-claim-p64"] = ("mla_paged_prefill", dynamic_schedule(64, mla=True, late=True))
-        cases["mla-late-claim-p1"] = ("mla_paged_prefill", dynamic_schedule(1, mla=True, late=True))
-        for page_size in (64, 1):  # uniform batches taken rank-major (session 39), one with a page fault
-            cases[f"rank-major-p{page_size}"] = ("gqa_paged_prefill", dynamic_schedule(page_size, rank=True))
-            cases[f"mla-rank-major-p{page_size}"] = ("mla_paged_prefill", dynamic_schedule(page_size, mla=True,
-                                                                                             rank=True))
-        cases["rank-major-fault"] = ("gqa_paged_prefill", dynamic_schedule(16, fault=True, rank=True))
-    def line_schedule(page_size, kv_lens, fault=False, num_sms=None, mla=False):  # the planner-free decode
-        def run():
-            from cute_attn.ops import gqa_decode, mla_decode
-
-            with (mla_decode if mla else gqa_decode).line_schedule_policy(True):
-                make = testing.make_mla_decode_case if mla else testing.make_gqa_decode_case
-                case = make(kv_lens, page_size=page_size, device="cuda", seed=39 if mla else 38 + page_size)
-                if fault:  # a page id past the pool: read as a zero-filled box or row, the request's rows 0 / -inf
-                    pool = (case.ckv_cache if mla else case.k_cache).shape[0]
-                    case.kv_indices[int(case.kv_indptr[2]) - 1] = pool + 3
-                result = _run_api(cute_attn.mla_paged_decode if mla else cute_attn.gqa_paged_decode, case, arch,
-                                  num_sms=num_sms, route="line_schedule")
-                return _page_fault_reported(result) if fault else result
-        return run
-
-    if arch == "sm_90a":  # ragged cuts with merges on 7 CTAs, even pieces, a fault
-        cases["line-schedule-p64"] = ("gqa_paged_decode", line_schedule(64, [3000, 0, 9000, 70, 640], num_sms=7))
-        cases["line-schedule-p16"] = ("gqa_paged_decode", line_schedule(16, [2048] * 16))
-        cases["line-schedule-fault"] = ("gqa_paged_decode", line_schedule(64, [3000, 500, 9000, 70], fault=True))
-        cases["line-schedule-p1"] = ("gqa_paged_decode", line_schedule(1, [3000, 500, 9000, 70], fault=True))
-        cases["mla-line-schedule-p1"] = ("mla_paged_decode", line_schedule(1, [3000, 0, 9000, 70, 640], num_sms=7,
-                                                                            mla=True))
-        cases["mla-line-schedule-p64"] = ("mla_paged_decode", line_schedule(64, [3000, 500, 9000, 70], fault=True,
-                                                                             num_sms=7, mla=True))
+        cases.update(planner_free_cases(arch, _run_api, _page_fault_reported))
     cases["deal-prefill"] = ("gqa_paged_prefill", deal_prefill)
     cases["line-deal-decode"] = ("gqa_paged_decode", line_deal_decode)
     cases["deal-whole-tiles"] = ("gqa_paged_prefill", deal_whole_tiles)

@@ -121,7 +121,8 @@ case $part in
     sanitizer_steps "$cases" 70 100
     tier_step 180 tests/test_rank_major_gpu.py tier.txt 40
     tier=("${step[@]}")
-    tool_step 200 "python tools/ab_policy.py rank_major --iters 50 --json $out/ab_rank.json" ab_rank.txt 30
+    tool_step 200 "python tools/ab_policy.py rank_major --iters 50 --json $out/ab_rank.json --only n8_q992_h5kv1 \
+n8_q992_h6kv1 n4_q512_kv4096 n8_q128_kv2048 n8_q992" ab_rank.txt 30  # the rows it moves, and a control
     python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 "${tier[@]}" "${steps[@]}" "${step[@]}" ;;
   peers)
     tool_step 330 "python tools/bench.py --kernel family --compile-jobs 12 --iters 50 --png= \
