@@ -91,3 +91,45 @@ def test_short_stages_cluster_build_compiles():
     assert config.can_implement() is None
     ptx = compile_to_ptx(config)
     assert "_N32_S3" in ptx and "_Cluster2" in ptx and "ld.local" not in ptx
+
+
+def test_the_score_view_reads_its_stage_then_the_next_block_then_the_pad():
+    """S^T's 64-row view of the short-stage ring (element offsets before the swizzle, which acts by address within
+    each 1 KiB atom): rows 0..31 are the stage's keys as loaded; row 32 + r of 64-column block j is row r of block
+    j + 1 of the same stage, and of the last block the stage's pad; no row reaches another stage."""
+    import cutlass
+    import cutlass.cute as cute
+
+    config = dataclasses.replace(_one_token(64), kv_tile=32)
+    kernel = swapped_kernel.MlaPagedDecodeSwappedSm90(config)
+    keys = config.kv_tile * 576  # a stage's elements as loaded; its pad follows
+    stride = keys + swapped_kernel.score_pad_bytes(config.kv_tile) // 2
+    dims = (0, 15, 63, 81, 511, 512, 575)
+    got = {}
+
+    @cute.jit
+    def offsets():
+        ring, view = kernel.stage_ring(config.kv_tile), kernel.stage_ring(64)
+        got["cosize"] = cute.cosize(view)
+        for s in cutlass.range_constexpr(kernel.num_stages):  # trace-time loops: static offsets
+            for r in cutlass.range_constexpr(64):
+                for d in dims:
+                    got[r, d, s] = cute.crd2idx((r, d, s), view)
+                    if r < config.kv_tile:
+                        got["ring", r, d, s] = cute.crd2idx((r, d, s), ring)
+                    elif d + 64 < 576:
+                        got["next", r, d, s] = cute.crd2idx((r - config.kv_tile, d + 64, s), ring)
+
+    offsets()
+    assert got["cosize"] == kernel.num_stages * stride  # the last stage's pad is allocated too
+    for s in range(kernel.num_stages):
+        for r in range(64):
+            for d in dims:
+                offset = got[r, d, s]
+                assert s * stride <= offset < (s + 1) * stride, (r, d, s)
+                if r < config.kv_tile:
+                    assert offset == got["ring", r, d, s]
+                elif d + 64 < 576:
+                    assert offset == got["next", r, d, s]
+                else:
+                    assert s * stride + keys <= offset, (r, d, s)  # the pad
