@@ -443,10 +443,11 @@ def late_claim_policy(enabled: bool = True):
 
 #: The kinds whose planner-free route (``dynamic_schedule``) builds with ``rank_major_units`` =
 #: ``RANK_MAJOR_MAX_UNITS_PER_CTA``: a uniform batch of few units a CTA is taken longest first across its requests.
-#: Expected (session 39, the model; not run): h5/kv1 8 x 992 page 64 default call 39.2 -> ~36 us (the route's kernel
-#: at 1.19x the host plan's, the model's order part 1.10x of it), h6/kv1 alike; every batch with more units a CTA, or
-#: ragged, unchanged (``tools/ab_policy.py rank_major``). Empty until its GPU tier and A/B pass
-RANK_MAJOR_KINDS: tuple[str, ...] = ()
+#: Session 39 (H200; GPU tier 15 passed; ``tools/ab_policy.py rank_major``, one process, page 64, default call off ->
+#: on, us): h5/kv1 8 x 992 36.6 -> 32.1 (plan-once 30.9), h6/kv1 39.8 -> 34.8 (33.8); rows the model ties 8 x 128 /
+#: 2048 62.1 -> 63.2, 4 x 512 / 4096 216.1 -> 217.4, the request-major control 8 x 992 141.7 -> 142.5
+#: (``docs/perf/h200-rank-major.json``). GQA only: the MLA route's A/B has not run
+RANK_MAJOR_KINDS: tuple[str, ...] = ("gqa_paged_prefill",)
 RANK_MAJOR_MAX_UNITS_PER_CTA = 4  # 8 x 992 at h5/kv1 is 2.4, h16/kv1 7.5 (request-major there models 1.02x)
 
 

@@ -78,13 +78,16 @@ def test_config_rules_and_policy():
     for bad in (-1, 1025):  # the cap keeps k x CTAs (the kernel's int32 rule) far from overflow
         assert "rank_major_units" in dataclasses.replace(config, dynamic_schedule=True,
                                                          rank_major_units=bad).can_implement()
-    assert RANK_MAJOR_KINDS == ()  # off until the GPU tier and the A/B have run
+    assert RANK_MAJOR_KINDS == ("gqa_paged_prefill",)  # on for GQA since session 39's A/B; MLA's has not run
     from cute_attn.ops import gqa_prefill, mla_prefill
 
     for spec in (gqa_prefill.SPEC, mla_prefill.SPEC):
         kind_config = api._config_for(spec, 16, 1 if spec is mla_prefill.SPEC else 2, *(
             (576, 512) if spec is mla_prefill.SPEC else (128, 128)), 64, "sm_90a")
-        assert api._self_schedule_config(spec, kind_config).rank_major_units == 0
+        landed = RANK_MAJOR_MAX_UNITS_PER_CTA if spec is gqa_prefill.SPEC else 0
+        assert api._self_schedule_config(spec, kind_config).rank_major_units == landed
+        with rank_major_policy(False):
+            assert api._self_schedule_config(spec, kind_config).rank_major_units == 0
         with rank_major_policy(True):
             assert api._self_schedule_config(spec, kind_config).rank_major_units == RANK_MAJOR_MAX_UNITS_PER_CTA
 

@@ -113,10 +113,12 @@ def default_tiles(arch, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_v, pag
 
 #: The default call (no plan) of decode runs the ``line_schedule`` build (``kernels/common/line_schedule.py``: every CTA
 #: derives its own stretch of the device plan's cost line, the line deal included; no planner launch, no plan buffers)
-#: where the kernel builds it (every page size; sm_90a) and the batch fits its table. Expected (session 38, a guess
-#: from the planner's cost): the default call ~5 us faster on every decode row, within ~1-2 us of the plan-once call.
-#: Built in session 38, never run on a GPU: off until it has run (``tools/validate_planner_free.sh OUT line``)
-LINE_SCHEDULE = False
+#: where the kernel builds it (every page size; sm_90a) and the batch fits its table. Session 39 (H200; GPU tiers 42
+#: passed, memcheck / racecheck clean on six cases; ``tools/ab_policy.py line_schedule``, one process, default call off
+#: -> on, us): h20/kv4 page 64 64 x 2048 82.5 -> 78.9, 128 x 4096 266.1 -> 260.9, ragged 37 107.3 -> 100.9; h8/kv1
+#: 16 x 2048 19.2 -> 15.1; page 16 alike (``docs/perf/h200-line-schedule.json``). The bench beside FlashInfer: cold -
+#: warm span +2.5..+3.6 us on the seed's four rows (+6.3..+7.1 on the device planner)
+LINE_SCHEDULE = True
 LINE_SCHEDULE_ARCHS = ("sm_90a",)
 
 

@@ -54,7 +54,10 @@ SM90_SPLIT_SCORES = True
 #: turnaround (~5.6 us for two) sets it. Expected (session 39, not run): 16 x 4096 page 64 planned 34.2 -> ~31.5 us
 #: (busy 22.4 -> ~19.5), 1 x 4096 -0.5, the 4.0 TB/s rows (128 x 4096, 64 x 8192) unchanged within 1%, unless a 32-key
 #: stage is held over half as long as a 64-key one (then those rows lose). A cluster build (host plans of 64 x 8192)
-#: keeps its piece beside the ring and fits three short stages: 72 KiB in flight, as now. ``ab_policy mla_short_stages``
+#: keeps its piece beside the ring and fits three short stages: 72 KiB in flight, as now. **Refuted** (session 39, H200,
+#: ``ab_policy mla_short_stages``, planned, off -> on, us): 16 x 4096 page 64 34.3 -> 35.9, 1 x 4096 15.7 -> 19.7,
+#: 128 x 4096 153.2 -> 184.8, 64 x 8192 153.6 -> 184.3 (correct: GPU tier 37 passed, racecheck clean): the
+#: consumers' hold, not the loads, sets the rate once a stage is 32 keys (``docs/perf/h200-short-stages.json``)
 SM90_SHORT_STAGES = False
 #: sm_90a one-token configs: split items folded in-kernel by the last CTA of each merge (``fused_merge``, with the
 #: 16-byte wide-row fold, ``common/decode_merge.fold_wide_merge``) instead of the combine launch; None: the MLA prefill
