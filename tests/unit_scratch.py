@@ -32,13 +32,6 @@ def many_requests() -> tuple[list, list]:
     return q_lens, [q + int(rng.integers(0, 300)) for q in q_lens]
 
 
-def self_scheduled_launches():
-    """The self-scheduling routes launched inside the block (``unit_schedule_route.recorded_launches``)."""
-    from cute_attn.unit_schedule_route import recorded_launches
-
-    return recorded_launches()
-
-
 def assert_scratch_clean(route, what: str) -> None:
     """The route's counter, count-out, fault flag and marks are zero on every stream (what the last CTA leaves)."""
     assert route.scratch, f"{what}: the route has no scratch"
@@ -52,8 +45,9 @@ def call_self_scheduled(entry, case, out, lse, what: str, num_sms=None):
     """``entry`` on ``case`` into ``out`` / ``lse``; asserts the call launched the self-scheduling route once, and
     returns that route."""
     from cute_attn.config import LATE_CLAIM_KINDS
+    from cute_attn.unit_schedule_route import recorded_launches
 
-    with self_scheduled_launches() as routes:
+    with recorded_launches() as routes:
         entry(*case.inputs(), out, lse, num_sms=num_sms)
     assert len(routes) == 1, f"{what}: {len(routes)} self-scheduling launches, expected 1 (the policy routed it away?)"
     config = routes[0].config
@@ -231,6 +225,7 @@ def check_route_plan(entry, plan_entry, case, what: str, num_sms: int = 132) -> 
     import cute_attn
     from cute_attn import testing
     from cute_attn.config import late_claim_policy, route_plan_policy
+    from cute_attn.unit_schedule_route import recorded_launches
 
     with route_plan_policy(True), late_claim_policy(True):
         plan = plan_entry(*case.inputs(), num_sms=num_sms)
@@ -240,7 +235,7 @@ def check_route_plan(entry, plan_entry, case, what: str, num_sms: int = 132) -> 
         out, lse = case.new_outputs()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), self_scheduled_launches() as routes:
+        with torch.cuda.stream(stream), recorded_launches() as routes:
             entry(*case.inputs(), out, lse, plan=plan, num_sms=num_sms)
         stream.synchronize()
         assert len(routes) == 1 and routes[0] is plan.route, f"{what}: {len(routes)} launches, not the plan's route"
@@ -248,11 +243,11 @@ def check_route_plan(entry, plan_entry, case, what: str, num_sms: int = 132) -> 
         testing.assert_close_benchmark(lse, ref_lse, f"{what} lse")
         assert_scratch_clean(plan.route, what)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream), self_scheduled_launches() as captured:
+        with torch.cuda.graph(graph, stream=stream), recorded_launches() as captured:
             entry(*case.inputs(), out, lse, plan=plan, num_sms=num_sms)
         assert len(captured) == 1 and captured[0] is plan.route, f"{what}: the capture did not record the route"
         checked_out, checked_lse = case.new_outputs()  # the host-checked call plans (and caches) the same way
-        with self_scheduled_launches() as checked:
+        with recorded_launches() as checked:
             entry(*case.inputs(), checked_out, checked_lse, check_indices=True, num_sms=num_sms)
         torch.cuda.synchronize()
         assert len(checked) == 1, f"{what}: the check_indices=True call launched {len(checked)} routes, expected 1"

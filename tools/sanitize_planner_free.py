@@ -6,6 +6,12 @@ pool in some cases (the fault is reported; the rows' values are the GPU tiers' b
 from __future__ import annotations
 
 
+def page_past_the_pool(case, request: int, mla: bool) -> None:
+    """Request ``request``'s last page id set 3 past the end of the case's pool, in place."""
+    pool = (case.ckv_cache if mla else case.k_cache).shape[0]
+    case.kv_indices[int(case.kv_indptr[request + 1]) - 1] = pool + 3
+
+
 def planner_free_cases(arch: str, run_api, fault_reported) -> dict:
     """``name -> (kind, run)`` of the planner-free builds' cases for ``arch`` (sm_90a)."""
     import cute_attn
@@ -26,8 +32,7 @@ def planner_free_cases(arch: str, run_api, fault_reported) -> dict:
                     ([1, 40, 0, 200, 300], [700, 40, 5, 1500, 300])
                 case = make(q_lens, kv_lens, page_size=page_size, device="cuda", seed=90 + page_size)
                 if fault:  # a page id past the pool: the request's units get no keys, nothing outside is read
-                    pool = (case.ckv_cache if mla else case.k_cache).shape[0]
-                    case.kv_indices[int(case.kv_indptr[4]) - 1] = pool + 3
+                    page_past_the_pool(case, 3, mla)
                 result = run_api(cute_attn.mla_paged_prefill if mla else cute_attn.gqa_paged_prefill, case, arch,
                                  route="rank_major_units" if rank else "dynamic_schedule")
                 return fault_reported(result) if fault else result
@@ -59,8 +64,7 @@ def planner_free_cases(arch: str, run_api, fault_reported) -> dict:
                 make = testing.make_mla_decode_case if mla else testing.make_gqa_decode_case
                 case = make(kv_lens, page_size=page_size, device="cuda", seed=39 if mla else 38 + page_size)
                 if fault:  # a page id past the pool: read as a zero-filled box or row, the request's rows 0 / -inf
-                    pool = (case.ckv_cache if mla else case.k_cache).shape[0]
-                    case.kv_indices[int(case.kv_indptr[2]) - 1] = pool + 3
+                    page_past_the_pool(case, 1, mla)
                 result = run_api(cute_attn.mla_paged_decode if mla else cute_attn.gqa_paged_decode, case, arch,
                                  num_sms=num_sms, route="line_schedule")
                 return fault_reported(result) if fault else result
