@@ -639,12 +639,17 @@ def plan_for(spec, args: tuple, *, arch: str | None, num_sms: int | None, on_dev
     return _plan(spec, config, host, problem.device, num_sms, problem)
 
 
-def self_schedules(spec, args: tuple, *, arch: str | None = None, num_sms: int | None = None) -> bool:
+def self_schedules(spec, args: tuple, *, arch: str | None = None, num_sms: int | None = None,
+                   reused: bool = False) -> bool:
     """Whether the default call of ``spec`` on ``args`` (outputs omitted) takes the planner-free route
     (``OpSpec.self_schedule``: from shapes alone; the shape rules run first). A caller that plans once per batch
-    (the FlashInfer-compatible wrappers) leaves such batches to the default call: it needs no plan."""
+    (the FlashInfer-compatible wrappers, ``reused=True``: the batch runs once a layer) leaves such batches to the
+    default call where the route is no slower run after run (``OpSpec.self_schedule_when_reused``): it needs no
+    plan."""
     if spec.self_schedule is None or (spec.self_schedule_policy is not None and not spec.self_schedule_policy()):
         return False  # the policy is off: no config to make (the wrappers ask once per batch)
+    if reused and not spec.self_schedule_when_reused:
+        return False  # a plan made once and reused is cheaper than the route's work at every call
     problem, config = _checked_config(spec, args, None, None, arch)
     return _takes_self_schedule(spec, config, problem, _num_ctas(config, problem.device, num_sms))
 

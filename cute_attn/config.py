@@ -218,8 +218,8 @@ class PagedAttentionConfig(KernelConfig):
     #: the decode kernels with no plan (GQA: sm_90a, sm_100a twin; the sm_90a one-token MLA decode): every CTA derives
     #: its own stretch of the device planner's cost line from ``kv_indptr`` / ``kv_last_page_len`` at its start
     #: (``kernels/common/line_schedule.py``; the numpy twin ``cute_attn/line_schedule.py``), so a new batch costs one
-    #: launch: no planner, no plan buffers, no combine. Built in session 38, never run on a GPU: the default call takes
-    #: it only under ``ops/gqa_decode.LINE_SCHEDULE`` / ``ops/mla_decode.SM90_LINE_SCHEDULE`` (off)
+    #: launch: no planner, no plan buffers, no combine. Built in session 38, run on the H200 in session 39: the default
+    #: call takes it under ``ops/gqa_decode.LINE_SCHEDULE`` / ``ops/mla_decode.SM90_LINE_SCHEDULE`` (both on, sm_90a)
     line_schedule: bool = False
 
     @property

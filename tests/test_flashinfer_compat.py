@@ -218,7 +218,7 @@ def reference_entries(monkeypatch) -> list:
         monkeypatch.setattr(cute_attn, name, stand_in(ref))
     monkeypatch.setattr(cute_attn.ops.mla_prefill, "run_mla", run_mla)
     monkeypatch.setattr(cute_attn.api, "plan_for", plan_for)
-    monkeypatch.setattr(cute_attn.api, "self_schedules", lambda spec, args: calls.self_scheduled)
+    monkeypatch.setattr(cute_attn.api, "self_schedules", lambda spec, args, **kw: calls.self_scheduled)
     return calls
 
 

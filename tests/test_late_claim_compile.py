@@ -62,6 +62,7 @@ def test_the_default_calls_route_carries_the_policys_knob(monkeypatch, ops, late
     with ops.dynamic_schedule_policy(True), late_claim_policy(late), \
             policy(vars(ops), DYNAMIC_MIN_UNITS_PER_CTA=0):
         assert api.self_schedules(ops.SPEC, case.inputs(), arch="sm_90a", num_sms=132)
+        assert api.self_schedules(ops.SPEC, case.inputs(), arch="sm_90a", num_sms=132, reused=True)  # the wrappers'
         hit = api._device_route(ops.SPEC, case.inputs(), out, lse, False, "sm_90a", 132)
     assert hit.config.dynamic_schedule and hit.config.late_claim is late
     assert hit.route.config is hit.config

@@ -1,5 +1,5 @@
 """The planner-free decode's ``line_schedule`` build on the CPU: which configs build it, when the default call takes it,
-its scratch, and its PTX (compiled for sm_90a; never run here, and not yet on a GPU)."""
+its scratch, and its PTX (compiled for sm_90a here; the GPU tiers ran it on the H200 in session 39)."""
 
 from __future__ import annotations
 
@@ -220,7 +220,9 @@ def test_the_sm100_mla_twin_compiles(heads, page_size):
 
 def test_with_the_policy_off_no_config_is_made_for_the_route_question():
     """``api.self_schedules`` (asked by the FlashInfer-compatible wrappers once per batch) answers False from the
-    policy alone while it is off: no rules run, no config is made (CPU inputs would be refused if they were)."""
+    policy alone while it is off: no rules run, no config is made (CPU inputs would be refused if they were). The
+    wrappers ask with ``reused=True``, which the decode kinds answer False with the policy on as well: their line
+    builds derive the work at every call, so one plan a step serves the layers for less."""
     from cute_attn import api, testing
     from cute_attn.ops import mla_decode
 
@@ -233,6 +235,9 @@ def test_with_the_policy_off_no_config_is_made_for_the_route_question():
             assert api.self_schedules(spec, args) is False
         with policy(True), pytest.raises(ValueError, match="CUDA"):
             api.self_schedules(spec, args)
+        with policy(True):  # a batch run once a layer (the wrappers) keeps its plan: answered before any rule runs
+            assert spec.self_schedule_when_reused is False
+            assert api.self_schedules(spec, args, reused=True) is False
 
 
 @pytest.mark.parametrize("kind", ["gqa", "mla"])

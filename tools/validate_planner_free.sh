@@ -16,7 +16,10 @@
 #   bash tools/validate_planner_free.sh OUT_DIR line-peers [BUDGET_SECONDS]  # FlashInfer call: the decode and MLA
 #       decode bench rows beside FlashInfer / FA4 with both line policies on (for docs/perf/h200-latest.json)
 #   bash tools/validate_planner_free.sh OUT_DIR peers [BUDGET_SECONDS] # FlashInfer call (flashinfer.tar.xz installed):
-#       the family bench, FlashInfer-Bench's harness, the wrapper tiers, under the route (FlashInfer JITs first: ~200 s)
+#       the family bench under the default policies (FlashInfer JITs first; session 40 on an H100: 29 of the 37
+#       definitions in 330 s, so the bench has the whole call)
+#   bash tools/validate_planner_free.sh OUT_DIR fib [BUDGET_SECONDS]   # FlashInfer call, carrying .fibdefs (a copy of
+#       ../shared/spec/fib-definitions: the device sees only the checkout): FlashInfer-Bench's harness, the wrapper tiers
 #
 # (budget default 570: one run's 600 s less slack). Each step runs under tools/gpu_steps.py with its own time limit,
 # so a slow step leaves the others their time, and memcheck and racecheck are separate steps, so a racecheck cut short
@@ -26,7 +29,7 @@
 # The A/Bs: GQA at pages 64 and 1 with two FIB layouts, MLA on the bench's seven recorded batches at pages 1 and 64.
 set -u
 usage="usage: validate_planner_free.sh OUT_DIR gqa|mla|ab|late|route|line|mla-line|mla-short|rank-major|line-peers|\
-peers [BUDGET_SECONDS]"
+peers|fib [BUDGET_SECONDS]"
 out=${1:?$usage}
 part=${2:?$usage}
 budget=${3:-570}
@@ -125,15 +128,20 @@ case $part in
 n8_q992_h6kv1 n4_q512_kv4096 n8_q128_kv2048 n8_q992" ab_rank.txt 30  # the rows it moves, and a control
     python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 "${tier[@]}" "${steps[@]}" "${step[@]}" ;;
   peers)
-    tool_step 330 "python tools/bench.py --kernel family --compile-jobs 12 --iters 50 --png= \
+    tool_step 560 "python tools/bench.py --kernel family --compile-jobs 12 --iters 50 --png= \
 --json $out/bench_family.json" bench_family.txt 12
-    family=("${step[@]}")
-    tool_step 150 "python tools/fib_bench.py --json $out/h200-fib.json" fib.txt 20
+    python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 "${step[@]}" ;;
+  fib)
+    if ! ls .fibdefs/*.json > /dev/null 2>&1; then
+      echo "fib: no .fibdefs/ here: cp -r ../shared/spec/fib-definitions .fibdefs and carry it" >&2
+      exit 2
+    fi
+    tool_step 200 "python tools/fib_bench.py --json $out/h200-fib.json" fib.txt 20
     fib=("${step[@]}")
-    tool_step 100 "python -m pytest -q -rf --tb=short tests/test_flashinfer_compat_gpu.py \
+    tool_step 330 "python -m pytest -q -rf --tb=short tests/test_flashinfer_compat_gpu.py \
 tests/test_flashinfer_graphs_gpu.py" wrappers.txt 10  # one worker: FlashInfer's JIT
-    python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 "${family[@]}" "${fib[@]}" "${step[@]}" ;;
-  *) echo "part must be gqa, mla, ab, late, route, line, mla-line, mla-short, rank-major, line-peers or peers, got \
-$part" >&2
+    python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 "${fib[@]}" "${step[@]}" ;;
+  *) echo "part must be gqa, mla, ab, late, route, line, mla-line, mla-short, rank-major, line-peers, peers or fib, \
+got $part" >&2
      exit 2 ;;
 esac

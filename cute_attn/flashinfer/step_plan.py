@@ -8,7 +8,9 @@ that calls cute_attn directly would. A later step's first ``run()`` plans again 
 shapes allow (``api.plan_for(recycle=)``), so a steady state allocates nothing.
 
 A batch the entry point's default call schedules without any plan (the planner-free prefills, where their policy is
-on: ``api.self_schedules``) gets no plan: its runs take that route.
+on: ``api.self_schedules``) gets no plan: its runs take that route. The decode kinds' planner-free builds (the line
+schedule) are not taken here: they derive their work at every call, and a plan made once a step is cheaper over an
+engine's layers (``OpSpec.self_schedule_when_reused``).
 
 CUDA graphs (the wrappers' ``use_cuda_graph=True``): the captured ``run()`` launches read the plan's buffers, so
 ``plan()`` itself re-plans into them, from the graph's index buffers it has just refilled, right after the copies in
@@ -51,7 +53,7 @@ class StepPlan:
         """The plan for a ``run()`` of ``spec``'s kind with entry arguments ``args`` (canonical order, outputs
         omitted): planned by the first ``run()`` after a ``plan()``, in the kept plan's buffers when they fit
         these shapes; None for a batch the default call schedules itself."""
-        if self._plan is None and _package.api.self_schedules(spec, args):
+        if self._plan is None and _package.api.self_schedules(spec, args, reused=True):
             self._plan = _NO_PLAN
         if self._plan is None:
             if _capturing(args):  # a plan made here would hold values only once the graph replays

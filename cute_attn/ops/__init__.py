@@ -93,6 +93,12 @@ class OpSpec:
     #: () -> bool: whether the kind's policy lets ``self_schedule`` route at all, asked before any config is made
     #: (:func:`cute_attn.api.self_schedules`; None: ``self_schedule`` alone decides)
     self_schedule_policy: Callable | None = None
+    #: whether a batch run many times on one plan (the FlashInfer-compatible wrappers' layers, ``flashinfer/step_plan``)
+    #: takes the self-scheduling route too: yes for the planner-free prefills (no slower than their plan's launches
+    #: where they route); no for the decode line builds, which derive their stretch at every call (H200 session 39:
+    #: h20/kv4 64 x 2048 default 79.2 against 75.5 us on a reused device plan), so one plan a step costs less from the
+    #: third layer on
+    self_schedule_when_reused: bool = True
     #: arch -> module that registers this kind's kernel for it, relative to the package (``.kernels.sm90.x``), so a
     #: copy of cute_attn shipped inside another package (FlashInfer-Bench's builder) loads its own kernels
     kernel_modules: dict[str, str] = field(default_factory=dict)

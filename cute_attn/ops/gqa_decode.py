@@ -167,6 +167,7 @@ SPEC = OpSpec(
     kernel_modules={"sm_90a": ".kernels.sm90.gqa_decode", "sm_100a": ".kernels.sm100.gqa_decode"},
     self_schedule=self_schedule, self_schedule_knobs={"line_schedule": True},
     self_schedule_policy=lambda: LINE_SCHEDULE,
+    self_schedule_when_reused=False,
 )
 
 

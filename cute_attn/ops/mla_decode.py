@@ -205,11 +205,14 @@ def decode_fused_merge_policy(enabled: bool | None):
 
 #: The default call (no plan) of one-token MLA decode runs the swapped kernel's ``line_schedule`` build
 #: (``kernels/common/line_schedule.py``: every CTA derives its own stretch of the cost line, without the sorted deal,
-#: and folds its split items in the kernel; no planner, no combine launch). Expected (session 38, a guess): 64 x 8192
-#: default call 163.1 -> ~156 us (the planner ~7.5 and the combine ~2.5 out, the prologue ~1.5 and the in-kernel
-#: wide fold ~1-2 in; plan-once 151.3: issue 9's 10 us bound). Built in session 38, never run on a GPU: off until it
-#: has run (``tools/validate_planner_free.sh OUT line``)
-SM90_LINE_SCHEDULE = False
+#: and folds its split items in the kernel; no planner, no combine launch). Session 39 (H200): GPU tier and
+#: memcheck / racecheck clean. Session 40 (``tools/ab_policy.py mla_line_schedule``, one process, H100 SXM: the H200s
+#: were not lent; default call off -> on, us): 64 x 8192 page 64 228.9 -> 222.4 (cold - warm +10.9 -> +4.5), page 1
+#: 233.8 -> 231.7 (+10.1 -> +7.4), 128 x 4096 224.4 -> 218.9 / 230.5 -> 228.9, 16 x 4096 51.2 -> 48.3 / 52.9 -> 50.0,
+#: 1 x 4096 -0.4 / -0.7, 2..16 x 2048 -2.1..-3.6; slower on one row, the ragged 64 at page 1: 469.0 -> 474.9 (cold -
+#: warm +8.4 -> +14.2; page 64 454.2 -> 452.8). On: 15 of 16 rows faster, issue 9's bound met on all but that row
+#: (``docs/perf/h100-mla-line.json``)
+SM90_LINE_SCHEDULE = True
 
 
 def line_schedule(config, problem, num_ctas: int) -> bool:
@@ -240,7 +243,8 @@ def line_schedule_policy(enabled: bool):
 ONE_TOKEN_SPEC = dataclasses.replace(mla_prefill.SPEC, default_tiles=one_token_tiles, plan_tiles=cluster_tiles,
                                      device_plan_tiles=device_cluster_tiles, self_schedule=line_schedule,
                                      self_schedule_knobs={"line_schedule": True},
-                                     self_schedule_policy=lambda: SM90_LINE_SCHEDULE)
+                                     self_schedule_policy=lambda: SM90_LINE_SCHEDULE,
+                                     self_schedule_when_reused=False)
 
 _ONE_PER_REQUEST: dict[tuple[int, torch.device], torch.Tensor] = {}
 _CHECKED_QO: dict[tuple, weakref.ref] = {}  # qo_indptr states whose q_len rule passed
