@@ -205,8 +205,9 @@ def load_definitions():
 
     folder = fib_definitions.definitions_dir()
     if folder is None:
-        raise FileNotFoundError(f"no FlashInfer-Bench definitions (set ${fib_definitions.ENV} or keep "
-                                "../shared/spec/fib-definitions beside the checkout)")
+        raise FileNotFoundError(f"no FlashInfer-Bench definitions (set ${fib_definitions.ENV}, keep "
+                                "../shared/spec/fib-definitions beside the checkout, or, on a device that sees only "
+                                "the checkout, carry a copy as .fibdefs/)")
     return {name: fib.load_json_file(fib.Definition, folder / f"{name}.json")
             for name in export_fib_solution.DEFINITIONS}
 

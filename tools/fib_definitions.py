@@ -57,7 +57,6 @@ class Served:
 
 def entry_for(definition: dict) -> Served:
     name = definition["name"]
-    c = constants(definition)
     if name.startswith("gqa_paged_decode"):
         return Served("gqa_paged_decode")
     if name.startswith("gqa_paged_prefill_causal"):
@@ -114,7 +113,8 @@ def case_for(definition: dict, q_lens, kv_lens, *, device="cpu", seed: int = 0):
 def main() -> int:
     definitions = load_all()
     if not definitions:
-        print(f"no definitions found (set ${ENV} or keep ../shared/spec/fib-definitions beside the checkout)")
+        print(f"no definitions found (set ${ENV}, keep ../shared/spec/fib-definitions beside the checkout, or carry "
+              "a copy as .fibdefs/)")
         return 1
     for arch in ("sm_90a", "sm_100a"):
         served = 0
