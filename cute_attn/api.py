@@ -407,7 +407,10 @@ def _self_schedule_config(spec, config: PagedAttentionConfig) -> PagedAttentionC
     """The self-scheduling build of ``config``: its spec's knobs (``OpSpec.self_schedule_knobs``), else
     ``dynamic_schedule`` with its kind's late claim (``config.LATE_CLAIM_KINDS``)."""
     if spec.self_schedule_knobs is not None:
-        return _with_plan_knobs(config, tuple(sorted(spec.self_schedule_knobs.items())))
+        knobs = dict(spec.self_schedule_knobs)
+        if knobs.get("line_schedule"):
+            knobs["scan_ids_per_thread"] = config_policies.LINE_SCAN_IDS_PER_THREAD
+        return _with_plan_knobs(config, tuple(sorted(knobs.items())))
     late = config.kind in config_policies.LATE_CLAIM_KINDS
     rank = config_policies.RANK_MAJOR_MAX_UNITS_PER_CTA if config.kind in config_policies.RANK_MAJOR_KINDS else 0
     return _with_plan_knobs(config, (("dynamic_schedule", True), ("late_claim", late), ("rank_major_units", rank)))

@@ -221,6 +221,13 @@ class PagedAttentionConfig(KernelConfig):
     #: launch: no planner, no plan buffers, no combine. Built in session 38, run on the H200 in session 39: the default
     #: call takes it under ``ops/gqa_decode.LINE_SCHEDULE`` / ``ops/mla_decode.SM90_LINE_SCHEDULE`` (both on, sm_90a)
     line_schedule: bool = False
+    #: the line builds' check of every page id at the kernel's start (``unit_schedule.scan_page_ids``): ids a thread
+    #: loads before it checks any (1: one load a pass, the landed build). A CTA's share is ids / (CTAs x threads)
+    #: passes, each a dependent load: ~11 at page 1 for 64 x 8192 or 128 x 4096, ~21 for the ragged MLA 64, none
+    #: of them overlapped with the loads, which wait at the barrier after it (session 40: the page-1 line build's
+    #: extra +3..+8 us). With more, the CTA's share is prefetched to L2 and that many ids are in flight a thread, as the
+    #: device planner's scan does. Built in session 40, not run: ``config.LINE_SCAN_IDS_PER_THREAD`` is 1
+    scan_ids_per_thread: int = 1
 
     @property
     def group_size(self) -> int:
@@ -335,6 +342,10 @@ class PagedAttentionConfig(KernelConfig):
         if self.line_schedule and (self.kind, self.arch) not in LINE_SCHEDULE_KERNELS:
             return (f"line_schedule: built for the GQA decode kernels and the MLA kernels' one-token decode (sm_90a, "
                     f"sm_100a) only (kind {self.kind}, arch {self.arch})")
+        if self.scan_ids_per_thread not in (1, 2, 4, 8, 16) or (self.scan_ids_per_thread > 1
+                                                                  and not self.line_schedule):
+            return (f"scan_ids_per_thread={self.scan_ids_per_thread}: 1, 2, 4, 8 or 16 page ids in flight a thread, "
+                    "a knob of the line builds (line_schedule=True) only")
         if self.page_boxes and ((self.kind, self.arch) != ("mla_paged_prefill", "sm_90a")
                                 or self.page_size < self.kv_tile):
             return (f"page_boxes: a knob of the sm_90a MLA kernels' TMA K stages at pages of >= kv_tile keys "
@@ -438,6 +449,23 @@ def late_claim_policy(enabled: bool = True):
     from .ops import policy
 
     with policy(globals(), LATE_CLAIM_KINDS=SELF_SCHEDULING_KINDS if enabled else ()):
+        yield
+
+
+#: Page ids a thread of a line build checks per pass (``PagedAttentionConfig.scan_ids_per_thread``), the default call's.
+#: Prediction (session 40, from the scan's pass count at ~0.35 us a dependent load): at 8, MLA decode page 1 64 x 8192
+#: 231.7 -> ~229, 128 x 4096 228.9 -> ~225, the ragged 64 474.9 -> ~468 (cold - warm +14.2 -> ~+7; H100 numbers);
+#: page 64 and batches under ~2 passes unchanged. Built in session 40, not run: 1 (the landed build)
+LINE_SCAN_IDS_PER_THREAD = 1
+
+
+@contextlib.contextmanager
+def line_scan_policy(ids_per_thread: int):
+    """Inside the block the default call's line builds check ``ids_per_thread`` page ids a pass (GPU tests, A/Bs,
+    sanitizer cases)."""
+    from .ops import policy
+
+    with policy(globals(), LINE_SCAN_IDS_PER_THREAD=int(ids_per_thread)):
         yield
 
 

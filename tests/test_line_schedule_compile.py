@@ -52,6 +52,7 @@ def test_row_gathers_build_it(page_size):
     ptx = compile_to_ptx(config)
     assert "_Line" in ptx and "cp.async.cg.shared.global" in ptx and "wgmma.mma_async" in ptx
     assert not re.search(r"\.local\b", ptx)
+    assert "prefetch.global.L2" not in ptx  # the landed scan: one id a pass (scan_ids_per_thread 1)
 
 
 def test_configs_whose_device_plan_differs_are_refused():
@@ -182,6 +183,32 @@ def test_the_mla_build_compiles_with_its_fold(page_size):
     assert ("cp.async.cg.shared.global" if page_size == 1 else "cp.async.bulk.tensor") in ptx
     assert len(re.findall(r"\batom\.(?:\w+\.)*add", ptx)) >= 2 and "fence.acq_rel.gpu" in ptx
     assert not re.search(r"\.local\b", ptx)
+    assert "prefetch.global.L2" not in ptx  # the landed scan: one id a pass (scan_ids_per_thread 1)
+
+
+@pytest.mark.parametrize("kind", ["gqa", "mla"])
+def test_the_batched_scan_builds_and_the_policy_sets_it(kind):
+    """``scan_ids_per_thread`` 8 (``config.line_scan_policy``, off): the page-1 line builds compile with the CTA's
+    chunks prefetched to L2, eight id loads a pass issued before any check, and no local memory; the knob is refused
+    off the line builds and at a count that is not a power of two up to 16; the default call's route takes the
+    policy's value (the landed one: 1)."""
+    from cute_attn import api
+    from cute_attn.config import LINE_SCAN_IDS_PER_THREAD, line_scan_policy
+    from cute_attn.ops import mla_decode
+
+    config, spec = (_config(page_size=1), gqa_decode.SPEC) if kind == "gqa" else (_mla(1), mla_decode.ONE_TOKEN_SPEC)
+    batched = dataclasses.replace(_line(config), scan_ids_per_thread=8)
+    assert batched.can_implement() is None
+    ptx = compile_to_ptx(batched)
+    assert "_Line" in ptx and "prefetch.global.L2" in ptx and not re.search(r"\.local\b", ptx)
+    for bad in (dataclasses.replace(_line(config), scan_ids_per_thread=3),
+                dataclasses.replace(config, scan_ids_per_thread=8)):
+        reason = bad.can_implement()
+        assert reason is not None and "scan_ids_per_thread" in reason, reason
+    assert LINE_SCAN_IDS_PER_THREAD == 1
+    assert api._self_schedule_config(spec, config).scan_ids_per_thread == 1
+    with line_scan_policy(8):
+        assert api._self_schedule_config(spec, config).scan_ids_per_thread == 8
 
 
 def test_the_mla_scratch_holds_512_column_partials():

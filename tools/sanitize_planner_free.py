@@ -56,11 +56,12 @@ def planner_free_cases(arch: str, run_api, fault_reported) -> dict:
                                                                                          rank=True))
     cases["rank-major-fault"] = ("gqa_paged_prefill", dynamic_schedule(16, fault=True, rank=True))
 
-    def line_schedule(page_size, kv_lens, fault=False, num_sms=None, mla=False):  # the planner-free decode
-        def run():
+    def line_schedule(page_size, kv_lens, fault=False, num_sms=None, mla=False, scan=1):  # the planner-free decode
+        def run():  # (scan: page ids a pass of the line build's scan, config.line_scan_policy)
+            from cute_attn.config import line_scan_policy
             from cute_attn.ops import gqa_decode, mla_decode
 
-            with (mla_decode if mla else gqa_decode).line_schedule_policy(True):
+            with (mla_decode if mla else gqa_decode).line_schedule_policy(True), line_scan_policy(scan):
                 make = testing.make_mla_decode_case if mla else testing.make_gqa_decode_case
                 case = make(kv_lens, page_size=page_size, device="cuda", seed=39 if mla else 38 + page_size)
                 if fault:  # a page id past the pool: read as a zero-filled box or row, the request's rows 0 / -inf
@@ -79,4 +80,9 @@ def planner_free_cases(arch: str, run_api, fault_reported) -> dict:
                                                                         mla=True))
     cases["mla-line-schedule-p64"] = ("mla_paged_decode", line_schedule(64, [3000, 500, 9000, 70], fault=True,
                                                                          num_sms=7, mla=True))
+    # the batched scan (session 40): one CTA, so ~12.6k ids are four passes of 8 x 384, a fault in one of them
+    cases["line-scan-p1"] = ("gqa_paged_decode", line_schedule(1, [3000, 500, 9000, 70], fault=True, num_sms=1,
+                                                               scan=8))
+    cases["mla-line-scan-p1"] = ("mla_paged_decode", line_schedule(1, [3000, 0, 9000, 70, 640], fault=True,
+                                                                   num_sms=1, mla=True, scan=8))
     return cases

@@ -13,6 +13,8 @@
 #       (session 39): their GPU tier, memcheck, racecheck, A/B
 #   bash tools/validate_planner_free.sh OUT_DIR rank-major [BUDGET_SECONDS]  # the routes' rank-major order for
 #       uniform batches of few units (session 39): its GPU tier, memcheck, racecheck, A/B
+#   bash tools/validate_planner_free.sh OUT_DIR scan [BUDGET_SECONDS]  # the line builds' batched page-id scan
+#       (session 40): its GPU tier (the line tiers rerun with 8 ids a pass), memcheck, racecheck, A/B
 #   bash tools/validate_planner_free.sh OUT_DIR line-peers [BUDGET_SECONDS]  # FlashInfer call: the decode and MLA
 #       decode bench rows beside FlashInfer / FA4 with both line policies on (for docs/perf/h200-latest.json)
 #   bash tools/validate_planner_free.sh OUT_DIR peers [BUDGET_SECONDS] # FlashInfer call (flashinfer.tar.xz installed):
@@ -28,8 +30,8 @@
 # cases: pages 64 and 1, and page ids past the pool at pages 16 and 1 (the TMA boxes' and the row gathers' checks).
 # The A/Bs: GQA at pages 64 and 1 with two FIB layouts, MLA on the bench's seven recorded batches at pages 1 and 64.
 set -u
-usage="usage: validate_planner_free.sh OUT_DIR gqa|mla|ab|late|route|line|mla-line|mla-short|rank-major|line-peers|\
-peers|fib [BUDGET_SECONDS]"
+usage="usage: validate_planner_free.sh OUT_DIR gqa|mla|ab|late|route|line|mla-line|mla-short|rank-major|scan|\
+line-peers|peers|fib [BUDGET_SECONDS]"
 out=${1:?$usage}
 part=${2:?$usage}
 budget=${3:-570}
@@ -103,6 +105,13 @@ case $part in
       planned.txt 20
     python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 "${tier[@]}" "${steps[@]}" "${ab[@]}" \
       "${step[@]}" ;;
+  scan)
+    cases=line-scan-p1,mla-line-scan-p1
+    sanitizer_steps "$cases" 50 60
+    tier_step 200 tests/test_line_scan_gpu.py tier.txt 40
+    tier=("${step[@]}")
+    tool_step 220 "python tools/ab_policy.py line_scan --iters 50 --json $out/ab_scan.json" ab_scan.txt 40
+    python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 "${tier[@]}" "${steps[@]}" "${step[@]}" ;;
   line-peers)
     tool_step 540 "python tools/bench.py --kernel decode mla_decode --compile-jobs 12 --iters 50 --png= \
 --policy gqa_decode.LINE_SCHEDULE=True --policy mla_decode.SM90_LINE_SCHEDULE=True --json $out/bench_line.json" \
@@ -141,7 +150,7 @@ n8_q992_h6kv1 n4_q512_kv4096 n8_q128_kv2048 n8_q992" ab_rank.txt 30  # the rows 
     tool_step 330 "python -m pytest -q -rf --tb=short tests/test_flashinfer_compat_gpu.py \
 tests/test_flashinfer_graphs_gpu.py" wrappers.txt 10  # one worker: FlashInfer's JIT
     python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 "${fib[@]}" "${step[@]}" ;;
-  *) echo "part must be gqa, mla, ab, late, route, line, mla-line, mla-short, rank-major, line-peers, peers or fib, \
-got $part" >&2
+  *) echo "part must be gqa, mla, ab, late, route, line, mla-line, mla-short, rank-major, scan, line-peers, peers or \
+fib, got $part" >&2
      exit 2 ;;
 esac

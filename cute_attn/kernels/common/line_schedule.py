@@ -73,6 +73,7 @@ class LineRules:
     line_deal: bool
     deal_max_q_tiles: int
     causal: bool  # one query token a request (MLA decode): CAUSAL_OFFSET is keys - 1, masking nothing
+    scan_ids: int = 1  # page ids a thread checks a pass (``PagedAttentionConfig.scan_ids_per_thread``)
 
     @staticmethod
     def of(plan_config: PlanConfig) -> "LineRules":
@@ -98,7 +99,8 @@ def gqa_line_rules(config) -> LineRules:
 
     return dataclasses.replace(LineRules.of(config.plan_config(1)), even_pieces=LINE_EVEN_PIECES,
                                max_slack_keys=LINE_MAX_SLACK_KEYS,
-                               line_deal=line_deals(config.page_size, config.num_kv_heads, policy_now=False))
+                               line_deal=line_deals(config.page_size, config.num_kv_heads, policy_now=False),
+                               scan_ids=config.scan_ids_per_thread)
 
 
 def mla_line_rules(config) -> LineRules:
@@ -109,7 +111,8 @@ def mla_line_rules(config) -> LineRules:
     from ...line_schedule import cuts_only
 
     return dataclasses.replace(LineRules.of(cuts_only(config.plan_config(1))), even_pieces=LINE_EVEN_PIECES,
-                               max_slack_keys=LINE_MAX_SLACK_KEYS, line_deal=False)
+                               max_slack_keys=LINE_MAX_SLACK_KEYS, line_deal=False,
+                               scan_ids=config.scan_ids_per_thread)
 
 
 def baked_rules_reason(plan_config, baked: LineRules) -> str | None:
@@ -511,7 +514,8 @@ def derive_stretch(kv_indptr: cute.Tensor, kv_last_page_len: cute.Tensor, kv_ind
         if cta == 0 and tidx == 0:
             record_fault(error_word, bad, 0)
     else:
-        scan_page_ids(kv_indptr, kv_indices, num_pages, tidx, num_threads, unit_state, request_faults, error_word)
+        scan_page_ids(kv_indptr, kv_indices, num_pages, tidx, num_threads, unit_state, request_faults, error_word,
+                      ids_per_thread=rules.scan_ids)
     # any thread's marks (each fenced) happen before this CTA counts itself out (finish_line, by the storing threads
     # only): a CTA without items counts out at once, while another role's threads might still be scanning
     cute.arch.sync_threads()

@@ -85,6 +85,7 @@ from .planner_scan import record_fault
 
 UNIT_COUNTER, UNITS_DONE, FAULTS_SEEN = 0, 1, 2
 UNIT_STATE_WORDS = 4
+PREFETCH_LINE_IDS = 32  # int32 page ids in a 128-byte L2 line (scan_page_ids_batched's prefetch)
 MIXED_UNITS = 1 << 30  # batch_rules' bit beside the fault bits (index_rules.FAULT_*): requests of unequal unit counts
 
 
@@ -484,18 +485,51 @@ def _sync(num_threads: cutlass.Constexpr, barrier_id: cutlass.Constexpr):
 
 @cute.jit
 def scan_page_ids(kv_indptr: cute.Tensor, kv_indices: cute.Tensor, num_pages, tidx, num_threads: cutlass.Constexpr,
-                  unit_state: cute.Tensor, request_faults: cute.Tensor, error_word: cute.Tensor):
+                  unit_state: cute.Tensor, request_faults: cute.Tensor, error_word: cute.Tensor,
+                  ids_per_thread: cutlass.Constexpr[int] = 1):
     """This CTA's grid-stride share of ``kv_indices[0 : kv_indptr[batch]]`` (a valid batch's): an id outside
     ``[0, num_pages)`` marks its request, read by any unit or not (a request without queries reads none of its
-    pages, yet its bad id is reported, as the planner's scan does)."""
+    pages, yet its bad id is reported, as the planner's scan does). ``ids_per_thread`` > 1 (the line builds'
+    ``scan_ids_per_thread``): :func:`scan_page_ids_batched`."""
     cta, _, _ = cute.arch.block_idx()
     grid, _, _ = cute.arch.grid_dim()
     batch = kv_indptr.shape[0] - 1
     end = cutlass.min(kv_indptr[batch], kv_indices.shape[0])
-    for p in range(cta * num_threads + tidx, end, grid * num_threads):
-        page = kv_indices[p]
-        if page < 0 or page >= num_pages:
-            mark_page_fault(unit_state, request_faults, error_word, last_at_most(kv_indptr, batch, p), page, p)
+    if cutlass.const_expr(ids_per_thread > 1):
+        scan_page_ids_batched(kv_indptr, kv_indices, num_pages, tidx, num_threads, unit_state, request_faults,
+                              error_word, ids_per_thread, cta, grid, batch, end)
+    else:
+        for p in range(cta * num_threads + tidx, end, grid * num_threads):
+            page = kv_indices[p]
+            if page < 0 or page >= num_pages:
+                mark_page_fault(unit_state, request_faults, error_word, last_at_most(kv_indptr, batch, p), page, p)
+
+
+@cute.jit
+def scan_page_ids_batched(kv_indptr: cute.Tensor, kv_indices: cute.Tensor, num_pages, tidx,
+                          num_threads: cutlass.Constexpr, unit_state: cute.Tensor, request_faults: cute.Tensor,
+                          error_word: cute.Tensor, ids_per_thread: cutlass.Constexpr[int], cta, grid, batch, end):
+    """:func:`scan_page_ids` with ``ids_per_thread`` loads in flight a thread: the CTA's chunks of ``num_threads *
+    ids_per_thread`` ids are first prefetched to L2 (a 128-byte line a thread a chunk: one DRAM round trip for the
+    CTA's whole share), then each chunk's ids are loaded, ``ids_per_thread`` a thread, before any is checked (the
+    device planner's ``planner_scan.page_scan`` does the same). A pass of the one-load loop waits out a whole load; at
+    page 1 a CTA's share is ~11 of them at 64 x 8192 (session 40)."""
+    chunk = num_threads * ids_per_thread
+    if tidx * PREFETCH_LINE_IDS < chunk:  # a chunk is chunk / 32 lines: one a thread
+        for base in range(cta * chunk + tidx * PREFETCH_LINE_IDS, end, grid * chunk):
+            cute.arch.prefetch((kv_indices.iterator + base).llvm_ptr, cache_level="L2")
+    ids = cute.make_rmem_tensor((ids_per_thread,), Int32)
+    for base in range(cta * chunk, end, grid * chunk):
+        for k in cutlass.range_constexpr(ids_per_thread):
+            p = base + k * num_threads + tidx
+            ids[k] = Int32(0)
+            if p < end:
+                ids[k] = kv_indices[p]
+        for k in cutlass.range_constexpr(ids_per_thread):
+            p = base + k * num_threads + tidx
+            page = ids[k]
+            if p < end and (page < 0 or page >= num_pages):
+                mark_page_fault(unit_state, request_faults, error_word, last_at_most(kv_indptr, batch, p), page, p)
 
 
 @cute.jit
