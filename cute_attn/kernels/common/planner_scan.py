@@ -97,6 +97,17 @@ def record_fault(error_word: cute.Tensor, bits, request):
 
 
 @cute.jit
+def load_id_batch(kv_indices: cute.Tensor, base, num_threads: cutlass.Constexpr, tidx, bound, ids: cute.Tensor):
+    """``ids[k] = kv_indices[base + k * num_threads + tidx]`` for every k (0 at or past ``bound``): all of a thread's
+    loads issued before any id is used, so they are in flight together (the page scans' passes)."""
+    for k in cutlass.range_constexpr(cute.size(ids)):
+        p = base + k * num_threads + tidx
+        ids[k] = Int32(0)
+        if p < bound:
+            ids[k] = kv_indices[p]
+
+
+@cute.jit
 def page_scan(kv_indptr: cute.Tensor, kv_indices: cute.Tensor, request_faults: cute.Tensor, error_word: cute.Tensor,
               num_pages, batch, scanner, scanners, tidx) -> Int32:
     """Scan CTA ``scanner`` of ``scanners``: its grid-stride share of ``kv_indices[0 : min(kv_indptr[batch], len)]``
@@ -113,11 +124,7 @@ def page_scan(kv_indptr: cute.Tensor, kv_indices: cute.Tensor, request_faults: c
     chunk = NUM_THREADS * SCAN_IDS_PER_THREAD
     found = Int32(0)
     for base in range(scanner * chunk, num_indices, scanners * chunk):
-        for k in cutlass.range_constexpr(SCAN_IDS_PER_THREAD):
-            p = base + k * NUM_THREADS + tidx
-            ids[k] = Int32(0)
-            if p < num_indices:
-                ids[k] = kv_indices[p]
+        load_id_batch(kv_indices, base, NUM_THREADS, tidx, num_indices, ids)
         for k in cutlass.range_constexpr(SCAN_IDS_PER_THREAD):
             p = base + k * NUM_THREADS + tidx
             page = ids[k]

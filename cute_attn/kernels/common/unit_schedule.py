@@ -81,7 +81,7 @@ from cutlass import Int32
 
 from .index_rules import FAULT_KV_INDPTR, FAULT_PAGE_ID, FAULT_QO_INDPTR, empty_rows, request_rule_faults
 from .planner_collectives import WARP, last_at_most, warp_inclusive_sum
-from .planner_scan import record_fault
+from .planner_scan import load_id_batch, record_fault
 
 UNIT_COUNTER, UNITS_DONE, FAULTS_SEEN = 0, 1, 2
 UNIT_STATE_WORDS = 4
@@ -511,20 +511,16 @@ def scan_page_ids_batched(kv_indptr: cute.Tensor, kv_indices: cute.Tensor, num_p
                           error_word: cute.Tensor, ids_per_thread: cutlass.Constexpr[int], cta, grid, batch, end):
     """:func:`scan_page_ids` with ``ids_per_thread`` loads in flight a thread: the CTA's chunks of ``num_threads *
     ids_per_thread`` ids are first prefetched to L2 (a 128-byte line a thread a chunk: one DRAM round trip for the
-    CTA's whole share), then each chunk's ids are loaded, ``ids_per_thread`` a thread, before any is checked (the
-    device planner's ``planner_scan.page_scan`` does the same). A pass of the one-load loop waits out a whole load; at
-    page 1 a CTA's share is ~11 of them at 64 x 8192 (session 40)."""
+    CTA's whole share), then each chunk's ids are loaded, ``ids_per_thread`` a thread, before any is checked
+    (``planner_scan.load_id_batch``, as the device planner's ``page_scan`` does). A pass of the one-load loop waits
+    out a whole load; at page 1 a CTA's share is ~11 of them at 64 x 8192 (session 40)."""
     chunk = num_threads * ids_per_thread
     if tidx * PREFETCH_LINE_IDS < chunk:  # a chunk is chunk / 32 lines: one a thread
         for base in range(cta * chunk + tidx * PREFETCH_LINE_IDS, end, grid * chunk):
             cute.arch.prefetch((kv_indices.iterator + base).llvm_ptr, cache_level="L2")
     ids = cute.make_rmem_tensor((ids_per_thread,), Int32)
     for base in range(cta * chunk, end, grid * chunk):
-        for k in cutlass.range_constexpr(ids_per_thread):
-            p = base + k * num_threads + tidx
-            ids[k] = Int32(0)
-            if p < end:
-                ids[k] = kv_indices[p]
+        load_id_batch(kv_indices, base, num_threads, tidx, end, ids)
         for k in cutlass.range_constexpr(ids_per_thread):
             p = base + k * num_threads + tidx
             page = ids[k]
