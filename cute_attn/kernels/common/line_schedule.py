@@ -43,7 +43,7 @@ from ...plan_partition import SNAP_SHIFT, WHOLE_TILE_SHIFT, min_width
 from .decode_merge import arrive_and_fold
 from .index_rules import FAULT_CAPACITY, FAULT_KV_INDPTR, empty_rows, request_rule_faults
 from .planner_collectives import WARP, block_exclusive_sum, last_at_most
-from .planner_scan import record_fault
+from .planner_scan import load_id_batch, record_fault
 from .unit_schedule import finish_schedule, scan_page_ids
 
 __all__ = ["LineRules", "LineStretch", "table_bytes", "table_requests", "derive_stretch", "start_line", "end_line",
@@ -300,6 +300,13 @@ def derive_stretch(kv_indptr: cute.Tensor, kv_last_page_len: cute.Tensor, kv_ind
     grid, _, _ = cute.arch.grid_dim()
     m = Int32(grid)
     batch = kv_indptr.shape[0] - 1
+    first_ids = None
+    if cutlass.const_expr(rules.scan_ids > 1):
+        # the scan's first chunk loaded now, in flight beside step 1's loads: its addresses need no bound but the
+        # tensor's (ids past kv_indptr[batch] are loaded, never checked), so it waits out no load of its own
+        first_ids = cute.make_rmem_tensor((rules.scan_ids,), Int32)
+        load_id_batch(kv_indices, cta * num_threads * rules.scan_ids, num_threads, tidx, kv_indices.shape[0],
+                      first_ids)
     # ---- step 1: requests (a contiguous share a thread), their rules, keys and costs
     bad = Int32(0)
     if batch > capacity or m + 1 > num_threads:
@@ -515,7 +522,7 @@ def derive_stretch(kv_indptr: cute.Tensor, kv_last_page_len: cute.Tensor, kv_ind
             record_fault(error_word, bad, 0)
     else:
         scan_page_ids(kv_indptr, kv_indices, num_pages, tidx, num_threads, unit_state, request_faults, error_word,
-                      ids_per_thread=rules.scan_ids)
+                      ids_per_thread=rules.scan_ids, first_ids=first_ids)
     # any thread's marks (each fenced) happen before this CTA counts itself out (finish_line, by the storing threads
     # only): a CTA without items counts out at once, while another role's threads might still be scanning
     cute.arch.sync_threads()

@@ -486,18 +486,19 @@ def _sync(num_threads: cutlass.Constexpr, barrier_id: cutlass.Constexpr):
 @cute.jit
 def scan_page_ids(kv_indptr: cute.Tensor, kv_indices: cute.Tensor, num_pages, tidx, num_threads: cutlass.Constexpr,
                   unit_state: cute.Tensor, request_faults: cute.Tensor, error_word: cute.Tensor,
-                  ids_per_thread: cutlass.Constexpr[int] = 1):
+                  ids_per_thread: cutlass.Constexpr[int] = 1, first_ids=None):
     """This CTA's grid-stride share of ``kv_indices[0 : kv_indptr[batch]]`` (a valid batch's): an id outside
     ``[0, num_pages)`` marks its request, read by any unit or not (a request without queries reads none of its
     pages, yet its bad id is reported, as the planner's scan does). ``ids_per_thread`` > 1 (the line builds'
-    ``scan_ids_per_thread``): :func:`scan_page_ids_batched`."""
+    ``scan_ids_per_thread``): :func:`scan_page_ids_batched`, whose first chunk the caller may have loaded
+    (``first_ids``)."""
     cta, _, _ = cute.arch.block_idx()
     grid, _, _ = cute.arch.grid_dim()
     batch = kv_indptr.shape[0] - 1
     end = cutlass.min(kv_indptr[batch], kv_indices.shape[0])
     if cutlass.const_expr(ids_per_thread > 1):
         scan_page_ids_batched(kv_indptr, kv_indices, num_pages, tidx, num_threads, unit_state, request_faults,
-                              error_word, ids_per_thread, cta, grid, batch, end)
+                              error_word, ids_per_thread, cta, grid, batch, end, first_ids)
     else:
         for p in range(cta * num_threads + tidx, end, grid * num_threads):
             page = kv_indices[p]
@@ -508,24 +509,38 @@ def scan_page_ids(kv_indptr: cute.Tensor, kv_indices: cute.Tensor, num_pages, ti
 @cute.jit
 def scan_page_ids_batched(kv_indptr: cute.Tensor, kv_indices: cute.Tensor, num_pages, tidx,
                           num_threads: cutlass.Constexpr, unit_state: cute.Tensor, request_faults: cute.Tensor,
-                          error_word: cute.Tensor, ids_per_thread: cutlass.Constexpr[int], cta, grid, batch, end):
+                          error_word: cute.Tensor, ids_per_thread: cutlass.Constexpr[int], cta, grid, batch, end,
+                          first_ids=None):
     """:func:`scan_page_ids` with ``ids_per_thread`` loads in flight a thread: the CTA's chunks of ``num_threads *
     ids_per_thread`` ids are first prefetched to L2 (a 128-byte line a thread a chunk: one DRAM round trip for the
     CTA's whole share), then each chunk's ids are loaded, ``ids_per_thread`` a thread, before any is checked
     (``planner_scan.load_id_batch``, as the device planner's ``page_scan`` does). A pass of the one-load loop waits
-    out a whole load; at page 1 a CTA's share is ~11 of them at 64 x 8192 (session 40)."""
+    out a whole load; at page 1 a CTA's share is ~11 of them at 64 x 8192 (session 40). ``first_ids``: the CTA's
+    first chunk, loaded at the kernel's start (``line_schedule.derive_stretch``), so only the later chunks wait."""
     chunk = num_threads * ids_per_thread
+    first = cta * chunk
+    if cutlass.const_expr(first_ids is not None):
+        first = first + grid * chunk
+        for k in cutlass.range_constexpr(ids_per_thread):
+            _check_scanned_id(kv_indptr, num_pages, unit_state, request_faults, error_word, batch, end,
+                              cta * chunk + k * num_threads + tidx, first_ids[k])
     if tidx * PREFETCH_LINE_IDS < chunk:  # a chunk is chunk / 32 lines: one a thread
-        for base in range(cta * chunk + tidx * PREFETCH_LINE_IDS, end, grid * chunk):
+        for base in range(first + tidx * PREFETCH_LINE_IDS, end, grid * chunk):
             cute.arch.prefetch((kv_indices.iterator + base).llvm_ptr, cache_level="L2")
     ids = cute.make_rmem_tensor((ids_per_thread,), Int32)
-    for base in range(cta * chunk, end, grid * chunk):
+    for base in range(first, end, grid * chunk):
         load_id_batch(kv_indices, base, num_threads, tidx, end, ids)
         for k in cutlass.range_constexpr(ids_per_thread):
-            p = base + k * num_threads + tidx
-            page = ids[k]
-            if p < end and (page < 0 or page >= num_pages):
-                mark_page_fault(unit_state, request_faults, error_word, last_at_most(kv_indptr, batch, p), page, p)
+            _check_scanned_id(kv_indptr, num_pages, unit_state, request_faults, error_word, batch, end,
+                              base + k * num_threads + tidx, ids[k])
+
+
+@cute.jit
+def _check_scanned_id(kv_indptr: cute.Tensor, num_pages, unit_state: cute.Tensor, request_faults: cute.Tensor,
+                      error_word: cute.Tensor, batch, end, p, page):
+    """Id ``page`` at ``p`` of the scan: one outside ``[0, num_pages)`` before ``end`` marks its request."""
+    if p < end and (page < 0 or page >= num_pages):
+        mark_page_fault(unit_state, request_faults, error_word, last_at_most(kv_indptr, batch, p), page, p)
 
 
 @cute.jit
