@@ -392,7 +392,7 @@ def _plan_route(spec, config, problem, plan_config, plan: WorkPlan, q_lens, kv_l
     from .plan_units import self_schedule_wins
     from .unit_schedule_route import UnitScheduleRoute
 
-    route_config = _self_schedule_config(spec, config)
+    route_config = _self_schedule_config(spec, config, problem, plan_config.num_ctas)
     if not self_schedule_wins(plan_config, q_lens, kv_lens, int(plan.cta_cost.max()), route_config.late_claim,
                               config_policies.ROUTE_PLAN_MIN_UNITS_PER_CTA, config_policies.ROUTE_PLAN_MAX_UNITS,
                               route_config.rank_major_units):
@@ -403,13 +403,16 @@ def _plan_route(spec, config, problem, plan_config, plan: WorkPlan, q_lens, kv_l
     return route
 
 
-def _self_schedule_config(spec, config: PagedAttentionConfig) -> PagedAttentionConfig:
-    """The self-scheduling build of ``config``: its spec's knobs (``OpSpec.self_schedule_knobs``), else
-    ``dynamic_schedule`` with its kind's late claim (``config.LATE_CLAIM_KINDS``)."""
+def _self_schedule_config(spec, config: PagedAttentionConfig, problem=None, num_ctas: int = 1
+                          ) -> PagedAttentionConfig:
+    """The self-scheduling build of ``config``: its spec's knobs (``OpSpec.self_schedule_knobs``; a line build's
+    page-id scan by ``problem``'s ids a CTA, ``config.line_scan_ids``), else ``dynamic_schedule`` with its kind's
+    late claim (``config.LATE_CLAIM_KINDS``)."""
     if spec.self_schedule_knobs is not None:
         knobs = dict(spec.self_schedule_knobs)
         if knobs.get("line_schedule"):
-            knobs["scan_ids_per_thread"] = config_policies.LINE_SCAN_IDS_PER_THREAD
+            page_ids = 0 if problem is None else problem.num_kv_slots // problem.page_size
+            knobs["scan_ids_per_thread"] = config_policies.line_scan_ids(page_ids, num_ctas)
         return _with_plan_knobs(config, tuple(sorted(knobs.items())))
     late = config.kind in config_policies.LATE_CLAIM_KINDS
     rank = config_policies.RANK_MAJOR_MAX_UNITS_PER_CTA if config.kind in config_policies.RANK_MAJOR_KINDS else 0
@@ -499,7 +502,7 @@ def _device_route(spec, args, output, lse, natural_lse, arch, num_sms) -> _Hit:
     if _takes_self_schedule(spec, config, problem, num_ctas):
         from .unit_schedule_route import UnitScheduleRoute
 
-        config = _self_schedule_config(spec, config)
+        config = _self_schedule_config(spec, config, problem, num_ctas)
         return _Hit(config, None, launcher, alloc, UnitScheduleRoute.resolve(spec, config, problem, num_ctas))
     config = _device_plan_config(spec, config, problem.device, num_ctas)
     route = DevicePlanRoute.resolve(spec, config, problem, num_ctas)

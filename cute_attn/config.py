@@ -226,7 +226,7 @@ class PagedAttentionConfig(KernelConfig):
     #: passes, each a dependent load: ~11 at page 1 for 64 x 8192 or 128 x 4096, ~21 for the ragged MLA 64, none
     #: of them overlapped with the loads, which wait at the barrier after it (session 40: the page-1 line build's
     #: extra +3..+8 us). With more, the CTA's share is prefetched to L2 and that many ids are in flight a thread, as the
-    #: device planner's scan does. Built in session 40, not run: ``config.LINE_SCAN_IDS_PER_THREAD`` is 1
+    #: device planner's scan does; the default call's count is ``config.line_scan_ids`` (session 41: 8 from ~2 passes)
     scan_ids_per_thread: int = 1
 
     @property
@@ -452,11 +452,26 @@ def late_claim_policy(enabled: bool = True):
         yield
 
 
-#: Page ids a thread of a line build checks per pass (``PagedAttentionConfig.scan_ids_per_thread``), the default call's.
-#: Prediction (session 40, from the scan's pass count at ~0.35 us a dependent load): at 8, MLA decode page 1 64 x 8192
-#: 231.7 -> ~229, 128 x 4096 228.9 -> ~225, the ragged 64 474.9 -> ~468 (cold - warm +14.2 -> ~+7; H100 numbers);
-#: page 64 and batches under ~2 passes unchanged. Built in session 40, not run: 1 (the landed build)
-LINE_SCAN_IDS_PER_THREAD = 1
+#: Page ids a thread of a line build checks per pass (``PagedAttentionConfig.scan_ids_per_thread``), the default
+#: call's, by the CTAs' share of ``kv_indices`` (its length, a shape: no index is read): ``LINE_SCAN_BATCHED_IDS``
+#: (the batched scan, its first chunk loaded at the kernel's entry) from ``LINE_SCAN_BATCHED_MIN_IDS_PER_CTA`` ids a
+#: CTA (about two passes of one id a thread), else 1. Session 41 (H200, ``tools/ab_policy.py line_scan``, one process,
+#: default call 1 -> 8 ids a pass, us; ``docs/perf/h200-line-scan.json``): the rows of 3+ passes gain, MLA decode page
+#: 1 the ragged 64 333.0 -> 325.5 (plan-once 319.1), 64 x 8192 165.2 -> 162.6, 128 x 4096 161.7 -> 158.8, GQA 128 x
+#: 4096 269.5 -> 266.1, the ragged 37 104.4 -> 103.1, 64 x 2048 81.5 -> 80.9; the rows under one pass (every page-64
+#: row, page 1 up to 16 x 4096) lose +0.1..+0.8 (MLA ragged 64 page 64 +1.5), so they keep 1
+LINE_SCAN_BATCHED_IDS = 8
+LINE_SCAN_BATCHED_MIN_IDS_PER_CTA = 512
+#: None: by the share (above); a count: every line build's (``line_scan_policy``: GPU tests, A/Bs, sanitizer cases)
+LINE_SCAN_IDS_PER_THREAD: int | None = None
+
+
+def line_scan_ids(page_ids: int, num_ctas: int) -> int:
+    """Page ids a pass of the default call's line build over ``page_ids`` ids (``len(kv_indices)``) on ``num_ctas``
+    CTAs (the policy above)."""
+    if LINE_SCAN_IDS_PER_THREAD is not None:
+        return LINE_SCAN_IDS_PER_THREAD
+    return LINE_SCAN_BATCHED_IDS if page_ids >= LINE_SCAN_BATCHED_MIN_IDS_PER_CTA * max(num_ctas, 1) else 1
 
 
 @contextlib.contextmanager

@@ -52,7 +52,7 @@ def test_row_gathers_build_it(page_size):
     ptx = compile_to_ptx(config)
     assert "_Line" in ptx and "cp.async.cg.shared.global" in ptx and "wgmma.mma_async" in ptx
     assert not re.search(r"\.local\b", ptx)
-    assert "prefetch.global.L2" not in ptx  # the landed scan: one id a pass (scan_ids_per_thread 1)
+    assert "prefetch.global.L2" not in ptx  # the config's own scan: one id a pass (the default call: line_scan_ids)
 
 
 def test_configs_whose_device_plan_differs_are_refused():
@@ -183,17 +183,17 @@ def test_the_mla_build_compiles_with_its_fold(page_size):
     assert ("cp.async.cg.shared.global" if page_size == 1 else "cp.async.bulk.tensor") in ptx
     assert len(re.findall(r"\batom\.(?:\w+\.)*add", ptx)) >= 2 and "fence.acq_rel.gpu" in ptx
     assert not re.search(r"\.local\b", ptx)
-    assert "prefetch.global.L2" not in ptx  # the landed scan: one id a pass (scan_ids_per_thread 1)
+    assert "prefetch.global.L2" not in ptx  # the config's own scan: one id a pass (the default call: line_scan_ids)
 
 
 @pytest.mark.parametrize("kind", ["gqa", "mla"])
 def test_the_batched_scan_builds_and_the_policy_sets_it(kind):
-    """``scan_ids_per_thread`` 8 (``config.line_scan_policy``, off): the page-1 line builds compile with the CTA's
-    chunks prefetched to L2, eight id loads a pass issued before any check, and no local memory; the knob is refused
-    off the line builds and at a count that is not a power of two up to 16; the default call's route takes the
-    policy's value (the landed one: 1)."""
+    """``scan_ids_per_thread`` 8 (``config.line_scan_ids``, session 41): the page-1 line builds compile with the
+    CTA's later chunks prefetched to L2, eight id loads a pass issued before any check, and no local memory; the knob
+    is refused off the line builds and at a count that is not a power of two up to 16; the default call's route takes
+    8 from 512 page ids a CTA (``len(kv_indices)``, a shape), else 1, and the override inside ``line_scan_policy``."""
     from cute_attn import api
-    from cute_attn.config import LINE_SCAN_IDS_PER_THREAD, line_scan_policy
+    from cute_attn.config import LINE_SCAN_IDS_PER_THREAD, line_scan_ids, line_scan_policy
     from cute_attn.ops import mla_decode
 
     config, spec = (_config(page_size=1), gqa_decode.SPEC) if kind == "gqa" else (_mla(1), mla_decode.ONE_TOKEN_SPEC)
@@ -205,10 +205,23 @@ def test_the_batched_scan_builds_and_the_policy_sets_it(kind):
                 dataclasses.replace(config, scan_ids_per_thread=8)):
         reason = bad.can_implement()
         assert reason is not None and "scan_ids_per_thread" in reason, reason
-    assert LINE_SCAN_IDS_PER_THREAD == 1
-    assert api._self_schedule_config(spec, config).scan_ids_per_thread == 1
+    assert LINE_SCAN_IDS_PER_THREAD is None
+    assert (line_scan_ids(512 * 132, 132), line_scan_ids(512 * 132 - 1, 132), line_scan_ids(0, 132)) == (8, 1, 1)
+    heads = dict(num_qo_heads=20, num_kv_heads=4, head_dim_qk=128, head_dim_v=128) if kind == "gqa" else dict(
+        num_qo_heads=16, num_kv_heads=1, head_dim_qk=576, head_dim_v=512)
+
+    def scan_ids(batch, keys, page_size, cfg=config):
+        problem = validate.PagedProblem.for_lengths([1] * batch, [keys] * batch, page_size=page_size, **heads)
+        return api._self_schedule_config(spec, cfg, problem, 132).scan_ids_per_thread
+
+    page_64 = _config(page_size=64) if kind == "gqa" else _mla(64)
+    # 64 x 2048 at page 1: 993 ids a CTA (measured -0.6 us at 8); 16 x 4096: 496 (+0.1); 128 x 4096 page 64: 62 (+0.7)
+    assert (scan_ids(64, 2048, 1), scan_ids(16, 4096, 1), scan_ids(128, 4096, 64, page_64)) == (8, 1, 1)
+    assert api._self_schedule_config(spec, config).scan_ids_per_thread == 1  # no problem: no ids known
+    with line_scan_policy(1):
+        assert scan_ids(64, 2048, 1) == 1
     with line_scan_policy(8):
-        assert api._self_schedule_config(spec, config).scan_ids_per_thread == 8
+        assert scan_ids(128, 4096, 64, page_64) == 8
 
 
 def test_the_mla_scratch_holds_512_column_partials():

@@ -59,7 +59,7 @@ def check(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale
     num_qo_heads = q.shape[1]
     validate.check_outputs(output, lse, batch, num_qo_heads, head_dim, device, named)
     problem = validate.PagedProblem(batch, batch, num_qo_heads, num_kv_heads, head_dim, head_dim, page_size,
-                                    num_pages, device)
+                                    num_pages, device, num_kv_slots=kv_indices.shape[0] * page_size)
     host = None
     if check_indices:
         host = validate.paged_indices(None, kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages, batch)
