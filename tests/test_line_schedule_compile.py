@@ -224,6 +224,23 @@ def test_the_batched_scan_builds_and_the_policy_sets_it(kind):
         assert scan_ids(128, 4096, 64, page_64) == 8
 
 
+@pytest.mark.parametrize("kind", ["gqa", "mla"])
+def test_the_entries_checks_give_the_scan_rule_its_ids(kind):
+    """The shape the batched-scan rule reads (``problem.num_kv_slots // page_size``: ``len(kv_indices)``) is what
+    each decode entry's own check reports, so the default call's rule sees the batch it launches on (zero would keep
+    every batch at one id a pass)."""
+    from cute_attn import testing
+    from cute_attn.ops import mla_decode
+
+    if kind == "gqa":
+        case = testing.make_gqa_decode_case([130, 0, 70], page_size=16)
+        problem, _ = gqa_decode.SPEC.check(*case.inputs(), check_indices=False)
+    else:  # the one-token spec is the prefill's, with qo_indptr (the entry adds it)
+        case = testing.make_mla_decode_case([130, 0, 70], num_heads=16)
+        problem, _ = mla_decode.ONE_TOKEN_SPEC.check(*testing.MlaPrefillCase.inputs(case), check_indices=False)
+    assert problem.num_kv_slots // problem.page_size == case.kv_indices.shape[0] > 0
+
+
 def test_the_mla_scratch_holds_512_column_partials():
     from cute_attn.unit_schedule_route import UnitScratch
 
