@@ -508,11 +508,12 @@ def rank_major_policy(enabled: bool = True):
 #: build (``dynamic_schedule``, with the kind's ``late_claim``) in place of their work items, for a batch the default
 #: call would route there and where the cost model, which the host plan can run on the lengths, says the build is no
 #: slower (``plan_units.self_schedule_wins``: at least ``ROUTE_PLAN_MIN_UNITS_PER_CTA`` units a CTA, the modelled
-#: busiest CTA no higher than the plan's). Why: at many units a CTA the route beat the plan-once call's kernel on the
-#: H200 (session 37, bench: GQA prefill 32 x 992 530.7 against 580.2 us, 16 x 992 268.4 against 281.0; the rule
-#: passes up MLA 56 x 8987, modelled 1.009x, measured 221.8 against 227.8). Built in session 37, never run: empty
-#: until its GPU tier and an A/B of the plan-once call (``tools/ab_policy.py route_plans``) pass
-ROUTE_PLAN_KINDS: tuple[str, ...] = ()
+#: busiest CTA no higher than the plan's). Why: at many units a CTA the route beats the plan's kernel. Session 42's
+#: same-process A/B of the plan-once call (H100, ``docs/perf/h100-route-plans.json``): GQA prefill 8 x 992
+#: 146.4 -> 142.0 us, 32 x 992 561.5 -> 532.9, 4 x 512 / 4096 221.2 -> 217.5, h32/kv16 8 x 992 170.2 -> 150.1, MLA
+#: 1 x 16384 8727 -> 8474; the rows the rule passes up unchanged (h5/kv1 and h6/kv1, which the rank-major model alone
+#: took, ran +0.9 us there: the rule now asks the request-major model too)
+ROUTE_PLAN_KINDS: tuple[str, ...] = SELF_SCHEDULING_KINDS
 ROUTE_PLAN_MIN_UNITS_PER_CTA = 2
 ROUTE_PLAN_MAX_UNITS = 16384  # the model's host time, ~0.5 us a unit, stays under ~9 ms (32 x 992: 7936 units, ~4 ms)
 

@@ -153,13 +153,18 @@ def self_schedule_wins(config: PlanConfig, q_lens, kv_lens, host_busiest: int, l
     higher than the plan's. The H200 (session 37) ran the route at or below the host plan on every row where this
     holds (GQA prefill 4..32 x 992 0.92-0.98x, 4 x 512 / 4096 0.99x, h32/kv16 0.93x; MLA 1 x 16384 a tie) and above
     it where the model says the plan is better (ragged 12 1.04x, h5/kv1 1.19x, the MLA seed 1.07x, 20 x 3842 1.01x).
+    A rank-major batch (``rank_major_units``) must also win in request-major order: the rank-major order alone
+    modelled wins at h5/kv1 and h6/kv1 8 x 992 where the route ran 1.03x the plan (H100, session 42).
     Past ``max_units`` it says no without modelling: the model is a Python heap, ~0.5 us a unit on the host."""
     units = int(request_units(config, q_lens).sum())
     if not min_units_per_cta * config.num_ctas <= units <= max_units:
         return False
-    costs = unit_costs(config, q_lens, kv_lens, rank_major_units)
-    if late_claim:
-        busiest = claim_late_makespan(costs, config.num_ctas, 2 * config.kv_tile)
-    else:
-        busiest = claim_ahead_makespan(costs, config.num_ctas)
-    return busiest <= host_busiest
+    for order in dict.fromkeys((rank_major_units, 0)):
+        costs = unit_costs(config, q_lens, kv_lens, order)
+        if late_claim:
+            busiest = claim_late_makespan(costs, config.num_ctas, 2 * config.kv_tile)
+        else:
+            busiest = claim_ahead_makespan(costs, config.num_ctas)
+        if busiest > host_busiest:
+            return False
+    return True

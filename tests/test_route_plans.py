@@ -1,4 +1,4 @@
-"""Host plans that launch the planner-free build (``config.ROUTE_PLAN_KINDS``; built in session 37, off until it runs):
+"""Host plans that launch the planner-free build (``config.ROUTE_PLAN_KINDS``; built in session 37, on since its A/B in 42):
 the rule (``plan_units.self_schedule_wins``) on the bench's rows, the plan's route, and the launch path (CPU: the
 launch is a stand-in; the GPU tier is ``tests/test_dynamic_schedule_gpu.py -k route_plan``)."""
 
@@ -13,7 +13,7 @@ import cute_attn
 from cute_attn import api, testing, tuning
 from cute_attn import config as policies
 from cute_attn.plan import plan_work
-from cute_attn.plan_units import self_schedule_wins
+from cute_attn.plan_units import claim_late_makespan, self_schedule_wins, unit_costs
 from cute_attn.unit_schedule_route import UnitScheduleRoute
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
@@ -40,11 +40,13 @@ VERDICTS = {
 
 
 def _verdict(kind, q_lens, kv_lens, max_units=16384, **layout) -> bool:
-    """The rule for the late build at 132 CTAs against the host plan of the same batch."""
+    """The rule for the late build at 132 CTAs against the host plan of the same batch, in the order the route runs
+    it (rank-major where ``config.RANK_MAJOR_KINDS`` holds the kind)."""
     workload = tuning.Workload.for_kind(kind, kv_lens, q_lens, **layout)
     config = tuning.api_config(kind, workload, "sm_90a").plan_config(132)
     host = int(plan_work(config, q_lens, kv_lens).cta_cost.max())
-    return self_schedule_wins(config, q_lens, kv_lens, host, True, 2, max_units)
+    rank_major = policies.RANK_MAJOR_MAX_UNITS_PER_CTA if kind in policies.RANK_MAJOR_KINDS else 0
+    return self_schedule_wins(config, q_lens, kv_lens, host, True, 2, max_units, rank_major)
 
 
 @pytest.mark.parametrize("label", list(VERDICTS))
@@ -54,7 +56,9 @@ def test_the_rule_takes_the_route_where_it_ran_no_slower(label):
     assert _verdict(kind, q_lens, kv_lens) is VERDICTS[label]
 
 
-@pytest.mark.parametrize("heads, kv_heads, wins", [(5, 1, False), (32, 16, True)])  # H200: 1.19x / 0.93x
+#: H200 session 37: 1.19x / 0.93x; H100 session 42 (the plan's kernel against the route, same process): h5/kv1 and
+#: h6/kv1 +0.9 us (the rank-major model alone took them), h32/kv16 170.2 -> 150.1 us
+@pytest.mark.parametrize("heads, kv_heads, wins", [(5, 1, False), (6, 1, False), (32, 16, True)])
 def test_the_rule_on_two_fib_layouts(heads, kv_heads, wins):
     lens = [992] * 8
     assert _verdict("gqa_paged_prefill", lens, lens, num_qo_heads=heads, num_kv_heads=kv_heads) is wins
@@ -62,13 +66,31 @@ def test_the_rule_on_two_fib_layouts(heads, kv_heads, wins):
     assert not _verdict("gqa_paged_prefill", lens, lens, 2047, num_qo_heads=heads, num_kv_heads=kv_heads)
 
 
-def test_the_policy_is_off_until_it_runs():
-    assert policies.ROUTE_PLAN_KINDS == ()  # until its GPU tier and the plan-once A/B have run
-    with policies.route_plan_policy(True):
-        assert set(policies.ROUTE_PLAN_KINDS) == {"gqa_paged_prefill", "mla_paged_prefill"}
-        with policies.route_plan_policy(False):
-            assert policies.ROUTE_PLAN_KINDS == ()
-    assert policies.ROUTE_PLAN_KINDS == ()
+def test_a_rank_major_batch_must_win_in_request_major_order_too():
+    lens = [992] * 8  # h5/kv1: 320 units, 2.4 a CTA; the rank-major order alone models a win
+    workload = tuning.Workload.for_kind("gqa_paged_prefill", lens, lens, num_qo_heads=5, num_kv_heads=1)
+    config = tuning.api_config("gqa_paged_prefill", workload, "sm_90a").plan_config(132)
+    host = int(plan_work(config, lens, lens).cta_cost.max())
+    rank_major = policies.RANK_MAJOR_MAX_UNITS_PER_CTA
+    rank_busiest = model_busiest(config, lens, rank_major)
+    assert rank_busiest <= host < model_busiest(config, lens, 0)  # the two orders disagree here
+    assert not self_schedule_wins(config, lens, lens, host, True, 2, 16384, rank_major)
+    assert self_schedule_wins(config, lens, lens, max(host, model_busiest(config, lens, 0)), True, 2, 16384,
+                              rank_major)
+
+
+def model_busiest(config, lens, rank_major_units):
+    costs = unit_costs(config, lens, lens, rank_major_units)
+    return claim_late_makespan(costs, config.num_ctas, 2 * config.kv_tile)
+
+
+def test_the_policy_is_on_for_both_prefill_kinds():
+    assert set(policies.ROUTE_PLAN_KINDS) == {"gqa_paged_prefill", "mla_paged_prefill"}  # since session 42's A/B
+    with policies.route_plan_policy(False):
+        assert policies.ROUTE_PLAN_KINDS == ()
+        with policies.route_plan_policy(True):
+            assert set(policies.ROUTE_PLAN_KINDS) == {"gqa_paged_prefill", "mla_paged_prefill"}
+    assert set(policies.ROUTE_PLAN_KINDS) == {"gqa_paged_prefill", "mla_paged_prefill"}
 
 
 def _gqa(q_lens, kv_lens, **kw):
@@ -79,7 +101,8 @@ def _gqa(q_lens, kv_lens, **kw):
 def test_a_host_plan_carries_the_route_where_the_rule_holds():
     many = _gqa([512] * 8, [512] * 8)  # 256 units on 8 CTAs
     few = _gqa([200] * 4, [200] * 4)  # 56 units: the plan's splits balance them better
-    assert cute_attn.plan_gqa_paged_prefill(*many.inputs(), arch="sm_90a", num_sms=8).route is None  # policy off
+    with policies.route_plan_policy(False):
+        assert cute_attn.plan_gqa_paged_prefill(*many.inputs(), arch="sm_90a", num_sms=8).route is None
     with policies.route_plan_policy(True):
         plan = cute_attn.plan_gqa_paged_prefill(*many.inputs(), arch="sm_90a", num_sms=8)
         assert cute_attn.plan_gqa_paged_prefill(*few.inputs(), arch="sm_90a", num_sms=8).route is None
