@@ -680,6 +680,29 @@ def test_ncu_hot_blocks_groups_runs_of_equal_execution_counts(tmp_path):
     assert "2,300 warp instructions executed" in out and "87.0%" in out and "STS.U16" in out
 
 
+def test_ncu_prologue_stalls_sum_the_code_before_the_first_marker(tmp_path):
+    """``tools/ncu_stalls.py --prologue UTMALDG``: the stall reasons of the lines before the first TMA load, leaving out
+    the main loop's lines placed there (the most-executed count), per warp from the entry line's count."""
+    import ncu_stalls
+
+    header = ('"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_barrier",'
+              '"stall_wait","stall_barrier (Not Issued)"')
+    lines = [("0x10", "LDC R1", 4, 10, 0, 4), ("0x20", "BAR.SYNC 0x0", 6, 10, 6, 0),  # the prologue: 10 warps
+             ("0x30", "LDS R2, [R3]", 9, 80, 0, 9),  # a loop body before the marker: left out
+             ("0x40", "@P0 BRA 0x30", 2, 5, 0, 2),  # half the warps
+             ("0x50", "UTMALDG.4D [UR8]", 50, 80, 50, 0), ("0x60", "EXIT", 1, 10, 0, 1)]
+    text = '"Kernel Name","k"\n' + header + "\n" + "\n".join(
+        f'"{a}","      {src}","{s}","{e}","{b}","{w}","0"' for a, src, s, e, b, w in lines) + "\n"
+    p = ncu_stalls.prologue_stalls(text, "UTMALDG")
+    assert p["lines"] == 3 and p["samples"] == 12 and p["all_samples"] == 72
+    assert p["instructions_per_warp"] == 2.5 and p["by_reason"] == {"wait": 6, "barrier": 6}
+    path = tmp_path / "sass.csv"
+    path.write_text(text)
+    out = subprocess.run([sys.executable, os.path.join(TOOLS, "ncu_stalls.py"), "--prologue", "UTMALDG", str(path)],
+                         check=True, capture_output=True, text=True).stdout
+    assert "3 SASS lines, 2 executed a warp, 12 of 72 stall samples (16.7%)" in out and "50.0%" in out
+
+
 # ----------------------------------------------------------------------------- --policy
 
 

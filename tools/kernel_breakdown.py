@@ -33,6 +33,9 @@ WORKLOADS = {
     "decode_n64_kv2048": ("decode", [2048] * 64),
     "decode_n128_kv4096": ("decode", [4096] * 128),
     "decode_n64_kv2048_p1": ("decode", [2048] * 64, 1),  # page 1: the row-gather decode
+    # the two FIB representatives behind FlashInfer's CUDA-core kernel (h32/kv16), planned once as the bench's row
+    "decode_h32kv16_n64_kv2048": ("decode_planned", [2048] * 64),
+    "decode_h32kv16_n64_kv2048_p1": ("decode_planned", [2048] * 64, 1),
     "prefill_n1_q992": ("prefill", [992]),
     "prefill_n32_q992": ("prefill", [992] * 32),
     "prefill_n4_q992": ("prefill", [992] * 4),
@@ -78,12 +81,18 @@ def build(label: str):
     if kind == "decode":
         case = testing.make_gqa_decode_case(lens, page_size=page_size, device="cuda", seed=1)
         entry = cute_attn.gqa_paged_decode
+    elif kind == "decode_planned":
+        case = testing.make_gqa_decode_case(lens, num_qo_heads=32, num_kv_heads=16, page_size=page_size,
+                                            device="cuda", seed=1)
+        entry = cute_attn.gqa_paged_decode
     else:
         case = testing.make_gqa_prefill_case(lens, lens, num_qo_heads=32, num_kv_heads=4, head_dim=128,
                                              page_size=64, device="cuda", seed=1)
         entry = cute_attn.gqa_paged_prefill
     out, lse = case.new_outputs()
     plan = None
+    if kind == "decode_planned":
+        plan = cute_attn.plan_gqa_paged_decode(*case.inputs())
     if kind == "prefill" and _PREFILL_WHOLE_DEAL is not None:  # a host plan of that deal, made once
         from cute_attn.ops.gqa_prefill import whole_deal_policy
 
@@ -146,7 +155,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device-clusters", action="store_true", help="the arms of the module docstring")
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--once", help="run one workload 3 times (for ncu) and exit")
-    ap.add_argument("--peer", choices=["fa4"], help="with --once: run the peer on the same case instead")
+    ap.add_argument("--peer", choices=["fa4", "flashinfer_cuda_cores"],
+                    help="with --once: run the peer on the same case instead")
     ap.add_argument("--mla-split", help="the sm_90a MLA kernel's consumer split (ops.mla_prefill.SM90_CONSUMERS)")
     ap.add_argument("--mla-decode-split-scores", type=int, choices=[0, 1],
                     help="the swapped MLA decode kernel's S^T split (ops.mla_decode.SM90_SPLIT_SCORES)")
@@ -187,6 +197,10 @@ def _run(args) -> int:
             from bench_workloads import DECODE, PREFILL
 
             run = bench_peers.setup_fa4_gqa(case, PREFILL if args.once.startswith("prefill") else DECODE)
+        elif args.peer == "flashinfer_cuda_cores":
+            import bench_peers
+
+            run = bench_peers.setup_flashinfer_decode(case, tensor_cores=False).run
         for _ in range(3):
             run()
         torch.cuda.synchronize()

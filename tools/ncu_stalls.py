@@ -5,6 +5,7 @@ with the most stall samples (the report needs the SourceCounters section, e.g. `
     python tools/ncu_stalls.py seed.ncu-rep --top 40 > stalls.txt
     ncu -i seed.ncu-rep --csv --page source --print-source sass > sass.csv    # where ncu runs
     python tools/ncu_stalls.py --blocks 12 sass.csv                           # anywhere: no ncu needed
+    python tools/ncu_stalls.py --prologue UTMALDG sass.csv                    # the code before the first TMA load
 
 ``--blocks``: where the executed instructions go, by basic block (runs of SASS lines with the same execution count),
 largest share first. Session 22 found the GQA prefill's element-wise V zeroing this way (30% of the instructions).
@@ -85,13 +86,49 @@ def hot_blocks(sass_csv_text: str, top: int) -> tuple[float, list[dict]]:
     return total, sorted(blocks, key=lambda b: -b["share"])[:top]
 
 
+def prologue_stalls(sass_csv_text: str, marker: str = "UTMALDG", loop_count: float | None = None) -> dict:
+    """Where a kernel's code before its first ``marker`` instruction (a TMA load: the prologue) waits, from an exported
+    source page: its stall samples by reason, its share of all samples and its executed instructions a warp. Lines
+    run ``loop_count`` times (the main loop's blocks that the compiler placed before the marker) are left out; by
+    default the count of the most-executed line before it."""
+    rows = [row for row in csv.reader(io.StringIO(sass_csv_text)) if row]
+    header_index = next(i for i, row in enumerate(rows) if "Source" in row and "Instructions Executed" in row)
+    header, body = rows[header_index], [row for row in rows[header_index + 1:] if len(row) == len(rows[header_index])]
+    executed, source = header.index("Instructions Executed"), header.index("Source")
+    samples = next(i for i, name in enumerate(header) if name.startswith("Warp Stall Sampling (All"))
+    reasons = [i for i, name in enumerate(header) if name.startswith("stall_") and "Not Issued" not in name]
+    end = next(i for i, row in enumerate(body) if marker in row[source])
+    head = body[:end]
+    if loop_count is None:
+        loop_count = max(_number(row[executed]) for row in head)
+    kept = [row for row in head if _number(row[executed]) != loop_count]
+    warps = _number(body[0][executed]) or 1.0  # the entry's first line runs once a warp
+    by_reason = {header[i][len("stall_"):]: sum(_number(row[i]) for row in kept) for i in reasons}
+    return dict(samples=sum(_number(row[samples]) for row in kept),
+                all_samples=sum(_number(row[samples]) for row in body),
+                instructions_per_warp=sum(_number(row[executed]) for row in kept) / warps,
+                lines=len(kept), by_reason=dict(sorted(by_reason.items(), key=lambda kv: -kv[1])))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("report", help="an .ncu-rep (needs ncu), or with --blocks an exported source-page CSV")
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--blocks", type=int, default=0, help="print the N basic blocks with the most executed "
                                                            "instructions (REPORT: the exported source-page CSV)")
+    ap.add_argument("--prologue", metavar="MARKER", help="the stalls of the code before the first MARKER instruction "
+                                                           "(e.g. UTMALDG; REPORT: the exported source-page CSV)")
     args = ap.parse_args(argv)
+    if args.prologue:
+        with open(args.report) as f:
+            p = prologue_stalls(f.read(), args.prologue)
+        print(f"# before the first {args.prologue}: {p['lines']} SASS lines, {p['instructions_per_warp']:.0f} executed "
+              f"a warp, {p['samples']:.0f} of {p['all_samples']:.0f} stall samples "
+              f"({100 * p['samples'] / (p['all_samples'] or 1):.1f}%)")
+        for name, value in p["by_reason"].items():
+            if value:
+                print(f"{name:24s} {value:8.0f} {100 * value / (p['samples'] or 1):6.1f}%")
+        return 0
     if args.blocks:
         with open(args.report) as f:
             total, blocks = hot_blocks(f.read(), args.blocks)
