@@ -1,4 +1,4 @@
-"""Host plans that launch the planner-free build (``config.ROUTE_PLAN_KINDS``; built in session 37, on since its A/B in 42):
+"""Host plans that launch the planner-free build (``config.ROUTE_PLAN_KINDS``; built in session 37, on since 42):
 the rule (``plan_units.self_schedule_wins``) on the bench's rows, the plan's route, and the launch path (CPU: the
 launch is a stand-in; the GPU tier is ``tests/test_dynamic_schedule_gpu.py -k route_plan``)."""
 
