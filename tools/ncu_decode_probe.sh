@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Two Nsight Compute probes of the GQA decode (GPU machine only; clocks left alone, `--clock-control none`):
 #
-#   bash tools/ncu_decode_probe.sh OUT_DIR ours    # our h32/kv16 plan-once kernel (pages 64, 1), the line build's stalls
+#   bash tools/ncu_decode_probe.sh OUT_DIR ours    # our h32/kv16 plan-once kernel (pages 64, 1), the line build
 #   bash tools/ncu_decode_probe.sh OUT_DIR peer    # FlashInfer's CUDA-core decode on the same h32/kv16 cases
 #
 # Parity: the two FIB representatives behind FlashInfer (h32/kv16 64 x 2048, pages 64 and 1, 0.99x) side by side:
