@@ -228,6 +228,12 @@ class PagedAttentionConfig(KernelConfig):
     #: extra +3..+8 us). With more, the CTA's share is prefetched to L2 and that many ids are in flight a thread, as the
     #: device planner's scan does; the default call's count is ``config.line_scan_ids`` (session 41: 8 from ~2 passes)
     scan_ids_per_thread: int = 1
+    #: the line builds' stretch of a uniform batch (every request the same keys, none faulted) in closed form
+    #: (``kernels/common/line_uniform.py``): one block reduction for the uniformity, one for the whole-tile vote, the
+    #: deal and the merges, and no line starts, prefix sum or edge search; other batches derive on the table as
+    #: before. Why: the prologue before the first TMA load is a ~730-instruction dependent chain a warp between 16
+    #: barriers (session 42, ncu: ~4-5 us of the default call's +3.9 over plan-once at h20/kv4 64 x 2048, H100)
+    uniform_line: bool = False
 
     @property
     def group_size(self) -> int:
@@ -346,6 +352,8 @@ class PagedAttentionConfig(KernelConfig):
                                                                   and not self.line_schedule):
             return (f"scan_ids_per_thread={self.scan_ids_per_thread}: 1, 2, 4, 8 or 16 page ids in flight a thread, "
                     "a knob of the line builds (line_schedule=True) only")
+        if self.uniform_line and not self.line_schedule:
+            return "uniform_line: a knob of the line builds (line_schedule=True) only"
         if self.page_boxes and ((self.kind, self.arch) != ("mla_paged_prefill", "sm_90a")
                                 or self.page_size < self.kv_tile):
             return (f"page_boxes: a knob of the sm_90a MLA kernels' TMA K stages at pages of >= kv_tile keys "
@@ -464,6 +472,20 @@ LINE_SCAN_BATCHED_IDS = 8
 LINE_SCAN_BATCHED_MIN_IDS_PER_CTA = 512
 #: None: by the share (above); a count: every line build's (``line_scan_policy``: GPU tests, A/Bs, sanitizer cases)
 LINE_SCAN_IDS_PER_THREAD: int | None = None
+
+
+#: Whether the default call's line builds take a uniform batch's closed form (``PagedAttentionConfig.uniform_line``)
+LINE_UNIFORM = False
+
+
+@contextlib.contextmanager
+def line_uniform_policy(enabled: bool = True):
+    """Inside the block the default call's line builds take (or, off, do not take) the uniform closed form, whatever
+    ``LINE_UNIFORM`` says (GPU tests, A/Bs, sanitizer cases)."""
+    from .ops import policy
+
+    with policy(globals(), LINE_UNIFORM=bool(enabled)):
+        yield
 
 
 def line_scan_ids(page_ids: int, num_ctas: int) -> int:

@@ -50,7 +50,8 @@ from .plan import NOT_CAUSAL_OFFSET, ItemField, PlanConfig
 from .plan_partition import deal_bound, even_pieces, line_width, piece_cost, snap_slack, whole_tile_bound
 
 __all__ = ["EdgeTable", "line_reason", "cuts_only", "request_keys", "edge_table", "deal_choice", "dealt_tiles",
-           "cta_items", "cta_merge"]
+           "cta_items", "cta_merge", "Stretch", "table_stretch", "UniformLine", "uniform_edge", "uniform_line",
+           "uniform_stretch"]
 
 
 def line_reason(config: PlanConfig, one_token: bool = False) -> str | None:
@@ -116,17 +117,21 @@ def _edge_cut(config: PlanConfig, line_start, cost, keys, total, width, e):
     cj, start = int(cost[j]), int(line_start[j])
     h = (p - start) // cj
     o = p - start - h * cj
-    t = j * heads + h
-    k = min(max((o - config.item_overhead_keys + config.kv_tile // 2) // config.kv_tile * config.kv_tile, 0),
-            int(keys[j]))
-    nearer = int(2 * o >= cj)
-    snap = (t + nearer, start + (h + nearer) * cj)
+    return _cut_in_tile(config, j * heads + h, o, cj, int(keys[j]), start + h * cj, width)
+
+
+def _cut_in_tile(config: PlanConfig, t: int, o: int, cost: int, keys: int, tile_position: int, width: int):
+    """Step 3's cut of an edge ``o`` into tile ``t`` (``keys`` keys, modelled ``cost``, starting at
+    ``tile_position`` on the line): (cut tile, cut key, snap tile, snap position)."""
+    k = min(max((o - config.item_overhead_keys + config.kv_tile // 2) // config.kv_tile * config.kv_tile, 0), keys)
+    nearer = int(2 * o >= cost)
+    snap = (t + nearer, tile_position + nearer * cost)
     if not config.allow_split:
         return snap[0], 0, *snap
     slack = snap_slack(config, width)
     if k == 0 or o <= slack:
         return t, 0, *snap
-    if k >= keys[j] or cj - o <= slack:
+    if k >= keys or cost - o <= slack:
         return t + 1, 0, *snap
     return t, k, *snap
 
@@ -246,3 +251,150 @@ def cta_merge(config: PlanConfig, table: EdgeTable, merge: int) -> tuple[int, in
     first = int(table.merge_indptr[merge])
     return request, head, first, int(table.merge_indptr[merge + 1]) - first
 
+
+
+class Stretch(NamedTuple):
+    """One CTA's stretch as the kernel keeps it in registers (``kernels/common/line_schedule.LineStretch``)."""
+
+    count: int
+    first_tile: int
+    first_key: int
+    end_tile: int
+    end_key: int
+    merge0: int  # item 0's merge when it is a piece (slot ``slot0``; the merge's slots ``begin0 .. + slots0``)
+    slot0: int
+    begin0: int
+    slots0: int
+    merge1: int  # the last item's merge when it ends inside a tile (its first chunk: slot ``begin1``)
+    begin1: int
+    slots1: int
+
+
+def _dealt_count(config: PlanConfig, num_tiles: int, c: int) -> int:
+    return int(dealt_tiles(config, num_tiles, c).size)
+
+
+def table_stretch(config: PlanConfig, table: EdgeTable, num_tiles: int, c: int) -> Stretch:
+    """CTA ``c``'s stretch read from the edge table (the kernel's general derivation)."""
+    first_tile, first_key = int(table.cut_tile[c]), int(table.cut_key[c])
+    end_tile, end_key = int(table.cut_tile[c + 1]), int(table.cut_key[c + 1])
+    count = max(end_tile - (end_key == 0) - first_tile + 1, 0)
+    if table.dealt:  # its items are the laps' whole tiles: no merges (the kernel ignores what else it read)
+        return Stretch(_dealt_count(config, num_tiles, c), first_tile, first_key, end_tile, end_key, -1, -1, 0, 0,
+                       -1, 0, 0)
+    merge0 = slot0 = merge1 = -1
+    begin0 = slots0 = begin1 = slots1 = 0
+    if first_key > 0:
+        merge0 = int(table.merge_of[c])
+        slot0 = int(table.inside_before[c]) + merge0 + 1
+    elif count == 1 and end_key > 0:
+        merge0 = int(table.merge_of[c + 1])
+        slot0 = int(table.merge_indptr[merge0])
+    indptr = table.merge_indptr
+    if merge0 >= 0:
+        begin0, slots0 = int(indptr[merge0]), int(indptr[merge0 + 1] - indptr[merge0])
+    if count >= 2 and end_key > 0:
+        merge1 = int(table.merge_of[c + 1])
+        begin1, slots1 = int(indptr[merge1]), int(indptr[merge1 + 1] - indptr[merge1])
+    return Stretch(count, first_tile, first_key, end_tile, end_key, merge0, slot0, begin0, slots0, merge1, begin1,
+                   slots1)
+
+
+class UniformLine(NamedTuple):
+    """Steps 2-5b of a uniform batch (every request ``keys`` > 0 keys, none faulted) in closed form: no line starts,
+    no edge search; each thread makes its edges ``e`` and ``e + 1`` and one block reduction takes the whole-tile vote,
+    the deal and whether any cut lies inside a tile."""
+
+    keys: int
+    batch: int
+    cost: int  # every tile's
+    width: int
+    pieces: int  # even pieces a tile (step 2), or 0: the line's cuts
+    piece: int
+    whole_tiles: bool
+    dealt: bool
+    needs_table: bool  # line cuts with an inside edge, not dealt: the merges need the table's scan (step 5)
+
+
+def uniform_edge(config: PlanConfig, line: UniformLine, e: int):
+    """Edge ``e`` of a uniform batch: (cut tile, cut key, snap tile, snap position), as :func:`_edge_cut` makes it
+    from the table (its request ``p // (heads cost)``, its tile ``p // cost``)."""
+    num_tiles = line.batch * config.num_kv_heads
+    total = num_tiles * line.cost
+    if line.pieces:
+        if e < num_tiles * line.pieces:
+            return e // line.pieces, e % line.pieces * line.piece, num_tiles, total
+        return num_tiles, 0, num_tiles, total
+    p = e * line.width
+    if e == 0:
+        return 0, 0, 0, 0
+    if p >= total:
+        return num_tiles, 0, num_tiles, total
+    t, o = divmod(p, line.cost)
+    return _cut_in_tile(config, t, o, line.cost, line.keys, t * line.cost, line.width)
+
+
+def _position(config: PlanConfig, line: UniformLine, tile: int, key: int) -> int:
+    num_tiles = line.batch * config.num_kv_heads
+    if tile >= num_tiles:
+        return num_tiles * line.cost
+    return tile * line.cost + (key + config.item_overhead_keys if key > 0 else 0)
+
+
+def uniform_line(config: PlanConfig, keys: int, batch: int) -> UniformLine:
+    """Steps 2-5b for ``batch`` requests of ``keys`` > 0 keys: each edge's thread computes its CTA's snapped spread,
+    its load under the cuts and whether its edge is inside; one block max of the three decides."""
+    heads, m = config.num_kv_heads, config.num_ctas
+    cost = int(piece_cost(config, keys))
+    num_tiles = batch * heads
+    width = line_width(config, num_tiles * cost)
+    even = even_pieces(config, keys, num_tiles, width)
+    pieces, piece = even if even is not None else (0, 0)
+    line = UniformLine(keys, batch, cost, width, pieces, piece, False, False, False)
+    spread = load = inside = 0
+    for e in range(m + 1):  # thread e
+        tile, key, _, snap = uniform_edge(config, line, e)
+        inside = max(inside, int(key > 0))
+        if e < m:
+            next_tile, next_key, _, next_snap = uniform_edge(config, line, e + 1)
+            if not pieces:
+                spread = max(spread, next_snap - snap)
+            load = max(load, _position(config, line, next_tile, next_key) - _position(config, line, tile, key)
+                       + (config.item_overhead_keys if key > 0 else 0))
+    whole = bool(config.allow_split and not pieces and spread <= whole_tile_bound(config, width))
+    cut_max = spread if whole else load  # whole-tile cuts: a CTA's load is its snapped spread
+    dealt = False
+    if config.line_deal and config.allow_split and batch <= config.deal_max_q_tiles:
+        bound = deal_bound(config, width, cut_max, whole)
+        dealt = bound is not None and -(-num_tiles // m) * cost <= bound
+    needs_table = not (whole or dealt or pieces) and inside > 0
+    return line._replace(whole_tiles=whole, dealt=dealt, needs_table=needs_table)
+
+
+def uniform_stretch(config: PlanConfig, line: UniformLine, c: int) -> Stretch:
+    """CTA ``c``'s stretch in closed form (``line.needs_table`` False): its edges ``c`` and ``c + 1``; even pieces
+    merge tile by tile (merge ``t`` has ``pieces`` slots from ``t * pieces``: the piece of CTA ``c`` is slot ``c``),
+    whole or dealt tiles not at all."""
+    assert not line.needs_table
+    num_tiles = line.batch * config.num_kv_heads
+
+    def edge(e):
+        tile, key, snap_tile, _ = uniform_edge(config, line, e)
+        return (snap_tile, 0) if line.whole_tiles else (tile, key)
+
+    (first_tile, first_key), (end_tile, end_key) = edge(c), edge(c + 1)
+    count = max(end_tile - (end_key == 0) - first_tile + 1, 0)
+    merge0 = slot0 = merge1 = -1
+    begin0 = slots0 = begin1 = slots1 = 0
+    if line.dealt:
+        return Stretch(_dealt_count(config, num_tiles, c), first_tile, first_key, end_tile, end_key, -1, -1, 0, 0,
+                       -1, 0, 0)
+    if line.pieces:
+        if first_key > 0 or (count == 1 and end_key > 0):
+            merge0, slot0 = (c + (first_key == 0)) // line.pieces, c
+            begin0, slots0 = merge0 * line.pieces, line.pieces
+        if count >= 2 and end_key > 0:
+            merge1 = (c + 1) // line.pieces
+            begin1, slots1 = merge1 * line.pieces, line.pieces
+    return Stretch(count, first_tile, first_key, end_tile, end_key, merge0, slot0, begin0, slots0, merge1, begin1,
+                   slots1)

@@ -94,9 +94,11 @@ def test_the_validation_script_names_sanitizer_cases_that_exist(part, prefix):
     assert len(names) == 4 and set(names) <= set(sanitize._cases("sm_90a")), names
     bad = subprocess.run(["bash", str(tools / "validate_planner_free.sh"), "/tmp/cute_attn_validate_x", "nope"],
                          capture_output=True, text=True)
-    parts = ("gqa, mla, ab, late, route, line, mla-line, mla-short, rank-major, scan, mla-default, line-peers, "
-             "peers or fib")
+    parts = ("gqa, mla, ab, late, route, line, mla-line, mla-short, rank-major, scan, uniform, mla-default, "
+             "line-peers, peers or fib")
     assert bad.returncode == 2 and parts in bad.stderr
+    uniform = re.search(r"cases=(line-uniform[\w,-]+)", script).group(1).split(",")
+    assert len(uniform) == 4 and set(uniform) <= set(sanitize._cases("sm_90a")), uniform
     late = re.search(r"cases=(late-claim[\w,-]+)", script).group(1).split(",")
     assert len(late) == 4 and set(late) <= set(sanitize._cases("sm_90a")), late
     line = re.search(r"cases=(line-schedule[\w,-]+)", script).group(1).split(",")

@@ -158,3 +158,77 @@ def test_drawn_batches_derive_the_device_plan_on_every_cta(data, page_size, head
         keys = data.draw(st.lists(st.integers(0, 40000), min_size=batch, max_size=batch))
     faulted = data.draw(st.lists(st.booleans(), min_size=batch, max_size=batch)) if not uniform else [False] * batch
     _check_every_cta(pc, keys, faulted)
+
+
+def _check_uniform(pc, keys, batch):
+    """A uniform batch's closed form (``line_schedule.uniform_line``) takes the table's decisions and, where it needs
+    no table, gives every CTA the table's stretch; returns the closed form."""
+    from cute_attn.line_schedule import table_stretch, uniform_edge, uniform_line, uniform_stretch
+
+    table = edge_table(pc, [keys] * batch)
+    line = uniform_line(pc, keys, batch)
+    assert (line.whole_tiles, line.dealt, line.pieces > 0) == (table.whole_tiles, table.dealt, table.even is not None)
+    assert line.width == table.width
+    for e in range(pc.num_ctas + 1):
+        tile, key, snap_tile, _ = uniform_edge(pc, line, e)
+        assert ((snap_tile, 0) if line.whole_tiles else (tile, key)) == (table.cut_tile[e], table.cut_key[e]), e
+    inside = bool((table.cut_key > 0).any())
+    assert line.needs_table == (not (table.whole_tiles or table.dealt or table.even) and inside)
+    if not line.needs_table:
+        num_tiles = batch * pc.num_kv_heads
+        for c in range(pc.num_ctas):
+            assert uniform_stretch(pc, line, c) == table_stretch(pc, table, num_tiles, c), f"CTA {c}"
+    return line
+
+
+def test_table_stretch_reads_the_items_of_every_cta():
+    """The stretch the kernel keeps (``table_stretch``) holds each CTA's item count and its split items' merges."""
+    from cute_attn.line_schedule import table_stretch
+
+    for pc, keys in ((_decode_config(), [3232, 17, 9000]), (_decode_config(), [2048] * 64),
+                     (_decode_config((32, 8), line_deal=True), list(range(1000, 1300))), (_decode_config(), [3232])):
+        table = edge_table(pc, keys)
+        pages = -(-np.asarray(keys) // pc.page_size)
+        for c in range(pc.num_ctas):
+            s = table_stretch(pc, table, len(keys) * pc.num_kv_heads, c)
+            items = cta_items(pc, table, keys, np.cumsum(pages) - pages, c)
+            assert s.count == len(items)
+            split = [(int(r[F.MERGE]), int(r[F.PARTIAL_SLOT])) for r in items if r[F.MERGE] >= 0]
+            assert split == [(m, slot) for m, slot in ((s.merge0, s.slot0), (s.merge1, s.begin1)) if m >= 0]
+
+
+@pytest.mark.parametrize("batch, kv", [(1, 3232), (16, 2048), (64, 2048), (128, 4096), (1, 100), (3, 1), (37, 5000)])
+@pytest.mark.parametrize("heads, deal", [((20, 4), False), ((8, 1), False), ((32, 16), True), ((32, 8), True)])
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_a_uniform_batch_in_closed_form_is_the_tables(batch, kv, heads, deal, page_size):
+    _check_uniform(_decode_config(heads, page_size, line_deal=deal), kv, batch)
+
+
+def test_the_bench_rows_take_the_closed_form():
+    """The seed decode rows need no table: 1 and 16 requests cut in even pieces, 64 and 128 in whole tiles; so do
+    the MLA decode rows."""
+    kinds = {}
+    for batch, kv in ((1, 3232), (16, 2048), (64, 2048), (128, 4096)):
+        line = _check_uniform(_decode_config(), kv, batch)
+        kinds[batch] = "even" if line.pieces else "whole" if line.whole_tiles else "dealt" if line.dealt else "cuts"
+        assert not line.needs_table
+    assert kinds == {1: "even", 16: "even", 64: "whole", 128: "whole"}
+    for batch, kv in ((1, 4096), (16, 4096), (64, 8192), (128, 4096)):
+        for page_size in (1, 64):
+            assert not _check_uniform(_mla_decode_config(page_size=page_size), kv, batch).needs_table
+
+
+@settings(max_examples=300, deadline=None)
+@given(keys=st.integers(1, 70000), batch=st.integers(1, 400), page_size=st.sampled_from([1, 16, 64]),
+       heads=st.sampled_from([(20, 4), (8, 1), (32, 8), (32, 16)]), num_ctas=st.sampled_from([1, 7, 132, 264]),
+       even=st.booleans(), split=st.booleans(), deal=st.booleans())
+def test_drawn_uniform_batches_in_closed_form_are_the_tables(keys, batch, page_size, heads, num_ctas, even, split,
+                                                            deal):
+    _check_uniform(_decode_config(heads, page_size, num_ctas, even, split, deal), keys, batch)
+
+
+@settings(max_examples=60, deadline=None)
+@given(keys=st.integers(1, 70000), batch=st.integers(1, 200), page_size=st.sampled_from([1, 64]),
+       heads=st.sampled_from([8, 16]), num_ctas=st.sampled_from([7, 132]))
+def test_drawn_uniform_mla_batches_in_closed_form_are_the_tables(keys, batch, page_size, heads, num_ctas):
+    _check_uniform(_mla_decode_config(heads, page_size, num_ctas), keys, batch)

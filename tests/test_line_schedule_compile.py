@@ -347,3 +347,31 @@ def test_the_default_call_launches_the_line_build_with_its_entrys_arguments(monk
     assert got["request_faults"].shape == (3,) and not got["unit_state"].any()
     if kind == "mla":
         assert got["qo_indptr"].tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("kind, page_size, arch", [("gqa", 64, "sm_90a"), ("gqa", 1, "sm_90a"), ("mla", 1, "sm_90a"),
+                                                   ("mla", 64, "sm_90a"), ("gqa", 64, "sm_100a")])
+def test_the_uniform_closed_form_builds_and_the_policy_sets_it(kind, page_size, arch):
+    """``uniform_line`` (``kernels/common/line_uniform.py``, session 42): the line builds compile with it, its own
+    code beside the table's (a closed form's 64-bit tile division of each edge, so more PTX than without), no local
+    memory; the knob is refused off the line builds; the default call's route takes ``config.LINE_UNIFORM``."""
+    from cute_attn import api
+    from cute_attn.config import LINE_UNIFORM, line_uniform_policy
+    from cute_attn.ops import mla_decode
+
+    if kind == "gqa":
+        config, spec = _config(page_size=page_size, arch=arch), gqa_decode.SPEC
+    else:
+        config, spec = _mla(page_size, arch=arch), mla_decode.ONE_TOKEN_SPEC
+    uniform = dataclasses.replace(_line(config), uniform_line=True)
+    assert uniform.can_implement() is None
+    ptx, table_only = compile_to_ptx(uniform), compile_to_ptx(_line(config))
+    assert "_Line" in ptx and not re.search(r"\.local\b", ptx)
+    assert ptx.count("bar.sync") > table_only.count("bar.sync")  # the closed form's reductions beside the table's
+    assert ("tcgen05.mma" if arch == "sm_100a" else "wgmma.mma_async") in ptx
+    reason = dataclasses.replace(config, uniform_line=True).can_implement()
+    assert reason is not None and "uniform_line" in reason, reason
+    assert LINE_UNIFORM is False  # until its GPU tier and A/B have run
+    assert not api._self_schedule_config(spec, config).uniform_line
+    with line_uniform_policy(True):
+        assert api._self_schedule_config(spec, config).uniform_line

@@ -50,6 +50,8 @@ POLICY is one of
     mla_short_stages  the swapped MLA decode's four 32-key K stages, not two of 64 (``mla_decode.SM90_SHORT_STAGES``):
                   the bench's MLA decode rows at pages 64 and 1; all three calls move
     rank_major    the GQA route's uniform batches of few units a CTA rank-major (``config.RANK_MAJOR_KINDS``) off / on
+    line_uniform  the line builds' closed form for uniform batches (``config.LINE_UNIFORM``, session 42) off / on: the
+                  line_schedule and mla_line_schedule rows at pages 64 and 1; only the default call moves
     line_scan     the line builds' page-id scan 8 ids a pass, not 1 (``config.LINE_SCAN_IDS_PER_THREAD``, session 40):
                   the line_schedule and mla_line_schedule rows at pages 1 and 64; only the default call moves
     deal_2048     GQA prefill plans deal batches of up to 2048 q tiles (``ops/gqa_prefill.DEAL_MAX_Q_TILES``, the device
@@ -181,6 +183,28 @@ def _line_scan_cases(pages):
         stack = contextlib.ExitStack()
         for ctx in (gqa_decode.line_schedule_policy(True), mla_decode.line_schedule_policy(True),
                     line_scan_policy(8 if on else 1)):
+            stack.enter_context(ctx)
+        return stack
+
+    for row0, make, kind, _ in _line_schedule_cases(pages):
+        yield row0, make, kind, policy
+    for row0, make, kind, _ in _mla_line_schedule_cases(pages):
+        yield row0, make, kind, policy
+
+
+def _line_uniform_cases(pages):
+    """The line builds' closed form for uniform batches (``config.LINE_UNIFORM``, session 42) off / on: the
+    line_schedule rows (GQA decode) and the MLA decode bench rows with the line builds on; only the default call moves,
+    and only on the uniform rows (the ragged ones are controls)."""
+    from cute_attn.config import line_uniform_policy
+    from cute_attn.ops import gqa_decode, mla_decode
+
+    def policy(on):
+        import contextlib
+
+        stack = contextlib.ExitStack()
+        for ctx in (gqa_decode.line_schedule_policy(True), mla_decode.line_schedule_policy(True),
+                    line_uniform_policy(on)):
             stack.enter_context(ctx)
         return stack
 
@@ -683,7 +707,7 @@ POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, 
             "mla_dynamic_schedule": _mla_dynamic_schedule_cases, "late_claim": _late_claim_cases,
             "route_plans": _route_plans_cases, "line_schedule": _line_schedule_cases,
             "mla_line_schedule": _mla_line_schedule_cases, "mla_short_stages": _mla_short_stages_cases,
-            "rank_major": _rank_major_cases, "line_scan": _line_scan_cases}
+            "rank_major": _rank_major_cases, "line_scan": _line_scan_cases, "line_uniform": _line_uniform_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
                  "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64], "even_pieces": [64, 1],
                  "page_boxes": [64, 128], "max_slack": [1], "eager_combine": [64, 1],
@@ -693,7 +717,7 @@ DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], 
                  "lap_turn": [64], "row_writers": [64], "count_sort": [64], "cluster_merge": [64, 1],
                  "device_cluster_merge": [64, 1], "dynamic_schedule": [64, 1], "mla_dynamic_schedule": [1, 64],
                  "late_claim": [64], "route_plans": [64], "line_schedule": [64, 16], "mla_line_schedule": [1, 64],
-                 "mla_short_stages": [64, 1], "rank_major": [64, 1], "line_scan": [1, 64]}
+                 "mla_short_stages": [64, 1], "rank_major": [64, 1], "line_scan": [1, 64], "line_uniform": [64, 1]}
 
 
 def checked_span(run, out, lse, reference, label: str, timer, digits: int = 1):

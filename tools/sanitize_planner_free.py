@@ -56,12 +56,14 @@ def planner_free_cases(arch: str, run_api, fault_reported) -> dict:
                                                                                          rank=True))
     cases["rank-major-fault"] = ("gqa_paged_prefill", dynamic_schedule(16, fault=True, rank=True))
 
-    def line_schedule(page_size, kv_lens, fault=False, num_sms=None, mla=False, scan=1):  # the planner-free decode
-        def run():  # (scan: page ids a pass of the line build's scan, config.line_scan_policy)
-            from cute_attn.config import line_scan_policy
+    def line_schedule(page_size, kv_lens, fault=False, num_sms=None, mla=False, scan=1, uniform=False):
+        def run():  # the planner-free decode (scan: page ids a pass of its scan, config.line_scan_policy; uniform:
+            # a uniform batch's closed form, config.line_uniform_policy)
+            from cute_attn.config import line_scan_policy, line_uniform_policy
             from cute_attn.ops import gqa_decode, mla_decode
 
-            with (mla_decode if mla else gqa_decode).line_schedule_policy(True), line_scan_policy(scan):
+            with ((mla_decode if mla else gqa_decode).line_schedule_policy(True), line_scan_policy(scan),
+                  line_uniform_policy(uniform)):
                 make = testing.make_mla_decode_case if mla else testing.make_gqa_decode_case
                 case = make(kv_lens, page_size=page_size, device="cuda", seed=39 if mla else 38 + page_size)
                 if fault:  # a page id past the pool: read as a zero-filled box or row, the request's rows 0 / -inf
@@ -85,4 +87,9 @@ def planner_free_cases(arch: str, run_api, fault_reported) -> dict:
                                                                scan=8))
     cases["mla-line-scan-p1"] = ("mla_paged_decode", line_schedule(1, [3000, 0, 9000, 70, 640], fault=True,
                                                                    num_sms=1, mla=True, scan=8))
+    # a uniform batch's closed form (session 42): whole tiles, even pieces (merges), a fault in a uniform batch, MLA
+    cases["line-uniform-p64"] = ("gqa_paged_decode", line_schedule(64, [2048] * 64, uniform=True))
+    cases["line-uniform-even"] = ("gqa_paged_decode", line_schedule(64, [3232] * 3, num_sms=7, uniform=True))
+    cases["line-uniform-fault"] = ("gqa_paged_decode", line_schedule(1, [2048] * 16, fault=True, uniform=True))
+    cases["mla-line-uniform-p1"] = ("mla_paged_decode", line_schedule(1, [4096] * 16, mla=True, uniform=True))
     return cases

@@ -15,6 +15,8 @@
 #       uniform batches of few units (session 39): its GPU tier, memcheck, racecheck, A/B
 #   bash tools/validate_planner_free.sh OUT_DIR scan [BUDGET_SECONDS]  # the line builds' batched page-id scan
 #       (session 40): its GPU tier (the line tiers rerun with 8 ids a pass), memcheck, racecheck, A/B
+#   bash tools/validate_planner_free.sh OUT_DIR uniform [BUDGET_SECONDS]  # the line builds' closed form for uniform
+#       batches (session 42): its GPU tier (the line tiers rerun with it, every branch), memcheck, racecheck, A/B
 #   bash tools/validate_planner_free.sh OUT_DIR mla-default [BUDGET_SECONDS]  # the default call's MLA decode tiers
 #       with its line build on (session 40), the FIB MLA decode definitions (carry .fibdefs), the route_plan tier
 #   bash tools/validate_planner_free.sh OUT_DIR line-peers [BUDGET_SECONDS]  # FlashInfer call: the decode and MLA
@@ -33,7 +35,7 @@
 # The A/Bs: GQA at pages 64 and 1 with two FIB layouts, MLA on the bench's seven recorded batches at pages 1 and 64.
 set -u
 usage="usage: validate_planner_free.sh OUT_DIR gqa|mla|ab|late|route|line|mla-line|mla-short|rank-major|scan|\
-mla-default|line-peers|peers|fib [BUDGET_SECONDS]"
+uniform|mla-default|line-peers|peers|fib [BUDGET_SECONDS]"
 out=${1:?$usage}
 part=${2:?$usage}
 budget=${3:-570}
@@ -114,6 +116,13 @@ case $part in
     tier=("${step[@]}")
     tool_step 220 "python tools/ab_policy.py line_scan --iters 50 --json $out/ab_scan.json" ab_scan.txt 40
     python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 "${tier[@]}" "${steps[@]}" "${step[@]}" ;;
+  uniform)
+    cases=line-uniform-p64,line-uniform-even,line-uniform-fault,mla-line-uniform-p1
+    sanitizer_steps "$cases" 60 80
+    tier_step 230 tests/test_line_uniform_gpu.py tier.txt 40
+    tier=("${step[@]}")
+    tool_step 200 "python tools/ab_policy.py line_uniform --iters 50 --json $out/ab_uniform.json" ab_uniform.txt 50
+    python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 50 "${tier[@]}" "${steps[@]}" "${step[@]}" ;;
   mla-default)  # the planned MLA decode tiers' default-call tests now take the line build
     tier_step 330 "tests/test_mla_decode_gpu.py tests/test_mla_device_cluster_gpu.py tests/test_reliability_gpu.py" \
       tier.txt 40
@@ -160,7 +169,7 @@ n8_q992_h6kv1 n4_q512_kv4096 n8_q128_kv2048 n8_q992" ab_rank.txt 30  # the rows 
     tool_step 330 "python -m pytest -q -rf --tb=short tests/test_flashinfer_compat_gpu.py \
 tests/test_flashinfer_graphs_gpu.py" wrappers.txt 10  # one worker: FlashInfer's JIT
     python tools/gpu_steps.py --out "$out" --budget "$budget" --tail 40 "${fib[@]}" "${step[@]}" ;;
-  *) echo "part must be gqa, mla, ab, late, route, line, mla-line, mla-short, rank-major, scan, mla-default, line-peers, \
-peers or fib, got $part" >&2
+  *) echo "part must be gqa, mla, ab, late, route, line, mla-line, mla-short, rank-major, scan, uniform, mla-default, \
+line-peers, peers or fib, got $part" >&2
      exit 2 ;;
 esac

@@ -43,6 +43,7 @@ from ...plan_partition import SNAP_SHIFT, WHOLE_TILE_SHIFT, min_width
 from .decode_merge import arrive_and_fold
 from .index_rules import FAULT_CAPACITY, FAULT_KV_INDPTR, empty_rows, request_rule_faults
 from .planner_collectives import WARP, block_exclusive_sum, last_at_most
+from .line_uniform import uniform_stretch
 from .planner_scan import load_id_batch, record_fault
 from .unit_schedule import finish_schedule, scan_page_ids
 
@@ -74,6 +75,7 @@ class LineRules:
     deal_max_q_tiles: int
     causal: bool  # one query token a request (MLA decode): CAUSAL_OFFSET is keys - 1, masking nothing
     scan_ids: int = 1  # page ids a thread checks a pass (``PagedAttentionConfig.scan_ids_per_thread``)
+    uniform_line: bool = False  # a uniform batch's stretch in closed form (``PagedAttentionConfig.uniform_line``)
 
     @staticmethod
     def of(plan_config: PlanConfig) -> "LineRules":
@@ -100,7 +102,7 @@ def gqa_line_rules(config) -> LineRules:
     return dataclasses.replace(LineRules.of(config.plan_config(1)), even_pieces=LINE_EVEN_PIECES,
                                max_slack_keys=LINE_MAX_SLACK_KEYS,
                                line_deal=line_deals(config.page_size, config.num_kv_heads, policy_now=False),
-                               scan_ids=config.scan_ids_per_thread)
+                               scan_ids=config.scan_ids_per_thread, uniform_line=config.uniform_line)
 
 
 def mla_line_rules(config) -> LineRules:
@@ -112,7 +114,7 @@ def mla_line_rules(config) -> LineRules:
 
     return dataclasses.replace(LineRules.of(cuts_only(config.plan_config(1))), even_pieces=LINE_EVEN_PIECES,
                                max_slack_keys=LINE_MAX_SLACK_KEYS, line_deal=False,
-                               scan_ids=config.scan_ids_per_thread)
+                               scan_ids=config.scan_ids_per_thread, uniform_line=config.uniform_line)
 
 
 def baked_rules_reason(plan_config, baked: LineRules) -> str | None:
@@ -290,7 +292,7 @@ def derive_stretch(kv_indptr: cute.Tensor, kv_last_page_len: cute.Tensor, kv_ind
                    error_word: cute.Tensor, table: LineTable, tidx, num_threads: cutlass.Constexpr,
                    head_dim: cutlass.Constexpr, rules: cutlass.Constexpr) -> LineStretch:
     """Steps 1-5 of the module docstring on every thread of the CTA, then its own stretch (step 6's inputs)."""
-    heads, kv_tile, page_size = rules.heads, rules.kv_tile, rules.page_size
+    kv_tile, page_size = rules.kv_tile, rules.page_size
     # the table's arrays as locals: a plain Python object cannot cross the kernel's run-time ifs and loops
     (t_words64, t_words32, t_snap_pos, t_cut_tile, t_cut_key, t_snap_tile, t_inside_before, t_merge_of, t_merge_indptr,
      t_merge_tile, t_line_start, t_keys) = table.arrays()
@@ -336,8 +338,59 @@ def derive_stretch(kv_indptr: cute.Tensor, kv_last_page_len: cute.Tensor, kv_ind
     if tidx == 0:
         if kv_indptr[0] != 0 or kv_indptr[batch] > kv_indices.shape[0]:
             bad = bad | FAULT_KV_INDPTR
-    before, line_total = block_exclusive_sum(own, tidx, t_words64, num_warps)
-    bad, low, high = _block_or_min_max(bad, low, high, tidx, t_words32, num_warps)
+    arrays = (t_words64, t_words32, t_snap_pos, t_cut_tile, t_cut_key, t_snap_tile, t_inside_before, t_merge_of,
+              t_merge_indptr, t_merge_tile, t_line_start, t_keys)
+    if cutlass.const_expr(rules.uniform_line):
+        # the uniformity first (every request the same keys, none faulted): its closed form needs no line starts
+        bad, low, high = _block_or_min_max(bad, low, high, tidx, t_words32, num_warps)
+        fast = Int32(0)
+        count, first_tile, first_key, end_tile, end_key = Int32(0), Int32(0), Int32(0), Int32(0), Int32(0)
+        merge0, slot0, begin0, slots0 = Int32(-1), Int32(-1), Int32(0), Int32(0)
+        merge1, begin1, slots1 = Int32(-1), Int32(0), Int32(0)
+        dealt = Int32(0)
+        if batch > 0 and low == high and low > 0 and bad == 0:
+            (fast, count, first_tile, first_key, end_tile, end_key, merge0, slot0, begin0, slots0, merge1, begin1,
+             slots1, dealt) = uniform_stretch(low, batch, m, cta, tidx, t_words64, t_words32, t_snap_pos,
+                                             t_cut_tile, t_cut_key, t_snap_tile, num_warps, rules)
+        if fast == 0:
+            before, line_total = block_exclusive_sum(own, tidx, t_words64, num_warps)
+            (count, first_tile, first_key, end_tile, end_key, merge0, slot0, begin0, slots0, merge1, begin1, slots1,
+             dealt) = _table_stretch(before, line_total, lo, hi, bad, low, high, batch, m, cta, tidx, arrays,
+                                     num_warps, rules)
+    else:
+        before, line_total = block_exclusive_sum(own, tidx, t_words64, num_warps)
+        bad, low, high = _block_or_min_max(bad, low, high, tidx, t_words32, num_warps)
+        (count, first_tile, first_key, end_tile, end_key, merge0, slot0, begin0, slots0, merge1, begin1, slots1,
+         dealt) = _table_stretch(before, line_total, lo, hi, bad, low, high, batch, m, cta, tidx, arrays,
+                                 num_warps, rules)
+    # every thread has read and written the table through the generic proxy; the ring's next writer is TMA (the async
+    # proxy): each thread's accesses are fenced into it before the barrier that lets the producer start
+    cute.arch.fence_view_async_shared()
+    cute.arch.sync_threads()
+    if bad != 0:
+        empty_rows(output, lse, tidx, num_threads, head_dim, cta * num_threads, output.shape[0], grid)
+        if cta == 0 and tidx == 0:
+            record_fault(error_word, bad, 0)
+    else:
+        scan_page_ids(kv_indptr, kv_indices, num_pages, tidx, num_threads, unit_state, request_faults, error_word,
+                      ids_per_thread=rules.scan_ids, first_ids=first_ids)
+    # any thread's marks (each fenced) happen before this CTA counts itself out (finish_line, by the storing threads
+    # only): a CTA without items counts out at once, while another role's threads might still be scanning
+    cute.arch.sync_threads()
+    return LineStretch(kv_indptr, kv_last_page_len, rules, batch, count, first_tile, first_key, end_tile, end_key,
+                       merge0, slot0, begin0, slots0, merge1, begin1, slots1, dealt, cta, m, num_pages)
+
+
+@cute.jit
+def _table_stretch(before, line_total, lo, hi, bad, low, high, batch, m, cta, tidx, arrays,
+                   num_warps: cutlass.Constexpr, rules: cutlass.Constexpr):
+    """Steps 1 (the line starts from the costs step 1 wrote) to 6 on the table, for any batch: the CTA's stretch
+    (count, first_tile, first_key, end_tile, end_key, merge0, slot0, begin0, slots0, merge1, begin1, slots1, dealt).
+    ``before`` / ``line_total``: the block prefix of this thread's costs."""
+    heads, kv_tile = rules.heads, rules.kv_tile
+    (t_words64, t_words32, t_snap_pos, t_cut_tile, t_cut_key, t_snap_tile, t_inside_before, t_merge_of, t_merge_indptr,
+     t_merge_tile, t_line_start, t_keys) = arrays
+    e = tidx
     for b in range(lo, hi):  # costs -> line starts (a request's KV heads are its tiles, one cost apart)
         cost = t_line_start[b]
         t_line_start[b] = before * heads
@@ -512,23 +565,7 @@ def derive_stretch(kv_indptr: cute.Tensor, kv_last_page_len: cute.Tensor, kv_ind
                 count = laps - 1
         merge0 = Int32(-1)
         merge1 = Int32(-1)
-    # every thread has read and written the table through the generic proxy; the ring's next writer is TMA (the async
-    # proxy): each thread's accesses are fenced into it before the barrier that lets the producer start
-    cute.arch.fence_view_async_shared()
-    cute.arch.sync_threads()
-    if bad != 0:
-        empty_rows(output, lse, tidx, num_threads, head_dim, cta * num_threads, output.shape[0], grid)
-        if cta == 0 and tidx == 0:
-            record_fault(error_word, bad, 0)
-    else:
-        scan_page_ids(kv_indptr, kv_indices, num_pages, tidx, num_threads, unit_state, request_faults, error_word,
-                      ids_per_thread=rules.scan_ids, first_ids=first_ids)
-    # any thread's marks (each fenced) happen before this CTA counts itself out (finish_line, by the storing threads
-    # only): a CTA without items counts out at once, while another role's threads might still be scanning
-    cute.arch.sync_threads()
-    return LineStretch(kv_indptr, kv_last_page_len, rules, batch, count, first_tile, first_key, end_tile, end_key,
-                       merge0, slot0, begin0, slots0, merge1, begin1, slots1, dealt, cta, m, num_pages)
-
+    return count, first_tile, first_key, end_tile, end_key, merge0, slot0, begin0, slots0, merge1, begin1, slots1, dealt
 
 @cute.jit
 def start_line(line, ring, kv_indices: cute.Tensor, output: cute.Tensor, lse: cute.Tensor, tidx,
