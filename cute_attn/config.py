@@ -232,7 +232,8 @@ class PagedAttentionConfig(KernelConfig):
     #: (``kernels/common/line_uniform.py``): one block reduction for the uniformity, one for the whole-tile vote, the
     #: deal and the merges, and no line starts, prefix sum or edge search; other batches derive on the table as
     #: before. Why: the prologue before the first TMA load is a ~730-instruction dependent chain a warp between 16
-    #: barriers (session 42, ncu: ~4-5 us of the default call's +3.9 over plan-once at h20/kv4 64 x 2048, H100)
+    #: barriers (session 42, ncu: ~4-5 us of the default call's +3.9 over plan-once at h20/kv4 64 x 2048, H100). The
+    #: default call takes it for ``config.LINE_UNIFORM_KINDS`` (GQA decode, after session 42's A/B: -0.4..-1.6 us)
     uniform_line: bool = False
 
     @property
@@ -474,17 +475,22 @@ LINE_SCAN_BATCHED_MIN_IDS_PER_CTA = 512
 LINE_SCAN_IDS_PER_THREAD: int | None = None
 
 
-#: Whether the default call's line builds take a uniform batch's closed form (``PagedAttentionConfig.uniform_line``)
-LINE_UNIFORM = False
+#: The kinds whose default-call line builds take a uniform batch's closed form (``PagedAttentionConfig.uniform_line``;
+#: the MLA decode's line build is the one-token ``mla_paged_prefill`` config). Session 42's A/B (H100, one process,
+#: default call, off -> on, ``docs/perf/h100-line-uniform.json``): GQA decode faster on all 16 uniform rows (-0.4..-1.6
+#: us; pages 64 and 1, h20/kv4 and h8/kv1, 1..128 requests), its ragged controls -0.3..+0.8; MLA decode mixed (-0.7 to
+#: +0.6: the 1- and 2-request rows slower, 16 x 4096 page 1, 64 x 8192 and 128 x 4096 faster), so GQA only
+LINE_UNIFORM_KINDS: tuple[str, ...] = ("gqa_paged_decode",)
+LINE_BUILD_KINDS = ("gqa_paged_decode", "mla_paged_prefill")
 
 
 @contextlib.contextmanager
 def line_uniform_policy(enabled: bool = True):
-    """Inside the block the default call's line builds take (or, off, do not take) the uniform closed form, whatever
-    ``LINE_UNIFORM`` says (GPU tests, A/Bs, sanitizer cases)."""
+    """Inside the block the default call's line builds of both kinds take (or, off, none takes) the uniform closed
+    form, whatever ``LINE_UNIFORM_KINDS`` says (GPU tests, A/Bs, sanitizer cases)."""
     from .ops import policy
 
-    with policy(globals(), LINE_UNIFORM=bool(enabled)):
+    with policy(globals(), LINE_UNIFORM_KINDS=LINE_BUILD_KINDS if enabled else ()):
         yield
 
 

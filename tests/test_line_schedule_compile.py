@@ -354,9 +354,10 @@ def test_the_default_call_launches_the_line_build_with_its_entrys_arguments(monk
 def test_the_uniform_closed_form_builds_and_the_policy_sets_it(kind, page_size, arch):
     """``uniform_line`` (``kernels/common/line_uniform.py``, session 42): the line builds compile with it, its own
     code beside the table's (a closed form's 64-bit tile division of each edge, so more PTX than without), no local
-    memory; the knob is refused off the line builds; the default call's route takes ``config.LINE_UNIFORM``."""
+    memory; the knob is refused off the line builds; the default call's route takes it for ``config.LINE_UNIFORM_KINDS``
+    (GQA decode since session 42's A/B)."""
     from cute_attn import api
-    from cute_attn.config import LINE_UNIFORM, line_uniform_policy
+    from cute_attn.config import LINE_UNIFORM_KINDS, line_uniform_policy
     from cute_attn.ops import mla_decode
 
     if kind == "gqa":
@@ -371,7 +372,9 @@ def test_the_uniform_closed_form_builds_and_the_policy_sets_it(kind, page_size, 
     assert ("tcgen05.mma" if arch == "sm_100a" else "wgmma.mma_async") in ptx
     reason = dataclasses.replace(config, uniform_line=True).can_implement()
     assert reason is not None and "uniform_line" in reason, reason
-    assert LINE_UNIFORM is False  # until its GPU tier and A/B have run
-    assert not api._self_schedule_config(spec, config).uniform_line
+    assert LINE_UNIFORM_KINDS == ("gqa_paged_decode",)  # session 42's A/B: GQA decode faster, MLA decode mixed
+    assert api._self_schedule_config(spec, config).uniform_line == (kind == "gqa")
     with line_uniform_policy(True):
         assert api._self_schedule_config(spec, config).uniform_line
+    with line_uniform_policy(False):
+        assert not api._self_schedule_config(spec, config).uniform_line

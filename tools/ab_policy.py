@@ -50,8 +50,8 @@ POLICY is one of
     mla_short_stages  the swapped MLA decode's four 32-key K stages, not two of 64 (``mla_decode.SM90_SHORT_STAGES``):
                   the bench's MLA decode rows at pages 64 and 1; all three calls move
     rank_major    the GQA route's uniform batches of few units a CTA rank-major (``config.RANK_MAJOR_KINDS``) off / on
-    line_uniform  the line builds' closed form for uniform batches (``config.LINE_UNIFORM``, session 42) off / on: the
-                  line_schedule and mla_line_schedule rows at pages 64 and 1; only the default call moves
+    line_uniform  the line builds' closed form for uniform batches (``config.LINE_UNIFORM_KINDS``, session 42)
+                  off / on: the line_schedule and mla_line_schedule rows at pages 64 and 1; only the default call moves
     line_scan     the line builds' page-id scan 8 ids a pass, not 1 (``config.LINE_SCAN_IDS_PER_THREAD``, session 40):
                   the line_schedule and mla_line_schedule rows at pages 1 and 64; only the default call moves
     deal_2048     GQA prefill plans deal batches of up to 2048 q tiles (``ops/gqa_prefill.DEAL_MAX_Q_TILES``, the device
@@ -193,7 +193,7 @@ def _line_scan_cases(pages):
 
 
 def _line_uniform_cases(pages):
-    """The line builds' closed form for uniform batches (``config.LINE_UNIFORM``, session 42) off / on: the
+    """The line builds' closed form for uniform batches (``config.LINE_UNIFORM_KINDS``, session 42) off / on: the
     line_schedule rows (GQA decode) and the MLA decode bench rows with the line builds on; only the default call moves,
     and only on the uniform rows (the ragged ones are controls)."""
     from cute_attn.config import line_uniform_policy
