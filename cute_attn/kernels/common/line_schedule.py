@@ -43,7 +43,7 @@ from ...plan_partition import SNAP_SHIFT, WHOLE_TILE_SHIFT, min_width
 from .decode_merge import arrive_and_fold
 from .index_rules import FAULT_CAPACITY, FAULT_KV_INDPTR, empty_rows, request_rule_faults
 from .planner_collectives import WARP, block_exclusive_sum, last_at_most
-from .line_uniform import uniform_stretch
+from .line_uniform import capped_slack, cut_in_tile, uniform_stretch
 from .planner_scan import load_id_batch, record_fault
 from .unit_schedule import finish_schedule, scan_page_ids
 
@@ -255,14 +255,6 @@ def _block_max64(value, tidx, words: cute.Tensor, num_warps: cutlass.Constexpr):
 
 
 @cute.jit
-def _capped(rules: cutlass.Constexpr, slack):
-    result = slack
-    if cutlass.const_expr(rules.max_slack_keys > 0):
-        result = cutlass.min(slack, Int64(rules.max_slack_keys))
-    return result
-
-
-@cute.jit
 def _request_cost(line_start: cute.Tensor, b, batch, total, heads: cutlass.Constexpr):
     """Request ``b``'s tile cost from the line starts (its ``heads`` tiles lie one cost apart)."""
     end = total
@@ -437,22 +429,8 @@ def _table_stretch(before, line_total, lo, hi, bad, low, high, batch, m, cta, ti
             cj = (end - start) // heads
             h = (p - start) // cj
             o = p - start - h * cj
-            t = j * heads + Int32(h)
-            keys_j = t_keys[j]
-            k = cutlass.max(o - rules.overhead + kv_tile // 2, Int64(0)) // kv_tile * kv_tile
-            k = cutlass.min(k, Int64(keys_j))
-            nearer = Int32(1) if 2 * o >= cj else Int32(0)
-            snap_tile = t + nearer
-            snap_pos = start + (h + nearer) * cj
-            cut_tile = snap_tile
-            if cutlass.const_expr(rules.allow_split):
-                slack = _capped(rules, width >> SNAP_SHIFT)
-                cut_tile = t
-                if k > 0 and o > slack:
-                    if k >= keys_j or cj - o <= slack:
-                        cut_tile = t + 1
-                    else:
-                        cut_key = Int32(k)
+            cut_tile, cut_key, snap_tile, snap_pos = cut_in_tile(j * heads + Int32(h), h, start, o, cj, t_keys[j],
+                                                                 width, rules)
         t_cut_tile[e] = cut_tile
         t_cut_key[e] = cut_key
         t_snap_tile[e] = snap_tile
@@ -468,8 +446,8 @@ def _table_stretch(before, line_total, lo, hi, bad, low, high, batch, m, cta, ti
         spread = _block_max64(spread, tidx, t_words64, num_warps)
         bound = width + (width >> WHOLE_TILE_SHIFT)
         if cutlass.const_expr(rules.max_slack_keys > 0):
-            split_worst = 2 * _capped(rules, width >> SNAP_SHIFT) + rules.overhead
-            bound = width + cutlass.max(_capped(rules, width >> WHOLE_TILE_SHIFT), split_worst)
+            split_worst = 2 * capped_slack(rules, width >> SNAP_SHIFT) + rules.overhead
+            bound = width + cutlass.max(capped_slack(rules, width >> WHOLE_TILE_SHIFT), split_worst)
         whole_bound = bound
         if pieces == 0 and spread <= bound:
             whole_tiles = Int32(1)

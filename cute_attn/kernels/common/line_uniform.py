@@ -20,13 +20,12 @@ from cutlass import Int32, Int64
 from ...plan_partition import SNAP_SHIFT, WHOLE_TILE_SHIFT
 from .planner_collectives import WARP
 
-__all__ = ["uniform_stretch"]
-
-MAX_WARPS = 32
+__all__ = ["uniform_stretch", "capped_slack", "cut_in_tile"]
 
 
 @cute.jit
-def _capped(rules: cutlass.Constexpr, slack):
+def capped_slack(rules: cutlass.Constexpr, slack):
+    """``slack`` capped at ``rules.max_slack_keys`` where that is set (``plan_partition.capped_slack``)."""
     result = slack
     if cutlass.const_expr(rules.max_slack_keys > 0):
         result = cutlass.min(slack, Int64(rules.max_slack_keys))
@@ -34,9 +33,31 @@ def _capped(rules: cutlass.Constexpr, slack):
 
 
 @cute.jit
+def cut_in_tile(t, h, start, o, cost, keys, width, rules: cutlass.Constexpr):
+    """Step 3's cut of an edge ``o`` into tile ``t`` (the ``h``-th of a run of tiles of ``cost`` from line position
+    ``start``; ``keys`` keys): (cut tile, cut key, snap tile, snap position), as ``line_schedule._cut_in_tile``."""
+    kv_tile = rules.kv_tile
+    cut_key = Int32(0)
+    k = cutlass.max(o - rules.overhead + kv_tile // 2, Int64(0)) // kv_tile * kv_tile
+    k = cutlass.min(k, Int64(keys))
+    nearer = Int32(1) if 2 * o >= cost else Int32(0)
+    snap_tile = t + nearer
+    snap_pos = start + (h + nearer) * cost
+    cut_tile = snap_tile
+    if cutlass.const_expr(rules.allow_split):
+        slack = capped_slack(rules, width >> SNAP_SHIFT)
+        cut_tile = t
+        if k > 0 and o > slack:
+            if k >= keys or cost - o <= slack:
+                cut_tile = t + 1
+            else:
+                cut_key = Int32(k)
+    return cut_tile, cut_key, snap_tile, snap_pos
+
+
+@cute.jit
 def uniform_edge(e, keys, cost, width, pieces, piece, num_tiles, total, rules: cutlass.Constexpr):
     """(cut tile, cut key, snap tile, snap position) of edge ``e`` (``line_schedule.uniform_edge``)."""
-    kv_tile = rules.kv_tile
     cut_tile = Int32(num_tiles)
     cut_key = Int32(0)
     snap_tile = Int32(num_tiles)
@@ -52,22 +73,8 @@ def uniform_edge(e, keys, cost, width, pieces, piece, num_tiles, total, rules: c
         snap_pos = Int64(0)
     elif p < total:
         tile = p // cost
-        o = p - tile * cost
-        t = Int32(tile)
-        k = cutlass.max(o - rules.overhead + kv_tile // 2, Int64(0)) // kv_tile * kv_tile
-        k = cutlass.min(k, Int64(keys))
-        nearer = Int32(1) if 2 * o >= cost else Int32(0)
-        snap_tile = t + nearer
-        snap_pos = (tile + nearer) * cost
-        cut_tile = snap_tile
-        if cutlass.const_expr(rules.allow_split):
-            slack = _capped(rules, width >> SNAP_SHIFT)
-            cut_tile = t
-            if k > 0 and o > slack:
-                if k >= keys or cost - o <= slack:
-                    cut_tile = t + 1
-                else:
-                    cut_key = Int32(k)
+        cut_tile, cut_key, snap_tile, snap_pos = cut_in_tile(Int32(tile), tile, Int64(0), p - tile * cost, cost, keys,
+                                                             width, rules)
     return cut_tile, cut_key, snap_tile, snap_pos
 
 
@@ -150,8 +157,8 @@ def uniform_stretch(keys, batch, m, cta, tidx, t_words64: cute.Tensor, t_words32
     whole_tiles = Int32(0)
     whole_bound = width + (width >> WHOLE_TILE_SHIFT)
     if cutlass.const_expr(rules.max_slack_keys > 0):
-        split_worst = 2 * _capped(rules, width >> SNAP_SHIFT) + rules.overhead
-        whole_bound = width + cutlass.max(_capped(rules, width >> WHOLE_TILE_SHIFT), split_worst)
+        split_worst = 2 * capped_slack(rules, width >> SNAP_SHIFT) + rules.overhead
+        whole_bound = width + cutlass.max(capped_slack(rules, width >> WHOLE_TILE_SHIFT), split_worst)
     if cutlass.const_expr(rules.allow_split):
         if pieces == 0 and spread <= whole_bound:
             whole_tiles = Int32(1)
