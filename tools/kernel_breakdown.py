@@ -49,6 +49,9 @@ WORKLOADS = {
     "mla_decode_n16_kv4096_p64": ("mla_decode", [4096] * 16),
     "mla_decode_n64_kv8192_p64": ("mla_decode", [8192] * 64),
     "mla_decode_n128_kv4096_p64": ("mla_decode", [4096] * 128),
+    # MLA decode's default call (the line build) at page 64, for its prologue under ncu (``--line-uniform``)
+    "mla_decode_default_n1_kv4096_p64": ("mla_decode_default", [4096]),
+    "mla_decode_default_n64_kv8192_p64": ("mla_decode_default", [8192] * 64),
 }
 
 
@@ -64,6 +67,14 @@ def build(label: str):
 
         recorded = next(w for w in bench_workloads.all_workloads() if w.label == lens)
         lens = (list(recorded.q_lens), list(recorded.kv_lens))
+    if kind == "mla_decode_default":  # no plan: the line build derives its stretch every call
+        case = testing.make_mla_decode_case(lens, page_size=64, device="cuda", seed=1)
+        out, lse = case.new_outputs()
+
+        def run_default():
+            cute_attn.mla_paged_decode(*case.inputs(), out, lse)
+
+        return case, out, lse, run_default
     if kind in ("mla", "mla_decode"):  # host-planned once, as the bench's planned rows
         if kind == "mla":
             case = testing.make_mla_prefill_case(*lens, device="cuda", seed=1)
@@ -163,6 +174,9 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill-whole-deal", choices=["serpentine", "lap", "none"],
                     help="GQA prefill: a host plan made once with this whole-tile deal ('none': the LPT or the cuts), "
                          "instead of the default call (a device plan every call)")
+    ap.add_argument("--line-uniform", type=int, choices=[0, 1],
+                    help="the default call's line builds with (1) or without (0) the uniform closed form, both kinds "
+                         "(config.line_uniform_policy)")
     args = ap.parse_args(argv)
     global _PREFILL_WHOLE_DEAL
     if args.prefill_whole_deal:
@@ -171,6 +185,10 @@ def main(argv=None) -> int:
     # collected at once, and its generator's finally restores the policy (session 18: --mla-split and
     # --mla-decode-split-scores had measured the default)
     with contextlib.ExitStack() as policies:
+        if args.line_uniform is not None:
+            from cute_attn.config import line_uniform_policy
+
+            policies.enter_context(line_uniform_policy(bool(args.line_uniform)))
         if args.mla_decode_split_scores is not None:
             from cute_attn.ops.mla_decode import split_scores_policy
 

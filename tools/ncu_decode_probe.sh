@@ -3,6 +3,8 @@
 #
 #   bash tools/ncu_decode_probe.sh OUT_DIR ours    # our h32/kv16 plan-once kernel (pages 64, 1), the line build
 #   bash tools/ncu_decode_probe.sh OUT_DIR peer    # FlashInfer's CUDA-core decode on the same h32/kv16 cases
+#   bash tools/ncu_decode_probe.sh OUT_DIR prologue  # the line builds' prologue without / with the uniform closed
+#       form: MLA decode 1 x 4096 page 64 (a row the closed form made slower) and GQA decode 64 x 2048 (faster)
 #
 # Parity: the two FIB representatives behind FlashInfer (h32/kv16 64 x 2048, pages 64 and 1, 0.99x) side by side:
 # duration, DRAM bytes and throughput, L2 hit rate, occupancy (CSV, `--page raw`). Stalls: the default call's line
@@ -17,6 +19,24 @@ metrics+=",lts__t_sector_hit_rate.pct,sm__warps_active.avg.pct_of_peak_sustained
 metrics+=",launch__block_size,launch__registers_per_thread,launch__shared_mem_per_block_dynamic"
 metrics+=",sm__cycles_active.avg,sm__cycles_elapsed.max,smsp__issue_active.avg.pct_of_peak_sustained_active"
 metrics+=",lts__t_sectors_srcunit_tex_op_read.sum,dram__bytes_write.sum"
+if [ "$part" = prologue ]; then
+  for w in mla_decode_default_n1_kv4096_p64 decode_n64_kv2048; do
+    for u in 0 1; do
+      name="${w}_u$u"
+      timeout 200 ncu --clock-control none --set full --import-source no -k regex:cutlass -c 1 -o "$out/$name" \
+        python tools/kernel_breakdown.py --once "$w" --line-uniform "$u" > "$out/$name.log" 2>&1
+      echo "$name rc=$?"
+      ncu -i "$out/$name.ncu-rep" --csv --page source --print-source sass > "$out/$name.csv" 2>/dev/null
+      for marker in UTMALDG LDGSTS; do
+        python tools/ncu_stalls.py --prologue "$marker" "$out/$name.csv" > "$out/${name}_$marker.txt" 2>&1
+      done
+      ncu -i "$out/$name.ncu-rep" --csv --page raw --metrics gpu__time_duration.sum > "$out/$name.time.csv" 2>&1
+      rm -f "$out/$name.ncu-rep"
+      gzip -f "$out/$name.csv"
+    done
+  done
+  exit 0
+fi
 for w in decode_h32kv16_n64_kv2048 decode_h32kv16_n64_kv2048_p1; do
   peer=""
   [ "$part" = peer ] && peer="--peer flashinfer_cuda_cores"
