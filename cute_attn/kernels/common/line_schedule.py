@@ -39,11 +39,11 @@ from cutlass import Int32, Int64
 
 from ...plan import NOT_CAUSAL_OFFSET, PlanConfig
 from ...plan import ItemField as F
-from ...plan_partition import SNAP_SHIFT, WHOLE_TILE_SHIFT, min_width
+from ...plan_partition import WHOLE_TILE_SHIFT, min_width
 from .decode_merge import arrive_and_fold
 from .index_rules import FAULT_CAPACITY, FAULT_KV_INDPTR, empty_rows, request_rule_faults
+from .line_uniform import cut_in_tile, dealt_count, even_pieces, uniform_stretch, whole_tile_bound
 from .planner_collectives import WARP, block_exclusive_sum, last_at_most
-from .line_uniform import capped_slack, cut_in_tile, uniform_stretch
 from .planner_scan import load_id_batch, record_fault
 from .unit_schedule import finish_schedule, scan_page_ids
 
@@ -379,7 +379,7 @@ def _table_stretch(before, line_total, lo, hi, bad, low, high, batch, m, cta, ti
     """Steps 1 (the line starts from the costs step 1 wrote) to 6 on the table, for any batch: the CTA's stretch
     (count, first_tile, first_key, end_tile, end_key, merge0, slot0, begin0, slots0, merge1, begin1, slots1, dealt).
     ``before`` / ``line_total``: the block prefix of this thread's costs."""
-    heads, kv_tile = rules.heads, rules.kv_tile
+    heads = rules.heads
     (t_words64, t_words32, t_snap_pos, t_cut_tile, t_cut_key, t_snap_tile, t_inside_before, t_merge_of, t_merge_indptr,
      t_merge_tile, t_line_start, t_keys) = arrays
     e = tidx
@@ -397,12 +397,7 @@ def _table_stretch(before, line_total, lo, hi, bad, low, high, batch, m, cta, ti
     piece = Int32(0)
     if cutlass.const_expr(rules.even_pieces):
         if batch > 0 and low == high and low > 0 and bad == 0:
-            wide = Int64(low)  # the sums below pass 2^31 at requests of ~2^31 keys (the twin's int64)
-            most = cutlass.min(m // num_tiles, Int32((wide + rules.min_width - 1) // rules.min_width))
-            if most >= 2:
-                piece = Int32(((wide + most - 1) // most + kv_tile - 1) // kv_tile * kv_tile)
-                if piece < low and Int64(piece) <= width + (width >> SNAP_SHIFT):
-                    pieces = Int32((wide + piece - 1) // piece)
+            pieces, piece = even_pieces(low, num_tiles, m, width, rules)
     cute.arch.sync_threads()  # line starts and keys are in
     # ---- step 3: one thread an edge
     e = tidx
@@ -444,10 +439,7 @@ def _table_stretch(before, line_total, lo, hi, bad, low, high, batch, m, cta, ti
         if e < m and bad == 0 and pieces == 0:
             spread = t_snap_pos[e + 1] - t_snap_pos[e]
         spread = _block_max64(spread, tidx, t_words64, num_warps)
-        bound = width + (width >> WHOLE_TILE_SHIFT)
-        if cutlass.const_expr(rules.max_slack_keys > 0):
-            split_worst = 2 * capped_slack(rules, width >> SNAP_SHIFT) + rules.overhead
-            bound = width + cutlass.max(capped_slack(rules, width >> WHOLE_TILE_SHIFT), split_worst)
+        bound = whole_tile_bound(width, rules)
         whole_bound = bound
         if pieces == 0 and spread <= bound:
             whole_tiles = Int32(1)
@@ -532,15 +524,8 @@ def _table_stretch(before, line_total, lo, hi, bad, low, high, batch, m, cta, ti
             merge1 = t_merge_of[cta + 1]
             begin1 = t_merge_indptr[merge1]
             slots1 = t_merge_indptr[merge1 + 1] - begin1
-    if dealt != 0:  # whole tiles lap by lap: tile lap * m + cta (even laps) or lap * m + m - 1 - cta (odd)
-        laps = (num_tiles + m - 1) // m
-        count = laps
-        if laps > 0:
-            final_tile = (laps - 1) * m + cta
-            if (laps - 1) % 2 == 1:
-                final_tile = (laps - 1) * m + m - 1 - cta
-            if final_tile >= num_tiles:
-                count = laps - 1
+    if dealt != 0:  # whole tiles lap by lap
+        count = dealt_count(num_tiles, m, cta)
         merge0 = Int32(-1)
         merge1 = Int32(-1)
     return count, first_tile, first_key, end_tile, end_key, merge0, slot0, begin0, slots0, merge1, begin1, slots1, dealt

@@ -20,7 +20,7 @@ from cutlass import Int32, Int64
 from ...plan_partition import SNAP_SHIFT, WHOLE_TILE_SHIFT
 from .planner_collectives import WARP
 
-__all__ = ["uniform_stretch", "capped_slack", "cut_in_tile"]
+__all__ = ["uniform_stretch", "capped_slack", "cut_in_tile", "even_pieces", "whole_tile_bound", "dealt_count"]
 
 
 @cute.jit
@@ -30,6 +30,47 @@ def capped_slack(rules: cutlass.Constexpr, slack):
     if cutlass.const_expr(rules.max_slack_keys > 0):
         result = cutlass.min(slack, Int64(rules.max_slack_keys))
     return result
+
+
+@cute.jit
+def even_pieces(keys, num_tiles, m, width, rules: cutlass.Constexpr):
+    """Step 2: (pieces a tile, keys a piece) of ``num_tiles`` tiles of ``keys`` keys each, or (0, 0): the line's cuts
+    (``plan_partition.even_pieces``)."""
+    kv_tile = rules.kv_tile
+    pieces = Int32(0)
+    piece = Int32(0)
+    wide = Int64(keys)  # the sums below pass 2^31 at requests of ~2^31 keys (the twin's int64)
+    most = cutlass.min(m // num_tiles, Int32((wide + rules.min_width - 1) // rules.min_width))
+    if most >= 2:
+        piece = Int32(((wide + most - 1) // most + kv_tile - 1) // kv_tile * kv_tile)
+        if piece < keys and Int64(piece) <= width + (width >> SNAP_SHIFT):
+            pieces = Int32((wide + piece - 1) // piece)
+    return pieces, piece
+
+
+@cute.jit
+def whole_tile_bound(width, rules: cutlass.Constexpr):
+    """The busiest CTA whole-tile cuts may leave (``plan_partition.whole_tile_bound``)."""
+    bound = width + (width >> WHOLE_TILE_SHIFT)
+    if cutlass.const_expr(rules.max_slack_keys > 0):
+        split_worst = 2 * capped_slack(rules, width >> SNAP_SHIFT) + rules.overhead
+        bound = width + cutlass.max(capped_slack(rules, width >> WHOLE_TILE_SHIFT), split_worst)
+    return bound
+
+
+@cute.jit
+def dealt_count(num_tiles, m, cta):
+    """Items of CTA ``cta`` under the line deal: whole tiles lap by lap, tile ``lap * m + cta`` on even laps and
+    ``lap * m + m - 1 - cta`` on odd ones (``line_schedule.dealt_tiles``)."""
+    laps = (num_tiles + m - 1) // m
+    count = laps
+    if laps > 0:
+        final_tile = (laps - 1) * m + cta
+        if (laps - 1) % 2 == 1:
+            final_tile = (laps - 1) * m + m - 1 - cta
+        if final_tile >= num_tiles:
+            count = laps - 1
+    return count
 
 
 @cute.jit
@@ -123,16 +164,10 @@ def uniform_stretch(keys, batch, m, cta, tidx, t_words64: cute.Tensor, t_words32
     num_tiles = batch * heads
     total = Int64(num_tiles) * cost
     width = cutlass.max((total + m - 1) // m, Int64(rules.min_width))
-    # ---- step 2: even pieces (as the table's derivation)
     pieces = Int32(0)
     piece = Int32(0)
     if cutlass.const_expr(rules.even_pieces):
-        wide = Int64(keys)
-        most = cutlass.min(m // num_tiles, Int32((wide + rules.min_width - 1) // rules.min_width))
-        if most >= 2:
-            piece = Int32(((wide + most - 1) // most + kv_tile - 1) // kv_tile * kv_tile)
-            if piece < keys and Int64(piece) <= width + (width >> SNAP_SHIFT):
-                pieces = Int32((wide + piece - 1) // piece)
+        pieces, piece = even_pieces(keys, num_tiles, m, width, rules)
     # ---- steps 3-5b: this thread's edges e and e + 1, one reduction of (spread, load under the cuts, inside)
     e = tidx
     spread = Int64(0)
@@ -155,10 +190,7 @@ def uniform_stretch(keys, batch, m, cta, tidx, t_words64: cute.Tensor, t_words32
                 load = load + rules.overhead
     spread, load, inside = _block_max3(spread, load, inside, tidx, t_words64, t_snap_pos, t_words32, num_warps)
     whole_tiles = Int32(0)
-    whole_bound = width + (width >> WHOLE_TILE_SHIFT)
-    if cutlass.const_expr(rules.max_slack_keys > 0):
-        split_worst = 2 * capped_slack(rules, width >> SNAP_SHIFT) + rules.overhead
-        whole_bound = width + cutlass.max(capped_slack(rules, width >> WHOLE_TILE_SHIFT), split_worst)
+    whole_bound = whole_tile_bound(width, rules)
     if cutlass.const_expr(rules.allow_split):
         if pieces == 0 and spread <= whole_bound:
             whole_tiles = Int32(1)
@@ -176,7 +208,6 @@ def uniform_stretch(keys, batch, m, cta, tidx, t_words64: cute.Tensor, t_words32
     if dealt == 0 and pieces == 0 and inside != 0:
         fast = Int32(0)
     # ---- step 6: the CTA's stretch (edges written before the reduction's barriers)
-    count = Int32(0)
     first_tile = t_cut_tile[cta]
     first_key = t_cut_key[cta]
     end_tile = t_cut_tile[cta + 1]
@@ -192,15 +223,8 @@ def uniform_stretch(keys, batch, m, cta, tidx, t_words64: cute.Tensor, t_words32
     count = cutlass.max(last - first_tile + 1, 0)
     merge0, slot0, begin0, slots0 = Int32(-1), Int32(-1), Int32(0), Int32(0)
     merge1, begin1, slots1 = Int32(-1), Int32(0), Int32(0)
-    if dealt != 0:  # whole tiles lap by lap: tile lap * m + cta (even laps) or lap * m + m - 1 - cta (odd)
-        laps = (num_tiles + m - 1) // m
-        count = laps
-        if laps > 0:
-            final_tile = (laps - 1) * m + cta
-            if (laps - 1) % 2 == 1:
-                final_tile = (laps - 1) * m + m - 1 - cta
-            if final_tile >= num_tiles:
-                count = laps - 1
+    if dealt != 0:
+        count = dealt_count(num_tiles, m, cta)
     elif pieces > 0:  # even pieces: merge t has `pieces` slots from t * pieces; CTA c's piece is slot c
         if first_key > 0 or (count == 1 and end_key > 0):
             merge0 = cta // pieces
