@@ -401,11 +401,13 @@ def test_k_ahead_drawn_batches(page_size, batch):
 @pytest.mark.parametrize("mode", ["lap", "serpentine"])
 def test_whole_deal_host_plans(q_lens, kv_lens, heads, kv_heads, mode):
     """``whole_deal`` (``ops/gqa_prefill.WHOLE_DEAL``): host plans of whole tiles dealt lap by lap or serpentine,
-    through ``plan=`` and ``check_indices=True`` (the two host-planned routes), against the reference."""
+    through ``plan=`` and ``check_indices=True`` (the two host-planned routes), against the reference. The plans
+    launch their lists: at 4 x 992 the planner-free route would take the plan (``config.ROUTE_PLAN_KINDS``)."""
     import cute_attn
+    from cute_attn.config import route_plan_policy
     from cute_attn.ops.gqa_prefill import whole_deal_policy
 
-    with whole_deal_policy(mode):
+    with whole_deal_policy(mode), route_plan_policy(False):
         case = _case(q_lens, kv_lens, num_qo_heads=heads, num_kv_heads=kv_heads, seed=len(q_lens) + heads)
         plan = cute_attn.plan_gqa_paged_prefill(*case.inputs())
         assert plan.config.plan_config(plan.work_indptr.shape[0] - 1).whole_deal == mode
