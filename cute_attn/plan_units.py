@@ -130,18 +130,20 @@ def claim_ahead_makespan(costs, num_ctas: int) -> int:
 def claim_late_makespan(costs, num_ctas: int, lead: int) -> int:
     """Busiest CTA when each CTA claims its next unit ``lead`` key-equivalents before its current one ends (its last
     K tile issued), never before the current one starts."""
-    costs = [int(c) for c in costs]
+    costs = np.asarray(costs, dtype=np.int64).tolist()  # Python ints: the loop below is the model's host time
     ends = [0] * num_ctas
     heap = []
     for cta, cost in enumerate(costs[:num_ctas]):
         ends[cta] = cost
         heap.append((max(0, cost - lead), cta))
     heapq.heapify(heap)
+    replace = heapq.heapreplace
     for cost in costs[num_ctas:]:
-        _, cta = heapq.heappop(heap)
+        cta = heap[0][1]
         start = ends[cta]
-        ends[cta] = start + cost
-        heapq.heappush(heap, (max(start, ends[cta] - lead), cta))
+        end = start + cost
+        ends[cta] = end
+        replace(heap, (max(start, end - lead), cta))
     return max(ends)
 
 
@@ -159,7 +161,8 @@ def self_schedule_wins(config: PlanConfig, q_lens, kv_lens, host_busiest: int, l
     units = int(request_units(config, q_lens).sum())
     if not min_units_per_cta * config.num_ctas <= units <= max_units:
         return False
-    for order in dict.fromkeys((rank_major_units, 0)):
+    orders = (rank_major_units, 0) if rank_major(config, q_lens, rank_major_units) else (0,)
+    for order in orders:
         costs = unit_costs(config, q_lens, kv_lens, order)
         if late_claim:
             busiest = claim_late_makespan(costs, config.num_ctas, 2 * config.kv_tile)
