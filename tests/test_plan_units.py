@@ -78,3 +78,26 @@ def test_the_kernels_search_finds_each_units_request_and_item(batch, layout, dat
         row = items[u]
         assert row[F.REQUEST] == request and row[F.KV_HEAD] == local % heads
         assert row[F.Q_ROW_START] == (tiles - 1 - local // heads) * rows
+
+
+def _late_claims_by_scan(costs, num_ctas, lead):
+    """The late claim, CTA by CTA with a linear scan: each next unit goes to the CTA whose claim comes first (its
+    current unit's end less ``lead``, never before that unit's start; ties to the lower CTA)."""
+    starts, ends = [0] * num_ctas, [0] * num_ctas
+    for u, cost in enumerate(costs):
+        if u < num_ctas:
+            ends[u] = cost
+            continue
+        cta = min(range(num_ctas), key=lambda c: (max(starts[c], ends[c] - lead), c))
+        starts[cta], ends[cta] = ends[cta], ends[cta] + cost
+    return max(ends)
+
+
+@settings(max_examples=200, deadline=None)
+@given(costs=st.lists(st.integers(1, 5000), min_size=1, max_size=300), num_ctas=st.integers(1, 40),
+       lead=st.integers(0, 400))
+def test_the_late_claim_model_is_the_scan(costs, num_ctas, lead):
+    """``plan_units.claim_late_makespan`` (a heap, the route-plan rule's host time) equals the linear scan."""
+    from cute_attn.plan_units import claim_late_makespan
+
+    assert claim_late_makespan(np.asarray(costs), num_ctas, lead) == _late_claims_by_scan(costs, num_ctas, lead)
