@@ -170,19 +170,16 @@ def _line_schedule_cases(pages):
                        gqa_decode.line_schedule_policy)
 
 
-def _line_scan_cases(pages):
-    """The line builds' page-id scan eight ids a pass, not one (``config.LINE_SCAN_IDS_PER_THREAD``, session 40): the
-    line_schedule rows (GQA decode) and the MLA decode bench rows with the line builds on; only the default call
-    moves."""
-    from cute_attn.config import line_scan_policy
+def _line_build_cases(pages, knob_policy):
+    """The line_schedule rows (GQA decode) and the MLA decode bench rows with both line builds on, under
+    ``knob_policy(on)`` off / on (a line build's knob: only the default call moves)."""
     from cute_attn.ops import gqa_decode, mla_decode
 
     def policy(on):
         import contextlib
 
         stack = contextlib.ExitStack()
-        for ctx in (gqa_decode.line_schedule_policy(True), mla_decode.line_schedule_policy(True),
-                    line_scan_policy(8 if on else 1)):
+        for ctx in (gqa_decode.line_schedule_policy(True), mla_decode.line_schedule_policy(True), knob_policy(on)):
             stack.enter_context(ctx)
         return stack
 
@@ -190,28 +187,21 @@ def _line_scan_cases(pages):
         yield row0, make, kind, policy
     for row0, make, kind, _ in _mla_line_schedule_cases(pages):
         yield row0, make, kind, policy
+
+
+def _line_scan_cases(pages):
+    """The line builds' page-id scan eight ids a pass, not one (``config.LINE_SCAN_IDS_PER_THREAD``, session 40)."""
+    from cute_attn.config import line_scan_policy
+
+    return _line_build_cases(pages, lambda on: line_scan_policy(8 if on else 1))
 
 
 def _line_uniform_cases(pages):
-    """The line builds' closed form for uniform batches (``config.LINE_UNIFORM_KINDS``, session 42) off / on: the
-    line_schedule rows (GQA decode) and the MLA decode bench rows with the line builds on; only the default call moves,
-    and only on the uniform rows (the ragged ones are controls)."""
+    """The line builds' closed form for uniform batches (``config.LINE_UNIFORM_KINDS``, session 42); only the uniform
+    rows move (the ragged ones are controls)."""
     from cute_attn.config import line_uniform_policy
-    from cute_attn.ops import gqa_decode, mla_decode
 
-    def policy(on):
-        import contextlib
-
-        stack = contextlib.ExitStack()
-        for ctx in (gqa_decode.line_schedule_policy(True), mla_decode.line_schedule_policy(True),
-                    line_uniform_policy(on)):
-            stack.enter_context(ctx)
-        return stack
-
-    for row0, make, kind, _ in _line_schedule_cases(pages):
-        yield row0, make, kind, policy
-    for row0, make, kind, _ in _mla_line_schedule_cases(pages):
-        yield row0, make, kind, policy
+    return _line_build_cases(pages, line_uniform_policy)
 
 
 def _gather_warps_cases(pages):
