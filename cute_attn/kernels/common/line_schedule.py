@@ -42,7 +42,7 @@ from ...plan import ItemField as F
 from ...plan_partition import WHOLE_TILE_SHIFT, min_width
 from .decode_merge import arrive_and_fold
 from .index_rules import FAULT_CAPACITY, FAULT_KV_INDPTR, empty_rows, request_rule_faults
-from .line_uniform import cut_in_tile, dealt_count, even_pieces, uniform_stretch, whole_tile_bound
+from .line_uniform import cut_in_tile, dealt_count, even_pieces, line_edge, uniform_stretch, whole_tile_bound
 from .planner_collectives import WARP, block_exclusive_sum, last_at_most
 from .planner_scan import load_id_batch, record_fault
 from .unit_schedule import finish_schedule, scan_page_ids
@@ -374,6 +374,22 @@ def derive_stretch(kv_indptr: cute.Tensor, kv_last_page_len: cute.Tensor, kv_ind
 
 
 @cute.jit
+def _table_edge(p, t_line_start: cute.Tensor, t_keys: cute.Tensor, batch, heads, total, width,
+                rules: cutlass.Constexpr):
+    """Step 3 on the table: the cut of the edge at line position ``p`` inside the q tile whose line run holds it
+    (its start found by a search of the line starts)."""
+    j = last_at_most(t_line_start, batch, p)
+    start = t_line_start[j]
+    end = total
+    if j + 1 < batch:
+        end = t_line_start[j + 1]
+    cj = (end - start) // heads
+    h = (p - start) // cj
+    o = p - start - h * cj
+    return cut_in_tile(j * heads + Int32(h), h, start, o, cj, t_keys[j], width, rules)
+
+
+@cute.jit
 def _table_stretch(before, line_total, lo, hi, bad, low, high, batch, m, cta, tidx, arrays,
                    num_warps: cutlass.Constexpr, rules: cutlass.Constexpr):
     """Steps 1 (the line starts from the costs step 1 wrote) to 6 on the table, for any batch: the CTA's stretch
@@ -402,30 +418,9 @@ def _table_stretch(before, line_total, lo, hi, bad, low, high, batch, m, cta, ti
     # ---- step 3: one thread an edge
     e = tidx
     if e <= m and bad == 0:
-        cut_tile = Int32(num_tiles)
-        cut_key = Int32(0)
-        snap_tile = Int32(num_tiles)
-        snap_pos = total
-        p = Int64(e) * width
-        if pieces > 0:
-            if e < num_tiles * pieces:
-                cut_tile = e // pieces
-                cut_key = e % pieces * piece
-        elif e == 0:
-            cut_tile = Int32(0)
-            snap_tile = Int32(0)
-            snap_pos = Int64(0)
-        elif p < total:
-            j = last_at_most(t_line_start, batch, p)
-            start = t_line_start[j]
-            end = total
-            if j + 1 < batch:
-                end = t_line_start[j + 1]
-            cj = (end - start) // heads
-            h = (p - start) // cj
-            o = p - start - h * cj
-            cut_tile, cut_key, snap_tile, snap_pos = cut_in_tile(j * heads + Int32(h), h, start, o, cj, t_keys[j],
-                                                                 width, rules)
+        cut_tile, cut_key, snap_tile, snap_pos = line_edge(
+            e, width, pieces, piece, num_tiles, total,
+            lambda p: _table_edge(p, t_line_start, t_keys, batch, heads, total, width, rules))
         t_cut_tile[e] = cut_tile
         t_cut_key[e] = cut_key
         t_snap_tile[e] = snap_tile

@@ -20,7 +20,8 @@ from cutlass import Int32, Int64
 from ...plan_partition import SNAP_SHIFT, WHOLE_TILE_SHIFT
 from .planner_collectives import WARP
 
-__all__ = ["uniform_stretch", "capped_slack", "cut_in_tile", "even_pieces", "whole_tile_bound", "dealt_count"]
+__all__ = ["line_edge", "uniform_stretch", "capped_slack", "cut_in_tile", "even_pieces", "whole_tile_bound",
+           "dealt_count"]
 
 
 @cute.jit
@@ -97,8 +98,11 @@ def cut_in_tile(t, h, start, o, cost, keys, width, rules: cutlass.Constexpr):
 
 
 @cute.jit
-def uniform_edge(e, keys, cost, width, pieces, piece, num_tiles, total, rules: cutlass.Constexpr):
-    """(cut tile, cut key, snap tile, snap position) of edge ``e`` (``line_schedule.uniform_edge``)."""
+def line_edge(e, width, pieces, piece, num_tiles, total, edge_on_line):
+    """Step 3 of both derivations: (cut tile, cut key, snap tile, snap position) of edge ``e``. Off the line here:
+    even ``pieces`` of ``piece`` keys (edge ``e`` at key ``e % pieces * piece`` of tile ``e // pieces``), the line's
+    start, or past its end (``total``); on it, ``edge_on_line(p)`` at line position ``p = e * width`` cuts the tile
+    there (the table's search or the uniform closed form, each ending in :func:`cut_in_tile`)."""
     cut_tile = Int32(num_tiles)
     cut_key = Int32(0)
     snap_tile = Int32(num_tiles)
@@ -113,10 +117,19 @@ def uniform_edge(e, keys, cost, width, pieces, piece, num_tiles, total, rules: c
         snap_tile = Int32(0)
         snap_pos = Int64(0)
     elif p < total:
-        tile = p // cost
-        cut_tile, cut_key, snap_tile, snap_pos = cut_in_tile(Int32(tile), tile, Int64(0), p - tile * cost, cost, keys,
-                                                             width, rules)
+        cut_tile, cut_key, snap_tile, snap_pos = edge_on_line(p)
     return cut_tile, cut_key, snap_tile, snap_pos
+
+
+@cute.jit
+def uniform_edge(e, keys, cost, width, pieces, piece, num_tiles, total, rules: cutlass.Constexpr):
+    """(cut tile, cut key, snap tile, snap position) of edge ``e`` (``line_schedule.uniform_edge``): on the line, the
+    tile ``p // cost`` of equal tiles."""
+    def on_line(p):
+        tile = p // cost
+        return cut_in_tile(Int32(tile), tile, Int64(0), p - tile * cost, cost, keys, width, rules)
+
+    return line_edge(e, width, pieces, piece, num_tiles, total, on_line)
 
 
 @cute.jit
