@@ -7,9 +7,10 @@
 
 ``layout``: ``field=value`` pairs (comma-separated) over the kind's definition layout, or empty;
 ``workload``: ``N x Q / KV`` (N requests of Q queries over KV keys; decode: ``N x 1 / KV``);
-``space``: ``knob=v1,v2`` pairs joined by ``&`` (``True`` / ``False`` / ``None`` / ints). Each variant is checked
-against the float32 reference and timed with the cold-L2 timer (median of 50), as ``tuning.sweep`` does; a
-failing spec is recorded with its error and the rest still run. Without a GPU it compiles and plans only.
+``space``: ``knob=v1,v2`` pairs joined by ``&`` (``True`` / ``False`` / ``None`` / ints; other words are strings, as
+``probe=compute_only``). Each variant is checked against the float32 reference and timed with the cold-L2 timer
+(median of 50), as ``tuning.sweep`` does; a failing spec is recorded with its error and the rest still run.
+Without a GPU it compiles and plans only.
 ``--compile-jobs N``: every variant's kernel is compiled first by N processes at once (the on-disk cache), so the
 timed sweep only loads them (a fresh device machine has no cache; an MLA build takes ~30 s).
 """
@@ -29,7 +30,10 @@ def _value(text: str):
     text = text.strip()
     if text in ("True", "False", "None"):
         return {"True": True, "False": False, "None": None}[text]
-    return int(text)
+    try:
+        return int(text)
+    except ValueError:
+        return text  # a string knob's value (``probe=compute_only``)
 
 
 def parse_spec(spec: str) -> tuple[str, dict, tuple, dict]:
