@@ -235,6 +235,11 @@ class PagedAttentionConfig(KernelConfig):
     #: barriers (session 42, ncu: ~4-5 us of the default call's +3.9 over plan-once at h20/kv4 64 x 2048, H100). The
     #: default call takes it for ``config.LINE_UNIFORM_KINDS`` (GQA decode, after session 42's A/B: -0.4..-1.6 us)
     uniform_line: bool = False
+    #: the MLA kernels' load role over plan items (both arches): an item's first page ids load, from its
+    #: ``KV_PAGE_START`` (no ``kv_indptr`` load), before its Q tile, so their latency runs under Q's instead of after
+    #: Q's wait (``kernels/common/mla.load_q_and_kv_tiles``). None: on (the kernels' order since session 43); False:
+    #: the earlier order, for A/Bs
+    early_page_ids: bool | None = None
 
     @property
     def group_size(self) -> int:

@@ -545,3 +545,20 @@ def test_smem_epilogue_is_refused_where_it_is_not_built():
         _definition(smem_epilogue=True, score_warpgroup=True, intra_wg_overlap=True))
     assert "smem_epilogue" in mla_prefill.check_config(
         dataclasses.replace(_definition(smem_epilogue=True, score_warpgroup=True), probe="loads_only"))
+
+
+@pytest.mark.parametrize("decode_heads, page_size", [(16, 64), (0, 1)])
+def test_early_page_ids_read_the_item_page_position_not_kv_indptr(decode_heads, page_size):
+    """``early_page_ids`` (the default, None): an item's first page ids load from its ``KV_PAGE_START`` (field 9, byte
+    36 of the item row) before its Q tile, so the plan-driven build never loads the ``kv_indptr`` parameter; False
+    builds the earlier order, which does. Both compile without spills."""
+    config = _definition(page_size=page_size)
+    if decode_heads:  # the swapped one-token kernel
+        config = dataclasses.replace(config, num_qo_heads=decode_heads, tile_q_rows=decode_heads, **CONSUMER_KNOBS)
+    early = compile_to_ptx(config)
+    late = compile_to_ptx(dataclasses.replace(config, early_page_ids=False))
+    assert early != late
+    assert late.count("ld.param") - early.count("ld.param") == 1  # the kv_indptr pointer
+    assert re.search(r"ld\.global\.b32\s+%r\d+, \[%rd\d+\+36\];", early)
+    for ptx in (early, late):
+        assert "ld.local" not in ptx and "st.local" not in ptx

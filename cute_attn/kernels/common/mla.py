@@ -252,7 +252,8 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
                         ids_barrier: cutlass.Constexpr[int], q_for_keyless_items: cutlass.Constexpr[bool],
                         async_kv: cutlass.Constexpr[bool] = False, kv_gather4=None, kv_boxes=None,
                         skip_kv_copies: cutlass.Constexpr[bool] = False,
-                        row_segments: cutlass.Constexpr[bool] = False):
+                        row_segments: cutlass.Constexpr[bool] = False,
+                        early_page_ids: cutlass.Constexpr[bool] = True):
     """The load role over items ``item_begin .. item_end - 1`` (thread ``tid`` of ``num_threads``).
 
     ``s_q``: ``(tile_m, 576)`` smem tile; ``s_k``: ``(kv_tile, 576, stage)``; ``s_ids``: ``(kv_tile, 2)``
@@ -271,6 +272,8 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
     a copy (the commit's ``noinc`` arrival then completes at once), so the consumers run on whatever it holds.
     ``row_segments`` (sm_90a, with ``async_kv``): the cp.async rows of the K stages and of Q are dealt by 128-byte
     segments (:func:`gather_row_segments`: 4 row ids and addresses a thread a tile, not 36).
+    ``early_page_ids`` (``PagedAttentionConfig.early_page_ids``): an item's first page ids load before its Q tile,
+    from the item's ``KV_PAGE_START``; else after Q's wait, from ``kv_indptr`` (the order before session 43).
     """
     gather = _gather_setup(s_q, s_k, ckv_cache, kpe_cache, kv_boxes, kv_gather4)
     copy_atom, zeros, s_q_chunks = gather[0], gather[1], gather[2]
@@ -281,6 +284,14 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
         row_count = items[it, int(F.Q_ROW_COUNT)]
         kv_start = items[it, int(F.KV_START)]
         kv_end = items[it, int(F.KV_END)]
+        # the item's first page ids load before its Q does, from the item's own kv_indices position (no kv_indptr
+        # load): they were the chain's last two dependent loads after Q's wait (work_indptr, the item, qo_indptr, Q,
+        # kv_indptr, kv_indices, then the first TMA); now they run under Q's
+        first_ids = None
+        if cutlass.const_expr(early_page_ids):
+            page_base = items[it, int(F.KV_PAGE_START)] - (kv_start >> gather[4])
+            first_ids = (page_base, _key_page(kv_indices, page_base, kv_start + tid,
+                                              kv_end if tid < cute.size(s_k, mode=[0]) else kv_start, gather[4]))
         # where every item needs Q, it is issued before the key count: the GPU-validated sm_90a kernel's
         # order (computing the count first changes that kernel's PTX). Issuing an item's first K tile before its Q
         # (Q completing on its barrier by itself) was measured slower on the H200: docs/perf-history.md, sessions 12-13
@@ -291,7 +302,7 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
         q_state, kv_state, tiles_done = _load_item_keys(
             gather, tid, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, b, r0, row_count,
             kv_start, kv_end, s_k, s_ids, pipe_q, pipe_kv, q_state, kv_state, tiles_done, group, num_threads,
-            ids_barrier, q_for_keyless_items, async_kv, skip_kv_copies, row_segments)
+            ids_barrier, q_for_keyless_items, async_kv, skip_kv_copies, row_segments, first_ids)
 
 
 @cute.jit
@@ -327,14 +338,16 @@ def _load_item_keys(gather, tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, 
                     group: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int],
                     ids_barrier: cutlass.Constexpr[int], q_for_keyless_items: cutlass.Constexpr[bool],
                     async_kv: cutlass.Constexpr[bool], skip_kv_copies: cutlass.Constexpr[bool],
-                    row_segments: cutlass.Constexpr[bool]):
+                    row_segments: cutlass.Constexpr[bool], first_ids=None):
     """One item's K stages (and its Q where only items with keys load one): :func:`load_q_and_kv_tiles`' body after
-    the Q tile. Returns ``(q_state, kv_state, tiles_done)``."""
+    the Q tile. Returns ``(q_state, kv_state, tiles_done)``. ``first_ids``: ``(page_base, first_page)`` the caller
+    loaded already (the ``kv_indices`` position of the request's page 0 and this thread's page id of the first tile,
+    :func:`_key_page`), else they load here, from ``kv_indptr``."""
     copy_atom, zeros, s_q_chunks, s_k_chunks, page_shift, ckv_stride, kpe_stride, num_pages, tma_tile, tma_maps = \
         gather
     tile_n = cute.size(s_k, mode=[0])
     stage_bytes = cute.crd2idx((0, 0, 1), s_k.layout) * 2  # stage 1's offset (a stage may end in a pad)
-    page_base = kv_indptr[b]
+    page_base = kv_indptr[b] if cutlass.const_expr(first_ids is None) else first_ids[0]
     num_tiles = cute.ceil_div(kv_end - kv_start, tile_n) if kv_end > kv_start else 0
     if cutlass.const_expr(not q_for_keyless_items):
         if num_tiles > 0:  # Q's consumer skips items without keys
@@ -345,7 +358,10 @@ def _load_item_keys(gather, tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, 
     # this tile's copies instead of in front of them (every tile paid it, and the named barrier made every
     # load thread wait for the slowest)
     ids_end = kv_end if tid < tile_n else kv_start  # the id threads: one key a tile each
-    next_page = _key_page(kv_indices, page_base, kv_start + tid, ids_end, page_shift)
+    if cutlass.const_expr(first_ids is None):
+        next_page = _key_page(kv_indices, page_base, kv_start + tid, ids_end, page_shift)
+    else:
+        next_page = first_ids[1]
     for t in cutlass.range(num_tiles, unroll=1):
         kv_base = kv_start + t * tile_n
         page = next_page
