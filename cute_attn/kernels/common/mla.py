@@ -12,7 +12,8 @@ Load role (:func:`load_q_and_kv_tiles`, one warpgroup, every thread gathering wi
 ``common/row_gather.py``). Per item: the Q tile (``tile_m`` packed rows x (512 nope + 64 pe) into one
 576-wide smem tile; rows >= ``Q_ROW_COUNT`` zero-filled), then per ``kv_tile`` keys one K stage holding
 the keys' ckv and kpe rows side by side. Row ids: the first ``kv_tile`` threads turn their key into a
-latent row id (page id from ``kv_indices``, loaded one tile ahead; slot from the key) in a double-buffered smem table
+latent row id (page id from ``kv_indices``, loaded one tile ahead, an item's first ones before its Q tile from the
+item's ``KV_PAGE_START``; slot from the key) in a double-buffered smem table
 (double-buffered so that a fast thread filling the next tile's ids cannot overwrite ids a slow thread
 still gathers from), then a named barrier of the load threads; keys >= ``KV_END`` get id -1 and are
 zero-filled: the pool holds NaN in rows no request owns, and V = ckv feeds the P V MMA, where 0 * NaN would
