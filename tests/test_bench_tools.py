@@ -806,3 +806,17 @@ def test_cta_timeline_item_times_fit_and_greedy_deal():
     assert fit["first_item_excess_us"] == pytest.approx(fill, abs=1e-3) and fit["items"] == 8
     tile, cta = cta_timeline.greedy_deal(np.array([3, 9, 5]), heads=2, num_ctas=3)
     assert tile.tolist() == [1, 1, 2, 2, 0, 0] and cta.tolist() == [0, 1, 2, 2, 0, 1]
+
+
+def test_sweep_many_specs_parse_every_knob_value_kind():
+    """``tools/sweep_many.py`` specs: bools, None and ints keep their types, any other word is a string knob value
+    (``probe=compute_only``), and a spec without its four parts or a workload without ``N x Q / KV`` is refused."""
+    import sweep_many
+
+    kind, layout, workload, space = sweep_many.parse_spec(
+        "mla_paged_prefill;page_size=64;16x1/4096;early_page_ids=False,None&probe=compute_only,&kv_tile=64")
+    assert (kind, layout, workload) == ("mla_paged_prefill", {"page_size": 64}, (16, 1, 4096))
+    assert space == {"early_page_ids": [False, None], "probe": ["compute_only", ""], "kv_tile": [64]}
+    for bad, words in (("gqa_paged_decode;;8x992", "kind;layout;workload;space"), ("gqa_paged_decode;;8x;", "N x Q")):
+        with pytest.raises(ValueError, match=words):
+            sweep_many.parse_spec(bad)
