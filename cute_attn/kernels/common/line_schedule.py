@@ -286,8 +286,9 @@ def derive_stretch(kv_indptr: cute.Tensor, kv_last_page_len: cute.Tensor, kv_ind
     """Steps 1-5 of the module docstring on every thread of the CTA, then its own stretch (step 6's inputs)."""
     kv_tile, page_size = rules.kv_tile, rules.page_size
     # the table's arrays as locals: a plain Python object cannot cross the kernel's run-time ifs and loops
+    arrays = table.arrays()
     (t_words64, t_words32, t_snap_pos, t_cut_tile, t_cut_key, t_snap_tile, t_inside_before, t_merge_of, t_merge_indptr,
-     t_merge_tile, t_line_start, t_keys) = table.arrays()
+     t_merge_tile, t_line_start, t_keys) = arrays
     capacity = table.requests
     num_warps = num_threads // WARP
     cta, _, _ = cute.arch.block_idx()
@@ -330,8 +331,6 @@ def derive_stretch(kv_indptr: cute.Tensor, kv_last_page_len: cute.Tensor, kv_ind
     if tidx == 0:
         if kv_indptr[0] != 0 or kv_indptr[batch] > kv_indices.shape[0]:
             bad = bad | FAULT_KV_INDPTR
-    arrays = (t_words64, t_words32, t_snap_pos, t_cut_tile, t_cut_key, t_snap_tile, t_inside_before, t_merge_of,
-              t_merge_indptr, t_merge_tile, t_line_start, t_keys)
     if cutlass.const_expr(rules.uniform_line):
         # the uniformity first (every request the same keys, none faulted): its closed form needs no line starts
         bad, low, high = _block_or_min_max(bad, low, high, tidx, t_words32, num_warps)
