@@ -1,7 +1,8 @@
 """The line builds' closed form for uniform batches (``PagedAttentionConfig.uniform_line``,
-``config.line_uniform_policy``) on a GPU: the GQA and MLA line tiers' tests rerun with every default call's line build taking it, and uniform batches
-chosen by the numpy twin to reach each of its branches (even pieces, whole tiles, the line deal, cuts without an inside
-edge, and the fallback to the table) at the GPU's CTA count and at small grids. Built in session 42."""
+``config.line_uniform_policy``) on a GPU: the GQA and MLA line tiers' tests rerun with every default call's line build
+taking it, and uniform batches chosen by the numpy twin to reach each of its branches (even pieces, whole tiles, the
+line deal, cuts without an inside edge, and the fallback to the table) at the GPU's CTA count and at small grids. Built
+in session 42."""
 
 from __future__ import annotations
 
