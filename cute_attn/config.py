@@ -240,6 +240,11 @@ class PagedAttentionConfig(KernelConfig):
     #: Q's wait (``kernels/common/mla.load_q_and_kv_tiles``). None: on (the kernels' order since session 43); False:
     #: the earlier order, for A/Bs
     early_page_ids: bool | None = None
+    #: the MLA kernels' load role over plan items with TMA-box K stages (sm_90a pages of >= 8 keys): an item's first K
+    #: stage is issued before the thread waits for its Q copies, so the stage's TMA runs under Q's round trip instead
+    #: of after it (Q is still issued first: the earlier "first K tile before Q" order, sessions 12-13, was slower).
+    #: None: on (since session 44); False: the earlier order, for A/Bs
+    early_first_stage: bool | None = None
 
     @property
     def group_size(self) -> int:

@@ -562,3 +562,22 @@ def test_early_page_ids_read_the_item_page_position_not_kv_indptr(decode_heads, 
     assert re.search(r"ld\.global\.b32\s+%r\d+, \[%rd\d+\+36\];", early)
     for ptx in (early, late):
         assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+@pytest.mark.parametrize("decode_heads", [16, 0])
+def test_early_first_stage_waits_for_q_after_the_first_k_stage(decode_heads):
+    """``early_first_stage`` (the default, None) at page 64 (TMA-box K stages): the load role waits for its Q copies
+    (``cp.async.wait_group``) after the item's first K stage's ``cp.async.bulk.tensor``, not before, so that stage's
+    round trip runs under Q's; False builds the earlier order. Page 1 (row gathers) is the same build either way."""
+    config = _definition(page_size=64)
+    if decode_heads:  # the swapped one-token kernel
+        config = dataclasses.replace(config, num_qo_heads=decode_heads, tile_q_rows=decode_heads, **CONSUMER_KNOBS)
+    early = compile_to_ptx(config)
+    late = compile_to_ptx(dataclasses.replace(config, early_first_stage=False))
+    assert early.find("cp.async.bulk.tensor") < early.find("cp.async.wait_group")
+    assert late.find("cp.async.wait_group") < late.find("cp.async.bulk.tensor")
+    assert early.count("cp.async.wait_group") == 2  # after the first stage, and for an item without keys
+    for ptx in (early, late):
+        assert "ld.local" not in ptx and "st.local" not in ptx
+    row_gathers = _definition(page_size=1)
+    assert compile_to_ptx(row_gathers) == compile_to_ptx(dataclasses.replace(row_gathers, early_first_stage=False))

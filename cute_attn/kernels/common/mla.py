@@ -254,7 +254,8 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
                         async_kv: cutlass.Constexpr[bool] = False, kv_gather4=None, kv_boxes=None,
                         skip_kv_copies: cutlass.Constexpr[bool] = False,
                         row_segments: cutlass.Constexpr[bool] = False,
-                        early_page_ids: cutlass.Constexpr[bool] = True):
+                        early_page_ids: cutlass.Constexpr[bool] = True,
+                        early_first_stage: cutlass.Constexpr[bool] = False):
     """The load role over items ``item_begin .. item_end - 1`` (thread ``tid`` of ``num_threads``).
 
     ``s_q``: ``(tile_m, 576)`` smem tile; ``s_k``: ``(kv_tile, 576, stage)``; ``s_ids``: ``(kv_tile, 2)``
@@ -275,9 +276,12 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
     segments (:func:`gather_row_segments`: 4 row ids and addresses a thread a tile, not 36).
     ``early_page_ids`` (``PagedAttentionConfig.early_page_ids``): an item's first page ids load before its Q tile,
     from the item's ``KV_PAGE_START``; else after Q's wait, from ``kv_indptr`` (the order before session 43).
+    ``early_first_stage`` (``PagedAttentionConfig.early_first_stage``; TMA-box stages only): the thread waits for its
+    Q copies after the item's first K stage is issued, not before.
     """
     gather = _gather_setup(s_q, s_k, ckv_cache, kpe_cache, kv_boxes, kv_gather4)
     copy_atom, zeros, s_q_chunks = gather[0], gather[1], gather[2]
+    defer_q_wait = early_first_stage and q_for_keyless_items and gather[8] is not None
     tiles_done = Int32(0)
     for it in cutlass.range(item_begin, item_end, unroll=1):
         b = items[it, int(F.REQUEST)]
@@ -298,12 +302,15 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
         # (Q completing on its barrier by itself) was measured slower on the H200: docs/perf-history.md, sessions 12-13
         if cutlass.const_expr(q_for_keyless_items):
             _load_q_tile(copy_atom, zeros, q_nope, q_pe, qo_indptr, b, r0, row_count, s_q_chunks, tid, group,
-                         num_threads, pipe_q, q_state, row_segments=row_segments)
-            q_state.advance()
+                         num_threads, pipe_q, q_state, row_segments=row_segments, wait=not defer_q_wait)
+            if cutlass.const_expr(not defer_q_wait):
+                q_state.advance()
         q_state, kv_state, tiles_done = _load_item_keys(
             gather, tid, q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, b, r0, row_count,
             kv_start, kv_end, s_k, s_ids, pipe_q, pipe_kv, q_state, kv_state, tiles_done, group, num_threads,
-            ids_barrier, q_for_keyless_items, async_kv, skip_kv_copies, row_segments, first_ids)
+            ids_barrier, q_for_keyless_items, async_kv, skip_kv_copies, row_segments, first_ids, defer_q_wait)
+        if cutlass.const_expr(defer_q_wait):
+            q_state.advance()
 
 
 @cute.jit
@@ -339,11 +346,14 @@ def _load_item_keys(gather, tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, 
                     group: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int],
                     ids_barrier: cutlass.Constexpr[int], q_for_keyless_items: cutlass.Constexpr[bool],
                     async_kv: cutlass.Constexpr[bool], skip_kv_copies: cutlass.Constexpr[bool],
-                    row_segments: cutlass.Constexpr[bool], first_ids=None):
+                    row_segments: cutlass.Constexpr[bool], first_ids=None,
+                    q_wait_pending: cutlass.Constexpr[bool] = False):
     """One item's K stages (and its Q where only items with keys load one): :func:`load_q_and_kv_tiles`' body after
     the Q tile. Returns ``(q_state, kv_state, tiles_done)``. ``first_ids``: ``(page_base, first_page)`` the caller
     loaded already (the ``kv_indices`` position of the request's page 0 and this thread's page id of the first tile,
-    :func:`_key_page`), else they load here, from ``kv_indptr``."""
+    :func:`_key_page`), else they load here, from ``kv_indptr``. ``q_wait_pending``: the caller issued Q's copies
+    without waiting for them (``early_first_stage``): the wait, fence and arrival on ``q_state`` follow the first K
+    stage's issue (or come at once for an item without keys); the caller advances ``q_state``."""
     copy_atom, zeros, s_q_chunks, s_k_chunks, page_shift, ckv_stride, kpe_stride, num_pages, tma_tile, tma_maps = \
         gather
     tile_n = cute.size(s_k, mode=[0])
@@ -377,6 +387,9 @@ def _load_item_keys(gather, tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, 
                 pipe_kv.producer_acquire(kv_state)
                 tma_tile(tma_maps[0], tma_maps[1], s_k.iterator.toint() + kv_state.index * stage_bytes,
                          ids, pipe_kv.producer_get_barrier(kv_state).toint(), tile_n)
+            if cutlass.const_expr(q_wait_pending):
+                if t == 0:
+                    commit_rows(pipe_q, q_state)
         elif cutlass.const_expr(async_kv):
             pipe_kv.producer_acquire(kv_state)
             if cutlass.const_expr(not skip_kv_copies):
@@ -394,6 +407,9 @@ def _load_item_keys(gather, tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, 
                         num_threads, ids=ids)
             commit_rows(pipe_kv, kv_state)
         kv_state.advance()
+    if cutlass.const_expr(q_wait_pending):
+        if num_tiles == 0:
+            commit_rows(pipe_q, q_state)
     return q_state, kv_state, tiles_done
 
 
@@ -606,10 +622,11 @@ def _page_row(page: Int32, key: Int32, num_pages: Int32, page_shift: cutlass.Con
 def _load_q_tile(copy_atom: cute.CopyAtom, zeros: cute.Tensor, q_nope: cute.Tensor, q_pe: cute.Tensor,
                  qo_indptr: cute.Tensor, b: Int32, r0: Int32, row_count: Int32, s_q_chunks: cute.Tensor, tid: Int32,
                  group: cutlass.Constexpr[int], num_threads: cutlass.Constexpr[int], pipe_q, q_state,
-                 row_segments: cutlass.Constexpr[bool] = False):
+                 row_segments: cutlass.Constexpr[bool] = False, wait: cutlass.Constexpr[bool] = True):
     """Q of the item's packed rows ``r0 .. r0 + row_count - 1`` of request ``b`` (the caller advances ``q_state``);
-    the thread waits for its copies, fences them into the async proxy and arrives. ``row_segments``: the rows by
-    128-byte segments (:func:`gather_row_segments`, rows past ``row_count`` zero-filled by ``src-size`` 0)."""
+    the thread waits for its copies, fences them into the async proxy and arrives (``wait`` False: the caller does,
+    :func:`commit_rows`). ``row_segments``: the rows by 128-byte segments (:func:`gather_row_segments`, rows past
+    ``row_count`` zero-filled by ``src-size`` 0)."""
     q_row0 = Int64(qo_indptr[b]) * group + r0
     pipe_q.producer_acquire(q_state)
     by_segments = row_segments and segments_fit(s_q_chunks, KPE_DIM, num_threads)
@@ -618,10 +635,12 @@ def _load_q_tile(copy_atom: cute.CopyAtom, zeros: cute.Tensor, q_nope: cute.Tens
                             valid_rows=row_count)
         gather_row_segments(q_pe, Int64(KPE_DIM), s_q_chunks, CKV_DIM // ROW_CHUNK, KPE_DIM, tid, num_threads,
                             row0=q_row0, valid_rows=row_count)
-        commit_rows(pipe_q, q_state)  # zero-filled rows are cp.async too: waited for and fenced like the copies
+        if cutlass.const_expr(wait):  # zero-filled rows are cp.async too: waited for and fenced like the copies
+            commit_rows(pipe_q, q_state)
     else:
         gather_rows(copy_atom, zeros, q_nope, Int64(CKV_DIM), s_q_chunks, 0, CKV_DIM, tid, num_threads, row0=q_row0,
                     valid_rows=row_count)
         gather_rows(copy_atom, zeros, q_pe, Int64(KPE_DIM), s_q_chunks, CKV_DIM // ROW_CHUNK, KPE_DIM, tid,
                     num_threads, row0=q_row0, valid_rows=row_count)
-        commit_rows(pipe_q, q_state)
+        if cutlass.const_expr(wait):
+            commit_rows(pipe_q, q_state)

@@ -294,6 +294,7 @@ class MlaPagedPrefillSm90(MlaEntries):
             self.line_requests = line_table_requests(config)
         self.page_size = config.page_size
         self.early_page_ids = config.early_page_ids is not False
+        self.early_first_stage = config.early_first_stage is not False
         self.dtype = cutlass.BFloat16
 
     def __repr__(self) -> str:  # shows in the kernel symbol
@@ -477,7 +478,8 @@ class MlaPagedPrefillSm90(MlaEntries):
                                     group=self.group, num_threads=PRODUCER_THREADS, ids_barrier=_IDS_BARRIER,
                                     q_for_keyless_items=True, async_kv=True, kv_boxes=kv_boxes,
                                     skip_kv_copies=self.probe == "compute_only",
-                                    row_segments=self.row_segments, early_page_ids=self.early_page_ids)
+                                    row_segments=self.row_segments, early_page_ids=self.early_page_ids,
+                                    early_first_stage=self.early_first_stage)
             if cutlass.const_expr(self.cluster_flags):  # after its last load: the check, the flags, the barriers
                 self.fold_checked(tidx, s_red, None, qo_indptr, work_indptr, items, item_begin, item_end, output, lse,
                                   lse_out_scale, merge_indptr, merge_counters)
