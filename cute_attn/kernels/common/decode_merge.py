@@ -165,15 +165,13 @@ def fold_wide_merge(slot_begin, num_slots, first_token, first_head, row_count, p
     every 16th 16-byte vector of it (8 a row: a half-warp's loads are 256 contiguous bytes), ``WIDE_SLOTS`` slots'
     vectors are loaded before any is used (32 loads in flight a lane), the first batch before the LSE reduction, so
     a merge of ``n`` slots costs ``ceil(n / WIDE_SLOTS)`` round trips. A slot's weight is
-    ``2^(lse - L)``; a slot that saw no key (``-inf``) and clamped loads past the last slot add nothing. bf16 partial
-    rows (``PagedAttentionConfig.bf16_partials``, the MLA line build's): the same columns a lane by 8-byte loads, half
-    the bytes through the folding SM, widened to fp32 as they are summed."""
+    ``2^(lse - L)``; a slot that saw no key (``-inf``) and clamped loads past the last slot add nothing."""
     lane = tidx % FOLD_ROW_LANES
     half = (tidx % 32) // FOLD_ROW_LANES
     warp = tidx // 32
     vectors = partial_out.shape[2] // (FOLD_ROW_LANES * WIDE_VEC)  # a lane's vectors of one row
     acc = cute.make_rmem_tensor((WIDE_VEC, vectors), Float32)
-    vals = cute.make_rmem_tensor((WIDE_VEC, vectors, WIDE_SLOTS), partial_out.element_type)  # widened as they sum
+    vals = cute.make_rmem_tensor((WIDE_VEC, vectors, WIDE_SLOTS), Float32)
     lses = cute.make_rmem_tensor((WIDE_SLOTS,), Float32)
     rows_per_warp = 32 // FOLD_ROW_LANES
     for r0 in cutlass.range(warp * rows_per_warp, row_count, num_threads // FOLD_ROW_LANES, unroll=1):
@@ -198,20 +196,17 @@ def fold_wide_merge(slot_begin, num_slots, first_token, first_head, row_count, p
 
 @cute.jit
 def wide_load_slots(partial_out, partial_lse, slot_begin, s0, num_slots, row, lane, vals, lses):
-    """Slots ``s0 .. s0 + WIDE_SLOTS - 1`` of ``row`` (clamped to the last slot): this lane's 16-byte vectors (bf16
-    partials: 8-byte ones, the same columns) into ``vals`` and the slots' LSEs into ``lses``, every load issued before
-    any is used."""
+    """Slots ``s0 .. s0 + WIDE_SLOTS - 1`` of ``row`` (clamped to the last slot): this lane's 16-byte vectors into
+    ``vals`` and the slots' LSEs into ``lses``, every load issued before any is used."""
     vectors = cute.size(vals, mode=[1])
-    dtype = partial_out.element_type
-    width = dtype.width // 8
     for k in cutlass.range_constexpr(WIDE_SLOTS):
         s = slot_begin + cutlass.min(s0 + k, num_slots - 1)
         lses[k] = partial_lse[s, row]
         for v in cutlass.range_constexpr(vectors):
             col0 = (v * FOLD_ROW_LANES + lane) * WIDE_VEC
-            offset = (Int64(s) * partial_out.stride[0] + row * partial_out.stride[1] + col0) * width
-            src = cute.make_ptr(dtype, partial_out.iterator.toint() + offset, cute.AddressSpace.gmem,
-                                assumed_align=width * WIDE_VEC)
+            offset = (Int64(s) * partial_out.stride[0] + row * partial_out.stride[1] + col0) * 4
+            src = cute.make_ptr(Float32, partial_out.iterator.toint() + offset, cute.AddressSpace.gmem,
+                                assumed_align=4 * WIDE_VEC)
             cute.autovec_copy(cute.make_tensor(src, cute.make_layout(WIDE_VEC)), vals[None, v, k])
 
 
@@ -225,10 +220,7 @@ def wide_accumulate(acc, vals, lses, s0, num_slots, shift):
         w = w if s0 + k < num_slots else Float32(0.0)
         for v in cutlass.range_constexpr(vectors):
             for i in cutlass.range_constexpr(WIDE_VEC):
-                x = vals[i, v, k]
-                if cutlass.const_expr(vals.element_type is not Float32):
-                    x = x.to(Float32)
-                term = w * x
+                term = w * vals[i, v, k]
                 acc[i, v] = acc[i, v] + (term if w > 0.0 else Float32(0.0))
 
 
