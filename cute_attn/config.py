@@ -243,7 +243,8 @@ class PagedAttentionConfig(KernelConfig):
     #: the MLA kernels' load role over plan items with TMA-box K stages (sm_90a pages of >= 8 keys): an item's first K
     #: stage is issued before the thread waits for its Q copies, so the stage's TMA runs under Q's round trip instead
     #: of after it (Q is still issued first: the earlier "first K tile before Q" order, sessions 12-13, was slower).
-    #: None: on (since session 44); False: the earlier order, for A/Bs
+    #: None: on (since session 44, H100: -0.1..-3.3 us on every page-64 MLA row); False: the earlier order, for A/Bs.
+    #: The sm_100a kernel, which loads Q only for items with keys, keeps its order (its PTX is the same either way)
     early_first_stage: bool | None = None
 
     @property

@@ -299,7 +299,8 @@ def load_q_and_kv_tiles(tid: Int32, q_nope: cute.Tensor, q_pe: cute.Tensor, ckv_
                                               kv_end if tid < cute.size(s_k, mode=[0]) else kv_start, gather[4]))
         # where every item needs Q, it is issued before the key count: the GPU-validated sm_90a kernel's
         # order (computing the count first changes that kernel's PTX). Issuing an item's first K tile before its Q
-        # (Q completing on its barrier by itself) was measured slower on the H200: docs/perf-history.md, sessions 12-13
+        # (Q completing on its barrier by itself) was measured slower on the H200: docs/perf-history.md, sessions 12-13;
+        # early_first_stage keeps Q issued first and moves only its wait after the first K stage (session 44)
         if cutlass.const_expr(q_for_keyless_items):
             _load_q_tile(copy_atom, zeros, q_nope, q_pe, qo_indptr, b, r0, row_count, s_q_chunks, tid, group,
                          num_threads, pipe_q, q_state, row_segments=row_segments, wait=not defer_q_wait)

@@ -227,7 +227,6 @@ class MlaPagedPrefillSm100(MlaEntries):
         self.rank_major_units = config.rank_major_units
         self.page_size = config.page_size
         self.early_page_ids = config.early_page_ids is not False
-        self.early_first_stage = config.early_first_stage is not False
         self.line = config.line_schedule  # compile time: every other build's code is unchanged
         if config.line_schedule:
             self.line_rules = mla_line_rules(config)
@@ -400,8 +399,7 @@ class MlaPagedPrefillSm100(MlaEntries):
                                     cpipe.make_pipeline_state(producer, KV_STAGES),
                                     group=self.group, num_threads=LOAD_THREADS, ids_barrier=_BAR_IDS,
                                     q_for_keyless_items=False, kv_gather4=gather4,
-                                    early_page_ids=self.early_page_ids,
-                                    early_first_stage=self.early_first_stage)
+                                    early_page_ids=self.early_page_ids)
         else:
             cute.arch.setmaxregister_decrease(_REGS_OTHER)
         if warp_idx == _WARP_MMA:
