@@ -414,8 +414,6 @@ def _self_schedule_config(spec, config: PagedAttentionConfig, problem=None, num_
             page_ids = 0 if problem is None else problem.num_kv_slots // problem.page_size
             knobs["scan_ids_per_thread"] = config_policies.line_scan_ids(page_ids, num_ctas)
             knobs["uniform_line"] = config.kind in config_policies.LINE_UNIFORM_KINDS
-            if config.kind in config_policies.LINE_BF16_PARTIALS_KINDS:
-                knobs["bf16_partials"] = True
         return _with_plan_knobs(config, tuple(sorted(knobs.items())))
     late = config.kind in config_policies.LATE_CLAIM_KINDS
     rank = config_policies.RANK_MAJOR_MAX_UNITS_PER_CTA if config.kind in config_policies.RANK_MAJOR_KINDS else 0

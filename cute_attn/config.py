@@ -493,12 +493,6 @@ LINE_SCAN_IDS_PER_THREAD: int | None = None
 #: +0.6: the 1- and 2-request rows slower, 16 x 4096 page 1, 64 x 8192 and 128 x 4096 faster), so GQA only
 LINE_UNIFORM_KINDS: tuple[str, ...] = ("gqa_paged_decode",)
 LINE_BUILD_KINDS = ("gqa_paged_decode", "mla_paged_prefill")
-#: The kinds whose default-call line builds store bf16 partial rows (``PagedAttentionConfig.bf16_partials``; the MLA
-#: decode's one-token ``mla_paged_prefill`` build only: its fold is the wide one), which the fold reads 8 columns a
-#: 16-byte load, 8 slots a round. Why: the line build folds a merge in the CTA that arrives last, a latency chain of
-#: ceil(slots / 4) rounds of fp32 loads (session 44, H100: default call 1 x 4096 page 64 22.3 against plan-once 15.2
-#: us; bf16 rows read 4 columns a load, the same rounds, were no faster: ``docs/perf/h100-line-bf16-partials.json``)
-LINE_BF16_PARTIALS_KINDS: tuple[str, ...] = ()
 
 
 @contextlib.contextmanager
@@ -508,16 +502,6 @@ def line_uniform_policy(enabled: bool = True):
     from .ops import policy
 
     with policy(globals(), LINE_UNIFORM_KINDS=LINE_BUILD_KINDS if enabled else ()):
-        yield
-
-
-@contextlib.contextmanager
-def line_bf16_partials_policy(enabled: bool = True):
-    """Inside the block the MLA decode's default-call line build stores bf16 partial rows (``enabled``) or fp32 ones,
-    whatever ``LINE_BF16_PARTIALS_KINDS`` says (GPU tests, A/Bs, sanitizer cases)."""
-    from .ops import policy
-
-    with policy(globals(), LINE_BF16_PARTIALS_KINDS=("mla_paged_prefill",) if enabled else ()):
         yield
 
 

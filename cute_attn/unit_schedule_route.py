@@ -34,7 +34,7 @@ class UnitScratch:
     request_faults: torch.Tensor  # [max(batch, 1)] int32
     ones: torch.Tensor  # [max(batch, 1)] int32 of 1: kv_last_page_len of a page-size-1 call without one (MLA ps1)
     merge_counters: torch.Tensor | None = None  # line_schedule: [max(num_ctas, 1)] int32, zero between launches
-    partial_out: torch.Tensor | None = None  # line_schedule: [2 * num_ctas, tile_q_rows, head_dim_v] fp32 (or bf16)
+    partial_out: torch.Tensor | None = None  # line_schedule: [2 * num_ctas, tile_q_rows, head_dim_v] fp32
     partial_lse: torch.Tensor | None = None  # line_schedule: [2 * num_ctas, tile_q_rows] fp32
 
     @staticmethod
@@ -48,8 +48,7 @@ class UnitScratch:
             if config is not None and config.line_schedule:
                 slots = max(2 * num_ctas, 1)
                 scratch.merge_counters = torch.zeros(max(num_ctas, 1), dtype=torch.int32, device=device)
-                dtype = torch.bfloat16 if config.bf16_partials else torch.float32
-                scratch.partial_out = torch.empty(slots, config.tile_q_rows, config.head_dim_v, dtype=dtype,
+                scratch.partial_out = torch.empty(slots, config.tile_q_rows, config.head_dim_v, dtype=torch.float32,
                                                   device=device)
                 scratch.partial_lse = torch.empty(slots, config.tile_q_rows, dtype=torch.float32, device=device)
             return scratch

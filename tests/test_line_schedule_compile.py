@@ -378,36 +378,3 @@ def test_the_uniform_closed_form_builds_and_the_policy_sets_it(kind, page_size, 
         assert api._self_schedule_config(spec, config).uniform_line
     with line_uniform_policy(False):
         assert not api._self_schedule_config(spec, config).uniform_line
-
-
-@pytest.mark.parametrize("page_size", [64, 1])
-def test_the_mla_line_build_folds_bf16_partials_and_the_policy_sets_them(page_size):
-    """``bf16_partials`` on the MLA decode's line build (session 44): the split items store bf16 rows and the CTA that
-    folds a merge reads them 8 columns a 16-byte load, 8 slots a round (the fp32 build: 4 columns, 4 slots), so the
-    same count of 16-byte loads covers twice the slots a round, each widened (8 ``cvt.f32.bf16`` a load); no local
-    memory; its scratch holds bf16 rows; the default call's route takes it for ``LINE_BF16_PARTIALS_KINDS`` (the MLA
-    kind only: the GQA line build's fold reads fp32)."""
-    import torch
-
-    from cute_attn import api
-    from cute_attn.config import LINE_BF16_PARTIALS_KINDS, line_bf16_partials_policy
-    from cute_attn.ops import mla_decode
-    from cute_attn.unit_schedule_route import UnitScratch
-
-    config = _mla(page_size)
-    bf16 = dataclasses.replace(_line(config), bf16_partials=True)
-    assert bf16.can_implement() is None
-    ptx, fp32 = compile_to_ptx(bf16), compile_to_ptx(_line(config))
-    wide_loads = len(re.findall(r"ld\.global\.v4\.b32", fp32))
-    assert wide_loads > 0 and len(re.findall(r"ld\.global\.v4\.b32", ptx)) == wide_loads
-    assert "cvt.f32.bf16" not in fp32 and ptx.count("cvt.f32.bf16") == 8 * wide_loads
-    assert not re.search(r"\.local\b", ptx)
-    assert UnitScratch.allocate(3, "cpu", bf16, 8).partial_out.dtype == torch.bfloat16
-    assert UnitScratch.allocate(3, "cpu", _line(config), 8).partial_out.dtype == torch.float32
-    spec = mla_decode.ONE_TOKEN_SPEC
-    assert api._self_schedule_config(spec, config).bf16_partials == ("mla_paged_prefill" in LINE_BF16_PARTIALS_KINDS)
-    with line_bf16_partials_policy(True):
-        assert api._self_schedule_config(spec, config).bf16_partials
-        assert not api._self_schedule_config(gqa_decode.SPEC, _config()).bf16_partials
-    with line_bf16_partials_policy(False):
-        assert not api._self_schedule_config(spec, config).bf16_partials

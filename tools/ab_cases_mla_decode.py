@@ -61,20 +61,3 @@ def _mla_short_stages_cases(pages):
     from cute_attn.ops import mla_decode
 
     return _mla_decode_policy_cases(DEVICE_CLUSTER_MERGE_CASES, pages, mla_decode.short_stages_policy)
-
-
-def _mla_line_bf16_cases(pages):
-    """The MLA decode line build's bf16 partial rows (``config.LINE_BF16_PARTIALS_KINDS``, session 44) off / on, the
-    line build on: the bench's MLA decode rows; only the default call moves."""
-    import contextlib
-
-    from cute_attn.config import line_bf16_partials_policy
-    from cute_attn.ops import mla_decode
-
-    def policy(on):
-        stack = contextlib.ExitStack()
-        stack.enter_context(mla_decode.line_schedule_policy(True))
-        stack.enter_context(line_bf16_partials_policy(on))
-        return stack
-
-    return _mla_decode_policy_cases(DEVICE_CLUSTER_MERGE_CASES, pages, policy)

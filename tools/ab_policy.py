@@ -52,7 +52,6 @@ POLICY is one of
     rank_major    the GQA route's uniform batches of few units a CTA rank-major (``config.RANK_MAJOR_KINDS``) off / on
     line_uniform  the line builds' closed form for uniform batches (``config.LINE_UNIFORM_KINDS``, session 42)
                   off / on: the line_schedule and mla_line_schedule rows at pages 64 and 1; only the default call moves
-    mla_line_bf16 the MLA decode line build's bf16 partial rows (``config.LINE_BF16_PARTIALS_KINDS``, session 44)
     line_scan     the line builds' page-id scan 8 ids a pass, not 1 (``config.LINE_SCAN_IDS_PER_THREAD``, session 40):
                   the line_schedule and mla_line_schedule rows at pages 1 and 64; only the default call moves
     deal_2048     GQA prefill plans deal batches of up to 2048 q tiles (``ops/gqa_prefill.DEAL_MAX_Q_TILES``, the device
@@ -117,7 +116,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ab_cases_mla_decode import (_cluster_merge_cases, _device_cluster_merge_cases,  # noqa: E402  (this folder)
-                                 _mla_line_bf16_cases, _mla_line_schedule_cases, _mla_short_stages_cases)
+                                 _mla_line_schedule_cases, _mla_short_stages_cases)
 
 DECODE_BATCHES = {"n64_kv2048": [2048] * 64, "n128_kv4096": [4096] * 128, "n37_ragged": None}
 DECODE_LAYOUTS = ((20, 4), (24, 8), (32, 16))
@@ -698,8 +697,7 @@ POLICIES = {"line_deal": _line_deal_cases, "prefill_fold": _prefill_fold_cases, 
             "mla_dynamic_schedule": _mla_dynamic_schedule_cases, "late_claim": _late_claim_cases,
             "route_plans": _route_plans_cases, "line_schedule": _line_schedule_cases,
             "mla_line_schedule": _mla_line_schedule_cases, "mla_short_stages": _mla_short_stages_cases,
-            "rank_major": _rank_major_cases, "line_scan": _line_scan_cases, "line_uniform": _line_uniform_cases,
-            "mla_line_bf16": _mla_line_bf16_cases}
+            "rank_major": _rank_major_cases, "line_scan": _line_scan_cases, "line_uniform": _line_uniform_cases}
 DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], "combine_grid": [64],
                  "q_tile_pass": [64], "early_dependents": [64], "combine_early_rows": [64], "even_pieces": [64, 1],
                  "page_boxes": [64, 128], "max_slack": [1], "eager_combine": [64, 1],
@@ -709,8 +707,7 @@ DEFAULT_PAGES = {"line_deal": [1, 64], "prefill_fold": [64, 1], "k_ahead": [1], 
                  "lap_turn": [64], "row_writers": [64], "count_sort": [64], "cluster_merge": [64, 1],
                  "device_cluster_merge": [64, 1], "dynamic_schedule": [64, 1], "mla_dynamic_schedule": [1, 64],
                  "late_claim": [64], "route_plans": [64], "line_schedule": [64, 16], "mla_line_schedule": [1, 64],
-                 "mla_short_stages": [64, 1], "rank_major": [64, 1], "line_scan": [1, 64], "line_uniform": [64, 1],
-                 "mla_line_bf16": [64, 1]}
+                 "mla_short_stages": [64, 1], "rank_major": [64, 1], "line_scan": [1, 64], "line_uniform": [64, 1]}
 
 
 def checked_span(run, out, lse, reference, label: str, timer, digits: int = 1):

@@ -56,14 +56,14 @@ def planner_free_cases(arch: str, run_api, fault_reported) -> dict:
                                                                                          rank=True))
     cases["rank-major-fault"] = ("gqa_paged_prefill", dynamic_schedule(16, fault=True, rank=True))
 
-    def line_schedule(page_size, kv_lens, fault=False, num_sms=None, mla=False, scan=1, uniform=False, bf16=False):
+    def line_schedule(page_size, kv_lens, fault=False, num_sms=None, mla=False, scan=1, uniform=False):
         def run():  # the planner-free decode (scan: page ids a pass of its scan, config.line_scan_policy; uniform:
-            # a uniform batch's closed form, config.line_uniform_policy; bf16: MLA's bf16 partial rows)
-            from cute_attn.config import line_bf16_partials_policy, line_scan_policy, line_uniform_policy
+            # a uniform batch's closed form, config.line_uniform_policy)
+            from cute_attn.config import line_scan_policy, line_uniform_policy
             from cute_attn.ops import gqa_decode, mla_decode
 
             with ((mla_decode if mla else gqa_decode).line_schedule_policy(True), line_scan_policy(scan),
-                  line_uniform_policy(uniform), line_bf16_partials_policy(bf16)):
+                  line_uniform_policy(uniform)):
                 make = testing.make_mla_decode_case if mla else testing.make_gqa_decode_case
                 case = make(kv_lens, page_size=page_size, device="cuda", seed=39 if mla else 38 + page_size)
                 if fault:  # a page id past the pool: read as a zero-filled box or row, the request's rows 0 / -inf
@@ -92,8 +92,4 @@ def planner_free_cases(arch: str, run_api, fault_reported) -> dict:
     cases["line-uniform-even"] = ("gqa_paged_decode", line_schedule(64, [3232] * 3, num_sms=7, uniform=True))
     cases["line-uniform-fault"] = ("gqa_paged_decode", line_schedule(1, [2048] * 16, fault=True, uniform=True))
     cases["mla-line-uniform-p1"] = ("mla_paged_decode", line_schedule(1, [4096] * 16, mla=True, uniform=True))
-    # MLA's bf16 partial rows (session 44): merges of many slots on 7 CTAs with a fault, and batch 1's 16-slot fold
-    cases["mla-line-bf16-p64"] = ("mla_paged_decode", line_schedule(64, [3000, 500, 9000, 70], fault=True, num_sms=7,
-                                                                     mla=True, bf16=True))
-    cases["mla-line-bf16-p1"] = ("mla_paged_decode", line_schedule(1, [4096], mla=True, bf16=True))
     return cases

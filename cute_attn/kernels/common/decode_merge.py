@@ -17,8 +17,6 @@ FOLD_ROW_LANES = 16  # lanes per row (8 rows in flight per 128 threads; decode h
 FOLD_SLOTS = 8  # slots whose loads are in flight at once
 WIDE_VEC = 4  # fold_wide_merge: fp32 columns a 16-byte load
 WIDE_SLOTS = 4  # fold_wide_merge: slots whose rows a lane loads before it accumulates any
-WIDE_BF16_VEC = 8  # fold_wide_merge of bf16 partial rows: columns a 16-byte load
-WIDE_BF16_SLOTS = 8  # ... and slots a round (the same registers: half the vectors a lane, each packed twice as dense)
 
 
 @cute.jit
@@ -167,20 +165,14 @@ def fold_wide_merge(slot_begin, num_slots, first_token, first_head, row_count, p
     every 16th 16-byte vector of it (8 a row: a half-warp's loads are 256 contiguous bytes), ``WIDE_SLOTS`` slots'
     vectors are loaded before any is used (32 loads in flight a lane), the first batch before the LSE reduction, so
     a merge of ``n`` slots costs ``ceil(n / WIDE_SLOTS)`` round trips. A slot's weight is
-    ``2^(lse - L)``; a slot that saw no key (``-inf``) and clamped loads past the last slot add nothing. bf16 partial
-    rows (``PagedAttentionConfig.bf16_partials``, the MLA line build's): 8 columns a 16-byte load, so a lane holds 4
-    vectors of a row and ``WIDE_BF16_SLOTS`` slots a round in the same registers: half the rounds, widened to fp32 as
-    they are summed."""
+    ``2^(lse - L)``; a slot that saw no key (``-inf``) and clamped loads past the last slot add nothing."""
     lane = tidx % FOLD_ROW_LANES
     half = (tidx % 32) // FOLD_ROW_LANES
     warp = tidx // 32
-    vec, round_slots = WIDE_VEC, WIDE_SLOTS
-    if cutlass.const_expr(partial_out.element_type is not Float32):
-        vec, round_slots = WIDE_BF16_VEC, WIDE_BF16_SLOTS
-    vectors = partial_out.shape[2] // (FOLD_ROW_LANES * vec)  # a lane's vectors of one row
-    acc = cute.make_rmem_tensor((vec, vectors), Float32)
-    vals = cute.make_rmem_tensor((vec, vectors, round_slots), partial_out.element_type)
-    lses = cute.make_rmem_tensor((round_slots,), Float32)
+    vectors = partial_out.shape[2] // (FOLD_ROW_LANES * WIDE_VEC)  # a lane's vectors of one row
+    acc = cute.make_rmem_tensor((WIDE_VEC, vectors), Float32)
+    vals = cute.make_rmem_tensor((WIDE_VEC, vectors, WIDE_SLOTS), Float32)
+    lses = cute.make_rmem_tensor((WIDE_SLOTS,), Float32)
     rows_per_warp = 32 // FOLD_ROW_LANES
     for r0 in cutlass.range(warp * rows_per_warp, row_count, num_threads // FOLD_ROW_LANES, unroll=1):
         r = r0 + half
@@ -189,14 +181,14 @@ def fold_wide_merge(slot_begin, num_slots, first_token, first_head, row_count, p
         merged, shift = merged_row_lse(partial_lse, slot_begin, num_slots, rr, lane)
         acc.fill(0.0)
         wide_accumulate(acc, vals, lses, 0, num_slots, shift)
-        for s0 in cutlass.range(round_slots, num_slots, round_slots, unroll=1):
+        for s0 in cutlass.range(WIDE_SLOTS, num_slots, WIDE_SLOTS, unroll=1):
             wide_load_slots(partial_out, partial_lse, slot_begin, s0, num_slots, rr, lane, vals, lses)
             wide_accumulate(acc, vals, lses, s0, num_slots, shift)
         if r < row_count:
             token, head = first_token + r // token_group, first_head + r % token_group
             for v in cutlass.range_constexpr(vectors):
-                col0 = (v * FOLD_ROW_LANES + lane) * vec
-                for i in cutlass.range_constexpr(vec):
+                col0 = (v * FOLD_ROW_LANES + lane) * WIDE_VEC
+                for i in cutlass.range_constexpr(WIDE_VEC):
                     output[token, head, col0 + i] = acc[i, v].to(output.element_type)
             if lane == 0:
                 lse[token, head] = merged * lse_out_scale
@@ -204,36 +196,31 @@ def fold_wide_merge(slot_begin, num_slots, first_token, first_head, row_count, p
 
 @cute.jit
 def wide_load_slots(partial_out, partial_lse, slot_begin, s0, num_slots, row, lane, vals, lses):
-    """The round of slots from ``s0`` (``vals``' last mode of them, clamped to the last slot) of ``row``: this lane's
-    16-byte vectors into ``vals`` and the slots' LSEs into ``lses``, every load issued before any is used."""
-    vec, vectors, round_slots = cute.size(vals, mode=[0]), cute.size(vals, mode=[1]), cute.size(vals, mode=[2])
-    dtype = partial_out.element_type
-    width = dtype.width // 8
-    for k in cutlass.range_constexpr(round_slots):
+    """Slots ``s0 .. s0 + WIDE_SLOTS - 1`` of ``row`` (clamped to the last slot): this lane's 16-byte vectors into
+    ``vals`` and the slots' LSEs into ``lses``, every load issued before any is used."""
+    vectors = cute.size(vals, mode=[1])
+    for k in cutlass.range_constexpr(WIDE_SLOTS):
         s = slot_begin + cutlass.min(s0 + k, num_slots - 1)
         lses[k] = partial_lse[s, row]
         for v in cutlass.range_constexpr(vectors):
-            col0 = (v * FOLD_ROW_LANES + lane) * vec
-            offset = (Int64(s) * partial_out.stride[0] + row * partial_out.stride[1] + col0) * width
-            src = cute.make_ptr(dtype, partial_out.iterator.toint() + offset, cute.AddressSpace.gmem,
-                                assumed_align=width * vec)
-            cute.autovec_copy(cute.make_tensor(src, cute.make_layout(vec)), vals[None, v, k])
+            col0 = (v * FOLD_ROW_LANES + lane) * WIDE_VEC
+            offset = (Int64(s) * partial_out.stride[0] + row * partial_out.stride[1] + col0) * 4
+            src = cute.make_ptr(Float32, partial_out.iterator.toint() + offset, cute.AddressSpace.gmem,
+                                assumed_align=4 * WIDE_VEC)
+            cute.autovec_copy(cute.make_tensor(src, cute.make_layout(WIDE_VEC)), vals[None, v, k])
 
 
 @cute.jit
 def wide_accumulate(acc, vals, lses, s0, num_slots, shift):
     """``acc += 2^(lse - shift) * row`` over the loaded slots; past the last slot, or a slot that saw no key, adds
     nothing (its row is not read into the sum, whatever it holds)."""
-    vec, vectors, round_slots = cute.size(vals, mode=[0]), cute.size(vals, mode=[1]), cute.size(vals, mode=[2])
-    for k in cutlass.range_constexpr(round_slots):
+    vectors = cute.size(vals, mode=[1])
+    for k in cutlass.range_constexpr(WIDE_SLOTS):
         w = cute.math.exp2(lses[k] - shift, fastmath=True)
         w = w if s0 + k < num_slots else Float32(0.0)
         for v in cutlass.range_constexpr(vectors):
-            for i in cutlass.range_constexpr(vec):
-                x = vals[i, v, k]
-                if cutlass.const_expr(vals.element_type is not Float32):
-                    x = x.to(Float32)
-                term = w * x
+            for i in cutlass.range_constexpr(WIDE_VEC):
+                term = w * vals[i, v, k]
                 acc[i, v] = acc[i, v] + (term if w > 0.0 else Float32(0.0))
 
 

@@ -139,9 +139,10 @@ def mla_line_reason(config: PagedAttentionConfig, table_requests: int) -> str | 
     from ...line_schedule import cuts_only, line_reason
     from .line_schedule import baked_rules_reason, mla_line_rules
 
-    if config.cluster_merge or config.eager_combine or config.dynamic_schedule or config.probe or config.fused_merge:
-        return ("line_schedule folds its merges in the kernel (its own entry and scratch): no cluster_merge, "
-                "eager_combine, fused_merge, dynamic_schedule or probe")
+    if (config.cluster_merge or config.eager_combine or config.dynamic_schedule or config.probe or config.fused_merge
+            or config.bf16_partials):
+        return ("line_schedule folds its merges in the kernel from fp32 partials (its own entry and scratch): no "
+                "cluster_merge, eager_combine, fused_merge, bf16_partials, dynamic_schedule or probe")
     plan_config = cuts_only(config.plan_config(1))
     if (reason := line_reason(plan_config, one_token=True)) is not None:
         return reason
