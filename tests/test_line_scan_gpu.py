@@ -15,7 +15,6 @@ import test_line_schedule_gpu as gqa_tier  # noqa: E402
 import test_mla_line_schedule_gpu as mla_tier  # noqa: E402
 import unit_scratch  # noqa: E402
 from cute_attn.config import line_scan_policy  # noqa: E402
-from cute_attn.ops import gqa_decode, mla_decode  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -26,12 +25,8 @@ SCAN_IDS = 8
 
 @pytest.fixture(autouse=True)
 def _batched_scan():
-    torch.cuda.init()
-    cute_attn.clear_plan_cache()
-    cute_attn.raise_on_device_error()
-    with gqa_decode.line_schedule_policy(True), mla_decode.line_schedule_policy(True), line_scan_policy(SCAN_IDS):
+    with unit_scratch.both_line_builds(line_scan_policy(SCAN_IDS)):
         yield
-    torch.cuda.synchronize()
 
 
 # the tiers' tests, collected here under this module's policy (their own modules run them with one id a pass)

@@ -28,12 +28,8 @@ pytestmark = [
 
 @pytest.fixture(autouse=True)
 def _uniform_line():
-    torch.cuda.init()
-    cute_attn.clear_plan_cache()
-    cute_attn.raise_on_device_error()
-    with gqa_decode.line_schedule_policy(True), mla_decode.line_schedule_policy(True), line_uniform_policy(True):
+    with unit_scratch.both_line_builds(line_uniform_policy(True)):
         yield
-    torch.cuda.synchronize()
 
 
 # the tiers' tests, collected here under this module's policy (their own modules run them without the closed form)

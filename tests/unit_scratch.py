@@ -1,8 +1,10 @@
 """What the planner-free prefill's GPU tiers share (``tests/test_dynamic_schedule_gpu.py``,
-``tests/test_mla_dynamic_schedule_gpu.py``): a default call checked against the float32 reference, and the state its
-last CTA must leave zero for the next launch."""
+``tests/test_mla_dynamic_schedule_gpu.py``, and the decode line builds' tiers): a default call checked against the
+float32 reference, the state its last CTA must leave zero for the next launch, and the line tiers' policy fixture."""
 
 from __future__ import annotations
+
+import contextlib
 
 
 def replay_matches(graph, route, out, lse, ref_out, ref_lse, what: str) -> None:
@@ -30,6 +32,24 @@ def many_requests() -> tuple[list, list]:
     q_lens = [int(q) for q in rng.integers(0, 40, size=70)]
     q_lens[0] = q_lens[33] = q_lens[69] = 0
     return q_lens, [q + int(rng.integers(0, 300)) for q in q_lens]
+
+
+@contextlib.contextmanager
+def both_line_builds(knob_policy):
+    """Every default call of decode and one-token MLA decode on its line build under ``knob_policy`` (a line knob's
+    policy, entered here: the tiers ``test_line_scan_gpu`` / ``test_line_uniform_gpu`` rerun), after a clear plan cache
+    and a raised error word; the device synchronised after the policies are restored (the modules' autouse fixture)."""
+    import torch
+
+    import cute_attn
+    from cute_attn.ops import gqa_decode, mla_decode
+
+    torch.cuda.init()
+    cute_attn.clear_plan_cache()
+    cute_attn.raise_on_device_error()
+    with gqa_decode.line_schedule_policy(True), mla_decode.line_schedule_policy(True), knob_policy:
+        yield
+    torch.cuda.synchronize()
 
 
 def assert_scratch_clean(route, what: str) -> None:
